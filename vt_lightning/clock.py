@@ -1,0 +1,98 @@
+"""Per-window calibration of VizTracer's clock against torch.profiler's.
+
+VizTracer stamps events in µs of a monotonic tick counter, anchored to wall time once at import;
+torch.profiler stamps them in wall-clock µs relative to ``baseTimeNanoseconds``. A wall-clock step
+(NTP) or tick-rate drift after import moves one against the other, so the offset is measured from
+both clocks directly at each window's start and end and interpolated across the window. Sampling
+uses the clocks themselves, never traced events, so no tracer filter can break it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+DEFAULT_ROUNDS = 64
+
+
+@dataclass(frozen=True)
+class ClockPair:
+    """One reading of both clocks: Python-tracer µs at the midpoint of a round trip, wall ns."""
+
+    python_us: float
+    wall_ns: int
+    round_trip_us: float
+
+    def offset_us(self, base_ns: int) -> float:
+        """Add to a Python-tracer ``ts`` to get torch's ``ts`` (µs after ``base_ns``)."""
+        return (self.wall_ns - base_ns) / 1000.0 - self.python_us
+
+    @property
+    def uncertainty_us(self) -> float:
+        return self.round_trip_us / 2.0
+
+
+def sample_pair(
+    python_clock_us: Callable[[], float],
+    wall_clock_ns: Callable[[], int] = time.time_ns,
+    rounds: int = DEFAULT_ROUNDS,
+) -> ClockPair:
+    """Read (python, wall, python) ``rounds`` times and keep the tightest round trip."""
+    best: ClockPair | None = None
+    for _ in range(rounds):
+        before = python_clock_us()
+        wall = wall_clock_ns()
+        after = python_clock_us()
+        trip = after - before
+        if best is None or trip < best.round_trip_us:
+            best = ClockPair((before + after) / 2.0, wall, trip)
+    assert best is not None
+    return best
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Offsets measured at a window's start and end, mapped onto one torch trace's base time."""
+
+    start: ClockPair
+    end: ClockPair
+    base_ns: int
+    method: str = "min-round-trip clock pairs at window start and end, linear interpolation"
+    import_base_ns: int | None = None  # VizTracer's own wall anchor, kept as a cross-check
+
+    @property
+    def offset_us(self) -> float:
+        return self.start.offset_us(self.base_ns)
+
+    @property
+    def drift_us(self) -> float:
+        return self.end.offset_us(self.base_ns) - self.start.offset_us(self.base_ns)
+
+    @property
+    def uncertainty_us(self) -> float:
+        return max(self.start.uncertainty_us, self.end.uncertainty_us)
+
+    def python_to_torch_us(self, python_us: float) -> float:
+        """Map a Python-tracer timestamp onto torch's timeline, interpolating drift."""
+        span = self.end.python_us - self.start.python_us
+        offset = self.offset_us
+        if span > 0:
+            fraction = min(max((python_us - self.start.python_us) / span, 0.0), 1.0)
+            offset += self.drift_us * fraction
+        return python_us + offset
+
+    def metadata(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "offset_us": round(self.offset_us, 3),
+            "uncertainty_us": round(self.uncertainty_us, 3),
+            "drift_us": round(self.drift_us, 3),
+            "method": self.method,
+            "start_round_trip_us": round(self.start.round_trip_us, 3),
+            "end_round_trip_us": round(self.end.round_trip_us, 3),
+        }
+        if self.import_base_ns is not None:
+            # What VizTracer's import-time anchor alone would have said, against the measurement.
+            import_offset = (self.import_base_ns - self.base_ns) / 1000.0
+            out["import_anchor_error_us"] = round(import_offset - self.offset_us, 3)
+        return out

@@ -1,0 +1,114 @@
+"""Turn one window's raw dumps into its files. Runs on the background writer, never in training.
+
+Input is a ``WindowJob``: paths of torch's and VizTracer's raw JSON in the spool directory, the
+clock pairs read at the window's edges and the metadata. Output is the merged, gzipped trace (and,
+when asked, the memory snapshot) in the window's run directory, each written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .clock import Calibration, ClockPair
+from .merge import encode_trace, merge_trace
+from .output import atomic_write, gzip_bytes
+
+BROWSER_LIMIT_BYTES = 300 * 1024 * 1024  # above this the trace viewer page tends to go blank
+
+
+@dataclass
+class WindowJob:
+    run_dir: Path
+    trace_name: str
+    torch_raw: Path
+    python_raw: Path | None
+    clock_start: ClockPair
+    clock_end: ClockPair
+    import_base_ns: int | None
+    metadata: dict[str, Any]
+    gzip_level: int = 3
+    memory_name: str | None = None  # write a memory snapshot under this name
+    memory_snapshot: Any = None  # a CUDA allocator snapshot taken at window end, if any
+    extra_top_level: dict[str, Any] = field(default_factory=dict)
+    export_torch: Callable[[str], None] | None = None  # torch's exporter, run here if set
+
+
+@dataclass
+class WindowResult:
+    trace_path: Path
+    trace_bytes: int
+    json_bytes: int
+    python_events: int
+    torch_events: int
+    overflow: bool
+    memory_path: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _read_json(path: Path) -> Any:
+    with open(path, "rb") as f:
+        return orjson.loads(f.read())
+
+
+def finish_window(job: WindowJob) -> WindowResult:
+    """Merge, encode, compress and write one window; the raw dumps are removed either way."""
+    try:
+        if job.export_torch is not None:
+            job.export_torch(str(job.torch_raw))
+        torch_trace = _read_json(job.torch_raw)
+        python = _read_json(job.python_raw) if job.python_raw is not None else {"traceEvents": []}
+        overflow = bool(python.get("viztracer_metadata", {}).get("overflow", False))
+        calibration = Calibration(
+            start=job.clock_start,
+            end=job.clock_end,
+            base_ns=int(torch_trace.get("baseTimeNanoseconds", 0)),
+            import_base_ns=job.import_base_ns,
+        )
+        metadata = dict(job.metadata)
+        metadata["overflow"] = overflow
+        merged = merge_trace(
+            torch_trace, python.get("traceEvents", []), calibration, metadata, job.extra_top_level
+        )
+        del torch_trace, python
+        raw = encode_trace(merged)
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        trace_path = job.run_dir / job.trace_name
+        compressed = gzip_bytes(raw, job.gzip_level)
+        atomic_write(trace_path, compressed)
+        result = WindowResult(
+            trace_path=trace_path,
+            trace_bytes=len(compressed),
+            json_bytes=len(raw),
+            python_events=merged["vt_lightning"]["python_events"],
+            torch_events=merged["vt_lightning"]["torch_events"],
+            overflow=overflow,
+        )
+        if job.memory_name is not None:
+            result.memory_path = _write_memory(job, merged)
+        return result
+    finally:
+        for raw_path in (job.torch_raw, job.python_raw):
+            if raw_path is not None:
+                try:
+                    os.unlink(raw_path)
+                except OSError:
+                    pass
+
+
+def _write_memory(job: WindowJob, merged: dict[str, Any]) -> Path | None:
+    from . import memory
+
+    snapshot = job.memory_snapshot
+    if snapshot is None:
+        snapshot = memory.build_cpu_snapshot(merged["traceEvents"])
+    if snapshot is None:
+        return None
+    path = job.run_dir / str(job.memory_name)
+    memory.write_snapshot(path, snapshot)
+    return path

@@ -1,0 +1,162 @@
+"""Where windows go and how their files get there: names, atomic writes, the background writer.
+
+The TensorBoard plugin loads a run directory once, so every window gets a run directory of its own
+and a file appears there only complete (written under a name the plugin ignores, then renamed).
+Parsing, merging, encoding and compression run on one background thread, never on the training
+thread; at most ``max_in_flight`` windows wait there, so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import re
+import socket
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("vt_lightning")
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+MEMORY_SUFFIX = ".memory_snapshot.pickle"
+TRACE_PATTERN = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(\.gz)?$")  # the plugin's own
+SPAN_WIDTH = 10  # spans compare as strings in the plugin: fixed width keeps their order
+
+
+def host_name() -> str:
+    """Host part of the worker name; the plugin splits workers at the last ``_<digits>``."""
+    return re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
+
+
+def worker_name(global_rank: int, host: str | None = None) -> str:
+    return f"{host or host_name()}_{global_rank}"
+
+
+def span_name(first_active_batch: int) -> str:
+    return f"{first_active_batch:0{SPAN_WIDTH}d}"
+
+
+def window_dir_name(window_index: int, first_batch: int, last_batch: int) -> str:
+    """A run name that sorts by window and says which batches it holds."""
+    return f"window_{window_index:03d}-batches_{first_batch}-{last_batch}"
+
+
+def trace_file_name(worker: str, span: str) -> str:
+    return f"{worker}.{span}{TRACE_SUFFIX}"
+
+
+def memory_file_name(worker: str, span: str) -> str:
+    return f"{worker}.{span}{MEMORY_SUFFIX}"
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes | Callable[[Any], None]) -> None:
+    """Write ``data`` (bytes, or a callable given the open file) so ``path`` is complete or absent.
+
+    The temporary name starts with a dot and ends in ``.tmp``: it never matches the plugin's pattern.
+    """
+    path = os.fspath(path)
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def gzip_bytes(data: bytes, level: int) -> bytes:
+    # mtime=0: the same trace gives the same bytes.
+    return gzip.compress(data, compresslevel=level, mtime=0)
+
+
+def spool_directory() -> str:
+    """Scratch space for raw dumps: RAM-backed where the system has it."""
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    return tempfile.mkdtemp(prefix="vt_lightning-", dir=base)
+
+
+class WarnOnce:
+    """One warning per kind of problem, not one per window."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, key: str, message: str) -> bool:
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        log.warning(message)
+        return True
+
+
+class BackgroundWriter:
+    """One worker thread that finishes windows in order; started before any window opens."""
+
+    def __init__(self, max_in_flight: int = 2) -> None:
+        self.max_in_flight = max_in_flight
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vt_lightning-writer")
+        self._futures: list[Future[Any]] = []
+        self._lock = threading.Lock()
+        # Create the thread now, outside any window, so no tracer hook is inherited by it.
+        self._executor.submit(lambda: None).result()
+
+    def in_flight(self) -> int:
+        with self._lock:
+            self._futures = [f for f in self._futures if not f.done()]
+            return len(self._futures)
+
+    def busy(self) -> bool:
+        return self.in_flight() >= self.max_in_flight
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future = self._executor.submit(fn, *args)
+        with self._lock:
+            self._futures.append(future)
+        return future
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait until every submitted window is on disk (or failed)."""
+        with self._lock:
+            futures = list(self._futures)
+        for future in futures:
+            try:
+                future.result(timeout=timeout)
+            except Exception:  # already reported by the job itself
+                pass
+
+    def close(self, timeout: float | None = None) -> None:
+        self.drain(timeout)
+        self._executor.shutdown(wait=True)
+
+
+def resolve_root(dirpath: str | None, logger_log_dir: str | None, fallback: str) -> Path:
+    """``dirpath`` if given, else the logger's log dir, else ``trainer.log_dir``/``default_root_dir``."""
+    if dirpath:
+        return Path(dirpath)
+    if logger_log_dir:
+        return Path(logger_log_dir)
+    return Path(fallback)
+
+
+def ensure_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)

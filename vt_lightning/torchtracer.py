@@ -1,0 +1,91 @@
+"""torch.profiler behind a small interface: prepare (warmup), start, per-step markers, stop, save.
+
+One ``torch.profiler.profile`` per window, driven by hand instead of by torch's schedule so that
+window bounds are training-batch bounds and ``ProfilerStep#<n>`` carries the global batch index.
+``stop()`` is cheap (torch post-processes lazily); the trace JSON is written by torch's C++ exporter
+later, off the training thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity
+
+
+@dataclass(frozen=True)
+class TorchTracerConfig:
+    record_shapes: bool = False
+    profile_memory: bool = True
+    with_flops: bool = False
+
+
+def torch_profiler_active() -> bool:
+    """True when some torch profiler (the user's, Lightning's) is already recording in this process."""
+    try:
+        return bool(torch.autograd.profiler._is_profiler_enabled)
+    except AttributeError:  # pragma: no cover - older torch
+        return bool(torch._C._autograd._profiler_enabled())
+
+
+def activities(cuda_available: bool | None = None) -> list[ProfilerActivity]:
+    """CPU always, CUDA when this process can use it."""
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    acts = [ProfilerActivity.CPU]
+    if cuda_available:
+        acts.append(ProfilerActivity.CUDA)
+    return acts
+
+
+class TorchTracer:
+    """torch.profiler for one window."""
+
+    def __init__(self, config: TorchTracerConfig, cuda_available: bool | None = None) -> None:
+        self._profile = torch.profiler.profile(
+            activities=activities(cuda_available),
+            record_shapes=config.record_shapes,
+            profile_memory=config.profile_memory,
+            with_flops=config.with_flops,
+        )
+        self._step: Any = None
+        self.prepared = False
+        self.started = False
+        self.stopped = False
+
+    def prepare(self) -> None:
+        """Warmup: the profiler runs but torch discards what it sees."""
+        self._profile.prepare_trace()
+        self.prepared = True
+
+    def start(self) -> None:
+        if not self.prepared:
+            self.prepare()
+        self._profile.start_trace()
+        self.started = True
+
+    def step_begin(self, batch_idx: int) -> None:
+        self._step = torch.autograd.profiler.record_function(f"ProfilerStep#{batch_idx}")
+        self._step.__enter__()
+
+    def step_end(self) -> None:
+        if self._step is not None:
+            step, self._step = self._step, None
+            step.__exit__(None, None, None)
+
+    def stop(self) -> None:
+        """Stop recording; safe to call in any state, and more than once."""
+        if self.stopped:
+            return
+        self.stopped = True
+        self.step_end()
+        if self.prepared:
+            if not self.started:  # ended during warmup: kineto must be started before it stops
+                self._profile.start_trace()
+            self._profile.stop_trace()
+
+    def save(self, path: str) -> None:
+        """Write torch's own chrome trace (C++ exporter) to ``path``."""
+        self._profile.export_chrome_trace(path)

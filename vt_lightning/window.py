@@ -1,0 +1,124 @@
+"""One profiling window on the training thread: start and stop the tracers together, in order.
+
+Order matters for what the timeline shows: torch starts first and stops last, the clocks are read
+just outside the Python tracer's span (so calibration never depends on traced events), and the
+Python hook is installed as late and removed as early as possible. Closing a window only stops
+recording and dumps VizTracer's ring buffer; everything else happens in ``finish.finish_window``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from .clock import ClockPair, sample_pair
+from .finish import WindowJob
+from .pytracer import PythonTracer
+from .schedule import Window
+from .torchtracer import TorchTracer
+
+
+class MemoryRecorder(Protocol):
+    """Device memory history for one window (CUDA allocator); see ``memory.py``."""
+
+    def start(self) -> None: ...
+
+    def snapshot(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+
+class ProfilingWindow:
+    """The live state of one scheduled window."""
+
+    def __init__(
+        self,
+        window: Window,
+        python: PythonTracer,
+        torch_tracer: TorchTracer,
+        memory_recorder: MemoryRecorder | None = None,
+        step_hooks: Any = None,
+    ) -> None:
+        self.window = window
+        self.python = python
+        self.torch = torch_tracer
+        self.memory_recorder = memory_recorder
+        self.step_hooks = step_hooks  # e.g. the Lightning view's module hooks
+        self.steps: list[int] = []
+        self.active = False
+        self.closed = False
+        self._clock_start: ClockPair | None = None
+
+    def warmup(self) -> None:
+        self.torch.prepare()
+
+    def activate(self) -> None:
+        """Start recording at the first active batch."""
+        self.torch.start()
+        if self.memory_recorder is not None:
+            self.memory_recorder.start()
+        if self.step_hooks is not None:
+            self.step_hooks.install()
+        self._clock_start = sample_pair(self.python.clock_us)
+        self.python.start()
+        self.active = True
+
+    def step_begin(self, step: int) -> None:
+        if not self.active:
+            self.activate()
+        self.torch.step_begin(step)
+        self.steps.append(step)
+
+    def step_end(self) -> None:
+        self.torch.step_end()
+
+    def close(self, spool: str, metadata: dict[str, Any], run_dir: Path, trace_name: str,
+              memory_name: str | None, gzip_level: int) -> WindowJob | None:
+        """Stop everything; return the job that writes the window (None if nothing was recorded)."""
+        self.closed = True
+        self.python.stop()
+        clock_end = sample_pair(self.python.clock_us) if self.active else None
+        memory_snapshot = None
+        try:
+            if self.memory_recorder is not None and self.active:
+                memory_snapshot = self.memory_recorder.snapshot()
+        finally:
+            self._stop_side_tools()
+            self.torch.stop()
+        if not self.active or self._clock_start is None or clock_end is None:
+            return None
+        stem = os.path.join(spool, f"w{self.window.index}-{os.getpid()}")
+        python_raw = Path(f"{stem}.python.json")
+        self.python.dump(str(python_raw))
+        return WindowJob(
+            run_dir=run_dir,
+            trace_name=trace_name,
+            torch_raw=Path(f"{stem}.torch.json"),
+            python_raw=python_raw,
+            clock_start=self._clock_start,
+            clock_end=clock_end,
+            import_base_ns=self.python.base_time_ns(),
+            metadata=metadata,
+            gzip_level=gzip_level,
+            memory_name=memory_name,
+            memory_snapshot=memory_snapshot,
+            export_torch=self.torch.save,
+        )
+
+    def abort(self) -> None:
+        """Stop every tracer and hook and drop what was recorded; never raises."""
+        self.closed = True
+        for action in (self.python.stop, self._stop_side_tools, self.torch.stop, self.python.discard):
+            try:
+                action()
+            except Exception:
+                pass
+
+    def _stop_side_tools(self) -> None:
+        try:
+            if self.step_hooks is not None:
+                self.step_hooks.remove()
+        finally:
+            if self.memory_recorder is not None:
+                self.memory_recorder.stop()
