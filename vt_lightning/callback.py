@@ -334,6 +334,8 @@ class VizTraceCallback(Callback):
             )
             return None
         self.results.append(result)
+        for note in result.notes:
+            self._warn(f"note:{note.split('(')[0]}", f"vt_lightning: {result.trace_path.name}: {note}")
         if result.overflow:
             self._warn(
                 "overflow",

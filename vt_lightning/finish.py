@@ -90,7 +90,10 @@ def finish_window(job: WindowJob) -> WindowResult:
             overflow=overflow,
         )
         if job.memory_name is not None:
-            result.memory_path = _write_memory(job, merged)
+            try:
+                result.memory_path = _write_memory(job, merged)
+            except Exception as err:  # the trace is written; a snapshot problem must not undo it
+                result.notes.append(f"memory snapshot not written ({type(err).__name__}: {err})")
         return result
     finally:
         for raw_path in (job.torch_raw, job.python_raw):

@@ -1,0 +1,97 @@
+"""Shared fixtures: a tiny LightningModule whose training step leaves a per-batch Python marker."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import types
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import orjson
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+MARKER = re.compile(r"^batch_(\d+) ")
+
+
+def _marker_template(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x) * 2
+
+
+def batch_marker(step: int):
+    """A function named ``batch_<step>`` so the trace tells which global batch ran it."""
+    code = _marker_template.__code__.replace(co_name=f"batch_{step}", co_qualname=f"batch_{step}")
+    return types.FunctionType(code, _marker_template.__globals__, f"batch_{step}")
+
+
+class MarkerModel(L.LightningModule):
+    """Each training batch calls ``batch_<global batch index>``, which issues a torch op."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.layer = nn.Linear(dim, 1)
+        self.train_batches: list[int] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        step = self.trainer.fit_loop.total_batch_idx
+        self.train_batches.append(step)
+        (x,) = batch
+        x = batch_marker(step)(x)
+        return self.layer(x).pow(2).mean()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        (x,) = batch
+        self.log("val", self.layer(x).mean())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def loader(n: int = 64, batch_size: int = 4, dim: int = 8) -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(n, dim)), batch_size=batch_size)
+
+
+def make_trainer(root: Path, callbacks: list, **kwargs: Any) -> L.Trainer:
+    defaults: dict[str, Any] = dict(
+        default_root_dir=str(root),
+        accelerator="cpu",
+        devices=1,
+        max_steps=10,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=True,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    defaults.update(kwargs)
+    return L.Trainer(callbacks=callbacks, **defaults)
+
+
+def trace_files(root: Path) -> list[Path]:
+    return sorted(Path(root).rglob("*.pt.trace.json.gz"))
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rb") as f:
+        return orjson.loads(f.read())
+
+
+def marker_steps(trace: dict[str, Any]) -> set[int]:
+    """Global batch indices whose ``batch_<n>`` marker appears as a Python event."""
+    steps = set()
+    for event in trace["traceEvents"]:
+        match = MARKER.match(event.get("name", ""))
+        if event.get("cat") == "FEE" and match:
+            steps.add(int(match.group(1)))
+    return steps
+
+
+@pytest.fixture
+def model() -> MarkerModel:
+    return MarkerModel()
