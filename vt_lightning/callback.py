@@ -261,14 +261,13 @@ class VizTraceCallback(Callback):
                 "meeting it) is skipped; the other tool is left untouched.",
             )
             return None
-        if self._writer.busy():
+        waited = self._writer.wait_for_room()
+        if waited > 0.05:
             self._warn(
                 "backlog",
-                f"vt_lightning: the writer is still finishing {self._writer.in_flight()} earlier windows "
-                f"(disk slower than the schedule); window {target.index} is skipped to keep memory bounded. "
-                "Raise `wait` or lower `active` to space windows out.",
+                f"vt_lightning: windows come faster than the writer finishes them; window {target.index} "
+                f"waited {waited:.2f} s for earlier windows to be written. Raise `wait` to space windows out.",
             )
-            return None
         window = ProfilingWindow(target, self._python, TorchTracer(self.torch_config))
         window.warmup()
         return window

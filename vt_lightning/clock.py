@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 DEFAULT_ROUNDS = 64
 
+# The wall clock torch.profiler's timestamps follow. A module attribute so tests can inject a step.
+wall_clock_ns: Callable[[], int] = time.time_ns
+
 
 @dataclass(frozen=True)
 class ClockPair:
@@ -35,14 +38,15 @@ class ClockPair:
 
 def sample_pair(
     python_clock_us: Callable[[], float],
-    wall_clock_ns: Callable[[], int] = time.time_ns,
+    wall_ns: Callable[[], int] | None = None,
     rounds: int = DEFAULT_ROUNDS,
 ) -> ClockPair:
     """Read (python, wall, python) ``rounds`` times and keep the tightest round trip."""
+    read_wall = wall_ns if wall_ns is not None else wall_clock_ns
     best: ClockPair | None = None
     for _ in range(rounds):
         before = python_clock_us()
-        wall = wall_clock_ns()
+        wall = read_wall()
         after = python_clock_us()
         trip = after - before
         if best is None or trip < best.round_trip_us:

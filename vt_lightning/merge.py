@@ -10,6 +10,8 @@ the rank.
 from __future__ import annotations
 
 import json
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,6 +22,7 @@ from .clock import Calibration
 PYTHON_CATEGORY = "FEE"  # VizTracer's own; the plugin does not analyse it, so Python calls show in the Trace view only
 FALLBACK_CATEGORY = "unknown"
 _SPACED_KEYS = ("distributedInfo",)
+TIMESTAMP_RESOLUTION_US = 0.002  # both tracers write ts rounded to the nanosecond
 
 
 def shift_python_events(
@@ -89,6 +92,96 @@ def ensure_contract(events: list[dict[str, Any]]) -> int:
     return fixed
 
 
+def _crossing_fix(ps: float, pe: float, es: float, ee: float) -> tuple[float, float, float] | None:
+    """If [ps, pe] and [es, ee] cross (neither contains the other, yet they overlap), return the
+    cheapest (cost, new_ps, new_pe) that moves only the Python span into nesting or apart."""
+    if ps < es < pe < ee:  # the torch event sticks out of the Python span's end
+        options = [(ee - pe, ps, ee), (pe - es, ps, es), (es - ps, es, pe)]
+    elif es < ps < ee < pe:  # ... or out of its start
+        options = [(ps - es, es, pe), (ee - ps, ee, pe), (pe - ee, ps, ee)]
+    else:
+        return None
+    return min(options)
+
+
+def repair_boundaries(events: list[dict[str, Any]], tolerance_us: float) -> tuple[int, int]:
+    """Resolve Python/torch spans of one thread that cross by at most ``tolerance_us``.
+
+    Torch's timestamps are authoritative; a Python span (placed with the calibration's uncertainty)
+    that crosses a torch span is moved by the smallest amount that makes them nest or not overlap.
+    Returns (repaired, crossings larger than the tolerance, left as they are). Nothing is dropped.
+    """
+    python: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    torch_spans: dict[tuple[Any, Any], list[tuple[float, float]]] = defaultdict(list)
+    for event in events:
+        if event.get("ph") != "X":
+            continue
+        key = (event.get("pid"), event.get("tid"))
+        if event.get("cat") == PYTHON_CATEGORY:
+            python[key].append(event)
+        else:
+            start = float(event["ts"])
+            torch_spans[key].append((start, start + float(event["dur"])))
+    repaired = unrepaired = 0
+    for key, py_events in python.items():
+        spans = torch_spans.get(key)
+        if not spans:
+            continue
+        by_start = sorted(spans)
+        starts = [s for s, _ in by_start]
+        by_end = sorted(spans, key=lambda span: span[1])
+        ends = [e for _, e in by_end]
+        for event in py_events:
+            ps = float(event["ts"])
+            pe = ps + float(event["dur"])
+            # A crossing that tolerance can fix puts some torch boundary near a Python boundary;
+            # larger crossings are counted from spans starting inside the Python span.
+            candidates = set()
+            for edge in (ps, pe):
+                lo, hi = bisect_left(starts, edge - tolerance_us), bisect_right(starts, edge + tolerance_us)
+                candidates.update(by_start[lo:hi])
+                lo, hi = bisect_left(ends, edge - tolerance_us), bisect_right(ends, edge + tolerance_us)
+                candidates.update(by_end[lo:hi])
+            best = None
+            for es, ee in candidates:
+                fix = _crossing_fix(ps, pe, es, ee)
+                if fix is not None and (best is None or fix < best):
+                    best = fix
+            if best is None:
+                continue
+            cost, new_ps, new_pe = best
+            if cost <= tolerance_us:
+                event["ts"] = round(new_ps, 3)
+                event["dur"] = round(new_pe - new_ps, 3)
+                repaired += 1
+            else:
+                unrepaired += 1
+    return repaired, unrepaired
+
+
+def count_crossings(events: list[dict[str, Any]]) -> int:
+    """Python/torch span pairs of one thread that overlap without nesting (any amount)."""
+    by_thread: dict[tuple[Any, Any], list[tuple[float, float, bool]]] = defaultdict(list)
+    for event in events:
+        if event.get("ph") == "X":
+            start = float(event["ts"])
+            by_thread[(event.get("pid"), event.get("tid"))].append(
+                (start, start + float(event["dur"]), event.get("cat") == PYTHON_CATEGORY)
+            )
+    crossings = 0
+    for spans in by_thread.values():
+        spans.sort(key=lambda span: (span[0], -span[1]))
+        stack: list[tuple[float, float, bool]] = []
+        for start, end, is_python in spans:
+            while stack and stack[-1][1] <= start:
+                stack.pop()
+            # Open spans form a nested chain, so crossing any of them means crossing the innermost.
+            if stack and stack[-1][2] != is_python and stack[-1][1] < end:
+                crossings += 1
+            stack.append((start, end, is_python))
+    return crossings
+
+
 def merge_trace(
     torch_trace: Mapping[str, Any],
     python_events: Iterable[dict[str, Any]],
@@ -102,6 +195,9 @@ def merge_trace(
     events = merge_metadata_events(torch_events, python_meta)
     events.extend(timed)
     fixed = ensure_contract(events)
+    tolerance = calibration.uncertainty_us + TIMESTAMP_RESOLUTION_US
+    repaired, _ = repair_boundaries(events, tolerance)
+    crossings = count_crossings(events)
 
     merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
     if extra_top_level:
@@ -110,6 +206,7 @@ def merge_trace(
     meta["calibration"] = calibration.metadata()
     meta["python_events"] = len(timed)
     meta["torch_events"] = len(torch_events)
+    meta["nesting"] = {"repaired": repaired, "crossings": crossings, "tolerance_us": round(tolerance, 3)}
     if fixed:
         meta["contract_fixes"] = fixed
     merged["vt_lightning"] = meta

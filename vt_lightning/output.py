@@ -3,7 +3,9 @@
 The TensorBoard plugin loads a run directory once, so every window gets a run directory of its own
 and a file appears there only complete (written under a name the plugin ignores, then renamed).
 Parsing, merging, encoding and compression run on one background thread, never on the training
-thread; at most ``max_in_flight`` windows wait there, so memory stays bounded.
+thread. At most ``max_in_flight`` windows are pending there, so memory stays bounded: when windows
+come faster than the disk takes them, the next window waits for room at its start (and says so)
+rather than growing the queue or dropping a window.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 import socket
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -127,6 +130,21 @@ class BackgroundWriter:
 
     def busy(self) -> bool:
         return self.in_flight() >= self.max_in_flight
+
+    def wait_for_room(self) -> float:
+        """Block until fewer than ``max_in_flight`` windows are pending; returns seconds waited."""
+        start = time.perf_counter()
+        while True:
+            with self._lock:
+                self._futures = [f for f in self._futures if not f.done()]
+                if len(self._futures) < self.max_in_flight:
+                    break
+                oldest = self._futures[0]
+            try:
+                oldest.result()
+            except Exception:
+                pass
+        return time.perf_counter() - start
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         future = self._executor.submit(fn, *args)

@@ -1,0 +1,10 @@
+# The same commands as the README; `make` is a convenience, not a requirement.
+.PHONY: example test bench clean
+example:
+	python3 -m venv .venv && .venv/bin/pip install -q -c ci/constraints.txt -e . && .venv/bin/python examples/train.py
+test:
+	python3 -m venv .venv && .venv/bin/pip install -q -c ci/constraints.txt -e ".[test]" && .venv/bin/python -m pytest
+bench:
+	python3 -m venv .venv && .venv/bin/pip install -q -c ci/constraints.txt -e ".[test]" && .venv/bin/python benchmarks/run.py
+clean:
+	rm -rf .venv lightning_logs .pytest_cache .hypothesis build *.egg-info
