@@ -340,7 +340,9 @@ class VizTraceCallback(Callback):
                 "overflow",
                 f"vt_lightning: VizTracer's ring buffer (tracer_entries={self.python_config.tracer_entries}) "
                 f"overflowed in {result.trace_path.name}; only the window's last events were kept. "
-                "Raise `tracer_entries`, or narrow tracing with `include_files` / `max_stack_depth` / `min_duration`.",
+                f"Set `tracer_entries` to about {result.suggested_tracer_entries or 'twice the current value'} "
+                "(estimated from this window's event rate), or narrow tracing with `include_files` / "
+                "`max_stack_depth` / `min_duration`.",
             )
         if result.json_bytes > BROWSER_LIMIT_BYTES:
             self._warn(

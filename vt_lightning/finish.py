@@ -7,6 +7,7 @@ when asked, the memory snapshot) in the window's run directory, each written ato
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class WindowResult:
     python_events: int
     torch_events: int
     overflow: bool
+    suggested_tracer_entries: int | None = None
     memory_path: Path | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -54,6 +56,19 @@ class WindowResult:
 def _read_json(path: Path) -> Any:
     with open(path, "rb") as f:
         return orjson.loads(f.read())
+
+
+def suggest_tracer_entries(events: list[dict[str, Any]], start: ClockPair, end: ClockPair) -> int:
+    """After an overflow the buffer holds the window's tail: scale its event rate to the whole window."""
+    timed = [e for e in events if e.get("ph") != "M" and "ts" in e]
+    if not timed:
+        return 0
+    first = min(float(e["ts"]) for e in timed)
+    covered = end.python_us - first
+    window = end.python_us - start.python_us
+    if covered <= 0 or window <= 0:
+        return len(timed) * 2
+    return int(math.ceil(len(timed) * (window / covered) * 1.25 / 1000.0) * 1000)
 
 
 def finish_window(job: WindowJob) -> WindowResult:
@@ -72,6 +87,10 @@ def finish_window(job: WindowJob) -> WindowResult:
         )
         metadata = dict(job.metadata)
         metadata["overflow"] = overflow
+        suggested = None
+        if overflow:
+            suggested = suggest_tracer_entries(python.get("traceEvents", []), job.clock_start, job.clock_end)
+            metadata["overflow_suggested_tracer_entries"] = suggested
         merged = merge_trace(
             torch_trace, python.get("traceEvents", []), calibration, metadata, job.extra_top_level
         )
@@ -88,6 +107,7 @@ def finish_window(job: WindowJob) -> WindowResult:
             python_events=merged["vt_lightning"]["python_events"],
             torch_events=merged["vt_lightning"]["torch_events"],
             overflow=overflow,
+            suggested_tracer_entries=suggested,
         )
         if job.memory_name is not None:
             try:

@@ -22,6 +22,9 @@ from .clock import Calibration
 PYTHON_CATEGORY = "FEE"  # VizTracer's own; the plugin does not analyse it, so Python calls show in the Trace view only
 FALLBACK_CATEGORY = "unknown"
 _SPACED_KEYS = ("distributedInfo",)
+# Ops nest inside the Python call that issued them. Annotations (ProfilerStep#, record_function)
+# may open in one Python call and close in another, so they are not held to nesting.
+NESTED_TORCH_CATEGORIES = ("cpu_op",)
 TIMESTAMP_RESOLUTION_US = 0.002  # both tracers write ts rounded to the nanosecond
 
 
@@ -119,7 +122,7 @@ def repair_boundaries(events: list[dict[str, Any]], tolerance_us: float) -> tupl
         key = (event.get("pid"), event.get("tid"))
         if event.get("cat") == PYTHON_CATEGORY:
             python[key].append(event)
-        else:
+        elif event.get("cat") in NESTED_TORCH_CATEGORIES:
             start = float(event["ts"])
             torch_spans[key].append((start, start + float(event["dur"])))
     repaired = unrepaired = 0
@@ -160,10 +163,10 @@ def repair_boundaries(events: list[dict[str, Any]], tolerance_us: float) -> tupl
 
 
 def count_crossings(events: list[dict[str, Any]]) -> int:
-    """Python/torch span pairs of one thread that overlap without nesting (any amount)."""
+    """Python calls and torch ops of one thread that overlap without nesting (any amount)."""
     by_thread: dict[tuple[Any, Any], list[tuple[float, float, bool]]] = defaultdict(list)
     for event in events:
-        if event.get("ph") == "X":
+        if event.get("ph") == "X" and event.get("cat") in (PYTHON_CATEGORY, *NESTED_TORCH_CATEGORIES):
             start = float(event["ts"])
             by_thread[(event.get("pid"), event.get("tid"))].append(
                 (start, start + float(event["dur"]), event.get("cat") == PYTHON_CATEGORY)

@@ -74,6 +74,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | Callable[[Any], Non
                 f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide the file from other users
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -81,6 +82,15 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | Callable[[Any], Non
         except OSError:
             pass
         raise
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # read once at import: os.umask is process-wide, not safe on the writer thread
 
 
 def gzip_bytes(data: bytes, level: int) -> bytes:

@@ -40,6 +40,25 @@ def activities(cuda_available: bool | None = None) -> list[ProfilerActivity]:
     return acts
 
 
+def experimental_config(all_threads: bool) -> Any:
+    """Skip building Python event objects at stop (``trace_only``) where this torch supports it.
+
+    ``all_threads`` records ops issued by every thread (Python threads do not inherit torch's
+    thread-local profiler state), but torch (2.13) then drops the ``[memory]`` events the Memory
+    view and snapshots need, so it is used only when ``profile_memory`` is off.
+    """
+    from torch._C._profiler import _ExperimentalConfig
+
+    wanted = {"trace_only": True, "profile_all_threads": all_threads}
+    for drop in ((), ("trace_only",), ("trace_only", "profile_all_threads")):
+        options = {k: v for k, v in wanted.items() if k not in drop}
+        try:
+            return _ExperimentalConfig(**options)
+        except TypeError:  # an older torch without the option
+            continue
+    return None  # pragma: no cover
+
+
 class TorchTracer:
     """torch.profiler for one window."""
 
@@ -49,6 +68,7 @@ class TorchTracer:
             record_shapes=config.record_shapes,
             profile_memory=config.profile_memory,
             with_flops=config.with_flops,
+            experimental_config=experimental_config(all_threads=not config.profile_memory),
         )
         self._step: Any = None
         self.prepared = False
