@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from . import __version__
 from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, finish_window
+from .lightning_view import LightningViewHooks
 from .output import (
     BackgroundWriter,
     WarnOnce,
@@ -63,6 +64,8 @@ class VizTraceCallback(Callback):
         with_flops: estimate FLOPs of matrix ops (torch.profiler).
         memory_snapshot: write a memory-snapshot pickle per window (pytorch.org/memory_viz).
         memory_max_entries: allocator events kept per window for the CUDA snapshot.
+        lightning_view: record ``[pl][module]`` / ``[pl][profile]`` ranges during active batches so
+            TensorBoard offers its "Lightning" view.
         ranks: global ranks that trace (None: all).
         compression_level: gzip level of the trace files (1 fastest, 9 smallest).
 
@@ -92,6 +95,7 @@ class VizTraceCallback(Callback):
         with_flops: bool = False,
         memory_snapshot: bool = True,
         memory_max_entries: int = 100_000,
+        lightning_view: bool = True,
         ranks: list[int] | None = None,
         compression_level: int = 3,
     ) -> None:
@@ -119,6 +123,7 @@ class VizTraceCallback(Callback):
             ("profile_memory", profile_memory),
             ("with_flops", with_flops),
             ("memory_snapshot", memory_snapshot),
+            ("lightning_view", lightning_view),
         ):
             if not isinstance(flag, bool):
                 raise ValueError(f"`{name}` must be True or False, got {flag!r}")
@@ -143,6 +148,7 @@ class VizTraceCallback(Callback):
             record_shapes=record_shapes, profile_memory=profile_memory, with_flops=with_flops
         )
         self.memory_snapshot = memory_snapshot
+        self.lightning_view = lightning_view
         self.memory_max_entries = memory_max_entries
         self.ranks = list(ranks) if ranks is not None else None
         self.compression_level = compression_level
@@ -244,14 +250,14 @@ class VizTraceCallback(Callback):
             if step < target.warmup_start:
                 self._next_step = target.warmup_start
                 return
-            self._window = self._open_window(target)
+            self._window = self._open_window(target, trainer)
             if self._window is None:
                 self._skip(target)
                 return
         if self.schedule.phase(step) is Phase.ACTIVE:
             self._window.step_begin(step)
 
-    def _open_window(self, target: Window) -> ProfilingWindow | None:
+    def _open_window(self, target: Window, trainer: pl.Trainer) -> ProfilingWindow | None:
         assert self._python is not None and self._writer is not None
         conflict = foreign_profiler() or ("a torch profiler that is already recording" if torch_profiler_active() else None)
         if conflict:
@@ -268,7 +274,8 @@ class VizTraceCallback(Callback):
                 f"vt_lightning: windows come faster than the writer finishes them; window {target.index} "
                 f"waited {waited:.2f} s for earlier windows to be written. Raise `wait` to space windows out.",
             )
-        window = ProfilingWindow(target, self._python, TorchTracer(self.torch_config))
+        step_hooks = LightningViewHooks(trainer, trainer.lightning_module) if self.lightning_view else None
+        window = ProfilingWindow(target, self._python, TorchTracer(self.torch_config), step_hooks=step_hooks)
         window.warmup()
         return window
 
@@ -304,6 +311,7 @@ class VizTraceCallback(Callback):
                 "profile_memory": self.torch_config.profile_memory,
                 "with_flops": self.torch_config.with_flops,
             },
+            "lightning_view": self.lightning_view,
             "worker": worker,
             "span": span,
             **self._rank_info,

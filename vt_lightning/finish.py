@@ -95,6 +95,9 @@ def finish_window(job: WindowJob) -> WindowResult:
             torch_trace, python.get("traceEvents", []), calibration, metadata, job.extra_top_level
         )
         del torch_trace, python
+        notes: list[str] = []
+        if metadata.get("lightning_view"):
+            notes.extend(_apply_lightning_view(merged))
         raw = encode_trace(merged)
         job.run_dir.mkdir(parents=True, exist_ok=True)
         trace_path = job.run_dir / job.trace_name
@@ -108,6 +111,7 @@ def finish_window(job: WindowJob) -> WindowResult:
             torch_events=merged["vt_lightning"]["torch_events"],
             overflow=overflow,
             suggested_tracer_entries=suggested,
+            notes=notes,
         )
         if job.memory_name is not None:
             try:
@@ -122,6 +126,18 @@ def finish_window(job: WindowJob) -> WindowResult:
                     os.unlink(raw_path)
                 except OSError:
                     pass
+
+
+def _apply_lightning_view(merged: dict[str, Any]) -> list[str]:
+    from .lightning_view import apply_lightning_view
+
+    summary = apply_lightning_view(merged)
+    notes = []
+    if not summary.get("framework"):
+        notes.append("no [pl][module] ranges were recorded (compiled model?), so no Lightning view")
+    if summary.get("demoted"):
+        notes.append(f"{summary['demoted']} module ranges the plugin would reject were left out of the Lightning view")
+    return notes
 
 
 def _write_memory(job: WindowJob, merged: dict[str, Any]) -> Path | None:
