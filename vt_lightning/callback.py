@@ -162,6 +162,7 @@ class VizTraceCallback(Callback):
         self._enabled = False
         self._next_step: float = math.inf
         self._rank_info: dict[str, Any] = {}
+        self._completed: set[int] = set()
         self.results: list[WindowResult] = []
         self.windows_skipped = 0
 
@@ -178,6 +179,14 @@ class VizTraceCallback(Callback):
                     f"`ranks` names {unknown}, but this run has world_size={trainer.world_size}"
                 )
         self._enabled = self.ranks is None or rank in self.ranks
+        rival = _rival_lightning_profiler(trainer)
+        if rival is not None and self._enabled:
+            self._enabled = False
+            self._warn(
+                "lightning-profiler",
+                f"vt_lightning: Trainer(profiler=...) is {rival}, which takes over the same profiling hooks; "
+                "VizTraceCallback records nothing in this run. Remove one of the two.",
+            )
         self._rank_info = {
             "global_rank": rank,
             "local_rank": trainer.local_rank,
@@ -237,6 +246,13 @@ class VizTraceCallback(Callback):
         self._finalize(trainer, reason="training ended inside the window")
         self._shutdown()
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"completed_windows": sorted(self._completed)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Lightning restores the global batch count; this guards against writing a window twice.
+        self._completed = set(state_dict.get("completed_windows", []))
+
     # ------------------------------------------------------------------ windows
     def _scheduled_batch_start(self, trainer: pl.Trainer, step: int) -> None:
         window = self._window
@@ -249,6 +265,9 @@ class VizTraceCallback(Callback):
                 return
             if step < target.warmup_start:
                 self._next_step = target.warmup_start
+                return
+            if target.index in self._completed:
+                self._skip(target)
                 return
             self._window = self._open_window(target, trainer)
             if self._window is None:
@@ -290,6 +309,7 @@ class VizTraceCallback(Callback):
             return
         assert self._root is not None and self._spool is not None and self._writer is not None
         target = window.window
+        self._completed.add(target.index)
         nxt = self.schedule.next_window(target.end)
         self._next_step = nxt.warmup_start if nxt is not None else math.inf
         first = window.steps[0] if window.steps else target.active_start
@@ -401,6 +421,16 @@ class VizTraceCallback(Callback):
     def output_dir(self) -> Path | None:
         """Where this run's window directories go (known after ``setup``)."""
         return self._root
+
+
+def _rival_lightning_profiler(trainer: pl.Trainer) -> str | None:
+    """Lightning profilers that own torch.profiler or the profile hook (Simple/PassThrough are fine)."""
+    from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler
+
+    profiler = trainer.profiler
+    if isinstance(profiler, (PyTorchProfiler, AdvancedProfiler)):
+        return type(profiler).__name__
+    return None
 
 
 def _global_batch(trainer: pl.Trainer) -> int:

@@ -53,14 +53,20 @@ def foreign_profiler() -> str | None:
     hook = sys.getprofile()
     if hook is not None:
         return f"another tool's sys.setprofile hook ({type(hook).__name__})"
-    thread_hook = threading.getprofile() if hasattr(threading, "getprofile") else None
-    if thread_hook is not None:
+    thread_hook = threading.getprofile()
+    if thread_hook is not None and not _idle_viztracer_hook(thread_hook):
         return f"another tool's threading.setprofile hook ({type(thread_hook).__name__})"
     if sys.version_info >= (3, 12):
         tool = sys.monitoring.get_tool(sys.monitoring.PROFILER_ID)
         if tool is not None:
             return f"another tool using sys.monitoring ({tool})"
     return None
+
+
+def _idle_viztracer_hook(hook: Any) -> bool:
+    """VizTracer leaves its thread hook installed after it stops; a stopped tracer's is harmless."""
+    owner = getattr(hook, "__self__", None)
+    return type(owner).__module__.startswith("viztracer") and not getattr(owner, "enable", True)
 
 
 class PythonTracer:
@@ -71,6 +77,7 @@ class PythonTracer:
         self._tracer: Any = None
         self._running = False
         self._pid = os.getpid()
+        self._previous_thread_hook: Any = None
 
     @property
     def running(self) -> bool:
@@ -88,6 +95,7 @@ class PythonTracer:
         tracer = self._ensure_tracer()
         if sys.version_info < (3, 12):
             # Threads started during the window are traced too (VizTracer's own behaviour).
+            self._previous_thread_hook = threading.getprofile()
             threading.setprofile(tracer.threadtracefunc)
         tracer.start()
         self._running = True
@@ -106,7 +114,8 @@ class PythonTracer:
     def _release_thread_hook(self) -> None:
         # VizTracer sets threading.setprofile at construction and never takes it back.
         if self._tracer is not None and threading.getprofile() == self._tracer.threadtracefunc:
-            threading.setprofile(None)
+            threading.setprofile(self._previous_thread_hook)
+        self._previous_thread_hook = None
 
     def dump(self, path: str) -> None:
         """Write the ring buffer as JSON to ``path`` and empty it (C code, no Python objects)."""

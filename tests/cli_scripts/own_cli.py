@@ -1,0 +1,13 @@
+"""A project that owns its CLI: VizTraceLightningCLI adds an off-by-default --viztrace option."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _tiny import TinyData, TinyModel  # noqa: E402
+
+from vt_lightning.cli import VizTraceLightningCLI  # noqa: E402
+
+if __name__ == "__main__":
+    VizTraceLightningCLI(TinyModel, TinyData)

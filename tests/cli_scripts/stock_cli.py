@@ -1,0 +1,13 @@
+"""A stock LightningCLI script that knows nothing of vt_lightning."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from lightning.pytorch.cli import LightningCLI  # noqa: E402
+
+from _tiny import TinyData, TinyModel  # noqa: E402
+
+if __name__ == "__main__":
+    LightningCLI(TinyModel, TinyData)
