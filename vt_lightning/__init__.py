@@ -1,7 +1,20 @@
 """Python code and torch ops on one timeline, for scheduled Lightning training steps."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
-
-from .callback import VizTraceCallback  # noqa: E402
-
 __all__ = ["VizTraceCallback", "__version__"]
+
+if TYPE_CHECKING:
+    from .callback import VizTraceCallback
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the VT_LIGHTNING entry point imports this package in every Trainer and must stay cheap.
+    if name == "VizTraceCallback":
+        from .callback import VizTraceCallback
+
+        return VizTraceCallback
+    raise AttributeError(f"module 'vt_lightning' has no attribute {name!r}")

@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from . import __version__
 from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, finish_window
 from .lightning_view import LightningViewHooks
+from .memory import CudaMemoryRecorder, dump_oom_snapshot, is_cuda_oom, oom_file_name
 from .output import (
     BackgroundWriter,
     WarnOnce,
@@ -162,6 +163,7 @@ class VizTraceCallback(Callback):
         self._enabled = False
         self._next_step: float = math.inf
         self._rank_info: dict[str, Any] = {}
+        self._cuda = False
         self._completed: set[int] = set()
         self.results: list[WindowResult] = []
         self.windows_skipped = 0
@@ -179,6 +181,23 @@ class VizTraceCallback(Callback):
                     f"`ranks` names {unknown}, but this run has world_size={trainer.world_size}"
                 )
         self._enabled = self.ranks is None or rank in self.ranks
+        self._cuda = trainer.strategy.root_device.type == "cuda"
+        if getattr(self, "_vt_lightning_source", None) == "env" and any(
+            isinstance(cb, VizTraceCallback) and cb is not self for cb in trainer.callbacks
+        ):
+            self._enabled = False
+            self._warn(
+                "duplicate",
+                "vt_lightning: VT_LIGHTNING is set but the Trainer already has a VizTraceCallback; "
+                "the one from the environment stays idle.",
+            )
+            return
+        if self._enabled and self.memory_snapshot and not self._cuda and not self.torch_config.profile_memory:
+            self._warn(
+                "cpu-memory",
+                "vt_lightning: on CPU the memory snapshot is built from torch.profiler's memory events, "
+                "which `profile_memory=False` turns off: no memory snapshots will be written.",
+            )
         rival = _rival_lightning_profiler(trainer)
         if rival is not None and self._enabled:
             self._enabled = False
@@ -237,6 +256,8 @@ class VizTraceCallback(Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Lightning does not call teardown after on_exception.
+        if is_cuda_oom(exception):
+            self._dump_oom()
         self._finalize(trainer, reason=f"{type(exception).__name__} during the window", partial=True)
         self._shutdown()
 
@@ -294,7 +315,15 @@ class VizTraceCallback(Callback):
                 f"waited {waited:.2f} s for earlier windows to be written. Raise `wait` to space windows out.",
             )
         step_hooks = LightningViewHooks(trainer, trainer.lightning_module) if self.lightning_view else None
-        window = ProfilingWindow(target, self._python, TorchTracer(self.torch_config), step_hooks=step_hooks)
+        recorder = CudaMemoryRecorder(self.memory_max_entries) if self.memory_snapshot and self._cuda else None
+        window = ProfilingWindow(
+            target,
+            self._python,
+            TorchTracer(self.torch_config, cuda_available=self._cuda),
+            memory_recorder=recorder,
+            step_hooks=step_hooks,
+            on_problem=self._warn,
+        )
         window.warmup()
         return window
 
@@ -312,9 +341,7 @@ class VizTraceCallback(Callback):
         self._completed.add(target.index)
         nxt = self.schedule.next_window(target.end)
         self._next_step = nxt.warmup_start if nxt is not None else math.inf
-        first = window.steps[0] if window.steps else target.active_start
-        worker = worker_name(self._rank_info.get("global_rank", 0), host_name())
-        span = span_name(target.active_start)
+        run_dir, worker, span, memory_name = self._paths(window)
         incomplete = len(window.steps) < len(target.active_steps)
         metadata = {
             "version": __version__,
@@ -336,8 +363,6 @@ class VizTraceCallback(Callback):
             "span": span,
             **self._rank_info,
         }
-        run_dir = self._root / window_dir_name(target.index, first, target.last_step)
-        memory_name = memory_file_name(worker, span) if self.memory_snapshot and self.torch_config.profile_memory else None
         job = window.close(
             self._spool,
             metadata,
@@ -348,6 +373,29 @@ class VizTraceCallback(Callback):
         )
         if job is not None:
             self._writer.submit(self._finish_job, job)
+
+    def _paths(self, window: ProfilingWindow) -> tuple[Path, str, str, str | None]:
+        """(run directory, worker, span, memory snapshot name or None) of a window."""
+        assert self._root is not None
+        target = window.window
+        first = window.steps[0] if window.steps else target.active_start
+        worker = worker_name(self._rank_info.get("global_rank", 0), host_name())
+        span = span_name(target.active_start)
+        snapshots = self.memory_snapshot and (self._cuda or self.torch_config.profile_memory)
+        memory_name = memory_file_name(worker, span) if snapshots else None
+        return self._root / window_dir_name(target.index, first, target.last_step), worker, span, memory_name
+
+    def _dump_oom(self) -> None:
+        """On a CUDA out-of-memory error inside a window, keep the allocator's state of that moment."""
+        window = self._window
+        if window is None or window.memory_recorder is None or not window.active:
+            return
+        run_dir, _, _, memory_name = self._paths(window)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            dump_oom_snapshot(run_dir / oom_file_name(memory_name or "memory_snapshot.pickle"), window.memory_recorder)
+        except Exception as err:
+            self._warn("oom", f"vt_lightning: could not write the out-of-memory snapshot ({err})")
 
     def _finish_job(self, job: WindowJob) -> WindowResult | None:
         """Runs on the writer thread."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .clock import ClockPair, sample_pair
@@ -39,12 +40,14 @@ class ProfilingWindow:
         torch_tracer: TorchTracer,
         memory_recorder: MemoryRecorder | None = None,
         step_hooks: Any = None,
+        on_problem: Callable[[str, str], Any] | None = None,
     ) -> None:
         self.window = window
         self.python = python
         self.torch = torch_tracer
         self.memory_recorder = memory_recorder
         self.step_hooks = step_hooks  # e.g. the Lightning view's module hooks
+        self.on_problem = on_problem or (lambda key, message: None)
         self.steps: list[int] = []
         self.active = False
         self.closed = False
@@ -57,7 +60,12 @@ class ProfilingWindow:
         """Start recording at the first active batch."""
         self.torch.start()
         if self.memory_recorder is not None:
-            self.memory_recorder.start()
+            try:
+                self.memory_recorder.start()
+            except Exception as err:  # go on without the snapshot rather than lose the window
+                self.memory_recorder = None
+                self.on_problem("memory-start", f"vt_lightning: memory history could not start ({err}); "
+                                "windows go on without CUDA memory snapshots.")
         if self.step_hooks is not None:
             self.step_hooks.install()
         self._clock_start = sample_pair(self.python.clock_us)
