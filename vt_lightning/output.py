@@ -118,7 +118,6 @@ class WarnOnce:
                 return False
             self._seen.add(key)
         warnings.warn(message, RuntimeWarning, stacklevel=2)
-        log.warning(message)
         return True
 
 
