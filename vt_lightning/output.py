@@ -11,7 +11,6 @@ rather than growing the queue or dropping a window.
 from __future__ import annotations
 
 import gzip
-import logging
 import os
 import re
 import socket
@@ -24,7 +23,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("vt_lightning")
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 MEMORY_SUFFIX = ".memory_snapshot.pickle"
