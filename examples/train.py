@@ -108,6 +108,7 @@ def main() -> None:
     )
     trainer.fit(TinyTransformer(), data)
 
+    trainer.strategy.barrier()  # other ranks may still be writing their last window
     if trainer.is_global_zero and tracer.output_dir is not None:
         out = Path(tracer.output_dir).resolve()
         traces = sorted(out.glob("window_*/*.pt.trace.json.gz"))

@@ -612,7 +612,7 @@ def test_recorder_in_a_profiling_window(monkeypatch, tmp_path):
     log = fake.calls
     window = _window(log, CudaMemoryRecorder(5))
     window.step_begin(1)
-    window.step_end()
+    window.step_end(1)
     job = window.close(str(tmp_path), {}, tmp_path / "run", "t.pt.trace.json.gz", "m.memory_snapshot.pickle", 1)
     assert job.memory_snapshot["fake"] is True
     sequence = [c if isinstance(c, str) else c[0] if c[0] == "snapshot" else f"record({c[1]})" for c in log]

@@ -244,9 +244,10 @@ class VizTraceCallback(Callback):
         if window is None:
             return
         try:
+            step = _global_batch(trainer)
             if window.active:
-                window.step_end()
-            if _global_batch(trainer) >= window.window.last_step:
+                window.step_end(step)
+            if step >= window.window.last_step:
                 self._close_window(trainer)
         except Exception as err:
             self._fail_window(err)
@@ -443,8 +444,6 @@ class VizTraceCallback(Callback):
     def _finalize(self, trainer: pl.Trainer | None, reason: str, partial: bool = False) -> None:
         if self._window is not None:
             try:
-                if self._window.active:
-                    self._window.step_end()
                 self._close_window(trainer, reason=reason, partial=partial)
             except Exception as err:
                 self._fail_window(err)

@@ -185,6 +185,15 @@ def count_crossings(events: list[dict[str, Any]]) -> int:
     return crossings
 
 
+def drop_unrun_steps(events: list[dict[str, Any]], steps: Iterable[int]) -> int:
+    """Remove ``ProfilerStep#N`` ranges opened for a batch that never ran (training ended first)."""
+    ran = {f"ProfilerStep#{step}" for step in steps}
+    keep = [e for e in events if not (e.get("name", "").startswith("ProfilerStep#") and e["name"] not in ran)]
+    dropped = len(events) - len(keep)
+    events[:] = keep
+    return dropped
+
+
 def merge_trace(
     torch_trace: Mapping[str, Any],
     python_events: Iterable[dict[str, Any]],
@@ -198,6 +207,8 @@ def merge_trace(
     events = merge_metadata_events(torch_events, python_meta)
     events.extend(timed)
     fixed = ensure_contract(events)
+    if "steps" in vt_metadata:
+        drop_unrun_steps(events, vt_metadata["steps"])
     tolerance = calibration.uncertainty_us + TIMESTAMP_RESOLUTION_US
     repaired, _ = repair_boundaries(events, tolerance)
     crossings = count_crossings(events)

@@ -8,11 +8,34 @@ later, off the training thread.
 
 from __future__ import annotations
 
+import os
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity
+
+
+_recording: weakref.WeakSet[TorchTracer] = weakref.WeakSet()
+
+
+def _disable_in_forked_child() -> None:
+    """A child forked while a window records (a DataLoader worker) inherits torch's profiler
+    state and would record its ops in memory for its whole life, never saved."""
+    if not _recording:
+        return
+    _recording.clear()
+    try:
+        if torch._C._autograd._profiler_enabled() and not torch.cuda.is_initialized():
+            torch._C._autograd._disable_profiler()  # the child's copy of the events: dropped
+        torch.autograd.profiler._is_profiler_enabled = False
+    except Exception:
+        pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disable_in_forked_child)
 
 
 @dataclass(frozen=True)
@@ -71,6 +94,7 @@ class TorchTracer:
             experimental_config=experimental_config(all_threads=not config.profile_memory),
         )
         self._step: Any = None
+        self.open_step: int | None = None
         self.prepared = False
         self.started = False
         self.stopped = False
@@ -85,12 +109,15 @@ class TorchTracer:
             self.prepare()
         self._profile.start_trace()
         self.started = True
+        _recording.add(self)
 
     def step_begin(self, batch_idx: int) -> None:
         self._step = torch.autograd.profiler.record_function(f"ProfilerStep#{batch_idx}")
         self._step.__enter__()
+        self.open_step = batch_idx
 
     def step_end(self) -> None:
+        self.open_step = None
         if self._step is not None:
             step, self._step = self._step, None
             step.__exit__(None, None, None)
@@ -100,6 +127,7 @@ class TorchTracer:
         if self.stopped:
             return
         self.stopped = True
+        _recording.discard(self)
         self.step_end()
         if self.prepared:
             if not self.started:  # ended during warmup: kineto must be started before it stops

@@ -75,11 +75,20 @@ class ProfilingWindow:
     def step_begin(self, step: int) -> None:
         if not self.active:
             self.activate()
-        self.torch.step_begin(step)
+        if self.torch.open_step != step:
+            self.torch.step_end()
+            self.torch.step_begin(step)
         self.steps.append(step)
 
-    def step_end(self) -> None:
+    def step_end(self, step: int) -> None:
+        """Close ``ProfilerStep#step``; open the next one right away if it is active too.
+
+        As torch's own ``profile.step()`` does, a step then also covers fetching its batch (and
+        Lightning's per-batch bookkeeping), which the plugin's Overview counts as DataLoader time.
+        """
         self.torch.step_end()
+        if step + 1 < self.window.end:
+            self.torch.step_begin(step + 1)
 
     def close(self, spool: str, metadata: dict[str, Any], run_dir: Path, trace_name: str,
               memory_name: str | None, gzip_level: int) -> WindowJob | None:
