@@ -38,6 +38,7 @@ class WindowJob:
     memory_snapshot: Any = None  # a CUDA allocator snapshot taken at window end, if any
     extra_top_level: dict[str, Any] = field(default_factory=dict)
     export_torch: Callable[[str], None] | None = None  # torch's exporter, run here if set
+    thread_names: dict[int, str] = field(default_factory=dict)  # native id -> name at window end
 
 
 @dataclass
@@ -92,7 +93,12 @@ def finish_window(job: WindowJob) -> WindowResult:
             suggested = suggest_tracer_entries(python.get("traceEvents", []), job.clock_start, job.clock_end)
             metadata["overflow_suggested_tracer_entries"] = suggested
         merged = merge_trace(
-            torch_trace, python.get("traceEvents", []), calibration, metadata, job.extra_top_level
+            torch_trace,
+            python.get("traceEvents", []),
+            calibration,
+            metadata,
+            job.extra_top_level,
+            thread_names=job.thread_names,
         )
         del torch_trace, python
         notes: list[str] = []

@@ -52,12 +52,21 @@ def shift_python_events(
 
 
 def merge_metadata_events(
-    torch_events: list[dict[str, Any]], python_meta: list[dict[str, Any]]
+    torch_events: list[dict[str, Any]],
+    python_meta: list[dict[str, Any]],
+    thread_names: Mapping[int, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Torch's metadata plus VizTracer's real thread names, one ``thread_name`` per (pid, tid)."""
+    """Torch's metadata plus the real thread names, one ``thread_name`` per (pid, tid).
+
+    ``thread_names`` (native thread id -> ``threading`` name, read at window end) corrects
+    VizTracer's names where it read them too early (``Dummy-N`` on Python 3.12+).
+    """
     python_threads = {
         (e.get("pid"), e.get("tid")): e for e in python_meta if e.get("name") == "thread_name"
     }
+    for (_, tid), event in python_threads.items():
+        if thread_names and tid in thread_names:
+            event["args"] = {**event.get("args", {}), "name": thread_names[tid]}
     out = [
         e
         for e in torch_events
@@ -200,11 +209,12 @@ def merge_trace(
     calibration: Calibration,
     vt_metadata: Mapping[str, Any],
     extra_top_level: Mapping[str, Any] | None = None,
+    thread_names: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """One trace dict: torch's keys, ``vt_lightning`` metadata, then ``traceEvents`` last."""
     torch_events = list(torch_trace.get("traceEvents", []))
     timed, python_meta = shift_python_events(python_events, calibration)
-    events = merge_metadata_events(torch_events, python_meta)
+    events = merge_metadata_events(torch_events, python_meta, thread_names)
     events.extend(timed)
     fixed = ensure_contract(events)
     if "steps" in vt_metadata:

@@ -28,6 +28,64 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_stop_in_forked_child)
 
 
+# Python <= 3.11 only: a thread started during a window gets VizTracer's C profile hook, and
+# VizTracer's stop() removes the hook from the calling thread alone. A thread that outlives the window
+# would keep it (1.5x slower on 3.10, 3.4x on 3.11, for the rest of its life), so stop() takes it off
+# those threads as 3.12's threading.setprofile_all_threads() would: CPython's _PyEval_SetProfile(tstate)
+# under the GIL. On 3.12+ VizTracer uses sys.monitoring, which is process-wide and freed by stop().
+_NEEDS_THREAD_CLEANUP = sys.version_info < (3, 12) and sys.implementation.name == "cpython"
+_capi: Any = None
+
+
+def _c_api() -> Any:
+    """Our own handle on the C API (restype/argtypes set here do not touch ``ctypes.pythonapi``)."""
+    global _capi
+    if _capi is None:
+        import ctypes
+
+        api = ctypes.PyDLL(None)  # PyDLL: calls keep the GIL
+        ptr = ctypes.c_void_p
+        api.PyThreadState_Get.restype = ptr
+        api.PyThreadState_Get.argtypes = []
+        api.PyInterpreterState_Get.restype = ptr
+        api.PyInterpreterState_Get.argtypes = []
+        api.PyInterpreterState_ThreadHead.restype = ptr
+        api.PyInterpreterState_ThreadHead.argtypes = [ptr]
+        api.PyThreadState_Next.restype = ptr
+        api.PyThreadState_Next.argtypes = [ptr]
+        api._PyEval_SetProfile.restype = ctypes.c_int
+        api._PyEval_SetProfile.argtypes = [ptr, ptr, ptr]
+        _capi = api
+    return _capi
+
+
+def _current_thread_state() -> int | None:
+    try:
+        return _c_api().PyThreadState_Get()
+    except Exception:  # pragma: no cover - not CPython, or symbols missing: leave the hook
+        return None
+
+
+def _remove_profile_hooks(thread_states: dict[int, Any]) -> None:
+    """Remove the profile hook of the given (still running) threads; the GIL is held throughout."""
+    if not thread_states:
+        return
+    try:
+        api = _c_api()
+        live = set()
+        state = api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Get())
+        while state:
+            live.add(state)
+            state = api.PyThreadState_Next(state)
+        for state, thread_ref in thread_states.items():
+            thread = thread_ref()
+            # is_alive(): the thread has not begun tearing its state down, so `state` is still its own.
+            if state in live and thread is not None and thread.is_alive():
+                api._PyEval_SetProfile(state, None, None)
+    except Exception:  # pragma: no cover - best effort: never break stop() over this
+        pass
+
+
 @dataclass(frozen=True)
 class PythonTracerConfig:
     """The VizTracer options a user can set (see ``VizTraceCallback``)."""
@@ -78,6 +136,8 @@ class PythonTracer:
         self._running = False
         self._pid = os.getpid()
         self._previous_thread_hook: Any = None
+        self._lock = threading.Lock()
+        self._hooked_threads: dict[int, weakref.ref[threading.Thread]] = {}  # thread state -> thread
 
     @property
     def running(self) -> bool:
@@ -96,24 +156,41 @@ class PythonTracer:
         if sys.version_info < (3, 12):
             # Threads started during the window are traced too (VizTracer's own behaviour).
             self._previous_thread_hook = threading.getprofile()
-            threading.setprofile(tracer.threadtracefunc)
-        tracer.start()
-        self._running = True
+            threading.setprofile(self._thread_hook if _NEEDS_THREAD_CLEANUP else tracer.threadtracefunc)
+        with self._lock:
+            tracer.start()
+            self._running = True
         _active.add(self)
+
+    def _thread_hook(self, frame: Any, event: str, arg: Any) -> Any:
+        """First profile event of a thread started during the window (Python <= 3.11): hand it to
+        VizTracer's C hook, which replaces this one, and remember the thread so stop() can unhook it."""
+        with self._lock:
+            if not self._running or self._tracer is None:
+                sys.setprofile(None)  # the window closed before this thread ran any code
+                return None
+            state = _current_thread_state()
+            if state is not None:
+                self._hooked_threads[state] = weakref.ref(threading.current_thread())
+            return self._tracer.threadtracefunc(frame, event, arg)
 
     def stop(self) -> None:
         """Remove every hook; events stay in the ring buffer."""
         try:
-            if self._tracer is not None and self._running:
-                self._tracer.stop()
+            with self._lock:
+                was_running, self._running = self._running, False
+                if self._tracer is not None and was_running:
+                    self._tracer.stop()
         finally:
             self._running = False
             _active.discard(self)
             self._release_thread_hook()
+            hooked, self._hooked_threads = self._hooked_threads, {}
+            _remove_profile_hooks(hooked)
 
     def _release_thread_hook(self) -> None:
         # VizTracer sets threading.setprofile at construction and never takes it back.
-        if self._tracer is not None and threading.getprofile() == self._tracer.threadtracefunc:
+        if self._tracer is not None and threading.getprofile() in (self._tracer.threadtracefunc, self._thread_hook):
             threading.setprofile(self._previous_thread_hook)
         self._previous_thread_hook = None
 
@@ -143,8 +220,11 @@ class PythonTracer:
                 register_global=False,
                 **c.extra,
             )
-            # Construction installs the hooks on Python <= 3.11; take them off until start().
-            Tracer.stop(self._tracer, None)
+            # Construction installs the hooks on Python <= 3.11; take them off until start(). Not on
+            # 3.12+: construction installs nothing there, and stop() would free sys.monitoring tool 2
+            # even when another tool holds it.
+            if sys.version_info < (3, 12):
+                Tracer.stop(self._tracer, None)
             self._release_thread_hook()
         return self._tracer
 
@@ -155,4 +235,6 @@ class PythonTracer:
                 self._tracer.clear()
             finally:
                 self._running = False
+                self._hooked_threads = {}  # the child has only the forking thread
+                self._lock = threading.Lock()  # another thread may have held it at fork time
                 self._release_thread_hook()

@@ -9,6 +9,7 @@ recording and dumps VizTracer's ring buffer; everything else happens in ``finish
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -95,6 +96,7 @@ class ProfilingWindow:
         """Stop everything; return the job that writes the window (None if nothing was recorded)."""
         self.closed = True
         self.python.stop()
+        thread_names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         clock_end = sample_pair(self.python.clock_us) if self.active else None
         memory_snapshot = None
         try:
@@ -121,6 +123,7 @@ class ProfilingWindow:
             memory_name=memory_name,
             memory_snapshot=memory_snapshot,
             export_torch=self.torch.save,
+            thread_names=thread_names,
         )
 
     def abort(self) -> None:

@@ -1,0 +1,346 @@
+"""PythonTracer (VizTracer behind start/stop windows) with no torch: runs on Python 3.10-3.13.
+
+tests/conftest.py imports torch, so where torch is missing run this file alone:
+``python -m pytest --noconftest tests/test_pytracer.py``. Timing is measured elsewhere (no timing
+assertions here); these tests check that no hook is left, which is what makes idle time free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vt_lightning.pytracer import PythonTracer, PythonTracerConfig, foreign_profiler
+
+MONITORING = sys.version_info >= (3, 12)
+
+
+def hooks() -> dict[str, Any]:
+    """Every place a profiler can hook this thread (and threads started from now on)."""
+    state: dict[str, Any] = {"sys.getprofile": sys.getprofile(), "threading.getprofile": threading.getprofile()}
+    if MONITORING:
+        state["monitoring tool 2"] = sys.monitoring.get_tool(sys.monitoring.PROFILER_ID)
+        state["monitoring events 2"] = sys.monitoring.get_events(sys.monitoring.PROFILER_ID)
+    return state
+
+
+NO_HOOKS = {"sys.getprofile": None, "threading.getprofile": None}
+if MONITORING:
+    NO_HOOKS |= {"monitoring tool 2": None, "monitoring events 2": 0}
+
+
+def _unhook_everything() -> None:
+    sys.setprofile(None)
+    threading.setprofile(None)
+    if MONITORING and sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is not None:
+        sys.monitoring.set_events(sys.monitoring.PROFILER_ID, 0)
+        sys.monitoring.free_tool_id(sys.monitoring.PROFILER_ID)
+
+
+@pytest.fixture(autouse=True)
+def clean_hooks():
+    assert hooks() == NO_HOOKS, "a hook was installed before the test"
+    yield
+    leftover = hooks()
+    _unhook_everything()
+    assert leftover == NO_HOOKS, "the test left a hook behind"
+
+
+@pytest.fixture
+def tracer():
+    t = PythonTracer(PythonTracerConfig(tracer_entries=200_000))
+    yield t
+    t.stop()
+    t.discard()
+
+
+def named(name: str):
+    """A fresh function called ``name``, so a trace tells which window ran it."""
+
+    def template(n: int) -> int:
+        return sum(range(n))
+
+    renames = {"co_name": name, "co_qualname": name} if sys.version_info >= (3, 11) else {"co_name": name}
+    code = template.__code__.replace(**renames)
+    return types.FunctionType(code, template.__globals__, name)
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def calls(data: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in data["traceEvents"] if e.get("ph") == "X"]
+
+
+def thread_names(data: dict[str, Any]) -> dict[int, str]:
+    return {e["tid"]: e["args"]["name"] for e in data["traceEvents"]
+            if e.get("ph") == "M" and e.get("name") == "thread_name"}
+
+
+def test_import_needs_no_torch():
+    code = ("import sys, vt_lightning, vt_lightning.pytracer; "
+            "bad = [m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules]; "
+            "assert not bad, bad")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
+                                                                       os.environ.get("PYTHONPATH")])))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_no_hook_before_first_window_and_after_each(tracer, tmp_path):
+    work = named("work")
+    tracer.clock_us()  # builds the VizTracer, as the first window does before start()
+    assert hooks() == NO_HOOKS
+    for i in range(3):
+        tracer.start()
+        assert tracer.running
+        if MONITORING:
+            assert sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) == "viztracer"
+        else:
+            assert sys.getprofile() is not None
+        work(10)
+        tracer.stop()
+        assert not tracer.running
+        assert hooks() == NO_HOOKS, f"hook left after window {i}"
+        tracer.dump(str(tmp_path / f"{i}.json"))
+        assert hooks() == NO_HOOKS
+
+
+def test_plain_viztracer_hooks_at_construction_only_up_to_311():
+    """The pitfall PythonTracer avoids: a merely constructed VizTracer on <= 3.11 is already hooked."""
+    from viztracer import VizTracer
+    from viztracer.snaptrace import Tracer
+
+    plain = VizTracer(verbose=0, register_global=False)
+    try:
+        if MONITORING:
+            assert hooks() == NO_HOOKS
+        else:
+            assert sys.getprofile() is not None and threading.getprofile() == plain.threadtracefunc
+    finally:
+        if not MONITORING:
+            Tracer.stop(plain, None)
+        threading.setprofile(None)
+
+
+def test_window_records_main_thread_and_thread_started_in_window(tracer, tmp_path):
+    on_main, on_thread = named("on_main_thread"), named("on_window_thread")
+    tracer.start()
+    on_main(10)
+    worker = threading.Thread(target=on_thread, args=(10,), name="window-worker")
+    worker.start()
+    worker.join()
+    tracer.stop()
+    tracer.dump(str(tmp_path / "w.json"))
+
+    data = load(tmp_path / "w.json")
+    assert list(data)[:2] == ["traceEvents", "viztracer_metadata"]
+    assert data["viztracer_metadata"]["overflow"] is False
+    by_name = {e["name"].split(" ")[0]: e for e in calls(data)}
+    assert by_name["on_main_thread"]["tid"] == threading.main_thread().native_id
+    assert by_name["on_window_thread"]["tid"] == worker.native_id
+    assert all(isinstance(e["ts"], (int, float)) and e["dur"] >= 0 for e in calls(data))
+    names = thread_names(data)
+    assert names[threading.main_thread().native_id] == "MainThread"
+    assert worker.native_id in names
+
+
+@pytest.mark.xfail(MONITORING, strict=True, reason=(
+    "VizTracer 1.1.1 on 3.12+ (sys.monitoring) reads the name at the thread's first event, inside "
+    "threading's _bootstrap before the thread is registered, so it records 'Dummy-N'"))
+def test_thread_started_in_window_keeps_its_name(tracer, tmp_path):
+    tracer.start()
+    worker = threading.Thread(target=named("on_window_thread"), args=(10,), name="window-worker")
+    worker.start()
+    worker.join()
+    tracer.stop()
+    tracer.dump(str(tmp_path / "w.json"))
+    assert thread_names(load(tmp_path / "w.json"))[worker.native_id] == "window-worker"
+
+
+def test_thread_outliving_the_window_loses_the_hook(tracer, tmp_path):
+    """On <= 3.11 the thread got VizTracer's C hook; stop() must take it off that thread too."""
+    started, window_closed, seen = threading.Event(), threading.Event(), {}
+
+    def long_lived():
+        named("in_window")(10)
+        seen["during"] = sys.getprofile()
+        started.set()
+        window_closed.wait(10)
+        seen["after"] = sys.getprofile()
+        named("after_window")(10)
+
+    tracer.start()
+    worker = threading.Thread(target=long_lived, name="long-lived")
+    worker.start()
+    assert started.wait(10)
+    tracer.stop()
+    window_closed.set()
+    worker.join()
+    if not MONITORING:
+        assert seen["during"] is not None
+    assert seen["after"] is None
+    tracer.dump(str(tmp_path / "w.json"))
+    names = {e["name"].split(" ")[0] for e in calls(load(tmp_path / "w.json"))}
+    assert "in_window" in names and "after_window" not in names
+
+
+def test_thread_started_in_window_but_running_after_it_is_not_hooked(tracer):
+    go, seen = threading.Event(), {}
+
+    def late():
+        go.wait(10)
+        seen["hook"] = sys.getprofile()
+
+    tracer.start()
+    worker = threading.Thread(target=late)
+    worker.start()
+    tracer.stop()
+    go.set()
+    worker.join()
+    assert seen["hook"] is None
+
+
+def test_discard_empties_the_buffer(tracer, tmp_path):
+    tracer.start()
+    named("discarded")(10)
+    tracer.stop()
+    tracer.discard()
+    tracer.dump(str(tmp_path / "empty.json"))
+    assert calls(load(tmp_path / "empty.json")) == []
+
+
+def test_each_dump_holds_only_its_own_window(tracer, tmp_path):
+    for i in range(3):
+        named("between_windows")(10)
+        tracer.start()
+        named(f"window_{i}")(10)
+        tracer.stop()
+        named("between_windows")(10)
+        tracer.dump(str(tmp_path / f"{i}.json"))
+    for i in range(3):
+        names = {e["name"].split(" ")[0] for e in calls(load(tmp_path / f"{i}.json"))}
+        assert f"window_{i}" in names
+        assert not any(n.startswith("window_") and n != f"window_{i}" for n in names)
+        assert "between_windows" not in names
+
+
+def test_foreign_profiler_none_when_free_and_after_our_window(tracer):
+    assert foreign_profiler() is None
+    tracer.start()
+    tracer.stop()
+    assert foreign_profiler() is None
+
+
+def test_foreign_profiler_sees_sys_setprofile():
+    def other_tool(frame, event, arg):
+        return None
+
+    sys.setprofile(other_tool)
+    try:
+        message = foreign_profiler()
+    finally:
+        sys.setprofile(None)
+    assert message and "sys.setprofile" in message
+    assert foreign_profiler() is None
+
+
+def test_foreign_profiler_sees_threading_setprofile():
+    def other_tool(frame, event, arg):
+        return None
+
+    threading.setprofile(other_tool)
+    try:
+        message = foreign_profiler()
+    finally:
+        threading.setprofile(None)
+    assert message and "threading.setprofile" in message
+
+
+@pytest.mark.skipif(not MONITORING, reason="sys.monitoring is 3.12+")
+def test_foreign_monitoring_tool_is_seen_and_left_alone():
+    mon = sys.monitoring
+    mon.use_tool_id(mon.PROFILER_ID, "other")
+    mon.set_events(mon.PROFILER_ID, mon.events.PY_START)
+    try:
+        message = foreign_profiler()
+        assert message and "sys.monitoring" in message and "other" in message
+        # Building our tracer (the first window does, after this check) must not free the other tool.
+        PythonTracer(PythonTracerConfig(tracer_entries=1000)).clock_us()
+        assert mon.get_tool(mon.PROFILER_ID) == "other"
+        assert mon.get_events(mon.PROFILER_ID) == mon.events.PY_START
+    finally:
+        mon.set_events(mon.PROFILER_ID, 0)
+        mon.free_tool_id(mon.PROFILER_ID)
+    assert foreign_profiler() is None
+
+
+def test_a_users_own_viztracer_counts_while_running_not_after():
+    from viztracer import VizTracer
+
+    theirs = VizTracer(verbose=0, register_global=False)
+    try:
+        theirs.start()
+        assert sys.getprofile() is not None or MONITORING
+        theirs.stop()
+        if not MONITORING:
+            # VizTracer leaves its thread hook behind after stop(); an idle VizTracer's is harmless.
+            assert threading.getprofile() == theirs.threadtracefunc
+        assert foreign_profiler() is None
+    finally:
+        theirs.stop()
+        theirs.clear()
+        threading.setprofile(None)
+
+
+def test_a_registered_running_viztracer_is_foreign():
+    from viztracer import VizTracer
+
+    theirs = VizTracer(verbose=0)  # register_global=True, as the `viztracer` command does
+    try:
+        theirs.start()
+        message = foreign_profiler()
+        theirs.stop()
+        assert message and "VizTracer" in message
+    finally:
+        theirs.stop()
+        theirs.clear()
+        threading.setprofile(None)
+        import builtins
+
+        builtins.__dict__.pop("__viz_tracer__", None)  # register_global() set it; do not leak it
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_has_the_tracer_stopped(tracer):
+    import warnings
+
+    tracer.start()
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork() with threads
+        pid = os.fork()
+    if pid == 0:  # child: report and leave at once, no pytest teardown here
+        try:
+            os.close(read_end)
+            report = {"running": tracer.running, "hooks": {k: str(v) if v else v for k, v in hooks().items()},
+                      "foreign": foreign_profiler()}
+            os.write(write_end, json.dumps(report).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        report = json.loads(pipe.read())
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert tracer.running  # the parent goes on recording
+    tracer.stop()
+    assert report == {"running": False, "hooks": NO_HOOKS, "foreign": None}
