@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from vt_lightning.pytracer import PythonTracer, PythonTracerConfig, foreign_profiler
+from vt_lightning.pytracer import PythonTracer, PythonTracerConfig, foreign_profiler, wait_for_dump
 
 MONITORING = sys.version_info >= (3, 12)
 
@@ -110,7 +110,7 @@ def test_no_hook_before_first_window_and_after_each(tracer, tmp_path):
         tracer.stop()
         assert not tracer.running
         assert hooks() == NO_HOOKS, f"hook left after window {i}"
-        tracer.dump(str(tmp_path / f"{i}.json"))
+        wait_for_dump(tracer.dump(str(tmp_path / f"{i}.json")))
         assert hooks() == NO_HOOKS
 
 
@@ -139,7 +139,7 @@ def test_window_records_main_thread_and_thread_started_in_window(tracer, tmp_pat
     worker.start()
     worker.join()
     tracer.stop()
-    tracer.dump(str(tmp_path / "w.json"))
+    wait_for_dump(tracer.dump(str(tmp_path / "w.json")))
 
     data = load(tmp_path / "w.json")
     assert list(data)[:2] == ["traceEvents", "viztracer_metadata"]
@@ -162,7 +162,7 @@ def test_thread_started_in_window_keeps_its_name(tracer, tmp_path):
     worker.start()
     worker.join()
     tracer.stop()
-    tracer.dump(str(tmp_path / "w.json"))
+    wait_for_dump(tracer.dump(str(tmp_path / "w.json")))
     assert thread_names(load(tmp_path / "w.json"))[worker.native_id] == "window-worker"
 
 
@@ -188,7 +188,7 @@ def test_thread_outliving_the_window_loses_the_hook(tracer, tmp_path):
     if not MONITORING:
         assert seen["during"] is not None
     assert seen["after"] is None
-    tracer.dump(str(tmp_path / "w.json"))
+    wait_for_dump(tracer.dump(str(tmp_path / "w.json")))
     names = {e["name"].split(" ")[0] for e in calls(load(tmp_path / "w.json"))}
     assert "in_window" in names and "after_window" not in names
 
@@ -214,7 +214,7 @@ def test_discard_empties_the_buffer(tracer, tmp_path):
     named("discarded")(10)
     tracer.stop()
     tracer.discard()
-    tracer.dump(str(tmp_path / "empty.json"))
+    wait_for_dump(tracer.dump(str(tmp_path / "empty.json")))
     assert calls(load(tmp_path / "empty.json")) == []
 
 
@@ -225,7 +225,7 @@ def test_each_dump_holds_only_its_own_window(tracer, tmp_path):
         named(f"window_{i}")(10)
         tracer.stop()
         named("between_windows")(10)
-        tracer.dump(str(tmp_path / f"{i}.json"))
+        wait_for_dump(tracer.dump(str(tmp_path / f"{i}.json")))
     for i in range(3):
         names = {e["name"].split(" ")[0] for e in calls(load(tmp_path / f"{i}.json"))}
         assert f"window_{i}" in names

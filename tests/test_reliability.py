@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import PassThroughProfiler
 
 import vt_lightning.finish as finish
+import vt_lightning.output as output
 from vt_lightning import VizTraceCallback
 from vt_lightning.clock import Calibration, ClockPair
 from vt_lightning.merge import encode_trace, merge_trace
@@ -153,6 +154,7 @@ def test_a_file_where_the_directory_should_be(tmp_path):
 
 
 def test_disk_full_leaves_no_partial_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(output, "USE_WRITER_PROCESS", False)  # inject the fault in this process
     real_write = finish.atomic_write
 
     def full_disk(path, data):

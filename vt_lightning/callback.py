@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 from . import __version__
-from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, finish_window
+from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, collect_raw, finish_window, remove_raw
 from .lightning_view import LightningViewHooks
 from .memory import CudaMemoryRecorder, dump_oom_snapshot, is_cuda_oom, oom_file_name
 from .output import (
@@ -399,9 +399,9 @@ class VizTraceCallback(Callback):
             self._warn("oom", f"vt_lightning: could not write the out-of-memory snapshot ({err})")
 
     def _finish_job(self, job: WindowJob) -> WindowResult | None:
-        """Runs on the writer thread."""
+        """Runs on the writer thread; the heavy part runs in the writer process when there is one."""
         try:
-            result = finish_window(job)
+            result = self._run_job(job)
         except Exception as err:
             self._warn(
                 f"write:{type(err).__name__}:{job.run_dir.parent}",
@@ -430,6 +430,28 @@ class VizTraceCallback(Callback):
             )
         log.info("vt_lightning: wrote %s", result.trace_path)
         return result
+
+    def _run_job(self, job: WindowJob) -> WindowResult:
+        writer = self._writer
+        process = writer.process if writer is not None else None
+        if process is None:
+            return finish_window(job)
+        try:
+            collect_raw(job)
+        except BaseException:
+            remove_raw(job)
+            raise
+        try:
+            return process.call(job)
+        except (EOFError, BrokenPipeError, ConnectionError) as err:
+            if writer is not None:
+                writer.process = None
+            self._warn(
+                "writer-died",
+                f"vt_lightning: the writer process stopped ({type(err).__name__}); windows are now written "
+                "from a thread of the training process.",
+            )
+            return finish_window(job)
 
     def _fail_window(self, err: Exception) -> None:
         window, self._window = self._window, None

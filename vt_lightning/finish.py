@@ -39,6 +39,7 @@ class WindowJob:
     extra_top_level: dict[str, Any] = field(default_factory=dict)
     export_torch: Callable[[str], None] | None = None  # torch's exporter, run here if set
     thread_names: dict[int, str] = field(default_factory=dict)  # native id -> name at window end
+    python_dump_pid: int | None = None  # the forked child writing ``python_raw``, to be reaped
 
 
 @dataclass
@@ -72,11 +73,33 @@ def suggest_tracer_entries(events: list[dict[str, Any]], start: ClockPair, end: 
     return int(math.ceil(len(timed) * (window / covered) * 1.25 / 1000.0) * 1000)
 
 
+def collect_raw(job: WindowJob) -> None:
+    """The part that must run in the training process: torch's exporter (its results live there)
+    and reaping the VizTracer dump child. Idempotent; afterwards the job pickles."""
+    from .pytracer import wait_for_dump
+
+    try:
+        if job.export_torch is not None:
+            export, job.export_torch = job.export_torch, None
+            export(str(job.torch_raw))
+    finally:
+        pid, job.python_dump_pid = job.python_dump_pid, None
+        wait_for_dump(pid)
+
+
+def remove_raw(job: WindowJob) -> None:
+    for raw_path in (job.torch_raw, job.python_raw):
+        if raw_path is not None:
+            try:
+                os.unlink(raw_path)
+            except OSError:
+                pass
+
+
 def finish_window(job: WindowJob) -> WindowResult:
     """Merge, encode, compress and write one window; the raw dumps are removed either way."""
     try:
-        if job.export_torch is not None:
-            job.export_torch(str(job.torch_raw))
+        collect_raw(job)
         torch_trace = _read_json(job.torch_raw)
         python = _read_json(job.python_raw) if job.python_raw is not None else {"traceEvents": []}
         overflow = bool(python.get("viztracer_metadata", {}).get("overflow", False))
@@ -126,12 +149,7 @@ def finish_window(job: WindowJob) -> WindowResult:
                 result.notes.append(f"memory snapshot not written ({type(err).__name__}: {err})")
         return result
     finally:
-        for raw_path in (job.torch_raw, job.python_raw):
-            if raw_path is not None:
-                try:
-                    os.unlink(raw_path)
-                except OSError:
-                    pass
+        remove_raw(job)
 
 
 def _apply_lightning_view(merged: dict[str, Any]) -> list[str]:

@@ -58,6 +58,20 @@ from collections.abc import Iterable
 from typing import Any
 
 PL_MODULE_PREFIX = "[pl][module]"
+
+# Lightning's main step stages; every other profiled action (each callback hook, each module hook)
+# would add a range per batch for little insight, at a measurable cost in active steps.
+MAIN_STAGES = frozenset({
+    "run_training_batch", "training_step", "backward", "optimizer_step", "optimizer_zero_grad",
+    "zero_grad", "train_dataloader_next", "validation_step", "run_optimization",
+})
+
+
+def is_main_stage(action_name: str) -> bool:
+    """``[Strategy]DDPStrategy.backward`` -> True; ``[Callback]X.on_train_batch_end`` -> False."""
+    if action_name.startswith("[Callback]"):
+        return False
+    return action_name.rsplit(".", 1)[-1] in MAIN_STAGES
 PL_PROFILE_PREFIX = "[pl][profile]"
 FRAMEWORK_KEY = "Framework"
 FRAMEWORK_VALUE = "pytorch-lightning"
@@ -115,6 +129,8 @@ def _stage_profiler_class() -> type:
             self._lock = threading.Lock()
 
         def start(self, action_name: str) -> None:
+            if not is_main_stage(action_name):  # per-hook ranges cost ~0.5 ms a step; keep the stages
+                return
             record = record_function(profile_record_name(action_name))
             record.__enter__()
             with self._lock:

@@ -2,8 +2,8 @@
 
 The TensorBoard plugin loads a run directory once, so every window gets a run directory of its own
 and a file appears there only complete (written under a name the plugin ignores, then renamed).
-Parsing, merging, encoding and compression run on one background thread, never on the training
-thread. At most ``max_in_flight`` windows are pending there, so memory stays bounded: when windows
+Parsing, merging, encoding and compression run in a writer process fed by one background thread,
+never on the training thread (nor in its process, where they would compete for the GIL). At most ``max_in_flight`` windows are pending there, so memory stays bounded: when windows
 come faster than the disk takes them, the next window waits for room at its start (and says so)
 rather than growing the queue or dropping a window.
 """
@@ -119,11 +119,28 @@ class WarnOnce:
         return True
 
 
-class BackgroundWriter:
-    """One worker thread that finishes windows in order; started before any window opens."""
+# Finish windows in a separate writer process (see ``_writer.py``); False keeps everything on the
+# writer thread of the training process (tests that inject faults into ``finish`` use that).
+USE_WRITER_PROCESS = True
 
-    def __init__(self, max_in_flight: int = 2) -> None:
+
+class BackgroundWriter:
+    """One worker thread that finishes windows in order, handing the heavy part to a writer process.
+
+    Both are started before any window opens, so neither inherits a tracer hook.
+    """
+
+    def __init__(self, max_in_flight: int = 2, use_process: bool | None = None) -> None:
         self.max_in_flight = max_in_flight
+        self.process: Any = None
+        self.process_error: BaseException | None = None
+        if USE_WRITER_PROCESS if use_process is None else use_process:
+            from ._writer import WriterProcess
+
+            try:
+                self.process = WriterProcess()
+            except Exception as err:  # no subprocess here: finish windows on the thread instead
+                self.process_error = err
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vt_lightning-writer")
         self._futures: list[Future[Any]] = []
         self._lock = threading.Lock()
@@ -172,6 +189,9 @@ class BackgroundWriter:
     def close(self, timeout: float | None = None) -> None:
         self.drain(timeout)
         self._executor.shutdown(wait=True)
+        if self.process is not None:
+            self.process.close()
+            self.process = None
 
 
 def resolve_root(dirpath: str | None, logger_log_dir: str | None, fallback: str) -> Path:

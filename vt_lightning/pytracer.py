@@ -11,15 +11,19 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 _active: weakref.WeakSet[PythonTracer] = weakref.WeakSet()
+_dump_child = False  # True only in the child PythonTracer.dump forks to write the buffer
 
 
 def _stop_in_forked_child() -> None:
     """A forked child (DataLoader worker) inherits a running tracer that would never be saved."""
+    if _dump_child:
+        return  # the dump child needs the buffer as it is
     for tracer in list(_active):
         tracer._stop_after_fork()
 
@@ -121,10 +125,37 @@ def foreign_profiler() -> str | None:
     return None
 
 
+def wait_for_dump(pid: int | None) -> None:
+    """Reap the child ``PythonTracer.dump`` forked; raise if it did not write its file."""
+    if pid is None:
+        return
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"the VizTracer dump process exited with {os.waitstatus_to_exitcode(status)}")
+
+
 def _idle_viztracer_hook(hook: Any) -> bool:
     """VizTracer leaves its thread hook installed after it stops; a stopped tracer's is harmless."""
     owner = getattr(hook, "__self__", None)
     return type(owner).__module__.startswith("viztracer") and not getattr(owner, "enable", True)
+
+
+# VizTracer objects live for the whole process, one per distinct configuration: deallocating one
+# resets ``threading.setprofile`` (found when an old callback was garbage-collected during another's
+# window: threads started in that window went untraced), and reuse spares reallocating the ring buffer.
+_TRACERS: dict[tuple[Any, ...], Any] = {}
+
+
+def _config_key(config: PythonTracerConfig) -> tuple[Any, ...]:
+    return (
+        config.tracer_entries,
+        config.max_stack_depth,
+        config.min_duration,
+        config.include_files,
+        config.exclude_files,
+        config.ignore_c_function,
+        tuple(sorted((k, repr(v)) for k, v in config.extra.items())),
+    )
 
 
 class PythonTracer:
@@ -194,9 +225,40 @@ class PythonTracer:
             threading.setprofile(self._previous_thread_hook)
         self._previous_thread_hook = None
 
-    def dump(self, path: str) -> None:
-        """Write the ring buffer as JSON to ``path`` and empty it (C code, no Python objects)."""
+    def dump(self, path: str) -> int | None:
+        """Write the ring buffer as JSON to ``path`` and empty it.
+
+        On Linux the C ``dump`` runs in a forked child (copy-on-write: the training thread pays only
+        the fork and ``clear()``); the caller must ``wait_for_dump(pid)`` before reading ``path``.
+        Elsewhere, or if fork fails, it dumps in this thread and returns None.
+        """
+        global _dump_child
+        if sys.platform.startswith("linux"):
+            pid: int | None = None
+            _dump_child = True
+            self._tracer.setpid()  # events keep this process's pid, not the child's (as fork_save does)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+                    pid = os.fork()
+            except OSError:
+                pid = None
+            finally:
+                if pid != 0:
+                    _dump_child = False
+                    self._tracer.setpid(0)
+            if pid == 0:  # the child: write, and leave without running any exit handler
+                code = 1
+                try:
+                    self._tracer.dump(path)
+                    code = 0
+                finally:
+                    os._exit(code)
+            if pid is not None:
+                self._tracer.clear()
+                return pid
         self._tracer.dump(path)
+        return None
 
     def discard(self) -> None:
         """Drop whatever the buffer holds (an aborted window)."""
@@ -205,28 +267,36 @@ class PythonTracer:
 
     def _ensure_tracer(self) -> Any:
         if self._tracer is None:
-            from viztracer import VizTracer
-            from viztracer.snaptrace import Tracer
-
-            c = self.config
-            self._tracer = VizTracer(
-                tracer_entries=c.tracer_entries,
-                verbose=0,
-                max_stack_depth=c.max_stack_depth,
-                include_files=list(c.include_files) if c.include_files is not None else None,
-                exclude_files=list(c.exclude_files) if c.exclude_files is not None else None,
-                ignore_c_function=c.ignore_c_function,
-                min_duration=c.min_duration,
-                register_global=False,
-                **c.extra,
-            )
-            # Construction installs the hooks on Python <= 3.11; take them off until start(). Not on
-            # 3.12+: construction installs nothing there, and stop() would free sys.monitoring tool 2
-            # even when another tool holds it.
-            if sys.version_info < (3, 12):
-                Tracer.stop(self._tracer, None)
-            self._release_thread_hook()
+            key = _config_key(self.config)
+            self._tracer = _TRACERS.get(key)
+            if self._tracer is None:
+                self._tracer = _TRACERS[key] = self._build_tracer()
         return self._tracer
+
+    def _build_tracer(self) -> Any:
+        from viztracer import VizTracer
+        from viztracer.snaptrace import Tracer
+
+        c = self.config
+        tracer = VizTracer(
+            tracer_entries=c.tracer_entries,
+            verbose=0,
+            max_stack_depth=c.max_stack_depth,
+            include_files=list(c.include_files) if c.include_files is not None else None,
+            exclude_files=list(c.exclude_files) if c.exclude_files is not None else None,
+            ignore_c_function=c.ignore_c_function,
+            min_duration=c.min_duration,
+            register_global=False,
+            **c.extra,
+        )
+        # Construction installs the hooks on Python <= 3.11; take them off until start(). Not on
+        # 3.12+: construction installs nothing there, and stop() would free sys.monitoring tool 2
+        # even when another tool holds it.
+        if sys.version_info < (3, 12):
+            Tracer.stop(tracer, None)
+        if threading.getprofile() == tracer.threadtracefunc:
+            threading.setprofile(None)  # VizTracer sets it at construction and never takes it back
+        return tracer
 
     def _stop_after_fork(self) -> None:
         if os.getpid() != self._pid and self._tracer is not None:

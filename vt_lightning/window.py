@@ -109,7 +109,7 @@ class ProfilingWindow:
             return None
         stem = os.path.join(spool, f"w{self.window.index}-{os.getpid()}")
         python_raw = Path(f"{stem}.python.json")
-        self.python.dump(str(python_raw))
+        dump_pid = self.python.dump(str(python_raw))
         return WindowJob(
             run_dir=run_dir,
             trace_name=trace_name,
@@ -124,6 +124,7 @@ class ProfilingWindow:
             memory_snapshot=memory_snapshot,
             export_torch=self.torch.save,
             thread_names=thread_names,
+            python_dump_pid=dump_pid,
         )
 
     def abort(self) -> None:

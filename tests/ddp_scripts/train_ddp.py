@@ -125,22 +125,22 @@ def watch_collectives() -> None:
 
 def slow_down_writer(rank: int, seconds: float) -> None:
     """Make ``rank``'s first window write ``seconds`` late (the writer thread sleeps first)."""
-    from vt_lightning import callback
+    from vt_lightning.callback import VizTraceCallback
 
-    finish_window = callback.finish_window
+    run_job = VizTraceCallback._run_job  # the writer thread's step (it feeds the writer process)
 
-    def slow_finish_window(job):
+    def slow_run_job(self, job):
         entry = {"rank": job.metadata["global_rank"], "window": job.metadata["window"],
                  "thread": threading.current_thread().name, "start": time.time()}
         if job.metadata["global_rank"] == rank and job.metadata["window"] == 0:
             time.sleep(seconds)
         try:
-            return finish_window(job)
+            return run_job(self, job)
         finally:
             entry["end"] = time.time()
             WRITES.append(entry)
 
-    callback.finish_window = slow_finish_window
+    VizTraceCallback._run_job = slow_run_job
 
 
 class Reporter(L.Callback):

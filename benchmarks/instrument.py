@@ -1,0 +1,93 @@
+"""Benchmark-only instrumentation: time vt_lightning's stages by wrapping them (no source edits).
+
+Wrappers are installed for one ``fit`` and removed afterwards; they run once per window stage, so
+they add nothing to quiet or active steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+# Lightning + callback Python events per training step besides the workload's own calls (measured
+# with this workload: it is subtracted so that windows hold about 1e4 / 1e5 / 1e6 events).
+OVERHEAD_EVENTS_PER_STEP = 3000
+
+
+class Stages:
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = defaultdict(list)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.times[name].append(seconds)
+
+    def summary(self) -> dict[str, float]:
+        return {k: round(sum(v), 6) for k, v in self.times.items()}
+
+
+def _wrap(stages: Stages, label: str, fn: Any) -> Any:
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            stages.add(label, time.perf_counter() - t0)
+
+    return timed
+
+
+# (module, attribute owner, attribute, label); "train:" runs on the training thread, "writer:" on the writer
+_TARGETS = [
+    ("vt_lightning.pytracer", "PythonTracer", "stop", "train: VizTracer stop"),
+    ("vt_lightning.pytracer", "PythonTracer", "dump", "train: VizTracer C dump"),
+    ("vt_lightning.torchtracer", "TorchTracer", "stop", "train: torch stop_trace"),
+    ("vt_lightning.window", None, "sample_pair", "train: clock pairs"),
+    ("vt_lightning.torchtracer", "TorchTracer", "save", "writer: torch export"),
+    ("vt_lightning.finish", None, "_read_json", "writer: read raw JSON (orjson)"),
+    ("vt_lightning.finish", None, "merge_trace", "writer: merge"),
+    ("vt_lightning.finish", None, "_apply_lightning_view", "writer: Lightning view"),
+    ("vt_lightning.finish", None, "encode_trace", "writer: encode (orjson)"),
+    ("vt_lightning.finish", None, "gzip_bytes", "writer: gzip"),
+    ("vt_lightning.finish", None, "atomic_write", "writer: write + fsync"),
+    ("vt_lightning.finish", None, "_write_memory", "writer: memory snapshot"),
+]
+
+
+@contextlib.contextmanager
+def stage_timers(stages: Stages) -> Iterator[None]:
+    import importlib
+
+    undo = []
+    for module_name, owner_name, attr, label in _TARGETS:
+        module = importlib.import_module(module_name)
+        owner = getattr(module, owner_name) if owner_name else module
+        if not hasattr(owner, attr):
+            continue
+        original = owner.__dict__[attr] if owner_name else getattr(owner, attr)
+        setattr(owner, attr, _wrap(stages, label, original))
+        undo.append((owner, attr, original))
+    try:
+        yield
+    finally:
+        for owner, attr, original in reversed(undo):
+            setattr(owner, attr, original)
+
+
+def time_writer_jobs(cb: Any, out: list[tuple[int, int]]) -> None:
+    """Record (begin, end) perf_counter_ns of every background window job of ``cb``."""
+    original = cb._finish_job
+
+    def timed(job: Any) -> Any:
+        begin = time.perf_counter_ns()
+        try:
+            return original(job)
+        finally:
+            out.append((begin, time.perf_counter_ns()))
+
+    cb._finish_job = timed

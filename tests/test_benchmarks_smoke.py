@@ -1,0 +1,27 @@
+"""The benchmark suite runs end to end (``benchmarks/run.py --quick --no-write``); no timing checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_quick_benchmark_completes_and_prints_the_table() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--no-write"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    for text in ("measure", "min", "median", "max", "quiet step before windows: vt / none",
+                 "window-end stall", "active step vt / by-hand", "torch", "lightning", "viztracer", "cores"):
+        assert text in out, text

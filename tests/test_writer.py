@@ -1,0 +1,74 @@
+"""The window pipeline off the training thread: dump child, writer process, fallbacks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+
+import pytest
+from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
+from lightning.pytorch.callbacks import Callback
+
+from vt_lightning import VizTraceCallback
+from vt_lightning._writer import WriterError, WriterProcess
+
+
+def _no_zombies() -> None:
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return
+    assert pid == 0, f"an unreaped child process {pid} was left behind"
+
+
+class WriterSpy(Callback):
+    """Notes the writer process each window is handed to."""
+
+    def __init__(self, target: VizTraceCallback) -> None:
+        self.target = target
+        self.pids: set[int] = set()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        writer = self.target._writer
+        if writer is not None and writer.process is not None:
+            self.pids.add(writer.process.pid)
+
+
+def test_windows_are_finished_by_a_separate_writer_process(tmp_path):
+    cb = VizTraceCallback(wait=1, warmup=0, active=2, repeat=2)
+    spy = WriterSpy(cb)
+    make_trainer(tmp_path, [cb, spy], max_steps=6).fit(MarkerModel(), loader())
+    assert len(spy.pids) == 1 and os.getpid() not in spy.pids
+    assert len(trace_files(tmp_path)) == 2
+    with pytest.raises(ProcessLookupError):
+        os.kill(next(iter(spy.pids)), 0)  # closed with the run
+    _no_zombies()
+
+
+def test_a_writer_process_that_dies_is_replaced_by_the_writer_thread(tmp_path):
+    cb = VizTraceCallback(wait=1, warmup=0, active=1, repeat=3)
+
+    class KillWriter(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.fit_loop.total_batch_idx == 2 and cb._writer.process is not None:
+                os.kill(cb._writer.process.pid, signal.SIGKILL)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [cb, KillWriter()], max_steps=6).fit(MarkerModel(), loader())
+    assert len([w for w in caught if "writer process stopped" in str(w.message)]) == 1
+    steps = sorted(s for p in trace_files(tmp_path) for s in load_trace(p)["vt_lightning"]["steps"])
+    assert steps == [1, 3, 5]  # no window lost
+    _no_zombies()
+
+
+def test_the_writer_process_reports_a_failed_window_and_keeps_serving(tmp_path):
+    writer = WriterProcess()
+    try:
+        with pytest.raises(WriterError, match="AttributeError"):
+            writer.call(object())  # not a job
+        assert writer.call("ping") == "pong"
+    finally:
+        writer.close()
+    assert not writer.alive()

@@ -1,0 +1,119 @@
+"""The writer process: finishes windows (parse, merge, encode, compress, write) outside the
+training process, so that work never competes with training for the GIL.
+
+Started once per training process at ``setup`` (before any window, so it inherits no hook) as
+``python -m vt_lightning._writer``: a fresh interpreter that imports neither torch nor Lightning and
+never re-runs the user's script (as ``multiprocessing``'s spawn would). Jobs and results travel as
+length-prefixed pickles over its stdin/stdout; it exits when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+_HEADER = struct.Struct("!Q")
+
+
+def _send(stream: IO[bytes], obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)))
+    stream.write(data)
+    stream.flush()
+
+
+def _receive(stream: IO[bytes]) -> Any:
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        raise EOFError("writer process closed its pipe")
+    (size,) = _HEADER.unpack(header)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("writer process closed its pipe mid-message")
+    return pickle.loads(data)
+
+
+class WriterError(RuntimeError):
+    """A window failed in the writer process; the message carries the original error."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}" if message else kind)
+        self.kind = kind
+
+
+class WriterProcess:
+    """Client side: one child process, one job at a time (the writer thread serialises calls)."""
+
+    def __init__(self) -> None:
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env.pop("VT_LIGHTNING", None)  # the child never trains, but keep the switch from leaking
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "vt_lightning._writer"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        self._lock = threading.Lock()
+        # Fail now, not at the first window, if the child cannot even start.
+        if self.call("ping") != "pong":
+            raise RuntimeError("vt_lightning writer process did not answer")
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def call(self, request: Any) -> Any:
+        with self._lock:
+            assert self._proc.stdin is not None and self._proc.stdout is not None
+            _send(self._proc.stdin, request)
+            status, payload = _receive(self._proc.stdout)
+        if status == "error":
+            raise WriterError(*payload)
+        return payload
+
+    def close(self, timeout: float = 30.0) -> None:
+        try:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+            self._proc.wait(timeout=timeout)
+        except Exception:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    from .finish import finish_window  # imported before the first answer: no delay at window one
+
+    while True:
+        try:
+            request = _receive(stdin)
+        except EOFError:
+            return
+        if request == "ping":
+            _send(stdout, ("ok", "pong"))
+            continue
+        try:
+            result = finish_window(request)
+        except BaseException as err:  # report, keep serving
+            _send(stdout, ("error", (type(err).__name__, str(err))))
+        else:
+            _send(stdout, ("ok", result))
+
+
+if __name__ == "__main__":
+    # Results go over the real stdout; anything printed by accident goes to stderr instead.
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    _serve(sys.stdin.buffer, out)
