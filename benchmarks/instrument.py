@@ -43,12 +43,16 @@ def _wrap(stages: Stages, label: str, fn: Any) -> Any:
 
 
 # (module, attribute owner, attribute, label); "train:" runs on the training thread, "writer:" on the writer
+# thread or, for the finish stages below the writer-process line, in the writer process (only seen there
+# when a run falls back to the thread)
 _TARGETS = [
     ("vt_lightning.pytracer", "PythonTracer", "stop", "train: VizTracer stop"),
     ("vt_lightning.pytracer", "PythonTracer", "dump", "train: VizTracer C dump"),
     ("vt_lightning.torchtracer", "TorchTracer", "stop", "train: torch stop_trace"),
     ("vt_lightning.window", None, "sample_pair", "train: clock pairs"),
     ("vt_lightning.torchtracer", "TorchTracer", "save", "writer: torch export"),
+    ("vt_lightning.pytracer", None, "wait_for_dump", "writer: wait for the VizTracer dump child"),
+    ("vt_lightning._writer", "WriterProcess", "call", "writer: writer process (read, merge, encode, gzip, write)"),
     ("vt_lightning.finish", None, "_read_json", "writer: read raw JSON (orjson)"),
     ("vt_lightning.finish", None, "merge_trace", "writer: merge"),
     ("vt_lightning.finish", None, "_apply_lightning_view", "writer: Lightning view"),

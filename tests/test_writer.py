@@ -22,27 +22,22 @@ def _no_zombies() -> None:
     assert pid == 0, f"an unreaped child process {pid} was left behind"
 
 
-class WriterSpy(Callback):
-    """Notes the writer process each window is handed to."""
+def test_windows_are_finished_by_a_separate_writer_process(tmp_path, monkeypatch):
+    pids: list[int] = []
+    call = WriterProcess.call
 
-    def __init__(self, target: VizTraceCallback) -> None:
-        self.target = target
-        self.pids: set[int] = set()
+    def spy(self, request):
+        if request != "ping":
+            pids.append(self.pid)
+        return call(self, request)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        writer = self.target._writer
-        if writer is not None and writer.process is not None:
-            self.pids.add(writer.process.pid)
-
-
-def test_windows_are_finished_by_a_separate_writer_process(tmp_path):
+    monkeypatch.setattr(WriterProcess, "call", spy)
     cb = VizTraceCallback(wait=1, warmup=0, active=2, repeat=2)
-    spy = WriterSpy(cb)
-    make_trainer(tmp_path, [cb, spy], max_steps=6).fit(MarkerModel(), loader())
-    assert len(spy.pids) == 1 and os.getpid() not in spy.pids
+    make_trainer(tmp_path, [cb], max_steps=6).fit(MarkerModel(), loader())
+    assert len(pids) == 2 and len(set(pids)) == 1 and os.getpid() not in pids  # one process, two windows
     assert len(trace_files(tmp_path)) == 2
     with pytest.raises(ProcessLookupError):
-        os.kill(next(iter(spy.pids)), 0)  # closed with the run
+        os.kill(pids[0], 0)  # closed with the run
     _no_zombies()
 
 
@@ -51,7 +46,8 @@ def test_a_writer_process_that_dies_is_replaced_by_the_writer_thread(tmp_path):
 
     class KillWriter(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            if trainer.fit_loop.total_batch_idx == 2 and cb._writer.process is not None:
+            if trainer.fit_loop.total_batch_idx == 2:
+                cb._writer.drain()  # window 0 is written: the process exists
                 os.kill(cb._writer.process.pid, signal.SIGKILL)
 
     with warnings.catch_warnings(record=True) as caught:

@@ -433,7 +433,7 @@ class VizTraceCallback(Callback):
 
     def _run_job(self, job: WindowJob) -> WindowResult:
         writer = self._writer
-        process = writer.process if writer is not None else None
+        process = writer.writer_process() if writer is not None else None
         if process is None:
             return finish_window(job)
         try:
@@ -444,8 +444,10 @@ class VizTraceCallback(Callback):
         try:
             return process.call(job)
         except (EOFError, BrokenPipeError, ConnectionError) as err:
+            process.close(timeout=1.0)  # reap it
             if writer is not None:
                 writer.process = None
+                writer.process_error = err
             self._warn(
                 "writer-died",
                 f"vt_lightning: the writer process stopped ({type(err).__name__}); windows are now written "

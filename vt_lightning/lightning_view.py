@@ -67,6 +67,18 @@ MAIN_STAGES = frozenset({
 })
 
 
+def profiler_range(name: str) -> Any:
+    """A torch.profiler range: torch's C ``_RecordFunctionFast`` (~0.7 µs, written as ``cpu_op``)
+    where it exists, else ``record_function`` (~6 µs, written as ``user_annotation``)."""
+    try:
+        from torch._C._profiler import _RecordFunctionFast
+    except ImportError:  # pragma: no cover - torch < 2.2
+        from torch.autograd.profiler import record_function
+
+        return record_function(name)
+    return _RecordFunctionFast(name)
+
+
 def is_main_stage(action_name: str) -> bool:
     """``[Strategy]DDPStrategy.backward`` -> True; ``[Callback]X.on_train_batch_end`` -> False."""
     if action_name.startswith("[Callback]"):
@@ -118,7 +130,6 @@ def _optimized_module_type() -> type | None:
 
 def _stage_profiler_class() -> type:
     from lightning.pytorch.profilers import Profiler
-    from torch.autograd.profiler import record_function
 
     class LightningViewProfiler(Profiler):
         """Records ``[pl][profile]<action>`` ranges; installed only while a window is active."""
@@ -131,7 +142,7 @@ def _stage_profiler_class() -> type:
         def start(self, action_name: str) -> None:
             if not is_main_stage(action_name):  # per-hook ranges cost ~0.5 ms a step; keep the stages
                 return
-            record = record_function(profile_record_name(action_name))
+            record = profiler_range(profile_record_name(action_name))
             record.__enter__()
             with self._lock:
                 self._open.append((action_name, record))
@@ -277,9 +288,7 @@ class LightningViewHooks:
             )
 
     def _enter(self, name: str, key: int, module: Any, args: Any) -> None:
-        from torch.autograd.profiler import record_function
-
-        record = record_function(name)
+        record = profiler_range(name)
         record.__enter__()
         self._open[threading.get_ident()].append((key, record))
 

@@ -25,6 +25,13 @@ _SPACED_KEYS = ("distributedInfo",)
 # Ops nest inside the Python call that issued them. Annotations (ProfilerStep#, record_function)
 # may open in one Python call and close in another, so they are not held to nesting.
 NESTED_TORCH_CATEGORIES = ("cpu_op",)
+ANNOTATION_PREFIXES = ("[pl]", "ProfilerStep#")  # ranges written as cpu_op that are annotations
+
+
+def _is_nested_op(event: dict[str, Any]) -> bool:
+    return event.get("cat") in NESTED_TORCH_CATEGORIES and not str(event.get("name", "")).startswith(
+        ANNOTATION_PREFIXES
+    )
 TIMESTAMP_RESOLUTION_US = 0.002  # both tracers write ts rounded to the nanosecond
 
 
@@ -131,7 +138,7 @@ def repair_boundaries(events: list[dict[str, Any]], tolerance_us: float) -> tupl
         key = (event.get("pid"), event.get("tid"))
         if event.get("cat") == PYTHON_CATEGORY:
             python[key].append(event)
-        elif event.get("cat") in NESTED_TORCH_CATEGORIES:
+        elif _is_nested_op(event):
             start = float(event["ts"])
             torch_spans[key].append((start, start + float(event["dur"])))
     repaired = unrepaired = 0
@@ -175,7 +182,7 @@ def count_crossings(events: list[dict[str, Any]]) -> int:
     """Python calls and torch ops of one thread that overlap without nesting (any amount)."""
     by_thread: dict[tuple[Any, Any], list[tuple[float, float, bool]]] = defaultdict(list)
     for event in events:
-        if event.get("ph") == "X" and event.get("cat") in (PYTHON_CATEGORY, *NESTED_TORCH_CATEGORIES):
+        if event.get("ph") == "X" and (event.get("cat") == PYTHON_CATEGORY or _is_nested_op(event)):
             start = float(event["ts"])
             by_thread[(event.get("pid"), event.get("tid"))].append(
                 (start, start + float(event["dur"]), event.get("cat") == PYTHON_CATEGORY)

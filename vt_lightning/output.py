@@ -127,25 +127,33 @@ USE_WRITER_PROCESS = True
 class BackgroundWriter:
     """One worker thread that finishes windows in order, handing the heavy part to a writer process.
 
-    Both are started before any window opens, so neither inherits a tracer hook.
+    The thread is started before any window opens, so it never inherits a tracer hook; the process
+    is a fresh interpreter (``python -m vt_lightning._writer``), which inherits none either.
     """
 
     def __init__(self, max_in_flight: int = 2, use_process: bool | None = None) -> None:
         self.max_in_flight = max_in_flight
+        self.use_process = USE_WRITER_PROCESS if use_process is None else use_process
         self.process: Any = None
         self.process_error: BaseException | None = None
-        if USE_WRITER_PROCESS if use_process is None else use_process:
-            from ._writer import WriterProcess
-
-            try:
-                self.process = WriterProcess()
-            except Exception as err:  # no subprocess here: finish windows on the thread instead
-                self.process_error = err
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vt_lightning-writer")
         self._futures: list[Future[Any]] = []
         self._lock = threading.Lock()
         # Create the thread now, outside any window, so no tracer hook is inherited by it.
         self._executor.submit(lambda: None).result()
+
+    def writer_process(self) -> Any:
+        """The writer process, started at the first window's hand-off (on the writer thread, so
+        quiet steps before the first window never share the CPU with its start-up); None when
+        there is none (disabled, or it could not start: windows are then finished on this thread)."""
+        if self.process is None and self.use_process and self.process_error is None:
+            from ._writer import WriterProcess
+
+            try:
+                self.process = WriterProcess()
+            except Exception as err:
+                self.process_error = err
+        return self.process
 
     def in_flight(self) -> int:
         with self._lock:
