@@ -44,6 +44,9 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     s["quiet"]["base_step_ms"] = stats([r["before"]["median_s"] * 1e3 for r in q["raw"]["base"]])
     s["quiet"]["extra_us_before"] = {c: stats(v) for c, v in q.get("extra_us_before", {}).items()}
     s["quiet"]["vt_busy_steps"] = stats([r["busy_steps"] for r in q["raw"]["vt"]])
+    if "hook_us" in q:
+        s["quiet"]["hook_us"] = stats(q["hook_us"])
+        s["quiet"]["direct_ratio"] = stats(q["direct_ratio"])
     for key, w in results["windows"].items():
         raw = w["raw"]
         vt, manual, none = raw["vt"], raw["manual"], raw["none"]
@@ -130,6 +133,9 @@ def rows(results: dict[str, Any]) -> list[tuple[str, dict[str, float], str, str]
         add(f"quiet step {region} windows: vt / none", qs["vt"][region], 1.01)
     for region in ("before", "between", "after"):
         add(f"quiet step {region}: empty Callback() / none", qs["empty"][region])
+    if "hook_us" in qs:
+        out.append(("quiet step: vt's two hooks timed directly (µs)", qs["hook_us"], "", ""))
+        add("quiet step: (step + vt hooks) / step, direct", qs["direct_ratio"], 1.01)
     add("quiet step: naive VizTracer built at setup / none", qs["naive"]["before"])
     for config, label in (("vt", "VizTraceCallback"), ("empty", "empty Callback()")):
         if config in qs.get("extra_us_before", {}):

@@ -113,6 +113,10 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
 
 
 if __name__ == "__main__":
+    try:
+        os.nice(10)  # on a busy machine training's own processes come first; windows just land later
+    except OSError:
+        pass
     # Results go over the real stdout; anything printed by accident goes to stderr instead.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
