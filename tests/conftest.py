@@ -95,3 +95,23 @@ def marker_steps(trace: dict[str, Any]) -> set[int]:
 @pytest.fixture
 def model() -> MarkerModel:
     return MarkerModel()
+
+
+def overlaps_without_nesting(trace: dict[str, Any]) -> list[tuple[str, str]]:
+    """Pairs of X events of one thread that overlap without nesting: Perfetto drops the second."""
+    by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for event in trace["traceEvents"]:
+        if event.get("ph") == "X":
+            by_thread.setdefault((event["pid"], event["tid"]), []).append(event)
+    bad = []
+    for events in by_thread.values():
+        events.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack: list[dict[str, Any]] = []
+        for event in events:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= event["ts"]:
+                stack.pop()
+            if stack and stack[-1]["ts"] + stack[-1]["dur"] < event["ts"] + event["dur"]:
+                bad.append((stack[-1]["name"], event["name"]))
+                continue
+            stack.append(event)
+    return bad

@@ -9,7 +9,16 @@ import threading
 
 import pytest
 import torch
-from conftest import MARKER, MarkerModel, load_trace, loader, make_trainer, marker_steps, trace_files
+from conftest import (
+    MARKER,
+    MarkerModel,
+    load_trace,
+    loader,
+    make_trainer,
+    marker_steps,
+    overlaps_without_nesting,
+    trace_files,
+)
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.output import TRACE_PATTERN
@@ -141,3 +150,22 @@ def test_window_cut_short_by_max_steps_keeps_the_steps_it_got(tmp_path):
     meta = load_trace(path)["vt_lightning"]
     assert meta["steps"] == [2, 3] and meta["partial"] is True
     assert sys.getprofile() is None
+
+
+def test_every_thread_nests_strictly_as_perfetto_requires(tmp_path):
+    # Steps, Lightning-view ranges and record_functions start inside the Python call that opens
+    # them; the merge cuts such calls so nothing overlaps without nesting (Perfetto would drop it).
+    class WithRanges(MarkerModel):
+        def training_step(self, batch, batch_idx):
+            with torch.autograd.profiler.record_function("user-range"):
+                return super().training_step(batch, batch_idx)
+
+    cb = VizTraceCallback(wait=1, warmup=1, active=3, repeat=1)
+    make_trainer(tmp_path, [cb], max_steps=6).fit(WithRanges(), loader())
+    trace = load_trace(trace_files(tmp_path)[0])
+    names = {e["name"] for e in trace["traceEvents"]}
+    assert {"user-range", "ProfilerStep#3"} <= names and any(n.startswith("[pl][module]") for n in names)
+    assert overlaps_without_nesting(trace) == []
+    assert trace["vt_lightning"]["nesting"]["cut_at_annotations"] > 0
+    cut = [e for e in trace["traceEvents"] if "vt_lightning.dur" in e.get("args", {})]
+    assert cut and all(e["dur"] <= e["args"]["vt_lightning.dur"] for e in cut)

@@ -238,3 +238,21 @@ def test_crossings_within_tolerance_are_clamped_and_counted():
     assert caller["ts"] == 100.0 and caller["ts"] + caller["dur"] == pytest.approx(110.05)
     assert op["ts"] == 105.0 and op["dur"] == 5.05  # torch's timeline is never moved
     assert count_crossings(events) == 1 and len(events) == 5
+
+
+def test_calls_that_open_or_close_a_range_are_cut_at_its_edges():
+    from vt_lightning.merge import untangle_annotations
+
+    step = {"ph": "X", "name": "ProfilerStep#3", "cat": "user_annotation", "ts": 100.0, "dur": 100.0, "pid": 1, "tid": 1}
+    opener = _x(90.0, 15.0, PYTHON_CATEGORY)  # hook that opens the step, returns at 105
+    opener_child = _x(95.0, 8.0, PYTHON_CATEGORY)  # record_function.__enter__, returns at 103
+    closer = _x(195.0, 10.0, PYTHON_CATEGORY)  # hook that closes it at 200, returns at 205
+    inside = _x(120.0, 10.0, PYTHON_CATEGORY)  # ordinary call inside the step: untouched
+    outer = _x(50.0, 200.0, PYTHON_CATEGORY)  # the loop around everything: untouched
+    events = [step, opener, opener_child, closer, inside, outer]
+    assert untangle_annotations(events) == 3
+    assert (opener["ts"], opener["ts"] + opener["dur"]) == (90.0, 100.0)
+    assert (opener_child["ts"], opener_child["ts"] + opener_child["dur"]) == (95.0, 100.0)
+    assert (closer["ts"], closer["ts"] + closer["dur"]) == (200.0, 205.0)
+    assert opener["args"]["vt_lightning.dur"] == 15.0 and closer["args"]["vt_lightning.ts"] == 195.0
+    assert (inside["ts"], inside["dur"], outer["ts"], outer["dur"]) == (120.0, 10.0, 50.0, 200.0)

@@ -10,6 +10,7 @@ the rank.
 from __future__ import annotations
 
 import json
+import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -201,6 +202,83 @@ def count_crossings(events: list[dict[str, Any]]) -> int:
     return crossings
 
 
+def _is_annotation(event: dict[str, Any]) -> bool:
+    return event.get("cat") == "user_annotation" or str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
+
+
+def untangle_annotations(events: list[dict[str, Any]]) -> int:
+    """Make Python calls nest with the annotation ranges they open or close.
+
+    A range (``ProfilerStep#N``, ``[pl][...]``, a ``record_function``) starts inside the Python call
+    that opens it and outlives that call, so the two overlap without nesting. TensorBoard's viewer
+    tolerates that; Perfetto (ui.perfetto.dev, vizviewer) drops the range. Each Python call open at a
+    range's start that ends inside the range is cut at the range's start; each one open at its end
+    that began inside the range starts at the range's end. The cut keeps its original bounds in
+    ``args`` (``vt_lightning.ts`` / ``vt_lightning.dur``). Returns how many calls were cut.
+    """
+    python: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    ranges: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    for event in events:
+        if event.get("ph") != "X":
+            continue
+        key = (event.get("pid"), event.get("tid"))
+        if event.get("cat") == PYTHON_CATEGORY:
+            python[key].append(event)
+        elif _is_annotation(event):
+            ranges[key].append(event)
+    cuts: dict[int, tuple[dict[str, Any], float, float]] = {}
+    for key, annotations in ranges.items():
+        calls = python.get(key)
+        if not calls:
+            continue
+        calls.sort(key=lambda e: (e["ts"], -e["dur"]))
+        # (time, is_end, range start, range end): sweep the Python calls open at every range edge.
+        points = sorted(
+            (t, is_end, a["ts"], a["ts"] + a["dur"])
+            for a in annotations
+            for t, is_end in ((a["ts"], False), (a["ts"] + a["dur"], True))
+        )
+        stack: list[dict[str, Any]] = []
+        i = 0
+        for t, is_end, start, end in points:
+            while i < len(calls) and calls[i]["ts"] < t:
+                call = calls[i]
+                while stack and stack[-1]["ts"] + stack[-1]["dur"] <= call["ts"]:
+                    stack.pop()
+                stack.append(call)
+                i += 1
+            for call in stack:
+                c_start, c_end = call["ts"], call["ts"] + call["dur"]
+                if not c_start < t < c_end:
+                    continue
+                new_start, new_end = cuts.get(id(call), (call, c_start, c_end))[1:]
+                if not is_end and c_end < end:  # opened the range, returned inside it
+                    cuts[id(call)] = (call, new_start, min(new_end, t))
+                elif is_end and c_start > start:  # began inside the range, closed it
+                    cuts[id(call)] = (call, max(new_start, t), new_end)
+    for call, new_start, new_end in cuts.values():
+        _set_bounds(call, new_start, new_end)
+    # A cut parent can leave a child (placed within the calibration's uncertainty) sticking out.
+    for calls in python.values():
+        stack: list[dict[str, Any]] = []
+        for call in sorted(calls, key=lambda e: (e["ts"], -e["dur"])):
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= call["ts"]:
+                stack.pop()
+            if stack and call["ts"] + call["dur"] > stack[-1]["ts"] + stack[-1]["dur"]:
+                _set_bounds(call, call["ts"], stack[-1]["ts"] + stack[-1]["dur"])
+                cuts[id(call)] = (call, 0.0, 0.0)
+            stack.append(call)
+    return len(cuts)
+
+
+def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
+    args = call.setdefault("args", {})
+    args.setdefault("vt_lightning.ts", call["ts"])
+    args.setdefault("vt_lightning.dur", call["dur"])
+    call["ts"] = math.ceil(start * 1000) / 1000  # rounded inwards, never across the cut
+    call["dur"] = max(math.floor((end - call["ts"]) * 1000) / 1000, 0.0)
+
+
 def drop_unrun_steps(events: list[dict[str, Any]], steps: Iterable[int]) -> int:
     """Remove ``ProfilerStep#N`` ranges opened for a batch that never ran (training ended first)."""
     ran = {f"ProfilerStep#{step}" for step in steps}
@@ -229,6 +307,7 @@ def merge_trace(
     tolerance = calibration.uncertainty_us + TIMESTAMP_RESOLUTION_US
     repaired, _ = repair_boundaries(events, tolerance)
     crossings = count_crossings(events)
+    untangled = untangle_annotations(events)
 
     merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
     if extra_top_level:
@@ -237,7 +316,12 @@ def merge_trace(
     meta["calibration"] = calibration.metadata()
     meta["python_events"] = len(timed)
     meta["torch_events"] = len(torch_events)
-    meta["nesting"] = {"repaired": repaired, "crossings": crossings, "tolerance_us": round(tolerance, 3)}
+    meta["nesting"] = {
+        "repaired": repaired,
+        "crossings": crossings,
+        "tolerance_us": round(tolerance, 3),
+        "cut_at_annotations": untangled,
+    }
     if fixed:
         meta["contract_fixes"] = fixed
     merged["vt_lightning"] = meta
