@@ -169,3 +169,36 @@ def test_every_thread_nests_strictly_as_perfetto_requires(tmp_path):
     assert trace["vt_lightning"]["nesting"]["cut_at_annotations"] > 0
     cut = [e for e in trace["traceEvents"] if "vt_lightning.dur" in e.get("args", {})]
     assert cut and all(e["dur"] <= e["args"]["vt_lightning.dur"] for e in cut)
+
+
+def test_quiet_batches_cost_one_comparison_and_allocate_nothing(tmp_path):
+    import itertools
+    import tracemalloc
+
+    cb = VizTraceCallback(skip_first=1000, wait=1, warmup=1, active=1)
+    trainer = make_trainer(tmp_path, [cb], max_steps=700)
+    trainer.fit(MarkerModel(), loader(n=4 * 700))  # the global batch count is now in the hundreds
+    cb._next_step = 10**6  # as during a long quiet stretch
+    start, end = cb.on_train_batch_start, cb.on_train_batch_end
+    for _ in range(10):  # warm up attribute caches
+        start(trainer, None, None, 0)
+        end(trainer, None, None, None, 0)
+    repeat = itertools.repeat
+
+    def peak_growth(calls: bool) -> int:
+        tracemalloc.start()
+        for _ in repeat(None, 10):
+            start(trainer, None, None, 0)
+            end(trainer, None, None, None, 0)
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in repeat(None, 1000):
+            if calls:
+                start(trainer, None, None, 0)
+                end(trainer, None, None, None, 0)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return peak - base
+
+    assert peak_growth(calls=True) == peak_growth(calls=False)  # the hooks allocate nothing
+    assert trainer.fit_loop.total_batch_idx > 256  # beyond CPython's small-int cache

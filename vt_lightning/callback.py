@@ -229,9 +229,11 @@ class VizTraceCallback(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        step = _global_batch(trainer)
-        if step < self._next_step:  # quiet batches: one comparison
+        # Quiet batches: one attribute chain and one comparison, no allocation. ``ready`` counts the
+        # batch in progress, so the global batch index is ``ready - 1``: ``step < next`` is ``ready <= next``.
+        if trainer.fit_loop.epoch_loop.batch_progress.total.ready <= self._next_step:
             return
+        step = _global_batch(trainer)
         try:
             self._scheduled_batch_start(trainer, step)
         except Exception as err:  # a profiler fault never stops training
