@@ -13,7 +13,7 @@ import json
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -133,6 +133,26 @@ def _crossing_fix(ps: float, pe: float, es: float, ee: float) -> tuple[float, fl
     return min(options)
 
 
+Thread = tuple[Any, Any]
+
+
+def _by_thread(
+    events: list[dict[str, Any]], is_other: Callable[[dict[str, Any]], bool]
+) -> tuple[dict[Thread, list[dict[str, Any]]], dict[Thread, list[dict[str, Any]]]]:
+    """X events per (pid, tid): the Python calls, and the torch events ``is_other`` selects."""
+    python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+    other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+    for event in events:
+        if event.get("ph") != "X":
+            continue
+        key = (event.get("pid"), event.get("tid"))
+        if event.get("cat") == PYTHON_CATEGORY:
+            python[key].append(event)
+        elif is_other(event):
+            other[key].append(event)
+    return python, other
+
+
 def repair_boundaries(events: list[dict[str, Any]], tolerance_us: float) -> tuple[int, int]:
     """Resolve Python/torch spans of one thread that cross by at most ``tolerance_us``.
 
@@ -140,17 +160,10 @@ def repair_boundaries(events: list[dict[str, Any]], tolerance_us: float) -> tupl
     that crosses a torch span is moved by the smallest amount that makes them nest or not overlap.
     Returns (repaired, crossings larger than the tolerance, left as they are). Nothing is dropped.
     """
-    python: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
-    torch_spans: dict[tuple[Any, Any], list[tuple[float, float]]] = defaultdict(list)
-    for event in events:
-        if event.get("ph") != "X":
-            continue
-        key = (event.get("pid"), event.get("tid"))
-        if event.get("cat") == PYTHON_CATEGORY:
-            python[key].append(event)
-        elif _is_nested_op(event):
-            start = float(event["ts"])
-            torch_spans[key].append((start, start + float(event["dur"])))
+    python, ops = _by_thread(events, _is_nested_op)
+    torch_spans = {
+        key: [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in thread_ops] for key, thread_ops in ops.items()
+    }
     repaired = unrepaired = 0
     for key, py_events in python.items():
         spans = torch_spans.get(key)
@@ -225,16 +238,7 @@ def untangle_annotations(events: list[dict[str, Any]]) -> int:
     that began inside the range starts at the range's end. The cut keeps its original bounds in
     ``args`` (``vt_lightning.ts`` / ``vt_lightning.dur``). Returns how many calls were cut.
     """
-    python: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
-    ranges: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
-    for event in events:
-        if event.get("ph") != "X":
-            continue
-        key = (event.get("pid"), event.get("tid"))
-        if event.get("cat") == PYTHON_CATEGORY:
-            python[key].append(event)
-        elif _is_annotation(event):
-            ranges[key].append(event)
+    python, ranges = _by_thread(events, _is_annotation)
     cuts: dict[int, tuple[dict[str, Any], float, float]] = {}
     for key, annotations in ranges.items():
         calls = python.get(key)
