@@ -100,6 +100,7 @@ def test_trace_obeys_the_plugin_contract(tmp_path):
     cats = {e.get("cat") for e in trace["traceEvents"]}
     assert {"FEE", "cpu_op", "user_annotation"} <= cats
     assert any(e.get("name") == "[memory]" for e in trace["traceEvents"])
+    assert not [e for e in trace["traceEvents"] if e["name"].startswith("vt_lightning::clock")]  # markers used up
     meta = trace["vt_lightning"]
     assert meta["version"] and meta["overflow"] is False
     assert meta["tracer"]["tracer_entries"] == 1_000_000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -589,6 +590,10 @@ class _FakeTracer:
 
     def clock_us(self):
         return time.perf_counter() * 1e6
+
+    @staticmethod
+    def make_range(name):
+        return contextlib.nullcontext()
 
     def base_time_ns(self):
         return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 DEFAULT_ROUNDS = 64
@@ -55,15 +56,86 @@ def sample_pair(
     return best
 
 
+MARKER_PREFIX = "vt_lightning::clock"
+MARKER_ROUNDS = 16
+
+
+@dataclass(frozen=True)
+class MarkerPair:
+    """A torch range recorded between two reads of the Python tracer's clock.
+
+    torch stamps events with its own tick counter and converts ticks to wall time with its own
+    per-profile calibration; bracketing a range torch recorded measures the offset to torch's
+    *trace* timeline itself, that conversion included, which a wall-clock read cannot. The range
+    ``[torch_start, torch_end]`` lies inside ``[before, after] + offset``, so the offset lies in
+    ``[torch_end - after, torch_start - before]``: its midpoint is the estimate, half its width
+    (the bracket's round trip less the range itself) the uncertainty.
+    """
+
+    before_us: float
+    after_us: float
+    torch_start_us: float  # the range in the trace (µs after baseTimeNanoseconds)
+    torch_end_us: float
+
+    @property
+    def python_us(self) -> float:
+        return (self.before_us + self.after_us) / 2.0
+
+    @property
+    def round_trip_us(self) -> float:
+        return max((self.after_us - self.before_us) - (self.torch_end_us - self.torch_start_us), 0.0)
+
+    def offset_us(self, base_ns: int) -> float:
+        return ((self.torch_start_us - self.before_us) + (self.torch_end_us - self.after_us)) / 2.0
+
+    @property
+    def uncertainty_us(self) -> float:
+        return self.round_trip_us / 2.0
+
+
+def emit_markers(
+    python_clock_us: Callable[[], float], make_range: Callable[[str], Any], edge: str, rounds: int = MARKER_ROUNDS
+) -> list[tuple[str, float, float]]:
+    """Record ``rounds`` empty torch ranges, each bracketed by two Python-clock reads.
+
+    The range object is built before the first read, so the bracket holds only its enter and exit.
+    """
+    samples = []
+    for i in range(rounds):
+        name = f"{MARKER_PREFIX}/{edge}#{i}"
+        marker = make_range(name)
+        enter, leave = marker.__enter__, marker.__exit__
+        before = python_clock_us()
+        enter()
+        leave(None, None, None)
+        after = python_clock_us()
+        samples.append((name, before, after))
+    return samples
+
+
+def best_marker_pair(
+    samples: list[tuple[str, float, float]], torch_spans: dict[str, tuple[float, float]]
+) -> MarkerPair | None:
+    """The tightest bracket among the markers torch recorded (None if it recorded none)."""
+    best: MarkerPair | None = None
+    for name, before, after in samples:
+        if name in torch_spans:
+            pair = MarkerPair(before, after, *torch_spans[name])
+            if best is None or pair.round_trip_us < best.round_trip_us:
+                best = pair
+    return best
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Offsets measured at a window's start and end, mapped onto one torch trace's base time."""
 
-    start: ClockPair
-    end: ClockPair
+    start: ClockPair | MarkerPair
+    end: ClockPair | MarkerPair
     base_ns: int
     method: str = "min-round-trip clock pairs at window start and end, linear interpolation"
     import_base_ns: int | None = None  # VizTracer's own wall anchor, kept as a cross-check
+    wall: tuple[ClockPair, ClockPair] | None = None  # wall-clock pairs, kept as a cross-check
 
     @property
     def offset_us(self) -> float:
@@ -95,6 +167,10 @@ class Calibration:
             "start_round_trip_us": round(self.start.round_trip_us, 3),
             "end_round_trip_us": round(self.end.round_trip_us, 3),
         }
+        if self.wall is not None:
+            # How far a wall-clock calibration alone would have placed events (torch's own
+            # tick-to-wall conversion error shows up here).
+            out["wall_clock_error_us"] = round(self.wall[0].offset_us(self.base_ns) - self.offset_us, 3)
         if self.import_base_ns is not None:
             # What VizTracer's import-time anchor alone would have said, against the measurement.
             import_offset = (self.import_base_ns - self.base_ns) / 1000.0

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from .clock import Calibration, ClockPair
+from .clock import MARKER_PREFIX, Calibration, ClockPair, best_marker_pair
 from .merge import encode_trace, merge_trace
 from .output import atomic_write, gzip_bytes
 
@@ -40,6 +40,7 @@ class WindowJob:
     export_torch: Callable[[str], None] | None = None  # torch's exporter, run here if set
     thread_names: dict[int, str] = field(default_factory=dict)  # native id -> name at window end
     python_dump_pid: int | None = None  # the forked child writing ``python_raw``, to be reaped
+    clock_markers: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -58,6 +59,35 @@ class WindowResult:
 def _read_json(path: Path) -> Any:
     with open(path, "rb") as f:
         return orjson.loads(f.read())
+
+
+def calibrate(job: WindowJob, torch_trace: dict[str, Any]) -> Calibration:
+    """Calibrate on the clock markers torch recorded (removing them from its events); fall back to
+    the wall-clock pairs when torch recorded none."""
+    base_ns = int(torch_trace.get("baseTimeNanoseconds", 0))
+    events = torch_trace.get("traceEvents", [])
+    spans = {
+        e["name"]: (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+        for e in events
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith(MARKER_PREFIX)
+    }
+    if spans:
+        torch_trace["traceEvents"] = [e for e in events if not str(e.get("name", "")).startswith(MARKER_PREFIX)]
+    start = best_marker_pair(job.clock_markers.get("start", []), spans)
+    end = best_marker_pair(job.clock_markers.get("end", []), spans)
+    if start is not None and end is not None:
+        return Calibration(
+            start=start,
+            end=end,
+            base_ns=base_ns,
+            method="torch ranges bracketed by VizTracer clock reads (tightest of "
+            f"{len(job.clock_markers['start'])}) at window start and end, linear interpolation",
+            import_base_ns=job.import_base_ns,
+            wall=(job.clock_start, job.clock_end),
+        )
+    return Calibration(
+        start=job.clock_start, end=job.clock_end, base_ns=base_ns, import_base_ns=job.import_base_ns
+    )
 
 
 def suggest_tracer_entries(events: list[dict[str, Any]], start: ClockPair, end: ClockPair) -> int:
@@ -103,12 +133,7 @@ def finish_window(job: WindowJob) -> WindowResult:
         torch_trace = _read_json(job.torch_raw)
         python = _read_json(job.python_raw) if job.python_raw is not None else {"traceEvents": []}
         overflow = bool(python.get("viztracer_metadata", {}).get("overflow", False))
-        calibration = Calibration(
-            start=job.clock_start,
-            end=job.clock_end,
-            base_ns=int(torch_trace.get("baseTimeNanoseconds", 0)),
-            import_base_ns=job.import_base_ns,
-        )
+        calibration = calibrate(job, torch_trace)
         metadata = dict(job.metadata)
         metadata["overflow"] = overflow
         suggested = None

@@ -33,10 +33,10 @@ def _is_nested_op(event: dict[str, Any]) -> bool:
     return event.get("cat") in NESTED_TORCH_CATEGORIES and not str(event.get("name", "")).startswith(
         ANNOTATION_PREFIXES
     )
-# Beyond the clock pairing's uncertainty, each tracer stamps an event a little after or before the
-# instant it describes (VizTracer in its profile hook, torch in its op callbacks, each through its
-# own tick-to-time conversion). Measured here: residual crossings of up to ~0.1 µs between a
-# Python call and the op it issued (tests/test_callback.py, 200-op windows); allowed twice that.
+# Beyond the calibration's uncertainty, each tracer stamps an event a little after or before the
+# instant it describes (VizTracer in its profile hook, torch in its op callbacks). With wall-clock
+# calibration, residual crossings of up to ~0.1 µs were measured between a Python call and the op
+# it issued; twice that is allowed. (Marker calibration has shown none in 60 runs.)
 STAMP_JITTER_US = 0.2
 
 

@@ -122,6 +122,15 @@ class TorchTracer:
             step, self._step = self._step, None
             step.__exit__(None, None, None)
 
+    @staticmethod
+    def make_range(name: str) -> Any:
+        """A torch range named ``name``, not yet entered (clock markers; see ``clock.emit_markers``)."""
+        try:
+            from torch._C._profiler import _RecordFunctionFast
+        except ImportError:  # pragma: no cover - torch < 2.2
+            return torch.autograd.profiler.record_function(name)
+        return _RecordFunctionFast(name)
+
     def stop(self) -> None:
         """Stop recording; safe to call in any state, and more than once."""
         if self.stopped:

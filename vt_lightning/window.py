@@ -14,7 +14,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .clock import ClockPair, sample_pair
+from .clock import ClockPair, emit_markers, sample_pair
 from .finish import WindowJob
 from .pytracer import PythonTracer
 from .schedule import Window
@@ -53,6 +53,7 @@ class ProfilingWindow:
         self.active = False
         self.closed = False
         self._clock_start: ClockPair | None = None
+        self._markers_start: list[tuple[str, float, float]] = []
 
     def warmup(self) -> None:
         self.torch.prepare()
@@ -70,6 +71,7 @@ class ProfilingWindow:
         if self.step_hooks is not None:
             self.step_hooks.install()
         self._clock_start = sample_pair(self.python.clock_us)
+        self._markers_start = emit_markers(self.python.clock_us, self.torch.make_range, "start")
         self.python.start()
         self.active = True
 
@@ -98,6 +100,7 @@ class ProfilingWindow:
         self.python.stop()
         thread_names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         clock_end = sample_pair(self.python.clock_us) if self.active else None
+        markers_end = emit_markers(self.python.clock_us, self.torch.make_range, "end") if self.active else []
         memory_snapshot = None
         try:
             if self.memory_recorder is not None and self.active:
@@ -125,6 +128,7 @@ class ProfilingWindow:
             export_torch=self.torch.save,
             thread_names=thread_names,
             python_dump_pid=dump_pid,
+            clock_markers={"start": self._markers_start, "end": markers_end},
         )
 
     def abort(self) -> None:
