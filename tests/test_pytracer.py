@@ -8,6 +8,7 @@ assertions here); these tests check that no hook is left, which is what makes id
 from __future__ import annotations
 
 import json
+import gc
 import os
 import subprocess
 import sys
@@ -47,6 +48,9 @@ def _unhook_everything() -> None:
 
 @pytest.fixture(autouse=True)
 def clean_hooks():
+    # A VizTracer object resets threading.setprofile when it is deallocated: collect the ones earlier
+    # tests made now, not in the middle of this test's window.
+    gc.collect()
     assert hooks() == NO_HOOKS, "a hook was installed before the test"
     yield
     leftover = hooks()
