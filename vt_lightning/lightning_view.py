@@ -67,16 +67,23 @@ MAIN_STAGES = frozenset({
 })
 
 
+_RANGE_TYPE: Any = None
+
+
 def profiler_range(name: str) -> Any:
     """A torch.profiler range: torch's C ``_RecordFunctionFast`` (~0.7 µs, written as ``cpu_op``)
-    where it exists, else ``record_function`` (~6 µs, written as ``user_annotation``)."""
-    try:
-        from torch._C._profiler import _RecordFunctionFast
-    except ImportError:  # pragma: no cover - torch < 2.2
-        from torch.autograd.profiler import record_function
+    where it exists, else ``record_function`` (~6 µs, written as ``user_annotation``).
 
-        return record_function(name)
-    return _RecordFunctionFast(name)
+    Runs around every submodule forward of an active step: the type is looked up once.
+    """
+    global _RANGE_TYPE
+    if _RANGE_TYPE is None:
+        try:
+            from torch._C._profiler import _RecordFunctionFast as range_type
+        except ImportError:  # pragma: no cover - torch < 2.2
+            from torch.autograd.profiler import record_function as range_type
+        _RANGE_TYPE = range_type
+    return _RANGE_TYPE(name)
 
 
 def is_main_stage(action_name: str) -> bool:
