@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -223,8 +224,7 @@ class VizTraceCallback(Callback):
         self._python = self._python or PythonTracer(self.python_config)
         self._writer = BackgroundWriter()
         self._spool = spool_directory()
-        first = self.schedule.next_window(_global_batch(trainer))
-        self._next_step = first.warmup_start if first is not None else math.inf
+        self._schedule_from(_global_batch(trainer))
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -250,24 +250,24 @@ class VizTraceCallback(Callback):
             if window.active:
                 window.step_end(step)
             if step >= window.window.last_step:
-                self._close_window(trainer)
+                self._close_window()
         except Exception as err:
             self._fail_window(err)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._finalize(trainer, reason="training ended inside the window")
+        self._finalize(reason="training ended inside the window")
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Lightning does not call teardown after on_exception.
         if is_cuda_oom(exception):
             self._dump_oom()
-        self._finalize(trainer, reason=f"{type(exception).__name__} during the window", partial=True)
+        self._finalize(reason=f"{type(exception).__name__} during the window", partial=True)
         self._shutdown()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self._finalize(trainer, reason="training ended inside the window")
+        self._finalize(reason="training ended inside the window")
         self._shutdown()
 
     def state_dict(self) -> dict[str, Any]:
@@ -281,7 +281,7 @@ class VizTraceCallback(Callback):
     def _scheduled_batch_start(self, trainer: pl.Trainer, step: int) -> None:
         window = self._window
         if window is not None and step > window.window.last_step:
-            self._close_window(trainer)  # its last batch end was never seen
+            self._close_window()  # its last batch end was never seen
         if self._window is None:
             target = self.schedule.next_window(step)
             if target is None:
@@ -330,20 +330,23 @@ class VizTraceCallback(Callback):
         window.warmup()
         return window
 
-    def _skip(self, target: Window) -> None:
-        self.windows_skipped += 1
-        nxt = self.schedule.next_window(target.end)
+    def _schedule_from(self, step: int) -> None:
+        """Quiet until the warmup of the first window not over by ``step``."""
+        nxt = self.schedule.next_window(step)
         self._next_step = nxt.warmup_start if nxt is not None else math.inf
 
-    def _close_window(self, trainer: pl.Trainer | None, reason: str | None = None, partial: bool = False) -> None:
+    def _skip(self, target: Window) -> None:
+        self.windows_skipped += 1
+        self._schedule_from(target.end)
+
+    def _close_window(self, reason: str | None = None, partial: bool = False) -> None:
         window, self._window = self._window, None
         if window is None:
             return
         assert self._root is not None and self._spool is not None and self._writer is not None
         target = window.window
         self._completed.add(target.index)
-        nxt = self.schedule.next_window(target.end)
-        self._next_step = nxt.warmup_start if nxt is not None else math.inf
+        self._schedule_from(target.end)
         run_dir, worker, span, memory_name = self._paths(window)
         incomplete = len(window.steps) < len(target.active_steps)
         metadata = {
@@ -356,11 +359,7 @@ class VizTraceCallback(Callback):
             "partial": partial or incomplete,
             **({"partial_reason": reason} if (partial or incomplete) and reason else {}),
             "tracer": _python_settings(self.python_config),
-            "torch": {
-                "record_shapes": self.torch_config.record_shapes,
-                "profile_memory": self.torch_config.profile_memory,
-                "with_flops": self.torch_config.with_flops,
-            },
+            "torch": dataclasses.asdict(self.torch_config),
             "lightning_view": self.lightning_view,
             "worker": worker,
             "span": span,
@@ -436,7 +435,7 @@ class VizTraceCallback(Callback):
     def _run_job(self, job: WindowJob) -> WindowResult:
         writer = self._writer
         process = writer.writer_process() if writer is not None else None
-        if process is None:
+        if writer is None or process is None:
             return finish_window(job)
         try:
             collect_raw(job)
@@ -447,9 +446,8 @@ class VizTraceCallback(Callback):
             return process.call(job)
         except (EOFError, BrokenPipeError, ConnectionError) as err:
             process.close(timeout=1.0)  # reap it
-            if writer is not None:
-                writer.process = None
-                writer.process_error = err
+            writer.process = None
+            writer.process_error = err
             self._warn(
                 "writer-died",
                 f"vt_lightning: the writer process stopped ({type(err).__name__}); windows are now written "
@@ -467,10 +465,10 @@ class VizTraceCallback(Callback):
             f"vt_lightning: profiling failed ({type(err).__name__}: {err}); the window was dropped, training goes on.",
         )
 
-    def _finalize(self, trainer: pl.Trainer | None, reason: str, partial: bool = False) -> None:
+    def _finalize(self, reason: str, partial: bool = False) -> None:
         if self._window is not None:
             try:
-                self._close_window(trainer, reason=reason, partial=partial)
+                self._close_window(reason=reason, partial=partial)
             except Exception as err:
                 self._fail_window(err)
         if self._writer is not None:

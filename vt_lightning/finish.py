@@ -36,7 +36,6 @@ class WindowJob:
     gzip_level: int = 3
     memory_name: str | None = None  # write a memory snapshot under this name
     memory_snapshot: Any = None  # a CUDA allocator snapshot taken at window end, if any
-    extra_top_level: dict[str, Any] = field(default_factory=dict)
     export_torch: Callable[[str], None] | None = None  # torch's exporter, run here if set
     thread_names: dict[int, str] = field(default_factory=dict)  # native id -> name at window end
     python_dump_pid: int | None = None  # the forked child writing ``python_raw``, to be reaped
@@ -145,7 +144,6 @@ def finish_window(job: WindowJob) -> WindowResult:
             python.get("traceEvents", []),
             calibration,
             metadata,
-            job.extra_top_level,
             thread_names=job.thread_names,
         )
         del torch_trace, python

@@ -240,7 +240,7 @@ def untangle_annotations(events: list[dict[str, Any]]) -> int:
     """
     python, ranges = _by_thread(events, _is_annotation)
     cuts: dict[int, tuple[dict[str, Any], float, float]] = {}
-    for key, annotations in ranges.items():
+    for key, thread_ranges in ranges.items():
         calls = python.get(key)
         if not calls:
             continue
@@ -248,7 +248,7 @@ def untangle_annotations(events: list[dict[str, Any]]) -> int:
         # (time, is_end, range start, range end): sweep the Python calls open at every range edge.
         points = sorted(
             (t, is_end, a["ts"], a["ts"] + a["dur"])
-            for a in annotations
+            for a in thread_ranges
             for t, is_end in ((a["ts"], False), (a["ts"] + a["dur"], True))
         )
         stack: list[dict[str, Any]] = []
@@ -306,7 +306,6 @@ def merge_trace(
     python_events: Iterable[dict[str, Any]],
     calibration: Calibration,
     vt_metadata: Mapping[str, Any],
-    extra_top_level: Mapping[str, Any] | None = None,
     thread_names: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """One trace dict: torch's keys, ``vt_lightning`` metadata, then ``traceEvents`` last."""
@@ -323,8 +322,6 @@ def merge_trace(
     untangled = untangle_annotations(events)
 
     merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
-    if extra_top_level:
-        merged.update(extra_top_level)
     meta = dict(vt_metadata)
     meta["calibration"] = calibration.metadata()
     meta["python_events"] = len(timed)

@@ -13,7 +13,7 @@ import sys
 import threading
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 _active: weakref.WeakSet[PythonTracer] = weakref.WeakSet()
@@ -100,7 +100,6 @@ class PythonTracerConfig:
     include_files: tuple[str, ...] | None = None
     exclude_files: tuple[str, ...] | None = None
     ignore_c_function: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def foreign_profiler() -> str | None:
@@ -154,7 +153,6 @@ def _config_key(config: PythonTracerConfig) -> tuple[Any, ...]:
         config.include_files,
         config.exclude_files,
         config.ignore_c_function,
-        tuple(sorted((k, repr(v)) for k, v in config.extra.items())),
     )
 
 
@@ -287,7 +285,6 @@ class PythonTracer:
             ignore_c_function=c.ignore_c_function,
             min_duration=c.min_duration,
             register_global=False,
-            **c.extra,
         )
         # Construction installs the hooks on Python <= 3.11; take them off until start(). Not on
         # 3.12+: construction installs nothing there, and stop() would free sys.monitoring tool 2
