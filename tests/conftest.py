@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import math
 import re
 import types
 from pathlib import Path
@@ -97,21 +98,29 @@ def model() -> MarkerModel:
     return MarkerModel()
 
 
+def span_ns(event: dict[str, Any]) -> tuple[int, int]:
+    """(start, end) in integer nanoseconds, as Perfetto's JSON importer reads them:
+    ``llround(ts * 1000)`` and ``llround(dur * 1000)``, end = start + duration. Comparing the
+    float sums ``ts + dur`` instead would flag 1-ulp differences no viewer ever sees."""
+    start = math.floor(float(event["ts"]) * 1000 + 0.5)
+    return start, start + math.floor(float(event.get("dur", 0.0)) * 1000 + 0.5)
+
+
 def overlaps_without_nesting(trace: dict[str, Any]) -> list[tuple[str, str]]:
     """Pairs of X events of one thread that overlap without nesting: Perfetto drops the second."""
-    by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    by_thread: dict[tuple[Any, Any], list[tuple[int, int, str]]] = {}
     for event in trace["traceEvents"]:
         if event.get("ph") == "X":
-            by_thread.setdefault((event["pid"], event["tid"]), []).append(event)
+            by_thread.setdefault((event["pid"], event["tid"]), []).append((*span_ns(event), event["name"]))
     bad = []
-    for events in by_thread.values():
-        events.sort(key=lambda e: (e["ts"], -e["dur"]))
-        stack: list[dict[str, Any]] = []
-        for event in events:
-            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= event["ts"]:
+    for spans in by_thread.values():
+        spans.sort(key=lambda span: (span[0], -span[1]))
+        stack: list[tuple[int, int, str]] = []
+        for start, end, name in spans:
+            while stack and stack[-1][1] <= start:
                 stack.pop()
-            if stack and stack[-1]["ts"] + stack[-1]["dur"] < event["ts"] + event["dur"]:
-                bad.append((stack[-1]["name"], event["name"]))
+            if stack and stack[-1][1] < end:
+                bad.append((stack[-1][2], name))
                 continue
-            stack.append(event)
+            stack.append((start, end, name))
     return bad

@@ -59,6 +59,7 @@ def test_one_trace_per_window_with_exactly_the_active_batches(tmp_path, schedule
         )
         assert steps == list(window.active_steps)
     assert sys.getprofile() is None and threading.getprofile() is None
+    assert cb._python.installed_hooks() == []
     assert not torch.autograd.profiler._is_profiler_enabled
 
 
@@ -119,20 +120,25 @@ def test_python_ops_nest_inside_their_python_caller(tmp_path):
 
 
 def test_no_hook_outside_windows(tmp_path):
+    # The tracer says which of its hooks are in place: the profile hook on <= 3.11, its
+    # sys.monitoring tool on 3.12+ (where sys.getprofile() shows nothing either way).
     seen: list[object] = []
+    cb = VizTraceCallback(wait=2, warmup=1, active=2, repeat=1)
 
     class Probe(MarkerModel):
         def training_step(self, batch, batch_idx):
-            seen.append((self.trainer.fit_loop.total_batch_idx, sys.getprofile(), threading.getprofile()))
+            hooks = cb._python.installed_hooks() if cb._python is not None else []
+            seen.append((self.trainer.fit_loop.total_batch_idx, hooks, sys.getprofile(), threading.getprofile()))
             return super().training_step(batch, batch_idx)
 
-    cb = VizTraceCallback(wait=2, warmup=1, active=2, repeat=1)
     make_trainer(tmp_path, [cb], max_steps=8).fit(Probe(), loader())
-    for step, hook, thread_hook in seen:
+    assert [step for step, *_ in seen] == list(range(8))
+    for step, hooks, hook, thread_hook in seen:
         if step in (3, 4):
-            assert hook is not None
+            assert hooks, step
         else:
-            assert hook is None and thread_hook is None, step
+            assert hooks == [] and hook is None and thread_hook is None, (step, hooks)
+    assert not cb._python.hooks_installed()
 
 
 def test_sanity_check_and_validation_batches_do_not_count(tmp_path):
@@ -150,7 +156,7 @@ def test_window_cut_short_by_max_steps_keeps_the_steps_it_got(tmp_path):
     (path,) = trace_files(tmp_path)
     meta = load_trace(path)["vt_lightning"]
     assert meta["steps"] == [2, 3] and meta["partial"] is True
-    assert sys.getprofile() is None
+    assert sys.getprofile() is None and cb._python.installed_hooks() == []
 
 
 def test_every_thread_nests_strictly_as_perfetto_requires(tmp_path):

@@ -29,6 +29,8 @@ def assert_clean(model: torch.nn.Module | None = None) -> None:
     """No profile hook, no torch profiler, no module hook is left behind."""
     assert sys.getprofile() is None
     assert threading.getprofile() is None
+    if sys.version_info >= (3, 12):  # VizTracer's hook there; sys.getprofile() never shows it
+        assert sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is None
     assert not torch.autograd.profiler._is_profiler_enabled
     if model is not None:
         for module in model.modules():

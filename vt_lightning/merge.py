@@ -40,16 +40,69 @@ def _is_nested_op(event: dict[str, Any]) -> bool:
 STAMP_JITTER_US = 0.2
 
 
+# Where torch's timestamps live (µs on its steady clock, e.g. 4.5e12 after 52 days of uptime) a
+# double resolves only ~0.001 µs, so ``ts + dur`` is off by up to a nanosecond and a child can end
+# "after" its parent once parsed. The merged trace is therefore moved to an origin of whole
+# seconds (``baseTimeNanoseconds`` moves with it, so absolute time is unchanged), all arithmetic
+# happens there, and every boundary is finally snapped to whole nanoseconds: exactly the integers
+# Perfetto reads (``llround(ts * 1000)``), so what nests here nests there.
+ORIGIN_GRANULARITY_US = 1_000_000
+
+
+def time_origin_us(events: Iterable[dict[str, Any]]) -> int:
+    """Whole seconds (in µs) at or below the earliest timestamp: the merged trace's new zero."""
+    first = min((float(e["ts"]) for e in events if "ts" in e), default=0.0)
+    return int(first // ORIGIN_GRANULARITY_US) * ORIGIN_GRANULARITY_US
+
+
+def rebase_events(events: Iterable[dict[str, Any]], origin_us: int) -> None:
+    """Subtract ``origin_us`` from every ``ts`` without losing the digits a double still holds.
+
+    The integer part is subtracted exactly and the fractional part (the nanoseconds torch wrote)
+    is added back, so a value written as ``4544795024354.149`` becomes exactly ``354.149`` later
+    than its origin as long as the parsed double still told the nanoseconds apart (< ~100 days).
+    """
+    if not origin_us:
+        return
+    for event in events:
+        if "ts" in event:
+            ts = float(event["ts"])
+            whole = math.floor(ts)
+            event["ts"] = (whole - origin_us) + (ts - whole)
+
+
+def snap_to_nanoseconds(events: Iterable[dict[str, Any]]) -> None:
+    """Put every start and end on the nanosecond grid, ``dur`` as the difference of the two.
+
+    Rounding is monotonic, so spans that nest (or touch) keep nesting (or touching); rounding
+    ``ts`` and ``dur`` separately, as before, could push a child's end 1 ns past its parent's.
+    """
+    for event in events:
+        if "ts" not in event:
+            continue
+        start = round(float(event["ts"]) * 1000)
+        if event.get("ph") == "X":
+            end = round((float(event["ts"]) + float(event.get("dur", 0.0))) * 1000)
+            event["dur"] = max(end - start, 0) / 1000
+        event["ts"] = start / 1000
+
+
 def shift_python_events(
-    events: Iterable[dict[str, Any]], calibration: Calibration
+    events: Iterable[dict[str, Any]], calibration: Calibration, origin_us: int = 0
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Place VizTracer events on torch's timeline. Returns (timed events, metadata events)."""
+    """Place VizTracer events on torch's timeline (less ``origin_us``). Returns (timed, metadata).
+
+    Start and end of each call go through the same monotonic map (offset plus interpolated drift),
+    so calls that nest on VizTracer's clock nest on torch's; shifting ``ts`` alone and keeping
+    ``dur`` would let a child outlast its parent by the drift accumulated between their starts.
+    """
     timed: list[dict[str, Any]] = []
     meta: list[dict[str, Any]] = []
     # Calibration.python_to_torch_us, inlined: this loop runs once per Python event.
     t0, t1 = calibration.start.python_us, calibration.end.python_us
-    offset, drift = calibration.offset_us, calibration.drift_us
+    offset, drift = calibration.offset_us - origin_us, calibration.drift_us
     slope = drift / (t1 - t0) if t1 > t0 else 0.0
+    span = t1 - t0
     for event in events:
         ph = event.get("ph")
         if ph == "M":
@@ -57,11 +110,15 @@ def shift_python_events(
             continue
         if "ts" in event:
             ts = float(event["ts"])
-            elapsed = min(max(ts - t0, 0.0), t1 - t0) if slope else 0.0
-            event["ts"] = round(ts + offset + slope * elapsed, 3)
+            start = ts + offset + (slope * min(max(ts - t0, 0.0), span) if slope else 0.0)
+            event["ts"] = start
+            if ph == "X":
+                end_py = ts + float(event.get("dur", 0.0))
+                end = end_py + offset + (slope * min(max(end_py - t0, 0.0), span) if slope else 0.0)
+                event["dur"] = max(end - start, 0.0)
         if ph == "X":
             event["cat"] = PYTHON_CATEGORY
-            event["dur"] = round(float(event.get("dur", 0.0)), 3)
+            event.setdefault("dur", 0.0)
         elif not isinstance(event.get("cat"), str):
             event["cat"] = PYTHON_CATEGORY
         timed.append(event)
@@ -310,7 +367,9 @@ def merge_trace(
 ) -> dict[str, Any]:
     """One trace dict: torch's keys, ``vt_lightning`` metadata, then ``traceEvents`` last."""
     torch_events = list(torch_trace.get("traceEvents", []))
-    timed, python_meta = shift_python_events(python_events, calibration)
+    origin_us = time_origin_us(torch_events)
+    rebase_events(torch_events, origin_us)
+    timed, python_meta = shift_python_events(python_events, calibration, origin_us)
     events = merge_metadata_events(torch_events, python_meta, thread_names)
     events.extend(timed)
     fixed = ensure_contract(events)
@@ -320,9 +379,13 @@ def merge_trace(
     repaired, _ = repair_boundaries(events, tolerance)
     crossings = count_crossings(events)
     untangled = untangle_annotations(events)
+    snap_to_nanoseconds(events)
 
     merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
+    if origin_us:
+        merged["baseTimeNanoseconds"] = int(merged.get("baseTimeNanoseconds", 0)) + origin_us * 1000
     meta = dict(vt_metadata)
+    meta["time_origin_us"] = origin_us
     meta["calibration"] = calibration.metadata()
     meta["python_events"] = len(timed)
     meta["torch_events"] = len(torch_events)

@@ -172,6 +172,36 @@ class PythonTracer:
     def running(self) -> bool:
         return self._running
 
+    def installed_hooks(self) -> list[str]:
+        """Every hook of ours in place right now, described (empty: none).
+
+        Asks the tracer's own mechanism on each version instead of one interpreter call that sees
+        only some of them: on <= 3.11 the profile hook of this thread, the hook new threads get and
+        the threads hooked during a window; on 3.12+ VizTracer's ``sys.monitoring`` tool, which
+        ``sys.getprofile()`` never shows.
+        """
+        found = []
+        tracer = self._tracer
+        if tracer is not None and sys.getprofile() is tracer:
+            found.append("profile hook of this thread (sys.setprofile)")
+        thread_hook = threading.getprofile()
+        if thread_hook is not None and (
+            thread_hook == self._thread_hook or (tracer is not None and thread_hook == tracer.threadtracefunc)
+        ):
+            found.append("profile hook for new threads (threading.setprofile)")
+        if self._hooked_threads:
+            found.append(f"profile hook of {len(self._hooked_threads)} other thread(s)")
+        if sys.version_info >= (3, 12):
+            monitoring = sys.monitoring
+            if monitoring.get_tool(monitoring.PROFILER_ID) == "viztracer":
+                events = monitoring.get_events(monitoring.PROFILER_ID)
+                found.append(f"sys.monitoring tool {monitoring.PROFILER_ID} 'viztracer' (events {events:#x})")
+        return found
+
+    def hooks_installed(self) -> bool:
+        """Whether any hook of ours is in place (see ``installed_hooks``)."""
+        return bool(self.installed_hooks())
+
     def clock_us(self) -> float:
         """VizTracer's own clock (µs), the one its events' ``ts`` use."""
         return self._ensure_tracer().getts()
