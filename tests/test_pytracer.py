@@ -348,3 +348,43 @@ def test_forked_child_has_the_tracer_stopped(tracer):
     assert tracer.running  # the parent goes on recording
     tracer.stop()
     assert report == {"running": False, "hooks": NO_HOOKS, "foreign": None}
+
+
+@pytest.mark.skipif(not MONITORING, reason="sys.monitoring is 3.12+")
+def test_stop_unregisters_viztracers_monitoring_callbacks_and_keeps_anothers():
+    # VizTracer's own stop() frees tool 2 but leaves its callbacks registered: the interpreter then
+    # holds the tracer until finalization (where a compiled CUDA job crashed on 3.12.3).
+    from vt_lightning.pytracer import _monitoring_callbacks_of
+
+    mon = sys.monitoring
+    tracer = PythonTracer(PythonTracerConfig(tracer_entries=1000))
+    tracer.start()
+    assert any("sys.monitoring" in hook for hook in tracer.installed_hooks())
+    tracer.stop()
+    assert tracer.installed_hooks() == []
+    assert _monitoring_callbacks_of(tracer._tracer, release=False) == 0
+    # A slot some other code registered while the id was free is put back as it was.
+    def theirs(*args):
+        return None
+
+    mon.register_callback(mon.PROFILER_ID, mon.events.PY_START, theirs)
+    try:
+        tracer.start()
+        tracer.stop()
+        assert mon.register_callback(mon.PROFILER_ID, mon.events.PY_START, None) is None  # VizTracer replaced it
+        mon.register_callback(mon.PROFILER_ID, mon.events.PY_START, theirs)
+        assert _monitoring_callbacks_of(tracer._tracer, release=True) == 0
+        assert mon.register_callback(mon.PROFILER_ID, mon.events.PY_START, None) is theirs
+    finally:
+        mon.register_callback(mon.PROFILER_ID, mon.events.PY_START, None)
+
+
+@pytest.mark.parametrize("version, affected", [((3, 12, 0), True), ((3, 12, 3), True), ((3, 12, 4), True),
+                                               ((3, 12, 5), False), ((3, 11, 7), False), ((3, 13, 0), False)])
+def test_the_versions_with_the_profiling_bug_are_named(version, affected):
+    from vt_lightning.pytracer import interpreter_warning
+
+    message = interpreter_warning(version)
+    assert (message is not None) == affected
+    if affected:
+        assert ".".join(map(str, version)) in message and "122029" in message and "3.12.5" in message

@@ -30,7 +30,7 @@ from .output import (
     window_dir_name,
     worker_name,
 )
-from .pytracer import PythonTracer, PythonTracerConfig, foreign_profiler
+from .pytracer import PythonTracer, PythonTracerConfig, foreign_profiler, interpreter_warning
 from .schedule import Phase, Schedule, Window
 from .torchtracer import TorchTracer, TorchTracerConfig, torch_profiler_active
 from .window import ProfilingWindow
@@ -199,6 +199,9 @@ class VizTraceCallback(Callback):
                 "vt_lightning: on CPU the memory snapshot is built from torch.profiler's memory events, "
                 "which `profile_memory=False` turns off: no memory snapshots will be written.",
             )
+        known_bug = interpreter_warning()
+        if known_bug and self._enabled:
+            self._warn("interpreter", known_bug)
         rival = _rival_lightning_profiler(trainer)
         if rival is not None and self._enabled:
             self._enabled = False

@@ -8,6 +8,7 @@ between windows it exists with no hook installed. Events leave the ring buffer t
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -90,6 +91,36 @@ def _remove_profile_hooks(thread_states: dict[int, Any]) -> None:
         pass
 
 
+def _monitoring_events() -> list[int]:
+    """Every single ``sys.monitoring`` event (3.12+): the slots a tool can hold a callback in."""
+    events = sys.monitoring.events
+    return sorted({v for k, v in vars(events).items() if k.isupper() and v and v & (v - 1) == 0})
+
+
+def _monitoring_callbacks_of(tracer: Any, release: bool) -> int:
+    """Count (and with ``release``, unregister) ``tracer``'s callbacks in ``sys.monitoring`` (3.12+).
+
+    VizTracer's stop() sets its events to 0 and frees the tool id, but ``free_tool_id`` (3.12,
+    3.13) leaves the registered callbacks in place: the interpreter keeps VizTracer's bound methods,
+    and so the tracer, until its own finalization, and hands them to the next tool that takes the
+    id. Reading a slot means swapping it, so every slot that is not ours is put back as it was.
+    """
+    monitoring = sys.monitoring
+    tool = monitoring.PROFILER_ID
+    if tracer is None or monitoring.get_tool(tool) not in (None, "viztracer"):
+        return 0  # another tool holds the id: the callbacks are its own
+    found = 0
+    for event in _monitoring_events():
+        previous = monitoring.register_callback(tool, event, None)
+        if previous is not None and getattr(previous, "__self__", None) is tracer:
+            found += 1
+            if release:
+                continue
+        if previous is not None:
+            monitoring.register_callback(tool, event, previous)
+    return found
+
+
 @dataclass(frozen=True)
 class PythonTracerConfig:
     """The VizTracer options a user can set (see ``VizTraceCallback``)."""
@@ -124,6 +155,23 @@ def foreign_profiler() -> str | None:
     return None
 
 
+def interpreter_warning(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> str | None:
+    """A known interpreter bug that can crash VizTracer on this Python, or None.
+
+    CPython 3.12.0-3.12.4 can deliver a C function's return without its call to a profiler
+    (cpython #122029, fixed in 3.12.5), which breaks VizTracer's call stack and can crash the
+    process (viztracer #486, seen there at ``import torch``). Ubuntu 24.04 ships 3.12.3.
+    """
+    if (3, 12, 0) <= version[:3] < (3, 12, 5):
+        shown = ".".join(str(part) for part in version[:3])
+        return (
+            f"vt_lightning: Python {shown} has a profiling bug (cpython #122029, fixed in 3.12.5) that can "
+            "crash VizTracer (viztracer #486). If this job crashes during or after a window, use Python "
+            "3.12.5 or newer, or 3.11 / 3.13."
+        )
+    return None
+
+
 def wait_for_dump(pid: int | None) -> None:
     """Reap the child ``PythonTracer.dump`` forked; raise if it did not write its file."""
     if pid is None:
@@ -143,6 +191,28 @@ def _idle_viztracer_hook(hook: Any) -> bool:
 # resets ``threading.setprofile`` (found when an old callback was garbage-collected during another's
 # window: threads started in that window went untraced), and reuse spares reallocating the ring buffer.
 _TRACERS: dict[tuple[Any, ...], Any] = {}
+
+
+def _release_tracers_at_exit() -> None:
+    """Stop and drop every VizTracer before interpreter finalization begins.
+
+    Otherwise the last references (``_TRACERS``, and on 3.12+ the callbacks sys.monitoring kept)
+    go only during finalization, and the tracer is torn down after the modules it refers to. A
+    torch.compile'd CUDA job on Python 3.12.3 that had run VizTracer exited with SIGSEGV there,
+    after all its files were written.
+    """
+    for tracer in list(_TRACERS.values()):
+        try:
+            if getattr(tracer, "enable", False):
+                tracer.stop()
+            if sys.version_info >= (3, 12):
+                _monitoring_callbacks_of(tracer, release=True)
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
+    _TRACERS.clear()
+
+
+atexit.register(_release_tracers_at_exit)
 
 
 def _config_key(config: PythonTracerConfig) -> tuple[Any, ...]:
@@ -196,6 +266,9 @@ class PythonTracer:
             if monitoring.get_tool(monitoring.PROFILER_ID) == "viztracer":
                 events = monitoring.get_events(monitoring.PROFILER_ID)
                 found.append(f"sys.monitoring tool {monitoring.PROFILER_ID} 'viztracer' (events {events:#x})")
+            callbacks = _monitoring_callbacks_of(tracer, release=False)
+            if callbacks:
+                found.append(f"{callbacks} VizTracer callback(s) registered with sys.monitoring")
         return found
 
     def hooks_installed(self) -> bool:
@@ -246,6 +319,8 @@ class PythonTracer:
             self._release_thread_hook()
             hooked, self._hooked_threads = self._hooked_threads, {}
             _remove_profile_hooks(hooked)
+            if sys.version_info >= (3, 12):
+                _monitoring_callbacks_of(self._tracer, release=True)
 
     def _release_thread_hook(self) -> None:
         # VizTracer sets threading.setprofile at construction and never takes it back.
