@@ -257,7 +257,8 @@ def test_viztracer_already_running_is_detected(tmp_path):
         builtins.__dict__.pop("__viz_tracer__", None)
         del outer
         gc.collect()  # deallocated now: a VizTracer resets threading.setprofile when it goes
-    assert len([w for w in caught if "VizTracer" in str(w.message)]) == 1
+    # One warning about the running VizTracer (on 3.12.0-3.12.4 another names the interpreter bug).
+    assert len([w for w in caught if "VizTracer" in str(w.message) and "122029" not in str(w.message)]) == 1
     assert not trace_files(tmp_path)
 
 
