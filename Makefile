@@ -3,8 +3,8 @@
 example:
 	python3 -m venv .venv && .venv/bin/pip install -q -c ci/constraints.txt -e . && .venv/bin/python examples/train.py
 test:
-	python3 -m venv .venv && .venv/bin/pip install -q -c ci/constraints.txt -e ".[test]" && .venv/bin/python -m pytest
+	python3 -m venv .venv && .venv/bin/pip install -q -c ci/constraints.txt nox && .venv/bin/nox
 bench:
 	python3 -m venv .venv && .venv/bin/pip install -q -c ci/constraints.txt -e ".[test]" && .venv/bin/python benchmarks/run.py
 clean:
-	rm -rf .venv lightning_logs .pytest_cache .hypothesis build *.egg-info
+	rm -rf .venv .nox lightning_logs .pytest_cache .hypothesis build *.egg-info
