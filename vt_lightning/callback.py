@@ -13,9 +13,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from . import __version__
+from .filters import PythonFilter, module_hook_locations, path_matches_anything, path_prefixes
 from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, collect_raw, finish_window, remove_raw
 from .lightning_view import LightningViewHooks
 from .memory import CudaMemoryRecorder, dump_oom_snapshot, is_cuda_oom, oom_file_name
@@ -56,10 +57,13 @@ class VizTraceCallback(Callback):
         dirpath: where window run directories go; default: the logger's log dir
             (``lightning_logs/version_N``), else ``trainer.log_dir`` / ``default_root_dir``.
         tracer_entries: VizTracer ring-buffer size in events; on overflow the oldest are lost.
-        max_stack_depth: deepest Python call depth recorded (-1: no limit).
+        max_stack_depth: deepest Python call kept, counted from the outermost call of your code
+            (a LightningModule hook such as ``training_step`` is depth 1; -1: no limit).
         min_duration: drop Python calls shorter than this many microseconds.
-        include_files: trace only Python code under these paths.
-        exclude_files: do not trace Python code under these paths.
+        include_files: keep only Python calls whose code is under these paths, wherever their
+            callers live (torch's ops and kernels are always kept).
+        exclude_files: drop Python calls whose code is under these paths; calls they make into
+            other code are kept.
         ignore_c_function: do not record calls into C functions (builtins, extensions).
         record_shapes: record operator input shapes (torch.profiler).
         profile_memory: record tensor allocations (torch.profiler; needed for the Memory view).
@@ -117,6 +121,10 @@ class VizTraceCallback(Callback):
             raise ValueError("`include_files` and `exclude_files` cannot both be set; choose one")
         include = _check_paths("include_files", include_files)
         exclude = _check_paths("exclude_files", exclude_files)
+        for name, paths in (("include_files", include), ("exclude_files", exclude)):
+            for path in paths or ():
+                if not path_matches_anything(path):
+                    rank_zero_warn(f"`{name}` entry {path!r} matches no file or directory; it filters nothing.")
         if dirpath is not None and (not isinstance(dirpath, (str, os.PathLike)) or not str(dirpath)):
             raise ValueError(f"`dirpath` must be a non-empty path or None, got {dirpath!r}")
         for name, flag in (
@@ -157,6 +165,7 @@ class VizTraceCallback(Callback):
 
         self._warn = WarnOnce()
         self._python: PythonTracer | None = None
+        self._python_filter: PythonFilter | None = None
         self._window: ProfilingWindow | None = None
         self._writer: BackgroundWriter | None = None
         self._spool: str | None = None
@@ -222,6 +231,13 @@ class VizTraceCallback(Callback):
         if not self._enabled:
             return
         self._python = self._python or PythonTracer(self.python_config)
+        c = self.python_config
+        self._python_filter = PythonFilter(
+            include=path_prefixes(c.include_files) if c.include_files is not None else None,
+            exclude=path_prefixes(c.exclude_files) if c.exclude_files is not None else None,
+            max_depth=c.max_stack_depth,
+            hook_locations=module_hook_locations(pl_module),
+        )
         self._writer = BackgroundWriter()
         self._spool = spool_directory()
         self._schedule_from(_global_batch(trainer))
@@ -374,6 +390,7 @@ class VizTraceCallback(Callback):
             self.compression_level,
         )
         if job is not None:
+            job.python_filter = self._python_filter
             self._writer.submit(self._finish_job, job)
 
     def _paths(self, window: ProfilingWindow) -> tuple[Path, str, str, str | None]:
@@ -419,8 +436,9 @@ class VizTraceCallback(Callback):
                 f"vt_lightning: VizTracer's ring buffer (tracer_entries={self.python_config.tracer_entries}) "
                 f"overflowed in {result.trace_path.name}; only the window's last events were kept. "
                 f"Set `tracer_entries` to about {result.suggested_tracer_entries or 'twice the current value'} "
-                "(estimated from this window's event rate), or narrow tracing with `include_files` / "
-                "`max_stack_depth` / `min_duration`.",
+                "(estimated from this window's event rate), or record fewer calls with `min_duration` / "
+                "`ignore_c_function=True` (`include_files` / `exclude_files` / `max_stack_depth` shrink "
+                "the written file, not the ring buffer).",
             )
         if result.json_bytes > BROWSER_LIMIT_BYTES:
             self._warn(

@@ -146,14 +146,8 @@ _TRACERS: dict[tuple[Any, ...], Any] = {}
 
 
 def _config_key(config: PythonTracerConfig) -> tuple[Any, ...]:
-    return (
-        config.tracer_entries,
-        config.max_stack_depth,
-        config.min_duration,
-        config.include_files,
-        config.exclude_files,
-        config.ignore_c_function,
-    )
+    # include/exclude/max_stack_depth are applied by ``filters.py`` after recording, not by VizTracer.
+    return (config.tracer_entries, config.min_duration, config.ignore_c_function)
 
 
 class PythonTracer:
@@ -209,7 +203,9 @@ class PythonTracer:
             with self._lock:
                 was_running, self._running = self._running, False
                 if self._tracer is not None and was_running:
-                    self._tracer.stop()
+                    # Calls still open (the window's closing frames, other threads' work) become
+                    # complete events ending now, not unclosed "B" events.
+                    self._tracer.stop("flush_as_finish")
         finally:
             self._running = False
             _active.discard(self)
@@ -276,12 +272,11 @@ class PythonTracer:
         from viztracer.snaptrace import Tracer
 
         c = self.config
+        # No include_files / exclude_files / max_stack_depth here: VizTracer would drop the whole
+        # subtree under a filtered frame, and with it the user's code (see filters.py).
         tracer = VizTracer(
             tracer_entries=c.tracer_entries,
             verbose=0,
-            max_stack_depth=c.max_stack_depth,
-            include_files=list(c.include_files) if c.include_files is not None else None,
-            exclude_files=list(c.exclude_files) if c.exclude_files is not None else None,
             ignore_c_function=c.ignore_c_function,
             min_duration=c.min_duration,
             register_global=False,
