@@ -98,7 +98,11 @@ class ProfilingWindow:
         """Stop everything; return the job that writes the window (None if nothing was recorded)."""
         self.closed = True
         self.python.stop()
-        thread_names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+        # Threads alive now, and those started in the window that have ended since.
+        thread_names = {
+            **self.python.new_thread_names,
+            **{t.native_id: t.name for t in threading.enumerate() if t.native_id is not None},
+        }
         clock_end = sample_pair(self.python.clock_us) if self.active else None
         markers_end = emit_markers(self.python.clock_us, self.torch.make_range, "end") if self.active else []
         memory_snapshot = None
