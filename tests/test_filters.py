@@ -12,7 +12,8 @@ from vt_lightning import VizTraceCallback
 from vt_lightning.filters import PythonFilter, filter_python_events
 from vt_lightning.merge import PYTHON_CATEGORY
 
-from conftest import MarkerModel, load_trace, loader, make_trainer, marker_steps, overlaps_without_nesting, trace_files
+from _nesting import real_crossings
+from conftest import MarkerModel, load_trace, loader, make_trainer, marker_steps, trace_files
 
 TESTS = str(Path(__file__).parent)
 LIGHTNING = os.path.dirname(lp.__file__)
@@ -49,7 +50,7 @@ def test_include_files_keeps_the_users_calls_wherever_their_callers_live(tmp_pat
     # the torch ops the kept calls issue are still there, nested under them
     tanh = [e for e in trace["traceEvents"] if e.get("name") == "aten::tanh"]
     assert len(tanh) == 2
-    assert overlaps_without_nesting(trace) == []
+    assert real_crossings(trace) == []
 
 
 def test_exclude_files_drops_only_the_excluded_calls(tmp_path):
@@ -58,7 +59,7 @@ def test_exclude_files_drops_only_the_excluded_calls(tmp_path):
     assert marker_steps(trace) == {1, 2}
     assert any(e["name"].startswith("MarkerModel.training_step (") for e in calls)
     assert not any(f.startswith(LIGHTNING + os.sep) for f in _files(calls))
-    assert overlaps_without_nesting(trace) == []
+    assert real_crossings(trace) == []
 
 
 @pytest.mark.parametrize("depth, markers", [(1, set()), (2, {1, 2})])
