@@ -149,17 +149,14 @@ class FilterStats:
         return {"kept": self.kept, "dropped_own": self.own, "dropped_by_filters": self.filtered}
 
 
-@dataclass
-class _Frame:
-    end: float
-    ts: float
-    own: bool
-    depth: int | None  # depth below the outermost user-code call, None outside any
-    file: str | None  # the code's file; for a C call, its caller's
-
-
 def filter_python_events(events: list[dict[str, Any]], rules: PythonFilter) -> tuple[list[dict[str, Any]], FilterStats]:
-    """Keep the calls ``rules`` select, on every thread; non-call events (metadata) pass through."""
+    """Keep the calls ``rules`` select, on every thread; non-call events (metadata) pass through.
+
+    One pass per thread over its calls sorted by start, with a stack of the open ones: a call's
+    ancestry decides its depth and whether it runs inside vt_lightning. What depends on the name
+    alone (its file, whether it is ours / a hook / the user's / under a filter path) is computed
+    once per distinct name: a window repeats a few thousand names over millions of calls.
+    """
     stats = FilterStats()
     by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
     out: list[dict[str, Any]] = []
@@ -168,47 +165,62 @@ def filter_python_events(events: list[dict[str, Any]], rules: PythonFilter) -> t
             by_thread[(event.get("pid"), event.get("tid"))].append(event)
         else:
             out.append(event)
-    location_cache: dict[str, tuple[str, int] | None] = {}
-    hooks = rules.hook_locations
+    # name -> (has a location, ours, starts the user's code, under include_files, under exclude_files)
+    facts: dict[str, tuple[bool, bool, bool, bool, bool]] = {}
+    include, exclude, max_depth = rules.include, rules.exclude, rules.max_depth
+
+    def name_facts(name: str) -> tuple[bool, bool, bool, bool, bool]:
+        match = _LOCATION.search(name)
+        if match is None:  # a C call: judged by its caller
+            return (False, False, False, False, False)
+        file = match.group(1)
+        own = _under(file, rules.own)
+        anchor = not own and (
+            (file, int(match.group(2))) in rules.hook_locations
+            or not (file.startswith("<") or _under(file, rules.library))
+        )
+        return (
+            True,
+            own,
+            anchor,
+            include is not None and _under(file, include),
+            exclude is not None and _under(file, exclude),
+        )
+
+    kept = own_count = filtered = 0
     for calls in by_thread.values():
-        calls.sort(key=lambda e: (float(e["ts"]), -float(e.get("dur", 0.0))))
-        stack: list[_Frame] = []
+        calls.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
+        # open calls: (start, end, ours, depth or -1, under include_files, under exclude_files)
+        stack: list[tuple[float, float, bool, int, bool, bool]] = []
         for event in calls:
             ts = float(event["ts"])
             end = ts + float(event.get("dur", 0.0))
-            while stack and not (ts >= stack[-1].ts - _EPSILON_US and end <= stack[-1].end + _EPSILON_US):
+            while stack and not (ts >= stack[-1][0] - _EPSILON_US and end <= stack[-1][1] + _EPSILON_US):
                 stack.pop()
-            parent = stack[-1] if stack else None
             name = event.get("name", "")
-            location = location_cache.get(name, ())
-            if location == ():
-                match = _LOCATION.search(name)
-                location = (match.group(1), int(match.group(2))) if match else None
-                location_cache[name] = location
-            file = location[0] if location else (parent.file if parent else None)
-            own = (parent is not None and parent.own) or (location is not None and _under(location[0], rules.own))
-            if parent is not None and parent.depth is not None:
-                depth: int | None = parent.depth + 1
-            elif location is not None and not own and (
-                location in hooks or not (location[0].startswith("<") or _under(location[0], rules.library))
-            ):
-                depth = 1
+            known = facts.get(name)
+            if known is None:
+                known = facts[name] = name_facts(name)
+            located, own, anchor, included, excluded = known
+            if stack:
+                _, _, parent_own, parent_depth, parent_included, parent_excluded = stack[-1]
+                own = own or parent_own
+                if not located:
+                    included, excluded = parent_included, parent_excluded
+                depth = parent_depth + 1 if parent_depth >= 0 else (1 if anchor else -1)
             else:
-                depth = None
-            stack.append(_Frame(end=end, ts=ts, own=own, depth=depth, file=file))
+                depth = 1 if anchor else -1
+            stack.append((ts, end, own, depth, included, excluded))
             if own:
-                stats.own += 1
-                continue
-            keep = True
-            if rules.include is not None:
-                keep = file is not None and _under(file, rules.include)
-            elif rules.exclude is not None:
-                keep = file is None or not _under(file, rules.exclude)
-            if keep and rules.max_depth >= 0 and depth is not None and depth > rules.max_depth:
-                keep = False
-            if keep:
-                stats.kept += 1
-                out.append(event)
+                own_count += 1
+            elif (
+                (include is not None and not included)
+                or (exclude is not None and excluded)
+                or (max_depth >= 0 and depth > max_depth)
+            ):
+                filtered += 1
             else:
-                stats.filtered += 1
+                kept += 1
+                out.append(event)
+    stats.kept, stats.own, stats.filtered = kept, own_count, filtered
     return out, stats
