@@ -397,3 +397,23 @@ def test_forked_child_has_the_tracer_stopped(tracer):
     assert tracer.running  # the parent goes on recording
     tracer.stop()
     assert report == {"running": False, "hooks": NO_HOOKS, "foreign": None}
+
+
+@pytest.mark.skipif(MONITORING, reason="on 3.12+ sys.monitoring covers every thread: nothing is put on threads")
+def test_our_own_writer_thread_is_not_hooked(tracer):
+    """The background writer's idle pool thread (named vt_lightning-...) gets no hook in a window."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vt_lightning-writer")
+    other = ThreadPoolExecutor(max_workers=1, thread_name_prefix="user-pool")
+    try:
+        pool.submit(int).result()
+        other.submit(int).result()
+        tracer.start()
+        ours_during = pool.submit(sys.getprofile).result()
+        theirs_during = other.submit(sys.getprofile).result()
+        tracer.stop()
+    finally:
+        pool.shutdown()
+        other.shutdown()
+    assert ours_during is None and theirs_during is not None

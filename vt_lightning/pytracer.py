@@ -109,8 +109,15 @@ def _remove_profile_hooks(thread_states: dict[int, int]) -> None:
         pass
 
 
-def _runs_package_code(api: Any, state: int) -> bool:
-    """True for our own threads (the background writer): tracing them would only add our frames."""
+def _package_frames() -> list[Any]:
+    """The current frames of our own threads (the background writer's pool, named
+    ``vt_lightning-...``), which idle in the standard library between jobs."""
+    ours = {t.ident for t in threading.enumerate() if t.name.startswith("vt_lightning")}
+    return [frame for ident, frame in sys._current_frames().items() if ident in ours]
+
+
+def _runs_package_code(api: Any, state: int, our_frames: list[Any]) -> bool:
+    """True for our own threads: tracing them would only add frames the writer drops anyway."""
     import ctypes
 
     pointer = api.PyThreadState_GetFrame(state)
@@ -120,6 +127,8 @@ def _runs_package_code(api: Any, state: int) -> bool:
         frame = ctypes.cast(pointer, ctypes.py_object).value
     finally:
         api.Py_DecRef(pointer)
+    if any(frame is ours for ours in our_frames):
+        return True
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     while frame is not None:
         if frame.f_code.co_filename.startswith(package):
@@ -169,8 +178,9 @@ def _hook_existing_threads(tracer: Any) -> dict[int, int]:
         function = ctypes.cast(_make_trampoline(), ctypes.c_void_p)
         marker = ctypes.c_void_p(id(_trampoline_marker))  # _PyEval_SetProfile takes its own reference
         current = api.PyThreadState_Get()
+        our_frames = _package_frames()
         for state in _live_thread_states(api):
-            if state == current or _runs_package_code(api, state):
+            if state == current or _runs_package_code(api, state, our_frames):
                 continue
             if api._PyEval_SetProfile(state, function, marker) == 0:
                 hooked[state] = api.PyThreadState_GetID(state)
@@ -339,7 +349,7 @@ class PythonTracer:
         if threading.getprofile() in (tracer.threadtracefunc, self._thread_hook, self._name_hook):
             return True
         if sys.version_info >= (3, 12):
-            return sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is not None and bool(
+            return sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) == "viztracer" and bool(
                 sys.monitoring.get_events(sys.monitoring.PROFILER_ID)
             )
         return sys.getprofile() is tracer
