@@ -166,6 +166,10 @@ def test_validation_inside_a_window_is_its_own_range_and_in_the_metadata(tmp_pat
     assert all(validation["ts"] <= e["ts"] <= validation["ts"] + validation["dur"] for e in inside)
     (logged,) = trace["vt_lightning"]["validation"]
     assert logged["in_step"] == 2 and logged["duration_ms"] > 0
+    assert validation["cat"] == "cpu_op"  # part of the Lightning view's stage timeline
+    profile = tbcheck.parse_trace(trace_files(tmp_path)[0])  # the real plugin accepts the range
+    assert tbcheck.OVERVIEW in set(tbcheck.views(profile))
+    tbcheck.exercise_views(profile)
     assert real_crossings(trace) == []
 
 
@@ -193,6 +197,8 @@ def test_other_stages_run_the_schedule_on_their_own_batches(tmp_path, stage):
         "ProfilerStep#1", "ProfilerStep#2"}
     profile = tbcheck.parse_trace(path)  # the real TensorBoard plugin loads it
     assert tbcheck.OVERVIEW in set(tbcheck.views(profile))
+    tbcheck.exercise_views(profile)
+    assert real_crossings(trace) == []
 
 
 def test_stages_left_out_are_not_profiled(tmp_path):
