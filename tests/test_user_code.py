@@ -216,3 +216,16 @@ def test_stages_left_out_are_not_profiled(tmp_path):
 def test_bad_stages_name_the_argument(stages, message):
     with pytest.raises(ValueError, match=message):
         VizTraceCallback(stages=stages)
+
+
+def test_a_validate_run_too_short_for_any_window_says_so(tmp_path, caplog):
+    cb = VizTraceCallback(memory_snapshot=False, stages=["validate"])  # first active batch: 2
+    with caplog.at_level(logging.INFO, logger=RANK_ZERO_LOGGER):
+        make_trainer(tmp_path, [cb], limit_val_batches=2).validate(MarkerModel(), loader())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("vt_lightning:")]
+    assert lines == [
+        "vt_lightning: no window was recorded: validate ran 2 validate batch(es) and ended during the first "
+        "window's warmup (batches 1-1); recording starts at batch 2. Lower `skip_first` / `wait` / `warmup`, "
+        "or run more batches."
+    ]
+    assert trace_files(tmp_path) == []
