@@ -102,15 +102,8 @@ def path_prefixes(paths: Iterable[str]) -> tuple[str, ...]:
 
 
 def path_matches_anything(path: str) -> bool:
-    """True if ``path`` names an existing file or directory, or is the prefix of one."""
-    path = os.path.abspath(path)
-    if os.path.exists(path):
-        return True
-    parent, stem = os.path.split(path)
-    try:
-        return any(name.startswith(stem) for name in os.listdir(parent or "."))
-    except OSError:
-        return False
+    """True if ``path`` names an existing file or directory (what the filters match against)."""
+    return os.path.exists(os.path.abspath(path))
 
 
 def _under(file: str, prefixes: tuple[str, ...]) -> bool:
