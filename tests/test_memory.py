@@ -580,6 +580,8 @@ def test_recorder_needs_a_positive_int(bad):
 class _FakeTracer:
     """Stands in for both tracers of a ProfilingWindow; logs what the window asks of it."""
 
+    new_thread_names: dict = {}  # PythonTracer: threads started (and maybe ended) in the window
+
     def __init__(self, log, name):
         self.log, self.name = log, name
 

@@ -170,6 +170,55 @@ def test_thread_started_in_window_keeps_its_name(tracer, tmp_path):
     assert thread_names(load(tmp_path / "w.json"))[worker.native_id] == "window-worker"
 
 
+def test_thread_started_in_window_has_its_name_noted_even_after_it_ended(tracer):
+    tracer.start()
+    worker = threading.Thread(target=named("on_window_thread"), args=(10,), name="short-lived")
+    worker.start()
+    worker.join()
+    tracer.stop()
+    assert tracer.new_thread_names[worker.native_id] == "short-lived"
+
+
+def test_threads_alive_before_the_window_are_traced_during_it_and_unhooked_after(tracer, tmp_path):
+    """A persistent pool's worker and a thread idle through the whole window: both end unhooked."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="persistent-pool")
+    pool.submit(named("before_window"), 10).result()  # the worker thread exists before the window
+    release_idle, idle_seen = threading.Event(), {}
+
+    def idle_through_window():
+        release_idle.wait(10)
+        idle_seen["after"] = sys.getprofile()
+
+    idle = threading.Thread(target=idle_through_window, name="idle")
+    idle.start()
+    try:
+        tracer.start()
+        pool.submit(named("pool_task_in_window"), 10).result()
+        during = pool.submit(sys.getprofile).result()
+        assert tracer.hooks_installed()
+        tracer.stop()
+        assert not tracer.hooks_installed()
+        after = pool.submit(sys.getprofile).result()
+        pool.submit(named("pool_task_after_window"), 10).result()
+        release_idle.set()
+        idle.join()
+    finally:
+        pool.shutdown()
+        release_idle.set()
+    if not MONITORING:
+        assert during is not None
+    assert after is None and idle_seen["after"] is None
+    wait_for_dump(tracer.dump(str(tmp_path / "w.json")))
+    data = load(tmp_path / "w.json")
+    by_name = {e["name"].split(" ")[0]: e for e in calls(data)}
+    assert "pool_task_in_window" in by_name and "pool_task_after_window" not in by_name
+    assert "before_window" not in by_name
+    assert by_name["pool_task_in_window"]["tid"] != threading.main_thread().native_id
+    assert thread_names(data)[by_name["pool_task_in_window"]["tid"]].startswith("persistent-pool")
+
+
 def test_thread_outliving_the_window_loses_the_hook(tracer, tmp_path):
     """On <= 3.11 the thread got VizTracer's C hook; stop() must take it off that thread too."""
     started, window_closed, seen = threading.Event(), threading.Event(), {}
@@ -388,3 +437,23 @@ def test_the_versions_with_the_profiling_bug_are_named(version, affected):
     assert (message is not None) == affected
     if affected:
         assert ".".join(map(str, version)) in message and "122029" in message and "3.12.5" in message
+
+
+@pytest.mark.skipif(MONITORING, reason="on 3.12+ sys.monitoring covers every thread: nothing is put on threads")
+def test_our_own_writer_thread_is_not_hooked(tracer):
+    """The background writer's idle pool thread (named vt_lightning-...) gets no hook in a window."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vt_lightning-writer")
+    other = ThreadPoolExecutor(max_workers=1, thread_name_prefix="user-pool")
+    try:
+        pool.submit(int).result()
+        other.submit(int).result()
+        tracer.start()
+        ours_during = pool.submit(sys.getprofile).result()
+        theirs_during = other.submit(sys.getprofile).result()
+        tracer.stop()
+    finally:
+        pool.shutdown()
+        other.shutdown()
+    assert ours_during is None and theirs_during is not None

@@ -13,9 +13,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from . import __version__
+from .filters import PythonFilter, module_hook_locations, path_matches_anything, path_prefixes
 from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, collect_raw, finish_window, remove_raw
 from .lightning_view import LightningViewHooks
 from .memory import CudaMemoryRecorder, dump_oom_snapshot, is_cuda_oom, oom_file_name
@@ -56,10 +57,13 @@ class VizTraceCallback(Callback):
         dirpath: where window run directories go; default: the logger's log dir
             (``lightning_logs/version_N``), else ``trainer.log_dir`` / ``default_root_dir``.
         tracer_entries: VizTracer ring-buffer size in events; on overflow the oldest are lost.
-        max_stack_depth: deepest Python call depth recorded (-1: no limit).
+        max_stack_depth: deepest Python call kept, counted from the outermost call of your code
+            (a LightningModule hook such as ``training_step`` is depth 1; -1: no limit).
         min_duration: drop Python calls shorter than this many microseconds.
-        include_files: trace only Python code under these paths.
-        exclude_files: do not trace Python code under these paths.
+        include_files: keep only Python calls whose code is under these paths, wherever their
+            callers live (torch's ops and kernels are always kept).
+        exclude_files: drop Python calls whose code is under these paths; calls they make into
+            other code are kept.
         ignore_c_function: do not record calls into C functions (builtins, extensions).
         record_shapes: record operator input shapes (torch.profiler).
         profile_memory: record tensor allocations (torch.profiler; needed for the Memory view).
@@ -70,6 +74,10 @@ class VizTraceCallback(Callback):
             TensorBoard offers its "Lightning" view.
         ranks: global ranks that trace (None: all).
         compression_level: gzip level of the trace files (1 fastest, 9 smallest).
+        stages: which of ``trainer.fit`` / ``validate`` / ``test`` / ``predict`` are profiled; each
+            runs the schedule on its own batches (counted from 0), and its windows are named by
+            stage (``validate-window_000-batches_2-4``). Validation inside ``fit`` is not a stage:
+            inside a window it shows as a ``[pl][profile]validation`` range.
 
     Example::
 
@@ -100,6 +108,7 @@ class VizTraceCallback(Callback):
         lightning_view: bool = True,
         ranks: list[int] | None = None,
         compression_level: int = 3,
+        stages: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.schedule = Schedule(
@@ -117,6 +126,10 @@ class VizTraceCallback(Callback):
             raise ValueError("`include_files` and `exclude_files` cannot both be set; choose one")
         include = _check_paths("include_files", include_files)
         exclude = _check_paths("exclude_files", exclude_files)
+        for name, paths in (("include_files", include), ("exclude_files", exclude)):
+            for path in paths or ():
+                if not path_matches_anything(path):
+                    rank_zero_warn(f"`{name}` entry {path!r} matches no file or directory; it filters nothing.")
         if dirpath is not None and (not isinstance(dirpath, (str, os.PathLike)) or not str(dirpath)):
             raise ValueError(f"`dirpath` must be a non-empty path or None, got {dirpath!r}")
         for name, flag in (
@@ -137,6 +150,7 @@ class VizTraceCallback(Callback):
             if len(set(ranks)) != len(ranks):
                 raise ValueError(f"`ranks` lists a rank twice: {ranks!r}")
 
+        self.stages = _check_stages(stages)
         self.dirpath = str(dirpath) if dirpath is not None else None
         self.python_config = PythonTracerConfig(
             tracer_entries=tracer_entries,
@@ -157,6 +171,7 @@ class VizTraceCallback(Callback):
 
         self._warn = WarnOnce()
         self._python: PythonTracer | None = None
+        self._python_filter: PythonFilter | None = None
         self._window: ProfilingWindow | None = None
         self._writer: BackgroundWriter | None = None
         self._spool: str | None = None
@@ -168,11 +183,32 @@ class VizTraceCallback(Callback):
         self._completed: set[int] = set()
         self.results: list[WindowResult] = []
         self.windows_skipped = 0
+        self._stage: str | None = None  # the stage being profiled (set in setup, cleared at its end)
+        self._eval_step = -1  # batch index within a validate / test / predict stage
+        self._windows_recorded = 0  # windows of this run that recorded at least one batch
+        self._batches_seen = 0
+
+    def __repr__(self) -> str:
+        s = self.schedule
+        return (
+            f"{type(self).__name__}(skip_first={s.skip_first}, wait={s.wait}, warmup={s.warmup}, "
+            f"active={s.active}, repeat={s.repeat}, stages={self.stages})"
+        )
+
+    @property
+    def state_key(self) -> str:
+        # The VT_LIGHTNING callback gets its own key: two stateful callbacks with the same key make
+        # Trainer() raise, and the env switch may meet one given in code or on the CLI.
+        if getattr(self, "_vt_lightning_source", None) == "env":
+            return self._generate_state_key(source="env")
+        return super().state_key
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
+        stage = _stage_name(stage)
+        if stage not in self.stages:
             return
+        self._start_run(stage)
         log_dir = trainer.log_dir  # every rank must call it: it is broadcast from rank 0
         rank = trainer.global_rank
         if self.ranks is not None:
@@ -183,15 +219,18 @@ class VizTraceCallback(Callback):
                 )
         self._enabled = self.ranks is None or rank in self.ranks
         self._cuda = trainer.strategy.root_device.type == "cuda"
-        if getattr(self, "_vt_lightning_source", None) == "env" and any(
-            isinstance(cb, VizTraceCallback) and cb is not self for cb in trainer.callbacks
-        ):
+        other = next(
+            (cb for cb in trainer.callbacks if isinstance(cb, VizTraceCallback) and cb is not self), None
+        )
+        if getattr(self, "_vt_lightning_source", None) == "env" and other is not None:
             self._enabled = False
             self._warn(
                 "duplicate",
-                "vt_lightning: VT_LIGHTNING is set but the Trainer already has a VizTraceCallback; "
-                "the one from the environment stays idle.",
+                f"vt_lightning: VT_LIGHTNING is set, but the Trainer already has {other!r} (given in code "
+                "or on the command line); that one profiles, the one from VT_LIGHTNING stays idle and its "
+                "VT_LIGHTNING_* options are ignored.",
             )
+            self._stage = None
             return
         if self._enabled and self.memory_snapshot and not self._cuda and not self.torch_config.profile_memory:
             self._warn(
@@ -224,10 +263,30 @@ class VizTraceCallback(Callback):
             self._root = Path(log_dir or trainer.default_root_dir)
         if not self._enabled:
             return
-        self._python = self._python or PythonTracer(self.python_config)
+        self._python = self._python or PythonTracer(self.python_config)  # reused: see pytracer._TRACERS
+        c = self.python_config
+        self._python_filter = PythonFilter(
+            include=path_prefixes(c.include_files) if c.include_files is not None else None,
+            exclude=path_prefixes(c.exclude_files) if c.exclude_files is not None else None,
+            max_depth=c.max_stack_depth,
+            hook_locations=module_hook_locations(pl_module),
+        )
         self._writer = BackgroundWriter()
         self._spool = spool_directory()
-        self._schedule_from(_global_batch(trainer))
+        self._schedule_from(_global_batch(trainer) if stage == "fit" else 0)
+
+    def _start_run(self, stage: str) -> None:
+        """A fit / validate / test / predict begins: forget the previous one's windows and results,
+        so a callback reused on another Trainer (or for another fit) profiles by its schedule."""
+        self._stage = stage
+        self._completed = set()  # a resumed fit restores it after setup (load_state_dict)
+        self.results = []
+        self.windows_skipped = 0
+        self._warn = WarnOnce()
+        self._eval_step = -1
+        self._windows_recorded = 0
+        self._batches_seen = 0
+        self._window = None
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -245,11 +304,15 @@ class VizTraceCallback(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self._window is None:
+            return
+        self._batch_end(_global_batch(trainer))
+
+    def _batch_end(self, step: int) -> None:
         window = self._window
         if window is None:
             return
         try:
-            step = _global_batch(trainer)
             if window.active:
                 window.step_end(step)
             if step >= window.window.last_step:
@@ -258,7 +321,89 @@ class VizTraceCallback(Callback):
             self._fail_window(err)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._finalize(reason="training ended inside the window")
+        if self._stage == "fit":
+            self._batches_seen = trainer.fit_loop.epoch_loop.batch_progress.total.ready
+            self._finalize(reason=_END_REASONS["fit"])
+
+    # ---------------------------------------------------------------- validation inside fit
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        window = self._window
+        if self._stage == "fit" and window is not None and window.active:
+            try:
+                window.begin_range("validation")
+            except Exception as err:
+                self._fail_window(err)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        window = self._window
+        if self._stage == "fit" and window is not None:
+            try:
+                window.end_range("validation")
+            except Exception as err:
+                self._fail_window(err)
+        elif self._stage == "validate":
+            self._end_eval_stage()
+
+    # ---------------------------------------------------------------- validate / test / predict stages
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self._stage == "validate":
+            self._eval_batch_start(trainer)
+
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._stage == "validate":
+            self._batch_end(self._eval_step)
+
+    def on_test_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self._stage == "test":
+            self._eval_batch_start(trainer)
+
+    def on_test_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._stage == "test":
+            self._batch_end(self._eval_step)
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._stage == "test":
+            self._end_eval_stage()
+
+    def on_predict_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self._stage == "predict":
+            self._eval_batch_start(trainer)
+
+    def on_predict_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._stage == "predict":
+            self._batch_end(self._eval_step)
+
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._stage == "predict":
+            self._end_eval_stage()
+
+    def _eval_batch_start(self, trainer: pl.Trainer) -> None:
+        self._eval_step += 1  # batches of this stage, across its dataloaders, from 0
+        if self._eval_step < self._next_step:
+            return
+        try:
+            self._scheduled_batch_start(trainer, self._eval_step)
+        except Exception as err:
+            self._fail_window(err)
+
+    def _end_eval_stage(self) -> None:
+        self._batches_seen = self._eval_step + 1
+        self._finalize(reason=_END_REASONS.get(self._stage or "", "the stage ended inside the window"))
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Lightning does not call teardown after on_exception.
@@ -266,19 +411,25 @@ class VizTraceCallback(Callback):
             self._dump_oom()
         self._finalize(reason=f"{type(exception).__name__} during the window", partial=True)
         self._shutdown()
+        self._stage = None
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
+        stage = _stage_name(stage)
+        if stage != self._stage:
             return
-        self._finalize(reason="training ended inside the window")
+        self._finalize(reason=_END_REASONS.get(stage, "the stage ended inside the window"))
+        self._report_nothing_recorded()
         self._shutdown()
+        self._stage = None
 
     def state_dict(self) -> dict[str, Any]:
         return {"completed_windows": sorted(self._completed)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Lightning restores the global batch count; this guards against writing a window twice.
-        self._completed = set(state_dict.get("completed_windows", []))
+        # The windows are those of training: they say nothing about a validate / test / predict run.
+        if self._stage in (None, "fit"):
+            self._completed = set(state_dict.get("completed_windows", []))
 
     # ------------------------------------------------------------------ windows
     def _scheduled_batch_start(self, trainer: pl.Trainer, step: int) -> None:
@@ -302,6 +453,7 @@ class VizTraceCallback(Callback):
                 return
         if self.schedule.phase(step) is Phase.ACTIVE:
             self._window.step_begin(step)
+            self._batches_seen = step + 1
 
     def _open_window(self, target: Window, trainer: pl.Trainer) -> ProfilingWindow | None:
         assert self._python is not None and self._writer is not None
@@ -352,8 +504,11 @@ class VizTraceCallback(Callback):
         self._schedule_from(target.end)
         run_dir, worker, span, memory_name = self._paths(window)
         incomplete = len(window.steps) < len(target.active_steps)
+        if incomplete:
+            self._warn_cut_window(window, reason or "the window was closed early")
         metadata = {
             "version": __version__,
+            "stage": self._stage or "fit",
             "window": target.index,
             "steps": list(window.steps),
             "scheduled_steps": list(target.active_steps),
@@ -364,6 +519,7 @@ class VizTraceCallback(Callback):
             "tracer": _python_settings(self.python_config),
             "torch": dataclasses.asdict(self.torch_config),
             "lightning_view": self.lightning_view,
+            "validation": window.range_log("validation"),
             "worker": worker,
             "span": span,
             **self._rank_info,
@@ -377,18 +533,65 @@ class VizTraceCallback(Callback):
             self.compression_level,
         )
         if job is not None:
+            job.python_filter = self._python_filter
+            self._windows_recorded += 1
             self._writer.submit(self._finish_job, job)
+
+    def _warn_cut_window(self, window: ProfilingWindow, reason: str) -> None:
+        """A window that ends before its last scheduled batch says so once, with what it holds."""
+        target = window.window
+        scheduled = f"{target.active_start}-{target.last_step}"
+        if window.steps:
+            self._warn(
+                f"cut:{target.index}",
+                f"vt_lightning: {self._stage_label()}window {target.index} was cut short: it holds batches "
+                f"{window.steps[0]}-{window.steps[-1]} of the scheduled {scheduled}, because {reason}.",
+            )
+        elif self._windows_recorded:  # with no window at all, the end-of-run line says it instead
+            self._warn(
+                f"cut:{target.index}",
+                f"vt_lightning: {self._stage_label()}window {target.index} recorded nothing: {reason} during "
+                f"its warmup, before its first active batch {target.active_start}.",
+            )
+
+    def _stage_label(self) -> str:
+        return "" if self._stage in (None, "fit") else f"{self._stage} "
+
+    def _report_nothing_recorded(self) -> None:
+        """One line when a run ends without any window, saying why (short run, warmup, skips)."""
+        if not self._enabled or self._windows_recorded or self._writer is None:
+            return
+        first = self.schedule.window(0)
+        stage = self._stage or "fit"
+        unit = "training batch(es)" if stage == "fit" else f"{stage} batch(es)"
+        ran = self._batches_seen
+        if self.windows_skipped:
+            why = f"{self.windows_skipped} window(s) were skipped (see the warnings above)"
+        elif ran <= first.warmup_start:
+            why = (
+                f"{stage} ran {ran} {unit}, and the first window's warmup starts at batch "
+                f"{first.warmup_start} (skip_first={self.schedule.skip_first}, wait={self.schedule.wait})"
+            )
+        else:
+            why = (
+                f"{stage} ran {ran} {unit} and ended during the first window's warmup "
+                f"(batches {first.warmup_start}-{first.active_start - 1}); recording starts at batch "
+                f"{first.active_start}"
+            )
+        rank_zero_info(f"vt_lightning: no window was recorded: {why}. Lower `skip_first` / `wait` / `warmup`, or run more batches.")
 
     def _paths(self, window: ProfilingWindow) -> tuple[Path, str, str, str | None]:
         """(run directory, worker, span, memory snapshot name or None) of a window."""
         assert self._root is not None
         target = window.window
         first = window.steps[0] if window.steps else target.active_start
+        last = window.steps[-1] if window.steps else target.last_step  # a cut window names what it holds
         worker = worker_name(self._rank_info.get("global_rank", 0), host_name())
         span = span_name(target.active_start)
         snapshots = self.memory_snapshot and (self._cuda or self.torch_config.profile_memory)
         memory_name = memory_file_name(worker, span) if snapshots else None
-        return self._root / window_dir_name(target.index, first, target.last_step), worker, span, memory_name
+        run_dir = self._root / window_dir_name(target.index, first, last, stage=self._stage or "fit")
+        return run_dir, worker, span, memory_name
 
     def _dump_oom(self) -> None:
         """On a CUDA out-of-memory error inside a window, keep the allocator's state of that moment."""
@@ -422,8 +625,9 @@ class VizTraceCallback(Callback):
                 f"vt_lightning: VizTracer's ring buffer (tracer_entries={self.python_config.tracer_entries}) "
                 f"overflowed in {result.trace_path.name}; only the window's last events were kept. "
                 f"Set `tracer_entries` to about {result.suggested_tracer_entries or 'twice the current value'} "
-                "(estimated from this window's event rate), or narrow tracing with `include_files` / "
-                "`max_stack_depth` / `min_duration`.",
+                "(estimated from this window's event rate), or record fewer calls with `min_duration` / "
+                "`ignore_c_function=True` (`include_files` / `exclude_files` / `max_stack_depth` shrink "
+                "the written file, not the ring buffer).",
             )
         if result.json_bytes > BROWSER_LIMIT_BYTES:
             self._warn(
@@ -495,6 +699,33 @@ class VizTraceCallback(Callback):
     def output_dir(self) -> Path | None:
         """Where this run's window directories go (known after ``setup``)."""
         return self._root
+
+
+STAGES = ("fit", "validate", "test", "predict")
+_END_REASONS = {
+    "fit": "training ended first (max_steps, max_epochs, limit_train_batches, fast_dev_run or a stop request)",
+    "validate": "validation ran out of batches",
+    "test": "testing ran out of batches",
+    "predict": "prediction ran out of batches",
+}
+
+
+def _stage_name(stage: Any) -> str:
+    """Lightning passes ``TrainerFn`` members (a str enum: ``TrainerFn.FITTING == "fit"``)."""
+    return str(getattr(stage, "value", stage))
+
+
+def _check_stages(stages: list[str] | None) -> tuple[str, ...]:
+    if stages is None:
+        return ("fit",)
+    if isinstance(stages, (str, bytes)) or not isinstance(stages, (list, tuple)) or not stages:
+        raise ValueError(f"`stages` must be a non-empty list drawn from {list(STAGES)}, got {stages!r}")
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise ValueError(f"`stages` names {unknown}, which are not stages; choose from {list(STAGES)}")
+    if len(set(stages)) != len(stages):
+        raise ValueError(f"`stages` lists a stage twice: {stages!r}")
+    return tuple(stages)
 
 
 def _rival_lightning_profiler(trainer: pl.Trainer) -> str | None:

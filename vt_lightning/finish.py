@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from .clock import MARKER_PREFIX, Calibration, ClockPair, best_marker_pair
+from .filters import PythonFilter, filter_python_events
 from .merge import encode_trace, merge_trace
 from .output import atomic_write, gzip_bytes
 
@@ -40,6 +41,7 @@ class WindowJob:
     thread_names: dict[int, str] = field(default_factory=dict)  # native id -> name at window end
     python_dump_pid: int | None = None  # the forked child writing ``python_raw``, to be reaped
     clock_markers: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)
+    python_filter: PythonFilter | None = None  # which recorded Python calls the trace keeps
 
 
 @dataclass
@@ -139,15 +141,24 @@ def finish_window(job: WindowJob) -> WindowResult:
         if overflow:
             suggested = suggest_tracer_entries(python.get("traceEvents", []), job.clock_start, job.clock_end)
             metadata["overflow_suggested_tracer_entries"] = suggested
+        python_events = python.get("traceEvents", [])
+        notes: list[str] = []
+        if job.python_filter is not None:
+            python_events, filter_stats = filter_python_events(python_events, job.python_filter)
+            metadata["python_filter"] = filter_stats.as_dict()
+            if job.python_filter.user_filters and filter_stats.kept == 0 and filter_stats.filtered:
+                notes.append(
+                    f"include_files / exclude_files / max_stack_depth kept none of the "
+                    f"{filter_stats.filtered} Python calls recorded; check the paths"
+                )
         merged = merge_trace(
             torch_trace,
-            python.get("traceEvents", []),
+            python_events,
             calibration,
             metadata,
             thread_names=job.thread_names,
         )
-        del torch_trace, python
-        notes: list[str] = []
+        del torch_trace, python, python_events
         if metadata.get("lightning_view"):
             notes.extend(_apply_lightning_view(merged))
         raw = encode_trace(merged)

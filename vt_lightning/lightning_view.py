@@ -64,6 +64,7 @@ PL_MODULE_PREFIX = "[pl][module]"
 MAIN_STAGES = frozenset({
     "run_training_batch", "training_step", "backward", "optimizer_step", "optimizer_zero_grad",
     "zero_grad", "train_dataloader_next", "validation_step", "run_optimization",
+    "test_step", "predict_step",
 })
 
 

@@ -33,13 +33,23 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_stop_in_forked_child)
 
 
-# Python <= 3.11 only: a thread started during a window gets VizTracer's C profile hook, and
-# VizTracer's stop() removes the hook from the calling thread alone. A thread that outlives the window
-# would keep it (1.5x slower on 3.10, 3.4x on 3.11, for the rest of its life), so stop() takes it off
-# those threads as 3.12's threading.setprofile_all_threads() would: CPython's _PyEval_SetProfile(tstate)
-# under the GIL. On 3.12+ VizTracer uses sys.monitoring, which is process-wide and freed by stop().
+# Python <= 3.11 only. VizTracer's start() hooks the calling thread and, through threading.setprofile,
+# threads started later; threads already running (a persistent ThreadPoolExecutor, the DataLoader's
+# pin-memory thread) would go untraced. start() therefore puts a one-shot trampoline on every other
+# thread state (CPython's _PyEval_SetProfile(tstate), under the GIL, as 3.12's
+# threading.setprofile_all_threads() does): at that thread's next call it hands over to VizTracer's C
+# hook. stop() takes every hook off again: VizTracer's own stop() unhooks only the calling thread, and
+# a hook left on a thread makes it 1.5x (3.10) to 3.4x (3.11) slower for the rest of its life.
+# On 3.12+ VizTracer uses sys.monitoring, which covers every thread and is freed by stop().
 _NEEDS_THREAD_CLEANUP = sys.version_info < (3, 12) and sys.implementation.name == "cpython"
 _capi: Any = None
+_PROFILE_EVENTS = {0: "call", 3: "return", 4: "c_call", 5: "c_exception", 6: "c_return"}
+_adopting: Any = None  # the VizTracer whose window is open, for the trampoline of pre-existing threads
+_trampoline: Any = None  # the ctypes function pointer; created once, never freed (threads may hold it)
+
+
+def _trampoline_marker() -> None:
+    """Passed as the trampoline's profile object, so ``sys.getprofile()`` in a thread shows it."""
 
 
 def _c_api() -> Any:
@@ -58,6 +68,12 @@ def _c_api() -> Any:
         api.PyInterpreterState_ThreadHead.argtypes = [ptr]
         api.PyThreadState_Next.restype = ptr
         api.PyThreadState_Next.argtypes = [ptr]
+        api.PyThreadState_GetID.restype = ctypes.c_uint64
+        api.PyThreadState_GetID.argtypes = [ptr]
+        api.PyThreadState_GetFrame.restype = ptr
+        api.PyThreadState_GetFrame.argtypes = [ptr]
+        api.Py_DecRef.restype = None
+        api.Py_DecRef.argtypes = [ptr]
         api._PyEval_SetProfile.restype = ctypes.c_int
         api._PyEval_SetProfile.argtypes = [ptr, ptr, ptr]
         _capi = api
@@ -71,21 +87,24 @@ def _current_thread_state() -> int | None:
         return None
 
 
-def _remove_profile_hooks(thread_states: dict[int, Any]) -> None:
-    """Remove the profile hook of the given (still running) threads; the GIL is held throughout."""
+def _live_thread_states(api: Any) -> list[int]:
+    states = []
+    state = api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Get())
+    while state:
+        states.append(state)
+        state = api.PyThreadState_Next(state)
+    return states
+
+
+def _remove_profile_hooks(thread_states: dict[int, int]) -> None:
+    """Remove the profile hook of the given threads (state pointer -> state id); the GIL is held
+    throughout. The id guards against a state freed since and its address reused by a new thread."""
     if not thread_states:
         return
     try:
         api = _c_api()
-        live = set()
-        state = api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Get())
-        while state:
-            live.add(state)
-            state = api.PyThreadState_Next(state)
-        for state, thread_ref in thread_states.items():
-            thread = thread_ref()
-            # is_alive(): the thread has not begun tearing its state down, so `state` is still its own.
-            if state in live and thread is not None and thread.is_alive():
+        for state in _live_thread_states(api):
+            if state in thread_states and api.PyThreadState_GetID(state) == thread_states[state]:
                 api._PyEval_SetProfile(state, None, None)
     except Exception:  # pragma: no cover - best effort: never break stop() over this
         pass
@@ -119,6 +138,86 @@ def _monitoring_callbacks_of(tracer: Any, release: bool) -> int:
         if previous is not None:
             monitoring.register_callback(tool, event, previous)
     return found
+
+
+def _package_frames() -> list[Any]:
+    """The current frames of our own threads (the background writer's pool, named
+    ``vt_lightning-...``), which idle in the standard library between jobs."""
+    ours = {t.ident for t in threading.enumerate() if t.name.startswith("vt_lightning")}
+    return [frame for ident, frame in sys._current_frames().items() if ident in ours]
+
+
+def _runs_package_code(api: Any, state: int, our_frames: list[Any]) -> bool:
+    """True for our own threads: tracing them would only add frames the writer drops anyway."""
+    import ctypes
+
+    pointer = api.PyThreadState_GetFrame(state)
+    if not pointer:
+        return False
+    try:
+        frame = ctypes.cast(pointer, ctypes.py_object).value
+    finally:
+        api.Py_DecRef(pointer)
+    if any(frame is ours for ours in our_frames):
+        return True
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(package):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _make_trampoline() -> Any:
+    global _trampoline
+    if _trampoline is None:
+        import ctypes
+
+        prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+
+        def adopt(_obj: int, frame: int, what: int, arg: int) -> int:
+            # Runs as the profile hook of a thread that existed before the window, at its first call.
+            tracer = _adopting
+            try:
+                if tracer is not None and what in _PROFILE_EVENTS and frame:
+                    # threadtracefunc installs VizTracer's C hook on this thread, then records the event.
+                    tracer.threadtracefunc(
+                        ctypes.cast(frame, ctypes.py_object).value,
+                        _PROFILE_EVENTS[what],
+                        ctypes.cast(arg, ctypes.py_object).value if arg else None,
+                    )
+                    return 0
+            except BaseException:  # never raise into another thread's code
+                pass
+            api = _c_api()
+            api._PyEval_SetProfile(api.PyThreadState_Get(), None, None)
+            return 0
+
+        _trampoline = prototype(adopt)
+    return _trampoline
+
+
+def _hook_existing_threads(tracer: Any) -> dict[int, int]:
+    """Put the trampoline on every thread but this one and ours; returns {state: state id}."""
+    import ctypes
+
+    global _adopting
+    _adopting = tracer
+    hooked: dict[int, int] = {}
+    try:
+        api = _c_api()
+        function = ctypes.cast(_make_trampoline(), ctypes.c_void_p)
+        marker = ctypes.c_void_p(id(_trampoline_marker))  # _PyEval_SetProfile takes its own reference
+        current = api.PyThreadState_Get()
+        our_frames = _package_frames()
+        for state in _live_thread_states(api):
+            if state == current or _runs_package_code(api, state, our_frames):
+                continue
+            if api._PyEval_SetProfile(state, function, marker) == 0:
+                hooked[state] = api.PyThreadState_GetID(state)
+    except Exception:  # pragma: no cover - best effort: the window goes on, those threads untraced
+        pass
+    return hooked
 
 
 @dataclass(frozen=True)
@@ -216,14 +315,8 @@ atexit.register(_release_tracers_at_exit)
 
 
 def _config_key(config: PythonTracerConfig) -> tuple[Any, ...]:
-    return (
-        config.tracer_entries,
-        config.max_stack_depth,
-        config.min_duration,
-        config.include_files,
-        config.exclude_files,
-        config.ignore_c_function,
-    )
+    # include/exclude/max_stack_depth are applied by ``filters.py`` after recording, not by VizTracer.
+    return (config.tracer_entries, config.min_duration, config.ignore_c_function)
 
 
 class PythonTracer:
@@ -236,7 +329,8 @@ class PythonTracer:
         self._pid = os.getpid()
         self._previous_thread_hook: Any = None
         self._lock = threading.Lock()
-        self._hooked_threads: dict[int, weakref.ref[threading.Thread]] = {}  # thread state -> thread
+        self._hooked_threads: dict[int, int] = {}  # thread state -> its id, to unhook at stop()
+        self._new_thread_names: dict[int, str] = {}  # native id -> name of threads started in a window
 
     @property
     def running(self) -> bool:
@@ -256,7 +350,8 @@ class PythonTracer:
             found.append("profile hook of this thread (sys.setprofile)")
         thread_hook = threading.getprofile()
         if thread_hook is not None and (
-            thread_hook == self._thread_hook or (tracer is not None and thread_hook == tracer.threadtracefunc)
+            thread_hook in (self._thread_hook, self._name_hook)
+            or (tracer is not None and thread_hook == tracer.threadtracefunc)
         ):
             found.append("profile hook for new threads (threading.setprofile)")
         if self._hooked_threads:
@@ -285,14 +380,36 @@ class PythonTracer:
 
     def start(self) -> None:
         tracer = self._ensure_tracer()
+        self._new_thread_names = {}
+        self._previous_thread_hook = threading.getprofile()
         if sys.version_info < (3, 12):
             # Threads started during the window are traced too (VizTracer's own behaviour).
-            self._previous_thread_hook = threading.getprofile()
             threading.setprofile(self._thread_hook if _NEEDS_THREAD_CLEANUP else tracer.threadtracefunc)
+        else:
+            # sys.monitoring traces every thread, but VizTracer names one started in the window before
+            # threading registers it ("Dummy-N"); note its real name at its first call.
+            threading.setprofile(self._name_hook)
         with self._lock:
+            if _NEEDS_THREAD_CLEANUP:
+                self._hooked_threads.update(_hook_existing_threads(tracer))
             tracer.start()
             self._running = True
         _active.add(self)
+
+    @property
+    def new_thread_names(self) -> dict[int, str]:
+        """Native id -> name of the threads started during the last window (some may have ended)."""
+        return dict(self._new_thread_names)
+
+    def _note_thread_name(self) -> None:
+        thread = threading.current_thread()
+        if thread.native_id is not None:
+            self._new_thread_names[thread.native_id] = thread.name
+
+    def _name_hook(self, frame: Any, event: str, arg: Any) -> None:
+        """Python 3.12+: first profile event of a thread started during the window; removes itself."""
+        sys.setprofile(None)
+        self._note_thread_name()
 
     def _thread_hook(self, frame: Any, event: str, arg: Any) -> Any:
         """First profile event of a thread started during the window (Python <= 3.11): hand it to
@@ -303,7 +420,8 @@ class PythonTracer:
                 return None
             state = _current_thread_state()
             if state is not None:
-                self._hooked_threads[state] = weakref.ref(threading.current_thread())
+                self._hooked_threads[state] = _c_api().PyThreadState_GetID(state)
+            self._note_thread_name()
             return self._tracer.threadtracefunc(frame, event, arg)
 
     def stop(self) -> None:
@@ -312,8 +430,12 @@ class PythonTracer:
             with self._lock:
                 was_running, self._running = self._running, False
                 if self._tracer is not None and was_running:
-                    self._tracer.stop()
+                    # Calls still open (the window's closing frames, other threads' work) become
+                    # complete events ending now, not unclosed "B" events.
+                    self._tracer.stop("flush_as_finish")
         finally:
+            global _adopting
+            _adopting = None
             self._running = False
             _active.discard(self)
             self._release_thread_hook()
@@ -324,7 +446,9 @@ class PythonTracer:
 
     def _release_thread_hook(self) -> None:
         # VizTracer sets threading.setprofile at construction and never takes it back.
-        if self._tracer is not None and threading.getprofile() in (self._tracer.threadtracefunc, self._thread_hook):
+        if self._tracer is not None and threading.getprofile() in (
+            self._tracer.threadtracefunc, self._thread_hook, self._name_hook
+        ):
             threading.setprofile(self._previous_thread_hook)
         self._previous_thread_hook = None
 
@@ -381,12 +505,11 @@ class PythonTracer:
         from viztracer.snaptrace import Tracer
 
         c = self.config
+        # No include_files / exclude_files / max_stack_depth here: VizTracer would drop the whole
+        # subtree under a filtered frame, and with it the user's code (see filters.py).
         tracer = VizTracer(
             tracer_entries=c.tracer_entries,
             verbose=0,
-            max_stack_depth=c.max_stack_depth,
-            include_files=list(c.include_files) if c.include_files is not None else None,
-            exclude_files=list(c.exclude_files) if c.exclude_files is not None else None,
             ignore_c_function=c.ignore_c_function,
             min_duration=c.min_duration,
             register_global=False,

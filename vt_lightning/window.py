@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -54,6 +55,8 @@ class ProfilingWindow:
         self.closed = False
         self._clock_start: ClockPair | None = None
         self._markers_start: list[tuple[str, float, float]] = []
+        self._open_ranges: dict[str, tuple[Any, float, int | None]] = {}  # kind -> (range, t0, step)
+        self._range_log: dict[str, list[dict[str, Any]]] = {}
 
     def warmup(self) -> None:
         self.torch.prepare()
@@ -93,12 +96,39 @@ class ProfilingWindow:
         if step + 1 < self.window.end:
             self.torch.step_begin(step + 1)
 
+    def begin_range(self, kind: str) -> None:
+        """Open a ``[pl][profile]<kind>`` range (e.g. validation run inside a training window), so
+        the step it inflates explains itself in the trace; no-op outside active batches."""
+        if not self.active or self.closed or kind in self._open_ranges:
+            return
+        marker = self.torch.make_range(f"[pl][profile]{kind}")
+        marker.__enter__()
+        self._open_ranges[kind] = (marker, time.perf_counter(), self.torch.open_step)
+
+    def end_range(self, kind: str) -> None:
+        opened = self._open_ranges.pop(kind, None)
+        if opened is None:
+            return
+        marker, started, step = opened
+        marker.__exit__(None, None, None)
+        self._range_log.setdefault(kind, []).append(
+            {"in_step": step, "duration_ms": round((time.perf_counter() - started) * 1e3, 3)}
+        )
+
+    def range_log(self, kind: str) -> list[dict[str, Any]]:
+        """The ``kind`` ranges recorded: the step each fell in and how long it took."""
+        return list(self._range_log.get(kind, []))
+
     def close(self, spool: str, metadata: dict[str, Any], run_dir: Path, trace_name: str,
               memory_name: str | None, gzip_level: int) -> WindowJob | None:
         """Stop everything; return the job that writes the window (None if nothing was recorded)."""
         self.closed = True
         self.python.stop()
-        thread_names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+        # Threads alive now, and those started in the window that have ended since.
+        thread_names = {
+            **self.python.new_thread_names,
+            **{t.native_id: t.name for t in threading.enumerate() if t.native_id is not None},
+        }
         clock_end = sample_pair(self.python.clock_us) if self.active else None
         markers_end = emit_markers(self.python.clock_us, self.torch.make_range, "end") if self.active else []
         memory_snapshot = None

@@ -1,0 +1,219 @@
+"""Which recorded Python calls a window's trace keeps: the user's filters, and never our own frames.
+
+VizTracer's own filters (``include_files``, ``exclude_files``, ``max_stack_depth``) drop the WHOLE
+subtree under a filtered frame, and Lightning reaches ``training_step`` through about 20 frames of
+Lightning and torch, so used raw they remove the user's code. VizTracer therefore records unfiltered
+and this pure module filters each thread's calls afterwards, in the writer process, with the
+meaning a user reads:
+
+- ``include_files``: keep every Python call whose code lives under those paths, wherever its callers
+  live (and the C calls it makes directly);
+- ``exclude_files``: drop the calls whose code lives under those paths, keep the others beneath them;
+- ``max_stack_depth``: depth 1 is the outermost call of the user's code on the stack -- a
+  LightningModule hook the user's class defines (``training_step``, ``validation_step``,
+  ``forward``...) or any function in a file outside the standard library and the installed packages
+  (a Dataset's ``__getitem__``, a callback, a thread-pool task); calls beneath it deeper than the
+  limit are dropped. Calls that are not inside any such call (Lightning's loop) count as depth 0
+  and are kept.
+
+vt_lightning's own calls (the callback, window, tracer start/stop) and everything they call are
+always dropped. torch's events are never filtered here: ops and kernels stay whatever the filters.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sysconfig
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+# VizTracer names a Python call "<qualname> (<file>:<first line>)"; C calls have no location.
+_LOCATION = re.compile(r" \((.*):(\d+)\)$")
+_EPSILON_US = 1e-4  # VizTracer writes ns-resolution µs; sums of two such floats differ by less
+
+# LightningModule methods Lightning calls itself (hooks): each counts as depth 1 of the user's code.
+LIGHTNING_MODULE_HOOKS = (
+    "training_step", "validation_step", "test_step", "predict_step", "forward", "backward",
+    "optimizer_step", "optimizer_zero_grad", "configure_optimizers", "configure_gradient_clipping",
+    "lr_scheduler_step", "configure_callbacks", "configure_model", "configure_sharded_model",
+    "transfer_batch_to_device", "setup", "teardown", "prepare_data",
+    "train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader",
+)
+
+
+def package_root() -> str:
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def library_roots() -> tuple[str, ...]:
+    """Directories of code that is not the user's: the standard library and installed packages."""
+    roots = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.update({os.path.abspath(path) + os.sep, os.path.realpath(path) + os.sep})
+    for module in _imported("torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer"):
+        roots.add(os.path.dirname(os.path.abspath(module.__file__)) + os.sep)
+    return tuple(sorted(roots))
+
+
+def module_hook_locations(module: Any) -> frozenset[tuple[str, int]]:
+    """(file, first line) of each LightningModule hook that ``module``'s class overrides.
+
+    Lightning's default hooks are left out: its ``optimizer_step`` calls ``training_step``, which
+    must stay depth 1. Listing the overrides makes a model that lives in an installed package
+    count as the user's code too.
+    """
+    lightning_dirs = tuple(
+        os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+        for m in _imported("lightning", "pytorch_lightning", "lightning_fabric")
+    )
+    found = set()
+    for name in LIGHTNING_MODULE_HOOKS:
+        function = getattr(type(module), name, None)
+        code = getattr(function, "__code__", None)
+        if code is not None and not code.co_filename.startswith(lightning_dirs):
+            found.add((code.co_filename, code.co_firstlineno))
+    return frozenset(found)
+
+
+def _imported(*names: str) -> list[Any]:
+    modules = []
+    for name in names:
+        try:
+            module = __import__(name)
+        except ImportError:
+            continue
+        if getattr(module, "__file__", None):
+            modules.append(module)
+    return modules
+
+
+def path_prefixes(paths: Iterable[str]) -> tuple[str, ...]:
+    """Directory-aware prefixes: ``/a/proj`` matches ``/a/proj/x.py`` but not ``/a/project2/x.py``."""
+    out = set()
+    for path in paths:
+        for variant in (os.path.abspath(path), os.path.realpath(path)):
+            out.add(variant if not os.path.isdir(variant) else variant.rstrip(os.sep) + os.sep)
+    return tuple(sorted(out))
+
+
+def path_matches_anything(path: str) -> bool:
+    """True if ``path`` names an existing file or directory (what the filters match against)."""
+    return os.path.exists(os.path.abspath(path))
+
+
+def _under(file: str, prefixes: tuple[str, ...]) -> bool:
+    for prefix in prefixes:
+        if prefix.endswith(os.sep):
+            if file.startswith(prefix):
+                return True
+        elif file == prefix or file.startswith(prefix + os.sep):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class PythonFilter:
+    """What the writer keeps of VizTracer's events (picklable: it travels to the writer process)."""
+
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] | None = None
+    max_depth: int = -1
+    hook_locations: frozenset[tuple[str, int]] = frozenset()
+    library: tuple[str, ...] = field(default_factory=library_roots)
+    own: tuple[str, ...] = field(default_factory=lambda: (package_root() + os.sep,))
+
+    @property
+    def user_filters(self) -> bool:
+        return self.include is not None or self.exclude is not None or self.max_depth >= 0
+
+
+@dataclass
+class FilterStats:
+    kept: int = 0
+    own: int = 0  # vt_lightning's calls and what they called
+    filtered: int = 0  # dropped by include_files / exclude_files / max_stack_depth
+
+    def as_dict(self) -> dict[str, int]:
+        return {"kept": self.kept, "dropped_own": self.own, "dropped_by_filters": self.filtered}
+
+
+def filter_python_events(events: list[dict[str, Any]], rules: PythonFilter) -> tuple[list[dict[str, Any]], FilterStats]:
+    """Keep the calls ``rules`` select, on every thread; non-call events (metadata) pass through.
+
+    One pass per thread over its calls sorted by start, with a stack of the open ones: a call's
+    ancestry decides its depth and whether it runs inside vt_lightning. What depends on the name
+    alone (its file, whether it is ours / a hook / the user's / under a filter path) is computed
+    once per distinct name: a window repeats a few thousand names over millions of calls.
+    """
+    stats = FilterStats()
+    by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    out: list[dict[str, Any]] = []
+    for event in events:
+        if event.get("ph") in ("X", "B") and "ts" in event:
+            by_thread[(event.get("pid"), event.get("tid"))].append(event)
+        else:
+            out.append(event)
+    # name -> (has a location, ours, starts the user's code, under include_files, under exclude_files)
+    facts: dict[str, tuple[bool, bool, bool, bool, bool]] = {}
+    include, exclude, max_depth = rules.include, rules.exclude, rules.max_depth
+
+    def name_facts(name: str) -> tuple[bool, bool, bool, bool, bool]:
+        match = _LOCATION.search(name)
+        if match is None:  # a C call: judged by its caller
+            return (False, False, False, False, False)
+        file = match.group(1)
+        own = _under(file, rules.own)
+        anchor = not own and (
+            (file, int(match.group(2))) in rules.hook_locations
+            or not (file.startswith("<") or _under(file, rules.library))
+        )
+        return (
+            True,
+            own,
+            anchor,
+            include is not None and _under(file, include),
+            exclude is not None and _under(file, exclude),
+        )
+
+    kept = own_count = filtered = 0
+    for calls in by_thread.values():
+        calls.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
+        # open calls: (start, end, ours, depth or -1, under include_files, under exclude_files)
+        stack: list[tuple[float, float, bool, int, bool, bool]] = []
+        for event in calls:
+            ts = float(event["ts"])
+            end = ts + float(event.get("dur", 0.0))
+            while stack and not (ts >= stack[-1][0] - _EPSILON_US and end <= stack[-1][1] + _EPSILON_US):
+                stack.pop()
+            name = event.get("name", "")
+            known = facts.get(name)
+            if known is None:
+                known = facts[name] = name_facts(name)
+            located, own, anchor, included, excluded = known
+            if stack:
+                _, _, parent_own, parent_depth, parent_included, parent_excluded = stack[-1]
+                own = own or parent_own
+                if not located:
+                    included, excluded = parent_included, parent_excluded
+                depth = parent_depth + 1 if parent_depth >= 0 else (1 if anchor else -1)
+            else:
+                depth = 1 if anchor else -1
+            stack.append((ts, end, own, depth, included, excluded))
+            if own:
+                own_count += 1
+            elif (
+                (include is not None and not included)
+                or (exclude is not None and excluded)
+                or (max_depth >= 0 and depth > max_depth)
+            ):
+                filtered += 1
+            else:
+                kept += 1
+                out.append(event)
+    stats.kept, stats.own, stats.filtered = kept, own_count, filtered
+    return out, stats
