@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ class WindowJob:
     thread_names: dict[int, str] = field(default_factory=dict)  # native id -> name at window end
     python_dump_pid: int | None = None  # the forked child writing ``python_raw``, to be reaped
     clock_markers: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)
+    summary: bool = True  # write <worker>.<span>.summary.json/.md beside the trace
 
 
 @dataclass
@@ -53,6 +55,10 @@ class WindowResult:
     suggested_tracer_entries: int | None = None
     memory_path: Path | None = None
     notes: list[str] = field(default_factory=list)
+    summary: dict[str, Any] | None = None  # see summary.py; None when it could not be computed
+    summary_path: Path | None = None
+    summary_markdown: str | None = None
+    summary_seconds: float = 0.0  # writer-process time spent on the summary and its files
 
 
 def _read_json(path: Path) -> Any:
@@ -165,11 +171,14 @@ def finish_window(job: WindowJob) -> WindowResult:
             suggested_tracer_entries=suggested,
             notes=notes,
         )
+        snapshot = None
         if job.memory_name is not None:
             try:
-                result.memory_path = _write_memory(job, merged)
+                result.memory_path, snapshot = _write_memory(job, merged)
             except Exception as err:  # the trace is written; a snapshot problem must not undo it
                 result.notes.append(f"memory snapshot not written ({type(err).__name__}: {err})")
+        if job.summary:
+            _write_summary(job, merged, snapshot, result)
         return result
     finally:
         remove_raw(job)
@@ -187,14 +196,37 @@ def _apply_lightning_view(merged: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _write_memory(job: WindowJob, merged: dict[str, Any]) -> Path | None:
+def _write_memory(job: WindowJob, merged: dict[str, Any]) -> tuple[Path | None, Any]:
     from . import memory
 
     snapshot = job.memory_snapshot
     if snapshot is None:
         snapshot = memory.build_cpu_snapshot(merged["traceEvents"])
     if snapshot is None:
-        return None
+        return None, None
     path = job.run_dir / str(job.memory_name)
     memory.write_snapshot(path, snapshot)
-    return path
+    return path, snapshot
+
+
+def _write_summary(job: WindowJob, merged: dict[str, Any], snapshot: Any, result: WindowResult) -> None:
+    """``<worker>.<span>.summary.json`` and ``.md`` beside the trace; a failure is a note, never a
+    lost window."""
+    from .report import encode_summary, render_markdown, summary_names
+    from .summary import summarize
+
+    start = time.perf_counter()
+    try:
+        summary = summarize(merged, snapshot)
+        json_name, md_name = summary_names(job.trace_name)
+        summary["window"]["trace"] = job.trace_name
+        atomic_write(job.run_dir / json_name, encode_summary(summary))
+        markdown = render_markdown(summary)
+        atomic_write(job.run_dir / md_name, markdown.encode())
+    except Exception as err:
+        result.notes.append(f"summary not written ({type(err).__name__}: {err})")
+    else:
+        result.summary = summary
+        result.summary_markdown = markdown
+        result.summary_path = job.run_dir / json_name
+    result.summary_seconds = time.perf_counter() - start

@@ -1,0 +1,254 @@
+"""Summaries for people and scripts: file names, markdown, the rich table, finding them on disk.
+
+Pure rendering and reading; computing a summary is ``summary.py``, writing it is ``finish.py``.
+rich is imported only by the functions that draw tables (it ships with Lightning).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+TRACE_SUFFIX = ".pt.trace.json.gz"  # as output.TRACE_SUFFIX; kept here so readers import no writer code
+SUMMARY_JSON_SUFFIX = ".summary.json"
+SUMMARY_MD_SUFFIX = ".summary.md"
+PART_LABELS = {
+    "data_wait": "data wait",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "other": "other",
+}
+
+
+class SummaryNotFound(Exception):
+    """Nothing to read where the user pointed; the message is one line for the console."""
+
+
+def summary_names(trace_name: str) -> tuple[str, str]:
+    """``host_0.0000000002.pt.trace.json.gz`` -> (``host_0.0000000002.summary.json``, ``... .md``)."""
+    stem = trace_name[: -len(TRACE_SUFFIX)] if trace_name.endswith(TRACE_SUFFIX) else trace_name.split(".pt.trace")[0]
+    return stem + SUMMARY_JSON_SUFFIX, stem + SUMMARY_MD_SUFFIX
+
+
+def encode_summary(summary: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Markdown
+# --------------------------------------------------------------------------------------------------
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _where(entry: Mapping[str, Any]) -> str:
+    if entry.get("folded"):
+        return f"{entry['folded']} functions"
+    if entry.get("file"):
+        return f"{os.path.basename(str(entry['file']))}:{entry.get('line')}"
+    return entry.get("origin") or ""
+
+
+def window_title(summary: Mapping[str, Any]) -> str:
+    window = summary.get("window") or {}
+    recorded = (summary.get("steps") or {}).get("recorded") or []
+    steps = f"batches {recorded[0]}-{recorded[-1]}" if recorded else "no steps"
+    return f"window {window.get('index')} ({steps}, {window.get('worker')})"
+
+
+def render_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
+    """A short report of one window: step time, breakdown, top Python, top ops, GPU, memory."""
+    steps = summary.get("steps") or {}
+    step = summary.get("step_ms") or {}
+    mean = step.get("mean") or 0.0
+    lines = [f"### vt_lightning {window_title(summary)}", ""]
+    counted = steps.get("counted") or []
+    lines.append(
+        f"Step time: mean **{_num(step.get('mean'))} ms**, p50 {_num(step.get('p50'))} ms, "
+        f"max {_num(step.get('max'))} ms over batches {', '.join(map(str, counted)) or '–'} "
+        f"(breakdown from {steps.get('breakdown_source', '?')})."
+    )
+    lines += ["", "| part | ms/step | share |", "|---|---:|---:|"]
+    for part, ms in (summary.get("breakdown_ms") or {}).items():
+        share = f"{100 * ms / mean:.0f}%" if mean else "–"
+        lines.append(f"| {PART_LABELS.get(part, part)} | {_num(ms)} | {share} |")
+    python = (summary.get("top_python") or {}).get("by_inclusive") or []
+    if python:
+        lines += ["", "| Python function (user code first) | where | incl. ms/step | self ms/step | calls |",
+                  "|---|---|---:|---:|---:|"]
+        for entry in python[: top * 2]:
+            lines.append(
+                f"| `{entry['function']}` | {_where(entry)} | {_num(entry['inclusive_ms'], 2)} | "
+                f"{_num(entry['self_ms'], 2)} | {entry['calls']} |"
+            )
+    ops = (summary.get("top_ops") or {}).get("by_cpu") or []
+    if ops:
+        lines += ["", "| torch op | self CPU ms/step | CPU ms/step | calls |", "|---|---:|---:|---:|"]
+        for op in ops[:top]:
+            lines.append(f"| `{op['name']}` | {_num(op['self_cpu_ms'], 2)} | {_num(op['cpu_ms'], 2)} | {op['calls']} |")
+    kernel_ops = (summary.get("top_ops") or {}).get("by_kernel") or []
+    if kernel_ops:
+        lines += ["", "| torch op | kernel ms/step | kernels |", "|---|---:|---:|"]
+        for op in kernel_ops[:top]:
+            lines.append(f"| `{op['name']}` | {_num(op['kernel_ms'], 2)} | {op['kernels']} |")
+    gpu = summary.get("gpu")
+    if gpu:
+        lines += ["", f"GPU busy **{_num(gpu['busy_percent'])}%** of {_num(gpu['wall_ms'])} ms."]
+        if gpu.get("idle_gaps"):
+            lines += ["", "| GPU idle gap | ms | training thread was in | user code |", "|---|---:|---|---|"]
+            for i, gap in enumerate(gpu["idle_gaps"][:top], 1):
+                lines.append(f"| {i} | {_num(gap['ms'], 2)} | `{gap.get('python') or '–'}` | `{gap.get('user_python') or '–'}` |")
+    memory = summary.get("memory")
+    if memory:
+        reserved = memory.get("peak_reserved_mb")
+        lines += ["", f"Memory peak: **{_num(memory.get('peak_allocated_mb'))} MB** allocated"
+                  + (f", {_num(reserved)} MB reserved" if reserved else "") + "."]
+        sites = memory.get("top_allocation_sites") or []
+        if sites:
+            lines += ["", "| allocation site | MB allocated | allocations |", "|---|---:|---:|"]
+            for site in sites[:top]:
+                lines.append(f"| `{site['site']}` | {_num(site['mb'], 2)} | {site['allocations']} |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Finding summaries on disk
+# --------------------------------------------------------------------------------------------------
+
+
+def find_summaries(target: str | os.PathLike[str]) -> list[Path]:
+    """Summary files under a log dir (or the one beside a trace / the file itself), in window order."""
+    path = Path(target)
+    if not path.exists():
+        raise SummaryNotFound(f"{path}: no such file or directory")
+    if path.is_file():
+        if path.name.endswith(SUMMARY_JSON_SUFFIX):
+            return [path]
+        if path.name.endswith(TRACE_SUFFIX):
+            candidate = path.with_name(summary_names(path.name)[0])
+            if candidate.is_file():
+                return [candidate]
+            raise SummaryNotFound(f"{path}: no summary beside this trace (written by vt_lightning >= 0.2)")
+        raise SummaryNotFound(f"{path}: not a vt_lightning trace or summary file")
+    found = sorted(path.rglob(f"*{SUMMARY_JSON_SUFFIX}"), key=lambda p: (str(p.parent), p.name))
+    if not found:
+        raise SummaryNotFound(f"{path}: no vt_lightning window summaries (*{SUMMARY_JSON_SUFFIX}) under it")
+    return found
+
+
+def load_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        data = orjson.loads(Path(path).read_bytes())
+    except (OSError, orjson.JSONDecodeError) as err:
+        raise SummaryNotFound(f"{path}: not a readable summary ({err})") from None
+    if not isinstance(data, dict) or "schema" not in data or "breakdown_ms" not in data:
+        raise SummaryNotFound(f"{path}: not a vt_lightning summary")
+    data["_path"] = str(path)
+    return data
+
+
+def load_summaries(target: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    return [load_summary(p) for p in find_summaries(target)]
+
+
+def find_traces(target: str | os.PathLike[str]) -> list[Path]:
+    """Trace files under a directory (or the file itself), oldest first by modification time."""
+    path = Path(target)
+    if not path.exists():
+        raise SummaryNotFound(f"{path}: no such file or directory")
+    if path.is_file():
+        if not path.name.endswith((TRACE_SUFFIX, ".json", ".json.gz")):
+            raise SummaryNotFound(f"{path}: not a trace file (*{TRACE_SUFFIX})")
+        return [path]
+    found = sorted(path.rglob(f"*{TRACE_SUFFIX}"), key=lambda p: (p.stat().st_mtime, str(p)))
+    if not found:
+        raise SummaryNotFound(f"{path}: no vt_lightning traces (*{TRACE_SUFFIX}) under it")
+    return found
+
+
+# --------------------------------------------------------------------------------------------------
+# rich
+# --------------------------------------------------------------------------------------------------
+
+
+def _top_user_function(summary: Mapping[str, Any]) -> str | None:
+    for entry in (summary.get("top_python") or {}).get("by_inclusive") or []:
+        if entry.get("origin") == "user":
+            return f"{entry['function']} ({entry['inclusive_ms']:.1f} ms)"
+    return None
+
+
+SHORT_PARTS = {"data_wait": "data", "forward": "fwd", "backward": "bwd", "optimizer": "optim", "other": "other"}
+
+
+def windows_table(summaries: Sequence[Mapping[str, Any]], title: str | None = None) -> Any:
+    """One compact rich table (fits 80 columns): a row per window, ms per step, the largest part
+    in bold; the busiest user function of each window in the caption."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        title=title or "vt_lightning: where the step went (ms per step)",
+        title_justify="left",
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+    )
+    with_gpu = any(s.get("gpu") for s in summaries)
+    table.add_column("win", no_wrap=True)
+    table.add_column("batches", justify="right", no_wrap=True)
+    table.add_column("step", justify="right", no_wrap=True)
+    for short in SHORT_PARTS.values():
+        table.add_column(short, justify="right", no_wrap=True)
+    if with_gpu:
+        table.add_column("GPU", justify="right", no_wrap=True)
+    table.add_column("peak MB", justify="right", no_wrap=True)
+    caption = []
+    for summary in summaries:
+        window = summary.get("window") or {}
+        recorded = (summary.get("steps") or {}).get("recorded") or []
+        step = summary.get("step_ms") or {}
+        parts = summary.get("breakdown_ms") or {}
+        largest = max(parts, key=lambda p: parts[p] or 0.0) if parts else None
+        gpu = summary.get("gpu") or {}
+        memory = summary.get("memory") or {}
+        name = str(window.get("index"))
+        if window.get("global_rank"):
+            name += f" r{window['global_rank']}"
+        table.add_row(
+            name,
+            f"{recorded[0]}-{recorded[-1]}" if recorded else "–",
+            _num(step.get("mean")),
+            *((f"[bold]{_num(parts.get(p))}[/bold]" if p == largest else _num(parts.get(p))) for p in SHORT_PARTS),
+            *([f"{gpu['busy_percent']:.0f}%" if gpu.get("busy_percent") is not None else "–"] if with_gpu else []),
+            _num(memory.get("peak_allocated_mb")),
+        )
+        top = _top_user_function(summary)
+        if top:
+            caption.append(f"window {name}: {top}")
+    if caption:
+        table.caption = "busiest user function (incl.): " + "; ".join(caption)
+    return table
+
+
+def print_windows_table(summaries: Sequence[Mapping[str, Any]], file: Any = None, title: str | None = None) -> None:
+    from rich.console import Console
+
+    Console(file=file).print(windows_table(summaries, title))
+
+
+def summaries_in(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:
+    out = []
+    for path in paths:
+        try:
+            out.append(load_summary(path))
+        except SummaryNotFound:
+            continue
+    return out
