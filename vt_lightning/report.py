@@ -234,7 +234,10 @@ def windows_table(summaries: Sequence[Mapping[str, Any]], title: str | None = No
         if top:
             caption.append(f"window {name}: {top}")
     if caption:
-        table.caption = "busiest user function (incl.): " + "; ".join(caption)
+        shown = caption[-4:]  # the latest windows; `vt-lightning summary` has them all
+        table.caption = "busiest user function (incl.): " + "; ".join(
+            (["..."] if len(caption) > len(shown) else []) + shown
+        )
     return table
 
 

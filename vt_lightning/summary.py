@@ -60,7 +60,6 @@ _STAGE_PARTS = {
 }
 _VIZTRACER_NAME = re.compile(r"^(?P<name>\S.*?) \((?P<file>.*):(?P<line>\d+)\)$")
 _SITE_DIRS = ("site-packages", "dist-packages")
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
 _STDLIB_DIRS = tuple(
     {os.path.realpath(p) for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")) if p}
 )
@@ -127,7 +126,7 @@ def code_origin(path: str | None) -> tuple[str, str | None]:
             package = norm.split(marker, 1)[1].split("/", 1)[0]
             package = package[:-3] if package.endswith(".py") else package
             return ("vt_lightning", None) if package == "vt_lightning" else ("package", package)
-    if os.path.dirname(os.path.abspath(path)) == _OWN_DIR:
+    if os.path.basename(os.path.dirname(norm)) == "vt_lightning":  # this profiler, wherever installed
         return "vt_lightning", None
     real = os.path.realpath(path)
     if any(real.startswith(d + os.sep) for d in _STDLIB_DIRS):
