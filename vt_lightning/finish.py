@@ -20,6 +20,8 @@ import orjson
 from .clock import MARKER_PREFIX, Calibration, ClockPair, best_marker_pair
 from .merge import encode_trace, merge_trace
 from .output import atomic_write, gzip_bytes
+from .report import encode_summary, render_markdown, summary_names
+from .summary import summarize
 
 BROWSER_LIMIT_BYTES = 300 * 1024 * 1024  # above this the trace viewer page tends to go blank
 
@@ -212,9 +214,6 @@ def _write_memory(job: WindowJob, merged: dict[str, Any]) -> tuple[Path | None, 
 def _write_summary(job: WindowJob, merged: dict[str, Any], snapshot: Any, result: WindowResult) -> None:
     """``<worker>.<span>.summary.json`` and ``.md`` beside the trace; a failure is a note, never a
     lost window."""
-    from .report import encode_summary, render_markdown, summary_names
-    from .summary import summarize
-
     start = time.perf_counter()
     try:
         summary = summarize(merged, snapshot)

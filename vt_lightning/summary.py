@@ -26,6 +26,7 @@ Sources, all from the one calibrated timeline:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -112,6 +113,7 @@ def parse_function(name: str) -> tuple[str, str | None, int | None]:
     return match["name"], match["file"], int(match["line"])
 
 
+@functools.lru_cache(maxsize=65536)  # one answer per file: realpath costs a system call or more
 def code_origin(path: str | None) -> tuple[str, str | None]:
     """Where a function's code lives: ``("user", None)``, ``("package", "torch")``, ``("stdlib",
     None)``, ``("builtin", None)`` (C functions), or ``("vt_lightning", None)`` (this profiler)."""
