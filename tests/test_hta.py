@@ -12,6 +12,7 @@ import pytest
 from vt_lightning import VizTraceCallback
 from vt_lightning.clock import Calibration, ClockPair
 from vt_lightning.merge import encode_trace, merge_trace
+from vt_lightning.report import hta_trace_files
 
 from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
 
@@ -30,8 +31,9 @@ def test_hta_reads_the_rank_of_a_window_without_ddp(tmp_path: Path, caplog: pyte
     with caplog.at_level(logging.INFO):
         # trace_files, not trace_dir: HTA takes every *.json / *.gz of a directory for a trace,
         # our summary.json included (docs/viewing.md).
-        analysis = hta.TraceAnalysis(trace_files={0: str(trace)}, trace_dir=str(trace.parent))
+        analysis = hta.TraceAnalysis(trace_files=hta_trace_files(trace.parent), trace_dir=str(trace.parent))
     assert list(analysis.t.get_ranks()) == [0]
+    assert analysis.t.trace_files == {0: str(trace)}  # not the summary.json beside it
     _no_rank_guess(caplog)
 
 

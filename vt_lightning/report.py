@@ -173,6 +173,21 @@ def find_traces(target: str | os.PathLike[str]) -> list[Path]:
     return found
 
 
+def hta_trace_files(window_dir: str | os.PathLike[str]) -> dict[int, str]:
+    """``{global rank: trace path}`` of one window directory, for HTA's
+    ``TraceAnalysis(trace_files=..., trace_dir=...)``. HTA's own directory scan takes every
+    ``*.json`` / ``*.gz`` for a trace, the ``.summary.json`` files included."""
+    out: dict[int, str] = {}
+    for trace in sorted(Path(window_dir).glob(f"*{TRACE_SUFFIX}")):
+        worker = trace.name.split(".", 1)[0]
+        rank = worker.rsplit("_", 1)[-1]
+        if rank.isdigit():
+            out[int(rank)] = str(trace)
+    if not out:
+        raise SummaryNotFound(f"{window_dir}: no vt_lightning traces (*{TRACE_SUFFIX}) in it")
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # rich
 # --------------------------------------------------------------------------------------------------
