@@ -11,6 +11,7 @@ For each window size, real ``Trainer.fit`` runs with ``VizTraceCallback(summary=
   encode / gzip / write / memory snapshot / summary in the writer process);
 * summary: the part of that spent computing the summary and writing its two files
   (``WindowResult.summary_seconds``, timed in the writer process);
+* time to trace: from the end of the window's last batch to the trace file's modification time;
 * time to files: from the end of the window's last batch to the job's end (every file on disk).
 
 Each run records two windows and measures the second: the first also pays the writer process's start.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import shutil
 import statistics
 import sys
@@ -61,10 +63,18 @@ def one_window(summary: bool, calls: int, root: str) -> dict[str, Any]:
                           tracer_entries=max(1_000_000, 2 * calls * ACTIVE))
     instrument.time_writer_jobs(cb, jobs)
     model = PyHeavyModel(QUIET_CALLS // 20, heavy_calls=calls, heavy_steps=active + second)
-    fit(model, [clock, cb, StopWhen(lambda step: len(jobs) >= 2 and step > last + 2)], root)
+    wall_at_last: list[int] = []
+
+    def stop(step: int) -> bool:
+        if step == last:
+            wall_at_last.append(time.time_ns())  # file mtimes are wall clock
+        return len(jobs) >= 2 and step > last + 2
+
+    fit(model, [clock, cb, StopWhen(stop)], root)
     (begin, end), result = jobs[1], cb.results[1]
     return {
         "writer_job_s": (end - begin) / 1e9,
+        "time_to_trace_s": (result.trace_path.stat().st_mtime_ns - wall_at_last[0]) / 1e9,
         "time_to_files_s": (end - clock.end[last]) / 1e9,
         "summary_s": result.summary_seconds if summary else 0.0,
         "python_events": result.python_events,
@@ -128,8 +138,10 @@ def render(rows: list[tuple[int, dict[bool, list[dict[str, Any]]]]], quick: bool
         "`PyHeavyModel`, `summary=True` vs `summary=False` interleaved; ms, median (min–max) over "
         f"{len(next(iter(rows))[1][True]) if rows else 0} round(s). Nothing of it runs on the training thread.",
         "",
-        "| Python events / window | summary | writer job | of which summary | time to files |",
-        "|---:|---|---:|---:|---:|",
+        f"Machine load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.",
+        "",
+        "| Python events / window | summary | writer job | of which summary | time to trace | time to all files |",
+        "|---:|---|---:|---:|---:|---:|",
     ]
     for target, raw in rows:
         for summary in (False, True):
@@ -137,7 +149,8 @@ def render(rows: list[tuple[int, dict[bool, list[dict[str, Any]]]]], quick: bool
             events = int(statistics.median(r["python_events"] for r in runs))
             lines.append(
                 f"| {events:,} | {'on' if summary else 'off'} | {_ms([r['writer_job_s'] for r in runs])} | "
-                f"{_ms([r['summary_s'] for r in runs]) if summary else '–'} | {_ms([r['time_to_files_s'] for r in runs])} |"
+                f"{_ms([r['summary_s'] for r in runs]) if summary else '–'} | {_ms([r['time_to_trace_s'] for r in runs])} | "
+                f"{_ms([r['time_to_files_s'] for r in runs])} |"
             )
     lines += ["", END]
     return "\n".join(lines)

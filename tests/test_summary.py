@@ -311,3 +311,57 @@ def test_a_trace_without_steps_gives_an_empty_but_valid_summary() -> None:
     summary = summarize({"traceEvents": []})
     assert summary["steps"]["recorded"] == [] and summary["step_ms"]["mean"] is None
     assert orjson.loads(orjson.dumps(summary)) == summary
+
+
+def test_summary_is_logged_on_the_training_thread_at_the_next_batch(tmp_path: Path) -> None:
+    """Not only at the end of fit: at the first batch start after the writer returned the window."""
+    import threading
+
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.loggers import Logger
+
+    from conftest import MarkerModel, loader
+
+    class RecordingLogger(Logger):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[int | None, dict[str, float], str, int]] = []
+            self.batch = -1
+
+        @property
+        def name(self) -> str:
+            return "recording"
+
+        @property
+        def version(self) -> int:
+            return 0
+
+        def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+            self.calls.append((step, dict(metrics), threading.current_thread().name, self.batch))
+
+        def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    tracer = VizTraceCallback(wait=0, warmup=1, active=2, repeat=1)
+    logger = RecordingLogger()
+
+    class WaitForWriter(Callback):
+        """Hold the batch after the window until its files are written, so the test is not timed."""
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            logger.batch = trainer.fit_loop.total_batch_idx
+            if logger.batch == 4:
+                deadline = time.monotonic() + 120
+                while not tracer.results and time.monotonic() < deadline:
+                    time.sleep(0.01)
+
+    # WaitForWriter runs before the tracer's own batch-start hook (callback order).
+    trainer = make_trainer(tmp_path, [WaitForWriter(), tracer], max_steps=8, logger=logger)
+    trainer.fit(MarkerModel(), loader())
+    ours = [c for c in logger.calls if any(k.startswith("vt_lightning/") for k in c[1])]
+    assert len(ours) == 1, logger.calls
+    step, metrics, thread, batch = ours[0]
+    assert thread == threading.main_thread().name
+    assert batch == 4  # logged at the batch start right after the result came back, not at the end
+    assert step == 2  # the window's last batch
+    assert metrics["vt_lightning/step_ms"] == tracer.results[0].summary["step_ms"]["mean"]
