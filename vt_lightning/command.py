@@ -185,8 +185,14 @@ def _percent(value: float | None) -> str:
 
 
 def latest_trace(target: str) -> Path:
-    traces = find_traces(target)
-    return traces[-1]
+    """The trace itself, the trace beside a summary file, or the newest trace under a directory."""
+    path = Path(target)
+    if path.is_file() and path.name.endswith(SUMMARY_JSON_SUFFIX):
+        trace = path.with_name(path.name[: -len(SUMMARY_JSON_SUFFIX)] + TRACE_SUFFIX)
+        if not trace.is_file():
+            raise SummaryNotFound(f"{path}: no trace beside this summary ({trace.name})")
+        return trace
+    return find_traces(target)[-1]
 
 
 def run_view(target: str, port: int, open_browser: bool) -> int:

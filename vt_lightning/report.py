@@ -7,7 +7,7 @@ rich is imported only by the functions that draw tables (it ships with Lightning
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,26 +123,6 @@ def render_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def find_summaries(target: str | os.PathLike[str]) -> list[Path]:
-    """Summary files under a log dir (or the one beside a trace / the file itself), in window order."""
-    path = Path(target)
-    if not path.exists():
-        raise SummaryNotFound(f"{path}: no such file or directory")
-    if path.is_file():
-        if path.name.endswith(SUMMARY_JSON_SUFFIX):
-            return [path]
-        if path.name.endswith(TRACE_SUFFIX):
-            candidate = path.with_name(summary_names(path.name)[0])
-            if candidate.is_file():
-                return [candidate]
-            raise SummaryNotFound(f"{path}: no summary beside this trace (written by vt_lightning >= 0.2)")
-        raise SummaryNotFound(f"{path}: not a vt_lightning trace or summary file")
-    found = sorted(path.rglob(f"*{SUMMARY_JSON_SUFFIX}"), key=lambda p: (str(p.parent), p.name))
-    if not found:
-        raise SummaryNotFound(f"{path}: no vt_lightning window summaries (*{SUMMARY_JSON_SUFFIX}) under it")
-    return found
-
-
 def load_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         data = orjson.loads(Path(path).read_bytes())
@@ -152,10 +132,6 @@ def load_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise SummaryNotFound(f"{path}: not a vt_lightning summary")
     data["_path"] = str(path)
     return data
-
-
-def load_summaries(target: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    return [load_summary(p) for p in find_summaries(target)]
 
 
 def find_traces(target: str | os.PathLike[str]) -> list[Path]:
@@ -260,13 +236,3 @@ def print_windows_table(summaries: Sequence[Mapping[str, Any]], file: Any = None
     from rich.console import Console
 
     Console(file=file).print(windows_table(summaries, title))
-
-
-def summaries_in(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:
-    out = []
-    for path in paths:
-        try:
-            out.append(load_summary(path))
-        except SummaryNotFound:
-            continue
-    return out

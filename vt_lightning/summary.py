@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import sys
 import sysconfig
 from bisect import bisect_right
 from collections import defaultdict
@@ -691,8 +690,3 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
         "gpu": gpu_summary(events, span, thread) if recorded else None,
         "memory": memory_summary(all_events, memory_snapshot),
     }
-
-
-def largest_part(summary: Mapping[str, Any]) -> str | None:
-    parts = summary.get("breakdown_ms") or {}
-    return max(parts, key=lambda p: parts[p] or 0.0) if parts else None
