@@ -628,11 +628,15 @@ def _site(frames: Sequence[Mapping[str, Any]]) -> str | None:
 
 def _allocation_sites(snapshot: Mapping[str, Any], limit: int) -> list[dict[str, Any]]:
     sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    by_stack: dict[int, str] = {}  # snapshots share one frames list between identical stacks
     for trace in snapshot.get("device_traces") or []:
         for entry in trace:
             if entry.get("action") != "alloc":
                 continue
-            site = _site(entry.get("frames") or []) or "(no Python frame)"
+            frames = entry.get("frames") or []
+            site = by_stack.get(id(frames))
+            if site is None:
+                site = by_stack[id(frames)] = _site(frames) or "(no Python frame)"
             sites[site][0] += 1
             sites[site][1] += int(entry.get("size", 0))
     ranked = sorted(sites.items(), key=lambda kv: kv[1][1], reverse=True)[:limit]
