@@ -141,3 +141,19 @@ def test_console_script_is_installed() -> None:
     proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
     assert "summary" in proc.stdout and "diff" in proc.stdout and "view" in proc.stdout
+
+
+def test_tables_fall_back_to_plain_text_without_rich(example_run: tuple[Path, str], monkeypatch, capsys) -> None:
+    """rich is optional (installing it switches Lightning's progress bar): plain text then."""
+    from vt_lightning import report
+    from vt_lightning.command import load_windows
+
+    logdir, _ = example_run
+    monkeypatch.setattr(report, "rich_available", lambda: False)
+    report.print_windows_table(load_windows(str(logdir)))
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "vt_lightning: where the step went (ms per step)"
+    assert lines[1].split() == ["win", "batches", "step", "data", "fwd", "bwd", "optim", "other", "peak", "MB"]
+    assert [line.split()[0] for line in lines[3:5]] == ["0", "1"]
+    assert "TinyTransformer.training_step" in out and "[bold]" not in out

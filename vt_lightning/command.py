@@ -23,6 +23,7 @@ from .report import (
     SummaryNotFound,
     find_traces,
     load_summary,
+    print_table,
     print_windows_table,
     render_markdown,
     summary_names,
@@ -147,33 +148,26 @@ def run_diff(a: str, b: str, top: int, as_json: bool) -> int:
     if as_json:
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    step = result["step"]
-    console.print(
+    print(
         f"A: {a} ({result['a_windows']} window(s))\nB: {b} ({result['b_windows']} window(s))\n"
-        f"step: {step['a_ms']:.1f} -> {step['b_ms']:.1f} ms ({_signed(step['delta_ms'])} ms, {_percent(step['delta_percent'])})"
+        f"step: {step_change(result)}"
     )
     for title, rows in (
         ("breakdown (ms per step)", result["breakdown"]),
         ("Python functions (self ms per step)", result["python"]),
         ("torch ops (self CPU ms per step)", result["ops"]),
     ):
-        table = Table(title=title, title_justify="left")
-        table.add_column("name", overflow="fold")
-        for column in ("A", "B", "change", "%"):
-            table.add_column(column, justify="right", no_wrap=True)
-        for row in rows:
-            colour = "red" if row["delta_ms"] > 0 else "green" if row["delta_ms"] < 0 else ""
-            table.add_row(
-                row["name"], f"{row['a_ms']:.2f}", f"{row['b_ms']:.2f}",
-                f"[{colour}]{_signed(row['delta_ms'])}[/{colour}]" if colour else _signed(row["delta_ms"]),
-                _percent(row["delta_percent"]),
-            )
-        console.print(table)
+        cells = [[r["name"], f"{r['a_ms']:.2f}", f"{r['b_ms']:.2f}", _signed(r["delta_ms"]), _percent(r["delta_percent"])]
+                 for r in rows]
+        styles = {(i, 3): "red" if r["delta_ms"] > 0 else "green" for i, r in enumerate(rows) if r["delta_ms"]}
+        print()
+        print_table(title, [("name", False), ("A", True), ("B", True), ("change", True), ("%", True)], cells, styles)
     return 0
+
+
+def step_change(result: dict[str, Any]) -> str:
+    step = result["step"]
+    return f"{step['a_ms']:.1f} -> {step['b_ms']:.1f} ms ({_signed(step['delta_ms'])} ms, {_percent(step['delta_percent'])})"
 
 
 def _signed(value: float) -> str:

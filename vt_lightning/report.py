@@ -1,12 +1,13 @@
-"""Summaries for people and scripts: file names, markdown, the rich table, finding them on disk.
+"""Summaries for people and scripts: file names, markdown, console tables, finding them on disk.
 
 Pure rendering and reading; computing a summary is ``summary.py``, writing it is ``finish.py``.
-rich is imported only by the functions that draw tables (it ships with Lightning).
+Console tables use rich when it is installed and plain text otherwise (see ``print_table``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -165,8 +166,69 @@ def hta_trace_files(window_dir: str | os.PathLike[str]) -> dict[int, str]:
 
 
 # --------------------------------------------------------------------------------------------------
-# rich
+# Console tables: rich when it is installed, plain text otherwise
 # --------------------------------------------------------------------------------------------------
+#
+# rich is optional on purpose: Lightning switches its default progress bar and model summary to
+# their rich versions whenever rich is importable, so depending on it would change every user's
+# Trainer output just by installing a profiler.
+
+Column = tuple[str, bool]  # (header, right-aligned)
+
+
+def rich_available() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def print_table(
+    title: str,
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[str]],
+    styles: Mapping[tuple[int, int], str] | None = None,
+    caption: str | None = None,
+    file: Any = None,
+) -> None:
+    """One table on the console; ``styles`` maps (row, column) to a rich style (ignored in plain text)."""
+    styles = styles or {}
+    if rich_available():
+        from rich import box
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
+                      box=box.SIMPLE_HEAD, padding=(0, 1))
+        for i, (header, right) in enumerate(columns):
+            table.add_column(header, justify="right" if right else "left", no_wrap=right, overflow="fold")
+        for r, row in enumerate(rows):
+            cells = []
+            for c, cell in enumerate(row):
+                style = styles.get((r, c))
+                cells.append(f"[{style}]{escape(cell)}[/{style}]" if style else escape(cell))
+            table.add_row(*cells)
+        Console(file=file).print(table)
+        return
+    import textwrap
+
+    out = file or sys.stdout
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, (h, _) in enumerate(columns)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            cell.rjust(w) if right else cell.ljust(w) for cell, w, (_, right) in zip(cells, widths, columns)
+        ).rstrip()
+
+    print(title, file=out)
+    print(line([h for h, _ in columns]), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for row in rows:
+        print(line(row), file=out)
+    if caption:
+        print(textwrap.fill(caption, width=100), file=out)
 
 
 def _top_user_function(summary: Mapping[str, Any]) -> str | None:
@@ -179,60 +241,42 @@ def _top_user_function(summary: Mapping[str, Any]) -> str | None:
 SHORT_PARTS = {"data_wait": "data", "forward": "fwd", "backward": "bwd", "optimizer": "optim", "other": "other"}
 
 
-def windows_table(summaries: Sequence[Mapping[str, Any]], title: str | None = None) -> Any:
-    """One compact rich table (fits 80 columns): a row per window, ms per step, the largest part
-    in bold; the busiest user function of each window in the caption."""
-    from rich import box
-    from rich.table import Table
-
-    table = Table(
-        title=title or "vt_lightning: where the step went (ms per step)",
-        title_justify="left",
-        caption_justify="left",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-    )
+def print_windows_table(summaries: Sequence[Mapping[str, Any]], file: Any = None, title: str | None = None) -> None:
+    """One compact table (fits 80 columns): a row per window, ms per step, the largest part in
+    bold; the busiest user function of the latest windows in the caption."""
     with_gpu = any(s.get("gpu") for s in summaries)
-    table.add_column("win", no_wrap=True)
-    table.add_column("batches", justify="right", no_wrap=True)
-    table.add_column("step", justify="right", no_wrap=True)
-    for short in SHORT_PARTS.values():
-        table.add_column(short, justify="right", no_wrap=True)
-    if with_gpu:
-        table.add_column("GPU", justify="right", no_wrap=True)
-    table.add_column("peak MB", justify="right", no_wrap=True)
+    columns: list[Column] = [("win", False), ("batches", True), ("step", True)]
+    columns += [(short, True) for short in SHORT_PARTS.values()]
+    columns += [("GPU", True)] if with_gpu else []
+    columns += [("peak MB", True)]
+    rows: list[list[str]] = []
+    styles: dict[tuple[int, int], str] = {}
     caption = []
-    for summary in summaries:
+    for r, summary in enumerate(summaries):
         window = summary.get("window") or {}
         recorded = (summary.get("steps") or {}).get("recorded") or []
         step = summary.get("step_ms") or {}
         parts = summary.get("breakdown_ms") or {}
-        largest = max(parts, key=lambda p: parts[p] or 0.0) if parts else None
         gpu = summary.get("gpu") or {}
         memory = summary.get("memory") or {}
         name = str(window.get("index"))
         if window.get("global_rank"):
             name += f" r{window['global_rank']}"
-        table.add_row(
+        if parts:
+            largest = max(parts, key=lambda p: parts[p] or 0.0)
+            styles[(r, 3 + list(SHORT_PARTS).index(largest))] = "bold"
+        rows.append([
             name,
             f"{recorded[0]}-{recorded[-1]}" if recorded else "–",
             _num(step.get("mean")),
-            *((f"[bold]{_num(parts.get(p))}[/bold]" if p == largest else _num(parts.get(p))) for p in SHORT_PARTS),
+            *(_num(parts.get(p)) for p in SHORT_PARTS),
             *([f"{gpu['busy_percent']:.0f}%" if gpu.get("busy_percent") is not None else "–"] if with_gpu else []),
             _num(memory.get("peak_allocated_mb")),
-        )
+        ])
         top = _top_user_function(summary)
         if top:
             caption.append(f"window {name}: {top}")
-    if caption:
-        shown = caption[-4:]  # the latest windows; `vt-lightning summary` has them all
-        table.caption = "busiest user function (incl.): " + "; ".join(
-            (["..."] if len(caption) > len(shown) else []) + shown
-        )
-    return table
-
-
-def print_windows_table(summaries: Sequence[Mapping[str, Any]], file: Any = None, title: str | None = None) -> None:
-    from rich.console import Console
-
-    Console(file=file).print(windows_table(summaries, title))
+    shown = caption[-4:]  # the latest windows; `vt-lightning summary` has them all
+    text = "busiest user function (incl.): " + "; ".join((["..."] if len(caption) > len(shown) else []) + shown)
+    print_table(title or "vt_lightning: where the step went (ms per step)", columns, rows, styles,
+                text if caption else None, file)
