@@ -602,9 +602,9 @@ def _snapshot_peaks(snapshot: Mapping[str, Any]) -> dict[str, dict[str, int]]:
                 allocated -= size
             elif action == "free_completed":
                 allocated += size
-            elif action == "segment_alloc":
+            elif action in ("segment_alloc", "segment_map"):  # map/unmap: expandable segments
                 reserved -= size
-            elif action == "segment_free":
+            elif action in ("segment_free", "segment_unmap"):
                 reserved += size
             peak_a, peak_r = max(peak_a, allocated), max(peak_r, reserved)
         peaks[f"device:{device}"] = {"allocated": peak_a, "reserved": peak_r}
