@@ -106,6 +106,9 @@ def test_view_serves_perfetto_on_loopback_and_stops_on_ctrl_c(example_run: tuple
         with urllib.request.urlopen(url, timeout=30) as response:
             assert response.status == 200
             assert b"perfetto" in response.read().lower()
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        if Path("/proc/net/tcp").exists():
+            assert _listening_addresses(port) == ["127.0.0.1"]  # loopback only (vizviewer binds 0.0.0.0)
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
@@ -115,6 +118,20 @@ def test_view_serves_perfetto_on_loopback_and_stops_on_ctrl_c(example_run: tuple
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _listening_addresses(port: int) -> list[str]:
+    """IPv4 addresses with a socket listening on ``port``, from /proc/net/tcp (Linux)."""
+    table = Path("/proc/net/tcp")
+    if not table.exists():
+        return []
+    out = []
+    for line in table.read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if int(hex_port, 16) == port and state == "0A":  # TCP_LISTEN
+            out.append(".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+    return out
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty", "not a trace", "bad gzip"])
