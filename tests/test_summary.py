@@ -313,55 +313,86 @@ def test_a_trace_without_steps_gives_an_empty_but_valid_summary() -> None:
     assert orjson.loads(orjson.dumps(summary)) == summary
 
 
+class _RecordingLogger:
+    """A Lightning logger that records each ``log_metrics`` call with its thread and batch."""
+
+    @staticmethod
+    def make() -> Any:
+        import threading
+
+        from lightning.pytorch.loggers import Logger
+
+        class RecordingLogger(Logger):
+            def __init__(self) -> None:
+                super().__init__()
+                self.calls: list[tuple[int | None, dict[str, float], str, int]] = []
+                self.batch = -1
+
+            @property
+            def name(self) -> str:
+                return "recording"
+
+            @property
+            def version(self) -> int:
+                return 0
+
+            def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+                self.calls.append((step, dict(metrics), threading.current_thread().name, self.batch))
+
+            def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+                pass
+
+        return RecordingLogger()
+
+
+def _hold_until_written(logger: Any, tracer: VizTraceCallback, at_batch: int, windows: int) -> Any:
+    """A callback (placed before the tracer) that holds batch ``at_batch`` until ``windows`` windows
+    are written, so which batch logs them does not depend on timing."""
+    from lightning.pytorch.callbacks import Callback
+
+    class Hold(Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            logger.batch = trainer.fit_loop.total_batch_idx
+            if logger.batch == at_batch:
+                deadline = time.monotonic() + 120
+                while len(tracer.results) < windows and time.monotonic() < deadline:
+                    time.sleep(0.01)
+
+    return Hold()
+
+
+def _ours(logger: Any) -> list[tuple[int | None, dict[str, float], str, int]]:
+    return [c for c in logger.calls if any(k.startswith("vt_lightning/") for k in c[1])]
+
+
 def test_summary_is_logged_on_the_training_thread_at_the_next_batch(tmp_path: Path) -> None:
     """Not only at the end of fit: at the first batch start after the writer returned the window."""
     import threading
 
-    from lightning.pytorch.callbacks import Callback
-    from lightning.pytorch.loggers import Logger
-
     from conftest import MarkerModel, loader
 
-    class RecordingLogger(Logger):
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls: list[tuple[int | None, dict[str, float], str, int]] = []
-            self.batch = -1
-
-        @property
-        def name(self) -> str:
-            return "recording"
-
-        @property
-        def version(self) -> int:
-            return 0
-
-        def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-            self.calls.append((step, dict(metrics), threading.current_thread().name, self.batch))
-
-        def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-            pass
-
     tracer = VizTraceCallback(wait=0, warmup=1, active=2, repeat=1)
-    logger = RecordingLogger()
-
-    class WaitForWriter(Callback):
-        """Hold the batch after the window until its files are written, so the test is not timed."""
-
-        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-            logger.batch = trainer.fit_loop.total_batch_idx
-            if logger.batch == 4:
-                deadline = time.monotonic() + 120
-                while not tracer.results and time.monotonic() < deadline:
-                    time.sleep(0.01)
-
-    # WaitForWriter runs before the tracer's own batch-start hook (callback order).
-    trainer = make_trainer(tmp_path, [WaitForWriter(), tracer], max_steps=8, logger=logger)
+    logger = _RecordingLogger.make()
+    trainer = make_trainer(tmp_path, [_hold_until_written(logger, tracer, 4, 1), tracer], max_steps=8, logger=logger)
     trainer.fit(MarkerModel(), loader())
-    ours = [c for c in logger.calls if any(k.startswith("vt_lightning/") for k in c[1])]
-    assert len(ours) == 1, logger.calls
-    step, metrics, thread, batch = ours[0]
+    (call,) = _ours(logger)
+    step, metrics, thread, batch = call
     assert thread == threading.main_thread().name
     assert batch == 4  # logged at the batch start right after the result came back, not at the end
     assert step == 2  # the window's last batch
     assert metrics["vt_lightning/step_ms"] == tracer.results[0].summary["step_ms"]["mean"]
+
+
+def test_a_summary_arriving_during_a_window_is_logged_after_it(tmp_path: Path) -> None:
+    """Logging inside a window would put the logger's own calls into that window's trace."""
+    from conftest import MarkerModel, load_trace, loader
+
+    tracer = VizTraceCallback(wait=1, warmup=1, active=2, repeat=2)  # active 2-3 and 6-7
+    logger = _RecordingLogger.make()
+    hold = _hold_until_written(logger, tracer, 6, 1)  # window 0 is written while window 1 records
+    trainer = make_trainer(tmp_path, [hold, tracer], max_steps=10, logger=logger)
+    trainer.fit(MarkerModel(), loader())
+    batches = [c[3] for c in _ours(logger)]
+    assert batches[0] == 8  # the first batch start after window 1 closed
+    second = load_trace(tracer.results[1].trace_path)
+    assert not [e for e in second["traceEvents"] if "RecordingLogger.log_metrics" in str(e.get("name"))]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import deque
 import math
 import os
 import shutil
 import socket
 import sys
 import weakref
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -244,7 +244,7 @@ class VizTraceCallback(Callback):
         # batch in progress, so the global batch index is ``ready - 1``: ``step < next`` is ``ready <= next``.
         if trainer.fit_loop.epoch_loop.batch_progress.total.ready <= self._next_step:
             return
-        if self._unlogged:
+        if self._unlogged and self._window is None:  # never inside a window: it would be traced
             self._log_summaries(trainer)
         step = _global_batch(trainer)
         try:
