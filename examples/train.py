@@ -1,6 +1,7 @@
 """A small Lightning training run whose step does visible Python work, traced by vt_lightning.
 
-No downloads: the data is synthetic. Run it, then open the printed TensorBoard command.
+No downloads: the data is synthetic. Run it: it prints a summary table of the recorded windows
+and the commands that read, compare and open them.
 
     python examples/train.py                 # CPU, one process
     python examples/train.py --devices 2     # two DDP processes on CPU (gloo)
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -116,10 +118,13 @@ def main() -> None:
         print(f"\nvt_lightning wrote {len(traces)} trace file(s) under {out}:")
         for path in traces:
             print(f"  {path.relative_to(logdir)}")
+        command = f"{sys.executable} -m vt_lightning"  # works without an activated venv
         print(
-            "\nOpen them:\n"
-            f"  tensorboard --logdir {logdir}      # then the PYTORCH_PROFILER tab\n"
-            f"  vizviewer {traces[0] if traces else out}\n"
+            "\nRead, compare and open them:\n"
+            f"  {command} summary {out}\n"
+            f"  {command} diff {traces[0].parent if traces else out} {traces[-1].parent if traces else out}\n"
+            f"  {command} view {out}      # latest window in Perfetto UI (vizviewer, offline)\n"
+            f"  {sys.executable} -m tensorboard.main --logdir {logdir}      # then the PYTORCH_PROFILER tab\n"
             "  or drop a .pt.trace.json.gz on https://ui.perfetto.dev\n"
             "  memory snapshots (*.pickle): drop on https://pytorch.org/memory_viz"
         )

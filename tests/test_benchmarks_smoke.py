@@ -25,3 +25,17 @@ def test_quick_benchmark_completes_and_prints_the_table() -> None:
     for text in ("measure", "min", "median", "max", "quiet step before windows: vt / none",
                  "window-end stall", "active step vt / by-hand", "torch", "lightning", "viztracer", "cores"):
         assert text in out, text
+
+
+@pytest.mark.slow
+def test_summary_cost_benchmark_completes() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "summary_cost.py"), "--quick", "--no-write"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for text in ("writer job", "of which summary", "time to trace", "| off |", "| on |", "summary |"):
+        assert text in proc.stdout, text

@@ -125,6 +125,7 @@ def test_every_rank_traces_the_same_windows(ddp_run):
         assert names == sorted(
             [f"{host}_{rank}.{span}.pt.trace.json.gz" for rank in (0, 1)]
             + [f"{host}_{rank}.{span}.memory_snapshot.pickle" for rank in (0, 1)]
+            + [f"{host}_{rank}.{span}.summary.{ext}" for rank in (0, 1) for ext in ("json", "md")]
         ), names  # also: no leftover *.tmp, nothing else
         workers = {tbcheck.split_name(p) for p in tbcheck.trace_files(directory)}
         assert workers == {(f"{host}_0", span), (f"{host}_1", span)}
@@ -152,6 +153,8 @@ def test_every_rank_traces_the_same_windows(ddp_run):
             )
             assert steps == STEPS[span]  # the same global batches on both ranks
             assert meta["python_events"] > 0
+            summary = json.loads((directory / f"{host}_{rank}.{span}.summary.json").read_text())
+            assert summary["window"]["global_rank"] == rank and summary["steps"]["recorded"] == STEPS[span]
 
 
 @pytest.mark.slow
@@ -206,7 +209,7 @@ def test_forked_dataloader_workers_write_nothing_and_are_not_traced(ddp_run):
     files = {p.relative_to(ddp_run["root"]).as_posix() for p in ddp_run["root"].rglob("*") if p.is_file()}
     expected = re.compile(
         r"lightning_logs/version_0/(events\.out\.tfevents\..*|hparams\.yaml|"
-        r"window_00[01]-batches_\d-\d/[^/]+_[01]\.\d{10}\.(pt\.trace\.json\.gz|memory_snapshot\.pickle))"
+        r"window_00[01]-batches_\d-\d/[^/]+_[01]\.\d{10}\.(pt\.trace\.json\.gz|memory_snapshot\.pickle|summary\.json|summary\.md))"
     )
     assert [f for f in files if not expected.fullmatch(f)] == []
     assert not any(str(pid) in f for f in files for pid in worker_pids)
@@ -253,7 +256,8 @@ def test_only_listed_ranks_trace(tmp_path):
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(WINDOWS)
     for window, span in WINDOWS.items():
         names = sorted(p.name for p in (out / window).iterdir())
-        assert names == [f"{host}_1.{span}.memory_snapshot.pickle", f"{host}_1.{span}.pt.trace.json.gz"]
+        assert names == [f"{host}_1.{span}.memory_snapshot.pickle", f"{host}_1.{span}.pt.trace.json.gz",
+                         f"{host}_1.{span}.summary.json", f"{host}_1.{span}.summary.md"]
         trace = tbcheck.load_json(out / window / f"{host}_1.{span}.pt.trace.json.gz")
         assert trace["distributedInfo"]["rank"] == 1 and trace["vt_lightning"]["global_rank"] == 1
         # One worker: it loads, and the plugin even offers a (one-worker) Distributed view for it.

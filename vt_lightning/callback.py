@@ -8,12 +8,15 @@ import math
 import os
 import shutil
 import socket
+import sys
+import weakref
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from . import __version__
 from .filters import PythonFilter, module_hook_locations, path_matches_anything, path_prefixes
@@ -78,6 +81,8 @@ class VizTraceCallback(Callback):
             runs the schedule on its own batches (counted from 0), and its windows are named by
             stage (``validate-window_000-batches_2-4``). Validation inside ``fit`` is not a stage:
             inside a window it shows as a ``[pl][profile]validation`` range.
+        summary: write ``<worker>.<span>.summary.json`` / ``.md`` per window (computed in the writer
+            process), log its scalars to the Trainer's loggers and print a table at the end of fit.
 
     Example::
 
@@ -109,6 +114,7 @@ class VizTraceCallback(Callback):
         ranks: list[int] | None = None,
         compression_level: int = 3,
         stages: list[str] | None = None,
+        summary: bool = True,
     ) -> None:
         super().__init__()
         self.schedule = Schedule(
@@ -139,6 +145,7 @@ class VizTraceCallback(Callback):
             ("with_flops", with_flops),
             ("memory_snapshot", memory_snapshot),
             ("lightning_view", lightning_view),
+            ("summary", summary),
         ):
             if not isinstance(flag, bool):
                 raise ValueError(f"`{name}` must be True or False, got {flag!r}")
@@ -168,6 +175,7 @@ class VizTraceCallback(Callback):
         self.memory_max_entries = memory_max_entries
         self.ranks = list(ranks) if ranks is not None else None
         self.compression_level = compression_level
+        self.summary = summary
 
         self._warn = WarnOnce()
         self._python: PythonTracer | None = None
@@ -187,6 +195,8 @@ class VizTraceCallback(Callback):
         self._eval_step = -1  # batch index within a validate / test / predict stage
         self._windows_recorded = 0  # windows of this run that recorded at least one batch
         self._batches_seen = 0
+        self._trainer: Any = None  # weakref to the Trainer, for the logging step at window close
+        self._unlogged: deque[WindowResult] = deque()  # summaries the writer returned, not yet logged
 
     def __repr__(self) -> str:
         s = self.schedule
@@ -210,6 +220,7 @@ class VizTraceCallback(Callback):
             return
         self._start_run(stage)
         log_dir = trainer.log_dir  # every rank must call it: it is broadcast from rank 0
+        self._trainer = weakref.ref(trainer)
         rank = trainer.global_rank
         if self.ranks is not None:
             unknown = [r for r in self.ranks if r >= trainer.world_size]
@@ -295,11 +306,15 @@ class VizTraceCallback(Callback):
         # batch in progress, so the global batch index is ``ready - 1``: ``step < next`` is ``ready <= next``.
         if trainer.fit_loop.epoch_loop.batch_progress.total.ready <= self._next_step:
             return
+        if self._unlogged and self._window is None:  # never inside a window: it would be traced
+            self._log_summaries(trainer)
         step = _global_batch(trainer)
         try:
             self._scheduled_batch_start(trainer, step)
         except Exception as err:  # a profiler fault never stops training
             self._fail_window(err)
+        if self._unlogged:  # arrived meanwhile: log at the next batch
+            self._next_step = -1
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -489,6 +504,8 @@ class VizTraceCallback(Callback):
         """Quiet until the warmup of the first window not over by ``step``."""
         nxt = self.schedule.next_window(step)
         self._next_step = nxt.warmup_start if nxt is not None else math.inf
+        if self._unlogged:  # the writer returned a summary: log it at the next batch start
+            self._next_step = -1
 
     def _skip(self, target: Window) -> None:
         self.windows_skipped += 1
@@ -522,6 +539,7 @@ class VizTraceCallback(Callback):
             "validation": window.range_log("validation"),
             "worker": worker,
             "span": span,
+            "log_step": self._log_step(),
             **self._rank_info,
         }
         job = window.close(
@@ -535,6 +553,7 @@ class VizTraceCallback(Callback):
         if job is not None:
             job.python_filter = self._python_filter
             self._windows_recorded += 1
+            job.summary = self.summary
             self._writer.submit(self._finish_job, job)
 
     def _warn_cut_window(self, window: ProfilingWindow, reason: str) -> None:
@@ -637,6 +656,11 @@ class VizTraceCallback(Callback):
                 "`max_stack_depth`, `include_files` or `ignore_c_function=True`.",
             )
         log.info("vt_lightning: wrote %s", result.trace_path)
+        if result.summary is not None:
+            # Loggers are not thread-safe: the training thread logs it at its next batch start
+            # (forced off the quiet path) or at the end of fit. Append first, then lower the bar.
+            self._unlogged.append(result)
+            self._next_step = -1
         return result
 
     def _run_job(self, job: WindowJob) -> WindowResult:
@@ -680,15 +704,41 @@ class VizTraceCallback(Callback):
                 self._fail_window(err)
         if self._writer is not None:
             self._writer.drain()
+        trainer = self._trainer() if self._trainer is not None else None
+        if self._unlogged and trainer is not None:
+            self._log_summaries(trainer)
+
+    def _log_step(self) -> int | None:
+        """The step Lightning logs this batch's metrics at (``_batches_that_stepped``, as its own
+        LearningRateMonitor does), so the window's scalars line up with the training curves."""
+        trainer = self._trainer() if self._trainer is not None else None
+        if trainer is None:
+            return None
+        loop = trainer.fit_loop.epoch_loop
+        return int(getattr(loop, "_batches_that_stepped", trainer.global_step))
+
+    def _log_summaries(self, trainer: pl.Trainer) -> None:
+        """On the training thread: every returned summary to every logger of the Trainer."""
+        from .loggers import log_summary
+
+        while self._unlogged:
+            result = self._unlogged.popleft()  # thread-safe against the writer thread's append
+            try:
+                log_summary(trainer.loggers, result.summary or {}, result.summary_markdown)
+            except Exception as err:
+                self._warn(
+                    f"logger:{type(err).__name__}",
+                    f"vt_lightning: could not log a window summary to the Trainer's loggers "
+                    f"({type(err).__name__}: {err}); the summary files are written anyway.",
+                )
 
     def _shutdown(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
             if self.results:
-                rank_zero_info(
-                    f"vt_lightning: {len(self.results)} window trace(s) in {self._root}\n"
-                    f"  view: tensorboard --logdir {self._root}  (PyTorch Profiler tab)"
+                _print_end_of_fit(
+                    self._root, len(self.results), [r.summary for r in self.results if r.summary is not None]
                 )
         if self._spool is not None:
             shutil.rmtree(self._spool, ignore_errors=True)
@@ -726,6 +776,25 @@ def _check_stages(stages: list[str] | None) -> tuple[str, ...]:
     if len(set(stages)) != len(stages):
         raise ValueError(f"`stages` lists a stage twice: {stages!r}")
     return tuple(stages)
+
+
+@rank_zero_only
+def _print_end_of_fit(root: Path | None, files: int, summaries: list[dict[str, Any]]) -> None:
+    """The windows' table and commands that work without an activated venv."""
+    command = f"{sys.executable} -m vt_lightning"
+    if summaries:
+        from .report import print_windows_table
+
+        try:
+            print_windows_table(sorted(summaries, key=lambda s: (s["window"].get("index") or 0)))
+        except Exception as err:  # a console problem never fails the run
+            log.warning("vt_lightning: could not print the summary table (%s)", err)
+    rank_zero_info(
+        f"vt_lightning: {files} window trace(s) in {root}\n"
+        f"  summary: {command} summary {root}\n"
+        f"  view:    {command} view {root}   (Perfetto UI, offline)\n"
+        f"  or:      tensorboard --logdir {root}  (PyTorch Profiler tab)"
+    )
 
 
 def _rival_lightning_profiler(trainer: pl.Trainer) -> str | None:

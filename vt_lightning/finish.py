@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ from .clock import MARKER_PREFIX, Calibration, ClockPair, best_marker_pair
 from .filters import PythonFilter, filter_python_events
 from .merge import encode_trace, merge_trace
 from .output import atomic_write, gzip_bytes
+from .report import encode_summary, render_markdown, summary_names
+from .summary import summarize
 
 BROWSER_LIMIT_BYTES = 300 * 1024 * 1024  # above this the trace viewer page tends to go blank
 
@@ -42,6 +45,7 @@ class WindowJob:
     python_dump_pid: int | None = None  # the forked child writing ``python_raw``, to be reaped
     clock_markers: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)
     python_filter: PythonFilter | None = None  # which recorded Python calls the trace keeps
+    summary: bool = True  # write <worker>.<span>.summary.json/.md beside the trace
 
 
 @dataclass
@@ -55,6 +59,10 @@ class WindowResult:
     suggested_tracer_entries: int | None = None
     memory_path: Path | None = None
     notes: list[str] = field(default_factory=list)
+    summary: dict[str, Any] | None = None  # see summary.py; None when it could not be computed
+    summary_path: Path | None = None
+    summary_markdown: str | None = None
+    summary_seconds: float = 0.0  # writer-process time spent on the summary and its files
 
 
 def _read_json(path: Path) -> Any:
@@ -176,11 +184,14 @@ def finish_window(job: WindowJob) -> WindowResult:
             suggested_tracer_entries=suggested,
             notes=notes,
         )
+        snapshot = None
         if job.memory_name is not None:
             try:
-                result.memory_path = _write_memory(job, merged)
+                result.memory_path, snapshot = _write_memory(job, merged)
             except Exception as err:  # the trace is written; a snapshot problem must not undo it
                 result.notes.append(f"memory snapshot not written ({type(err).__name__}: {err})")
+        if job.summary:
+            _write_summary(job, merged, snapshot, result)
         return result
     finally:
         remove_raw(job)
@@ -198,14 +209,34 @@ def _apply_lightning_view(merged: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _write_memory(job: WindowJob, merged: dict[str, Any]) -> Path | None:
+def _write_memory(job: WindowJob, merged: dict[str, Any]) -> tuple[Path | None, Any]:
     from . import memory
 
     snapshot = job.memory_snapshot
     if snapshot is None:
         snapshot = memory.build_cpu_snapshot(merged["traceEvents"])
     if snapshot is None:
-        return None
+        return None, None
     path = job.run_dir / str(job.memory_name)
     memory.write_snapshot(path, snapshot)
-    return path
+    return path, snapshot
+
+
+def _write_summary(job: WindowJob, merged: dict[str, Any], snapshot: Any, result: WindowResult) -> None:
+    """``<worker>.<span>.summary.json`` and ``.md`` beside the trace; a failure is a note, never a
+    lost window."""
+    start = time.perf_counter()
+    try:
+        summary = summarize(merged, snapshot)
+        json_name, md_name = summary_names(job.trace_name)
+        summary["window"]["trace"] = job.trace_name
+        atomic_write(job.run_dir / json_name, encode_summary(summary))
+        markdown = render_markdown(summary)
+        atomic_write(job.run_dir / md_name, markdown.encode())
+    except Exception as err:
+        result.notes.append(f"summary not written ({type(err).__name__}: {err})")
+    else:
+        result.summary = summary
+        result.summary_markdown = markdown
+        result.summary_path = job.run_dir / json_name
+    result.summary_seconds = time.perf_counter() - start

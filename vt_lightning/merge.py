@@ -384,6 +384,14 @@ def merge_trace(
     merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
     if origin_us:
         merged["baseTimeNanoseconds"] = int(merged.get("baseTimeNanoseconds", 0)) + origin_us * 1000
+    if "distributedInfo" not in merged and isinstance(vt_metadata.get("global_rank"), int):
+        # torch writes it only under torch.distributed; HTA reads the rank from it and otherwise
+        # warns and guesses rank 0 (wrong for every rank but one when ranks trace without DDP).
+        merged["distributedInfo"] = {
+            "backend": None,
+            "rank": vt_metadata["global_rank"],
+            "world_size": vt_metadata.get("world_size", 1),
+        }
     meta = dict(vt_metadata)
     meta["time_origin_us"] = origin_us
     meta["calibration"] = calibration.metadata()

@@ -1,0 +1,398 @@
+"""Window summaries: the pure computation on synthetic traces, and a real Trainer whose step time is
+known (a Dataset that sleeps 40 ms per batch, a training_step that spends its time in one function)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import lightning as L
+
+from vt_lightning import VizTraceCallback
+from vt_lightning.summary import (
+    BREAKDOWN_PARTS,
+    SCHEMA_VERSION,
+    attribute_step,
+    code_origin,
+    memory_summary,
+    summarize,
+)
+
+from conftest import make_trainer, trace_files
+
+DATA_WAIT_S = 0.040
+WORK_S = 0.012
+
+
+class SleepyBatches(Dataset):
+    """Each batch takes a known 40 ms to fetch (``batch_size=None``: one ``__getitem__`` per batch)."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(DATA_WAIT_S)
+        return torch.randn(4, 8)
+
+
+def crunch_features(x: torch.Tensor) -> torch.Tensor:
+    """The one user function the step spends most of its time in."""
+    time.sleep(WORK_S)
+    return x * 2
+
+
+class SlowDataModel(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 1)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.layer(crunch_features(batch)).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _summaries(root: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(p.read_bytes()) for p in sorted(Path(root).rglob("*.summary.json"))]
+
+
+@pytest.fixture(scope="module")
+def slow_data_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("slow_data")
+    callback = VizTraceCallback(wait=1, warmup=1, active=3, repeat=1)
+    trainer = make_trainer(root, [callback], max_steps=7)
+    trainer.fit(SlowDataModel(), DataLoader(SleepyBatches(), batch_size=None))
+    return root
+
+
+def test_summary_names_the_data_wait_and_the_busy_function(slow_data_run: Path) -> None:
+    (trace,) = trace_files(slow_data_run)
+    (summary,) = _summaries(slow_data_run)
+    stem = trace.name[: -len(".pt.trace.json.gz")]
+    assert (trace.parent / f"{stem}.summary.json").is_file()
+    assert (trace.parent / f"{stem}.summary.md").is_file()
+    assert summary["schema"] == SCHEMA_VERSION
+    assert summary["steps"]["recorded"] == [2, 3, 4]
+    assert summary["steps"]["counted"] == [3, 4]  # the first step's batch was fetched before recording
+    assert summary["steps"]["breakdown_source"] == "lightning stage ranges"
+    parts = summary["breakdown_ms"]
+    assert set(parts) == set(BREAKDOWN_PARTS)
+    assert 38.0 <= parts["data_wait"] <= 70.0, parts
+    assert max(parts, key=parts.get) == "data_wait", parts
+    # The parts tile the step: their sum is the mean step time.
+    assert sum(parts.values()) == pytest.approx(summary["step_ms"]["mean"], abs=0.05)
+    assert summary["step_ms"]["max"] >= summary["step_ms"]["p50"] >= DATA_WAIT_S * 1000
+    user = [e for e in summary["top_python"]["by_inclusive"] if e["origin"] == "user"]
+    crunch = [e for e in user if e["function"] == "crunch_features"]
+    assert crunch and crunch[0]["inclusive_ms"] >= WORK_S * 1000 * 0.9, user
+    assert crunch[0]["file"] == __file__
+    # User code comes first in both rankings.
+    for ranking in summary["top_python"].values():
+        origins = [e["origin"] for e in ranking]
+        assert origins[: len([o for o in origins if o == "user"])] == ["user"] * origins.count("user")
+    assert summary["top_ops"]["by_cpu"] and summary["gpu"] is None
+    assert summary["memory"]["peak_allocated_bytes"] > 0
+    markdown = (trace.parent / f"{stem}.summary.md").read_text()
+    assert "crunch_features" in markdown and "| data wait |" in markdown
+
+
+def test_tensorboard_gets_the_scalars_and_the_table(slow_data_run: Path) -> None:
+    from tensorboard.backend.event_processing import event_accumulator
+
+    (summary,) = _summaries(slow_data_run)
+    (events,) = list(Path(slow_data_run).rglob("events.out.tfevents.*"))
+    acc = event_accumulator.EventAccumulator(str(events.parent), size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    scalars = acc.Tags()["scalars"]
+    for name in ("step_ms", "data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
+                 "peak_allocated_mb"):
+        assert f"vt_lightning/{name}" in scalars, scalars
+    (point,) = acc.Scalars("vt_lightning/data_wait_ms")
+    assert point.value == pytest.approx(summary["breakdown_ms"]["data_wait"], rel=1e-5)
+    assert point.step == 4 == summary["window"]["log_step"]  # the window's last batch, as Lightning logs it
+    texts = [t for t in acc.Tags()["tensors"] if t.startswith("vt_lightning/window_0")]
+    assert texts, acc.Tags()["tensors"]
+    (text,) = acc.Tensors(texts[0])
+    assert b"crunch_features" in text.tensor_proto.string_val[0]
+
+
+def test_csv_logger_gets_the_scalars(tmp_path: Path) -> None:
+    from lightning.pytorch.loggers import CSVLogger
+
+    trainer = make_trainer(
+        tmp_path, [VizTraceCallback(wait=0, warmup=1, active=2)], max_steps=5,
+        logger=CSVLogger(tmp_path), log_every_n_steps=1,
+    )
+    from conftest import MarkerModel, loader
+
+    trainer.fit(MarkerModel(), loader())
+    (metrics,) = list(tmp_path.rglob("metrics.csv"))
+    header, *rows = metrics.read_text().splitlines()
+    assert "vt_lightning/step_ms" in header and "vt_lightning/forward_ms" in header
+    column = header.split(",").index("vt_lightning/step_ms")
+    assert [r for r in rows if r.split(",")[column]]
+
+
+def test_summary_off_writes_no_summary(tmp_path: Path) -> None:
+    from conftest import MarkerModel, loader
+
+    trainer = make_trainer(tmp_path, [VizTraceCallback(wait=0, warmup=1, active=1, summary=False)], max_steps=3)
+    trainer.fit(MarkerModel(), loader())
+    assert trace_files(tmp_path) and not list(tmp_path.rglob("*.summary.*"))
+
+
+def test_summary_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match="`summary`"):
+        VizTraceCallback(summary="yes")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure functions on synthetic traces
+# --------------------------------------------------------------------------------------------------
+
+MAIN = (1, 1)
+
+
+def _x(name: str, ts: float, dur: float, cat: str, thread: tuple = MAIN, **args: Any) -> dict[str, Any]:
+    event = {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, "pid": thread[0], "tid": thread[1]}
+    if args:
+        event["args"] = args
+    return event
+
+
+def test_each_instant_goes_to_the_innermost_stage() -> None:
+    # optimizer_step wraps the closure (training_step, backward), as in automatic optimization.
+    ranges = [(0.0, 10.0, "data_wait"), (12.0, 100.0, "optimizer"), (15.0, 45.0, "forward"), (50.0, 90.0, "backward")]
+    parts = attribute_step((0.0, 110.0), ranges)
+    assert parts == {"data_wait": 10.0, "forward": 30.0, "backward": 40.0, "optimizer": 18.0, "other": 12.0}
+
+
+def test_code_origin_folds_packages_and_knows_user_code(tmp_path: Path) -> None:
+    assert code_origin("/x/lib/python3.11/site-packages/torch/nn/modules/module.py") == ("package", "torch")
+    assert code_origin("/x/dist-packages/lightning/pytorch/trainer/call.py") == ("package", "lightning")
+    assert code_origin(None) == ("builtin", None)
+    assert code_origin("<frozen posixpath>") == ("stdlib", None)
+    assert code_origin(str(tmp_path / "train.py")) == ("user", None)
+    import json
+
+    assert code_origin(json.__file__) == ("stdlib", None)
+
+
+def _cuda_trace() -> dict[str, Any]:
+    """Two steps on the main thread; kernels on stream 7 of device 0, launched by correlation."""
+    user = "/home/me/train.py"
+    events = [
+        _x("ProfilerStep#5", 0.0, 1000.0, "user_annotation"),
+        _x("ProfilerStep#6", 1000.0, 1000.0, "user_annotation"),
+        _x("[pl][profile][_TrainingEpochLoop].train_dataloader_next", 1000.0, 300.0, "cpu_op"),
+        _x("[pl][profile][Strategy]S.training_step", 1300.0, 400.0, "cpu_op"),
+        _x(f"load_batch ({user}:3)", 1000.0, 300.0, "FEE"),
+        _x(f"training_step ({user}:10)", 1300.0, 400.0, "FEE"),
+        _x(f"sync_metrics ({user}:20)", 1750.0, 200.0, "FEE"),
+        _x("aten::linear", 1310.0, 50.0, "cpu_op"),
+        _x("aten::addmm", 1320.0, 30.0, "cpu_op"),
+        _x("cudaLaunchKernel", 1330.0, 5.0, "cuda_runtime", correlation=42),
+        _x("aten::relu", 1400.0, 20.0, "cpu_op"),
+        _x("cudaLaunchKernel", 1405.0, 5.0, "cuda_runtime", correlation=43),
+        _x("gemm_kernel", 1340.0, 200.0, "kernel", thread=(0, 7), correlation=42),
+        _x("relu_kernel", 1540.0, 100.0, "kernel", thread=(0, 7), correlation=43),
+        _x("gemm_kernel", 100.0, 300.0, "kernel", thread=(0, 7), correlation=1),
+    ]
+    return {"vt_lightning": {"window": 3, "worker": "h_0", "span": "0000000005", "global_rank": 0},
+            "traceEvents": events}
+
+
+def test_gpu_busy_percent_idle_gaps_and_kernel_time_per_op() -> None:
+    summary = summarize(_cuda_trace())
+    gpu = summary["gpu"]
+    assert summary["window"]["device"] == "cuda"
+    # Kernels cover 300 + 300 us of the 2000 us the two steps span.
+    assert gpu["busy_percent"] == pytest.approx(30.0)
+    assert gpu["wall_ms"] == pytest.approx(2.0)
+    gaps = gpu["idle_gaps"]
+    assert [g["ms"] for g in gaps] == pytest.approx([0.94, 0.36, 0.1])
+    # The gap 1640..2000 us: the training thread was in sync_metrics (user code).
+    assert gaps[1]["python"].startswith("sync_metrics") and gaps[1]["user_python"].startswith("sync_metrics")
+    # The gap 400..1340 (midpoint 870): no Python call of the training thread covers it.
+    assert gaps[0]["python"] is None
+    by_kernel = {op["name"]: op["kernel_ms"] for op in summary["top_ops"]["by_kernel"]}
+    # Per recorded step (2): addmm launched the 200 us gemm, relu the 100 us kernel.
+    assert by_kernel["aten::addmm"] == pytest.approx(0.1)
+    assert by_kernel["aten::relu"] == pytest.approx(0.05)
+    assert by_kernel["(no launching op)"] == pytest.approx(0.15)
+    # Only step 6 counts (step 5 misses its fetch): data 300, forward 400, other 300.
+    assert summary["steps"]["counted"] == [6]
+    assert summary["breakdown_ms"] == {"data_wait": 0.3, "forward": 0.4, "backward": 0.0, "optimizer": 0.0, "other": 0.3}
+
+
+def test_breakdown_falls_back_on_lightning_methods_without_stage_ranges() -> None:
+    site = "/v/lib/python3.11/site-packages/lightning/pytorch"
+    events = [
+        _x("ProfilerStep#1", 0.0, 100.0, "user_annotation"),
+        _x("ProfilerStep#2", 100.0, 100.0, "user_annotation"),
+        _x(f"_PrefetchDataFetcher.__next__ ({site}/loops/fetchers.py:120)", 100.0, 30.0, "FEE"),
+        _x(f"_DataFetcher.__next__ ({site}/loops/fetchers.py:56)", 101.0, 28.0, "FEE"),
+        _x(f"LightningModule.optimizer_step ({site}/core/module.py:1300)", 130.0, 60.0, "FEE"),
+        _x(f"Strategy.training_step ({site}/strategies/strategy.py:380)", 131.0, 20.0, "FEE"),
+        _x(f"Strategy.backward ({site}/strategies/strategy.py:200)", 160.0, 25.0, "FEE"),
+    ]
+    summary = summarize({"traceEvents": events})
+    assert summary["steps"]["breakdown_source"] == "lightning methods (python calls)"
+    assert summary["breakdown_ms"] == {"data_wait": 0.03, "forward": 0.02, "backward": 0.025, "optimizer": 0.015, "other": 0.01}
+    # Both fetcher calls are lightning: folded into one package line with inclusive counted once.
+    folded = [e for e in summary["top_python"]["by_inclusive"] if e["function"] == "lightning (folded)"]
+    assert not folded or folded[0]["inclusive_ms"] <= 0.1
+
+
+def test_self_time_excludes_children_and_recursion_counts_once() -> None:
+    user = "/home/me/model.py"
+    events = [
+        _x("ProfilerStep#1", 0.0, 100.0, "user_annotation"),
+        _x(f"outer ({user}:1)", 0.0, 100.0, "FEE"),
+        _x(f"recurse ({user}:5)", 10.0, 60.0, "FEE"),
+        _x(f"recurse ({user}:5)", 20.0, 30.0, "FEE"),
+    ]
+    summary = summarize({"traceEvents": events})
+    rows = {e["function"]: e for e in summary["top_python"]["by_self"]}
+    assert rows["outer"]["self_ms"] == pytest.approx(0.04)
+    assert rows["recurse"]["self_ms"] == pytest.approx(0.06)
+    assert rows["recurse"]["inclusive_ms"] == pytest.approx(0.06)  # not 0.09
+    assert rows["recurse"]["calls"] == 2
+
+
+def test_memory_peaks_and_allocation_sites_from_a_cuda_snapshot() -> None:
+    user = {"filename": "/home/me/model.py", "line": 7, "name": "forward"}
+    torch_frame = {"filename": "/v/site-packages/torch/nn/functional.py", "line": 9, "name": "linear"}
+    cpp = {"filename": "c10/cuda/CUDACachingAllocator.cpp", "line": 1, "name": "malloc"}
+    mb = 2**20
+    snapshot = {
+        "segments": [{"device": 0, "total_size": 20 * mb, "blocks": [
+            {"size": 4 * mb, "state": "active_allocated"}, {"size": 16 * mb, "state": "inactive"}]}],
+        "device_traces": [[
+            {"action": "segment_alloc", "addr": 0, "size": 20 * mb, "frames": [cpp]},
+            {"action": "alloc", "addr": 0, "size": 10 * mb, "frames": [cpp, torch_frame, user]},
+            {"action": "alloc", "addr": 10 * mb, "size": 4 * mb, "frames": [cpp, torch_frame]},
+            {"action": "free_requested", "addr": 0, "size": 10 * mb, "frames": []},
+            {"action": "free_completed", "addr": 0, "size": 10 * mb, "frames": []},
+        ]],
+    }
+    memory = memory_summary([], snapshot)
+    assert memory["peak_allocated_mb"] == pytest.approx(14.0)
+    assert memory["peak_reserved_mb"] == pytest.approx(20.0)
+    assert memory["peak_source"] == "memory snapshot replay"
+    sites = memory["top_allocation_sites"]
+    assert sites[0]["site"] == "forward (/home/me/model.py:7)" and sites[0]["mb"] == pytest.approx(10.0)
+    assert sites[1]["site"].startswith("linear (")  # no user frame: the innermost Python frame
+
+
+def test_memory_peaks_from_torch_memory_events() -> None:
+    events = [
+        {"ph": "i", "name": "[memory]", "ts": 1.0, "pid": 1, "tid": 1,
+         "args": {"Total Allocated": 3 * 2**20, "Total Reserved": 8 * 2**20, "Bytes": 1, "Device Type": 1, "Device Id": 0}},
+        {"ph": "i", "name": "[memory]", "ts": 2.0, "pid": 1, "tid": 1,
+         "args": {"Total Allocated": 5 * 2**20, "Total Reserved": 8 * 2**20, "Bytes": 1, "Device Type": 1, "Device Id": 0}},
+        {"ph": "i", "name": "[memory]", "ts": 2.0, "pid": 1, "tid": 1,
+         "args": {"Total Allocated": 2**20, "Bytes": 1, "Device Type": 0, "Device Id": -1}},
+    ]
+    memory = memory_summary(events, None)
+    assert memory["peak_allocated_mb"] == 5.0 and memory["peak_reserved_mb"] == 8.0
+    assert memory["devices"]["cpu"] == {"peak_allocated_mb": 1.0}
+
+
+def test_a_trace_without_steps_gives_an_empty_but_valid_summary() -> None:
+    summary = summarize({"traceEvents": []})
+    assert summary["steps"]["recorded"] == [] and summary["step_ms"]["mean"] is None
+    assert orjson.loads(orjson.dumps(summary)) == summary
+
+
+class _RecordingLogger:
+    """A Lightning logger that records each ``log_metrics`` call with its thread and batch."""
+
+    @staticmethod
+    def make() -> Any:
+        import threading
+
+        from lightning.pytorch.loggers import Logger
+
+        class RecordingLogger(Logger):
+            def __init__(self) -> None:
+                super().__init__()
+                self.calls: list[tuple[int | None, dict[str, float], str, int]] = []
+                self.batch = -1
+
+            @property
+            def name(self) -> str:
+                return "recording"
+
+            @property
+            def version(self) -> int:
+                return 0
+
+            def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+                self.calls.append((step, dict(metrics), threading.current_thread().name, self.batch))
+
+            def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+                pass
+
+        return RecordingLogger()
+
+
+def _hold_until_written(logger: Any, tracer: VizTraceCallback, at_batch: int, windows: int) -> Any:
+    """A callback (placed before the tracer) that holds batch ``at_batch`` until ``windows`` windows
+    are written, so which batch logs them does not depend on timing."""
+    from lightning.pytorch.callbacks import Callback
+
+    class Hold(Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            logger.batch = trainer.fit_loop.total_batch_idx
+            if logger.batch == at_batch:
+                deadline = time.monotonic() + 120
+                while len(tracer.results) < windows and time.monotonic() < deadline:
+                    time.sleep(0.01)
+
+    return Hold()
+
+
+def _ours(logger: Any) -> list[tuple[int | None, dict[str, float], str, int]]:
+    return [c for c in logger.calls if any(k.startswith("vt_lightning/") for k in c[1])]
+
+
+def test_summary_is_logged_on_the_training_thread_at_the_next_batch(tmp_path: Path) -> None:
+    """Not only at the end of fit: at the first batch start after the writer returned the window."""
+    import threading
+
+    from conftest import MarkerModel, loader
+
+    tracer = VizTraceCallback(wait=0, warmup=1, active=2, repeat=1)
+    logger = _RecordingLogger.make()
+    trainer = make_trainer(tmp_path, [_hold_until_written(logger, tracer, 4, 1), tracer], max_steps=8, logger=logger)
+    trainer.fit(MarkerModel(), loader())
+    (call,) = _ours(logger)
+    step, metrics, thread, batch = call
+    assert thread == threading.main_thread().name
+    assert batch == 4  # logged at the batch start right after the result came back, not at the end
+    assert step == 2  # the window's last batch
+    assert metrics["vt_lightning/step_ms"] == tracer.results[0].summary["step_ms"]["mean"]
+
+
+def test_a_summary_arriving_during_a_window_is_logged_after_it(tmp_path: Path) -> None:
+    """Logging inside a window would put the logger's own calls into that window's trace."""
+    from conftest import MarkerModel, load_trace, loader
+
+    tracer = VizTraceCallback(wait=1, warmup=1, active=2, repeat=2)  # active 2-3 and 6-7
+    logger = _RecordingLogger.make()
+    hold = _hold_until_written(logger, tracer, 6, 1)  # window 0 is written while window 1 records
+    trainer = make_trainer(tmp_path, [hold, tracer], max_steps=10, logger=logger)
+    trainer.fit(MarkerModel(), loader())
+    batches = [c[3] for c in _ours(logger)]
+    assert batches[0] == 8  # the first batch start after window 1 closed
+    second = load_trace(tracer.results[1].trace_path)
+    assert not [e for e in second["traceEvents"] if "RecordingLogger.log_metrics" in str(e.get("name"))]

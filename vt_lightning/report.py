@@ -1,0 +1,282 @@
+"""Summaries for people and scripts: file names, markdown, console tables, finding them on disk.
+
+Pure rendering and reading; computing a summary is ``summary.py``, writing it is ``finish.py``.
+Console tables use rich when it is installed and plain text otherwise (see ``print_table``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+TRACE_SUFFIX = ".pt.trace.json.gz"  # as output.TRACE_SUFFIX; kept here so readers import no writer code
+SUMMARY_JSON_SUFFIX = ".summary.json"
+SUMMARY_MD_SUFFIX = ".summary.md"
+PART_LABELS = {
+    "data_wait": "data wait",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "other": "other",
+}
+
+
+class SummaryNotFound(Exception):
+    """Nothing to read where the user pointed; the message is one line for the console."""
+
+
+def summary_names(trace_name: str) -> tuple[str, str]:
+    """``host_0.0000000002.pt.trace.json.gz`` -> (``host_0.0000000002.summary.json``, ``... .md``)."""
+    stem = trace_name[: -len(TRACE_SUFFIX)] if trace_name.endswith(TRACE_SUFFIX) else trace_name.split(".pt.trace")[0]
+    return stem + SUMMARY_JSON_SUFFIX, stem + SUMMARY_MD_SUFFIX
+
+
+def encode_summary(summary: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Markdown
+# --------------------------------------------------------------------------------------------------
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _where(entry: Mapping[str, Any]) -> str:
+    if entry.get("folded"):
+        return f"{entry['folded']} functions"
+    if entry.get("file"):
+        return f"{os.path.basename(str(entry['file']))}:{entry.get('line')}"
+    return entry.get("origin") or ""
+
+
+def window_title(summary: Mapping[str, Any]) -> str:
+    window = summary.get("window") or {}
+    recorded = (summary.get("steps") or {}).get("recorded") or []
+    steps = f"batches {recorded[0]}-{recorded[-1]}" if recorded else "no steps"
+    return f"window {window.get('index')} ({steps}, {window.get('worker')})"
+
+
+def render_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
+    """A short report of one window: step time, breakdown, top Python, top ops, GPU, memory."""
+    steps = summary.get("steps") or {}
+    step = summary.get("step_ms") or {}
+    mean = step.get("mean") or 0.0
+    lines = [f"### vt_lightning {window_title(summary)}", ""]
+    counted = steps.get("counted") or []
+    lines.append(
+        f"Step time: mean **{_num(step.get('mean'))} ms**, p50 {_num(step.get('p50'))} ms, "
+        f"max {_num(step.get('max'))} ms over batches {', '.join(map(str, counted)) or '–'} "
+        f"(breakdown from {steps.get('breakdown_source', '?')})."
+    )
+    lines += ["", "| part | ms/step | share |", "|---|---:|---:|"]
+    for part, ms in (summary.get("breakdown_ms") or {}).items():
+        share = f"{100 * ms / mean:.0f}%" if mean else "–"
+        lines.append(f"| {PART_LABELS.get(part, part)} | {_num(ms)} | {share} |")
+    python = (summary.get("top_python") or {}).get("by_inclusive") or []
+    if python:
+        lines += ["", "| Python function (user code first) | where | incl. ms/step | self ms/step | calls |",
+                  "|---|---|---:|---:|---:|"]
+        for entry in python[: top * 2]:
+            lines.append(
+                f"| `{entry['function']}` | {_where(entry)} | {_num(entry['inclusive_ms'], 2)} | "
+                f"{_num(entry['self_ms'], 2)} | {entry['calls']} |"
+            )
+    ops = (summary.get("top_ops") or {}).get("by_cpu") or []
+    if ops:
+        lines += ["", "| torch op | self CPU ms/step | CPU ms/step | calls |", "|---|---:|---:|---:|"]
+        for op in ops[:top]:
+            lines.append(f"| `{op['name']}` | {_num(op['self_cpu_ms'], 2)} | {_num(op['cpu_ms'], 2)} | {op['calls']} |")
+    kernel_ops = (summary.get("top_ops") or {}).get("by_kernel") or []
+    if kernel_ops:
+        lines += ["", "| torch op | kernel ms/step | kernels |", "|---|---:|---:|"]
+        for op in kernel_ops[:top]:
+            lines.append(f"| `{op['name']}` | {_num(op['kernel_ms'], 2)} | {op['kernels']} |")
+    gpu = summary.get("gpu")
+    if gpu:
+        lines += ["", f"GPU busy **{_num(gpu['busy_percent'])}%** of {_num(gpu['wall_ms'])} ms."]
+        if gpu.get("idle_gaps"):
+            lines += ["", "| GPU idle gap | ms | training thread was in | user code |", "|---|---:|---|---|"]
+            for i, gap in enumerate(gpu["idle_gaps"][:top], 1):
+                lines.append(f"| {i} | {_num(gap['ms'], 2)} | `{gap.get('python') or '–'}` | `{gap.get('user_python') or '–'}` |")
+    memory = summary.get("memory")
+    if memory:
+        reserved = memory.get("peak_reserved_mb")
+        lines += ["", f"Memory peak: **{_num(memory.get('peak_allocated_mb'))} MB** allocated"
+                  + (f", {_num(reserved)} MB reserved" if reserved else "") + "."]
+        sites = memory.get("top_allocation_sites") or []
+        if sites:
+            lines += ["", "| allocation site | MB allocated | allocations |", "|---|---:|---:|"]
+            for site in sites[:top]:
+                lines.append(f"| `{site['site']}` | {_num(site['mb'], 2)} | {site['allocations']} |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Finding summaries on disk
+# --------------------------------------------------------------------------------------------------
+
+
+def load_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        data = orjson.loads(Path(path).read_bytes())
+    except (OSError, orjson.JSONDecodeError) as err:
+        raise SummaryNotFound(f"{path}: not a readable summary ({err})") from None
+    if not isinstance(data, dict) or "schema" not in data or "breakdown_ms" not in data:
+        raise SummaryNotFound(f"{path}: not a vt_lightning summary")
+    data["_path"] = str(path)
+    return data
+
+
+def find_traces(target: str | os.PathLike[str]) -> list[Path]:
+    """Trace files under a directory (or the file itself), oldest first by modification time."""
+    path = Path(target)
+    if not path.exists():
+        raise SummaryNotFound(f"{path}: no such file or directory")
+    if path.is_file():
+        if not path.name.endswith((TRACE_SUFFIX, ".json", ".json.gz")):
+            raise SummaryNotFound(f"{path}: not a trace file (*{TRACE_SUFFIX})")
+        return [path]
+    found = sorted(path.rglob(f"*{TRACE_SUFFIX}"), key=lambda p: (p.stat().st_mtime, str(p)))
+    if not found:
+        raise SummaryNotFound(f"{path}: no vt_lightning traces (*{TRACE_SUFFIX}) under it")
+    return found
+
+
+def hta_trace_files(window_dir: str | os.PathLike[str]) -> dict[int, str]:
+    """``{global rank: trace path}`` of one window directory, for HTA's
+    ``TraceAnalysis(trace_files=..., trace_dir=...)``. HTA's own directory scan takes every
+    ``*.json`` / ``*.gz`` for a trace, the ``.summary.json`` files included."""
+    out: dict[int, str] = {}
+    for trace in sorted(Path(window_dir).glob(f"*{TRACE_SUFFIX}")):
+        worker = trace.name.split(".", 1)[0]
+        rank = worker.rsplit("_", 1)[-1]
+        if rank.isdigit():
+            out[int(rank)] = str(trace)
+    if not out:
+        raise SummaryNotFound(f"{window_dir}: no vt_lightning traces (*{TRACE_SUFFIX}) in it")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Console tables: rich when it is installed, plain text otherwise
+# --------------------------------------------------------------------------------------------------
+#
+# rich is optional on purpose: Lightning switches its default progress bar and model summary to
+# their rich versions whenever rich is importable, so depending on it would change every user's
+# Trainer output just by installing a profiler.
+
+Column = tuple[str, bool]  # (header, right-aligned)
+
+
+def rich_available() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def print_table(
+    title: str,
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[str]],
+    styles: Mapping[tuple[int, int], str] | None = None,
+    caption: str | None = None,
+    file: Any = None,
+) -> None:
+    """One table on the console; ``styles`` maps (row, column) to a rich style (ignored in plain text)."""
+    styles = styles or {}
+    if rich_available():
+        from rich import box
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
+                      box=box.SIMPLE_HEAD, padding=(0, 1))
+        for i, (header, right) in enumerate(columns):
+            table.add_column(header, justify="right" if right else "left", no_wrap=right, overflow="fold")
+        for r, row in enumerate(rows):
+            cells = []
+            for c, cell in enumerate(row):
+                style = styles.get((r, c))
+                cells.append(f"[{style}]{escape(cell)}[/{style}]" if style else escape(cell))
+            table.add_row(*cells)
+        Console(file=file).print(table)
+        return
+    import textwrap
+
+    out = file or sys.stdout
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, (h, _) in enumerate(columns)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            cell.rjust(w) if right else cell.ljust(w) for cell, w, (_, right) in zip(cells, widths, columns)
+        ).rstrip()
+
+    print(title, file=out)
+    print(line([h for h, _ in columns]), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for row in rows:
+        print(line(row), file=out)
+    if caption:
+        print(textwrap.fill(caption, width=100), file=out)
+
+
+def _top_user_function(summary: Mapping[str, Any]) -> str | None:
+    for entry in (summary.get("top_python") or {}).get("by_inclusive") or []:
+        if entry.get("origin") == "user":
+            return f"{entry['function']} ({entry['inclusive_ms']:.1f} ms)"
+    return None
+
+
+SHORT_PARTS = {"data_wait": "data", "forward": "fwd", "backward": "bwd", "optimizer": "optim", "other": "other"}
+
+
+def print_windows_table(summaries: Sequence[Mapping[str, Any]], file: Any = None, title: str | None = None) -> None:
+    """One compact table (fits 80 columns): a row per window, ms per step, the largest part in
+    bold; the busiest user function of the latest windows in the caption."""
+    with_gpu = any(s.get("gpu") for s in summaries)
+    columns: list[Column] = [("win", False), ("batches", True), ("step", True)]
+    columns += [(short, True) for short in SHORT_PARTS.values()]
+    columns += [("GPU", True)] if with_gpu else []
+    columns += [("peak MB", True)]
+    rows: list[list[str]] = []
+    styles: dict[tuple[int, int], str] = {}
+    caption = []
+    for r, summary in enumerate(summaries):
+        window = summary.get("window") or {}
+        recorded = (summary.get("steps") or {}).get("recorded") or []
+        step = summary.get("step_ms") or {}
+        parts = summary.get("breakdown_ms") or {}
+        gpu = summary.get("gpu") or {}
+        memory = summary.get("memory") or {}
+        name = str(window.get("index"))
+        if window.get("global_rank"):
+            name += f" r{window['global_rank']}"
+        if parts:
+            largest = max(parts, key=lambda p: parts[p] or 0.0)
+            styles[(r, 3 + list(SHORT_PARTS).index(largest))] = "bold"
+        rows.append([
+            name,
+            f"{recorded[0]}-{recorded[-1]}" if recorded else "–",
+            _num(step.get("mean")),
+            *(_num(parts.get(p)) for p in SHORT_PARTS),
+            *([f"{gpu['busy_percent']:.0f}%" if gpu.get("busy_percent") is not None else "–"] if with_gpu else []),
+            _num(memory.get("peak_allocated_mb")),
+        ])
+        top = _top_user_function(summary)
+        if top:
+            caption.append(f"window {name}: {top}")
+    shown = caption[-4:]  # the latest windows; `vt-lightning summary` has them all
+    text = "busiest user function (incl.): " + "; ".join((["..."] if len(caption) > len(shown) else []) + shown)
+    print_table(title or "vt_lightning: where the step went (ms per step)", columns, rows, styles,
+                text if caption else None, file)
