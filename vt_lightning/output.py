@@ -43,9 +43,10 @@ def span_name(first_active_batch: int) -> str:
     return f"{first_active_batch:0{SPAN_WIDTH}d}"
 
 
-def window_dir_name(window_index: int, first_batch: int, last_batch: int) -> str:
-    """A run name that sorts by window and says which batches it holds."""
-    return f"window_{window_index:03d}-batches_{first_batch}-{last_batch}"
+def window_dir_name(window_index: int, first_batch: int, last_batch: int, reason: str | None = None) -> str:
+    """A run name that sorts by window and says which batches it holds (and, if triggered, why)."""
+    why = f"-{reason}" if reason else ""
+    return f"window_{window_index:03d}{why}-batches_{first_batch}-{last_batch}"
 
 
 def trace_file_name(worker: str, span: str) -> str:
