@@ -655,7 +655,7 @@ class VizTraceCallback(Callback):
             shutil.rmtree(self._spool, ignore_errors=True)
             self._spool = None
         self._next_step = self._next_check = math.inf
-        self._watch = self._slow_step = None
+        self._slow_step = None
         if self._signal is not None:
             self._signal.restore()
             self._signal = None

@@ -64,7 +64,7 @@ class SignalTrigger:
     def install(self) -> str | None:
         """Install the handler; return why not (a foreign handler, not the main thread) or None."""
         current = signal.getsignal(self.signum)
-        if current not in (signal.SIG_DFL, None) and current is not self._handle:
+        if current not in (signal.SIG_DFL, None) and current != self._handle:
             return f"{self.signum.name} already has a handler ({current!r})"
         try:
             self._previous = signal.signal(self.signum, self._handle)
@@ -78,7 +78,7 @@ class SignalTrigger:
             return
         self.installed = False
         try:
-            if signal.getsignal(self.signum) is self._handle:
+            if signal.getsignal(self.signum) == self._handle:
                 signal.signal(self.signum, self._previous if self._previous is not None else signal.SIG_DFL)
         except ValueError:  # off the main thread at teardown: leave it (it only sets a flag)
             pass
