@@ -47,6 +47,17 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     if "hook_us" in q:
         s["quiet"]["hook_us"] = stats(q["hook_us"])
         s["quiet"]["direct_ratio"] = stats(q["direct_ratio"])
+    if "armed_hook_us" in q:
+        base_s = [r["before"]["median_s"] for r in q["raw"]["base"]]
+        s["quiet"]["armed_hook_us"] = stats(q["armed_hook_us"])
+        s["quiet"]["check_us"] = stats(q["check_us"])
+        # a check every 0.5 s (trigger_interval): its cost spread over the steps of that interval
+        s["quiet"]["armed_direct_ratio"] = stats([
+            (b + us * 1e-6 + check * 1e-6 * b / 0.5) / b for us, check, b in zip(q["armed_hook_us"], q["check_us"], base_s)
+        ])
+    if "agreement" in q:
+        s["quiet"]["agreement_us"] = stats([a["quiet_us"] for a in q["agreement"]])
+        s["quiet"]["agreement_firing_us"] = stats([a["firing_us"] for a in q["agreement"]])
     for key, w in results["windows"].items():
         raw = w["raw"]
         vt, manual, none = raw["vt"], raw["manual"], raw["none"]
@@ -136,8 +147,19 @@ def rows(results: dict[str, Any]) -> list[tuple[str, dict[str, float], str, str]
     if "hook_us" in qs:
         out.append(("quiet step: vt's two hooks timed directly (µs)", qs["hook_us"], "", ""))
         add("quiet step: (step + vt hooks) / step, direct", qs["direct_ratio"], 1.01)
+    if "armed" in qs:
+        for region in ("before", "between", "after"):
+            add(f"quiet step {region} windows: vt, every trigger armed / none", qs["armed"][region], 1.01)
+    if "armed_hook_us" in qs:
+        out.append(("quiet step: vt's two hooks with the slow-step trigger armed (µs)", qs["armed_hook_us"], "", ""))
+        out.append(("trigger check, one process: file + RSS + signal + median (µs per check)", qs["check_us"], "", ""))
+        add("quiet step: (step + armed hooks + checks every 0.5 s) / step, direct", qs["armed_direct_ratio"], 1.01)
+    if "agreement_us" in qs:
+        out.append(("DDP agreement, 2 gloo ranks: all-reduce per check, nothing fired (µs)", qs["agreement_us"], "", ""))
+        out.append(("DDP agreement, 2 gloo ranks: per check when a trigger fired (µs)", qs["agreement_firing_us"], "", ""))
     add("quiet step: naive VizTracer built at setup / none", qs["naive"]["before"])
-    for config, label in (("vt", "VizTraceCallback"), ("empty", "empty Callback()")):
+    for config, label in (("vt", "VizTraceCallback"), ("armed", "VizTraceCallback, triggers armed"),
+                          ("empty", "empty Callback()")):
         if config in qs.get("extra_us_before", {}):
             out.append((f"quiet step before windows: {label} - none (µs)", qs["extra_us_before"][config], "", ""))
     for key, e in s["windows"].items():
@@ -279,6 +301,8 @@ def plot(results: dict[str, Any], img_dir: Path) -> Path | None:
 
     for region in ("before", "between", "after"):
         bar(f"quiet {region}", s["quiet"]["vt"][region], 1.01)
+    if "armed" in s["quiet"]:
+        bar("quiet, every\ntrigger armed", s["quiet"]["armed"]["between"], 1.01)
     bar("quiet, naive\n(tracer built)", s["quiet"]["naive"]["before"], None)
     for key, e in s["windows"].items():
         n = f"{int(float(key)):.0e}".replace("+0", "")
