@@ -444,6 +444,14 @@ class VizTraceCallback(Callback):
         if self._signal is not None:
             self._signal.on_request = self._look_now
         self._slow_step = self._watch.slow
+        armed = [
+            *([f"slow step > {config.slow_step_factor:g}x median"] if config.slow_step_factor is not None else []),
+            *([f"{memory_kind} +{config.memory_growth:.0%} over {config.memory_growth_steps} batches"]
+              if config.memory_growth is not None else []),
+            *([f"signal {self._signal.signum.name}"] if self._signal is not None else []),
+            *([f"file {trigger_path}"] if trigger_path is not None else []),
+        ]
+        rank_zero_info(f"vt_lightning: triggers armed: {'; '.join(armed)}")
 
     def _look_now(self) -> None:
         """From the signal handler: in one process, look at the very next batch."""
