@@ -71,6 +71,7 @@ def run_steps(detector: SlowStep, clock: FakeClock, durations_ms: list[float]) -
         (dict(trigger_interval=-1.0), "trigger_interval"),
         (dict(trigger_file="yes"), "trigger_file"),
         (dict(scheduled_windows=None), "scheduled_windows"),
+        (dict(scheduled_windows=False, trigger_file=False), "scheduled_windows"),
     ],
 )
 def test_bad_trigger_options_raise_naming_the_argument(kwargs, name):
@@ -335,3 +336,17 @@ def test_signal_trigger_sets_a_flag_and_restores_the_handler():
     assert trigger.take() and not trigger.take()
     trigger.restore()
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+
+
+def test_trigger_options_come_through_the_environment_switch():
+    from vt_lightning.cli import callbacks_from_env
+
+    env = {"VT_LIGHTNING": "1", "VT_LIGHTNING_SLOW_STEP_FACTOR": "3", "VT_LIGHTNING_MEMORY_GROWTH": "0.2",
+           "VT_LIGHTNING_TRIGGER_SIGNAL": "SIGUSR1", "VT_LIGHTNING_MAX_WINDOWS": "4",
+           "VT_LIGHTNING_SCHEDULED_WINDOWS": "false", "VT_LIGHTNING_TRIGGER_INTERVAL": "0"}
+    (cb,) = callbacks_from_env(env)
+    assert cb.triggers == TriggerConfig(slow_step_factor=3.0, memory_growth=0.2, trigger_signal="SIGUSR1",
+                                        max_windows=4, trigger_interval=0.0)
+    assert cb.scheduled_windows is False
+    with pytest.raises(ValueError, match="VT_LIGHTNING_SLOW_STEP_FACTOR.*`slow_step_factor`"):
+        callbacks_from_env({"VT_LIGHTNING": "1", "VT_LIGHTNING_SLOW_STEP_FACTOR": "0.5"})

@@ -199,6 +199,9 @@ class VizTraceCallback(Callback):
         if not isinstance(scheduled_windows, bool):
             raise ValueError(f"`scheduled_windows` must be True or False, got {scheduled_windows!r}")
         self.scheduled_windows = scheduled_windows
+        if not scheduled_windows and not self.triggers.armed:
+            raise ValueError("`scheduled_windows`: False with no trigger armed would record nothing: arm a trigger "
+                             "(slow_step_factor, memory_growth, trigger_file, trigger_signal) or keep the schedule")
         if trigger_signal is not None and foreign_signal_handler(signal_number(trigger_signal)) is not None:
             raise ValueError(
                 f"`trigger_signal`: {trigger_signal} already has a handler "
