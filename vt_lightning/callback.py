@@ -17,9 +17,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 from . import __version__
+from .agreement import Agreement, gloo_agreement
 from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, collect_raw, finish_window, remove_raw
 from .lightning_view import LightningViewHooks
-from .agreement import Agreement, gloo_agreement
 from .memory import CudaMemoryRecorder, dump_oom_snapshot, is_cuda_oom, oom_file_name
 from .output import (
     BackgroundWriter,
@@ -439,7 +439,11 @@ class VizTraceCallback(Callback):
                 self._signal = None
         read_memory = memory_kind = None
         if config.memory_growth is not None:
-            read_memory, memory_kind = memory_reader(trainer.strategy.root_device if self._cuda else None)
+            try:
+                read_memory, memory_kind = memory_reader(trainer.strategy.root_device if self._cuda else None)
+            except Exception as err:  # the check still runs (DDP ranks must stay in step), without memory
+                self._warn("memory-probe", f"vt_lightning: cannot read memory use ({err}); "
+                           "the memory-growth trigger is off for this run.")
         self._watch = TriggerWatch(
             config, agreement, self._step_clock, trigger_path, self._signal, read_memory, memory_kind,
             self._warn, first_check=_global_batch(trainer) + 1,
