@@ -65,7 +65,6 @@ WAIT = 10  # window schedule of the size runs: steps 0..9 quiet, 10 warmup, 11..
 ACTIVE = 5
 SETTLE_STEPS = 25  # steady steps recorded once the writer is idle
 ARMED_SIGNAL = "SIGUSR1" if hasattr(__import__("signal"), "SIGUSR1") else None
-TRIGGER_INTERVAL_S = 0.5  # the default trigger_interval: how often a check (and in DDP, the all-reduce) runs
 
 
 def machine_info() -> dict[str, Any]:
