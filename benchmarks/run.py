@@ -7,8 +7,10 @@
 What is measured (everything inside a real Lightning ``Trainer.fit``; see docs/performance.md):
 
 1. quiet steps: per-step time outside windows (before the first, between, after the last) with the
-   callback vs without, plus an empty callback (Lightning's per-callback dispatch) and the naive
-   anchor (a ``VizTracer`` built at setup, never started);
+   callback vs without, plus an empty callback (Lightning's per-callback dispatch), the callback
+   with every trigger armed (slow step, memory growth, trigger file, signal), and the naive anchor
+   (a ``VizTracer`` built at setup, never started); the triggers' coarse check and the DDP
+   agreement's all-reduce (2 gloo processes) timed directly;
 2. window-end stall (last active batch's end-hook entry -> next batch start) vs VizTracer's own
    ``save()`` of the same steps to .json.gz, background write time, bytes/event, and the step time
    while the writer runs (GIL contention) vs steady state;
@@ -62,6 +64,7 @@ WINDOW_CALLS_IN_QUIET_RUNS = 100  # keep the quiet runs' windows small so their 
 WAIT = 10  # window schedule of the size runs: steps 0..9 quiet, 10 warmup, 11..13 active
 ACTIVE = 5
 SETTLE_STEPS = 25  # steady steps recorded once the writer is idle
+ARMED_SIGNAL = "SIGUSR1" if hasattr(__import__("signal"), "SIGUSR1") else None
 
 
 def machine_info() -> dict[str, Any]:
@@ -149,9 +152,14 @@ def run_quiet(config: str, layout: dict[str, int], root: str) -> dict[str, Any]:
         callbacks.append(Callback())
     elif config == "naive":
         callbacks.append(NaiveConstructedTracer())
-    elif config == "vt":
+    elif config in ("vt", "armed"):
+        triggers: dict[str, Any] = {"trigger_file": False}
+        if config == "armed":  # every trigger armed; thresholds no quiet step reaches (the cost is the same)
+            triggers = {"slow_step_factor": 50.0, "memory_growth": 1.0, "trigger_file": True,
+                        "trigger_cooldown": 10**6, "trigger_signal": ARMED_SIGNAL}
         cb = VizTraceCallback(
-            skip_first=layout["skip_first"], wait=layout["wait"], warmup=1, active=ACTIVE, repeat=2, dirpath=root
+            skip_first=layout["skip_first"], wait=layout["wait"], warmup=1, active=ACTIVE, repeat=2, dirpath=root,
+            **triggers,
         )
         instrument.time_writer_jobs(cb, writer_done)
         callbacks.append(cb)
@@ -183,7 +191,7 @@ def run_quiet(config: str, layout: dict[str, int], root: str) -> dict[str, Any]:
 
 def bench_quiet(rounds: int, root: str) -> dict[str, Any]:
     layout = quiet_layout(rounds < 3)
-    configs = ["base", "empty", "vt", "naive"]
+    configs = ["base", "empty", "vt", "armed", "naive"]
     raw: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     for r in range(rounds):
         order = configs[r % len(configs):] + configs[: r % len(configs)]
@@ -194,7 +202,7 @@ def bench_quiet(rounds: int, root: str) -> dict[str, Any]:
             gc.collect()
         print(f"  quiet round {r + 1}/{rounds} done", flush=True)
     ratios: dict[str, dict[str, list[float]]] = {}
-    for config in ("empty", "vt", "naive"):
+    for config in ("empty", "vt", "armed", "naive"):
         ratios[config] = {}
         for region in ("before", "between", "after"):
             ratios[config][region] = [
@@ -204,21 +212,29 @@ def bench_quiet(rounds: int, root: str) -> dict[str, Any]:
         config: [
             (run["before"]["median_s"] - base["before"]["median_s"]) * 1e6 for run, base in zip(raw[config], raw["base"])
         ]
-        for config in ("empty", "vt")
+        for config in ("empty", "vt", "armed")
     }
     hook_us = [quiet_hook_cost_us() for _ in range(rounds)]
     direct = [
         (base["before"]["median_s"] + us * 1e-6) / base["before"]["median_s"] for us, base in zip(hook_us, raw["base"])
     ]
+    armed_hook_us = [quiet_hook_cost_us(armed=True) for _ in range(rounds)]
+    check_us = [trigger_check_cost_us(root) for _ in range(rounds)]
     return {"layout": layout, "raw": raw, "ratios": ratios, "extra_us_before": extra_us,
-            "hook_us": hook_us, "direct_ratio": direct}
+            "hook_us": hook_us, "direct_ratio": direct, "armed_hook_us": armed_hook_us, "check_us": check_us}
 
 
-def quiet_hook_cost_us(calls: int = 200_000) -> float:
+def quiet_hook_cost_us(calls: int = 200_000, armed: bool = False) -> float:
     """What VizTraceCallback adds to a quiet step, timed directly: its two batch hooks outside any
     window (the only code it runs there; tests prove no hook is installed). Immune to the step-time
-    noise that dominates the ratios above; best of 5."""
+    noise that dominates the ratios above; best of 5. ``armed``: with the slow-step trigger, whose
+    quiet batches also read the clock and append to the baseline (the coarse checks are timed apart)."""
     cb = VizTraceCallback(skip_first=10**9)
+    if armed:
+        from vt_lightning.triggers import SlowStep
+
+        cb._slow_step = SlowStep(3.0, 50, time.perf_counter_ns)  # as armed by setup
+        cb._next_step, cb._next_check = -1, 10**12
     progress = SimpleNamespace(total=SimpleNamespace(ready=6))  # batch 5 in progress (Lightning's counter)
     trainer = SimpleNamespace(fit_loop=SimpleNamespace(total_batch_idx=5, epoch_loop=SimpleNamespace(batch_progress=progress)))
     start, end = cb.on_train_batch_start, cb.on_train_batch_end
@@ -230,6 +246,75 @@ def quiet_hook_cost_us(calls: int = 200_000) -> float:
             end(trainer, None, None, None, 0)
         best = min(best, (time.perf_counter() - t0) / calls)
     return best * 1e6
+
+
+def trigger_check_cost_us(root: str, checks: int = 5000) -> float:
+    """One coarse check in one process, every trigger armed: stat of the trigger file, one read of
+    /proc/self/statm, the signal flag, the slow-step median (50 steps) and the cadence; best of 3."""
+    from vt_lightning.agreement import Agreement
+    from vt_lightning.probes import memory_reader
+    from vt_lightning.sources import WindowPlan
+    from vt_lightning.triggers import TriggerConfig
+    from vt_lightning.watch import TriggerWatch
+    from vt_lightning.schedule import Schedule
+
+    config = TriggerConfig(slow_step_factor=3.0, memory_growth=1.0, trigger_file=True)
+    read, kind = memory_reader()
+    watch = TriggerWatch(config, Agreement(0), time.perf_counter_ns, Path(root) / "vt_lightning.trigger", None,
+                         read, kind, lambda key, message: None, first_check=0)
+    for _ in range(60):
+        watch.slow.steady()
+    plan = WindowPlan(Schedule(), scheduled=False)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for step in range(checks):
+            watch.next_check = step
+            watch.check(step, plan)
+        best = min(best, (time.perf_counter() - t0) / checks)
+    return best * 1e6
+
+
+def _agreement_worker(rank: int, world: int, init: str, checks: int, out: Any) -> None:
+    import torch.distributed as dist
+
+    from vt_lightning.agreement import gloo_agreement
+    from vt_lightning.triggers import SLOW_STEP, Firing
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    agreement, _ = gloo_agreement(rank, None)
+    for _ in range(200):
+        agreement.agree([], 8)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(checks):
+        agreement.agree([], 8)
+    quiet = (time.perf_counter() - t0) / checks
+    fired = [Firing(SLOW_STEP, 5, 0.4, 0.01, "s")] if rank == 1 else []
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(checks // 10):
+        agreement.agree(fired, 8)
+    firing = (time.perf_counter() - t0) / (checks // 10)
+    if rank == 0:
+        out.put({"quiet_us": quiet * 1e6, "firing_us": firing * 1e6})
+    dist.destroy_process_group()
+
+
+def agreement_cost_us(root: str, checks: int = 2000) -> dict[str, float]:
+    """The DDP agreement's collective per check, 2 gloo processes on this machine (rank 0's view)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init = f"file://{tempfile.mktemp(dir=root, prefix='store-')}"
+    procs = [ctx.Process(target=_agreement_worker, args=(r, 2, init, checks, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    result = out.get(timeout=300)
+    for p in procs:
+        p.join(timeout=60)
+    return result
 
 
 # ------------------------------------------------------------------ 2-4. windows of 1e4 / 1e5 / 1e6 events
@@ -366,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds = args.rounds or (2 if args.quick else 6)
         print("1. quiet steps", flush=True)
         quiet = bench_quiet(rounds, root)
+        quiet["agreement"] = [agreement_cost_us(root, 500 if args.quick else 2000) for _ in range(2 if args.quick else 3)]
         plan = [(10_000, 2), (100_000, 1)] if args.quick else [(10_000, 5), (100_000, 5), (1_000_000, 3)]
         with_ptl = {10_000} if args.quick else {10_000, 100_000}
         print("2-4. windows", flush=True)

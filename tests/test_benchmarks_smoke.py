@@ -23,7 +23,8 @@ def test_quick_benchmark_completes_and_prints_the_table() -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     for text in ("measure", "min", "median", "max", "quiet step before windows: vt / none",
-                 "window-end stall", "active step vt / by-hand", "torch", "lightning", "viztracer", "cores"):
+                 "window-end stall", "active step vt / by-hand",
+                 "vt, every trigger armed / none", "trigger check, one process", "DDP agreement, 2 gloo ranks", "torch", "lightning", "viztracer", "cores"):
         assert text in out, text
 
 

@@ -265,3 +265,38 @@ def test_only_listed_ranks_trace(tmp_path):
         assert {(p.worker, type(p).__name__) for p in loaded.get_profiles()} == {
             (f"{host}_1", "RunProfile"), ("All", "DistributedRunProfile")
         }
+
+
+# ------------------------------------------------------------------- 5. triggered windows (issue 14)
+@pytest.mark.slow
+def test_a_slow_step_on_rank_1_only_opens_the_same_window_on_both_ranks(tmp_path):
+    """Virtual step clocks: 10 ms steps on both ranks, 400 ms for batch 30 on rank 1 only. Rank 0's
+    own clock never fires; the ranks' agreement (one gloo all-reduce per check, checks every ~0.1 s
+    = 10 batches once ramped up: batches 0, 1, 3, 7, 15, 25, 35) warms the window up at batch 35 on both."""
+    run = run_ddp(
+        tmp_path, "--max-steps", "45", "--samples", "720", "--slow-step-factor", "3", "--slow-rank", "1",
+        "--slow-batch", "30", "--triggers-only", "--trigger-interval", "0.1",
+    )
+    out = log_dir(run)
+    host = host_name()
+    name = "window_000-slow_step-batches_36-37"
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [name]
+    span = "0000000036"
+    assert sorted(p.name for p in (out / name).iterdir()) == sorted(
+        [f"{host}_{rank}.{span}.pt.trace.json.gz" for rank in (0, 1)]
+        + [f"{host}_{rank}.{span}.memory_snapshot.pickle" for rank in (0, 1)]
+        + [f"{host}_{rank}.{span}.summary.{ext}" for rank in (0, 1) for ext in ("json", "md")]
+    )
+    expected = {"reason": "slow_step", "batch": 30, "value": 0.4, "baseline": 0.01, "unit": "s", "rank": 1}
+    for rank in (0, 1):
+        trace = tbcheck.load_json(out / name / f"{host}_{rank}.{span}.pt.trace.json.gz")
+        meta = trace["vt_lightning"]
+        assert meta["global_rank"] == rank and meta["steps"] == [36, 37]
+        assert {k: pytest.approx(v) if isinstance(v, float) else v for k, v in meta["trigger"].items()} == expected
+        steps = sorted(int(e["name"].split("#")[1]) for e in trace["traceEvents"]
+                       if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#"))
+        assert steps == [36, 37]
+        assert run["ranks"][rank]["triggered"] == [[name, meta["trigger"]]]
+    # Both workers line up in the plugin's Distributed view, like scheduled windows.
+    loaded = tbcheck.load_run_dir(out / name, allowed_warnings=[COMM_OUTSIDE_STEP])
+    assert ("All", "DistributedRunProfile") in {(p.worker, type(p).__name__) for p in loaded.get_profiles()}

@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 import weakref
 from collections import deque
 from pathlib import Path
@@ -19,6 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from . import __version__
+from .agreement import Agreement, gloo_agreement
 from .filters import PythonFilter, module_hook_locations, path_matches_anything, path_prefixes
 from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, collect_raw, finish_window, remove_raw
 from .lightning_view import LightningViewHooks
@@ -34,9 +36,13 @@ from .output import (
     window_dir_name,
     worker_name,
 )
+from .probes import SignalTrigger, foreign_signal_handler, memory_reader
 from .pytracer import PythonTracer, PythonTracerConfig, foreign_profiler, interpreter_warning
 from .schedule import Phase, Schedule, Window
+from .sources import Planned, WindowPlan
 from .torchtracer import TorchTracer, TorchTracerConfig, torch_profiler_active
+from .triggers import TRIGGER_FILE_NAME, Firing, TriggerConfig, signal_number
+from .watch import TriggerWatch
 from .window import ProfilingWindow
 
 log = logging.getLogger("vt_lightning")
@@ -83,6 +89,21 @@ class VizTraceCallback(Callback):
             inside a window it shows as a ``[pl][profile]validation`` range.
         summary: write ``<worker>.<span>.summary.json`` / ``.md`` per window (computed in the writer
             process), log its scalars to the Trainer's loggers and print a table at the end of fit.
+        slow_step_factor: open a window when a step takes longer than this many times the median of
+            recent steps (> 1; None: off). See docs/triggers.md.
+        slow_step_baseline: steps in that median; the trigger arms once this many were measured.
+        memory_growth: open a window when memory in use (CUDA allocated, or RSS on CPU) grew by more
+            than this fraction (0.2 = +20%) over ``memory_growth_steps`` batches (None: off).
+        memory_growth_steps: batches over which growth is measured (none are sampled before it).
+        trigger_file: a file ``vt_lightning.trigger`` created in ``output_dir`` opens a window (and
+            is deleted). Opt-in: with DDP, any armed trigger makes the ranks join a small gloo group.
+        trigger_signal: a signal name (e.g. ``"SIGUSR1"``) that opens a window; None: off.
+        trigger_cooldown: batches between the end of a triggered window and the next slow-step or
+            memory-growth window.
+        trigger_interval: seconds between checks of the file, signal, memory (and, with DDP, the
+            ranks' agreement); 0: every batch.
+        max_windows: most windows in the run, scheduled and triggered together (None: no limit).
+        scheduled_windows: False: no scheduled windows, only triggered ones.
 
     Example::
 
@@ -115,6 +136,16 @@ class VizTraceCallback(Callback):
         compression_level: int = 3,
         stages: list[str] | None = None,
         summary: bool = True,
+        slow_step_factor: float | None = None,
+        slow_step_baseline: int = 50,
+        memory_growth: float | None = None,
+        memory_growth_steps: int = 100,
+        trigger_file: bool = False,
+        trigger_signal: str | None = None,
+        trigger_cooldown: int = 100,
+        trigger_interval: float = 0.5,
+        max_windows: int | None = None,
+        scheduled_windows: bool = True,
     ) -> None:
         super().__init__()
         self.schedule = Schedule(
@@ -176,6 +207,28 @@ class VizTraceCallback(Callback):
         self.ranks = list(ranks) if ranks is not None else None
         self.compression_level = compression_level
         self.summary = summary
+        self.triggers = TriggerConfig(
+            slow_step_factor=slow_step_factor,
+            slow_step_baseline=slow_step_baseline,
+            memory_growth=memory_growth,
+            memory_growth_steps=memory_growth_steps,
+            trigger_file=trigger_file,
+            trigger_signal=trigger_signal,
+            trigger_cooldown=trigger_cooldown,
+            trigger_interval=trigger_interval,
+            max_windows=max_windows,
+        )
+        if not isinstance(scheduled_windows, bool):
+            raise ValueError(f"`scheduled_windows` must be True or False, got {scheduled_windows!r}")
+        self.scheduled_windows = scheduled_windows
+        if not scheduled_windows and not self.triggers.armed:
+            raise ValueError("`scheduled_windows`: False with no trigger armed would record nothing: arm a trigger "
+                             "(slow_step_factor, memory_growth, trigger_file, trigger_signal) or keep the schedule")
+        if trigger_signal is not None and foreign_signal_handler(signal_number(trigger_signal)) is not None:
+            raise ValueError(
+                f"`trigger_signal`: {trigger_signal} already has a handler "
+                f"({foreign_signal_handler(signal_number(trigger_signal))!r}); choose another signal"
+            )
 
         self._warn = WarnOnce()
         self._python: PythonTracer | None = None
@@ -186,6 +239,14 @@ class VizTraceCallback(Callback):
         self._root: Path | None = None
         self._enabled = False
         self._next_step: float = math.inf
+        self._next_check: float = math.inf  # with the slow-step trigger: batches up to here only read the clock
+        self._plan = WindowPlan(self.schedule, scheduled_windows, max_windows, trigger_cooldown)
+        self._planned: Planned | None = None  # what the open window is (scheduled or why triggered)
+        self._watch: TriggerWatch | None = None
+        self._slow_step: Any = None  # the watch's SlowStep, read on every batch
+        self._signal: SignalTrigger | None = None
+        self._group: Any = None
+        self._triggered_runs: list[tuple[str, Firing]] = []
         self._rank_info: dict[str, Any] = {}
         self._cuda = False
         self._completed: set[int] = set()
@@ -229,6 +290,9 @@ class VizTraceCallback(Callback):
                     f"`ranks` names {unknown}, but this run has world_size={trainer.world_size}"
                 )
         self._enabled = self.ranks is None or rank in self.ranks
+        self._plan = WindowPlan(
+            self.schedule, self.scheduled_windows, self.triggers.max_windows, self.triggers.trigger_cooldown
+        )
         self._cuda = trainer.strategy.root_device.type == "cuda"
         other = next(
             (cb for cb in trainer.callbacks if isinstance(cb, VizTraceCallback) and cb is not self), None
@@ -272,6 +336,7 @@ class VizTraceCallback(Callback):
             self._root = Path(self.dirpath)
         else:
             self._root = Path(log_dir or trainer.default_root_dir)
+        agreement = self._agreement(trainer, rank) if rival is None else None
         if not self._enabled:
             return
         self._python = self._python or PythonTracer(self.python_config)  # reused: see pytracer._TRACERS
@@ -284,6 +349,8 @@ class VizTraceCallback(Callback):
         )
         self._writer = BackgroundWriter()
         self._spool = spool_directory()
+        if agreement is not None:
+            self._arm_triggers(trainer, agreement)
         self._schedule_from(_global_batch(trainer) if stage == "fit" else 0)
 
     def _start_run(self, stage: str) -> None:
@@ -298,13 +365,20 @@ class VizTraceCallback(Callback):
         self._windows_recorded = 0
         self._batches_seen = 0
         self._window = None
+        self._planned = None
+        self._triggered_runs = []
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         # Quiet batches: one attribute chain and one comparison, no allocation. ``ready`` counts the
         # batch in progress, so the global batch index is ``ready - 1``: ``step < next`` is ``ready <= next``.
-        if trainer.fit_loop.epoch_loop.batch_progress.total.ready <= self._next_step:
+        ready = trainer.fit_loop.epoch_loop.batch_progress.total.ready
+        if ready <= self._next_step:
+            return
+        # With the slow-step trigger armed, ``_next_step`` is -1 and quiet batches also read the clock once.
+        slow = self._slow_step
+        if slow is not None and slow.steady() and ready <= self._next_check:
             return
         if self._unlogged and self._window is None:  # never inside a window: it would be traced
             self._log_summaries(trainer)
@@ -327,6 +401,8 @@ class VizTraceCallback(Callback):
         window = self._window
         if window is None:
             return
+        if self._slow_step is not None:
+            self._slow_step.skip_next()  # a batch of a window is no baseline step, nor is the close after it
         try:
             if window.active:
                 window.step_end(step)
@@ -334,6 +410,10 @@ class VizTraceCallback(Callback):
                 self._close_window()
         except Exception as err:
             self._fail_window(err)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._slow_step is not None:
+            self._slow_step.skip_next()  # the interval across an epoch boundary is no training step
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._stage == "fit":
@@ -350,6 +430,8 @@ class VizTraceCallback(Callback):
                 self._fail_window(err)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._slow_step is not None:
+            self._slow_step.skip_next()  # the interval that holds a validation loop is no training step
         window = self._window
         if self._stage == "fit" and window is not None:
             try:
@@ -451,24 +533,118 @@ class VizTraceCallback(Callback):
         window = self._window
         if window is not None and step > window.window.last_step:
             self._close_window()  # its last batch end was never seen
+        if self._watch is not None:
+            self._ask_triggers(step)
         if self._window is None:
-            target = self.schedule.next_window(step)
-            if target is None:
-                self._next_step = math.inf
+            planned = self._plan.next_window(step)
+            if planned is None or step < planned.window.warmup_start:
+                self._quiet_until(planned.window.warmup_start if planned is not None else math.inf)
                 return
-            if step < target.warmup_start:
-                self._next_step = target.warmup_start
-                return
-            if target.index in self._completed:
+            self._plan.begin(planned)
+            target = dataclasses.replace(planned.window, index=planned.number)
+            if planned.trigger is None and planned.window.index in self._completed:
                 self._skip(target)
                 return
+            self._planned = planned
             self._window = self._open_window(target, trainer)
             if self._window is None:
                 self._skip(target)
                 return
-        if self.schedule.phase(step) is Phase.ACTIVE:
+            self._quiet_until(step)  # every batch of the window needs a look
+        if step >= self._window.window.active_start:
             self._window.step_begin(step)
             self._batches_seen = step + 1
+
+    def _ask_triggers(self, step: int) -> None:
+        """Plan a triggered window at this batch if a trigger fired (and the limits allow it)."""
+        assert self._watch is not None
+        firing = self._watch.check(step, self._plan)
+        if firing is None:
+            return
+        planned, refused = self._plan.request(firing, step, self.schedule.warmup, self.schedule.active)
+        if planned is not None:
+            return
+        if refused == "max_windows":
+            self._warn("max-windows", f"vt_lightning: max_windows={self.triggers.max_windows} reached; "
+                       f"later triggers ({firing.reason} at batch {firing.batch} first) open no window.")
+        elif refused == "busy" and firing.reason in ("trigger_file", "signal"):
+            self._watch.hold(firing)
+
+    def _agreement(self, trainer: pl.Trainer, rank: int) -> Agreement | None:
+        """How this rank's triggers agree with the others' (None: no trigger armed). Collective: every
+        rank calls it, tracing or not."""
+        if not self.triggers.armed:
+            return None
+        if trainer.world_size <= 1:
+            return Agreement(rank)
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            self._warn("no-agreement", "vt_lightning: several ranks but no torch.distributed process group: "
+                       "each rank's triggers open windows on that rank only.")
+            return Agreement(rank)
+        try:
+            agreement, self._group = gloo_agreement(rank, self.ranks)
+        except Exception as err:
+            self._warn("no-agreement", f"vt_lightning: could not create the gloo group for the triggers' "
+                       f"agreement ({err}); each rank's triggers open windows on that rank only.")
+            return Agreement(rank)
+        return agreement
+
+    def _arm_triggers(self, trainer: pl.Trainer, agreement: Agreement) -> None:
+        config = self.triggers
+        assert self._root is not None
+        trigger_path = None
+        if config.trigger_file:
+            trigger_path = self._root / TRIGGER_FILE_NAME
+            try:
+                self._root.mkdir(parents=True, exist_ok=True)  # so the user can drop the file at once
+            except OSError as err:
+                self._warn("trigger-dir", f"vt_lightning: cannot create {self._root} for the trigger file ({err}).")
+        if config.trigger_signal is not None:
+            self._signal = SignalTrigger(signal_number(config.trigger_signal))
+            problem = self._signal.install()
+            if problem is not None:
+                self._warn("trigger-signal", f"vt_lightning: `trigger_signal` is off for this run: {problem}.")
+                self._signal = None
+        read_memory = memory_kind = None
+        if config.memory_growth is not None:
+            try:
+                read_memory, memory_kind = memory_reader(trainer.strategy.root_device if self._cuda else None)
+            except Exception as err:  # the check still runs (DDP ranks must stay in step), without memory
+                self._warn("memory-probe", f"vt_lightning: cannot read memory use ({err}); "
+                           "the memory-growth trigger is off for this run.")
+        self._watch = TriggerWatch(
+            config, agreement, self._step_clock, trigger_path, self._signal, read_memory, memory_kind,
+            self._warn, first_check=_global_batch(trainer) + 1,
+        )
+        if self._signal is not None:
+            self._signal.on_request = self._look_now
+        self._slow_step = self._watch.slow
+        armed = [
+            *([f"slow step > {config.slow_step_factor:g}x median"] if config.slow_step_factor is not None else []),
+            *([f"{memory_kind} +{config.memory_growth:.0%} over {config.memory_growth_steps} batches"]
+              if config.memory_growth is not None else []),
+            *([f"signal {self._signal.signum.name}"] if self._signal is not None else []),
+            *([f"file {trigger_path}"] if trigger_path is not None else []),
+        ]
+        rank_zero_info(f"vt_lightning: triggers armed: {'; '.join(armed)}")
+
+    def _look_now(self) -> None:
+        """From the signal handler: in one process, look at the very next batch."""
+        watch = self._watch
+        if watch is not None and not watch.agreement.distributed:
+            watch.request_now()
+            self._quiet_until(-1)
+
+    def _quiet_until(self, boundary: float) -> None:
+        """Batches before ``boundary`` need no look (with the slow-step trigger: only its clock read)."""
+        if self._watch is not None:
+            boundary = min(boundary, self._watch.next_check)
+        if self._slow_step is not None:
+            self._next_step, self._next_check = -1, boundary
+        else:
+            self._next_step = boundary
 
     def _open_window(self, target: Window, trainer: pl.Trainer) -> ProfilingWindow | None:
         assert self._python is not None and self._writer is not None
@@ -501,9 +677,8 @@ class VizTraceCallback(Callback):
         return window
 
     def _schedule_from(self, step: int) -> None:
-        """Quiet until the warmup of the first window not over by ``step``."""
-        nxt = self.schedule.next_window(step)
-        self._next_step = nxt.warmup_start if nxt is not None else math.inf
+        """Quiet until the warmup of the first window not over by ``step`` (or the next trigger check)."""
+        self._quiet_until(self._plan.next_boundary(step))
         if self._unlogged:  # the writer returned a summary: log it at the next batch start
             self._next_step = -1
 
@@ -517,9 +692,14 @@ class VizTraceCallback(Callback):
             return
         assert self._root is not None and self._spool is not None and self._writer is not None
         target = window.window
-        self._completed.add(target.index)
+        planned = self._planned
+        trigger = planned.trigger if planned is not None else None
+        if planned is not None and trigger is None:
+            self._completed.add(planned.window.index)
         self._schedule_from(target.end)
         run_dir, worker, span, memory_name = self._paths(window)
+        if trigger is not None:
+            self._triggered_runs.append((run_dir.name, trigger))
         incomplete = len(window.steps) < len(target.active_steps)
         if incomplete:
             self._warn_cut_window(window, reason or "the window was closed early")
@@ -537,6 +717,7 @@ class VizTraceCallback(Callback):
             "torch": dataclasses.asdict(self.torch_config),
             "lightning_view": self.lightning_view,
             "validation": window.range_log("validation"),
+            "trigger": trigger.to_metadata() if trigger is not None else None,
             "worker": worker,
             "span": span,
             "log_step": self._log_step(),
@@ -609,7 +790,8 @@ class VizTraceCallback(Callback):
         span = span_name(target.active_start)
         snapshots = self.memory_snapshot and (self._cuda or self.torch_config.profile_memory)
         memory_name = memory_file_name(worker, span) if snapshots else None
-        run_dir = self._root / window_dir_name(target.index, first, last, stage=self._stage or "fit")
+        reason = self._planned.reason if self._planned is not None else None
+        run_dir = self._root / window_dir_name(target.index, first, last, stage=self._stage or "fit", reason=reason)
         return run_dir, worker, span, memory_name
 
     def _dump_oom(self) -> None:
@@ -738,12 +920,30 @@ class VizTraceCallback(Callback):
             self._writer = None
             if self.results:
                 _print_end_of_fit(
-                    self._root, len(self.results), [r.summary for r in self.results if r.summary is not None]
+                    self._root,
+                    len(self.results),
+                    [r.summary for r in self.results if r.summary is not None],
+                    [f"{name}: {firing.describe()}" for name, firing in self._triggered_runs],
                 )
         if self._spool is not None:
             shutil.rmtree(self._spool, ignore_errors=True)
             self._spool = None
-        self._next_step = math.inf
+        self._next_step = self._next_check = math.inf
+        self._slow_step = None
+        if self._signal is not None:
+            self._signal.restore()
+            self._signal = None
+        if self._group is not None:
+            group, self._group = self._group, None
+            try:
+                import torch.distributed as dist
+
+                dist.destroy_process_group(group)
+            except Exception:
+                pass
+
+    # The clock of the slow-step trigger and the trigger checks (tests inject a deterministic one).
+    _step_clock = staticmethod(time.perf_counter_ns)
 
     @property
     def output_dir(self) -> Path | None:
@@ -779,8 +979,9 @@ def _check_stages(stages: list[str] | None) -> tuple[str, ...]:
 
 
 @rank_zero_only
-def _print_end_of_fit(root: Path | None, files: int, summaries: list[dict[str, Any]]) -> None:
-    """The windows' table and commands that work without an activated venv."""
+def _print_end_of_fit(root: Path | None, files: int, summaries: list[dict[str, Any]], triggered: list[str]) -> None:
+    """The windows' table, why triggered windows opened, and commands that work without an
+    activated venv."""
     command = f"{sys.executable} -m vt_lightning"
     if summaries:
         from .report import print_windows_table
@@ -791,7 +992,8 @@ def _print_end_of_fit(root: Path | None, files: int, summaries: list[dict[str, A
             log.warning("vt_lightning: could not print the summary table (%s)", err)
     rank_zero_info(
         f"vt_lightning: {files} window trace(s) in {root}\n"
-        f"  summary: {command} summary {root}\n"
+        + "".join(f"  {line}\n" for line in triggered)
+        + f"  summary: {command} summary {root}\n"
         f"  view:    {command} view {root}   (Perfetto UI, offline)\n"
         f"  or:      tensorboard --logdir {root}  (PyTorch Profiler tab)"
     )

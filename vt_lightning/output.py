@@ -43,11 +43,15 @@ def span_name(first_active_batch: int) -> str:
     return f"{first_active_batch:0{SPAN_WIDTH}d}"
 
 
-def window_dir_name(window_index: int, first_batch: int, last_batch: int, stage: str = "fit") -> str:
-    """A run name that sorts by window and says which batches it holds (and, outside fit, of which
-    stage: ``validate-window_000-batches_2-4``)."""
+def window_dir_name(
+    window_index: int, first_batch: int, last_batch: int, stage: str = "fit", reason: str | None = None
+) -> str:
+    """A run name that sorts by window and says which batches it holds, of which stage outside fit
+    (``validate-window_000-batches_2-4``) and, if a trigger opened it, why
+    (``window_003-slow_step-batches_812-814``)."""
     prefix = "" if stage == "fit" else f"{stage}-"
-    return f"{prefix}window_{window_index:03d}-batches_{first_batch}-{last_batch}"
+    why = f"-{reason}" if reason else ""
+    return f"{prefix}window_{window_index:03d}{why}-batches_{first_batch}-{last_batch}"
 
 
 def trace_file_name(worker: str, span: str) -> str:

@@ -7,6 +7,10 @@ so everything is configured from the command line. Each rank writes ``<report>/r
 
     python train_ddp.py --root DIR --report DIR [--ranks 1] [--num-workers 2] [--max-steps 8]
         [--slow-writer-rank 1 --slow-writer-seconds 4]
+        [--slow-step-factor 3 --slow-rank 1 --slow-batch 30 --triggers-only --trigger-interval 0.1]
+
+With ``--slow-step-factor``, step times come from a virtual clock advanced by each training step
+(10 ms; 400 ms on ``--slow-batch`` of ``--slow-rank`` only), so only that rank sees a slow step.
 """
 
 from __future__ import annotations
@@ -84,12 +88,20 @@ class RandomData(Dataset):
         return torch.tanh(self.x[index]) * 1.0, self.y[index]
 
 
+CLOCK = [0]  # virtual step clock (ns), see --slow-step-factor
+
+
 class Tiny(L.LightningModule):
-    def __init__(self, dim: int = 16) -> None:
+    def __init__(self, dim: int = 16, slow_rank: int = -1, slow_batch: int = -1) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(dim, 32), nn.ReLU(), nn.Linear(32, 1))
+        self.slow_rank = slow_rank
+        self.slow_batch = slow_batch
 
     def training_step(self, batch, batch_idx):
+        step = self.trainer.fit_loop.total_batch_idx
+        slow = self.trainer.global_rank == self.slow_rank and step == self.slow_batch
+        CLOCK[0] += (400 if slow else 10) * 1_000_000
         x, y = batch
         return nn.functional.mse_loss(self.net(x), y)
 
@@ -172,6 +184,7 @@ class Reporter(L.Callback):
             "pid": os.getpid(),
             "output_dir": str(self.tracer.output_dir),
             "results": results,
+            "triggered": [[name, firing.to_metadata()] for name, firing in self.tracer._triggered_runs],
             "windows_skipped": self.tracer.windows_skipped,
             "batch_seconds": self.batch_seconds,
             "batch_end_time": self.batch_end_time,
@@ -195,6 +208,12 @@ def main() -> None:
     parser.add_argument("--record-shapes", action="store_true")
     parser.add_argument("--slow-writer-rank", type=int, default=-1, help="this rank writes window 0 late")
     parser.add_argument("--slow-writer-seconds", type=float, default=0.0)
+    parser.add_argument("--slow-step-factor", type=float, default=None)
+    parser.add_argument("--slow-rank", type=int, default=-1, help="the only rank whose --slow-batch is slow")
+    parser.add_argument("--slow-batch", type=int, default=-1)
+    parser.add_argument("--triggers-only", action="store_true", help="scheduled_windows=False")
+    parser.add_argument("--trigger-interval", type=float, default=0.5)
+    parser.add_argument("--active", type=int, default=2)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -204,7 +223,13 @@ def main() -> None:
     report = Path(args.report)
     report.mkdir(parents=True, exist_ok=True)
     ranks = [int(r) for r in args.ranks.split(",") if r] or None
-    tracer = VizTraceCallback(wait=1, warmup=1, active=2, repeat=2, ranks=ranks, record_shapes=args.record_shapes)
+    tracer = VizTraceCallback(
+        wait=1, warmup=1, active=args.active, repeat=2, ranks=ranks, record_shapes=args.record_shapes,
+        slow_step_factor=args.slow_step_factor, slow_step_baseline=10, trigger_interval=args.trigger_interval,
+        scheduled_windows=not args.triggers_only,
+    )
+    if args.slow_step_factor is not None:
+        tracer._step_clock = lambda: CLOCK[0]
     loader_kwargs = {}
     if args.num_workers:
         loader_kwargs = {"multiprocessing_context": "fork", "persistent_workers": False}
@@ -227,7 +252,7 @@ def main() -> None:
         num_sanity_val_steps=0,
         limit_val_batches=0,
     )
-    trainer.fit(Tiny(), data)
+    trainer.fit(Tiny(slow_rank=args.slow_rank, slow_batch=args.slow_batch), data)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,112 @@
+"""DDP: every rank opens the same triggered window at the same batch.
+
+Ranks see different step times and only some see the trigger file or the signal, so at each coarse
+check (the same batch on every rank: the check batches themselves are agreed) the ranks exchange
+what fired with ONE all-reduce (MAX) of ``1 + len(REASONS)`` int64s on a dedicated gloo group:
+
+* slot 0: minus the batches each rank proposes until the next check -> all agree on the smallest;
+* one slot per reason: ``(2**40 - batch) * 2**20 + (2**20 - 1 - rank)`` if it fired, else 0 -> the
+  earliest batch that fired, lowest rank on a tie, and who it was.
+
+Only when something fired, a second all-reduce (SUM of 2 float64s, the winner's value and
+baseline) gives every rank the measured numbers for its metadata. The window then warms up at
+the check batch itself on every rank. A gloo group keeps this off the GPU: no CUDA tensor, no
+stream sync, whatever backend the training uses. The encoding is pure and unit-tested with fake
+collectives (tests/test_triggers.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .triggers import REASONS, Firing
+
+_BATCH_LIMIT = 1 << 40
+_RANK_LIMIT = 1 << 20
+
+ReduceMax = Callable[[list[int]], list[int]]
+ReduceSum = Callable[[list[float]], list[float]]
+
+
+def encode(firings: Sequence[Firing], gap: int, rank: int) -> list[int]:
+    slots = [-gap] + [0] * len(REASONS)
+    for firing in firings:
+        slot = 1 + REASONS.index(firing.reason)
+        key = (_BATCH_LIMIT - firing.batch) * _RANK_LIMIT + (_RANK_LIMIT - 1 - rank)
+        slots[slot] = max(slots[slot], key)
+    return slots
+
+
+def decode(reduced: Sequence[int]) -> tuple[tuple[str, int, int] | None, int]:
+    """((reason, batch, rank) of the winner or None, agreed gap)."""
+    gap = -int(reduced[0])
+    for reason, key in zip(REASONS, reduced[1:]):  # REASONS is in priority order
+        if key > 0:
+            batch = _BATCH_LIMIT - key // _RANK_LIMIT
+            rank = _RANK_LIMIT - 1 - key % _RANK_LIMIT
+            return (reason, int(batch), int(rank)), gap
+    return None, gap
+
+
+class Agreement:
+    """Agree on at most one firing per check, and on the gap to the next check."""
+
+    def __init__(self, rank: int, reduce_max: ReduceMax | None = None, reduce_sum: ReduceSum | None = None) -> None:
+        self.rank = rank
+        self.reduce_max = reduce_max
+        self.reduce_sum = reduce_sum
+
+    @property
+    def distributed(self) -> bool:
+        return self.reduce_max is not None
+
+    def agree(self, firings: Sequence[Firing], gap: int,
+              detail: Callable[[str], str | None] = lambda reason: None) -> tuple[Firing | None, int]:
+        if self.reduce_max is None or self.reduce_sum is None:  # one process: nothing to agree on
+            for reason in REASONS:
+                for firing in firings:
+                    if firing.reason == reason:
+                        return _with_rank(firing, self.rank), gap
+            return None, gap
+        winner, agreed_gap = decode(self.reduce_max(encode(firings, gap, self.rank)))
+        if winner is None:
+            return None, agreed_gap
+        reason, batch, rank = winner
+        mine = next((f for f in firings if f.reason == reason), None) if rank == self.rank else None
+        numbers = [0.0, 0.0, 0.0]
+        if mine is not None and mine.value is not None:
+            numbers = [1.0, float(mine.value), float(mine.baseline or 0.0)]
+        have, value, baseline = self.reduce_sum(numbers)
+        if mine is not None:
+            return _with_rank(mine, rank), agreed_gap
+        unit = "s" if reason == "slow_step" else "bytes" if reason == "memory_growth" else None
+        return Firing(reason, batch, value if have else None, baseline if have else None,
+                      unit if have else None, rank, detail(reason)), agreed_gap
+
+
+def _with_rank(firing: Firing, rank: int) -> Firing:
+    if firing.rank == rank:
+        return firing
+    return Firing(firing.reason, firing.batch, firing.value, firing.baseline, firing.unit, rank, firing.detail)
+
+
+def gloo_agreement(rank: int, ranks: Sequence[int] | None) -> tuple[Agreement, Any]:
+    """An Agreement over a new gloo group of ``ranks`` (None: all). Every rank of the job must call
+    this (``new_group`` is collective), members or not; returns (agreement, group)."""
+    import torch
+    import torch.distributed as dist
+
+    group = dist.new_group(ranks=list(ranks) if ranks is not None else None, backend="gloo")
+
+    def reduce_max(values: list[int]) -> list[int]:
+        tensor = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+        return tensor.tolist()
+
+    def reduce_sum(values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        return tensor.tolist()
+
+    return Agreement(rank, reduce_max, reduce_sum), group

@@ -1,0 +1,130 @@
+"""The facts triggers read at the coarse checks: a trigger file, a signal, the memory in use.
+
+Each probe is cheap (one ``stat``, one flag, one allocator counter or one read of
+``/proc/self/statm``) and never raises into training: a probe that fails reports once through
+``on_problem`` and then stays quiet.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Problem = Callable[[str, str], Any]
+
+
+class TriggerFile:
+    """``<output_dir>/vt_lightning.trigger``: seen once, then deleted (consumed).
+
+    If it cannot be deleted (a read-only directory), it is still seen once: the file's identity
+    (inode, size, mtime) is remembered and ignored until it changes, and a warning says so once.
+    """
+
+    def __init__(self, path: Path, on_problem: Problem) -> None:
+        self.path = path
+        self.on_problem = on_problem
+        self._kept: tuple[int, int, int] | None = None  # identity of a file we could not delete
+
+    def seen(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if identity == self._kept:
+            return False
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass  # another rank on the same file system consumed it first
+        except OSError as err:
+            self._kept = identity
+            self.on_problem(
+                "trigger-file",
+                f"vt_lightning: could not delete the trigger file {self.path} ({err}); it opened one "
+                "window and is ignored until it changes. Make its directory writable to use it again.",
+            )
+        return True
+
+
+class SignalTrigger:
+    """Opt-in: a signal (e.g. SIGUSR1) requests a window. The handler only sets a flag."""
+
+    def __init__(self, signum: signal.Signals) -> None:
+        self.signum = signum
+        self.requested = False
+        self._previous: Any = None
+        self.installed = False
+        self.on_request: Callable[[], None] | None = None  # e.g. "look at the next batch"
+
+    def install(self) -> str | None:
+        """Install the handler; return why not (a foreign handler, not the main thread) or None."""
+        current = signal.getsignal(self.signum)
+        if current not in (signal.SIG_DFL, None) and current != self._handle:
+            return f"{self.signum.name} already has a handler ({current!r})"
+        try:
+            self._previous = signal.signal(self.signum, self._handle)
+        except ValueError as err:  # not the main thread of the main interpreter
+            return str(err)
+        self.installed = True
+        return None
+
+    def restore(self) -> None:
+        if not self.installed:
+            return
+        self.installed = False
+        try:
+            if signal.getsignal(self.signum) == self._handle:
+                signal.signal(self.signum, self._previous if self._previous is not None else signal.SIG_DFL)
+        except ValueError:  # off the main thread at teardown: leave it (it only sets a flag)
+            pass
+
+    def take(self) -> bool:
+        requested, self.requested = self.requested, False
+        return requested
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        if self.on_request is not None:
+            self.on_request()
+
+
+def foreign_signal_handler(signum: signal.Signals) -> Any:
+    """The handler installed for ``signum`` if it is neither the default nor "unknown"."""
+    current = signal.getsignal(signum)
+    return None if current in (signal.SIG_DFL, None) else current
+
+
+def memory_reader(cuda_device: Any = None) -> tuple[Callable[[], int], str]:
+    """A zero-argument reader of the memory in use, and what it reads.
+
+    CUDA: the caching allocator's allocated bytes (live tensors; not the cache, which only grows).
+    CPU: the process's resident set size.
+    """
+    if cuda_device is not None:
+        import torch
+
+        return (lambda: torch.cuda.memory_allocated(cuda_device)), "cuda_allocated"
+    if sys.platform.startswith("linux") and os.path.exists("/proc/self/statm"):
+        page = os.sysconf("SC_PAGE_SIZE")
+
+        def rss_linux() -> int:
+            with open("/proc/self/statm", "rb") as f:
+                return int(f.read().split()[1]) * page
+
+        return rss_linux, "rss"
+    try:
+        import psutil  # type: ignore[import-not-found]
+
+        process = psutil.Process()
+        return (lambda: process.memory_info().rss), "rss"
+    except ImportError:
+        import resource
+
+        # Peak RSS (no portable current RSS without psutil): growth of the peak is still growth.
+        scale = 1 if sys.platform == "darwin" else 1024
+        return (lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale), "peak_rss"

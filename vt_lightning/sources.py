@@ -1,0 +1,125 @@
+"""Window sources: "does a window start at this batch, and why?" for the schedule and the triggers.
+
+``WindowPlan`` is the one interface the callback asks. It merges the schedule's windows with the
+windows triggers asked for, applies the limits (``max_windows`` across both, a cooldown between
+triggered windows, no overlap) and numbers the windows. Pure and deterministic: fed the same
+requests at the same batches, every DDP rank plans the same windows, whatever happens locally
+(a window that fails to open on one rank still counts as planned everywhere).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .schedule import Schedule, Window
+from .triggers import ON_DEMAND, Firing
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A window the plan holds: its batches, its run number and, for a triggered one, why."""
+
+    window: Window  # for a scheduled window, ``window.index`` is the schedule's cycle index
+    number: int  # the ``window_NNN`` of its run directory and of its metadata
+    trigger: Firing | None = None
+
+    @property
+    def reason(self) -> str | None:
+        return self.trigger.reason if self.trigger is not None else None
+
+
+class WindowPlan:
+    """The schedule's windows plus triggered ones.
+
+    Numbering: a scheduled window is ``cycle index + triggered windows before it`` and a triggered
+    one is ``last number + 1``, so without triggers ``window_NNN`` is the schedule's cycle index,
+    and numbers always grow with time.
+    """
+
+    def __init__(self, schedule: Schedule, scheduled: bool = True, max_windows: int | None = None,
+                 cooldown: int = 0) -> None:
+        self.schedule = schedule
+        self.scheduled = scheduled
+        self.max_windows = max_windows
+        self.cooldown = cooldown
+        self.begun = 0  # windows that reached their first batch (opened or skipped there)
+        self.triggered = 0  # triggered windows accepted
+        self._last_number = -1
+        self._pending: Planned | None = None  # an accepted triggered window not yet begun
+        self._busy_until = -1  # exclusive end of the last begun window
+        self._cooldown_until = -1  # no measured trigger before this batch
+        self._cancelled: set[int] = set()  # schedule cycles displaced by a triggered window
+
+    # ----------------------------------------------------------------- queries
+    def next_window(self, step: int) -> Planned | None:
+        """The first planned window that has not ended by batch ``step``."""
+        if self.max_windows is not None and self.begun >= self.max_windows:
+            return None
+        pending = self._pending
+        scheduled = self._next_scheduled(step)
+        if pending is not None and (scheduled is None or pending.window.warmup_start <= scheduled.warmup_start):
+            return pending
+        if scheduled is None:
+            return None
+        return Planned(scheduled, scheduled.index + self.triggered)
+
+    def busy(self, step: int) -> bool:
+        """True while batch ``step`` belongs to a begun or accepted window."""
+        return step < self._busy_until or self._pending is not None
+
+    @property
+    def busy_until(self) -> int:
+        """The first batch after the last begun window."""
+        return self._busy_until
+
+    def next_boundary(self, step: int) -> float:
+        """The first batch >= ``step`` where a planned window starts (inf: none)."""
+        nxt = self.next_window(step)
+        return nxt.window.warmup_start if nxt is not None else float("inf")
+
+    # ----------------------------------------------------------------- transitions
+    def begin(self, planned: Planned) -> None:
+        """The window's first batch came: it counts now, opened or not."""
+        self.begun += 1
+        self._last_number = max(self._last_number, planned.number)
+        self._busy_until = max(self._busy_until, planned.window.end)
+        if planned is self._pending:
+            self._pending = None
+
+    def request(self, firing: Firing, start: int, warmup: int, active: int) -> tuple[Planned | None, str]:
+        """A trigger asks for a window warming up at batch ``start``: (the window or None, why not).
+
+        Refused: "max_windows" (limit reached), "busy" (a window holds ``start``: it is already
+        recording), "cooldown" (a measured trigger too soon after the last triggered window; on-demand
+        triggers skip the cooldown: the user asked).
+        """
+        if self.max_windows is not None and self.begun + (self._pending is not None) >= self.max_windows:
+            return None, "max_windows"
+        if self.busy(start):
+            return None, "busy"
+        if firing.reason not in ON_DEMAND and start < self._cooldown_until:
+            return None, "cooldown"
+        window = Window(self.triggered, start, start + warmup, start + warmup + active)
+        self._cancel_overlapping(window)
+        self.triggered += 1
+        planned = Planned(window, self._last_number + 1, firing)
+        self._pending = planned
+        self._cooldown_until = window.end + self.cooldown
+        return planned, ""
+
+    def _cancel_overlapping(self, window: Window) -> None:
+        """Scheduled windows that would overlap a triggered one give way to it."""
+        if not self.scheduled:
+            return
+        nxt = self._next_scheduled(window.warmup_start)
+        while nxt is not None and nxt.warmup_start < window.end:
+            self._cancelled.add(nxt.index)
+            nxt = self._next_scheduled(nxt.end)
+
+    def _next_scheduled(self, step: int) -> Window | None:
+        if not self.scheduled:
+            return None
+        nxt = self.schedule.next_window(step)
+        while nxt is not None and nxt.index in self._cancelled:
+            nxt = self.schedule.next_window(nxt.end)
+        return nxt

@@ -1,0 +1,255 @@
+"""Triggers: pure decisions, from cheap per-step facts, that a window should start now.
+
+Free of torch and Lightning, so every rule is unit-tested without a Trainer (tests/test_triggers.py):
+
+* ``SlowStep``: a step longer than ``factor`` x the median of the last ``baseline_steps`` steps.
+  The per-batch part (``steady``) is one clock read, a subtraction, a comparison and an append; the
+  median is recomputed only at the coarse checks (``refresh``).
+* ``MemoryGrowth``: memory (CUDA allocator or process RSS, sampled at the coarse checks) grew by more
+  than ``fraction`` over ``steps`` batches.
+* ``Cadence``: how many batches until the next coarse check, so that checks come about every
+  ``interval_s`` seconds whatever the step time.
+
+What the callback does with a firing (planning a window, limits, DDP agreement) lives in
+``sources.py``, ``watch.py`` and ``agreement.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+SLOW_STEP = "slow_step"
+MEMORY_GROWTH = "memory_growth"
+TRIGGER_FILE = "trigger_file"
+SIGNAL = "signal"
+# Also the priority when several reasons fire at the same check: what the user asked for first.
+REASONS = (TRIGGER_FILE, SIGNAL, MEMORY_GROWTH, SLOW_STEP)
+ON_DEMAND = frozenset({TRIGGER_FILE, SIGNAL})
+TRIGGER_FILE_NAME = "vt_lightning.trigger"
+
+# ``SlowStep.last`` after ``skip_next()``: the next interval comes out > 2**61 ns (73 years), above
+# any real limit, and is recognised as "not a step" instead of being compared.
+_SKIP = -(1 << 62)
+_UNARMED = 1 << 61
+
+
+@dataclass(frozen=True)
+class Firing:
+    """Why a window should open: what fired, at which batch, the measured value and its baseline."""
+
+    reason: str
+    batch: int
+    value: float | None = None
+    baseline: float | None = None
+    unit: str | None = None  # "s" (slow step) or "bytes" (memory growth)
+    rank: int | None = None  # the global rank that saw it (DDP)
+    detail: str | None = None  # e.g. the signal's name or the trigger file's path
+
+    def to_metadata(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "batch": self.batch,
+            "value": self.value,
+            "baseline": self.baseline,
+            "unit": self.unit,
+            "rank": self.rank,
+            **({"detail": self.detail} if self.detail else {}),
+        }
+
+    def describe(self) -> str:
+        """One line for the end-of-fit message."""
+        if self.reason == SLOW_STEP and self.value is not None and self.baseline:
+            return (f"slow step: batch {self.batch} took {self.value:.3g} s, "
+                    f"{self.value / self.baseline:.1f}x the {self.baseline:.3g} s median")
+        if self.reason == MEMORY_GROWTH and self.value is not None and self.baseline:
+            return (f"memory growth: {self.value / 2**20:.1f} MiB at batch {self.batch}, "
+                    f"+{100 * (self.value / self.baseline - 1):.0f}% over {self.baseline / 2**20:.1f} MiB")
+        what = "trigger file" if self.reason == TRIGGER_FILE else f"signal {self.detail or ''}".strip()
+        return f"{what} seen at batch {self.batch}"
+
+
+@dataclass(frozen=True)
+class TriggerConfig:
+    """The trigger options of ``VizTraceCallback``, validated (a ValueError names the argument)."""
+
+    slow_step_factor: float | None = None
+    slow_step_baseline: int = 50
+    memory_growth: float | None = None
+    memory_growth_steps: int = 100
+    trigger_file: bool = False
+    trigger_signal: str | None = None
+    trigger_cooldown: int = 100
+    trigger_interval: float = 0.5
+    max_windows: int | None = None
+
+    def __post_init__(self) -> None:
+        factor = self.slow_step_factor
+        if factor is not None and not (_is_number(factor) and math.isfinite(factor) and factor > 1):
+            raise ValueError(f"`slow_step_factor` must be a number > 1 or None, got {factor!r}")
+        _check_int("slow_step_baseline", self.slow_step_baseline, 5)
+        growth = self.memory_growth
+        if growth is not None and not (_is_number(growth) and math.isfinite(growth) and growth > 0):
+            raise ValueError(f"`memory_growth` must be a fraction > 0 (0.2 = +20%) or None, got {growth!r}")
+        _check_int("memory_growth_steps", self.memory_growth_steps, 1)
+        if not isinstance(self.trigger_file, bool):
+            raise ValueError(f"`trigger_file` must be True or False, got {self.trigger_file!r}")
+        if self.trigger_signal is not None:
+            signal_number(self.trigger_signal)  # raises for an unknown name
+        _check_int("trigger_cooldown", self.trigger_cooldown, 0)
+        interval = self.trigger_interval
+        if not (_is_number(interval) and math.isfinite(interval) and interval >= 0):
+            raise ValueError(f"`trigger_interval` must be a number of seconds >= 0, got {interval!r}")
+        if self.max_windows is not None:
+            _check_int("max_windows", self.max_windows, 1)
+
+    @property
+    def armed(self) -> bool:
+        """True when any trigger can open a window."""
+        return (self.slow_step_factor is not None or self.memory_growth is not None or self.trigger_file
+                or self.trigger_signal is not None)
+
+
+def signal_number(name: Any) -> signal.Signals:
+    """``"SIGUSR1"`` -> ``signal.SIGUSR1``; a ValueError naming ``trigger_signal`` otherwise."""
+    member = getattr(signal.Signals, name, None) if isinstance(name, str) and name.startswith("SIG") else None
+    if member is None or member in _UNCATCHABLE:
+        raise ValueError(
+            f"`trigger_signal` must name a signal this platform can catch, such as 'SIGUSR1', got {name!r}"
+        )
+    return member
+
+
+_UNCATCHABLE = {getattr(signal, n) for n in ("SIGKILL", "SIGSTOP") if hasattr(signal, n)}
+
+
+class SlowStep:
+    """Fires when one step takes longer than ``factor`` x the median of the last ``baseline_steps``.
+
+    A step is the interval between two batch starts (data fetch, forward, backward, optimizer and
+    every hook). It is measured with one clock read per batch; the callback calls ``skip_next()``
+    where an interval is not a training step (validation, an epoch boundary, a profiling window).
+    Until ``baseline_steps`` steps have been measured the limit is unreachable: the first steps,
+    compilation and cold caches only feed the baseline, and one median of many steps is not moved
+    by a few outliers (a mean would be). Slow steps are kept in the baseline, so a job that becomes
+    slower for good stops firing once they are the majority.
+    """
+
+    def __init__(self, factor: float, baseline_steps: int, clock: Callable[[], int]) -> None:
+        self.factor = float(factor)
+        self.clock = clock
+        self.durations: deque[int] = deque(maxlen=baseline_steps)
+        self.limit = _UNARMED  # ns; a step longer than this fires
+        self.baseline_ns: float | None = None
+        self.last = _SKIP
+        self.fired: tuple[int, float] | None = None  # (duration ns, baseline ns) of the last slow step
+
+    @property
+    def armed(self) -> bool:
+        return self.limit < _UNARMED
+
+    def steady(self) -> bool:
+        """Per batch start: True unless the step that just ended was slow (then ``fired`` says how)."""
+        now = self.clock()
+        duration = now - self.last
+        self.last = now
+        if duration <= self.limit:
+            self.durations.append(duration)
+            return True
+        return self._outlier(duration)
+
+    def _outlier(self, duration: int) -> bool:
+        if duration > _UNARMED:  # the first interval after skip_next(): not a step
+            return True
+        self.durations.append(duration)
+        self.fired = (duration, self.baseline_ns or 0.0)
+        return False
+
+    def skip_next(self) -> None:
+        """The interval that ends at the next batch start is not a training step: ignore it."""
+        self.last = _SKIP
+
+    def refresh(self) -> None:
+        """At a coarse check: recompute the median, and arm once the baseline is full."""
+        if len(self.durations) < (self.durations.maxlen or 0):
+            return
+        self.baseline_ns = statistics.median(self.durations)
+        self.limit = int(self.factor * self.baseline_ns)
+
+    def take(self, batch: int) -> Firing | None:
+        """The firing for the slow step that ended before batch ``batch`` (once)."""
+        fired, self.fired = self.fired, None
+        if fired is None:
+            return None
+        duration, baseline = fired
+        return Firing(SLOW_STEP, batch - 1, duration / 1e9, baseline / 1e9, "s")
+
+
+class MemoryGrowth:
+    """Fires when memory grew by more than ``fraction`` over ``steps`` batches.
+
+    Samples come at the coarse checks. The reference is the newest sample at least ``steps``
+    batches old, so growth is measured over at least ``steps`` batches. Nothing is sampled in the
+    first ``steps`` batches (optimizer state, compilation and caches settle there). After a firing
+    the history restarts, so the next firing needs new growth.
+    """
+
+    def __init__(self, fraction: float, steps: int) -> None:
+        self.fraction = float(fraction)
+        self.steps = steps
+        self.samples: deque[tuple[int, int]] = deque()
+
+    def observe(self, batch: int, value: int) -> Firing | None:
+        if batch < self.steps:
+            return None
+        samples = self.samples
+        samples.append((batch, value))
+        horizon = batch - self.steps
+        while len(samples) >= 2 and samples[1][0] <= horizon:
+            samples.popleft()
+        reference_batch, reference = samples[0]
+        if reference_batch > horizon or reference <= 0 or value <= reference * (1 + self.fraction):
+            return None
+        samples.clear()
+        samples.append((batch, value))
+        return Firing(MEMORY_GROWTH, batch, float(value), float(reference), "bytes")
+
+
+class Cadence:
+    """Batches until the next coarse check, so checks come about every ``interval_s`` seconds.
+
+    The step time is measured between checks (one clock read per check, none in between). Gaps start
+    at one batch and at most double from one check to the next, so the first checks (which arm the
+    slow-step baseline) come early and a slow first step cannot push the next check far away.
+    Checks are never further apart than ``max_batches``.
+    """
+
+    def __init__(self, interval_s: float, max_batches: int = 1000) -> None:
+        self.interval_ns = interval_s * 1e9
+        self.max_batches = max_batches
+        self._last: tuple[int, int] | None = None
+        self._gap = 1
+
+    def next_gap(self, batch: int, now_ns: int) -> int:
+        last, self._last = self._last, (batch, now_ns)
+        if last is None or self.interval_ns <= 0 or batch <= last[0]:
+            self._gap = 1
+            return 1
+        step_ns = (now_ns - last[1]) / (batch - last[0])
+        wanted = self.max_batches if step_ns <= 0 else int(self.interval_ns / step_ns)
+        self._gap = max(1, min(self.max_batches, wanted, 2 * self._gap))
+        return self._gap
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
