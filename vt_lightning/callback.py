@@ -19,17 +19,10 @@ from . import __version__
 from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, collect_raw, finish_window, remove_raw
 from .lightning_view import LightningViewHooks
 from .memory import CudaMemoryRecorder, dump_oom_snapshot, is_cuda_oom, oom_file_name
-from .output import (
-    BackgroundWriter,
-    WarnOnce,
-    host_name,
-    memory_file_name,
-    span_name,
-    spool_directory,
-    trace_file_name,
-    window_dir_name,
-    worker_name,
-)
+from .background import BackgroundWriter
+from .names import host_name, memory_file_name, span_name, trace_file_name, window_dir_name, worker_name
+from .spool import spool_directory
+from .warn import WarnOnce
 from .pytracer import PythonTracer, PythonTracerConfig, foreign_profiler
 from .schedule import Phase, Schedule, Window
 from .torchtracer import TorchTracer, TorchTracerConfig, torch_profiler_active

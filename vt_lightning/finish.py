@@ -18,7 +18,7 @@ import orjson
 
 from .clock import MARKER_PREFIX, Calibration, ClockPair, best_marker_pair
 from .merge import encode_trace, merge_trace
-from .output import atomic_write, gzip_bytes
+from .atomic import atomic_write, gzip_bytes
 
 BROWSER_LIMIT_BYTES = 300 * 1024 * 1024  # above this the trace viewer page tends to go blank
 
