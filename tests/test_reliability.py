@@ -157,12 +157,12 @@ def test_disk_full_leaves_no_partial_file(tmp_path, monkeypatch):
     monkeypatch.setattr(background, "USE_WRITER_PROCESS", False)  # inject the fault in this process
     real_write = finish.atomic_write
 
-    def full_disk(path, data):
+    def full_disk(path, data, **kwargs):
         def half_then_fail(f):
             f.write(data[: len(data) // 2])
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        real_write(path, half_then_fail)
+        real_write(path, half_then_fail, **kwargs)
 
     monkeypatch.setattr(finish, "atomic_write", full_disk)
     cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2)

@@ -6,7 +6,6 @@ import dataclasses
 import logging
 import math
 import os
-import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -16,12 +15,13 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 from . import __version__
-from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, collect_raw, finish_window, remove_raw
+from .atomic import remove_stale_temporaries
+from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, finish_window
 from .lightning_view import LightningViewHooks
 from .memory import CudaMemoryRecorder, dump_oom_snapshot, is_cuda_oom, oom_file_name
 from .background import BackgroundWriter
 from .names import host_name, memory_file_name, span_name, trace_file_name, window_dir_name, worker_name
-from .spool import spool_directory
+from .spool import Spool, SpoolError, check_spool_dir, spool_directory
 from .warn import WarnOnce
 from .pytracer import PythonTracer, PythonTracerConfig, foreign_profiler
 from .schedule import Phase, Schedule, Window
@@ -63,6 +63,11 @@ class VizTraceCallback(Callback):
             TensorBoard offers its "Lightning" view.
         ranks: global ranks that trace (None: all).
         compression_level: gzip level of the trace files (1 fastest, 9 smallest).
+        spool_dir: where raw dumps wait for the writer (default: the system temp dir, ``$TMPDIR``,
+            never ``/dev/shm``); a window whose dump would not fit there is dropped with a warning.
+        writer_timeout: the most seconds training waits for the writer, at a window's start (for
+            room) and at the end of fit (for the last windows); past it the window is dropped, the
+            stuck writer is killed, and training goes on.
 
     Example::
 
@@ -93,6 +98,8 @@ class VizTraceCallback(Callback):
         lightning_view: bool = True,
         ranks: list[int] | None = None,
         compression_level: int = 3,
+        spool_dir: str | None = None,
+        writer_timeout: float = 60.0,
     ) -> None:
         super().__init__()
         self.schedule = Schedule(
@@ -110,6 +117,12 @@ class VizTraceCallback(Callback):
             raise ValueError("`include_files` and `exclude_files` cannot both be set; choose one")
         include = _check_paths("include_files", include_files)
         exclude = _check_paths("exclude_files", exclude_files)
+        self.spool_dir = check_spool_dir(spool_dir)
+        if isinstance(writer_timeout, bool) or not isinstance(writer_timeout, (int, float)) or not (
+            math.isfinite(writer_timeout) and writer_timeout > 0
+        ):
+            raise ValueError(f"`writer_timeout` must be a number of seconds > 0, got {writer_timeout!r}")
+        self.writer_timeout = float(writer_timeout)
         if dirpath is not None and (not isinstance(dirpath, (str, os.PathLike)) or not str(dirpath)):
             raise ValueError(f"`dirpath` must be a non-empty path or None, got {dirpath!r}")
         for name, flag in (
@@ -152,7 +165,7 @@ class VizTraceCallback(Callback):
         self._python: PythonTracer | None = None
         self._window: ProfilingWindow | None = None
         self._writer: BackgroundWriter | None = None
-        self._spool: str | None = None
+        self._spool: Spool | None = None
         self._root: Path | None = None
         self._enabled = False
         self._next_step: float = math.inf
@@ -215,8 +228,9 @@ class VizTraceCallback(Callback):
         if not self._enabled:
             return
         self._python = self._python or PythonTracer(self.python_config)
-        self._writer = BackgroundWriter()
-        self._spool = spool_directory()
+        remove_stale_temporaries(self._root)
+        self._writer = BackgroundWriter(timeout=self.writer_timeout, on_problem=self._warn)
+        self._spool = spool_directory(self.spool_dir)
         self._schedule_from(_global_batch(trainer))
 
     def on_train_batch_start(
@@ -303,7 +317,16 @@ class VizTraceCallback(Callback):
                 "meeting it) is skipped; the other tool is left untouched.",
             )
             return None
-        waited = self._writer.wait_for_room()
+        waited, room = self._writer.wait_for_room()
+        if not room:
+            self._warn(
+                "writer-stuck",
+                f"vt_lightning: the writer did not finish earlier windows within writer_timeout="
+                f"{self.writer_timeout:g} s (a hung or very slow filesystem under {self._root}?); window "
+                f"{target.index} is dropped, the stuck writer was stopped, and training goes on. Later "
+                "windows that find it busy are dropped without waiting.",
+            )
+            return None
         if waited > 0.05:
             self._warn(
                 "backlog",
@@ -346,8 +369,9 @@ class VizTraceCallback(Callback):
             "version": __version__,
             "window": target.index,
             "steps": list(window.steps),
-            "scheduled_steps": list(target.active_steps),
-            "warmup_steps": list(range(target.warmup_start, target.active_start)),
+            # First and last batch (inclusive), not lists: metadata scales with what was recorded.
+            "scheduled_steps": _bounds(target.active_start, target.end),
+            "warmup_steps": _bounds(target.warmup_start, target.active_start),
             "schedule": _schedule_dict(self.schedule),
             "partial": partial or incomplete,
             **({"partial_reason": reason} if (partial or incomplete) and reason else {}),
@@ -396,6 +420,9 @@ class VizTraceCallback(Callback):
         """Runs on the writer thread; the heavy part runs in the writer process when there is one."""
         try:
             result = self._run_job(job)
+        except SpoolError as err:  # the raw dumps, not the output directory, are the problem
+            self._warn(f"spool:{err.errno}", f"vt_lightning: window dropped: {err.strerror}; training goes on.")
+            return None
         except Exception as err:
             self._warn(
                 f"write:{type(err).__name__}:{job.run_dir.parent}",
@@ -427,26 +454,7 @@ class VizTraceCallback(Callback):
 
     def _run_job(self, job: WindowJob) -> WindowResult:
         writer = self._writer
-        process = writer.writer_process() if writer is not None else None
-        if writer is None or process is None:
-            return finish_window(job)
-        try:
-            collect_raw(job)
-        except BaseException:
-            remove_raw(job)
-            raise
-        try:
-            return process.call(job)
-        except (EOFError, BrokenPipeError, ConnectionError) as err:
-            process.close(timeout=1.0)  # reap it
-            writer.process = None
-            writer.process_error = err
-            self._warn(
-                "writer-died",
-                f"vt_lightning: the writer process stopped ({type(err).__name__}); windows are now written "
-                "from a thread of the training process.",
-            )
-            return finish_window(job)
+        return writer.run(job) if writer is not None else finish_window(job)
 
     def _fail_window(self, err: Exception) -> None:
         window, self._window = self._window, None
@@ -464,12 +472,13 @@ class VizTraceCallback(Callback):
                 self._close_window(reason=reason, partial=partial)
             except Exception as err:
                 self._fail_window(err)
-        if self._writer is not None:
-            self._writer.drain()
+        if self._writer is not None and not self._writer.drain():
+            self._warn_unfinished()
 
     def _shutdown(self) -> None:
         if self._writer is not None:
-            self._writer.close()
+            if not self._writer.close():
+                self._warn_unfinished()
             self._writer = None
             if self.results:
                 rank_zero_info(
@@ -477,9 +486,17 @@ class VizTraceCallback(Callback):
                     f"  view: tensorboard --logdir {self._root}  (PyTorch Profiler tab)"
                 )
         if self._spool is not None:
-            shutil.rmtree(self._spool, ignore_errors=True)
+            self._spool.remove()
             self._spool = None
         self._next_step = math.inf
+
+    def _warn_unfinished(self) -> None:
+        self._warn(
+            "writer-stuck-end",
+            f"vt_lightning: the writer did not finish the last window(s) within writer_timeout="
+            f"{self.writer_timeout:g} s (a hung or very slow filesystem under {self._root}?); they are "
+            "dropped and the stuck writer was stopped, so fit is not held up.",
+        )
 
     @property
     def output_dir(self) -> Path | None:
@@ -523,6 +540,11 @@ def _python_settings(config: PythonTracerConfig) -> dict[str, Any]:
     }
 
 
+def _bounds(start: int, end: int) -> list[int]:
+    """``[first, last]`` of the batches ``[start, end)``; ``[]`` when there are none."""
+    return [start, end - 1] if end > start else []
+
+
 def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
         maximum is not None and value > maximum
@@ -534,7 +556,8 @@ def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) 
 def _check_paths(name: str, paths: list[str] | None) -> tuple[str, ...] | None:
     if paths is None:
         return None
-    if isinstance(paths, (str, bytes)) or not all(isinstance(p, str) and p for p in paths):
+    # A list or tuple only: a string would be split into characters, a dict or set is a slip.
+    if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) and p for p in paths):
         raise ValueError(f"`{name}` must be a list of non-empty paths, got {paths!r}")
     return tuple(os.path.abspath(p) for p in paths)
 

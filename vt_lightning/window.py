@@ -93,7 +93,7 @@ class ProfilingWindow:
         if step + 1 < self.window.end:
             self.torch.step_begin(step + 1)
 
-    def close(self, spool: str, metadata: dict[str, Any], run_dir: Path, trace_name: str,
+    def close(self, spool: str | os.PathLike[str], metadata: dict[str, Any], run_dir: Path, trace_name: str,
               memory_name: str | None, gzip_level: int) -> WindowJob | None:
         """Stop everything; return the job that writes the window (None if nothing was recorded)."""
         self.closed = True
@@ -110,6 +110,9 @@ class ProfilingWindow:
             self.torch.stop()
         if not self.active or self._clock_start is None or clock_end is None:
             return None
+        check_room = getattr(spool, "check_room", None)
+        if check_room is not None:
+            check_room(self.python.config.tracer_entries)
         stem = os.path.join(spool, f"w{self.window.index}-{os.getpid()}")
         python_raw = Path(f"{stem}.python.json")
         dump_pid = self.python.dump(str(python_raw))
