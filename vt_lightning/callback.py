@@ -24,6 +24,7 @@ from .names import host_name, memory_file_name, span_name, trace_file_name, wind
 from .spool import Spool, SpoolError, check_spool_dir, spool_directory
 from .warn import WarnOnce
 from .pytracer import PythonTracer, PythonTracerConfig, foreign_profiler
+from .rivals import RivalProfiler
 from .schedule import Phase, Schedule, Window
 from .torchtracer import TorchTracer, TorchTracerConfig, torch_profiler_active
 from .window import ProfilingWindow
@@ -343,7 +344,11 @@ class VizTraceCallback(Callback):
             step_hooks=step_hooks,
             on_problem=self._warn,
         )
-        window.warmup()
+        try:
+            window.warmup()
+        except BaseException:
+            window.abort()
+            raise
         return window
 
     def _schedule_from(self, step: int) -> None:
@@ -359,6 +364,13 @@ class VizTraceCallback(Callback):
         window, self._window = self._window, None
         if window is None:
             return
+        try:
+            self._hand_off(window, reason, partial)
+        except BaseException:
+            window.abort()  # interrupted or failed anywhere: no tracer, hook or patch stays behind
+            raise
+
+    def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
         assert self._root is not None and self._spool is not None and self._writer is not None
         target = window.window
         self._completed.add(target.index)
@@ -459,8 +471,15 @@ class VizTraceCallback(Callback):
     def _fail_window(self, err: Exception) -> None:
         window, self._window = self._window, None
         if window is not None:
-            window.abort()
             self._skip(window.window)
+            window.abort()
+        if isinstance(err, RivalProfiler):
+            self._warn(
+                f"rival:{err}",
+                f"vt_lightning: {err} started during a window; the window stopped at once and was dropped "
+                "so that tool works undisturbed. Later windows that meet it are skipped; training goes on.",
+            )
+            return
         self._warn(
             f"fault:{type(err).__name__}",
             f"vt_lightning: profiling failed ({type(err).__name__}: {err}); the window was dropped, training goes on.",

@@ -16,6 +16,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from .rivals import own_calls
+
 _active: weakref.WeakSet[PythonTracer] = weakref.WeakSet()
 _dump_child = False  # True only in the child PythonTracer.dump forks to write the buffer
 
@@ -124,6 +126,37 @@ def foreign_profiler() -> str | None:
     return None
 
 
+def _profiler_in_place() -> Any:
+    """What holds this thread's profiling now: the profile hook (<= 3.11), or the name of the
+    sys.monitoring tool with the profiler id (3.12+, where VizTracer uses it)."""
+    if sys.version_info >= (3, 12):
+        return sys.monitoring.get_tool(sys.monitoring.PROFILER_ID)
+    return sys.getprofile()
+
+
+def describe_profiler(found: Any) -> str:
+    if found is None:
+        return "another tool (it removed VizTracer's hook)"
+    if isinstance(found, str):
+        return f"another tool using sys.monitoring ({found})"
+    if type(found).__module__ in ("cProfile", "_lsprof"):
+        return "cProfile"
+    return f"another tool's sys.setprofile hook ({getattr(found, '__qualname__', type(found).__name__)})"
+
+
+def _reinstall(hook: Any) -> None:
+    """Give the profile hook back to the tool VizTracer's stop took it from (Python <= 3.11)."""
+    try:
+        import _lsprof
+
+        if isinstance(hook, _lsprof.Profiler):
+            _lsprof.Profiler.enable(hook)  # cProfile's C hook: only it can install itself again
+        elif callable(hook):
+            sys.setprofile(hook)
+    except Exception:  # noqa: BLE001 - best effort; the caller reports the yield either way
+        pass
+
+
 def wait_for_dump(pid: int | None) -> None:
     """Reap the child ``PythonTracer.dump`` forked; raise if it did not write its file."""
     if pid is None:
@@ -166,6 +199,7 @@ class PythonTracer:
         self._pid = os.getpid()
         self._previous_thread_hook: Any = None
         self._lock = threading.Lock()
+        self._own_profiler: Any = None
         self._hooked_threads: dict[int, weakref.ref[threading.Thread]] = {}  # thread state -> thread
 
     @property
@@ -187,9 +221,21 @@ class PythonTracer:
             self._previous_thread_hook = threading.getprofile()
             threading.setprofile(self._thread_hook if _NEEDS_THREAD_CLEANUP else tracer.threadtracefunc)
         with self._lock:
-            tracer.start()
+            with own_calls():
+                tracer.start()
             self._running = True
         _active.add(self)
+        self._own_profiler = _profiler_in_place()
+
+    def rival(self) -> str | None:
+        """While running: the tool that took the profile hook (or the sys.monitoring profiler id)
+        from VizTracer since ``start``, or None. Cheap: one interpreter query."""
+        if not self._running:
+            return None
+        now = _profiler_in_place()
+        if now is self._own_profiler or now == self._own_profiler:
+            return None
+        return describe_profiler(now)
 
     def _thread_hook(self, frame: Any, event: str, arg: Any) -> Any:
         """First profile event of a thread started during the window (Python <= 3.11): hand it to
@@ -204,13 +250,23 @@ class PythonTracer:
             return self._tracer.threadtracefunc(frame, event, arg)
 
     def stop(self) -> None:
-        """Remove every hook; events stay in the ring buffer."""
+        """Remove every hook; events stay in the ring buffer. A profile hook another tool installed
+        over VizTracer's (Python <= 3.11) is put back: VizTracer's stop would remove it."""
+        foreign = None
+        if sys.version_info < (3, 12) and self._tracer is not None:
+            hook = sys.getprofile()
+            foreign = hook if hook is not None and hook is not self._tracer else None
         try:
             with self._lock:
                 was_running, self._running = self._running, False
-                if self._tracer is not None and was_running:
-                    self._tracer.stop()
+                # ``enable``: VizTracer's own flag, set even when an interruption hit between its
+                # start and ours (then only it knows that a hook is in place).
+                if self._tracer is not None and (was_running or getattr(self._tracer, "enable", False)):
+                    with own_calls():
+                        self._tracer.stop()
         finally:
+            if foreign is not None and sys.getprofile() is not foreign:
+                _reinstall(foreign)
             self._running = False
             _active.discard(self)
             self._release_thread_hook()
