@@ -1,0 +1,441 @@
+"""The user's own code and environment never crash, hang or lose a run (issue 15).
+
+Where a fault could crash or hang a process, the run happens in a subprocess
+(``fault_scripts/train.py``) whose exit status and wall time are asserted.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import orjson
+import pytest
+import torch
+from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
+from lightning.pytorch.callbacks import Callback
+
+from vt_lightning import VizTraceCallback
+from vt_lightning.atomic import atomic_write, remove_stale_temporaries
+from vt_lightning.names import host_name
+from vt_lightning.rivals import guard_installed
+from vt_lightning.spool import PREFIX, Spool, remove_dead_spools
+
+SCRIPT = Path(__file__).resolve().parent / "fault_scripts" / "train.py"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_script(config: dict, timeout: float = 180, cwd: str | None = None) -> tuple[dict, float, str]:
+    """Run one scenario; return (report, wall seconds, output). Fails on a crash or a hang."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), json.dumps(config)],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+    )
+    wall = time.monotonic() - start
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit status {proc.returncode}:\n{output[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1]), wall, output
+
+
+def assert_clean(report: dict) -> None:
+    assert not report["torch_profiler_enabled"]
+    assert report["sys_getprofile"] is None and report["threading_getprofile"] is None
+    assert not report["guard_installed"]
+
+
+# ---------------------------------------------------------------- 1. a user's torch profiler
+
+
+@pytest.mark.parametrize(
+    "start, end, order",
+    [
+        (2, 2, "before"),  # around a warmup step
+        (1, 2, "after"),  # from the wait step into the warmup
+        (3, 3, "before"),  # around the first active step
+        (4, 4, "after"),  # around a middle active step
+        (4, 6, "before"),  # from mid-window past its end
+    ],
+)
+def test_a_users_torch_profiler_at_any_moment_never_crashes_training(tmp_path, start, end, order):
+    # Before this fix the same runs died with SIGSEGV (exit status -11) when the window stopped.
+    user_trace = str(tmp_path / "user.json")
+    report, wall, output = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 1, "warmup": 2, "active": 3, "repeat": 2},
+            "torch_profiler": [start, end, order, user_trace],
+            "max_steps": 14,
+        }
+    )
+    assert wall < 120
+    assert report["train_batches"] == list(range(14))
+    yields = [w for w in report["warnings"] if "a torch profiler started during a window" in w]
+    assert len(yields) == 1, report["warnings"]
+    with open(user_trace, "rb") as f:
+        user_events = orjson.loads(f.read())["traceEvents"]
+    assert any(e.get("name") == "aten::tanh" for e in user_events)  # the user's profiler worked
+    # The yielded window is dropped; the next one is recorded as usual.
+    assert [m["steps"] for m in report["metadata"]] == [[9, 10, 11]]
+    assert_clean(report)
+
+
+# ---------------------------------------------------------------- 9. cProfile / sys.setprofile mid-window
+
+
+def test_cprofile_started_mid_window_keeps_working_and_training_goes_on(tmp_path):
+    report, wall, _ = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 1, "warmup": 1, "active": 4, "repeat": 2},
+            "cprofile": [3, 5],
+            "max_steps": 14,
+        }
+    )
+    assert wall < 120
+    assert report["train_batches"] == list(range(14))
+    # cProfile saw every step it ran over: the window's stop did not cut it off (3.11), and its
+    # start did not raise "Another profiling tool is already active" (3.12+).
+    assert report["cprofile_saw"] == ["batch_3", "batch_4", "batch_5"]
+    assert len([w for w in report["warnings"] if "cProfile started during a window" in w]) == 1
+    assert [m["steps"] for m in report["metadata"]] == [[8, 9, 10, 11]]
+    assert_clean(report)
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12+: sys.setprofile does not displace VizTracer")
+def test_a_profile_hook_set_mid_window_is_kept_and_the_window_yields(tmp_path):
+    report, wall, _ = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 1, "warmup": 1, "active": 4, "repeat": 1},
+            "setprofile": [3, 5],
+            "max_steps": 8,
+        }
+    )
+    assert wall < 120
+    assert report["train_batches"] == list(range(8))
+    assert report["hook_still_set"] and report["hook_calls"] > 0
+    assert len([w for w in report["warnings"] if "sys.setprofile hook" in w]) == 1
+    assert report["metadata"] == []
+    assert_clean(report)
+
+
+# ---------------------------------------------------------------- 2. spool
+
+
+def test_the_spool_is_on_disk_by_default_and_spool_dir_moves_it(tmp_path):
+    report, _, _ = run_script(
+        {"root": str(tmp_path / "a"), "callback": {"wait": 0, "warmup": 0, "active": 1}, "max_steps": 3}
+    )
+    assert report["spool_base"] == tempfile.gettempdir() and not report["spool_base"].startswith("/dev/shm")
+    spool_dir = tmp_path / "my spool"
+    report, _, _ = run_script(
+        {
+            "root": str(tmp_path / "b"),
+            "callback": {"wait": 0, "warmup": 0, "active": 1, "spool_dir": str(spool_dir)},
+            "max_steps": 3,
+        }
+    )
+    assert report["spool_base"] == str(spool_dir) and Path(report["spool"]).parent == spool_dir
+    assert len(report["windows_written"]) == 1
+    assert list(spool_dir.iterdir()) == []  # its own spool directory is gone after the run
+
+
+@pytest.mark.parametrize("bad", [5, "", ["a"], "FILE", "READONLY"])
+def test_a_bad_spool_dir_is_refused_at_construction(tmp_path, bad):
+    if bad == "FILE":
+        bad = tmp_path / "file"
+        bad.write_text("x")
+        bad = str(bad / "below")
+    elif bad == "READONLY":
+        if os.geteuid() == 0:
+            pytest.skip("root writes anywhere")
+        bad = tmp_path / "ro"
+        bad.mkdir(mode=0o500)
+        bad = str(bad)
+    with pytest.raises(ValueError, match="`spool_dir`"):
+        VizTraceCallback(spool_dir=bad)
+
+
+def test_a_full_spool_drops_the_window_naming_the_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(Spool, "free_bytes", lambda self: 10 * 2**20)
+    spool_dir = tmp_path / "small-shm"
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2, spool_dir=str(spool_dir))
+    model = MarkerModel()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [cb], max_steps=4).fit(model, loader())
+    assert model.train_batches == [0, 1, 2, 3]
+    full = [str(w.message) for w in caught if "spool directory" in str(w.message)]
+    assert len(full) == 1 and str(spool_dir) in full[0] and "10 MB free" in full[0]
+    assert "could not write the window" not in " ".join(str(w.message) for w in caught)
+    assert not trace_files(tmp_path)
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_dead_spools_are_removed_by_pid_and_age_never_a_live_ones(tmp_path):
+    sleeper = _sleeper()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    try:
+        host = host_name()
+        old = time.time() - 3600
+        made = {
+            "dead_old": tmp_path / f"{PREFIX}{host}-{dead_pid}-aaaa",
+            "dead_young": tmp_path / f"{PREFIX}{host}-{dead_pid}-bbbb",
+            "live_old": tmp_path / f"{PREFIX}{host}-{sleeper.pid}-cccc",
+            "other_host": tmp_path / f"{PREFIX}otherhost-{dead_pid}-dddd",
+            "not_ours": tmp_path / "something-else",
+        }
+        for name, path in made.items():
+            path.mkdir()
+            (path / "w0.python.json").write_text("{}")
+            if name != "dead_young":
+                os.utime(path, (old, old))
+        assert remove_dead_spools(str(tmp_path)) == 1
+        assert not made["dead_old"].exists()
+        assert all(made[k].exists() for k in ("dead_young", "live_old", "other_host", "not_ours"))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_killed_trainers_spool_is_cleaned_at_the_next_setup(tmp_path):
+    spool_dir = tmp_path / "spool"
+    config = {
+        "root": str(tmp_path / "run"),
+        "callback": {"wait": 0, "warmup": 0, "active": 2, "repeat": 0, "spool_dir": str(spool_dir)},
+        "max_steps": 10,
+        "kill_self_at": 5,
+    }
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(SCRIPT), json.dumps(config)], capture_output=True, timeout=180, env=env)
+    assert proc.returncode == -signal.SIGKILL and time.monotonic() - start < 120
+    (left,) = spool_dir.iterdir()  # the killed run's spool directory stayed behind
+    old = time.time() - 3600
+    os.utime(left, (old, old))
+    report, _, _ = run_script({**config, "kill_self_at": None, "max_steps": 3})
+    assert not left.exists()
+    assert len(report["windows_written"]) == 2  # batches 0-1 and 2
+    assert list(spool_dir.iterdir()) == []
+
+
+# ---------------------------------------------------------------- 3. a stuck writer
+
+
+def test_a_stuck_writer_never_blocks_training_for_longer_than_writer_timeout(tmp_path):
+    # Windows on every batch; the writer process is frozen (SIGSTOP, like a hung filesystem) once
+    # window 0 is written. Windows 1 and 2 fill the queue, window 3 waits writer_timeout=2 s for room.
+    report, wall, _ = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 0, "warmup": 0, "active": 1, "repeat": 0, "writer_timeout": 2},
+            "stop_writer_at": [1],
+            "max_steps": 8,
+        }
+    )
+    assert report["train_batches"] == list(range(8))
+    assert report["fit_seconds"] < 30 and wall < 90
+    stuck = [w for w in report["warnings"] if "writer_timeout=2 s" in w]
+    assert len(stuck) == 1 and "window 3 is dropped" in stuck[0]
+    (frozen,) = report["stopped_writers"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(frozen, 0)  # killed and reaped
+    steps = sorted(s for m in report["metadata"] for s in m["steps"])
+    assert steps[0] == 0 and 3 not in steps and steps[-1] == 7  # a fresh writer took over
+    assert_clean(report)
+
+
+def test_a_writer_stuck_at_the_end_of_fit_holds_it_for_writer_timeout_at_most(tmp_path):
+    report, wall, _ = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 1, "warmup": 0, "active": 1, "repeat": 0, "writer_timeout": 3},
+            "stop_writer_at": [3],
+            "max_steps": 4,
+        }
+    )
+    assert report["train_batches"] == [0, 1, 2, 3]
+    assert report["fit_seconds"] < 3 + 20 and wall < 90
+    assert len([w for w in report["warnings"] if "did not finish the last window" in w]) == 1
+    (frozen,) = report["stopped_writers"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(frozen, 0)
+    assert [m["steps"] for m in report["metadata"]] == [[1]]  # window 3 was dropped, window 1 kept
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), "10", True])
+def test_a_bad_writer_timeout_is_refused(bad):
+    with pytest.raises(ValueError, match="`writer_timeout`"):
+        VizTraceCallback(writer_timeout=bad)
+
+
+# ---------------------------------------------------------------- 4. metadata scales with what ran
+
+
+def test_a_window_of_a_billion_batches_costs_only_the_batches_run(tmp_path):
+    # With the schedule's batch lists in the metadata, this run needed 24 GB; the address-space
+    # limit turns any such allocation into a MemoryError instead of an OOM kill.
+    report, wall, _ = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 0, "warmup": 1, "active": 10**9},
+            "max_steps": 20,
+            "rlimit_as_gb": 12,
+        }
+    )
+    assert wall < 120 and report["max_rss_mb"] < 2000
+    (meta,) = report["metadata"]
+    assert meta["steps"] == list(range(1, 20)) and meta["partial"] is True
+    assert meta["scheduled_steps"] == [1, 10**9] and meta["warmup_steps"] == [0, 0]
+
+
+# ---------------------------------------------------------------- 6. orphans
+
+
+def test_a_writer_killed_mid_write_leaves_no_temporary_after_the_next_run(tmp_path):
+    run_dir = tmp_path / "window_009-batches_90-90"  # a window of an earlier run
+    run_dir.mkdir()
+    code = (
+        "import sys, time; from vt_lightning.atomic import atomic_write\n"
+        "def slow(f):\n    f.write(b'half'); f.flush(); print('writing', flush=True); time.sleep(60)\n"
+        f"atomic_write({str(run_dir / 'h_0.0000000000.pt.trace.json.gz')!r}, slow)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    writers = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env) for _ in range(2)]
+    try:
+        for w in writers:
+            assert w.stdout.readline().strip() == b"writing"
+        writers[0].send_signal(signal.SIGKILL)  # killed mid-write, like an OOM kill
+        writers[0].wait()
+        temporaries = sorted(p.name for p in run_dir.iterdir())
+        assert len(temporaries) == 2 and all(n.endswith(".tmp") for n in temporaries)
+        cb = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=str(tmp_path))
+        make_trainer(tmp_path, [cb], max_steps=1).fit(MarkerModel(), loader())
+        left = [p.name for p in run_dir.iterdir()]
+        assert left == [n for n in temporaries if f"-{writers[1].pid}." in n]  # the live writer's stays
+    finally:
+        for w in writers:
+            w.kill()
+            w.wait()
+    assert remove_stale_temporaries(tmp_path) == 1  # and goes once its writer is gone
+    assert not list(run_dir.iterdir())
+
+
+# ---------------------------------------------------------------- 7. a planted module
+
+
+def test_the_writer_process_never_imports_from_the_working_directory(tmp_path):
+    marker = tmp_path / "PLANTED_CODE_RAN"
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    (workdir / "orjson.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nraise SystemExit(3)\n")
+    report, _, output = run_script(
+        {"root": str(tmp_path / "run"), "callback": {"wait": 0, "warmup": 0, "active": 1, "repeat": 2},
+         "max_steps": 4},
+        cwd=str(workdir),
+    )
+    assert not marker.exists()
+    assert len(report["windows_written"]) == 2
+    assert "writer process stopped" not in output and "could not write" not in output
+
+
+# ---------------------------------------------------------------- 8 and 10. shared directories
+
+
+def test_two_runs_sharing_a_dirpath_keep_each_others_windows(tmp_path):
+    shared = tmp_path / "shared"
+    configs = [
+        {"root": str(tmp_path / name), "callback": {"wait": 0, "warmup": 0, "active": 1, "repeat": 6,
+                                                     "dirpath": str(shared)}, "max_steps": 6}
+        for name in ("a", "b")
+    ]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT), json.dumps(c)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, env=env) for c in configs]
+    reports = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0
+        reports.append(json.loads(out.decode().strip().splitlines()[-1]))
+    files = trace_files(shared)
+    assert len(files) == 12  # 6 windows each, none overwritten
+    by_pid: dict[int, list[int]] = {}
+    for path in files:
+        meta = load_trace(path)["vt_lightning"]
+        by_pid.setdefault(meta["pid"], []).extend(meta["steps"])
+    assert sorted(sorted(v) for v in by_pid.values()) == [list(range(6))] * 2
+
+
+def test_a_resumed_run_keeps_the_crashed_runs_partial_window(tmp_path):
+    first = VizTraceCallback(wait=1, warmup=0, active=2, dirpath=str(tmp_path / "traces"))
+    make_trainer(tmp_path, [first], max_steps=2).fit(MarkerModel(), loader())  # "crashed" inside it
+    (partial,) = trace_files(tmp_path / "traces")
+    before = partial.read_bytes()
+    again = VizTraceCallback(wait=1, warmup=0, active=2, dirpath=str(tmp_path / "traces"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [again], max_steps=4).fit(MarkerModel(), loader())
+    assert partial.read_bytes() == before
+    (second,) = [p for p in trace_files(tmp_path / "traces") if p != partial]
+    assert second.parent.name == partial.parent.name + ".2"
+    assert len([w for w in caught if "run directory already taken" in str(w.message)]) == 1
+
+
+def test_a_window_directory_planted_as_a_symlink_is_never_followed(tmp_path):
+    attacker = tmp_path / "attacker"
+    attacker.mkdir()
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "window_000-batches_1-1").symlink_to(attacker, target_is_directory=True)
+    cb = VizTraceCallback(wait=1, warmup=0, active=1, dirpath=str(traces))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [cb], max_steps=2).fit(MarkerModel(), loader())
+    assert list(attacker.iterdir()) == []
+    (trace,) = trace_files(traces)
+    assert trace.parent.name == "window_000-batches_1-1.2" and not trace.parent.is_symlink()
+    assert len([w for w in caught if "run directory already taken" in str(w.message)]) == 1
+
+
+# ---------------------------------------------------------------- 11. honest overflow advice
+
+
+def test_following_the_overflow_advice_once_does_not_overflow_again(tmp_path):
+    def run(entries: int, root: Path) -> VizTraceCallback:
+        cb = VizTraceCallback(wait=1, warmup=1, active=3, tracer_entries=entries)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            make_trainer(root, [cb], max_steps=6).fit(MarkerModel(), loader())
+        return cb
+
+    (small,) = run(1000, tmp_path / "a").results
+    assert small.overflow and small.suggested_tracer_entries
+    (again,) = run(small.suggested_tracer_entries, tmp_path / "b").results
+    assert not again.overflow
+    assert again.python_events <= small.suggested_tracer_entries
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("bad", [5, {"a": 1}, "src", {"src"}, [5], [""]])
+def test_include_and_exclude_files_must_be_lists_of_paths(bad):
+    for name in ("include_files", "exclude_files"):
+        with pytest.raises(ValueError, match=f"`{name}`"):
+            VizTraceCallback(**{name: bad})
