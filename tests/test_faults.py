@@ -439,3 +439,149 @@ def test_include_and_exclude_files_must_be_lists_of_paths(bad):
     for name in ("include_files", "exclude_files"):
         with pytest.raises(ValueError, match=f"`{name}`"):
             VizTraceCallback(**{name: bad})
+
+
+# ---------------------------------------------------------------- 5. interrupts at every step
+
+
+def _injection_targets() -> list[tuple[object, str]]:
+    """Every call start/step/stop/close makes into the tracers, hooks and patches."""
+    import torch.profiler.profiler as torch_profiler
+    from viztracer import VizTracer
+
+    import vt_lightning.callback as callback
+    import vt_lightning.window as window
+    from vt_lightning.lightning_view import LightningViewHooks
+    from vt_lightning.pytracer import PythonTracer
+    from vt_lightning.rivals import RivalGuard
+    from vt_lightning.torchtracer import TorchTracer
+
+    return [
+        (callback.VizTraceCallback, "_open_window"),
+        (callback.VizTraceCallback, "_close_window"),
+        (callback.VizTraceCallback, "_hand_off"),
+        (window.ProfilingWindow, "warmup"),
+        (window.ProfilingWindow, "activate"),
+        (window.ProfilingWindow, "step_begin"),
+        (window.ProfilingWindow, "step_end"),
+        (window.ProfilingWindow, "check_rivals"),
+        (window.ProfilingWindow, "close"),
+        (window.ProfilingWindow, "_stop_side_tools"),
+        (window, "sample_pair"),
+        (window, "emit_markers"),
+        (TorchTracer, "prepare"),
+        (TorchTracer, "start"),
+        (TorchTracer, "check"),
+        (TorchTracer, "step_begin"),
+        (TorchTracer, "step_end"),
+        (TorchTracer, "stop"),
+        (TorchTracer, "_stop_session"),
+        (torch_profiler._KinetoProfile, "prepare_trace"),
+        (torch_profiler._KinetoProfile, "start_trace"),
+        (torch_profiler._KinetoProfile, "stop_trace"),
+        (torch.autograd.profiler.record_function, "__enter__"),
+        (torch.autograd.profiler.record_function, "__exit__"),
+        (PythonTracer, "start"),
+        (PythonTracer, "rival"),
+        (PythonTracer, "stop"),
+        (PythonTracer, "dump"),
+        (PythonTracer, "_release_thread_hook"),
+        (VizTracer, "start"),
+        (VizTracer, "stop"),
+        (VizTracer, "clear"),
+        (LightningViewHooks, "install"),
+        (LightningViewHooks, "remove"),
+        (RivalGuard, "install"),
+        (RivalGuard, "remove"),
+    ]
+
+
+class Injector:
+    """Raises KeyboardInterrupt just before (or just after) the ``at``-th call to any target."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls: list[str] = []
+        self.at: int | None = None
+        self.after = False
+        self.armed = False
+        for owner, name in _injection_targets():
+            original = getattr(owner, name)
+            monkeypatch.setattr(owner, name, self._wrap(original, f"{getattr(owner, '__name__', owner)}.{name}"))
+
+    def _wrap(self, original, label):
+        injector = self
+
+        def wrapper(*args, **kwargs):
+            if not injector.armed or threading.current_thread() is not threading.main_thread():
+                return original(*args, **kwargs)
+            index = len(injector.calls)
+            injector.calls.append(label)
+            if index == injector.at and not injector.after:
+                injector.armed = False
+                raise KeyboardInterrupt(f"before {label}")
+            result = original(*args, **kwargs)
+            if index == injector.at and injector.after:
+                injector.armed = False
+                raise KeyboardInterrupt(f"after {label}")
+            return result
+
+        return wrapper
+
+
+def _leftovers(cb: VizTraceCallback, model) -> list[str]:
+    problems = []
+    if torch.autograd.profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled():
+        problems.append("torch profiler recording")
+    if sys.getprofile() is not None:
+        problems.append(f"profile hook {sys.getprofile()!r}")
+    if threading.getprofile() is not None:
+        problems.append(f"thread profile hook {threading.getprofile()!r}")
+    if sys.version_info >= (3, 12) and sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is not None:
+        problems.append(f"sys.monitoring tool {sys.monitoring.get_tool(sys.monitoring.PROFILER_ID)}")
+    if guard_installed():
+        problems.append("rival guard patches")
+    for module in model.modules():
+        if module._forward_hooks or module._forward_pre_hooks:
+            problems.append(f"module hooks on {type(module).__name__}")
+    if cb._python is not None and (cb._python._lock.locked() or cb._python.running):
+        problems.append("python tracer lock held or running")
+    return problems
+
+
+def test_an_interrupt_at_any_step_of_start_step_stop_and_close_leaves_nothing_behind(tmp_path, monkeypatch):
+    injector = Injector(monkeypatch)
+
+    def fit(root: Path, at: int | None, after: bool) -> tuple[VizTraceCallback, MarkerModel, bool]:
+        cb = VizTraceCallback(wait=0, warmup=1, active=2, memory_snapshot=False)
+        model = MarkerModel()
+        trainer = make_trainer(root, [cb], max_steps=4)
+        injector.calls, injector.at, injector.after, injector.armed = [], at, after, True
+        previous = signal.getsignal(signal.SIGINT)
+        interrupted = False
+        try:
+            trainer.fit(model, loader())
+        except SystemExit:  # Lightning turns Ctrl+C into exit(1), after on_exception
+            interrupted = True
+        finally:
+            injector.armed = False
+            signal.signal(signal.SIGINT, previous)
+        return cb, model, interrupted
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cb, model, interrupted = fit(tmp_path / "clean", None, False)
+        clean_calls = list(injector.calls)
+        assert not interrupted and len(cb.results) == 1
+        assert len(clean_calls) > 40, clean_calls  # every phase is covered
+        failures = []
+        for at in range(len(clean_calls)):
+            for after in (False, True):
+                cb, model, interrupted = fit(tmp_path / f"i{at}{after:d}", at, after)
+                problems = _leftovers(cb, model)
+                if not interrupted:
+                    problems.append("the interrupt did not reach Lightning")
+                if problems:
+                    failures.append(f"{'after' if after else 'before'} call {at} ({clean_calls[at]}): {problems}")
+        assert not failures, "\n".join(failures)
+        cb, _, interrupted = fit(tmp_path / "again", None, False)  # and the next window records
+        assert not interrupted and len(cb.results) == 1

@@ -344,9 +344,11 @@ class VizTraceCallback(Callback):
             step_hooks=step_hooks,
             on_problem=self._warn,
         )
+        self._window = window  # before warmup: an interruption from here on finds it and closes it
         try:
             window.warmup()
         except BaseException:
+            self._window = None
             window.abort()
             raise
         return window

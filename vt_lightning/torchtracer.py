@@ -167,8 +167,9 @@ class TorchTracer:
                 if self.prepared and not self._session_closed:
                     self._stop_session()
             finally:
-                self.stopped = True
-                _recording.discard(self)
+                if self._session_closed or not self.prepared:  # else a retry must close it
+                    self.stopped = True
+                    _recording.discard(self)
 
     def _stop_session(self) -> None:
         if self.started and not torch_profiler_active():
