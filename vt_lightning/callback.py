@@ -19,11 +19,11 @@ from .atomic import remove_stale_temporaries
 from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, finish_window
 from .lightning_view import LightningViewHooks
 from .memory import CudaMemoryRecorder, dump_oom_snapshot, is_cuda_oom, oom_file_name
-from .background import BackgroundWriter
+from .background import BackgroundWriter, WriterAbandoned
 from .names import host_name, memory_file_name, span_name, trace_file_name, window_dir_name, worker_name
 from .spool import Spool, SpoolError, check_spool_dir, spool_directory
 from .warn import WarnOnce
-from .pytracer import PythonTracer, PythonTracerConfig, foreign_profiler
+from .pytracer import PythonTracer, PythonTracerConfig, foreign_profiler, reap_dump_children
 from .rivals import RivalProfiler
 from .schedule import Phase, Schedule, Window
 from .torchtracer import TorchTracer, TorchTracerConfig, torch_profiler_active
@@ -229,8 +229,9 @@ class VizTraceCallback(Callback):
         if not self._enabled:
             return
         self._python = self._python or PythonTracer(self.python_config)
-        remove_stale_temporaries(self._root)
         self._writer = BackgroundWriter(timeout=self.writer_timeout, on_problem=self._warn)
+        # Leftovers of writers killed mid-write; on the writer thread, as a hung mount must not hang setup.
+        self._writer.submit(remove_stale_temporaries, self._root)
         self._spool = spool_directory(self.spool_dir)
         self._schedule_from(_global_batch(trainer))
 
@@ -434,6 +435,8 @@ class VizTraceCallback(Callback):
         """Runs on the writer thread; the heavy part runs in the writer process when there is one."""
         try:
             result = self._run_job(job)
+        except WriterAbandoned:  # reported once, when the writer was given up
+            return None
         except SpoolError as err:  # the raw dumps, not the output directory, are the problem
             self._warn(f"spool:{err.errno}", f"vt_lightning: window dropped: {err.strerror}; training goes on.")
             return None
@@ -506,6 +509,7 @@ class VizTraceCallback(Callback):
                     f"vt_lightning: {len(self.results)} window trace(s) in {self._root}\n"
                     f"  view: tensorboard --logdir {self._root}  (PyTorch Profiler tab)"
                 )
+        reap_dump_children()  # of windows interrupted between their dump and its hand-off
         if self._spool is not None:
             self._spool.remove()
             self._spool = None

@@ -141,6 +141,7 @@ def collect_raw(job: WindowJob) -> None:
     """The part that must run in the training process: torch's exporter (its results live there)
     and reaping the VizTracer dump child. Idempotent; afterwards the job pickles."""
     from .pytracer import wait_for_dump
+    from .rivals import RivalProfiler
     from .spool import SpoolError
 
     try:
@@ -151,6 +152,8 @@ def collect_raw(job: WindowJob) -> None:
         finally:
             pid, job.python_dump_pid = job.python_dump_pid, None
             wait_for_dump(pid)
+    except RivalProfiler:
+        raise
     except Exception as err:  # name the spool directory: the output directory is not at fault
         spool = job.torch_raw.parent
         raise SpoolError(

@@ -157,13 +157,40 @@ def _reinstall(hook: Any) -> None:
         pass
 
 
+# Dump children not reaped yet. A job reaps its own (``wait_for_dump``); one whose window was
+# interrupted between the fork and the hand-off is reaped at the end of fit (``reap_dump_children``).
+_dump_children: set[int] = set()
+
+
 def wait_for_dump(pid: int | None) -> None:
     """Reap the child ``PythonTracer.dump`` forked; raise if it did not write its file."""
     if pid is None:
         return
-    _, status = os.waitpid(pid, 0)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        _dump_children.discard(pid)
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"the VizTracer dump process exited with {os.waitstatus_to_exitcode(status)}")
+
+
+def reap_dump_children(timeout: float = 5.0) -> None:
+    """Reap every dump child no job took (no zombie stays behind); one that is still writing after
+    ``timeout`` seconds (a hung spool filesystem) is killed first."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    for pid in list(_dump_children):
+        try:
+            while os.waitpid(pid, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    break
+                time.sleep(0.01)
+        except (ChildProcessError, ProcessLookupError):
+            pass
+        _dump_children.discard(pid)
 
 
 def _idle_viztracer_hook(hook: Any) -> bool:
@@ -309,6 +336,7 @@ class PythonTracer:
                 finally:
                     os._exit(code)
             if pid is not None:
+                _dump_children.add(pid)
                 self._tracer.clear()
                 return pid
         self._tracer.dump(path)
