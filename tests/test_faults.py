@@ -91,6 +91,26 @@ def test_a_users_torch_profiler_at_any_moment_never_crashes_training(tmp_path, s
     assert_clean(report)
 
 
+def test_a_users_torch_profiler_started_while_a_window_is_exported(tmp_path):
+    # Window 0 ends at batch 5 and is exported on the writer thread while the user's profiler,
+    # started at batch 6, records; window 1 (warmup from batch 7) meets it and is skipped.
+    user_trace = str(tmp_path / "user.json")
+    report, wall, _ = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 1, "warmup": 2, "active": 3, "repeat": 2},
+            "torch_profiler": [6, 8, "before", user_trace],
+            "max_steps": 14,
+        }
+    )
+    assert wall < 120 and report["train_batches"] == list(range(14))
+    assert [m["steps"] for m in report["metadata"]] == [[3, 4, 5]]
+    assert len([w for w in report["warnings"] if "already recording" in w]) == 1
+    with open(user_trace, "rb") as f:
+        assert any(e.get("name") == "aten::tanh" for e in orjson.loads(f.read())["traceEvents"])
+    assert_clean(report)
+
+
 # ---------------------------------------------------------------- 9. cProfile / sys.setprofile mid-window
 
 

@@ -19,8 +19,10 @@ while a window is live; our own calls into torch and VizTracer run inside ``own_
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -47,6 +49,19 @@ def own_calls() -> Iterator[None]:
         _state.own -= 1
 
 
+_installed: weakref.WeakSet[RivalGuard] = weakref.WeakSet()
+
+
+def _remove_in_forked_child() -> None:
+    """A DataLoader worker forked during a window has no window: its profilers start freely."""
+    for guard in list(_installed):
+        guard.remove()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_remove_in_forked_child)
+
+
 class RivalGuard:
     """Patches installed for one live window; ``on_rival(name)`` makes the window yield."""
 
@@ -67,6 +82,7 @@ class RivalGuard:
         if self.installed:
             return
         self.installed = True
+        _installed.add(self)
         try:
             self._patch_torch()
             self._patch_cprofile()
@@ -79,6 +95,7 @@ class RivalGuard:
     def remove(self) -> None:
         """Undo every patch (each one only if it is still ours); never raises."""
         self.installed = False
+        _installed.discard(self)
         restore, self._restore = self._restore, []
         for undo in reversed(restore):
             try:
