@@ -28,7 +28,7 @@ from vt_lightning import VizTraceCallback
 from vt_lightning.atomic import atomic_write, remove_stale_temporaries
 from vt_lightning.names import host_name
 from vt_lightning.rivals import guard_installed
-from vt_lightning.spool import PREFIX, Spool, remove_dead_spools
+from vt_lightning.spool import PREFIX, Spool, default_spool_base, remove_dead_spools
 
 SCRIPT = Path(__file__).resolve().parent / "fault_scripts" / "train.py"
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,7 +158,7 @@ def test_the_spool_is_on_disk_by_default_and_spool_dir_moves_it(tmp_path):
     report, _, _ = run_script(
         {"root": str(tmp_path / "a"), "callback": {"wait": 0, "warmup": 0, "active": 1}, "max_steps": 3}
     )
-    assert report["spool_base"] == tempfile.gettempdir() and not report["spool_base"].startswith("/dev/shm")
+    assert report["spool_base"] == default_spool_base() and not report["spool_base"].startswith("/dev/shm")
     spool_dir = tmp_path / "my spool"
     report, _, _ = run_script(
         {
@@ -170,6 +170,20 @@ def test_the_spool_is_on_disk_by_default_and_spool_dir_moves_it(tmp_path):
     assert report["spool_base"] == str(spool_dir) and Path(report["spool"]).parent == spool_dir
     assert len(report["windows_written"]) == 1
     assert list(spool_dir.iterdir()) == []  # its own spool directory is gone after the run
+
+
+def test_the_default_spool_base_avoids_ram_filesystems(monkeypatch, tmp_path):
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    ram_tmp = "overlay / overlay rw 0 0\ntmpfs /tmp tmpfs rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\n"
+    disk_tmp = "overlay / overlay rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\n"
+    if os.access("/var/tmp", os.W_OK):
+        assert default_spool_base(ram_tmp) == "/var/tmp"
+    assert default_spool_base(disk_tmp) == tempfile.gettempdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the user's choice wins
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert default_spool_base(ram_tmp) == str(tmp_path)
 
 
 @pytest.mark.parametrize("bad", [5, "", ["a"], "FILE", "READONLY"])

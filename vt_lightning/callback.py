@@ -64,8 +64,9 @@ class VizTraceCallback(Callback):
             TensorBoard offers its "Lightning" view.
         ranks: global ranks that trace (None: all).
         compression_level: gzip level of the trace files (1 fastest, 9 smallest).
-        spool_dir: where raw dumps wait for the writer (default: the system temp dir, ``$TMPDIR``,
-            never ``/dev/shm``); a window whose dump would not fit there is dropped with a warning.
+        spool_dir: where raw dumps wait for the writer (default: ``$TMPDIR``, else ``/tmp``, or
+            ``/var/tmp`` if ``/tmp`` is a RAM tmpfs; never ``/dev/shm``, which DataLoader workers
+            need); a window whose dump might not fit there is dropped with a warning.
         writer_timeout: the most seconds training waits for the writer, at a window's start (for
             room) and at the end of fit (for the last windows); past it the window is dropped, the
             stuck writer is killed, and training goes on.

@@ -1,6 +1,6 @@
 """Scratch space for a window's raw dumps, between the training process and the writer.
 
-Raw dumps go to disk-backed scratch space (the system temp dir, or ``spool_dir``), never to
+Raw dumps go to disk-backed scratch space (``default_spool_base()``, or ``spool_dir``), never to
 ``/dev/shm``: DataLoader workers pass batches through shared memory, and a 900k-event window there
 starved them (Docker's default ``/dev/shm`` is 64 MB). Each training process owns one spool
 directory named ``vt_lightning-spool-<host>-<pid>-<random>`` and holds an advisory lock on a file in
@@ -63,7 +63,7 @@ class Spool:
     """One training process's spool directory (``os.fspath`` gives its path)."""
 
     def __init__(self, base: str | None = None) -> None:
-        base_dir = Path(base) if base is not None else Path(tempfile.gettempdir())
+        base_dir = Path(base) if base is not None else Path(default_spool_base())
         base_dir.mkdir(parents=True, exist_ok=True)
         self.base = str(base_dir)
         self.removed_dead = remove_dead_spools(self.base)
@@ -111,8 +111,47 @@ class Spool:
 
 
 def spool_directory(base: str | None = None) -> Spool:
-    """This process's spool directory under ``base`` (default: the system temp dir)."""
+    """This process's spool directory under ``base`` (default: ``default_spool_base()``)."""
     return Spool(base)
+
+
+RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+
+
+def default_spool_base(mounts: str | None = None) -> str:
+    """``$TMPDIR`` (or ``TEMP``/``TMP``) when set; else the system temp dir, unless that is RAM
+    (``/tmp`` is a tmpfs on some distributions) and ``/var/tmp``, disk-backed by convention, is
+    usable. ``mounts`` is ``/proc/mounts``' text (read when None)."""
+    if any(os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")):
+        return tempfile.gettempdir()
+    system = tempfile.gettempdir()
+    fallback = "/var/tmp"
+    if not (os.path.isdir(fallback) and os.access(fallback, os.W_OK | os.X_OK)):
+        return system
+    if _filesystem_type(system, mounts) in RAM_FILESYSTEMS and _filesystem_type(fallback, mounts) not in RAM_FILESYSTEMS:
+        return fallback
+    return system
+
+
+def _filesystem_type(path: str, mounts: str | None = None) -> str | None:
+    """The type of the filesystem ``path`` is on, from the longest matching mount point."""
+    if mounts is None:
+        try:
+            with open("/proc/mounts") as f:
+                mounts = f.read()
+        except OSError:
+            return None
+    path = os.path.realpath(path)
+    best: tuple[int, str] | None = None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if path == point or path.startswith(point.rstrip("/") + "/"):
+            if best is None or len(point) > best[0]:
+                best = (len(point), fields[2])
+    return best[1] if best else None
 
 
 def remove_dead_spools(base: str, now: float | None = None) -> int:
