@@ -6,7 +6,6 @@ Where a fault could crash or hang a process, the run happens in a subprocess
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import signal
@@ -22,10 +21,9 @@ import orjson
 import pytest
 import torch
 from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
-from lightning.pytorch.callbacks import Callback
 
 from vt_lightning import VizTraceCallback
-from vt_lightning.atomic import atomic_write, remove_stale_temporaries
+from vt_lightning.atomic import remove_stale_temporaries
 from vt_lightning.names import host_name
 from vt_lightning.rivals import guard_installed
 from vt_lightning.spool import PREFIX, Spool, default_spool_base, remove_dead_spools
