@@ -638,3 +638,45 @@ def test_an_interrupt_at_any_step_of_start_step_stop_and_close_leaves_nothing_be
         assert not failures, "\n".join(failures)
         cb, _, interrupted = fit(tmp_path / "again", None, False)  # and the next window records
         assert not interrupted and len(cb.results) == 1
+
+
+# ---------------------------------------------------------------- the pieces, without a Trainer
+
+
+def test_the_background_writer_abandons_a_stuck_job_and_goes_on():
+    from concurrent.futures import CancelledError
+
+    from vt_lightning.background import BackgroundWriter, WriterAbandoned
+
+    release = threading.Event()
+    writer = BackgroundWriter(max_in_flight=1, use_process=False, timeout=0.2)
+    try:
+        stuck = writer.submit(release.wait)
+        queued = writer.submit(lambda: "never run")
+        _, room = writer.wait_for_room()
+        assert not room and writer.abandoned == 1
+        with pytest.raises(WriterAbandoned):
+            stuck.result(timeout=0)
+        with pytest.raises((WriterAbandoned, CancelledError)):
+            queued.result(timeout=0)
+        assert writer.submit(lambda: 42).result(timeout=10) == 42  # a fresh thread took over
+        assert writer.drain() is True
+        release.set()  # the stuck thread finishes; its late result is ignored
+        assert writer.in_flight() == 0
+    finally:
+        release.set()
+        writer.close()
+
+
+def test_a_new_file_never_replaces_an_existing_one_or_a_symlink(tmp_path):
+    from vt_lightning.atomic import atomic_write
+
+    (tmp_path / "taken").write_bytes(b"theirs")
+    with pytest.raises(FileExistsError):
+        atomic_write(tmp_path / "taken", b"ours", overwrite=False)
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(FileExistsError):
+        atomic_write(tmp_path / "link", b"ours", overwrite=False)
+    assert (tmp_path / "taken").read_bytes() == b"theirs" and not (tmp_path / "elsewhere").exists()
+    atomic_write(tmp_path / "free", b"ours", overwrite=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["free", "link", "taken"]  # no temporaries left
