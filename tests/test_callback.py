@@ -21,7 +21,7 @@ from conftest import (
 )
 
 from vt_lightning import VizTraceCallback
-from vt_lightning.output import TRACE_PATTERN
+from vt_lightning.names import TRACE_PATTERN
 from vt_lightning.schedule import Schedule
 
 

@@ -29,7 +29,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tbcheck  # noqa: E402
-from vt_lightning.output import host_name  # noqa: E402
+from vt_lightning.names import host_name  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "ddp_scripts" / "train_ddp.py"
 WINDOWS = {"window_000-batches_2-3": "0000000002", "window_001-batches_6-7": "0000000006"}

@@ -18,11 +18,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import PassThroughProfiler
 
 import vt_lightning.finish as finish
-import vt_lightning.output as output
+import vt_lightning.background as background
 from vt_lightning import VizTraceCallback
 from vt_lightning.clock import Calibration, ClockPair
 from vt_lightning.merge import encode_trace, merge_trace
-from vt_lightning.output import TRACE_PATTERN
+from vt_lightning.names import TRACE_PATTERN
 
 
 def assert_clean(model: torch.nn.Module | None = None) -> None:
@@ -156,15 +156,15 @@ def test_a_file_where_the_directory_should_be(tmp_path):
 
 
 def test_disk_full_leaves_no_partial_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(output, "USE_WRITER_PROCESS", False)  # inject the fault in this process
+    monkeypatch.setattr(background, "USE_WRITER_PROCESS", False)  # inject the fault in this process
     real_write = finish.atomic_write
 
-    def full_disk(path, data):
+    def full_disk(path, data, **kwargs):
         def half_then_fail(f):
             f.write(data[: len(data) // 2])
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        real_write(path, half_then_fail)
+        real_write(path, half_then_fail, **kwargs)
 
     monkeypatch.setattr(finish, "atomic_write", full_disk)
     cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2)

@@ -1,10 +1,14 @@
 """The writer process: finishes windows (parse, merge, encode, compress, write) outside the
 training process, so that work never competes with training for the GIL.
 
-Started once per training process at ``setup`` (before any window, so it inherits no hook) as
-``python -m vt_lightning._writer``: a fresh interpreter that imports neither torch nor Lightning and
-never re-runs the user's script (as ``multiprocessing``'s spawn would). Jobs and results travel as
-length-prefixed pickles over its stdin/stdout; it exits when its stdin closes.
+Started at the first window's hand-off (before any later window, so it inherits no hook) as
+``python -I -c <boot>``: a fresh interpreter that imports neither torch nor Lightning and never
+re-runs the user's script (as ``multiprocessing``'s spawn would). Isolated mode (``-I``) keeps the
+working directory, ``PYTHONPATH`` and user site-packages off its import path, so a stray
+``orjson.py`` where training was started never runs in it; the boot code then appends this package's
+own root and the absolute ``PYTHONPATH`` entries (where clusters install packages), after the
+interpreter's own site-packages. Jobs and results travel as length-prefixed pickles over its
+stdin/stdout; it exits when its stdin closes.
 """
 
 from __future__ import annotations
@@ -51,15 +55,11 @@ class WriterProcess:
     """Client side: one child process, one job at a time (the writer thread serialises calls)."""
 
     def __init__(self) -> None:
-        package_root = str(Path(__file__).resolve().parent.parent)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        env.pop("VT_LIGHTNING", None)  # the child never trains, but keep the switch from leaking
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "vt_lightning._writer"],
+            writer_command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=env,
+            env=_child_env(),
             close_fds=True,
         )
         self._lock = threading.Lock()
@@ -83,6 +83,14 @@ class WriterProcess:
             raise WriterError(*payload)
         return payload
 
+    def kill(self) -> None:
+        """Kill and reap at once (a writer stuck past its time limit)."""
+        try:
+            self._proc.kill()
+        except OSError:
+            pass
+        self._proc.wait()
+
     def close(self, timeout: float = 30.0) -> None:
         try:
             if self._proc.stdin is not None:
@@ -91,6 +99,25 @@ class WriterProcess:
         except Exception:
             self._proc.kill()
             self._proc.wait()
+
+
+_BOOT = (
+    "import sys; sys.path.extend(p for p in sys.argv[1:] if p not in sys.path); "
+    "from vt_lightning._writer import main; main()"
+)
+
+
+def writer_command() -> list[str]:
+    """The writer's command line: isolated interpreter, explicit import path (never the cwd)."""
+    package_root = str(Path(__file__).resolve().parent.parent)
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isabs(p)]
+    return [sys.executable, "-I", "-c", _BOOT, package_root, *extra]
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("VT_LIGHTNING", None)  # the child never trains, but keep the switch from leaking
+    return env
 
 
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
@@ -112,7 +139,7 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
             _send(stdout, ("ok", result))
 
 
-if __name__ == "__main__":
+def main() -> None:
     try:
         os.nice(10)  # on a busy machine training's own processes come first; windows just land later
     except OSError:
@@ -121,3 +148,7 @@ if __name__ == "__main__":
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     _serve(sys.stdin.buffer, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -6,7 +6,6 @@ import dataclasses
 import logging
 import math
 import os
-import shutil
 import socket
 import sys
 import time
@@ -21,23 +20,18 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 
 from . import __version__
 from .agreement import Agreement, gloo_agreement
+from .atomic import remove_stale_temporaries
+from .background import BackgroundWriter, WriterAbandoned
 from .filters import PythonFilter, module_hook_locations, path_matches_anything, path_prefixes
-from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, collect_raw, finish_window, remove_raw
+from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, finish_window
 from .lightning_view import LightningViewHooks
 from .memory import CudaMemoryRecorder, dump_oom_snapshot, is_cuda_oom, oom_file_name
-from .output import (
-    BackgroundWriter,
-    WarnOnce,
-    host_name,
-    memory_file_name,
-    span_name,
-    spool_directory,
-    trace_file_name,
-    window_dir_name,
-    worker_name,
-)
+from .names import host_name, memory_file_name, span_name, trace_file_name, window_dir_name, worker_name
 from .probes import SignalTrigger, foreign_signal_handler, memory_reader
-from .pytracer import PythonTracer, PythonTracerConfig, foreign_profiler, interpreter_warning
+from .pytracer import PythonTracer, PythonTracerConfig, foreign_profiler, interpreter_warning, reap_dump_children
+from .rivals import RivalProfiler
+from .spool import Spool, SpoolError, check_spool_dir, spool_directory
+from .warn import WarnOnce
 from .schedule import Phase, Schedule, Window
 from .sources import Planned, WindowPlan
 from .torchtracer import TorchTracer, TorchTracerConfig, torch_profiler_active
@@ -104,6 +98,12 @@ class VizTraceCallback(Callback):
             ranks' agreement); 0: every batch.
         max_windows: most windows in the run, scheduled and triggered together (None: no limit).
         scheduled_windows: False: no scheduled windows, only triggered ones.
+        spool_dir: where raw dumps wait for the writer (default: ``$TMPDIR``, else ``/tmp``, or
+            ``/var/tmp`` if ``/tmp`` is a RAM tmpfs; never ``/dev/shm``, which DataLoader workers
+            need); a window whose dump might not fit there is dropped with a warning.
+        writer_timeout: the most seconds training waits for the writer, at a window's start (for
+            room) and at the end of fit (for the last windows); past it the window is dropped, the
+            stuck writer is killed, and training goes on.
 
     Example::
 
@@ -146,6 +146,8 @@ class VizTraceCallback(Callback):
         trigger_interval: float = 0.5,
         max_windows: int | None = None,
         scheduled_windows: bool = True,
+        spool_dir: str | None = None,
+        writer_timeout: float = 60.0,
     ) -> None:
         super().__init__()
         self.schedule = Schedule(
@@ -167,6 +169,12 @@ class VizTraceCallback(Callback):
             for path in paths or ():
                 if not path_matches_anything(path):
                     rank_zero_warn(f"`{name}` entry {path!r} matches no file or directory; it filters nothing.")
+        self.spool_dir = check_spool_dir(spool_dir)
+        if isinstance(writer_timeout, bool) or not isinstance(writer_timeout, (int, float)) or not (
+            math.isfinite(writer_timeout) and writer_timeout > 0
+        ):
+            raise ValueError(f"`writer_timeout` must be a number of seconds > 0, got {writer_timeout!r}")
+        self.writer_timeout = float(writer_timeout)
         if dirpath is not None and (not isinstance(dirpath, (str, os.PathLike)) or not str(dirpath)):
             raise ValueError(f"`dirpath` must be a non-empty path or None, got {dirpath!r}")
         for name, flag in (
@@ -235,7 +243,7 @@ class VizTraceCallback(Callback):
         self._python_filter: PythonFilter | None = None
         self._window: ProfilingWindow | None = None
         self._writer: BackgroundWriter | None = None
-        self._spool: str | None = None
+        self._spool: Spool | None = None
         self._root: Path | None = None
         self._enabled = False
         self._next_step: float = math.inf
@@ -347,8 +355,10 @@ class VizTraceCallback(Callback):
             max_depth=c.max_stack_depth,
             hook_locations=module_hook_locations(pl_module),
         )
-        self._writer = BackgroundWriter()
-        self._spool = spool_directory()
+        self._writer = BackgroundWriter(timeout=self.writer_timeout, on_problem=self._warn)
+        # Leftovers of writers killed mid-write; on the writer thread, as a hung mount must not hang setup.
+        self._writer.submit(remove_stale_temporaries, self._root)
+        self._spool = spool_directory(self.spool_dir)
         if agreement is not None:
             self._arm_triggers(trainer, agreement)
         self._schedule_from(_global_batch(trainer) if stage == "fit" else 0)
@@ -656,7 +666,16 @@ class VizTraceCallback(Callback):
                 "meeting it) is skipped; the other tool is left untouched.",
             )
             return None
-        waited = self._writer.wait_for_room()
+        waited, room = self._writer.wait_for_room()
+        if not room:
+            self._warn(
+                "writer-stuck",
+                f"vt_lightning: the writer did not finish earlier windows within writer_timeout="
+                f"{self.writer_timeout:g} s (a hung or very slow filesystem under {self._root}?); window "
+                f"{target.index} is dropped, the stuck writer was stopped, and training goes on. Later "
+                "windows that find it busy are dropped without waiting.",
+            )
+            return None
         if waited > 0.05:
             self._warn(
                 "backlog",
@@ -673,7 +692,13 @@ class VizTraceCallback(Callback):
             step_hooks=step_hooks,
             on_problem=self._warn,
         )
-        window.warmup()
+        self._window = window  # before warmup: an interruption from here on finds it and closes it
+        try:
+            window.warmup()
+        except BaseException:
+            self._window = None
+            window.abort()
+            raise
         return window
 
     def _schedule_from(self, step: int) -> None:
@@ -690,6 +715,13 @@ class VizTraceCallback(Callback):
         window, self._window = self._window, None
         if window is None:
             return
+        try:
+            self._hand_off(window, reason, partial)
+        except BaseException:
+            window.abort()  # interrupted or failed anywhere: no tracer, hook or patch stays behind
+            raise
+
+    def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
         assert self._root is not None and self._spool is not None and self._writer is not None
         target = window.window
         planned = self._planned
@@ -708,8 +740,9 @@ class VizTraceCallback(Callback):
             "stage": self._stage or "fit",
             "window": target.index,
             "steps": list(window.steps),
-            "scheduled_steps": list(target.active_steps),
-            "warmup_steps": list(range(target.warmup_start, target.active_start)),
+            # First and last batch (inclusive), not lists: metadata scales with what was recorded.
+            "scheduled_steps": _bounds(target.active_start, target.end),
+            "warmup_steps": _bounds(target.warmup_start, target.active_start),
             "schedule": _schedule_dict(self.schedule),
             "partial": partial or incomplete,
             **({"partial_reason": reason} if (partial or incomplete) and reason else {}),
@@ -767,6 +800,8 @@ class VizTraceCallback(Callback):
         ran = self._batches_seen
         if self.windows_skipped:
             why = f"{self.windows_skipped} window(s) were skipped (see the warnings above)"
+        elif not self.scheduled_windows:
+            why = f"{stage} ran {ran} {unit} with only triggers opening windows, and none fired"
         elif ran <= first.warmup_start:
             why = (
                 f"{stage} ran {ran} {unit}, and the first window's warmup starts at batch "
@@ -810,6 +845,11 @@ class VizTraceCallback(Callback):
         """Runs on the writer thread; the heavy part runs in the writer process when there is one."""
         try:
             result = self._run_job(job)
+        except WriterAbandoned:  # reported once, when the writer was given up
+            return None
+        except SpoolError as err:  # the raw dumps, not the output directory, are the problem
+            self._warn(f"spool:{err.errno}", f"vt_lightning: window dropped: {err.strerror}; training goes on.")
+            return None
         except Exception as err:
             self._warn(
                 f"write:{type(err).__name__}:{job.run_dir.parent}",
@@ -847,32 +887,20 @@ class VizTraceCallback(Callback):
 
     def _run_job(self, job: WindowJob) -> WindowResult:
         writer = self._writer
-        process = writer.writer_process() if writer is not None else None
-        if writer is None or process is None:
-            return finish_window(job)
-        try:
-            collect_raw(job)
-        except BaseException:
-            remove_raw(job)
-            raise
-        try:
-            return process.call(job)
-        except (EOFError, BrokenPipeError, ConnectionError) as err:
-            process.close(timeout=1.0)  # reap it
-            writer.process = None
-            writer.process_error = err
-            self._warn(
-                "writer-died",
-                f"vt_lightning: the writer process stopped ({type(err).__name__}); windows are now written "
-                "from a thread of the training process.",
-            )
-            return finish_window(job)
+        return writer.run(job) if writer is not None else finish_window(job)
 
     def _fail_window(self, err: Exception) -> None:
         window, self._window = self._window, None
         if window is not None:
-            window.abort()
             self._skip(window.window)
+            window.abort()
+        if isinstance(err, RivalProfiler):
+            self._warn(
+                f"rival:{err}",
+                f"vt_lightning: {err} started during a window; the window stopped at once and was dropped "
+                "so that tool works undisturbed. Later windows that meet it are skipped; training goes on.",
+            )
+            return
         self._warn(
             f"fault:{type(err).__name__}",
             f"vt_lightning: profiling failed ({type(err).__name__}: {err}); the window was dropped, training goes on.",
@@ -884,8 +912,8 @@ class VizTraceCallback(Callback):
                 self._close_window(reason=reason, partial=partial)
             except Exception as err:
                 self._fail_window(err)
-        if self._writer is not None:
-            self._writer.drain()
+        if self._writer is not None and not self._writer.drain():
+            self._warn_unfinished()
         trainer = self._trainer() if self._trainer is not None else None
         if self._unlogged and trainer is not None:
             self._log_summaries(trainer)
@@ -916,7 +944,8 @@ class VizTraceCallback(Callback):
 
     def _shutdown(self) -> None:
         if self._writer is not None:
-            self._writer.close()
+            if not self._writer.close():
+                self._warn_unfinished()
             self._writer = None
             if self.results:
                 _print_end_of_fit(
@@ -925,8 +954,9 @@ class VizTraceCallback(Callback):
                     [r.summary for r in self.results if r.summary is not None],
                     [f"{name}: {firing.describe()}" for name, firing in self._triggered_runs],
                 )
+        reap_dump_children()  # of windows interrupted between their dump and its hand-off
         if self._spool is not None:
-            shutil.rmtree(self._spool, ignore_errors=True)
+            self._spool.remove()
             self._spool = None
         self._next_step = self._next_check = math.inf
         self._slow_step = None
@@ -944,6 +974,14 @@ class VizTraceCallback(Callback):
 
     # The clock of the slow-step trigger and the trigger checks (tests inject a deterministic one).
     _step_clock = staticmethod(time.perf_counter_ns)
+
+    def _warn_unfinished(self) -> None:
+        self._warn(
+            "writer-stuck-end",
+            f"vt_lightning: the writer did not finish the last window(s) within writer_timeout="
+            f"{self.writer_timeout:g} s (a hung or very slow filesystem under {self._root}?); they are "
+            "dropped and the stuck writer was stopped, so fit is not held up.",
+        )
 
     @property
     def output_dir(self) -> Path | None:
@@ -1035,6 +1073,11 @@ def _python_settings(config: PythonTracerConfig) -> dict[str, Any]:
     }
 
 
+def _bounds(start: int, end: int) -> list[int]:
+    """``[first, last]`` of the batches ``[start, end)``; ``[]`` when there are none."""
+    return [start, end - 1] if end > start else []
+
+
 def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
         maximum is not None and value > maximum
@@ -1046,7 +1089,8 @@ def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) 
 def _check_paths(name: str, paths: list[str] | None) -> tuple[str, ...] | None:
     if paths is None:
         return None
-    if isinstance(paths, (str, bytes)) or not all(isinstance(p, str) and p for p in paths):
+    # A list or tuple only: a string would be split into characters, a dict or set is a slip.
+    if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) and p for p in paths):
         raise ValueError(f"`{name}` must be a list of non-empty paths, got {paths!r}")
     return tuple(os.path.abspath(p) for p in paths)
 

@@ -37,7 +37,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .output import MEMORY_SUFFIX, atomic_write
+from .atomic import atomic_write
+from .names import MEMORY_SUFFIX
 
 log = logging.getLogger("vt_lightning")
 

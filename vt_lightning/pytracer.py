@@ -17,6 +17,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from .rivals import own_calls
+
 _active: weakref.WeakSet[PythonTracer] = weakref.WeakSet()
 _dump_child = False  # True only in the child PythonTracer.dump forks to write the buffer
 
@@ -271,13 +273,71 @@ def interpreter_warning(version: tuple[int, ...] = tuple(sys.version_info[:3])) 
     return None
 
 
+def _profiler_in_place() -> Any:
+    """What holds this thread's profiling now: the profile hook (<= 3.11), or the name of the
+    sys.monitoring tool with the profiler id (3.12+, where VizTracer uses it)."""
+    if sys.version_info >= (3, 12):
+        return sys.monitoring.get_tool(sys.monitoring.PROFILER_ID)
+    return sys.getprofile()
+
+
+def describe_profiler(found: Any) -> str:
+    if found is None:
+        return "another tool (it removed VizTracer's hook)"
+    if isinstance(found, str):
+        return f"another tool using sys.monitoring ({found})"
+    if type(found).__module__ in ("cProfile", "_lsprof"):
+        return "cProfile"
+    return f"another tool's sys.setprofile hook ({getattr(found, '__qualname__', type(found).__name__)})"
+
+
+def _reinstall(hook: Any) -> None:
+    """Give the profile hook back to the tool VizTracer's stop took it from (Python <= 3.11)."""
+    try:
+        import _lsprof
+
+        if isinstance(hook, _lsprof.Profiler):
+            _lsprof.Profiler.enable(hook)  # cProfile's C hook: only it can install itself again
+        elif callable(hook):
+            sys.setprofile(hook)
+    except Exception:  # noqa: BLE001 - best effort; the caller reports the yield either way
+        pass
+
+
+# Dump children not reaped yet. A job reaps its own (``wait_for_dump``); one whose window was
+# interrupted between the fork and the hand-off is reaped at the end of fit (``reap_dump_children``).
+_dump_children: set[int] = set()
+
+
 def wait_for_dump(pid: int | None) -> None:
     """Reap the child ``PythonTracer.dump`` forked; raise if it did not write its file."""
     if pid is None:
         return
-    _, status = os.waitpid(pid, 0)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        _dump_children.discard(pid)
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"the VizTracer dump process exited with {os.waitstatus_to_exitcode(status)}")
+
+
+def reap_dump_children(timeout: float = 5.0) -> None:
+    """Reap every dump child no job took (no zombie stays behind); one that is still writing after
+    ``timeout`` seconds (a hung spool filesystem) is killed first."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    for pid in list(_dump_children):
+        try:
+            while os.waitpid(pid, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    break
+                time.sleep(0.01)
+        except (ChildProcessError, ProcessLookupError):
+            pass
+        _dump_children.discard(pid)
 
 
 def _idle_viztracer_hook(hook: Any) -> bool:
@@ -329,6 +389,7 @@ class PythonTracer:
         self._pid = os.getpid()
         self._previous_thread_hook: Any = None
         self._lock = threading.Lock()
+        self._own_profiler: Any = None
         self._hooked_threads: dict[int, int] = {}  # thread state -> its id, to unhook at stop()
         self._new_thread_names: dict[int, str] = {}  # native id -> name of threads started in a window
 
@@ -392,9 +453,21 @@ class PythonTracer:
         with self._lock:
             if _NEEDS_THREAD_CLEANUP:
                 self._hooked_threads.update(_hook_existing_threads(tracer))
-            tracer.start()
+            with own_calls():
+                tracer.start()
             self._running = True
         _active.add(self)
+        self._own_profiler = _profiler_in_place()
+
+    def rival(self) -> str | None:
+        """While running: the tool that took the profile hook (or the sys.monitoring profiler id)
+        from VizTracer since ``start``, or None. Cheap: one interpreter query."""
+        if not self._running:
+            return None
+        now = _profiler_in_place()
+        if now is self._own_profiler or now == self._own_profiler:
+            return None
+        return describe_profiler(now)
 
     @property
     def new_thread_names(self) -> dict[int, str]:
@@ -425,17 +498,27 @@ class PythonTracer:
             return self._tracer.threadtracefunc(frame, event, arg)
 
     def stop(self) -> None:
-        """Remove every hook; events stay in the ring buffer."""
+        """Remove every hook; events stay in the ring buffer. A profile hook another tool installed
+        over VizTracer's (Python <= 3.11) is put back: VizTracer's stop would remove it."""
+        foreign = None
+        if sys.version_info < (3, 12) and self._tracer is not None:
+            hook = sys.getprofile()
+            foreign = hook if hook is not None and hook is not self._tracer else None
         try:
             with self._lock:
                 was_running, self._running = self._running, False
-                if self._tracer is not None and was_running:
-                    # Calls still open (the window's closing frames, other threads' work) become
-                    # complete events ending now, not unclosed "B" events.
-                    self._tracer.stop("flush_as_finish")
+                # ``enable``: VizTracer's own flag, set even when an interruption hit between its
+                # start and ours (then only it knows that a hook is in place).
+                if self._tracer is not None and (was_running or getattr(self._tracer, "enable", False)):
+                    with own_calls():
+                        # Calls still open (the window's closing frames, other threads' work) become
+                        # complete events ending now, not unclosed "B" events.
+                        self._tracer.stop("flush_as_finish")
         finally:
             global _adopting
             _adopting = None
+            if foreign is not None and sys.getprofile() is not foreign:
+                _reinstall(foreign)
             self._running = False
             _active.discard(self)
             self._release_thread_hook()
@@ -482,6 +565,7 @@ class PythonTracer:
                 finally:
                     os._exit(code)
             if pid is not None:
+                _dump_children.add(pid)
                 self._tracer.clear()
                 return pid
         self._tracer.dump(path)

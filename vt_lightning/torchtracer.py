@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity
 
+from .rivals import RivalProfiler, own_calls
+
 
 _recording: weakref.WeakSet[TorchTracer] = weakref.WeakSet()
 
@@ -98,22 +100,44 @@ class TorchTracer:
         self.prepared = False
         self.started = False
         self.stopped = False
+        self._starting = False
+        self.lost = False  # another tool stopped our session: never stop or export it again
+        self._session_closed = False
 
     def prepare(self) -> None:
         """Warmup: the profiler runs but torch discards what it sees."""
-        self._profile.prepare_trace()
+        self._check_free("prepare")
+        with own_calls():
+            self._profile.prepare_trace()
         self.prepared = True
 
     def start(self) -> None:
         if not self.prepared:
             self.prepare()
-        self._profile.start_trace()
-        self.started = True
+        self._check_free("start")
         _recording.add(self)
+        self._starting = True  # from here on a stop must close our (maybe half-started) session
+        with own_calls():
+            self._profile.start_trace()
+        self.started = True
+
+    def _check_free(self, when: str) -> None:
+        """Before we start: no other torch profiler may be recording (two at once crash torch)."""
+        if torch_profiler_active():
+            raise RivalProfiler(f"a torch profiler that is already recording (found at {when})")
+
+    def check(self) -> None:
+        """At a step boundary: ours must still be the one recording; another tool may have
+        stopped it (then stopping it again, or exporting it, is what crashed)."""
+        if self.started and not self.stopped and not torch_profiler_active():
+            self.lost = True
+            raise RivalProfiler("another tool stopped the window's torch profiler")
 
     def step_begin(self, batch_idx: int) -> None:
-        self._step = torch.autograd.profiler.record_function(f"ProfilerStep#{batch_idx}")
-        self._step.__enter__()
+        self.check()
+        step = torch.autograd.profiler.record_function(f"ProfilerStep#{batch_idx}")
+        step.__enter__()
+        self._step = step
         self.open_step = batch_idx
 
     def step_end(self) -> None:
@@ -132,17 +156,58 @@ class TorchTracer:
         return _RecordFunctionFast(name)
 
     def stop(self) -> None:
-        """Stop recording; safe to call in any state, and more than once."""
+        """Stop recording; safe to call in any state, more than once, and after an interruption
+        anywhere in it (each part runs even if an earlier one raised; torch is left not recording)."""
         if self.stopped:
             return
-        self.stopped = True
-        _recording.discard(self)
-        self.step_end()
-        if self.prepared:
-            if not self.started:  # ended during warmup: kineto must be started before it stops
-                self._profile.start_trace()
-            self._profile.stop_trace()
+        try:
+            self.step_end()
+        finally:
+            try:
+                if self.prepared and not self._session_closed:
+                    self._stop_session()
+            finally:
+                if self._session_closed or not self.prepared:  # else a retry must close it
+                    self.stopped = True
+                    _recording.discard(self)
+
+    def _stop_session(self) -> None:
+        if self.started and not torch_profiler_active():
+            self.lost = True  # another tool stopped it: stopping (or exporting) again crashes torch
+            self._session_closed = True
+            return
+        if not self._starting and torch_profiler_active():
+            self.lost = True  # another profiler runs now: starting ours to close it would clash
+            self._session_closed = True
+            return
+        try:
+            with own_calls():
+                if not self._starting:  # ended during warmup: kineto must be started before it stops
+                    self._profile.start_trace()
+                    self.started = True
+                self._profile.stop_trace()
+        except BaseException:
+            self.lost = True
+            _force_disable()
+            raise
+        finally:
+            self._session_closed = True
 
     def save(self, path: str) -> None:
         """Write torch's own chrome trace (C++ exporter) to ``path``."""
+        if self.lost or not self.stopped:
+            raise RivalProfiler("the window's torch profiler was stopped by another tool; nothing to export")
         self._profile.export_chrome_trace(path)
+
+
+def _force_disable() -> None:
+    """Last resort after an interrupted stop: leave no torch profiler recording in this process."""
+    try:
+        if torch._C._autograd._profiler_enabled():
+            torch._C._autograd._disable_profiler()
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        torch.autograd.profiler._is_profiler_enabled = False
+    except Exception:  # noqa: BLE001
+        pass

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from .clock import ClockPair, emit_markers, sample_pair
 from .finish import WindowJob
 from .pytracer import PythonTracer
+from .rivals import RivalGuard, RivalProfiler
 from .schedule import Window
 from .torchtracer import TorchTracer
 
@@ -51,6 +52,8 @@ class ProfilingWindow:
         self.step_hooks = step_hooks  # e.g. the Lightning view's module hooks
         self.on_problem = on_problem or (lambda key, message: None)
         self.steps: list[int] = []
+        self.yielded: str | None = None  # the other profiler this window stopped for
+        self._guard = RivalGuard(self._yield_to)
         self.active = False
         self.closed = False
         self._clock_start: ClockPair | None = None
@@ -59,10 +62,12 @@ class ProfilingWindow:
         self._range_log: dict[str, list[dict[str, Any]]] = {}
 
     def warmup(self) -> None:
+        self._guard.install()
         self.torch.prepare()
 
     def activate(self) -> None:
         """Start recording at the first active batch."""
+        self.check_rivals()
         self.torch.start()
         if self.memory_recorder is not None:
             try:
@@ -78,7 +83,29 @@ class ProfilingWindow:
         self.python.start()
         self.active = True
 
+    def check_rivals(self) -> None:
+        """Raise ``RivalProfiler`` (after yielding) if another profiler took over since the last
+        check: at every step boundary and at close, on top of ``RivalGuard``'s interception."""
+        if self.yielded is None:
+            try:
+                self.torch.check()
+            except RivalProfiler as err:
+                self._yield_to(str(err))
+            else:
+                rival = self.python.rival()
+                if rival is not None:
+                    self._yield_to(rival)
+        if self.yielded is not None:
+            raise RivalProfiler(self.yielded)
+
+    def _yield_to(self, rival: str) -> None:
+        """Another profiler starts: stop everything now (before it does), keep nothing."""
+        if self.yielded is None:
+            self.yielded = rival
+        self.abort()
+
     def step_begin(self, step: int) -> None:
+        self.check_rivals()
         if not self.active:
             self.activate()
         if self.torch.open_step != step:
@@ -92,6 +119,7 @@ class ProfilingWindow:
         As torch's own ``profile.step()`` does, a step then also covers fetching its batch (and
         Lightning's per-batch bookkeeping), which the plugin's Overview counts as DataLoader time.
         """
+        self.check_rivals()
         self.torch.step_end()
         if step + 1 < self.window.end:
             self.torch.step_begin(step + 1)
@@ -119,30 +147,45 @@ class ProfilingWindow:
         """The ``kind`` ranges recorded: the step each fell in and how long it took."""
         return list(self._range_log.get(kind, []))
 
-    def close(self, spool: str, metadata: dict[str, Any], run_dir: Path, trace_name: str,
+    def close(self, spool: str | os.PathLike[str], metadata: dict[str, Any], run_dir: Path, trace_name: str,
               memory_name: str | None, gzip_level: int) -> WindowJob | None:
-        """Stop everything; return the job that writes the window (None if nothing was recorded)."""
+        """Stop everything; return the job that writes the window (None if nothing was recorded).
+
+        Whatever goes wrong (or interrupts) on the way, every tracer and hook is off afterwards."""
         self.closed = True
-        self.python.stop()
-        # Threads alive now, and those started in the window that have ended since.
-        thread_names = {
-            **self.python.new_thread_names,
-            **{t.native_id: t.name for t in threading.enumerate() if t.native_id is not None},
-        }
-        clock_end = sample_pair(self.python.clock_us) if self.active else None
-        markers_end = emit_markers(self.python.clock_us, self.torch.make_range, "end") if self.active else []
-        memory_snapshot = None
         try:
-            if self.memory_recorder is not None and self.active:
-                memory_snapshot = self.memory_recorder.snapshot()
-        finally:
-            self._stop_side_tools()
-            self.torch.stop()
-        if not self.active or self._clock_start is None or clock_end is None:
-            return None
-        stem = os.path.join(spool, f"w{self.window.index}-{os.getpid()}")
-        python_raw = Path(f"{stem}.python.json")
-        dump_pid = self.python.dump(str(python_raw))
+            self.check_rivals()
+            self.python.stop()
+            # Threads alive now, and those started in the window that have ended since.
+            thread_names = {
+                **self.python.new_thread_names,
+                **{t.native_id: t.name for t in threading.enumerate() if t.native_id is not None},
+            }
+            clock_end = sample_pair(self.python.clock_us) if self.active else None
+            markers_end = emit_markers(self.python.clock_us, self.torch.make_range, "end") if self.active else []
+            memory_snapshot = None
+            try:
+                if self.memory_recorder is not None and self.active:
+                    memory_snapshot = self.memory_recorder.snapshot()
+            finally:
+                try:
+                    self._stop_side_tools()
+                finally:
+                    try:
+                        self.torch.stop()
+                    finally:
+                        self._guard.remove()
+            if not self.active or self._clock_start is None or clock_end is None:
+                return None
+            check_room = getattr(spool, "check_room", None)
+            if check_room is not None:
+                check_room(self.python.config.tracer_entries)
+            stem = os.path.join(spool, f"w{self.window.index}-{os.getpid()}")
+            python_raw = Path(f"{stem}.python.json")
+            dump_pid = self.python.dump(str(python_raw))
+        except BaseException:
+            self.abort()
+            raise
         return WindowJob(
             run_dir=run_dir,
             trace_name=trace_name,
@@ -162,13 +205,20 @@ class ProfilingWindow:
         )
 
     def abort(self) -> None:
-        """Stop every tracer and hook and drop what was recorded; never raises."""
+        """Stop every tracer and hook and drop what was recorded. Every step runs even if an earlier
+        one fails or is interrupted; an interruption (KeyboardInterrupt) is re-raised at the end."""
         self.closed = True
-        for action in (self.python.stop, self._stop_side_tools, self.torch.stop, self.python.discard):
+        interrupted: BaseException | None = None
+        for action in (self.python.stop, self._stop_side_tools, self.torch.stop, self._guard.remove,
+                       self.python.discard):
             try:
                 action()
-            except Exception:
+            except Exception:  # noqa: BLE001
                 pass
+            except BaseException as err:  # noqa: BLE001 - finish cleaning up first
+                interrupted = interrupted or err
+        if interrupted is not None:
+            raise interrupted
 
     def _stop_side_tools(self) -> None:
         try:

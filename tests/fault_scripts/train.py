@@ -1,0 +1,152 @@
+"""One small training run with VizTraceCallback and one fault scenario. Run by tests/test_faults.py
+in a subprocess (the faults may crash or hang a process); prints one JSON report as its last line.
+
+    python train.py '<json config>'
+
+Config keys: ``callback`` (VizTraceCallback kwargs), ``max_steps``, ``root``, and optionally
+``torch_profiler`` [start_step, end_step, "before"|"after" our callback, trace path],
+``cprofile`` [start_step, end_step], ``setprofile`` [start_step, end_step],
+``stop_writer_at`` [step, ...] (SIGSTOP the writer process at those batch starts),
+``kill_self_at`` step (SIGKILL this process at that batch start), ``rlimit_as_gb``.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # conftest's MarkerModel
+
+config = json.loads(sys.argv[1])
+if config.get("rlimit_as_gb"):
+    import resource
+
+    limit = int(config["rlimit_as_gb"] * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+import torch  # noqa: E402
+from conftest import MarkerModel, loader, make_trainer  # noqa: E402
+from lightning.pytorch.callbacks import Callback  # noqa: E402
+
+from vt_lightning import VizTraceCallback  # noqa: E402
+from vt_lightning.rivals import guard_installed  # noqa: E402
+
+
+def step_of(trainer) -> int:
+    return trainer.fit_loop.total_batch_idx
+
+
+class UserTools(Callback):
+    """What a user might do around or inside a step: their own profilers, a stuck writer."""
+
+    def __init__(self, cb: VizTraceCallback) -> None:
+        self.cb = cb
+        self.torch_prof = None
+        self.cprof = None
+        self.hook_calls = 0
+        self.report: dict = {"user_torch_trace": None, "cprofile_saw": [], "hook_calls": 0, "stopped_writers": []}
+
+    def _hook(self, frame, event, arg):
+        self.hook_calls += 1
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        step = step_of(trainer)
+        if self.cb._spool is not None:
+            self.report["spool"] = str(self.cb._spool)
+            self.report["spool_base"] = self.cb._spool.base
+        tp = config.get("torch_profiler")
+        if tp and step == tp[0]:
+            self.torch_prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.torch_prof.__enter__()
+        cp = config.get("cprofile")
+        if cp and step == cp[0]:
+            self.cprof = cProfile.Profile()
+            self.cprof.enable()
+        sp = config.get("setprofile")
+        if sp and step == sp[0]:
+            sys.setprofile(self._hook)
+        if step in config.get("stop_writer_at", []):
+            writer = self.cb._writer
+            if writer is not None:
+                writer.drain(30)
+                if writer.process is None:
+                    writer.writer_process()
+                if writer.process is not None:
+                    os.kill(writer.process.pid, signal.SIGSTOP)
+                    self.report["stopped_writers"].append(writer.process.pid)
+        if config.get("kill_self_at") == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = step_of(trainer)
+        tp = config.get("torch_profiler")
+        if tp and step == tp[1] and self.torch_prof is not None:
+            self.torch_prof.__exit__(None, None, None)
+            self.torch_prof.export_chrome_trace(tp[3])
+            self.report["user_torch_trace"] = tp[3]
+            self.torch_prof = None
+        cp = config.get("cprofile")
+        if cp and step == cp[1] and self.cprof is not None:
+            self.cprof.disable()
+            import pstats
+
+            stats = pstats.Stats(self.cprof).stats
+            self.report["cprofile_saw"] = sorted({name for (_, _, name) in stats if re.fullmatch(r"batch_\d+", name)})
+            self.cprof = None
+        sp = config.get("setprofile")
+        if sp and step == sp[1]:
+            self.report["hook_still_set"] = sys.getprofile() == self._hook
+            sys.setprofile(None)
+            self.report["hook_calls"] = self.hook_calls
+
+
+cb = VizTraceCallback(**config.get("callback", {}))
+user = UserTools(cb)
+order = [user, cb] if (config.get("torch_profiler") or [0, 0, "before"])[2] == "before" else [cb, user]
+model = MarkerModel()
+caught_warnings: list[str] = []
+start = time.monotonic()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    make_trainer(config["root"], order, max_steps=config.get("max_steps", 10)).fit(model, loader(n=256))
+caught_warnings = [str(w.message) for w in caught if "vt_lightning" in str(w.message)]
+for pid in user.report["stopped_writers"]:
+    try:
+        os.kill(pid, signal.SIGCONT)  # if it were still alive, let it go (it should be gone)
+    except ProcessLookupError:
+        pass
+
+import resource  # noqa: E402
+
+report = {
+    "train_batches": model.train_batches,
+    "fit_seconds": time.monotonic() - start,
+    "warnings": caught_warnings,
+    "windows_written": [str(r.trace_path) for r in cb.results],
+    "metadata": [],
+    "torch_profiler_enabled": bool(torch.autograd.profiler._is_profiler_enabled),
+    "sys_getprofile": repr(sys.getprofile()) if sys.getprofile() is not None else None,
+    "threading_getprofile": repr(threading.getprofile()) if threading.getprofile() is not None else None,
+    "guard_installed": guard_installed(),
+    "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "threads": [t.name for t in threading.enumerate()],
+    **user.report,
+}
+import gzip  # noqa: E402
+
+import orjson  # noqa: E402
+
+for path in report["windows_written"]:
+    with gzip.open(path, "rb") as f:
+        meta = orjson.loads(f.read())["vt_lightning"]
+    report["metadata"].append({k: meta.get(k) for k in ("steps", "scheduled_steps", "warmup_steps", "partial", "pid")})
+print(json.dumps(report))

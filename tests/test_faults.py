@@ -1,0 +1,684 @@
+"""The user's own code and environment never crash, hang or lose a run (issue 15).
+
+Where a fault could crash or hang a process, the run happens in a subprocess
+(``fault_scripts/train.py``) whose exit status and wall time are asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import orjson
+import pytest
+import torch
+from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
+
+from vt_lightning import VizTraceCallback
+from vt_lightning.atomic import remove_stale_temporaries
+from vt_lightning.names import host_name
+from vt_lightning.rivals import guard_installed
+from vt_lightning.spool import PREFIX, Spool, default_spool_base, remove_dead_spools
+
+SCRIPT = Path(__file__).resolve().parent / "fault_scripts" / "train.py"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_script(config: dict, timeout: float = 180, cwd: str | None = None) -> tuple[dict, float, str]:
+    """Run one scenario; return (report, wall seconds, output). Fails on a crash or a hang."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), json.dumps(config)],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+    )
+    wall = time.monotonic() - start
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit status {proc.returncode}:\n{output[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1]), wall, output
+
+
+def assert_clean(report: dict) -> None:
+    assert not report["torch_profiler_enabled"]
+    assert report["sys_getprofile"] is None and report["threading_getprofile"] is None
+    assert not report["guard_installed"]
+
+
+# ---------------------------------------------------------------- 1. a user's torch profiler
+
+
+@pytest.mark.parametrize(
+    "start, end, order",
+    [
+        (2, 2, "before"),  # around a warmup step
+        (1, 2, "after"),  # from the wait step into the warmup
+        (3, 3, "before"),  # around the first active step
+        (4, 4, "after"),  # around a middle active step
+        (4, 6, "before"),  # from mid-window past its end
+    ],
+)
+def test_a_users_torch_profiler_at_any_moment_never_crashes_training(tmp_path, start, end, order):
+    # Before this fix the same runs died with SIGSEGV (exit status -11) when the window stopped.
+    user_trace = str(tmp_path / "user.json")
+    report, wall, output = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 1, "warmup": 2, "active": 3, "repeat": 2},
+            "torch_profiler": [start, end, order, user_trace],
+            "max_steps": 14,
+        }
+    )
+    assert wall < 120
+    assert report["train_batches"] == list(range(14))
+    yields = [w for w in report["warnings"] if "a torch profiler started during a window" in w]
+    assert len(yields) == 1, report["warnings"]
+    with open(user_trace, "rb") as f:
+        user_events = orjson.loads(f.read())["traceEvents"]
+    assert any(e.get("name") == "aten::tanh" for e in user_events)  # the user's profiler worked
+    # The yielded window is dropped; the next one is recorded as usual.
+    assert [m["steps"] for m in report["metadata"]] == [[9, 10, 11]]
+    assert_clean(report)
+
+
+def test_a_users_torch_profiler_started_while_a_window_is_exported(tmp_path):
+    # Window 0 ends at batch 5 and is exported on the writer thread while the user's profiler,
+    # started at batch 6, records; window 1 (warmup from batch 7) meets it and is skipped.
+    user_trace = str(tmp_path / "user.json")
+    report, wall, _ = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 1, "warmup": 2, "active": 3, "repeat": 2},
+            "torch_profiler": [6, 8, "before", user_trace],
+            "max_steps": 14,
+        }
+    )
+    assert wall < 120 and report["train_batches"] == list(range(14))
+    assert [m["steps"] for m in report["metadata"]] == [[3, 4, 5]]
+    assert len([w for w in report["warnings"] if "already recording" in w]) == 1
+    with open(user_trace, "rb") as f:
+        assert any(e.get("name") == "aten::tanh" for e in orjson.loads(f.read())["traceEvents"])
+    assert_clean(report)
+
+
+# ---------------------------------------------------------------- 9. cProfile / sys.setprofile mid-window
+
+
+def test_cprofile_started_mid_window_keeps_working_and_training_goes_on(tmp_path):
+    report, wall, _ = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 1, "warmup": 1, "active": 4, "repeat": 2},
+            "cprofile": [3, 5],
+            "max_steps": 14,
+        }
+    )
+    assert wall < 120
+    assert report["train_batches"] == list(range(14))
+    # cProfile saw every step it ran over: the window's stop did not cut it off (3.11), and its
+    # start did not raise "Another profiling tool is already active" (3.12+).
+    assert report["cprofile_saw"] == ["batch_3", "batch_4", "batch_5"]
+    assert len([w for w in report["warnings"] if "cProfile started during a window" in w]) == 1
+    assert [m["steps"] for m in report["metadata"]] == [[8, 9, 10, 11]]
+    assert_clean(report)
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12+: sys.setprofile does not displace VizTracer")
+def test_a_profile_hook_set_mid_window_is_kept_and_the_window_yields(tmp_path):
+    report, wall, _ = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 1, "warmup": 1, "active": 4, "repeat": 1},
+            "setprofile": [3, 5],
+            "max_steps": 8,
+        }
+    )
+    assert wall < 120
+    assert report["train_batches"] == list(range(8))
+    assert report["hook_still_set"] and report["hook_calls"] > 0
+    assert len([w for w in report["warnings"] if "sys.setprofile hook" in w]) == 1
+    assert report["metadata"] == []
+    assert_clean(report)
+
+
+# ---------------------------------------------------------------- 2. spool
+
+
+def test_the_spool_is_on_disk_by_default_and_spool_dir_moves_it(tmp_path):
+    report, _, _ = run_script(
+        {"root": str(tmp_path / "a"), "callback": {"wait": 0, "warmup": 0, "active": 1}, "max_steps": 3}
+    )
+    assert report["spool_base"] == default_spool_base() and not report["spool_base"].startswith("/dev/shm")
+    spool_dir = tmp_path / "my spool"
+    report, _, _ = run_script(
+        {
+            "root": str(tmp_path / "b"),
+            "callback": {"wait": 0, "warmup": 0, "active": 1, "spool_dir": str(spool_dir)},
+            "max_steps": 3,
+        }
+    )
+    assert report["spool_base"] == str(spool_dir) and Path(report["spool"]).parent == spool_dir
+    assert len(report["windows_written"]) == 1
+    assert list(spool_dir.iterdir()) == []  # its own spool directory is gone after the run
+
+
+def test_the_default_spool_base_avoids_ram_filesystems(monkeypatch, tmp_path):
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    ram_tmp = "overlay / overlay rw 0 0\ntmpfs /tmp tmpfs rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\n"
+    disk_tmp = "overlay / overlay rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\n"
+    if os.access("/var/tmp", os.W_OK):
+        assert default_spool_base(ram_tmp) == "/var/tmp"
+    assert default_spool_base(disk_tmp) == tempfile.gettempdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the user's choice wins
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert default_spool_base(ram_tmp) == str(tmp_path)
+
+
+@pytest.mark.parametrize("bad", [5, "", ["a"], "FILE", "READONLY"])
+def test_a_bad_spool_dir_is_refused_at_construction(tmp_path, bad):
+    if bad == "FILE":
+        bad = tmp_path / "file"
+        bad.write_text("x")
+        bad = str(bad / "below")
+    elif bad == "READONLY":
+        if os.geteuid() == 0:
+            pytest.skip("root writes anywhere")
+        bad = tmp_path / "ro"
+        bad.mkdir(mode=0o500)
+        bad = str(bad)
+    with pytest.raises(ValueError, match="`spool_dir`"):
+        VizTraceCallback(spool_dir=bad)
+
+
+def test_a_full_spool_drops_the_window_naming_the_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(Spool, "free_bytes", lambda self: 10 * 2**20)
+    spool_dir = tmp_path / "small-shm"
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2, spool_dir=str(spool_dir))
+    model = MarkerModel()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [cb], max_steps=4).fit(model, loader())
+    assert model.train_batches == [0, 1, 2, 3]
+    full = [str(w.message) for w in caught if "spool directory" in str(w.message)]
+    assert len(full) == 1 and str(spool_dir) in full[0] and "10 MB free" in full[0]
+    assert "could not write the window" not in " ".join(str(w.message) for w in caught)
+    assert not trace_files(tmp_path)
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_dead_spools_are_removed_by_pid_and_age_never_a_live_ones(tmp_path):
+    sleeper = _sleeper()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    try:
+        host = host_name()
+        old = time.time() - 3600
+        made = {
+            "dead_old": tmp_path / f"{PREFIX}{host}-{dead_pid}-aaaa",
+            "dead_young": tmp_path / f"{PREFIX}{host}-{dead_pid}-bbbb",
+            "live_old": tmp_path / f"{PREFIX}{host}-{sleeper.pid}-cccc",
+            "other_host": tmp_path / f"{PREFIX}otherhost-{dead_pid}-dddd",
+            "not_ours": tmp_path / "something-else",
+        }
+        for name, path in made.items():
+            path.mkdir()
+            (path / "w0.python.json").write_text("{}")
+            if name != "dead_young":
+                os.utime(path, (old, old))
+        assert remove_dead_spools(str(tmp_path)) == 1
+        assert not made["dead_old"].exists()
+        assert all(made[k].exists() for k in ("dead_young", "live_old", "other_host", "not_ours"))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_killed_trainers_spool_is_cleaned_at_the_next_setup(tmp_path):
+    spool_dir = tmp_path / "spool"
+    config = {
+        "root": str(tmp_path / "run"),
+        "callback": {"wait": 0, "warmup": 0, "active": 2, "repeat": 0, "spool_dir": str(spool_dir)},
+        "max_steps": 10,
+        "kill_self_at": 5,
+    }
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(SCRIPT), json.dumps(config)], capture_output=True, timeout=180, env=env)
+    assert proc.returncode == -signal.SIGKILL and time.monotonic() - start < 120
+    (left,) = spool_dir.iterdir()  # the killed run's spool directory stayed behind
+    old = time.time() - 3600
+    os.utime(left, (old, old))
+    report, _, _ = run_script({**config, "kill_self_at": None, "max_steps": 3})
+    assert not left.exists()
+    assert len(report["windows_written"]) == 2  # batches 0-1 and 2
+    assert list(spool_dir.iterdir()) == []
+
+
+# ---------------------------------------------------------------- 3. a stuck writer
+
+
+def test_a_stuck_writer_never_blocks_training_for_longer_than_writer_timeout(tmp_path):
+    # Windows on every batch; the writer process is frozen (SIGSTOP, like a hung filesystem) once
+    # window 0 is written. Windows 1 and 2 fill the queue, window 3 waits writer_timeout=2 s for room.
+    report, wall, _ = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 0, "warmup": 0, "active": 1, "repeat": 0, "writer_timeout": 2},
+            "stop_writer_at": [1],
+            "max_steps": 8,
+        }
+    )
+    assert report["train_batches"] == list(range(8))
+    assert report["fit_seconds"] < 30 and wall < 90
+    stuck = [w for w in report["warnings"] if "writer_timeout=2 s" in w]
+    assert len(stuck) == 1 and "window 3 is dropped" in stuck[0]
+    assert len(report["warnings"]) == 1, report["warnings"]  # the dropped windows are not reported again
+    (frozen,) = report["stopped_writers"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(frozen, 0)  # killed and reaped
+    steps = sorted(s for m in report["metadata"] for s in m["steps"])
+    assert steps[0] == 0 and 3 not in steps and steps[-1] == 7  # a fresh writer took over
+    assert_clean(report)
+
+
+def test_a_writer_stuck_at_the_end_of_fit_holds_it_for_writer_timeout_at_most(tmp_path):
+    report, wall, _ = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 1, "warmup": 0, "active": 1, "repeat": 0, "writer_timeout": 3},
+            "stop_writer_at": [3],
+            "max_steps": 4,
+        }
+    )
+    assert report["train_batches"] == [0, 1, 2, 3]
+    assert report["fit_seconds"] < 3 + 20 and wall < 90
+    assert len([w for w in report["warnings"] if "did not finish the last window" in w]) == 1
+    assert len(report["warnings"]) == 1, report["warnings"]
+    (frozen,) = report["stopped_writers"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(frozen, 0)
+    assert [m["steps"] for m in report["metadata"]] == [[1]]  # window 3 was dropped, window 1 kept
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), "10", True])
+def test_a_bad_writer_timeout_is_refused(bad):
+    with pytest.raises(ValueError, match="`writer_timeout`"):
+        VizTraceCallback(writer_timeout=bad)
+
+
+# ---------------------------------------------------------------- 4. metadata scales with what ran
+
+
+def test_a_window_of_a_billion_batches_costs_only_the_batches_run(tmp_path):
+    # With the schedule's batch lists in the metadata, this run needed 24 GB; the address-space
+    # limit turns any such allocation into a MemoryError instead of an OOM kill.
+    report, wall, _ = run_script(
+        {
+            "root": str(tmp_path),
+            "callback": {"wait": 0, "warmup": 1, "active": 10**9},
+            "max_steps": 20,
+            "rlimit_as_gb": 12,
+        }
+    )
+    assert wall < 120 and report["max_rss_mb"] < 2000
+    (meta,) = report["metadata"]
+    assert meta["steps"] == list(range(1, 20)) and meta["partial"] is True
+    assert meta["scheduled_steps"] == [1, 10**9] and meta["warmup_steps"] == [0, 0]
+
+
+# ---------------------------------------------------------------- 6. orphans
+
+
+def test_a_writer_killed_mid_write_leaves_no_temporary_after_the_next_run(tmp_path):
+    run_dir = tmp_path / "window_009-batches_90-90"  # a window of an earlier run
+    run_dir.mkdir()
+    code = (
+        "import sys, time; from vt_lightning.atomic import atomic_write\n"
+        "def slow(f):\n    f.write(b'half'); f.flush(); print('writing', flush=True); time.sleep(60)\n"
+        f"atomic_write({str(run_dir / 'h_0.0000000000.pt.trace.json.gz')!r}, slow)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    writers = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env) for _ in range(2)]
+    try:
+        for w in writers:
+            assert w.stdout.readline().strip() == b"writing"
+        writers[0].send_signal(signal.SIGKILL)  # killed mid-write, like an OOM kill
+        writers[0].wait()
+        temporaries = sorted(p.name for p in run_dir.iterdir())
+        assert len(temporaries) == 2 and all(n.endswith(".tmp") for n in temporaries)
+        cb = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=str(tmp_path))
+        make_trainer(tmp_path, [cb], max_steps=1).fit(MarkerModel(), loader())
+        left = [p.name for p in run_dir.iterdir()]
+        assert left == [n for n in temporaries if f"-{writers[1].pid}." in n]  # the live writer's stays
+    finally:
+        for w in writers:
+            w.kill()
+            w.wait()
+    assert remove_stale_temporaries(tmp_path) == 1  # and goes once its writer is gone
+    assert not list(run_dir.iterdir())
+
+
+# ---------------------------------------------------------------- 7. a planted module
+
+
+def test_the_writer_process_never_imports_from_the_working_directory(tmp_path):
+    marker = tmp_path / "PLANTED_CODE_RAN"
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    (workdir / "orjson.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nraise SystemExit(3)\n")
+    report, _, output = run_script(
+        {"root": str(tmp_path / "run"), "callback": {"wait": 0, "warmup": 0, "active": 1, "repeat": 2},
+         "max_steps": 4},
+        cwd=str(workdir),
+    )
+    assert not marker.exists()
+    assert len(report["windows_written"]) == 2
+    assert "writer process stopped" not in output and "could not write" not in output
+
+
+# ---------------------------------------------------------------- 8 and 10. shared directories
+
+
+def test_two_runs_sharing_a_dirpath_keep_each_others_windows(tmp_path):
+    shared = tmp_path / "shared"
+    configs = [
+        {"root": str(tmp_path / name), "callback": {"wait": 0, "warmup": 0, "active": 1, "repeat": 6,
+                                                     "dirpath": str(shared)}, "max_steps": 6}
+        for name in ("a", "b")
+    ]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT), json.dumps(c)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, env=env) for c in configs]
+    reports = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0
+        reports.append(json.loads(out.decode().strip().splitlines()[-1]))
+    files = trace_files(shared)
+    assert len(files) == 12  # 6 windows each, none overwritten
+    by_pid: dict[int, list[int]] = {}
+    for path in files:
+        meta = load_trace(path)["vt_lightning"]
+        by_pid.setdefault(meta["pid"], []).extend(meta["steps"])
+    assert sorted(sorted(v) for v in by_pid.values()) == [list(range(6))] * 2
+
+
+def test_a_resumed_run_keeps_the_crashed_runs_partial_window(tmp_path):
+    first = VizTraceCallback(wait=1, warmup=0, active=2, dirpath=str(tmp_path / "traces"))
+    make_trainer(tmp_path, [first], max_steps=2).fit(MarkerModel(), loader())  # "crashed" inside it
+    (partial,) = trace_files(tmp_path / "traces")
+    before = partial.read_bytes()
+    again = VizTraceCallback(wait=1, warmup=0, active=2, dirpath=str(tmp_path / "traces"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [again], max_steps=4).fit(MarkerModel(), loader())
+    assert partial.read_bytes() == before
+    (second,) = [p for p in trace_files(tmp_path / "traces") if p != partial]
+    # A cut window is named by the batches it holds, so the resumed run's full window does not even
+    # meet the crashed run's directory; a clash of equal names is the next tests' subject.
+    assert (partial.parent.name, second.parent.name) == ("window_000-batches_1-1", "window_000-batches_1-2")
+    assert not [w for w in caught if "run directory already taken" in str(w.message)]
+
+
+def test_a_window_directory_planted_as_a_symlink_is_never_followed(tmp_path):
+    attacker = tmp_path / "attacker"
+    attacker.mkdir()
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "window_000-batches_1-1").symlink_to(attacker, target_is_directory=True)
+    cb = VizTraceCallback(wait=1, warmup=0, active=1, dirpath=str(traces))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [cb], max_steps=2).fit(MarkerModel(), loader())
+    assert list(attacker.iterdir()) == []
+    (trace,) = trace_files(traces)
+    assert trace.parent.name == "window_000-batches_1-1.2" and not trace.parent.is_symlink()
+    assert len([w for w in caught if "run directory already taken" in str(w.message)]) == 1
+
+
+# ---------------------------------------------------------------- 11. honest overflow advice
+
+
+def test_following_the_overflow_advice_once_does_not_overflow_again(tmp_path):
+    def run(entries: int, root: Path) -> VizTraceCallback:
+        cb = VizTraceCallback(wait=1, warmup=1, active=3, tracer_entries=entries)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            make_trainer(root, [cb], max_steps=6).fit(MarkerModel(), loader())
+        return cb
+
+    (small,) = run(1000, tmp_path / "a").results
+    assert small.overflow and small.suggested_tracer_entries
+    (again,) = run(small.suggested_tracer_entries, tmp_path / "b").results
+    assert not again.overflow
+    assert again.python_events <= small.suggested_tracer_entries
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("bad", [5, {"a": 1}, "src", {"src"}, [5], [""]])
+def test_include_and_exclude_files_must_be_lists_of_paths(bad):
+    for name in ("include_files", "exclude_files"):
+        with pytest.raises(ValueError, match=f"`{name}`"):
+            VizTraceCallback(**{name: bad})
+
+
+# ---------------------------------------------------------------- 5. interrupts at every step
+
+
+def _injection_targets() -> list[tuple[object, str]]:
+    """Every call start/step/stop/close makes into the tracers, hooks and patches."""
+    import torch.profiler.profiler as torch_profiler
+    from viztracer import VizTracer
+
+    import vt_lightning.callback as callback
+    import vt_lightning.window as window
+    from vt_lightning.lightning_view import LightningViewHooks
+    from vt_lightning.pytracer import PythonTracer
+    from vt_lightning.rivals import RivalGuard
+    from vt_lightning.torchtracer import TorchTracer
+
+    return [
+        (callback.VizTraceCallback, "_open_window"),
+        (callback.VizTraceCallback, "_close_window"),
+        (callback.VizTraceCallback, "_hand_off"),
+        (window.ProfilingWindow, "warmup"),
+        (window.ProfilingWindow, "activate"),
+        (window.ProfilingWindow, "step_begin"),
+        (window.ProfilingWindow, "step_end"),
+        (window.ProfilingWindow, "check_rivals"),
+        (window.ProfilingWindow, "close"),
+        (window.ProfilingWindow, "_stop_side_tools"),
+        (window, "sample_pair"),
+        (window, "emit_markers"),
+        (TorchTracer, "prepare"),
+        (TorchTracer, "start"),
+        (TorchTracer, "check"),
+        (TorchTracer, "step_begin"),
+        (TorchTracer, "step_end"),
+        (TorchTracer, "stop"),
+        (TorchTracer, "_stop_session"),
+        (torch_profiler._KinetoProfile, "prepare_trace"),
+        (torch_profiler._KinetoProfile, "start_trace"),
+        (torch_profiler._KinetoProfile, "stop_trace"),
+        (torch.autograd.profiler.record_function, "__enter__"),
+        (torch.autograd.profiler.record_function, "__exit__"),
+        (PythonTracer, "start"),
+        (PythonTracer, "rival"),
+        (PythonTracer, "stop"),
+        (PythonTracer, "dump"),
+        (PythonTracer, "_release_thread_hook"),
+        (VizTracer, "start"),
+        (VizTracer, "stop"),
+        (VizTracer, "clear"),
+        (LightningViewHooks, "install"),
+        (LightningViewHooks, "remove"),
+        (RivalGuard, "install"),
+        (RivalGuard, "remove"),
+    ]
+
+
+class Injector:
+    """Raises ``exc`` just before (or just after) the ``at``-th call to any target."""
+
+    def __init__(self, monkeypatch, exc: type[BaseException]) -> None:
+        self.exc = exc
+        self.calls: list[str] = []
+        self.at: int | None = None
+        self.after = False
+        self.armed = False
+        for owner, name in _injection_targets():
+            original = getattr(owner, name)
+            monkeypatch.setattr(owner, name, self._wrap(original, f"{getattr(owner, '__name__', owner)}.{name}"))
+
+    def _wrap(self, original, label):
+        injector = self
+
+        ours = label.startswith(("VizTraceCallback.", "ProfilingWindow.", "vt_lightning.", "TorchTracer.",
+                                 "PythonTracer.", "LightningViewHooks.", "RivalGuard."))
+
+        def wrapper(*args, **kwargs):
+            if not injector.armed or threading.current_thread() is not threading.main_thread() or (
+                not ours and not sys._getframe(1).f_globals.get("__name__", "").startswith("vt_lightning")
+            ):  # torch's and VizTracer's own calls count only where vt_lightning makes them
+                return original(*args, **kwargs)
+            index = len(injector.calls)
+            injector.calls.append(label)
+            if index == injector.at and not injector.after:
+                injector.armed = False
+                raise injector.exc(f"before {label}")
+            result = original(*args, **kwargs)
+            if index == injector.at and injector.after:
+                injector.armed = False
+                raise injector.exc(f"after {label}")
+            return result
+
+        return wrapper
+
+
+def _leftovers(cb: VizTraceCallback, model) -> list[str]:
+    problems = []
+    if torch.autograd.profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled():
+        problems.append("torch profiler recording")
+    if sys.getprofile() is not None:
+        problems.append(f"profile hook {sys.getprofile()!r}")
+    if threading.getprofile() is not None:
+        problems.append(f"thread profile hook {threading.getprofile()!r}")
+    if sys.version_info >= (3, 12) and sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is not None:
+        problems.append(f"sys.monitoring tool {sys.monitoring.get_tool(sys.monitoring.PROFILER_ID)}")
+    if guard_installed():
+        problems.append("rival guard patches")
+    for module in model.modules():
+        if module._forward_hooks or module._forward_pre_hooks:
+            problems.append(f"module hooks on {type(module).__name__}")
+    if cb._python is not None and (cb._python._lock.locked() or cb._python.running):
+        problems.append("python tracer lock held or running")
+    try:
+        zombie, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        zombie = 0
+    if zombie:
+        problems.append(f"unreaped child process {zombie}")
+    return problems
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
+def test_an_interrupt_at_any_step_of_start_step_stop_and_close_leaves_nothing_behind(tmp_path, monkeypatch, exc):
+    # 63 calls here, each interrupted before and after: 126 runs per exception type.
+    injector = Injector(monkeypatch, exc)
+
+    def fit(root: Path, at: int | None, after: bool) -> tuple[VizTraceCallback, MarkerModel, bool]:
+        cb = VizTraceCallback(wait=0, warmup=1, active=2, memory_snapshot=False)
+        model = MarkerModel()
+        trainer = make_trainer(root, [cb], max_steps=4)
+        injector.calls, injector.at, injector.after, injector.armed = [], at, after, True
+        previous = signal.getsignal(signal.SIGINT)
+        interrupted = False
+        try:
+            trainer.fit(model, loader())
+        except SystemExit:  # Lightning turns Ctrl+C into exit(1), after on_exception
+            interrupted = True
+        finally:
+            injector.armed = False
+            signal.signal(signal.SIGINT, previous)
+        return cb, model, interrupted
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cb, model, interrupted = fit(tmp_path / "clean", None, False)
+        clean_calls = list(injector.calls)
+        assert not interrupted and len(cb.results) == 1
+        assert len(clean_calls) > 40, clean_calls  # every phase is covered
+        assert {"VizTracer.start", "VizTracer.stop", "_KinetoProfile.prepare_trace", "_KinetoProfile.start_trace",
+                "_KinetoProfile.stop_trace", "record_function.__enter__", "LightningViewHooks.install",
+                "LightningViewHooks.remove", "RivalGuard.install", "PythonTracer.dump"} <= set(clean_calls)
+        failures = []
+        for at in range(len(clean_calls)):
+            for after in (False, True):
+                cb, model, interrupted = fit(tmp_path / f"i{at}{after:d}", at, after)
+                problems = _leftovers(cb, model)
+                if exc is KeyboardInterrupt and not interrupted:
+                    problems.append("the interrupt did not reach Lightning")
+                if exc is RuntimeError and (interrupted or model.train_batches != [0, 1, 2, 3]):
+                    problems.append("a profiling error stopped training")
+                if problems:
+                    failures.append(f"{'after' if after else 'before'} call {at} ({clean_calls[at]}): {problems}")
+        assert not failures, "\n".join(failures)
+        cb, _, interrupted = fit(tmp_path / "again", None, False)  # and the next window records
+        assert not interrupted and len(cb.results) == 1
+
+
+# ---------------------------------------------------------------- the pieces, without a Trainer
+
+
+def test_the_background_writer_abandons_a_stuck_job_and_goes_on():
+    from concurrent.futures import CancelledError
+
+    from vt_lightning.background import BackgroundWriter, WriterAbandoned
+
+    release = threading.Event()
+    writer = BackgroundWriter(max_in_flight=1, use_process=False, timeout=0.2)
+    try:
+        stuck = writer.submit(release.wait)
+        queued = writer.submit(lambda: "never run")
+        _, room = writer.wait_for_room()
+        assert not room and writer.abandoned == 1
+        with pytest.raises(WriterAbandoned):
+            stuck.result(timeout=0)
+        with pytest.raises((WriterAbandoned, CancelledError)):
+            queued.result(timeout=0)
+        assert writer.submit(lambda: 42).result(timeout=10) == 42  # a fresh thread took over
+        assert writer.drain() is True
+        release.set()  # the stuck thread finishes; its late result is ignored
+        assert writer.in_flight() == 0
+    finally:
+        release.set()
+        writer.close()
+
+
+def test_a_new_file_never_replaces_an_existing_one_or_a_symlink(tmp_path):
+    from vt_lightning.atomic import atomic_write
+
+    (tmp_path / "taken").write_bytes(b"theirs")
+    with pytest.raises(FileExistsError):
+        atomic_write(tmp_path / "taken", b"ours", overwrite=False)
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(FileExistsError):
+        atomic_write(tmp_path / "link", b"ours", overwrite=False)
+    assert (tmp_path / "taken").read_bytes() == b"theirs" and not (tmp_path / "elsewhere").exists()
+    atomic_write(tmp_path / "free", b"ours", overwrite=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["free", "link", "taken"]  # no temporaries left

@@ -1,0 +1,228 @@
+"""The training process's side of the writer: one background thread that hands windows, in order,
+to the writer process (``_writer.py``), bounds how many are pending, and bounds how long training
+ever waits for it.
+
+Parsing, merging, encoding and compression run in the writer process, never on the training thread
+(nor in its process, where they would compete for the GIL). At most ``max_in_flight`` windows are
+pending, so memory stays bounded: when windows come faster than the disk takes them, the next window
+waits for room at its start (and says so) rather than growing the queue.
+
+Every wait has a limit (``timeout``). A writer that does not make room, or does not finish the last
+windows, within it is *abandoned*: its pending windows are dropped, its process is killed and
+reaped, and a fresh thread (and, at the next window, a fresh process) takes over. The thread is a
+daemon, so a thread stuck in a hung filesystem call can never keep the interpreter from exiting.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+# Finish windows in a separate writer process (see ``_writer.py``); False keeps everything on the
+# writer thread of the training process (tests that inject faults into ``finish`` use that).
+USE_WRITER_PROCESS = True
+
+
+class WriterAbandoned(RuntimeError):
+    """The window was pending when its writer was abandoned for taking too long."""
+
+
+class BackgroundWriter:
+    """One worker thread that finishes windows in order, handing the heavy part to a writer process.
+
+    The thread is started outside any window, so it never inherits a tracer hook; the process is a
+    fresh interpreter (see ``_writer.writer_command``), which inherits none either.
+    """
+
+    def __init__(
+        self,
+        max_in_flight: int = 2,
+        use_process: bool | None = None,
+        timeout: float = 60.0,
+        on_problem: Callable[[str, str], Any] | None = None,
+    ) -> None:
+        self.max_in_flight = max_in_flight
+        self.use_process = USE_WRITER_PROCESS if use_process is None else use_process
+        self.timeout = timeout
+        self.on_problem = on_problem or (lambda key, message: None)
+        self.process: Any = None
+        self.process_error: BaseException | None = None
+        self.abandoned = 0  # how many times a stuck writer was given up
+        self._futures: list[Future[Any]] = []
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = self._start_thread()
+
+    # ------------------------------------------------------------------ the worker thread
+    def _start_thread(self) -> threading.Thread:
+        thread = threading.Thread(
+            target=self._loop,
+            args=(self._queue, self._generation),
+            name=f"vt_lightning-writer-{self._generation}",
+            daemon=True,
+        )
+        thread.start()
+        return thread
+
+    def _loop(self, jobs: queue.SimpleQueue[Any], generation: int) -> None:
+        while True:
+            item = jobs.get()
+            if item is None or generation != self._generation:
+                return
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as err:  # noqa: BLE001 - reported through the future
+                _settle(future, error=err)
+            else:
+                _settle(future, result=result)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            self._futures.append(future)
+            self._queue.put((future, fn, args))
+        return future
+
+    # ------------------------------------------------------------------ the writer process
+    def writer_process(self) -> Any:
+        """The writer process, started at the first window's hand-off (on the writer thread, so
+        quiet steps before the first window never share the CPU with its start-up); None when
+        there is none (disabled, or it could not start: windows are then finished on this thread)."""
+        if self.process is None and self.use_process and self.process_error is None:
+            from ._writer import WriterProcess
+
+            try:
+                self.process = WriterProcess()
+            except Exception as err:
+                self.process_error = err
+        return self.process
+
+    def run(self, job: Any) -> Any:
+        """Finish ``job`` (on the writer thread): in the writer process if there is one, else here."""
+        from .atomic import remove_stale_temporaries
+        from .finish import collect_raw, finish_window, remove_raw
+
+        generation = self._generation
+        process = self.writer_process()
+        if process is None:
+            return finish_window(job)
+        try:
+            collect_raw(job)
+        except BaseException:
+            remove_raw(job)
+            raise
+        try:
+            return process.call(job)
+        except (EOFError, OSError, ValueError) as err:  # the process died (killed, crashed) mid-window
+            process.close(timeout=1.0)  # reap it
+            remove_stale_temporaries(job.run_dir.parent, pid=process.pid)
+            if generation != self._generation:
+                remove_raw(job)
+                raise WriterAbandoned("the writer was abandoned while this window was pending") from err
+            if self.process is process:
+                self.process = None
+                self.process_error = err
+            self.on_problem(
+                "writer-died",
+                f"vt_lightning: the writer process stopped ({type(err).__name__}); windows are now written "
+                "from a thread of the training process.",
+            )
+            return finish_window(job)
+
+    # ------------------------------------------------------------------ bounded waits
+    def _pending(self) -> list[Future[Any]]:
+        with self._lock:
+            self._futures = [f for f in self._futures if not f.done()]
+            return list(self._futures)
+
+    def in_flight(self) -> int:
+        return len(self._pending())
+
+    def busy(self) -> bool:
+        return self.in_flight() >= self.max_in_flight
+
+    def wait_for_room(self, timeout: float | None = None) -> tuple[float, bool]:
+        """Wait until fewer than ``max_in_flight`` windows are pending, at most ``timeout`` seconds
+        (default: the writer's). Returns (seconds waited, whether there is room). After a timeout
+        the writer is abandoned; once one has been, no later window waits at all."""
+        limit = self.timeout if timeout is None else timeout
+        start = time.monotonic()
+        while True:
+            pending = self._pending()
+            if len(pending) < self.max_in_flight:
+                return time.monotonic() - start, True
+            left = limit - (time.monotonic() - start)
+            if self.abandoned or left <= 0:
+                break
+            try:
+                pending[0].result(timeout=left)
+            except FutureTimeout:
+                break
+            except BaseException:  # noqa: BLE001 - already reported by the job itself
+                pass
+        waited = time.monotonic() - start
+        if not self.abandoned or self._pending():
+            self.abandon()
+        return waited, False
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted window is on disk (or failed), at most ``timeout`` seconds
+        (default: the writer's) in all; abandon the writer and return False if it did not finish."""
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        for future in self._pending():
+            try:
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                self.abandon()
+                return False
+            except BaseException:  # noqa: BLE001 - already reported by the job itself
+                pass
+        return True
+
+    def abandon(self) -> None:
+        """Give up on a stuck writer: drop its pending windows, kill and reap its process, and
+        start a fresh thread (the stuck one is a daemon and dies with the interpreter)."""
+        with self._lock:
+            self.abandoned += 1
+            self._generation += 1
+            futures, self._futures = self._futures, []
+            old_queue, self._queue = self._queue, queue.SimpleQueue()
+            process, self.process = self.process, None
+        old_queue.put(None)
+        for future in futures:
+            if not future.cancel():
+                _settle(future, error=WriterAbandoned("the writer was abandoned while this window was pending"))
+        if process is not None:
+            process.kill()
+        self._thread = self._start_thread()
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Drain (bounded), stop the thread and the process; True when nothing was abandoned."""
+        finished = self.drain(timeout)
+        self._queue.put(None)
+        self._thread.join(timeout=1.0)
+        process, self.process = self.process, None
+        if process is not None:
+            process.close(timeout=5.0)
+        return finished
+
+
+def _settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+    """Complete ``future`` unless it already is (abandoned, or settled by the other side)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass

@@ -1,0 +1,61 @@
+"""Names and paths of what a window leaves on disk (pure: no I/O beyond ``mkdir``).
+
+The TensorBoard plugin loads a run directory once, so every window gets a run directory of its own;
+it finds traces by ``TRACE_PATTERN`` and compares spans as strings, hence the fixed width.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+MEMORY_SUFFIX = ".memory_snapshot.pickle"
+TRACE_PATTERN = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(\.gz)?$")  # the plugin's own
+SPAN_WIDTH = 10  # spans compare as strings in the plugin: fixed width keeps their order
+
+
+def host_name() -> str:
+    """Host part of the worker name; the plugin splits workers at the last ``_<digits>``."""
+    return re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
+
+
+def worker_name(global_rank: int, host: str | None = None) -> str:
+    return f"{host or host_name()}_{global_rank}"
+
+
+def span_name(first_active_batch: int) -> str:
+    return f"{first_active_batch:0{SPAN_WIDTH}d}"
+
+
+def window_dir_name(
+    window_index: int, first_batch: int, last_batch: int, stage: str = "fit", reason: str | None = None
+) -> str:
+    """A run name that sorts by window and says which batches it holds, of which stage outside fit
+    (``validate-window_000-batches_2-4``) and, if a trigger opened it, why
+    (``window_003-slow_step-batches_812-814``)."""
+    prefix = "" if stage == "fit" else f"{stage}-"
+    why = f"-{reason}" if reason else ""
+    return f"{prefix}window_{window_index:03d}{why}-batches_{first_batch}-{last_batch}"
+
+
+def trace_file_name(worker: str, span: str) -> str:
+    return f"{worker}.{span}{TRACE_SUFFIX}"
+
+
+def memory_file_name(worker: str, span: str) -> str:
+    return f"{worker}.{span}{MEMORY_SUFFIX}"
+
+
+def resolve_root(dirpath: str | None, logger_log_dir: str | None, fallback: str) -> Path:
+    """``dirpath`` if given, else the logger's log dir, else ``trainer.log_dir``/``default_root_dir``."""
+    if dirpath:
+        return Path(dirpath)
+    if logger_log_dir:
+        return Path(logger_log_dir)
+    return Path(fallback)
+
+
+def ensure_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
