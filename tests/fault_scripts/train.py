@@ -118,7 +118,10 @@ start = time.monotonic()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     make_trainer(config["root"], order, max_steps=config.get("max_steps", 10)).fit(model, loader(n=256))
-caught_warnings = [str(w.message) for w in caught if "vt_lightning" in str(w.message)]
+# The once-per-run notice about Python 3.12.0-3.12.4 (cpython #122029) is about the interpreter, not the fault.
+caught_warnings = [
+    str(w.message) for w in caught if "vt_lightning" in str(w.message) and "cpython #122029" not in str(w.message)
+]
 for pid in user.report["stopped_writers"]:
     try:
         os.kill(pid, signal.SIGCONT)  # if it were still alive, let it go (it should be gone)
