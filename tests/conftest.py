@@ -93,6 +93,20 @@ def marker_steps(trace: dict[str, Any]) -> set[int]:
     return steps
 
 
+MS = 1_000_000  # nanoseconds
+
+
+class VirtualClock:
+    """A step clock in nanoseconds that only moves when a test moves it (``clock.ns += ...``), so
+    step-time triggers are tested without depending on this machine's timing."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
 @pytest.fixture
 def model() -> MarkerModel:
     return MarkerModel()

@@ -11,17 +11,22 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
-def test_quick_benchmark_completes_and_prints_the_table() -> None:
+def _quick(script: str) -> str:
+    """Run a benchmark script's quick mode, writing nothing; returns what it printed."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--no-write"],
+        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--no-write"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = proc.stdout
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_quick_benchmark_completes_and_prints_the_table() -> None:
+    out = _quick("run.py")
     for text in ("measure", "min", "median", "max", "quiet step before windows: vt / none",
                  "window-end stall", "active step vt / by-hand",
                  "vt, every trigger armed / none", "trigger check, one process", "DDP agreement, 2 gloo ranks", "torch", "lightning", "viztracer", "cores"):
@@ -30,13 +35,6 @@ def test_quick_benchmark_completes_and_prints_the_table() -> None:
 
 @pytest.mark.slow
 def test_summary_cost_benchmark_completes() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "summary_cost.py"), "--quick", "--no-write"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = _quick("summary_cost.py")
     for text in ("writer job", "of which summary", "time to trace", "| off |", "| on |", "summary |"):
-        assert text in proc.stdout, text
+        assert text in out, text

@@ -20,21 +20,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import MarkerModel, load_trace, loader, make_trainer, marker_steps, trace_files
+from conftest import MS, MarkerModel, VirtualClock, load_trace, loader, make_trainer, marker_steps, trace_files
 from torch.utils.data import DataLoader, TensorDataset
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.triggers import TRIGGER_FILE_NAME
 
-MS = 1_000_000
-
-
-class VirtualClock:
-    def __init__(self) -> None:
-        self.ns = 0
-
-    def __call__(self) -> int:
-        return self.ns
 
 
 class ClockModel(MarkerModel):

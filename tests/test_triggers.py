@@ -9,6 +9,7 @@ import signal
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from conftest import MS, VirtualClock
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.agreement import Agreement, decode, encode
@@ -27,23 +28,14 @@ from vt_lightning.triggers import (
     TriggerConfig,
 )
 
-MS = 1_000_000
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-def run_steps(detector: SlowStep, clock: FakeClock, durations_ms: list[float]) -> list[int]:
+def run_steps(detector: SlowStep, clock: VirtualClock, durations_ms: list[float]) -> list[int]:
     """Feed step durations; return the batches whose batch-start saw a slow step (the step before)."""
     fired = []
     detector.steady()  # the first batch start: starts the clock
     for batch, ms in enumerate(durations_ms, start=1):
-        clock.now += int(ms * MS)
+        clock.ns += int(ms * MS)
         if not detector.steady():
             fired.append(detector.take(batch).batch)
         if batch % 10 == 0:
@@ -98,7 +90,7 @@ def test_good_trigger_options_are_accepted():
 
 # ----------------------------------------------------------------------------- slow step
 def test_slow_step_fires_on_a_40x_step_and_names_it():
-    clock = FakeClock()
+    clock = VirtualClock()
     detector = SlowStep(3.0, 20, clock)
     durations = [10.0] * 39 + [400.0] + [10.0] * 20  # batch 40 (1-based index 40 -> step 39) is slow
     fired = run_steps(detector, clock, durations)
@@ -107,7 +99,7 @@ def test_slow_step_fires_on_a_40x_step_and_names_it():
 
 
 def test_slow_step_is_not_armed_until_the_baseline_is_full():
-    clock = FakeClock()
+    clock = VirtualClock()
     detector = SlowStep(3.0, 50, clock)
     # compilation-like first steps, then cold caches: nothing may fire before 50 steps are measured
     durations = [5000.0, 800.0] + [30.0] * 20 + [10.0] * 20
@@ -116,28 +108,28 @@ def test_slow_step_is_not_armed_until_the_baseline_is_full():
 
 
 def test_slow_step_ignores_intervals_that_are_not_steps():
-    clock = FakeClock()
+    clock = VirtualClock()
     detector = SlowStep(3.0, 10, clock)
     run_steps(detector, clock, [10.0] * 30)
     assert detector.armed
     detector.skip_next()  # e.g. validation ran between these two batch starts
-    clock.now += 5000 * MS
+    clock.ns += 5000 * MS
     assert detector.steady() and detector.fired is None
-    clock.now += 10 * MS
+    clock.ns += 10 * MS
     assert detector.steady()
 
 
 def test_noisy_steady_steps_never_fire():
     rng = random.Random(1234)
     durations = [rng.uniform(5.0, 20.0) * (1.5 if rng.random() < 0.05 else 1.0) for _ in range(1000)]
-    clock = FakeClock()
+    clock = VirtualClock()
     detector = SlowStep(3.0, 50, clock)
     assert run_steps(detector, clock, durations) == []
     assert detector.armed  # it was armed all along: the test could have failed
 
 
 def test_a_job_that_stays_slow_stops_firing():
-    clock = FakeClock()
+    clock = VirtualClock()
     detector = SlowStep(3.0, 20, clock)
     fired = run_steps(detector, clock, [10.0] * 40 + [100.0] * 60)
     assert fired and fired[0] == 40 and max(fired) < 40 + 20  # once slow steps are the majority: quiet
