@@ -252,6 +252,20 @@ def test_breakdown_falls_back_on_lightning_methods_without_stage_ranges() -> Non
     assert not folded or folded[0]["inclusive_ms"] <= 0.1
 
 
+def test_top_python_is_the_training_threads() -> None:
+    # A logger's background thread sleeping through the step is no time the step spent.
+    user = "/home/me/model.py"
+    events = [
+        _x("ProfilerStep#1", 0.0, 100.0, "user_annotation"),
+        _x(f"training_step ({user}:1)", 10.0, 60.0, "FEE"),
+        _x("time.sleep", 0.0, 100.0, "FEE", thread=(1, 2)),
+        _x(f"flush_loop ({user}:9)", 0.0, 100.0, "FEE", thread=(1, 2)),
+    ]
+    summary = summarize({"traceEvents": events})
+    names = {e["function"] for key in ("by_self", "by_inclusive") for e in summary["top_python"][key]}
+    assert names == {"training_step"}
+
+
 def test_self_time_excludes_children_and_recursion_counts_once() -> None:
     user = "/home/me/model.py"
     events = [

@@ -26,7 +26,8 @@ def profile(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         for part, ms in (summary.get("breakdown_ms") or {}).items():
             parts[part].append(ms or 0.0)
         seen: set[str] = set()
-        for ranking in (summary.get("top_python") or {}).values():
+        top = summary.get("top_python") or {}
+        for ranking in (top.get("by_self") or [], top.get("by_inclusive") or []):
             for entry in ranking:
                 key = _function_key(entry)
                 if key not in seen:

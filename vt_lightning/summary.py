@@ -689,7 +689,11 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
             "max": _ms(max(durations)) if durations else None,
         },
         "breakdown_ms": {part: _ms(us / count) for part, us in parts.items()},
-        "top_python": top_python(events, len(recorded)),
+        # The training thread's calls: a background thread that waits (a logger's flush loop
+        # sleeping, a queue get) would otherwise top the list with time no step spent.
+        "top_python": top_python(
+            [e for e in events if thread is None or (e.get("pid"), e.get("tid")) == thread], len(recorded)
+        ),
         "top_ops": top_ops(events, len(recorded)),
         "gpu": gpu_summary(events, span, thread) if recorded else None,
         "memory": memory_summary(all_events, memory_snapshot),
