@@ -5,6 +5,6 @@ example:
 test:
 	python3 -m venv .venv && .venv/bin/pip install -q -c ci/constraints.txt nox && .venv/bin/nox
 bench:
-	python3 -m venv .venv && .venv/bin/pip install -q -c ci/constraints.txt -e ".[test]" && .venv/bin/python benchmarks/run.py
+	python3 -m venv .venv && .venv/bin/pip install -q -c ci/constraints.txt -e ".[test]" && .venv/bin/python benchmarks/run.py && .venv/bin/python benchmarks/summary_cost.py && .venv/bin/python benchmarks/filters.py
 clean:
 	rm -rf .venv .nox lightning_logs .pytest_cache .hypothesis build *.egg-info

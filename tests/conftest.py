@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import math
 import re
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,21 @@ def _marker_template(x: torch.Tensor) -> torch.Tensor:
     return torch.tanh(x) * 2
 
 
+def recorded_name(qualname: str) -> str:
+    """How VizTracer names a function: its qualified name on 3.11+ (``Model.training_step``), only
+    its own name on 3.10, whose code objects have no ``co_qualname``."""
+    return qualname if sys.version_info >= (3, 11) else qualname.rsplit(".", 1)[-1]
+
+
+def renamed(function: Any, name: str) -> Any:
+    """A copy of ``function`` whose code is called ``name`` (what VizTracer records)."""
+    names = {"co_name": name, "co_qualname": name} if sys.version_info >= (3, 11) else {"co_name": name}
+    return types.FunctionType(function.__code__.replace(**names), function.__globals__, name)
+
+
 def batch_marker(step: int):
     """A function named ``batch_<step>`` so the trace tells which global batch ran it."""
-    code = _marker_template.__code__.replace(co_name=f"batch_{step}", co_qualname=f"batch_{step}")
-    return types.FunctionType(code, _marker_template.__globals__, f"batch_{step}")
+    return renamed(_marker_template, f"batch_{step}")
 
 
 class MarkerModel(L.LightningModule):

@@ -192,20 +192,26 @@ def test_quiet_batches_cost_one_comparison_and_allocate_nothing(tmp_path):
         end(trainer, None, None, None, 0)
     repeat = itertools.repeat
 
-    def peak_growth(calls: bool) -> int:
+    def growth(calls: int) -> tuple[int, int]:
+        """(peak, kept) bytes allocated over ``calls`` quiet batches."""
         tracemalloc.start()
         for _ in repeat(None, 10):
             start(trainer, None, None, 0)
             end(trainer, None, None, None, 0)
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
-        for _ in repeat(None, 1000):
-            if calls:
-                start(trainer, None, None, 0)
-                end(trainer, None, None, None, 0)
-        peak = tracemalloc.get_traced_memory()[1]
+        for _ in repeat(None, calls):
+            start(trainer, None, None, 0)
+            end(trainer, None, None, None, 0)
+        current, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        return peak - base
+        return peak - base, current - base
 
-    assert peak_growth(calls=True) == peak_growth(calls=False)  # the hooks allocate nothing
+    if sys.version_info >= (3, 11):
+        assert growth(1000)[0] == growth(0)[0]  # the hooks allocate nothing
+    else:
+        # Python 3.10 heap-allocates frames and its peak wanders by a few hundred bytes between
+        # runs; what must hold is that quiet batches keep nothing: 10,000 of them keep < 1 KB
+        # (one int per batch would be 280 KB).
+        assert growth(10_000)[1] - growth(10)[1] < 1024
     assert trainer.fit_loop.total_batch_idx > 256  # beyond CPython's small-int cache

@@ -186,10 +186,14 @@ def test_the_opt_in_signal_opens_a_window_and_its_handler_is_restored(tmp_path):
 def test_memory_growth_on_cpu_opens_a_window_with_its_snapshot(tmp_path):
     clock = VirtualClock()
     hoard: list[torch.Tensor] = []
+    # Grow by a twentieth of this process's RSS a batch (at least 20 MB), touched: +50 % over the
+    # 10-batch horizon whatever earlier tests left in the process, well past the 20 % threshold.
+    rss = os.sysconf("SC_PAGE_SIZE") * int(open("/proc/self/statm").read().split()[1])
+    floats = max(5 * 2**20, rss // 20 // 4)
 
     def leak(model: ClockModel, step: int) -> None:
         if step >= 40:
-            hoard.append(torch.ones(5 * 2**20))  # 20 MB a batch, touched: RSS grows
+            hoard.append(torch.ones(floats))
 
     model = ClockModel(clock, lambda step: 50.0, leak)
     cb = VizTraceCallback(memory_growth=0.2, memory_growth_steps=10, warmup=1, active=1, trigger_cooldown=1000,

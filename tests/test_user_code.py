@@ -23,6 +23,7 @@ from conftest import (
     make_trainer,
     marker_steps,
     overlaps_without_nesting,
+    recorded_name,
     trace_files,
 )
 from vt_lightning import VizTraceCallback
@@ -160,7 +161,8 @@ def test_validation_inside_a_window_is_its_own_range_and_in_the_metadata(tmp_pat
     (validation,) = [e for e in events if e["name"] == "[pl][profile]validation"]
     (step,) = [e for e in events if e["name"] == "ProfilerStep#2"]
     assert step["ts"] <= validation["ts"] and validation["ts"] + validation["dur"] <= step["ts"] + step["dur"]
-    inside = [e for e in events if e.get("cat") == PYTHON_CATEGORY and e["name"].startswith("MarkerModel.validation_step (")]
+    ours = f"{recorded_name('MarkerModel.validation_step')} ({MarkerModel.validation_step.__code__.co_filename}:"
+    inside = [e for e in events if e.get("cat") == PYTHON_CATEGORY and e["name"].startswith(ours)]
     assert len(inside) == 2
     assert all(validation["ts"] <= e["ts"] <= validation["ts"] + validation["dur"] for e in inside)
     (logged,) = trace["vt_lightning"]["validation"]
