@@ -31,7 +31,7 @@ import lightning as L  # noqa: E402
 import lightning.pytorch as lp  # noqa: E402
 
 import vt_lightning.finish as finish  # noqa: E402
-import vt_lightning.output as output  # noqa: E402
+import vt_lightning.background as background  # noqa: E402
 from vt_lightning import VizTraceCallback  # noqa: E402
 from vt_lightning.filters import PythonFilter, filter_python_events, path_prefixes  # noqa: E402
 from workload import PyHeavyModel, python_work  # noqa: E402
@@ -48,7 +48,7 @@ def capture_window_events(root: str) -> tuple[list[dict], PythonFilter]:
         captured["events"], captured["rules"] = copy.deepcopy(events), rules
         return original(events, rules)
 
-    output.USE_WRITER_PROCESS = False  # finish in this process, so the spy sees the events
+    background.USE_WRITER_PROCESS = False  # finish in this process, so the spy sees the events
     finish.filter_python_events = spy
     try:
         model = PyHeavyModel(calls=200, heavy_calls=HEAVY_CALLS, heavy_steps=(2, 3))
