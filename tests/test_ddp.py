@@ -252,7 +252,9 @@ def test_only_listed_ranks_trace(tmp_path):
     run = run_ddp(tmp_path, "--ranks", "1")
     out = log_dir(run)
     host = host_name()
-    assert run["ranks"][0]["results"] == [] and len(run["ranks"][1]["results"]) == 2
+    assert run["ranks"][0]["results"] == [] and len(run["ranks"][1]["results"]) == 2, (
+        run["ranks"][1]["windows_skipped"], run["output"][-4000:]  # seen once on 3.10 in CI: say why
+    )
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(WINDOWS)
     for window, span in WINDOWS.items():
         names = sorted(p.name for p in (out / window).iterdir())
