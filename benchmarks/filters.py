@@ -27,14 +27,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))
 
-import lightning as L  # noqa: E402
-import lightning.pytorch as lp  # noqa: E402
+import lightning as L
+import lightning.pytorch as lp
+from workload import PyHeavyModel, python_work
 
-import vt_lightning.finish as finish  # noqa: E402
-import vt_lightning.background as background  # noqa: E402
-from vt_lightning import VizTraceCallback  # noqa: E402
-from vt_lightning.filters import PythonFilter, filter_python_events, path_prefixes  # noqa: E402
-from workload import PyHeavyModel, python_work  # noqa: E402
+import vt_lightning.controller.handoff as background
+import vt_lightning.export.pipeline as finish
+from vt_lightning import VizTraceCallback
+from vt_lightning.analysis.filters import PythonFilter, filter_python_events, path_prefixes
 
 HEAVY_CALLS = 60_000  # Python calls in each of the window's 2 active steps
 
@@ -52,11 +52,22 @@ def capture_window_events(root: str) -> tuple[list[dict], PythonFilter]:
     finish.filter_python_events = spy
     try:
         model = PyHeavyModel(calls=200, heavy_calls=HEAVY_CALLS, heavy_steps=(2, 3))
-        cb = VizTraceCallback(wait=1, warmup=1, active=2, memory_snapshot=False, lightning_view=False,
-                              tracer_entries=2_000_000)
-        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=5, logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                            limit_val_batches=0, default_root_dir=root, callbacks=[cb])
+        cb = VizTraceCallback(
+            wait=1, warmup=1, active=2, memory_snapshot=False, lightning_view=False, tracer_entries=2_000_000
+        )
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_steps=5,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            default_root_dir=root,
+            callbacks=[cb],
+        )
         trainer.fit(model)
     finally:
         finish.filter_python_events = original
@@ -79,7 +90,11 @@ def per_call_ns(tracer_kwargs: dict | None, calls: int = 200_000, repeats: int =
     from viztracer import VizTracer
 
     times = []
-    tracer = VizTracer(verbose=0, register_global=False, tracer_entries=2_000_000, **tracer_kwargs) if tracer_kwargs is not None else None
+    tracer = (
+        VizTracer(verbose=0, register_global=False, tracer_entries=2_000_000, **tracer_kwargs)
+        if tracer_kwargs is not None
+        else None
+    )
     for _ in range(repeats):
         if tracer is not None:
             tracer.start()
@@ -100,8 +115,12 @@ def main() -> int:
     lightning_dir = os.path.dirname(lp.__file__)
     configs = {
         "vt_lightning's own frames only (always on)": rules,
-        "include_files=[benchmarks/]": PythonFilter(include=path_prefixes([str(HERE)]), hook_locations=rules.hook_locations),
-        "exclude_files=[lightning/]": PythonFilter(exclude=path_prefixes([lightning_dir]), hook_locations=rules.hook_locations),
+        "include_files=[benchmarks/]": PythonFilter(
+            include=path_prefixes([str(HERE)]), hook_locations=rules.hook_locations
+        ),
+        "exclude_files=[lightning/]": PythonFilter(
+            exclude=path_prefixes([lightning_dir]), hook_locations=rules.hook_locations
+        ),
         "max_stack_depth=2": PythonFilter(max_depth=2, hook_locations=rules.hook_locations),
     }
     print(f"window: {calls} recorded Python calls ({sys.version.split()[0]}, {os.cpu_count()} cores)\n")

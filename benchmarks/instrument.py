@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -46,20 +45,25 @@ def _wrap(stages: Stages, label: str, fn: Any) -> Any:
 # thread or, for the finish stages below the writer-process line, in the writer process (only seen there
 # when a run falls back to the thread)
 _TARGETS = [
-    ("vt_lightning.pytracer", "PythonTracer", "stop", "train: VizTracer stop"),
-    ("vt_lightning.pytracer", "PythonTracer", "dump", "train: VizTracer C dump"),
-    ("vt_lightning.torchtracer", "TorchTracer", "stop", "train: torch stop_trace"),
-    ("vt_lightning.window", None, "sample_pair", "train: clock pairs"),
-    ("vt_lightning.torchtracer", "TorchTracer", "save", "writer: torch export"),
-    ("vt_lightning.pytracer", None, "wait_for_dump", "writer: wait for the VizTracer dump child"),
-    ("vt_lightning._writer", "WriterProcess", "call", "writer: writer process (read, merge, encode, gzip, write)"),
-    ("vt_lightning.finish", None, "_read_json", "writer: read raw JSON (orjson)"),
-    ("vt_lightning.finish", None, "merge_trace", "writer: merge"),
-    ("vt_lightning.finish", None, "_apply_lightning_view", "writer: Lightning view"),
-    ("vt_lightning.finish", None, "encode_trace", "writer: encode (orjson)"),
-    ("vt_lightning.finish", None, "gzip_bytes", "writer: gzip"),
-    ("vt_lightning.finish", None, "atomic_write", "writer: write + fsync"),
-    ("vt_lightning.finish", None, "_write_memory", "writer: memory snapshot"),
+    ("vt_lightning.recording.pytracer", "PythonTracer", "stop", "train: VizTracer stop"),
+    ("vt_lightning.recording.pytracer", "PythonTracer", "dump", "train: VizTracer C dump"),
+    ("vt_lightning.recording.torchtracer", "TorchTracer", "stop", "train: torch stop_trace"),
+    ("vt_lightning.recording.window", None, "sample_pair", "train: clock pairs"),
+    ("vt_lightning.recording.torchtracer", "TorchTracer", "save", "writer: torch export"),
+    ("vt_lightning.recording.pytracer", None, "wait_for_dump", "writer: wait for the VizTracer dump child"),
+    (
+        "vt_lightning.export.writer_process",
+        "WriterProcess",
+        "call",
+        "writer: writer process (read, merge, encode, gzip, write)",
+    ),
+    ("vt_lightning.export.pipeline", None, "_read_json", "writer: read raw JSON (orjson)"),
+    ("vt_lightning.export.pipeline", None, "merge_trace", "writer: merge"),
+    ("vt_lightning.export.pipeline", None, "_apply_lightning_view", "writer: Lightning view"),
+    ("vt_lightning.export.pipeline", None, "encode_trace", "writer: encode (orjson)"),
+    ("vt_lightning.export.pipeline", None, "gzip_bytes", "writer: gzip"),
+    ("vt_lightning.export.pipeline", None, "atomic_write", "writer: write + fsync"),
+    ("vt_lightning.export.pipeline", None, "_write_memory", "writer: memory snapshot"),
 ]
 
 

@@ -53,10 +53,12 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         s["quiet"]["armed_hook_us"] = stats(q["armed_hook_us"])
         s["quiet"]["check_us"] = stats(q["check_us"])
         # a check every CHECK_INTERVAL_S (trigger_interval's default): its cost spread over that interval's steps
-        s["quiet"]["armed_direct_ratio"] = stats([
-            (b + us * 1e-6 + check * 1e-6 * b / CHECK_INTERVAL_S) / b
-            for us, check, b in zip(q["armed_hook_us"], q["check_us"], base_s)
-        ])
+        s["quiet"]["armed_direct_ratio"] = stats(
+            [
+                (b + us * 1e-6 + check * 1e-6 * b / CHECK_INTERVAL_S) / b
+                for us, check, b in zip(q["armed_hook_us"], q["check_us"], base_s)
+            ]
+        )
     if "agreement" in q:
         s["quiet"]["agreement_us"] = stats([a["quiet_us"] for a in q["agreement"]])
         s["quiet"]["agreement_firing_us"] = stats([a["firing_us"] for a in q["agreement"]])
@@ -90,7 +92,11 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         e["busy_max_step_ms"] = stats([r.get("busy_max_step_s", float("nan")) * 1e3 for r in vt])
         e["lost_s"] = stats([r.get("lost_s") for r in vt])
         e["stall_plus_lost_vs_save"] = stats(
-            [(a["stall_s"] + a["lost_s"]) / b["viztracer_save_s"] for a, b in zip(vt, manual) if a.get("lost_s") is not None]
+            [
+                (a["stall_s"] + a["lost_s"]) / b["viztracer_save_s"]
+                for a, b in zip(vt, manual)
+                if a.get("lost_s") is not None
+            ]
         )
         e["steady_step_ms"] = stats([r["steady_step_s"] * 1e3 for r in vt])
         e["active_step_ms"] = stats([r["active_step_s"] * 1e3 for r in vt])
@@ -157,11 +163,18 @@ def rows(results: dict[str, Any]) -> list[tuple[str, dict[str, float], str, str]
         out.append(("trigger check, one process: file + RSS + signal + median (µs per check)", qs["check_us"], "", ""))
         add("quiet step: (step + armed hooks + checks every 0.5 s) / step, direct", qs["armed_direct_ratio"], 1.01)
     if "agreement_us" in qs:
-        out.append(("DDP agreement, 2 gloo ranks: all-reduce per check, nothing fired (µs)", qs["agreement_us"], "", ""))
-        out.append(("DDP agreement, 2 gloo ranks: per check when a trigger fired (µs)", qs["agreement_firing_us"], "", ""))
+        out.append(
+            ("DDP agreement, 2 gloo ranks: all-reduce per check, nothing fired (µs)", qs["agreement_us"], "", "")
+        )
+        out.append(
+            ("DDP agreement, 2 gloo ranks: per check when a trigger fired (µs)", qs["agreement_firing_us"], "", "")
+        )
     add("quiet step: naive VizTracer built at setup / none", qs["naive"]["before"])
-    for config, label in (("vt", "VizTraceCallback"), ("armed", "VizTraceCallback, triggers armed"),
-                          ("empty", "empty Callback()")):
+    for config, label in (
+        ("vt", "VizTraceCallback"),
+        ("armed", "VizTraceCallback, triggers armed"),
+        ("empty", "empty Callback()"),
+    ):
         if config in qs.get("extra_us_before", {}):
             out.append((f"quiet step before windows: {label} - none (µs)", qs["extra_us_before"][config], "", ""))
     for key, e in s["windows"].items():
@@ -214,9 +227,13 @@ def text_tables(results: dict[str, Any]) -> str:
     lines.append("")
     lines.append("where the time goes (vt, median seconds per window):")
     for key, e in results["summary"]["windows"].items():
-        parts = ", ".join(f"{k.split(': ', 1)[1]} {v['median']:.3f}" for k, v in e["stages_s"].items() if k.startswith("train"))
+        parts = ", ".join(
+            f"{k.split(': ', 1)[1]} {v['median']:.3f}" for k, v in e["stages_s"].items() if k.startswith("train")
+        )
         lines.append(f"  [{key}] training thread: {parts}")
-        parts = ", ".join(f"{k.split(': ', 1)[1]} {v['median']:.3f}" for k, v in e["stages_s"].items() if k.startswith("writer"))
+        parts = ", ".join(
+            f"{k.split(': ', 1)[1]} {v['median']:.3f}" for k, v in e["stages_s"].items() if k.startswith("writer")
+        )
         lines.append(f"  [{key}] writer thread:   {parts}")
     return "\n".join(lines)
 
@@ -239,7 +256,9 @@ def markdown(results: dict[str, Any], json_path: Path, png: Path | None, doc: Pa
     out.append("")
     out.append("Scaling (medians):")
     out.append("")
-    out.append("| events in window | stall (s) | stall µs/event | background write (s) | write µs/event | VizTracer save() (s) |")
+    out.append(
+        "| events in window | stall (s) | stall µs/event | background write (s) | write µs/event | VizTracer save() (s) |"
+    )
     out.append("|---:|---:|---:|---:|---:|---:|")
     for key, e in results["summary"]["windows"].items():
         ev = e["python_events"]["median"] + e["torch_events"]["median"]
@@ -251,7 +270,10 @@ def markdown(results: dict[str, Any], json_path: Path, png: Path | None, doc: Pa
     out.append("Where a window's time goes (vt_lightning, median seconds per window):")
     out.append("")
     keys = list(results["summary"]["windows"])
-    stage_names = sorted({k for e in results["summary"]["windows"].values() for k in e["stages_s"]}, key=lambda k: (not k.startswith("train"), k))
+    stage_names = sorted(
+        {k for e in results["summary"]["windows"].values() for k in e["stages_s"]},
+        key=lambda k: (not k.startswith("train"), k),
+    )
     out.append("| stage | " + " | ".join(f"{int(float(k)):.0e}".replace("+0", "") + " events" for k in keys) + " |")
     out.append("|---|" + "---:|" * len(keys))
     for name in stage_names:
@@ -309,7 +331,10 @@ def plot(results: dict[str, Any], img_dir: Path) -> Path | None:
     for key, e in s["windows"].items():
         n = f"{int(float(key)):.0e}".replace("+0", "")
         bar(f"active {n}\nvs by hand", e["active_vs_manual"], 1.05)
-    colors = ["tab:green" if t is not None and m <= t else ("tab:red" if t is not None else "tab:gray") for m, t in zip(meds, targets)]
+    colors = [
+        "tab:green" if t is not None and m <= t else ("tab:red" if t is not None else "tab:gray")
+        for m, t in zip(meds, targets)
+    ]
     ax1.bar(range(len(labels)), meds, yerr=[lo, hi], color=colors, capsize=3)
     ax1.axhline(1.0, color="black", lw=0.8)
     ax1.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)

@@ -46,17 +46,16 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(ROOT))
 
-import lightning  # noqa: E402
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-import viztracer  # noqa: E402
-from lightning.pytorch.callbacks import Callback  # noqa: E402
+import instrument
+import lightning
+import lightning as L
+import report
+import torch
+import viztracer
+from lightning.pytorch.callbacks import Callback
+from workload import ManualProfilers, NaiveConstructedTracer, PyHeavyModel, StepClock, StopWhen
 
-import instrument  # noqa: E402
-import report  # noqa: E402
-from workload import ManualProfilers, NaiveConstructedTracer, PyHeavyModel, StepClock, StopWhen  # noqa: E402
-
-from vt_lightning import VizTraceCallback  # noqa: E402
+from vt_lightning import VizTraceCallback
 
 # ------------------------------------------------------------------ parameters
 QUIET_CALLS = 80_000  # Python calls per ordinary step (~5 ms of Python)
@@ -155,10 +154,20 @@ def run_quiet(config: str, layout: dict[str, int], root: str) -> dict[str, Any]:
     elif config in ("vt", "armed"):
         triggers: dict[str, Any] = {"trigger_file": False}
         if config == "armed":  # every trigger armed; thresholds no quiet step reaches (the cost is the same)
-            triggers = {"slow_step_factor": 50.0, "memory_growth": 1.0, "trigger_file": True,
-                        "trigger_cooldown": 10**6, "trigger_signal": ARMED_SIGNAL}
+            triggers = {
+                "slow_step_factor": 50.0,
+                "memory_growth": 1.0,
+                "trigger_file": True,
+                "trigger_cooldown": 10**6,
+                "trigger_signal": ARMED_SIGNAL,
+            }
         cb = VizTraceCallback(
-            skip_first=layout["skip_first"], wait=layout["wait"], warmup=1, active=ACTIVE, repeat=2, dirpath=root,
+            skip_first=layout["skip_first"],
+            wait=layout["wait"],
+            warmup=1,
+            active=ACTIVE,
+            repeat=2,
+            dirpath=root,
             **triggers,
         )
         instrument.time_writer_jobs(cb, writer_done)
@@ -194,7 +203,7 @@ def bench_quiet(rounds: int, root: str) -> dict[str, Any]:
     configs = ["base", "empty", "vt", "armed", "naive"]
     raw: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     for r in range(rounds):
-        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        order = configs[r % len(configs) :] + configs[: r % len(configs)]
         for config in order:
             d = tempfile.mkdtemp(dir=root)
             raw[config].append(run_quiet(config, layout, d))
@@ -210,7 +219,8 @@ def bench_quiet(rounds: int, root: str) -> dict[str, Any]:
             ]
     extra_us = {
         config: [
-            (run["before"]["median_s"] - base["before"]["median_s"]) * 1e6 for run, base in zip(raw[config], raw["base"])
+            (run["before"]["median_s"] - base["before"]["median_s"]) * 1e6
+            for run, base in zip(raw[config], raw["base"])
         ]
         for config in ("empty", "vt", "armed")
     }
@@ -220,8 +230,16 @@ def bench_quiet(rounds: int, root: str) -> dict[str, Any]:
     ]
     armed_hook_us = [quiet_hook_cost_us(armed=True) for _ in range(rounds)]
     check_us = [trigger_check_cost_us(root) for _ in range(rounds)]
-    return {"layout": layout, "raw": raw, "ratios": ratios, "extra_us_before": extra_us,
-            "hook_us": hook_us, "direct_ratio": direct, "armed_hook_us": armed_hook_us, "check_us": check_us}
+    return {
+        "layout": layout,
+        "raw": raw,
+        "ratios": ratios,
+        "extra_us_before": extra_us,
+        "hook_us": hook_us,
+        "direct_ratio": direct,
+        "armed_hook_us": armed_hook_us,
+        "check_us": check_us,
+    }
 
 
 def quiet_hook_cost_us(calls: int = 200_000, armed: bool = False) -> float:
@@ -231,12 +249,14 @@ def quiet_hook_cost_us(calls: int = 200_000, armed: bool = False) -> float:
     quiet batches also read the clock and append to the baseline (the coarse checks are timed apart)."""
     cb = VizTraceCallback(skip_first=10**9)
     if armed:
-        from vt_lightning.triggers import SlowStep
+        from vt_lightning.analysis.triggers import SlowStep
 
         cb._slow_step = SlowStep(3.0, 50, time.perf_counter_ns)  # as armed by setup
         cb._next_step, cb._next_check = -1, 10**12
     progress = SimpleNamespace(total=SimpleNamespace(ready=6))  # batch 5 in progress (Lightning's counter)
-    trainer = SimpleNamespace(fit_loop=SimpleNamespace(total_batch_idx=5, epoch_loop=SimpleNamespace(batch_progress=progress)))
+    trainer = SimpleNamespace(
+        fit_loop=SimpleNamespace(total_batch_idx=5, epoch_loop=SimpleNamespace(batch_progress=progress))
+    )
     start, end = cb.on_train_batch_start, cb.on_train_batch_end
     best = float("inf")
     for _ in range(5):
@@ -251,17 +271,26 @@ def quiet_hook_cost_us(calls: int = 200_000, armed: bool = False) -> float:
 def trigger_check_cost_us(root: str, checks: int = 5000) -> float:
     """One coarse check in one process, every trigger armed: stat of the trigger file, one read of
     /proc/self/statm, the signal flag, the slow-step median (50 steps) and the cadence; best of 3."""
-    from vt_lightning.agreement import Agreement
-    from vt_lightning.probes import memory_reader
-    from vt_lightning.sources import WindowPlan
-    from vt_lightning.triggers import TriggerConfig
-    from vt_lightning.watch import TriggerWatch
-    from vt_lightning.schedule import Schedule
+    from vt_lightning.analysis.schedule import Schedule
+    from vt_lightning.analysis.sources import WindowPlan
+    from vt_lightning.analysis.triggers import TriggerConfig
+    from vt_lightning.controller.agreement import Agreement
+    from vt_lightning.controller.watch import TriggerWatch
+    from vt_lightning.recording.probes import memory_reader
 
     config = TriggerConfig(slow_step_factor=3.0, memory_growth=1.0, trigger_file=True)
     read, kind = memory_reader()
-    watch = TriggerWatch(config, Agreement(0), time.perf_counter_ns, Path(root) / "vt_lightning.trigger", None,
-                         read, kind, lambda key, message: None, first_check=0)
+    watch = TriggerWatch(
+        config,
+        Agreement(0),
+        time.perf_counter_ns,
+        Path(root) / "vt_lightning.trigger",
+        None,
+        read,
+        kind,
+        lambda key, message: None,
+        first_check=0,
+    )
     for _ in range(60):
         watch.slow.steady()
     plan = WindowPlan(Schedule(), scheduled=False)
@@ -278,8 +307,8 @@ def trigger_check_cost_us(root: str, checks: int = 5000) -> float:
 def _agreement_worker(rank: int, world: int, init: str, checks: int, out: Any) -> None:
     import torch.distributed as dist
 
-    from vt_lightning.agreement import gloo_agreement
-    from vt_lightning.triggers import SLOW_STEP, Firing
+    from vt_lightning.analysis.triggers import SLOW_STEP, Firing
+    from vt_lightning.controller.agreement import gloo_agreement
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     agreement, _ = gloo_agreement(rank, None)
@@ -329,8 +358,16 @@ def run_window(config: str, calls: int, entries: int, root: str) -> dict[str, An
     profiler = None
     stages = instrument.Stages()
     if config in ("vt", "vt_nolv"):
-        cb = VizTraceCallback(skip_first=0, wait=WAIT, warmup=1, active=ACTIVE, repeat=1, dirpath=root,
-                              tracer_entries=entries, lightning_view=config == "vt")
+        cb = VizTraceCallback(
+            skip_first=0,
+            wait=WAIT,
+            warmup=1,
+            active=ACTIVE,
+            repeat=1,
+            dirpath=root,
+            tracer_entries=entries,
+            lightning_view=config == "vt",
+        )
         instrument.time_writer_jobs(cb, writer_done)
         callbacks.append(cb)
     elif config == "manual":
@@ -340,7 +377,10 @@ def run_window(config: str, calls: int, entries: int, root: str) -> dict[str, An
         from lightning.pytorch.profilers import PyTorchProfiler
 
         profiler = PyTorchProfiler(
-            dirpath=root, filename="ptl", with_stack=True, profile_memory=True,
+            dirpath=root,
+            filename="ptl",
+            with_stack=True,
+            profile_memory=True,
             schedule=torch.profiler.schedule(wait=WAIT, warmup=1, active=ACTIVE, repeat=1),
         )
 
@@ -366,7 +406,7 @@ def run_window(config: str, calls: int, entries: int, root: str) -> dict[str, An
         "first_active_step_s": active_s[0],
         "active_steps_s": active_s,
         "stall_s": gaps[last],
-        "quiet_gap_s": med(gaps[last + 5:]) if len(gaps) > last + 5 else med(gaps[2:WAIT]),
+        "quiet_gap_s": med(gaps[last + 5 :]) if len(gaps) > last + 5 else med(gaps[2:WAIT]),
         "torch_on_at_active_end": [clock.torch_on[i] for i in active],
     }
     if cb is not None:
@@ -408,7 +448,7 @@ def bench_windows(plan: list[tuple[int, int]], with_ptl: set[int], root: str) ->
         configs = ["none", "manual", "vt"] + (["ptl", "vt_nolv"] if target in with_ptl else [])
         raw: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
         for r in range(reps):
-            order = configs[r % len(configs):] + configs[: r % len(configs)]
+            order = configs[r % len(configs) :] + configs[: r % len(configs)]
             for config in order:
                 d = tempfile.mkdtemp(dir=root)
                 t0 = time.perf_counter()
@@ -428,7 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="quiet-step rounds (default 6, quick 2)")
     parser.add_argument("--results", default=str(HERE / "results" / "latest.json"))
     parser.add_argument("--doc", default=str(ROOT / "docs" / "performance.md"))
-    parser.add_argument("--render", metavar="JSON", help="only re-render docs/performance.md (+ plot) from a results file")
+    parser.add_argument(
+        "--render", metavar="JSON", help="only re-render docs/performance.md (+ plot) from a results file"
+    )
     args = parser.parse_args(argv)
     if args.render:
         results = json.loads(Path(args.render).read_text())
@@ -451,7 +493,9 @@ def main(argv: list[str] | None = None) -> int:
         rounds = args.rounds or (2 if args.quick else 6)
         print("1. quiet steps", flush=True)
         quiet = bench_quiet(rounds, root)
-        quiet["agreement"] = [agreement_cost_us(root, 500 if args.quick else 2000) for _ in range(2 if args.quick else 3)]
+        quiet["agreement"] = [
+            agreement_cost_us(root, 500 if args.quick else 2000) for _ in range(2 if args.quick else 3)
+        ]
         plan = [(10_000, 2), (100_000, 1)] if args.quick else [(10_000, 5), (100_000, 5), (1_000_000, 3)]
         with_ptl = {10_000} if args.quick else {10_000, 100_000}
         print("2-4. windows", flush=True)

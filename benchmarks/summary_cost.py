@@ -39,13 +39,12 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(ROOT))
 
-import torch  # noqa: E402
+import instrument
+import torch
+from run import ACTIVE, QUIET_CALLS, WAIT, fit
+from workload import PyHeavyModel, StepClock, StopWhen
 
-import instrument  # noqa: E402
-from run import ACTIVE, QUIET_CALLS, WAIT, fit  # noqa: E402
-from workload import PyHeavyModel, StepClock, StopWhen  # noqa: E402
-
-from vt_lightning import VizTraceCallback  # noqa: E402
+from vt_lightning import VizTraceCallback
 
 START = "<!-- summary-cost:start -->"
 END = "<!-- summary-cost:end -->"
@@ -59,8 +58,15 @@ def one_window(summary: bool, calls: int, root: str) -> dict[str, Any]:
     second = tuple(step + cycle for step in active)
     last = second[-1]
     jobs: list[tuple[int, int]] = []
-    cb = VizTraceCallback(wait=WAIT, warmup=1, active=ACTIVE, repeat=2, dirpath=root, summary=summary,
-                          tracer_entries=max(1_000_000, 2 * calls * ACTIVE))
+    cb = VizTraceCallback(
+        wait=WAIT,
+        warmup=1,
+        active=ACTIVE,
+        repeat=2,
+        dirpath=root,
+        summary=summary,
+        tracer_entries=max(1_000_000, 2 * calls * ACTIVE),
+    )
     instrument.time_writer_jobs(cb, jobs)
     model = PyHeavyModel(QUIET_CALLS // 20, heavy_calls=calls, heavy_steps=active + second)
     wall_at_last: list[int] = []
@@ -100,10 +106,10 @@ def isolated_costs(trace_path: Path) -> dict[str, float]:
 
     import orjson
 
-    from vt_lightning import memory
-    from vt_lightning.merge import encode_trace
-    from vt_lightning.output import gzip_bytes
-    from vt_lightning.summary import summarize
+    from vt_lightning.analysis.merge import encode_trace
+    from vt_lightning.analysis.summary import summarize
+    from vt_lightning.export.atomic import gzip_bytes
+    from vt_lightning.recording import memory
 
     raw = gzip.decompress(trace_path.read_bytes())
     trace = orjson.loads(raw)
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             calls = max(1, target // ACTIVE - instrument.OVERHEAD_EVENTS_PER_STEP)
             raw: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
             for r in range(rounds):
-                for summary in ((True, False) if r % 2 == 0 else (False, True)):
+                for summary in (True, False) if r % 2 == 0 else (False, True):
                     d = tempfile.mkdtemp(dir=root)
                     raw[summary].append(one_window(summary, calls, d))
                     shutil.rmtree(d, ignore_errors=True)
@@ -198,7 +204,10 @@ def render(rows: list[tuple[int, dict[bool, list[dict[str, Any]]]]], quick: bool
     for target, raw in rows:
         runs = raw[True]
         events = int(statistics.median(r["python_events"] for r in runs))
-        cells = [_ms([r[k] for r in runs]).split(" ")[0] for k in ("iso_loads_s", "iso_encode_gzip_s", "iso_cpu_snapshot_s", "iso_summary_s")]
+        cells = [
+            _ms([r[k] for r in runs]).split(" ")[0]
+            for k in ("iso_loads_s", "iso_encode_gzip_s", "iso_cpu_snapshot_s", "iso_summary_s")
+        ]
         lines.append(f"| {events:,} | " + " | ".join(cells) + " |")
     lines += ["", END]
     return "\n".join(lines)

@@ -52,7 +52,9 @@ class ConstantData(Dataset):
 
 
 class PyHeavyModel(L.LightningModule):
-    def __init__(self, calls: int, heavy_calls: int = 0, heavy_steps: tuple[int, ...] = (), torch_ops: int = 20) -> None:
+    def __init__(
+        self, calls: int, heavy_calls: int = 0, heavy_steps: tuple[int, ...] = (), torch_ops: int = 20
+    ) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
         self.calls = calls
@@ -149,9 +151,7 @@ class ManualProfilers(Callback):
         if step == self.active_steps[0]:
             from viztracer import VizTracer
 
-            self.prof = torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
-            )
+            self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
             self.prof.start()
             self.tracer = VizTracer(tracer_entries=self.tracer_entries, verbose=0, register_global=False)
             self.tracer.start()

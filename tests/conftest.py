@@ -17,7 +17,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-
 MARKER = re.compile(r"^batch_(\d+) ")
 
 

@@ -46,8 +46,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 PLUGIN_LOGGER = "pytorch_profiler"  # torch_tb_profiler.consts.PLUGIN_NAME
 API = "/data/plugin/pytorch_profiler"
@@ -85,9 +86,7 @@ def split_name(path: str | os.PathLike) -> tuple[str, str | None]:
     name = Path(path).name
     match = consts.WORKER_PATTERN.match(name)
     if not match:
-        raise PluginRejected(
-            f"{name!r} is not a trace name for the plugin (pattern {consts.WORKER_PATTERN.pattern!r})"
-        )
+        raise PluginRejected(f"{name!r} is not a trace name for the plugin (pattern {consts.WORKER_PATTERN.pattern!r})")
     span = match.group(2)
     return match.group(1), (span[1:] if span is not None else None)
 
@@ -277,15 +276,19 @@ def load_run_dir(directory: str | os.PathLike, *, allowed_warnings: Iterable[str
         run, distributed = Run(name, str(directory)), Run(name, str(directory))
         for (worker, raw_span), span in sorted(indexes.items(), key=lambda kv: (kv[0][0], str(kv[1]))):
             suffix = "" if raw_span is None else f".{raw_span}"
-            matches = [p for p in directory.iterdir() if re.fullmatch(
-                re.escape(worker + suffix) + r"\.pt\.trace\.json(\.gz)?", p.name)]
+            matches = [
+                p
+                for p in directory.iterdir()
+                if re.fullmatch(re.escape(worker + suffix) + r"\.pt\.trace\.json(\.gz)?", p.name)
+            ]
             for path in matches:
                 with _plugin_log() as log:
                     try:
                         data, profile = _parse_one(path, cache_dir, worker, span)
                     except Exception as ex:
                         raise PluginRejected(
-                            f"torch-tb-profiler failed to parse {path}: {type(ex).__name__}: {ex}") from ex
+                            f"torch-tb-profiler failed to parse {path}: {type(ex).__name__}: {ex}"
+                        ) from ex
                 _check_log(log, str(path), allowed_warnings)
                 run.add_profile(profile)
                 distributed.add_profile(DistributedRunProfileData(data))
@@ -384,7 +387,7 @@ class TensorBoardServer:
         self._log_file = None
 
     # -- lifecycle
-    def __enter__(self) -> "TensorBoardServer":
+    def __enter__(self) -> TensorBoardServer:
         self.start()
         return self
 
@@ -395,12 +398,19 @@ class TensorBoardServer:
 
     def start(self) -> None:
         cmd = [
-            self.python, "-m", "tensorboard.main",
-            "--logdir", self.logdir,
-            "--host", "127.0.0.1",
-            "--port", "0",  # TensorBoard >= 2.x: 0 = OS-chosen port, printed on the URL line
-            "--load_fast", "false",  # no Rust data server subprocess
-            "--reload_interval", "1",  # scalars only: the profiler plugin rescans every 10 s regardless
+            self.python,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            self.logdir,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",  # TensorBoard >= 2.x: 0 = OS-chosen port, printed on the URL line
+            "--load_fast",
+            "false",  # no Rust data server subprocess
+            "--reload_interval",
+            "1",  # scalars only: the profiler plugin rescans every 10 s regardless
             *self.extra_args,
         ]
         env = dict(os.environ)
@@ -409,8 +419,12 @@ class TensorBoardServer:
         env["TMPDIR"] = self._tmp  # TensorBoard's .tensorboard-info and the plugin's cache stay ours
         self._log_file = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True,  # its own group: the plugin's spawned loaders die with it
+            cmd,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # its own group: the plugin's spawned loaders die with it
         )
         try:
             self._wait_ready()
@@ -423,7 +437,8 @@ class TensorBoardServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
-                    f"tensorboard exited with {self.proc.returncode} before serving:\n{self.log_text()[-3000:]}")
+                    f"tensorboard exited with {self.proc.returncode} before serving:\n{self.log_text()[-3000:]}"
+                )
             if self.base_url is None:
                 match = _URL_LINE.search(self.log_text())
                 if match:
@@ -556,7 +571,8 @@ class TensorBoardServer:
             if time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"after {timeout} s the plugin lists {names} (loading={last.get('loading')}), "
-                    f"expected {expected_count} run(s); plugin problems: {self.plugin_problems()}")
+                    f"expected {expected_count} run(s); plugin problems: {self.plugin_problems()}"
+                )
             time.sleep(interval)
 
 
@@ -570,8 +586,9 @@ def is_annotation(event: dict) -> bool:
     return str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
 
 
-def nesting_report(trace: dict, *, python_cat: str = "FEE", torch_cat: str = "cpu_op",
-                   tolerance_us: float = 0.0) -> dict[str, int]:
+def nesting_report(
+    trace: dict, *, python_cat: str = "FEE", torch_cat: str = "cpu_op", tolerance_us: float = 0.0
+) -> dict[str, int]:
     """How Python (``python_cat``) and torch (``torch_cat``) ``X`` events of each thread nest.
 
     Returns counts over all threads: ``shared_threads`` (pid/tid holding both kinds),
@@ -588,8 +605,7 @@ def nesting_report(trace: dict, *, python_cat: str = "FEE", torch_cat: str = "cp
                 annotations += 1
                 continue
             threads[(event.get("pid"), event.get("tid"))].append(event)
-    report = {"shared_threads": 0, "torch_ops": 0, "torch_in_python": 0, "crossings": 0,
-              "annotations": annotations}
+    report = {"shared_threads": 0, "torch_ops": 0, "torch_in_python": 0, "crossings": 0, "annotations": annotations}
     for events in threads.values():
         cats = {e["cat"] for e in events}
         if cats != {python_cat, torch_cat}:

@@ -27,9 +27,22 @@ def _quick(script: str) -> str:
 @pytest.mark.slow
 def test_quick_benchmark_completes_and_prints_the_table() -> None:
     out = _quick("run.py")
-    for text in ("measure", "min", "median", "max", "quiet step before windows: vt / none",
-                 "window-end stall", "active step vt / by-hand",
-                 "vt, every trigger armed / none", "trigger check, one process", "DDP agreement, 2 gloo ranks", "torch", "lightning", "viztracer", "cores"):
+    for text in (
+        "measure",
+        "min",
+        "median",
+        "max",
+        "quiet step before windows: vt / none",
+        "window-end stall",
+        "active step vt / by-hand",
+        "vt, every trigger armed / none",
+        "trigger check, one process",
+        "DDP agreement, 2 gloo ranks",
+        "torch",
+        "lightning",
+        "viztracer",
+        "cores",
+    ):
         assert text in out, text
 
 

@@ -21,8 +21,8 @@ from conftest import (
 )
 
 from vt_lightning import VizTraceCallback
-from vt_lightning.names import TRACE_PATTERN
-from vt_lightning.schedule import Schedule
+from vt_lightning.analysis.schedule import Schedule
+from vt_lightning.export.layout import TRACE_PATTERN
 
 
 def _fit(tmp_path, max_steps=12, **schedule):

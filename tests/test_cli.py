@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vt_lightning import VizTraceCallback
-from vt_lightning import cli as vt_cli
+from vt_lightning.cli import lightning as vt_cli
 
 SCRIPTS = Path(__file__).parent / "cli_scripts"
 TRACES = "lightning_logs/version_0/window_*/*.pt.trace.json.gz"
@@ -190,7 +190,10 @@ def test_rewrite_switch():
     cp = "vt_lightning.VizTraceCallback"
     rw = vt_cli._rewrite_switch
     assert rw(["fit", "--viztrace=true"], "viztrace", cp) == ["fit", f"--viztrace={cp}"]
-    assert rw(["--viztrace", "on", "--viztrace.active=2"], "viztrace", cp) == [f"--viztrace={cp}", "--viztrace.active=2"]
+    assert rw(["--viztrace", "on", "--viztrace.active=2"], "viztrace", cp) == [
+        f"--viztrace={cp}",
+        "--viztrace.active=2",
+    ]
     assert rw(["--viztrace=False"], "viztrace", cp) == ["--viztrace=null"]
     assert rw(["--viztrace=VizTraceCallback", "--viztraced=1"], "viztrace", cp) == [
         "--viztrace=VizTraceCallback",
@@ -258,7 +261,9 @@ def _constructor_args() -> list[str]:
 
 def test_viztrace_help_lists_every_argument(tiny, no_env, capsys):
     with pytest.raises(SystemExit):
-        vt_cli.VizTraceLightningCLI(tiny.TinyModel, tiny.TinyData, run=False, args=["--viztrace.help", "VizTraceCallback"])
+        vt_cli.VizTraceLightningCLI(
+            tiny.TinyModel, tiny.TinyData, run=False, args=["--viztrace.help", "VizTraceCallback"]
+        )
     out = capsys.readouterr().out
     for name in _constructor_args():
         assert f"--viztrace.{name} " in out, name

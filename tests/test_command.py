@@ -25,9 +25,20 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 def example_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("example")
     proc = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "train.py"), "--root", str(root), "--max-steps", "12",
-         "--batch-size", "8"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
+        [
+            sys.executable,
+            str(REPO / "examples" / "train.py"),
+            "--root",
+            str(root),
+            "--max-steps",
+            "12",
+            "--batch-size",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root / "lightning_logs" / "version_0", proc.stdout
@@ -75,7 +86,9 @@ def test_diff_names_what_changed(example_run: tuple[Path, str]) -> None:
     b = orjson.loads(next(second.glob("*.summary.json")).read_bytes())
     assert result["step"]["delta_ms"] == pytest.approx(b["step_ms"]["mean"] - a["step_ms"]["mean"], abs=1e-3)
     parts = {row["name"]: row for row in result["breakdown"]}
-    assert parts["forward"]["delta_ms"] == pytest.approx(b["breakdown_ms"]["forward"] - a["breakdown_ms"]["forward"], abs=1e-3)
+    assert parts["forward"]["delta_ms"] == pytest.approx(
+        b["breakdown_ms"]["forward"] - a["breakdown_ms"]["forward"], abs=1e-3
+    )
     assert result["python"] and result["ops"]
     assert all(abs(r["delta_ms"]) >= abs(s["delta_ms"]) for r, s in zip(result["ops"], result["ops"][1:]))
     proc = _run("diff", str(first), str(logdir))  # a window against a whole run
@@ -87,7 +100,10 @@ def test_view_serves_perfetto_on_loopback_and_stops_on_ctrl_c(example_run: tuple
     logdir, _ = example_run
     proc = subprocess.Popen(
         [*COMMAND, "view", str(logdir), "--port", "0", "--no-browser"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     try:
         url = None
@@ -131,7 +147,7 @@ def _listening_addresses(port: int) -> list[str]:
         local, state = line.split()[1], line.split()[3]
         address, hex_port = local.split(":")
         if int(hex_port, 16) == port and state == "0A":  # TCP_LISTEN
-            out.append(".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+            out.append(".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)))
     return out
 
 
@@ -146,7 +162,11 @@ def test_bad_targets_get_one_line_and_a_nonzero_exit(tmp_path: Path, kind: str) 
     elif kind == "bad gzip":
         target = tmp_path / "h_0.0000000001.pt.trace.json.gz"
         target.write_bytes(b"not gzip")
-    for command in (["summary", str(target)], ["view", str(target), "--no-browser"], ["diff", str(target), str(target)]):
+    for command in (
+        ["summary", str(target)],
+        ["view", str(target), "--no-browser"],
+        ["diff", str(target), str(target)],
+    ):
         proc = _run(*command, timeout=60)
         assert proc.returncode == 1, (command, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr
@@ -163,8 +183,8 @@ def test_console_script_is_installed() -> None:
 
 def test_tables_fall_back_to_plain_text_without_rich(example_run: tuple[Path, str], monkeypatch, capsys) -> None:
     """rich is optional (installing it switches Lightning's progress bar): plain text then."""
-    from vt_lightning import report
-    from vt_lightning.command import load_windows
+    from vt_lightning.cli.command import load_windows
+    from vt_lightning.export import report
 
     logdir, _ = example_run
     monkeypatch.setattr(report, "rich_available", lambda: False)

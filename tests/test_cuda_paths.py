@@ -10,7 +10,7 @@ from conftest import MarkerModel, loader, make_trainer, trace_files
 
 import vt_lightning.callback as callback
 from vt_lightning import VizTraceCallback
-from vt_lightning.torchtracer import TorchTracer
+from vt_lightning.recording.torchtracer import TorchTracer
 
 
 class FakeRecorder:
@@ -26,9 +26,11 @@ class FakeRecorder:
 
     def snapshot(self) -> dict:
         self.calls.append("snapshot")
-        return {"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 8,
-                                                     "stream": 0, "time_us": 1, "frames": []}]],
-                "fake_cuda": True}
+        return {
+            "segments": [],
+            "device_traces": [[{"action": "alloc", "addr": 1, "size": 8, "stream": 0, "time_us": 1, "frames": []}]],
+            "fake_cuda": True,
+        }
 
     def stop(self) -> None:
         self.calls.append("stop")

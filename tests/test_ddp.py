@@ -28,8 +28,9 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tbcheck  # noqa: E402
-from vt_lightning.names import host_name  # noqa: E402
+import tbcheck
+
+from vt_lightning.export.layout import host_name
 
 SCRIPT = Path(__file__).parent / "ddp_scripts" / "train_ddp.py"
 WINDOWS = {"window_000-batches_2-3": "0000000002", "window_001-batches_6-7": "0000000006"}
@@ -64,7 +65,12 @@ def run_ddp(tmp: Path, *args: str, world: int = 2) -> dict[str, Any]:
     cmd = [sys.executable, str(SCRIPT), "--root", str(root), "--report", str(report), *args]
     start = time.monotonic()
     proc = subprocess.Popen(
-        cmd, cwd=tmp, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd,
+        cwd=tmp,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,  # rank 1 and the DataLoader workers join this group: one kill ends all
     )
     try:
@@ -107,9 +113,12 @@ def ddp_run(tmp_path_factory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("ddp")
     return run_ddp(
         tmp,
-        "--num-workers", "2",
-        "--slow-writer-rank", "1",
-        "--slow-writer-seconds", str(SLOW_WRITER_SECONDS),
+        "--num-workers",
+        "2",
+        "--slow-writer-rank",
+        "1",
+        "--slow-writer-seconds",
+        str(SLOW_WRITER_SECONDS),
     )
 
 
@@ -148,7 +157,8 @@ def test_every_rank_traces_the_same_windows(ddp_run):
             assert meta["span"] == span
             assert meta["steps"] == STEPS[span]
             steps = sorted(
-                int(e["name"].split("#")[1]) for e in trace["traceEvents"]
+                int(e["name"].split("#")[1])
+                for e in trace["traceEvents"]
                 if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")
             )
             assert steps == STEPS[span]  # the same global batches on both ranks
@@ -171,7 +181,11 @@ def test_plugin_builds_the_distributed_view(ddp_run):
             assert "gloo:all_reduce" in names and "c10d::allreduce_" in names, path
         run = tbcheck.load_run_dir(directory, allowed_warnings=[COMM_OUTSIDE_STEP])
         profiles = {(p.worker, type(p).__name__): p for p in run.get_profiles()}
-        assert set(profiles) == {(f"{host}_0", "RunProfile"), (f"{host}_1", "RunProfile"), ("All", "DistributedRunProfile")}
+        assert set(profiles) == {
+            (f"{host}_0", "RunProfile"),
+            (f"{host}_1", "RunProfile"),
+            ("All", "DistributedRunProfile"),
+        }
         for rank in (0, 1):
             assert set(tbcheck.BASIC_VIEWS) <= set(tbcheck.views(profiles[(f"{host}_{rank}", "RunProfile")]))
         distributed = profiles[("All", "DistributedRunProfile")]
@@ -241,7 +255,8 @@ def test_no_rank_waits_for_another_to_write(ddp_run):
     directory = log_dir(ddp_run) / "window_000-batches_2-3"
     host = host_name()
     assert {p.name for p in directory.glob("*.pt.trace.json.gz")} == {
-        f"{host}_0.0000000002.pt.trace.json.gz", f"{host}_1.0000000002.pt.trace.json.gz"
+        f"{host}_0.0000000002.pt.trace.json.gz",
+        f"{host}_1.0000000002.pt.trace.json.gz",
     }
     assert not list(directory.glob(".*"))
 
@@ -253,19 +268,25 @@ def test_only_listed_ranks_trace(tmp_path):
     out = log_dir(run)
     host = host_name()
     assert run["ranks"][0]["results"] == [] and len(run["ranks"][1]["results"]) == 2, (
-        run["ranks"][1]["windows_skipped"], run["output"][-4000:]  # seen once on 3.10 in CI: say why
+        run["ranks"][1]["windows_skipped"],
+        run["output"][-4000:],  # seen once on 3.10 in CI: say why
     )
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(WINDOWS)
     for window, span in WINDOWS.items():
         names = sorted(p.name for p in (out / window).iterdir())
-        assert names == [f"{host}_1.{span}.memory_snapshot.pickle", f"{host}_1.{span}.pt.trace.json.gz",
-                         f"{host}_1.{span}.summary.json", f"{host}_1.{span}.summary.md"]
+        assert names == [
+            f"{host}_1.{span}.memory_snapshot.pickle",
+            f"{host}_1.{span}.pt.trace.json.gz",
+            f"{host}_1.{span}.summary.json",
+            f"{host}_1.{span}.summary.md",
+        ]
         trace = tbcheck.load_json(out / window / f"{host}_1.{span}.pt.trace.json.gz")
         assert trace["distributedInfo"]["rank"] == 1 and trace["vt_lightning"]["global_rank"] == 1
         # One worker: it loads, and the plugin even offers a (one-worker) Distributed view for it.
         loaded = tbcheck.load_run_dir(out / window, allowed_warnings=[COMM_OUTSIDE_STEP])
         assert {(p.worker, type(p).__name__) for p in loaded.get_profiles()} == {
-            (f"{host}_1", "RunProfile"), ("All", "DistributedRunProfile")
+            (f"{host}_1", "RunProfile"),
+            ("All", "DistributedRunProfile"),
         }
 
 
@@ -276,8 +297,20 @@ def test_a_slow_step_on_rank_1_only_opens_the_same_window_on_both_ranks(tmp_path
     own clock never fires; the ranks' agreement (one gloo all-reduce per check, checks every ~0.1 s
     = 10 batches once ramped up: batches 0, 1, 3, 7, 15, 25, 35) warms the window up at batch 35 on both."""
     run = run_ddp(
-        tmp_path, "--max-steps", "45", "--samples", "720", "--slow-step-factor", "3", "--slow-rank", "1",
-        "--slow-batch", "30", "--triggers-only", "--trigger-interval", "0.1",
+        tmp_path,
+        "--max-steps",
+        "45",
+        "--samples",
+        "720",
+        "--slow-step-factor",
+        "3",
+        "--slow-rank",
+        "1",
+        "--slow-batch",
+        "30",
+        "--triggers-only",
+        "--trigger-interval",
+        "0.1",
     )
     out = log_dir(run)
     host = host_name()
@@ -295,8 +328,11 @@ def test_a_slow_step_on_rank_1_only_opens_the_same_window_on_both_ranks(tmp_path
         meta = trace["vt_lightning"]
         assert meta["global_rank"] == rank and meta["steps"] == [36, 37]
         assert {k: pytest.approx(v) if isinstance(v, float) else v for k, v in meta["trigger"].items()} == expected
-        steps = sorted(int(e["name"].split("#")[1]) for e in trace["traceEvents"]
-                       if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#"))
+        steps = sorted(
+            int(e["name"].split("#")[1])
+            for e in trace["traceEvents"]
+            if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")
+        )
         assert steps == [36, 37]
         assert run["ranks"][rank]["triggered"] == [[name, meta["trigger"]]]
     # Both workers line up in the plugin's Distributed view, like scheduled windows.

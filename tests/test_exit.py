@@ -21,11 +21,20 @@ SCRIPT = Path(__file__).parent / "exit_scripts" / "compiled_fit.py"
 
 
 def _run(tmp_path: Path, accelerator: str) -> tuple[subprocess.CompletedProcess, float]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
-               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TORCHINDUCTOR_COMPILE_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+    )
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "out"), accelerator], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "out"), accelerator],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return proc, time.monotonic() - start
 
 

@@ -23,10 +23,10 @@ import torch
 from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
 
 from vt_lightning import VizTraceCallback
-from vt_lightning.atomic import remove_stale_temporaries
-from vt_lightning.names import host_name
-from vt_lightning.rivals import guard_installed
-from vt_lightning.spool import PREFIX, Spool, default_spool_base, remove_dead_spools
+from vt_lightning.export.atomic import remove_stale_temporaries
+from vt_lightning.export.layout import host_name
+from vt_lightning.recording.rivals import guard_installed
+from vt_lightning.recording.spool import PREFIX, Spool, default_spool_base, remove_dead_spools
 
 SCRIPT = Path(__file__).resolve().parent / "fault_scripts" / "train.py"
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +39,11 @@ def run_script(config: dict, timeout: float = 180, cwd: str | None = None) -> tu
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), json.dumps(config)],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
     )
     wall = time.monotonic() - start
     output = proc.stdout + proc.stderr
@@ -346,7 +350,7 @@ def test_a_writer_killed_mid_write_leaves_no_temporary_after_the_next_run(tmp_pa
     run_dir = tmp_path / "window_009-batches_90-90"  # a window of an earlier run
     run_dir.mkdir()
     code = (
-        "import sys, time; from vt_lightning.atomic import atomic_write\n"
+        "import sys, time; from vt_lightning.export.atomic import atomic_write\n"
         "def slow(f):\n    f.write(b'half'); f.flush(); print('writing', flush=True); time.sleep(60)\n"
         f"atomic_write({str(run_dir / 'h_0.0000000000.pt.trace.json.gz')!r}, slow)\n"
     )
@@ -380,8 +384,7 @@ def test_the_writer_process_never_imports_from_the_working_directory(tmp_path):
     workdir.mkdir()
     (workdir / "orjson.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nraise SystemExit(3)\n")
     report, _, output = run_script(
-        {"root": str(tmp_path / "run"), "callback": {"wait": 0, "warmup": 0, "active": 1, "repeat": 2},
-         "max_steps": 4},
+        {"root": str(tmp_path / "run"), "callback": {"wait": 0, "warmup": 0, "active": 1, "repeat": 2}, "max_steps": 4},
         cwd=str(workdir),
     )
     assert not marker.exists()
@@ -395,13 +398,20 @@ def test_the_writer_process_never_imports_from_the_working_directory(tmp_path):
 def test_two_runs_sharing_a_dirpath_keep_each_others_windows(tmp_path):
     shared = tmp_path / "shared"
     configs = [
-        {"root": str(tmp_path / name), "callback": {"wait": 0, "warmup": 0, "active": 1, "repeat": 6,
-                                                     "dirpath": str(shared)}, "max_steps": 6}
+        {
+            "root": str(tmp_path / name),
+            "callback": {"wait": 0, "warmup": 0, "active": 1, "repeat": 6, "dirpath": str(shared)},
+            "max_steps": 6,
+        }
         for name in ("a", "b")
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), json.dumps(c)], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, env=env) for c in configs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), json.dumps(c)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+        )
+        for c in configs
+    ]
     reports = []
     for proc in procs:
         out, _ = proc.communicate(timeout=180)
@@ -486,11 +496,11 @@ def _injection_targets() -> list[tuple[object, str]]:
     from viztracer import VizTracer
 
     import vt_lightning.callback as callback
-    import vt_lightning.window as window
-    from vt_lightning.lightning_view import LightningViewHooks
-    from vt_lightning.pytracer import PythonTracer
-    from vt_lightning.rivals import RivalGuard
-    from vt_lightning.torchtracer import TorchTracer
+    import vt_lightning.recording.window as window
+    from vt_lightning.recording.lightning_view import LightningViewHooks
+    from vt_lightning.recording.pytracer import PythonTracer
+    from vt_lightning.recording.rivals import RivalGuard
+    from vt_lightning.recording.torchtracer import TorchTracer
 
     return [
         (callback.VizTraceCallback, "_open_window"),
@@ -548,12 +558,23 @@ class Injector:
     def _wrap(self, original, label):
         injector = self
 
-        ours = label.startswith(("VizTraceCallback.", "ProfilingWindow.", "vt_lightning.", "TorchTracer.",
-                                 "PythonTracer.", "LightningViewHooks.", "RivalGuard."))
+        ours = label.startswith(
+            (
+                "VizTraceCallback.",
+                "ProfilingWindow.",
+                "vt_lightning.",
+                "TorchTracer.",
+                "PythonTracer.",
+                "LightningViewHooks.",
+                "RivalGuard.",
+            )
+        )
 
         def wrapper(*args, **kwargs):
-            if not injector.armed or threading.current_thread() is not threading.main_thread() or (
-                not ours and not sys._getframe(1).f_globals.get("__name__", "").startswith("vt_lightning")
+            if (
+                not injector.armed
+                or threading.current_thread() is not threading.main_thread()
+                or (not ours and not sys._getframe(1).f_globals.get("__name__", "").startswith("vt_lightning"))
             ):  # torch's and VizTracer's own calls count only where vt_lightning makes them
                 return original(*args, **kwargs)
             index = len(injector.calls)
@@ -623,9 +644,18 @@ def test_an_interrupt_at_any_step_of_start_step_stop_and_close_leaves_nothing_be
         clean_calls = list(injector.calls)
         assert not interrupted and len(cb.results) == 1
         assert len(clean_calls) > 40, clean_calls  # every phase is covered
-        assert {"VizTracer.start", "VizTracer.stop", "_KinetoProfile.prepare_trace", "_KinetoProfile.start_trace",
-                "_KinetoProfile.stop_trace", "record_function.__enter__", "LightningViewHooks.install",
-                "LightningViewHooks.remove", "RivalGuard.install", "PythonTracer.dump"} <= set(clean_calls)
+        assert {
+            "VizTracer.start",
+            "VizTracer.stop",
+            "_KinetoProfile.prepare_trace",
+            "_KinetoProfile.start_trace",
+            "_KinetoProfile.stop_trace",
+            "record_function.__enter__",
+            "LightningViewHooks.install",
+            "LightningViewHooks.remove",
+            "RivalGuard.install",
+            "PythonTracer.dump",
+        } <= set(clean_calls)
         failures = []
         for at in range(len(clean_calls)):
             for after in (False, True):
@@ -648,7 +678,7 @@ def test_an_interrupt_at_any_step_of_start_step_stop_and_close_leaves_nothing_be
 def test_the_background_writer_abandons_a_stuck_job_and_goes_on():
     from concurrent.futures import CancelledError
 
-    from vt_lightning.background import BackgroundWriter, WriterAbandoned
+    from vt_lightning.controller.handoff import BackgroundWriter, WriterAbandoned
 
     release = threading.Event()
     writer = BackgroundWriter(max_in_flight=1, use_process=False, timeout=0.2)
@@ -671,7 +701,7 @@ def test_the_background_writer_abandons_a_stuck_job_and_goes_on():
 
 
 def test_a_new_file_never_replaces_an_existing_one_or_a_symlink(tmp_path):
-    from vt_lightning.atomic import atomic_write
+    from vt_lightning.export.atomic import atomic_write
 
     (tmp_path / "taken").write_bytes(b"theirs")
     with pytest.raises(FileExistsError):

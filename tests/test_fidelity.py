@@ -22,11 +22,11 @@ from conftest import (
 )
 from lightning.pytorch.callbacks import Callback
 
-import vt_lightning.clock as clock
+import vt_lightning.analysis.clock as clock
 from vt_lightning import VizTraceCallback
-from vt_lightning.clock import Calibration, ClockPair, sample_pair
-from vt_lightning.merge import PYTHON_CATEGORY, count_crossings, repair_boundaries
-from vt_lightning.torchtracer import TorchTracer
+from vt_lightning.analysis.clock import Calibration, ClockPair, sample_pair
+from vt_lightning.analysis.merge import PYTHON_CATEGORY, count_crossings, repair_boundaries
+from vt_lightning.recording.torchtracer import TorchTracer
 
 
 def _issuer(x: torch.Tensor) -> torch.Tensor:
@@ -65,8 +65,14 @@ def _violations(trace):
         (caller_start, caller_end), (op_start, op_end) = span_ns(caller), span_ns(op)
         inside = caller_start <= op_start and op_end <= caller_end
         if not (inside and caller["tid"] == op["tid"] and caller["pid"] == op["pid"]):
-            bad.append({"caller": caller, "op": op, "start_margin": round(op["ts"] - caller["ts"], 3),
-                        "end_margin": round(caller["ts"] + caller["dur"] - op["ts"] - op["dur"], 3)})
+            bad.append(
+                {
+                    "caller": caller,
+                    "op": op,
+                    "start_margin": round(op["ts"] - caller["ts"], 3),
+                    "end_margin": round(caller["ts"] + caller["dur"] - op["ts"] - op["dur"], 3),
+                }
+            )
     return bad
 
 
@@ -80,7 +86,8 @@ def test_every_op_nests_in_its_python_caller_across_windows(tmp_path):
         assert len(_pairs(trace)) == 2 * len(ISSUERS)
         assert _violations(trace) == [], (trace["vt_lightning"]["calibration"], trace["vt_lightning"]["nesting"])
         assert trace["vt_lightning"]["nesting"]["crossings"] == 0, (
-            trace["vt_lightning"]["nesting"], overlaps_without_nesting(trace)
+            trace["vt_lightning"]["nesting"],
+            overlaps_without_nesting(trace),
         )
         calibration = trace["vt_lightning"]["calibration"]
         assert calibration["uncertainty_us"] < 5.0, calibration
@@ -107,12 +114,15 @@ def test_calibration_does_not_depend_on_events_surviving_min_duration(tmp_path):
     assert all(lo <= e["ts"] <= hi for e in python)
 
 
-@pytest.mark.parametrize("tracer_setting", [
-    dict(include_files=[__file__]),
-    dict(exclude_files=[torch.__path__[0]]),
-    dict(max_stack_depth=3),
-    dict(ignore_c_function=True),
-])
+@pytest.mark.parametrize(
+    "tracer_setting",
+    [
+        dict(include_files=[__file__]),
+        dict(exclude_files=[torch.__path__[0]]),
+        dict(max_stack_depth=3),
+        dict(ignore_c_function=True),
+    ],
+)
 def test_calibration_under_every_tracer_filter(tmp_path, tracer_setting):
     cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=1, **tracer_setting)
     make_trainer(tmp_path, [cb], max_steps=2).fit(ManySmallCallers(), loader())
@@ -201,8 +211,11 @@ def test_python_threads_share_a_track_with_their_torch_ops(tmp_path):
     cb = VizTraceCallback(wait=0, warmup=1, active=1, repeat=1, profile_memory=False)
     make_trainer(tmp_path, [cb], max_steps=2).fit(Threaded(), loader())
     trace = load_trace(trace_files(tmp_path)[0])
-    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
-             if e.get("ph") == "M" and e["name"] == "thread_name"}
+    names = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e.get("ph") == "M" and e["name"] == "thread_name"
+    }
     side = [tid for tid, name in names.items() if name == "side-worker"]
     assert len(side) == 1
     pid, tid = side[0]
@@ -225,7 +238,7 @@ def test_sample_pair_keeps_the_tightest_round_trip():
 
 
 def test_a_marker_bracket_bounds_the_offset_to_torchs_own_timeline():
-    from vt_lightning.clock import MarkerPair, best_marker_pair
+    from vt_lightning.analysis.clock import MarkerPair, best_marker_pair
 
     # Python read at 100 and 101.0 µs; torch recorded the range at [5100.3, 5100.5] on its timeline.
     pair = MarkerPair(before_us=100.0, after_us=101.0, torch_start_us=5100.3, torch_end_us=5100.5)
@@ -271,9 +284,17 @@ def test_crossings_within_tolerance_are_clamped_and_counted():
 
 
 def test_calls_that_open_or_close_a_range_are_cut_at_its_edges():
-    from vt_lightning.merge import untangle_annotations
+    from vt_lightning.analysis.merge import untangle_annotations
 
-    step = {"ph": "X", "name": "ProfilerStep#3", "cat": "user_annotation", "ts": 100.0, "dur": 100.0, "pid": 1, "tid": 1}
+    step = {
+        "ph": "X",
+        "name": "ProfilerStep#3",
+        "cat": "user_annotation",
+        "ts": 100.0,
+        "dur": 100.0,
+        "pid": 1,
+        "tid": 1,
+    }
     opener = _x(90.0, 15.0, PYTHON_CATEGORY)  # hook that opens the step, returns at 105
     opener_child = _x(95.0, 8.0, PYTHON_CATEGORY)  # record_function.__enter__, returns at 103
     closer = _x(195.0, 10.0, PYTHON_CATEGORY)  # hook that closes it at 200, returns at 205

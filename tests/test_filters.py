@@ -7,12 +7,6 @@ from pathlib import Path
 
 import lightning.pytorch as lp
 import pytest
-
-from vt_lightning import VizTraceCallback
-from vt_lightning.filters import PythonFilter, filter_python_events
-from vt_lightning.merge import PYTHON_CATEGORY
-
-
 from conftest import (
     MarkerModel,
     load_trace,
@@ -23,6 +17,10 @@ from conftest import (
     recorded_name,
     trace_files,
 )
+
+from vt_lightning import VizTraceCallback
+from vt_lightning.analysis.filters import PythonFilter, filter_python_events
+from vt_lightning.analysis.merge import PYTHON_CATEGORY
 
 TESTS = str(Path(__file__).parent)
 LIGHTNING = os.path.dirname(lp.__file__)

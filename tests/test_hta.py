@@ -8,15 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from vt_lightning import VizTraceCallback
-from vt_lightning.clock import Calibration, ClockPair
-from vt_lightning.merge import encode_trace, merge_trace
-from vt_lightning.report import hta_trace_files
-
 from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
 
-hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is not installed (pip install 'vt-lightning[analysis]')")
+from vt_lightning import VizTraceCallback
+from vt_lightning.analysis.clock import Calibration, ClockPair
+from vt_lightning.analysis.merge import encode_trace, merge_trace
+from vt_lightning.export.report import hta_trace_files
+
+hta = pytest.importorskip(
+    "hta.trace_analysis", reason="HolisticTraceAnalysis is not installed (pip install 'vt-lightning[analysis]')"
+)
 
 
 def _no_rank_guess(caplog: pytest.LogCaptureFixture) -> None:
@@ -42,8 +43,16 @@ def _cuda_window(rank: int) -> dict[str, Any]:
     pid, tid = 100, 100
 
     def x(name: str, ts: float, dur: float, cat: str, **kw: Any) -> dict[str, Any]:
-        return {"ph": "X", "cat": cat, "name": name, "pid": kw.pop("pid", pid), "tid": kw.pop("tid", tid),
-                "ts": ts, "dur": dur, "args": kw}
+        return {
+            "ph": "X",
+            "cat": cat,
+            "name": name,
+            "pid": kw.pop("pid", pid),
+            "tid": kw.pop("tid", tid),
+            "ts": ts,
+            "dur": dur,
+            "args": kw,
+        }
 
     events = [
         x("ProfilerStep#3", 1000.0, 1000.0, "user_annotation"),
@@ -53,8 +62,18 @@ def _cuda_window(rank: int) -> dict[str, Any]:
         events += [
             x("aten::mm", start, 60.0, "cpu_op", **{"External id": i + 1}),
             x("cudaLaunchKernel", start + 10, 20.0, "cuda_runtime", correlation=i + 1, **{"External id": i + 1}),
-            x("volta_sgemm_128x64_nn", start + 40, 300.0, "kernel", pid=0, tid=7, device=0, stream=7,
-              correlation=i + 1, **{"External id": i + 1}),
+            x(
+                "volta_sgemm_128x64_nn",
+                start + 40,
+                300.0,
+                "kernel",
+                pid=0,
+                tid=7,
+                device=0,
+                stream=7,
+                correlation=i + 1,
+                **{"External id": i + 1},
+            ),
             x(f"forward (/home/me/model.py:{i})", start - 5, 80.0, "FEE"),
         ]
     torch_trace = {

@@ -15,7 +15,7 @@ from lightning.pytorch.profilers import PassThroughProfiler, SimpleProfiler
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from vt_lightning.lightning_view import (
+from vt_lightning.recording.lightning_view import (
     FRAMEWORK_KEY,
     FRAMEWORK_VALUE,
     LightningViewHooks,
@@ -24,10 +24,10 @@ from vt_lightning.lightning_view import (
     module_record_name,
 )
 
-
 # ------------------------------------------------------------------------------------------------
 # helpers
 # ------------------------------------------------------------------------------------------------
+
 
 def X(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> dict[str, Any]:
     return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": {}}
@@ -87,6 +87,7 @@ def stats_names(stats) -> set[str]:
 # ------------------------------------------------------------------------------------------------
 # the pure rewrite
 # ------------------------------------------------------------------------------------------------
+
 
 def test_rewrite_categories_and_framework_key_order():
     trace = synthetic_trace()
@@ -176,6 +177,7 @@ def test_stage_ranges_synthesized_from_steps_when_missing(tmp_path):
 # the hooks
 # ------------------------------------------------------------------------------------------------
 
+
 class Block(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -204,13 +206,21 @@ class TinyModel(L.LightningModule):
 
 
 def hook_count(model: nn.Module) -> int:
-    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) + len(m._forward_hooks_always_called)
-               for m in model.modules())
+    return sum(
+        len(m._forward_pre_hooks) + len(m._forward_hooks) + len(m._forward_hooks_always_called) for m in model.modules()
+    )
 
 
 def bare_trainer(**kwargs: Any) -> L.Trainer:
-    return L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False, **kwargs)
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
 
 
 def test_install_remove_leaves_nothing_behind():
@@ -309,6 +319,7 @@ def test_compiled_regions_are_not_hooked():
 # end to end: a real Trainer, torch.profiler, our hooks -> the real plugin
 # ------------------------------------------------------------------------------------------------
 
+
 class DriveWindow(L.Callback):
     """A minimal stand-in for the window: profile batches 1..2 with the Lightning view hooks."""
 
@@ -337,8 +348,9 @@ def test_trainer_end_to_end_lightning_view(tmp_path):
     raw = tmp_path / "raw.json"
     driver = DriveWindow(raw)
     model = TinyModel()
-    trainer = bare_trainer(max_steps=4, callbacks=[driver], default_root_dir=str(tmp_path),
-                           num_sanity_val_steps=0, limit_val_batches=0)
+    trainer = bare_trainer(
+        max_steps=4, callbacks=[driver], default_root_dir=str(tmp_path), num_sanity_val_steps=0, limit_val_batches=0
+    )
     data = DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=4)
     trainer.fit(model, data)
 

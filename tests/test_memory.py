@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.cuda import _memory_viz
 
-from vt_lightning.memory import (
+from vt_lightning.recording.memory import (
     CudaMemoryRecorder,
     MemorySnapshotError,
     build_cpu_snapshot,
@@ -602,8 +602,8 @@ class _FakeTracer:
 
 
 def _window(log, recorder):
-    from vt_lightning.schedule import Window
-    from vt_lightning.window import ProfilingWindow
+    from vt_lightning.analysis.schedule import Window
+    from vt_lightning.recording.window import ProfilingWindow
 
     return ProfilingWindow(
         Window(index=0, warmup_start=0, active_start=1, end=3),
@@ -686,6 +686,7 @@ def test_is_cuda_oom():
 # ---------------------------------------------------------------------------------------------
 # the real CUDA allocator
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -7,8 +7,8 @@ assertions here); these tests check that no hook is left, which is what makes id
 
 from __future__ import annotations
 
-import json
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from vt_lightning.pytracer import PythonTracer, PythonTracerConfig, foreign_profiler, wait_for_dump
+from vt_lightning.recording.pytracer import PythonTracer, PythonTracerConfig, foreign_profiler, wait_for_dump
 
 MONITORING = sys.version_info >= (3, 12)
 
@@ -86,16 +86,23 @@ def calls(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def thread_names(data: dict[str, Any]) -> dict[int, str]:
-    return {e["tid"]: e["args"]["name"] for e in data["traceEvents"]
-            if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    return {
+        e["tid"]: e["args"]["name"]
+        for e in data["traceEvents"]
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
 
 
 def test_import_needs_no_torch():
-    code = ("import sys, vt_lightning, vt_lightning.pytracer; "
-            "bad = [m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules]; "
-            "assert not bad, bad")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
-                                                                       os.environ.get("PYTHONPATH")])))
+    code = (
+        "import sys, vt_lightning, vt_lightning.recording.pytracer; "
+        "bad = [m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")])),
+    )
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
@@ -157,9 +164,14 @@ def test_window_records_main_thread_and_thread_started_in_window(tracer, tmp_pat
     assert worker.native_id in names
 
 
-@pytest.mark.xfail(MONITORING, strict=True, reason=(
-    "VizTracer 1.1.1 on 3.12+ (sys.monitoring) reads the name at the thread's first event, inside "
-    "threading's _bootstrap before the thread is registered, so it records 'Dummy-N'"))
+@pytest.mark.xfail(
+    MONITORING,
+    strict=True,
+    reason=(
+        "VizTracer 1.1.1 on 3.12+ (sys.monitoring) reads the name at the thread's first event, inside "
+        "threading's _bootstrap before the thread is registered, so it records 'Dummy-N'"
+    ),
+)
 def test_thread_started_in_window_keeps_its_name(tracer, tmp_path):
     tracer.start()
     worker = threading.Thread(target=named("on_window_thread"), args=(10,), name="window-worker")
@@ -384,8 +396,11 @@ def test_forked_child_has_the_tracer_stopped(tracer):
     if pid == 0:  # child: report and leave at once, no pytest teardown here
         try:
             os.close(read_end)
-            report = {"running": tracer.running, "hooks": {k: str(v) if v else v for k, v in hooks().items()},
-                      "foreign": foreign_profiler()}
+            report = {
+                "running": tracer.running,
+                "hooks": {k: str(v) if v else v for k, v in hooks().items()},
+                "foreign": foreign_profiler(),
+            }
             os.write(write_end, json.dumps(report).encode())
         finally:
             os._exit(0)
@@ -403,7 +418,7 @@ def test_forked_child_has_the_tracer_stopped(tracer):
 def test_stop_unregisters_viztracers_monitoring_callbacks_and_keeps_anothers():
     # VizTracer's own stop() frees tool 2 but leaves its callbacks registered: the interpreter then
     # holds the tracer until finalization (where a compiled CUDA job crashed on 3.12.3).
-    from vt_lightning.pytracer import _monitoring_callbacks_of
+    from vt_lightning.recording.pytracer import _monitoring_callbacks_of
 
     mon = sys.monitoring
     tracer = PythonTracer(PythonTracerConfig(tracer_entries=1000))
@@ -412,6 +427,7 @@ def test_stop_unregisters_viztracers_monitoring_callbacks_and_keeps_anothers():
     tracer.stop()
     assert tracer.installed_hooks() == []
     assert _monitoring_callbacks_of(tracer._tracer, release=False) == 0
+
     # A slot some other code registered while the id was free is put back as it was.
     def theirs(*args):
         return None
@@ -428,10 +444,19 @@ def test_stop_unregisters_viztracers_monitoring_callbacks_and_keeps_anothers():
         mon.register_callback(mon.PROFILER_ID, mon.events.PY_START, None)
 
 
-@pytest.mark.parametrize("version, affected", [((3, 12, 0), True), ((3, 12, 3), True), ((3, 12, 4), True),
-                                               ((3, 12, 5), False), ((3, 11, 7), False), ((3, 13, 0), False)])
+@pytest.mark.parametrize(
+    "version, affected",
+    [
+        ((3, 12, 0), True),
+        ((3, 12, 3), True),
+        ((3, 12, 4), True),
+        ((3, 12, 5), False),
+        ((3, 11, 7), False),
+        ((3, 13, 0), False),
+    ],
+)
 def test_the_versions_with_the_profiling_bug_are_named(version, affected):
-    from vt_lightning.pytracer import interpreter_warning
+    from vt_lightning.recording.pytracer import interpreter_warning
 
     message = interpreter_warning(version)
     assert (message is not None) == affected

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import PassThroughProfiler
 
-import vt_lightning.finish as finish
-import vt_lightning.background as background
+import vt_lightning.controller.handoff as background
+import vt_lightning.export.pipeline as finish
 from vt_lightning import VizTraceCallback
-from vt_lightning.clock import Calibration, ClockPair
-from vt_lightning.merge import encode_trace, merge_trace
-from vt_lightning.names import TRACE_PATTERN
+from vt_lightning.analysis.clock import Calibration, ClockPair
+from vt_lightning.analysis.merge import encode_trace, merge_trace
+from vt_lightning.export.layout import TRACE_PATTERN
 
 
 def assert_clean(model: torch.nn.Module | None = None) -> None:
@@ -333,29 +333,47 @@ def test_compiled_model_traces_without_recompiling(tmp_path):
 names = st.text(min_size=0, max_size=8)
 times = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
 torch_event = st.fixed_dictionaries(
-    {"ph": st.sampled_from(["X", "i", "M", "f", "s"]), "name": names, "pid": st.integers(1, 3),
-     "tid": st.integers(1, 3), "ts": times},
-    optional={"cat": st.one_of(st.none(), st.sampled_from(["cpu_op", "user_annotation", "kernel"])),
-              "dur": times, "args": st.dictionaries(st.text(max_size=4), st.integers(-2**63, 2**63 - 1), max_size=2)},
+    {
+        "ph": st.sampled_from(["X", "i", "M", "f", "s"]),
+        "name": names,
+        "pid": st.integers(1, 3),
+        "tid": st.integers(1, 3),
+        "ts": times,
+    },
+    optional={
+        "cat": st.one_of(st.none(), st.sampled_from(["cpu_op", "user_annotation", "kernel"])),
+        "dur": times,
+        "args": st.dictionaries(st.text(max_size=4), st.integers(-(2**63), 2**63 - 1), max_size=2),
+    },
 )
 python_event = st.fixed_dictionaries(
-    {"ph": st.sampled_from(["X", "i", "C", "M"]), "name": names, "pid": st.integers(1, 3),
-     "tid": st.integers(1, 3), "ts": times, "dur": times},
+    {
+        "ph": st.sampled_from(["X", "i", "C", "M"]),
+        "name": names,
+        "pid": st.integers(1, 3),
+        "tid": st.integers(1, 3),
+        "ts": times,
+        "dur": times,
+    },
     optional={"cat": st.sampled_from(["FEE", "fee"]), "args": st.just({"name": "T"})},
 )
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(torch_event, max_size=30), st.lists(python_event, max_size=30),
-       st.floats(min_value=0, max_value=5))
+@given(st.lists(torch_event, max_size=30), st.lists(python_event, max_size=30), st.floats(min_value=0, max_value=5))
 def test_any_events_merge_into_a_trace_the_plugin_accepts(torch_events, python_events, uncertainty):
     import orjson
 
-    torch_trace = {"schemaVersion": 1, "distributedInfo": {"rank": 1, "backend": "gloo"},
-                   "baseTimeNanoseconds": 1_700_000_000_000_000_000, "traceEvents": torch_events}
+    torch_trace = {
+        "schemaVersion": 1,
+        "distributedInfo": {"rank": 1, "backend": "gloo"},
+        "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+        "traceEvents": torch_events,
+    }
     pair = ClockPair(python_us=0.0, wall_ns=1_700_000_000_000_000_000, round_trip_us=2 * uncertainty)
-    merged = merge_trace(torch_trace, [dict(e) for e in python_events], Calibration(pair, pair, pair.wall_ns),
-                         {"version": "t"})
+    merged = merge_trace(
+        torch_trace, [dict(e) for e in python_events], Calibration(pair, pair, pair.wall_ns), {"version": "t"}
+    )
     raw = encode_trace(merged)
     decoded = orjson.loads(raw)
     assert list(decoded)[-1] == "traceEvents"

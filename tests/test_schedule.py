@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from torch.profiler import ProfilerAction
 from torch.profiler import schedule as torch_schedule
 
-from vt_lightning.schedule import Phase, Schedule
+from vt_lightning.analysis.schedule import Phase, Schedule
 
 counts = st.integers(min_value=0, max_value=6)
 
@@ -36,8 +36,14 @@ def test_phases_match_torch_profiler_schedule(skip_first, wait, warmup, active, 
 
 
 @settings(max_examples=200, deadline=None)
-@given(skip_first=counts, wait=counts, warmup=counts, active=st.integers(1, 6), repeat=st.integers(0, 4),
-       step=st.integers(0, 200))
+@given(
+    skip_first=counts,
+    wait=counts,
+    warmup=counts,
+    active=st.integers(1, 6),
+    repeat=st.integers(0, 4),
+    step=st.integers(0, 200),
+)
 def test_next_window_is_the_first_not_yet_ended(skip_first, wait, warmup, active, repeat, step):
     s = Schedule(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
     nxt = s.next_window(step)

@@ -7,16 +7,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import orjson
 import pytest
 import torch
+from conftest import make_trainer, trace_files
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-import lightning as L
-
 from vt_lightning import VizTraceCallback
-from vt_lightning.summary import (
+from vt_lightning.analysis.summary import (
     BREAKDOWN_PARTS,
     SCHEMA_VERSION,
     attribute_step,
@@ -24,8 +24,6 @@ from vt_lightning.summary import (
     memory_summary,
     summarize,
 )
-
-from conftest import make_trainer, trace_files
 
 DATA_WAIT_S = 0.040
 WORK_S = 0.012
@@ -112,8 +110,15 @@ def test_tensorboard_gets_the_scalars_and_the_table(slow_data_run: Path) -> None
     acc = event_accumulator.EventAccumulator(str(events.parent), size_guidance={"tensors": 0, "scalars": 0})
     acc.Reload()
     scalars = acc.Tags()["scalars"]
-    for name in ("step_ms", "data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
-                 "peak_allocated_mb"):
+    for name in (
+        "step_ms",
+        "data_wait_ms",
+        "forward_ms",
+        "backward_ms",
+        "optimizer_ms",
+        "other_ms",
+        "peak_allocated_mb",
+    ):
         assert f"vt_lightning/{name}" in scalars, scalars
     (point,) = acc.Scalars("vt_lightning/data_wait_ms")
     assert point.value == pytest.approx(summary["breakdown_ms"]["data_wait"], rel=1e-5)
@@ -128,8 +133,11 @@ def test_csv_logger_gets_the_scalars(tmp_path: Path) -> None:
     from lightning.pytorch.loggers import CSVLogger
 
     trainer = make_trainer(
-        tmp_path, [VizTraceCallback(wait=0, warmup=1, active=2)], max_steps=5,
-        logger=CSVLogger(tmp_path), log_every_n_steps=1,
+        tmp_path,
+        [VizTraceCallback(wait=0, warmup=1, active=2)],
+        max_steps=5,
+        logger=CSVLogger(tmp_path),
+        log_every_n_steps=1,
     )
     from conftest import MarkerModel, loader
 
@@ -206,8 +214,10 @@ def _cuda_trace() -> dict[str, Any]:
         _x("relu_kernel", 1540.0, 100.0, "kernel", thread=(0, 7), correlation=43),
         _x("gemm_kernel", 100.0, 300.0, "kernel", thread=(0, 7), correlation=1),
     ]
-    return {"vt_lightning": {"window": 3, "worker": "h_0", "span": "0000000005", "global_rank": 0},
-            "traceEvents": events}
+    return {
+        "vt_lightning": {"window": 3, "worker": "h_0", "span": "0000000005", "global_rank": 0},
+        "traceEvents": events,
+    }
 
 
 def test_gpu_busy_percent_idle_gaps_and_kernel_time_per_op() -> None:
@@ -230,7 +240,13 @@ def test_gpu_busy_percent_idle_gaps_and_kernel_time_per_op() -> None:
     assert by_kernel["(no launching op)"] == pytest.approx(0.15)
     # Only step 6 counts (step 5 misses its fetch): data 300, forward 400, other 300.
     assert summary["steps"]["counted"] == [6]
-    assert summary["breakdown_ms"] == {"data_wait": 0.3, "forward": 0.4, "backward": 0.0, "optimizer": 0.0, "other": 0.3}
+    assert summary["breakdown_ms"] == {
+        "data_wait": 0.3,
+        "forward": 0.4,
+        "backward": 0.0,
+        "optimizer": 0.0,
+        "other": 0.3,
+    }
 
 
 def test_breakdown_falls_back_on_lightning_methods_without_stage_ranges() -> None:
@@ -246,7 +262,13 @@ def test_breakdown_falls_back_on_lightning_methods_without_stage_ranges() -> Non
     ]
     summary = summarize({"traceEvents": events})
     assert summary["steps"]["breakdown_source"] == "lightning methods (python calls)"
-    assert summary["breakdown_ms"] == {"data_wait": 0.03, "forward": 0.02, "backward": 0.025, "optimizer": 0.015, "other": 0.01}
+    assert summary["breakdown_ms"] == {
+        "data_wait": 0.03,
+        "forward": 0.02,
+        "backward": 0.025,
+        "optimizer": 0.015,
+        "other": 0.01,
+    }
     # Both fetcher calls are lightning: folded into one package line with inclusive counted once.
     folded = [e for e in summary["top_python"]["by_inclusive"] if e["function"] == "lightning (folded)"]
     assert not folded or folded[0]["inclusive_ms"] <= 0.1
@@ -288,15 +310,22 @@ def test_memory_peaks_and_allocation_sites_from_a_cuda_snapshot() -> None:
     cpp = {"filename": "c10/cuda/CUDACachingAllocator.cpp", "line": 1, "name": "malloc"}
     mb = 2**20
     snapshot = {
-        "segments": [{"device": 0, "total_size": 20 * mb, "blocks": [
-            {"size": 4 * mb, "state": "active_allocated"}, {"size": 16 * mb, "state": "inactive"}]}],
-        "device_traces": [[
-            {"action": "segment_alloc", "addr": 0, "size": 20 * mb, "frames": [cpp]},
-            {"action": "alloc", "addr": 0, "size": 10 * mb, "frames": [cpp, torch_frame, user]},
-            {"action": "alloc", "addr": 10 * mb, "size": 4 * mb, "frames": [cpp, torch_frame]},
-            {"action": "free_requested", "addr": 0, "size": 10 * mb, "frames": []},
-            {"action": "free_completed", "addr": 0, "size": 10 * mb, "frames": []},
-        ]],
+        "segments": [
+            {
+                "device": 0,
+                "total_size": 20 * mb,
+                "blocks": [{"size": 4 * mb, "state": "active_allocated"}, {"size": 16 * mb, "state": "inactive"}],
+            }
+        ],
+        "device_traces": [
+            [
+                {"action": "segment_alloc", "addr": 0, "size": 20 * mb, "frames": [cpp]},
+                {"action": "alloc", "addr": 0, "size": 10 * mb, "frames": [cpp, torch_frame, user]},
+                {"action": "alloc", "addr": 10 * mb, "size": 4 * mb, "frames": [cpp, torch_frame]},
+                {"action": "free_requested", "addr": 0, "size": 10 * mb, "frames": []},
+                {"action": "free_completed", "addr": 0, "size": 10 * mb, "frames": []},
+            ]
+        ],
     }
     memory = memory_summary([], snapshot)
     assert memory["peak_allocated_mb"] == pytest.approx(14.0)
@@ -309,12 +338,42 @@ def test_memory_peaks_and_allocation_sites_from_a_cuda_snapshot() -> None:
 
 def test_memory_peaks_from_torch_memory_events() -> None:
     events = [
-        {"ph": "i", "name": "[memory]", "ts": 1.0, "pid": 1, "tid": 1,
-         "args": {"Total Allocated": 3 * 2**20, "Total Reserved": 8 * 2**20, "Bytes": 1, "Device Type": 1, "Device Id": 0}},
-        {"ph": "i", "name": "[memory]", "ts": 2.0, "pid": 1, "tid": 1,
-         "args": {"Total Allocated": 5 * 2**20, "Total Reserved": 8 * 2**20, "Bytes": 1, "Device Type": 1, "Device Id": 0}},
-        {"ph": "i", "name": "[memory]", "ts": 2.0, "pid": 1, "tid": 1,
-         "args": {"Total Allocated": 2**20, "Bytes": 1, "Device Type": 0, "Device Id": -1}},
+        {
+            "ph": "i",
+            "name": "[memory]",
+            "ts": 1.0,
+            "pid": 1,
+            "tid": 1,
+            "args": {
+                "Total Allocated": 3 * 2**20,
+                "Total Reserved": 8 * 2**20,
+                "Bytes": 1,
+                "Device Type": 1,
+                "Device Id": 0,
+            },
+        },
+        {
+            "ph": "i",
+            "name": "[memory]",
+            "ts": 2.0,
+            "pid": 1,
+            "tid": 1,
+            "args": {
+                "Total Allocated": 5 * 2**20,
+                "Total Reserved": 8 * 2**20,
+                "Bytes": 1,
+                "Device Type": 1,
+                "Device Id": 0,
+            },
+        },
+        {
+            "ph": "i",
+            "name": "[memory]",
+            "ts": 2.0,
+            "pid": 1,
+            "tid": 1,
+            "args": {"Total Allocated": 2**20, "Bytes": 1, "Device Type": 0, "Device Id": -1},
+        },
     ]
     memory = memory_summary(events, None)
     assert memory["peak_allocated_mb"] == 5.0 and memory["peak_reserved_mb"] == 8.0

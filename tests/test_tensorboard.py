@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tbcheck  # noqa: E402
+import tbcheck
 
 SCHEDULE = dict(wait=1, warmup=1, active=2, repeat=2)
 MAX_STEPS = 10
@@ -89,7 +89,8 @@ def _check_trace_content(trace: dict, where: str) -> None:
     assert nesting["shared_threads"] >= 1, f"{where}: Python calls and torch ops never share a thread: {nesting}"
     assert nesting["crossings"] == 0, f"{where}: Python calls and torch ops overlap without nesting: {nesting}"
     assert nesting["torch_in_python"] >= 0.99 * nesting["torch_ops"], (
-        f"{where}: torch ops of the training thread are not inside Python calls: {nesting}")
+        f"{where}: torch ops of the training thread are not inside Python calls: {nesting}"
+    )
 
 
 # --------------------------------------------------------------------------- in-process parsing
@@ -115,12 +116,12 @@ def test_traces_parse_in_plugin(trained_root):
 
         profile = tbcheck.parse_trace(path)  # raises with the plugin's log lines if it rejects the file
         offered = set(tbcheck.views(profile))
-        assert REQUIRED_VIEWS <= offered, f"{where}: plugin offers {sorted(offered)}"
+        assert offered >= REQUIRED_VIEWS, f"{where}: plugin offers {sorted(offered)}"
         tbcheck.exercise_views(profile)  # what the HTTP routes compute, for each offered view
 
         run = tbcheck.load_run_dir(path.parent)  # the whole run directory, as the loader sees it
         assert run.workers == [profile.worker] and run.get_spans(profile.worker) == ["1"], where
-        assert REQUIRED_VIEWS <= {v.display_name for v in run.views}, where
+        assert {v.display_name for v in run.views} >= REQUIRED_VIEWS, where
 
         _check_trace_content(trace, where)
 
@@ -135,7 +136,8 @@ def test_trace_files_readable_like_the_other_logs(trained_root):
         mode = path.stat().st_mode & 0o777
         assert mode == reference, (
             f"{path.name} has mode {mode:o}, Lightning's {events[0].name} has {reference:o}: "
-            "a TensorBoard server running as another user cannot read it")
+            "a TensorBoard server running as another user cannot read it"
+        )
 
 
 # --------------------------------------------------------------------------- live server
@@ -171,7 +173,7 @@ def test_live_tensorboard(tmp_path):
             views = tb.views(run)
             workers = tb.workers(run, tbcheck.TRACE) if tbcheck.TRACE in views else []
             first_seen[run] = {"views": views, "workers": workers}
-            if not REQUIRED_VIEWS <= set(views) or not workers:
+            if not set(views) >= REQUIRED_VIEWS or not workers:
                 bad_runs.append(f"{run}: views={views} workers={workers}")
 
     with tbcheck.TensorBoardServer(root) as tb:
@@ -181,7 +183,10 @@ def test_live_tensorboard(tmp_path):
             with open(tmp_path / "train.log", "wb") as train_log:
                 trainer = subprocess.Popen(
                     [sys.executable, str(script), str(root), str(MAX_STEPS)],
-                    stdout=train_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                    stdout=train_log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
                 )
                 try:
                     deadline = time.monotonic() + 90
@@ -208,7 +213,7 @@ def test_live_tensorboard(tmp_path):
 
             for run in runs:
                 views = tb.views(run)
-                assert REQUIRED_VIEWS <= set(views), f"{run}: {views}"
+                assert set(views) >= REQUIRED_VIEWS, f"{run}: {views}"
                 workers = tb.workers(run, tbcheck.TRACE)
                 assert len(workers) == 1, f"{run}: workers {workers}"
                 worker = workers[0]

@@ -13,7 +13,6 @@ import os
 import random
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,18 +20,21 @@ from typing import Any
 import pytest
 import torch
 from conftest import MS, MarkerModel, VirtualClock, load_trace, loader, make_trainer, marker_steps, trace_files
-from torch.utils.data import DataLoader, TensorDataset
 
 from vt_lightning import VizTraceCallback
-from vt_lightning.triggers import TRIGGER_FILE_NAME
-
+from vt_lightning.analysis.triggers import TRIGGER_FILE_NAME
 
 
 class ClockModel(MarkerModel):
     """Each training batch advances the virtual clock by ``step_ms(batch)``, then runs ``action``."""
 
-    def __init__(self, clock: VirtualClock, step_ms: Callable[[int], float],
-                 action: Callable[[Any, int], None] | None = None, val_ms: float = 0.0) -> None:
+    def __init__(
+        self,
+        clock: VirtualClock,
+        step_ms: Callable[[int], float],
+        action: Callable[[Any, int], None] | None = None,
+        val_ms: float = 0.0,
+    ) -> None:
         super().__init__()
         self.clock = clock
         self.step_ms = step_ms
@@ -51,8 +53,14 @@ class ClockModel(MarkerModel):
         super().validation_step(batch, batch_idx)
 
 
-def fit(tmp_path: Path, cb: VizTraceCallback, model: ClockModel, max_steps: int, batches_per_epoch: int = 1000,
-        **trainer_kwargs: Any):
+def fit(
+    tmp_path: Path,
+    cb: VizTraceCallback,
+    model: ClockModel,
+    max_steps: int,
+    batches_per_epoch: int = 1000,
+    **trainer_kwargs: Any,
+):
     cb._step_clock = model.clock
     trainer = make_trainer(tmp_path, [cb], max_steps=max_steps, **trainer_kwargs)
     trainer.fit(model, loader(n=4 * batches_per_epoch))
@@ -112,8 +120,9 @@ def test_150_noisy_steady_batches_open_no_window(tmp_path):
 def test_a_job_that_slows_down_for_good_is_traced_once_with_a_cooldown(tmp_path):
     clock = VirtualClock()
     model = ClockModel(clock, lambda step: 10.0 if step < 40 else 100.0)
-    cb = VizTraceCallback(slow_step_factor=3.0, slow_step_baseline=20, warmup=1, active=1, trigger_cooldown=30,
-                          scheduled_windows=False)
+    cb = VizTraceCallback(
+        slow_step_factor=3.0, slow_step_baseline=20, warmup=1, active=1, trigger_cooldown=30, scheduled_windows=False
+    )
     fit(tmp_path, cb, model, max_steps=150)
     names = run_dirs(tmp_path)
     assert names[0] == "window_000-slow_step-batches_42-42"
@@ -196,8 +205,15 @@ def test_memory_growth_on_cpu_opens_a_window_with_its_snapshot(tmp_path):
             hoard.append(torch.ones(floats))
 
     model = ClockModel(clock, lambda step: 50.0, leak)
-    cb = VizTraceCallback(memory_growth=0.2, memory_growth_steps=10, warmup=1, active=1, trigger_cooldown=1000,
-                          trigger_interval=0.0, scheduled_windows=False)
+    cb = VizTraceCallback(
+        memory_growth=0.2,
+        memory_growth_steps=10,
+        warmup=1,
+        active=1,
+        trigger_cooldown=1000,
+        trigger_interval=0.0,
+        scheduled_windows=False,
+    )
     fit(tmp_path, cb, model, max_steps=70)
     hoard.clear()
     files = trace_files(tmp_path)
@@ -215,8 +231,17 @@ def test_memory_growth_on_cpu_opens_a_window_with_its_snapshot(tmp_path):
 def test_schedule_and_triggers_share_numbering_and_max_windows(tmp_path):
     clock = VirtualClock()
     model = ClockModel(clock, lambda step: 400.0 if step in (30, 60, 90) else 10.0)
-    cb = VizTraceCallback(skip_first=5, wait=0, warmup=1, active=1, repeat=1, slow_step_factor=3.0,
-                          slow_step_baseline=10, trigger_cooldown=0, max_windows=3)
+    cb = VizTraceCallback(
+        skip_first=5,
+        wait=0,
+        warmup=1,
+        active=1,
+        repeat=1,
+        slow_step_factor=3.0,
+        slow_step_baseline=10,
+        trigger_cooldown=0,
+        max_windows=3,
+    )
     fit(tmp_path, cb, model, max_steps=100)
     assert run_dirs(tmp_path) == [
         "window_000-batches_6-6",
@@ -243,7 +268,7 @@ def test_armed_quiet_batches_allocate_nothing_that_grows(tmp_path):
     trainer = make_trainer(tmp_path, [cb], max_steps=400)
     trainer.fit(MarkerModel(), loader(n=4 * 400))
     # Re-arm as during a long quiet stretch of the run (teardown disarmed it).
-    from vt_lightning.triggers import SlowStep
+    from vt_lightning.analysis.triggers import SlowStep
 
     clock = VirtualClock()
 

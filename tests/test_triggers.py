@@ -7,16 +7,14 @@ import random
 import signal
 
 import pytest
+from conftest import MS, VirtualClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import MS, VirtualClock
 
 from vt_lightning import VizTraceCallback
-from vt_lightning.agreement import Agreement, decode, encode
-from vt_lightning.probes import SignalTrigger, TriggerFile
-from vt_lightning.schedule import Schedule
-from vt_lightning.sources import WindowPlan
-from vt_lightning.triggers import (
+from vt_lightning.analysis.schedule import Schedule
+from vt_lightning.analysis.sources import WindowPlan
+from vt_lightning.analysis.triggers import (
     MEMORY_GROWTH,
     SIGNAL,
     SLOW_STEP,
@@ -27,7 +25,8 @@ from vt_lightning.triggers import (
     SlowStep,
     TriggerConfig,
 )
-
+from vt_lightning.controller.agreement import Agreement, decode, encode
+from vt_lightning.recording.probes import SignalTrigger, TriggerFile
 
 
 def run_steps(detector: SlowStep, clock: VirtualClock, durations_ms: list[float]) -> list[int]:
@@ -82,8 +81,14 @@ def test_a_signal_with_a_handler_already_is_refused():
 
 
 def test_good_trigger_options_are_accepted():
-    config = TriggerConfig(slow_step_factor=1.5, memory_growth=0.1, trigger_signal="SIGUSR1", trigger_cooldown=0,
-                           max_windows=1, trigger_interval=0)
+    config = TriggerConfig(
+        slow_step_factor=1.5,
+        memory_growth=0.1,
+        trigger_signal="SIGUSR1",
+        trigger_cooldown=0,
+        max_windows=1,
+        trigger_interval=0,
+    )
     assert config.armed
     assert not TriggerConfig(trigger_file=False).armed
 
@@ -233,8 +238,9 @@ def test_plan_refuses_busy_cooldown_and_max_windows_but_on_demand_skips_the_cool
     cooldown=st.integers(0, 30),
 )
 def test_planned_windows_never_overlap_and_numbers_grow(requests, max_windows, cooldown):
-    plan = WindowPlan(Schedule(skip_first=3, wait=7, warmup=1, active=2, repeat=0), max_windows=max_windows,
-                      cooldown=cooldown)
+    plan = WindowPlan(
+        Schedule(skip_first=3, wait=7, warmup=1, active=2, repeat=0), max_windows=max_windows, cooldown=cooldown
+    )
     asks = dict(sorted(requests))
     begun: list[tuple[int, int, int]] = []
     for step in range(260):
@@ -331,14 +337,21 @@ def test_signal_trigger_sets_a_flag_and_restores_the_handler():
 
 
 def test_trigger_options_come_through_the_environment_switch():
-    from vt_lightning.cli import callbacks_from_env
+    from vt_lightning.cli.lightning import callbacks_from_env
 
-    env = {"VT_LIGHTNING": "1", "VT_LIGHTNING_SLOW_STEP_FACTOR": "3", "VT_LIGHTNING_MEMORY_GROWTH": "0.2",
-           "VT_LIGHTNING_TRIGGER_SIGNAL": "SIGUSR1", "VT_LIGHTNING_MAX_WINDOWS": "4",
-           "VT_LIGHTNING_SCHEDULED_WINDOWS": "false", "VT_LIGHTNING_TRIGGER_INTERVAL": "0"}
+    env = {
+        "VT_LIGHTNING": "1",
+        "VT_LIGHTNING_SLOW_STEP_FACTOR": "3",
+        "VT_LIGHTNING_MEMORY_GROWTH": "0.2",
+        "VT_LIGHTNING_TRIGGER_SIGNAL": "SIGUSR1",
+        "VT_LIGHTNING_MAX_WINDOWS": "4",
+        "VT_LIGHTNING_SCHEDULED_WINDOWS": "false",
+        "VT_LIGHTNING_TRIGGER_INTERVAL": "0",
+    }
     (cb,) = callbacks_from_env(env)
-    assert cb.triggers == TriggerConfig(slow_step_factor=3.0, memory_growth=0.2, trigger_signal="SIGUSR1",
-                                        max_windows=4, trigger_interval=0.0)
+    assert cb.triggers == TriggerConfig(
+        slow_step_factor=3.0, memory_growth=0.2, trigger_signal="SIGUSR1", max_windows=4, trigger_interval=0.0
+    )
     assert cb.scheduled_windows is False
     with pytest.raises(ValueError, match="VT_LIGHTNING_SLOW_STEP_FACTOR.*`slow_step_factor`"):
         callbacks_from_env({"VT_LIGHTNING": "1", "VT_LIGHTNING_SLOW_STEP_FACTOR": "0.5"})

@@ -12,9 +12,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-import torch
-
 import tbcheck
+import torch
 from conftest import (
     MarkerModel,
     batch_marker,
@@ -26,9 +25,9 @@ from conftest import (
     recorded_name,
     trace_files,
 )
-from vt_lightning import VizTraceCallback
-from vt_lightning.merge import PYTHON_CATEGORY
 
+from vt_lightning import VizTraceCallback
+from vt_lightning.analysis.merge import PYTHON_CATEGORY
 
 RANK_ZERO_LOGGER = "lightning.pytorch.utilities.rank_zero"
 
@@ -67,8 +66,11 @@ def test_a_pool_made_before_the_window_is_traced_in_it_and_unhooked_after(tmp_pa
     assert marker_steps(trace) >= {1001, 1002, 1, 2}
     on_pool = [e for e in trace["traceEvents"] if e.get("cat") == PYTHON_CATEGORY and e.get("tid") == pool_thread]
     assert {e["name"].split(" ")[0] for e in on_pool} >= {"batch_1001", "batch_1002"}
-    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
-             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    names = {
+        e["tid"]: e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
     assert names[pool_thread].startswith("persistent-pool")
     assert overlaps_without_nesting(trace) == []
 
@@ -123,10 +125,13 @@ def test_a_second_fit_on_the_same_trainer_goes_on_with_the_schedule(tmp_path):
 # ---------------------------------------------------------------- 5. short and cut runs
 
 
-@pytest.mark.parametrize("kwargs, why", [
-    ({"max_steps": 2}, "ended during the first window's warmup (batches 1-1); recording starts at batch 2"),
-    ({"fast_dev_run": True}, "fit ran 1 training batch(es), and the first window's warmup starts at batch 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, why",
+    [
+        ({"max_steps": 2}, "ended during the first window's warmup (batches 1-1); recording starts at batch 2"),
+        ({"fast_dev_run": True}, "fit ran 1 training batch(es), and the first window's warmup starts at batch 1"),
+    ],
+)
 def test_a_run_too_short_for_any_window_says_so_in_one_line(tmp_path, caplog, kwargs, why):
     cb = VizTraceCallback(memory_snapshot=False)  # wait=1, warmup=1, active=3
     with caplog.at_level(logging.INFO, logger=RANK_ZERO_LOGGER):
@@ -195,7 +200,9 @@ def test_other_stages_run_the_schedule_on_their_own_batches(tmp_path, stage):
     assert marker_steps(trace) == {1, 2}
     assert trace["vt_lightning"]["stage"] == stage
     assert {e["name"] for e in trace["traceEvents"] if e["name"].startswith("ProfilerStep#")} == {
-        "ProfilerStep#1", "ProfilerStep#2"}
+        "ProfilerStep#1",
+        "ProfilerStep#2",
+    }
     profile = tbcheck.parse_trace(path)  # the real TensorBoard plugin loads it
     assert tbcheck.OVERVIEW in set(tbcheck.views(profile))
     tbcheck.exercise_views(profile)
@@ -208,12 +215,15 @@ def test_stages_left_out_are_not_profiled(tmp_path):
     assert trace_files(tmp_path) == []
 
 
-@pytest.mark.parametrize("stages, message", [
-    (["fit", "valdate"], r"`stages` names \['valdate'\]"),
-    ("fit", "`stages` must be a non-empty list"),
-    ([], "`stages` must be a non-empty list"),
-    (["fit", "fit"], "`stages` lists a stage twice"),
-])
+@pytest.mark.parametrize(
+    "stages, message",
+    [
+        (["fit", "valdate"], r"`stages` names \['valdate'\]"),
+        ("fit", "`stages` must be a non-empty list"),
+        ([], "`stages` must be a non-empty list"),
+        (["fit", "fit"], "`stages` lists a stage twice"),
+    ],
+)
 def test_bad_stages_name_the_argument(stages, message):
     with pytest.raises(ValueError, match=message):
         VizTraceCallback(stages=stages)

@@ -11,7 +11,7 @@ from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
 from lightning.pytorch.callbacks import Callback
 
 from vt_lightning import VizTraceCallback
-from vt_lightning._writer import WriterError, WriterProcess
+from vt_lightning.export.writer_process import WriterError, WriterProcess
 
 
 def _no_zombies() -> None:

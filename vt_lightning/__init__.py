@@ -8,13 +8,13 @@ __version__ = "0.1.0"
 __all__ = ["VizTraceCallback", "__version__"]
 
 if TYPE_CHECKING:
-    from .callback import VizTraceCallback
+    from vt_lightning.callback import VizTraceCallback
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: the VT_LIGHTNING entry point imports this package in every Trainer and must stay cheap.
     if name == "VizTraceCallback":
-        from .callback import VizTraceCallback
+        from vt_lightning.callback import VizTraceCallback
 
         return VizTraceCallback
     raise AttributeError(f"module 'vt_lightning' has no attribute {name!r}")

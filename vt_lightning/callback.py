@@ -18,26 +18,39 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
-from . import __version__
-from .agreement import Agreement, gloo_agreement
-from .atomic import remove_stale_temporaries
-from .background import BackgroundWriter, WriterAbandoned
-from .filters import PythonFilter, module_hook_locations, path_matches_anything, path_prefixes
-from .finish import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, finish_window
-from .lightning_view import LightningViewHooks
-from .memory import CudaMemoryRecorder, dump_oom_snapshot, is_cuda_oom, oom_file_name
-from .names import host_name, memory_file_name, span_name, trace_file_name, window_dir_name, worker_name
-from .probes import SignalTrigger, foreign_signal_handler, memory_reader
-from .pytracer import PythonTracer, PythonTracerConfig, foreign_profiler, interpreter_warning, reap_dump_children
-from .rivals import RivalProfiler
-from .spool import Spool, SpoolError, check_spool_dir, spool_directory
-from .warn import WarnOnce
-from .schedule import Phase, Schedule, Window
-from .sources import Planned, WindowPlan
-from .torchtracer import TorchTracer, TorchTracerConfig, torch_profiler_active
-from .triggers import TRIGGER_FILE_NAME, Firing, TriggerConfig, signal_number
-from .watch import TriggerWatch
-from .window import ProfilingWindow
+from vt_lightning import __version__
+from vt_lightning.analysis.filters import PythonFilter, module_hook_locations, path_matches_anything, path_prefixes
+from vt_lightning.analysis.schedule import Schedule, Window
+from vt_lightning.analysis.sources import Planned, WindowPlan
+from vt_lightning.analysis.triggers import TRIGGER_FILE_NAME, Firing, TriggerConfig, signal_number
+from vt_lightning.controller.agreement import Agreement, gloo_agreement
+from vt_lightning.controller.handoff import BackgroundWriter, WriterAbandoned
+from vt_lightning.controller.warn import WarnOnce
+from vt_lightning.controller.watch import TriggerWatch
+from vt_lightning.export.atomic import remove_stale_temporaries
+from vt_lightning.export.layout import (
+    host_name,
+    memory_file_name,
+    span_name,
+    trace_file_name,
+    window_dir_name,
+    worker_name,
+)
+from vt_lightning.export.pipeline import BROWSER_LIMIT_BYTES, WindowJob, WindowResult, finish_window
+from vt_lightning.recording.lightning_view import LightningViewHooks
+from vt_lightning.recording.memory import CudaMemoryRecorder, dump_oom_snapshot, is_cuda_oom, oom_file_name
+from vt_lightning.recording.probes import SignalTrigger, foreign_signal_handler, memory_reader
+from vt_lightning.recording.pytracer import (
+    PythonTracer,
+    PythonTracerConfig,
+    foreign_profiler,
+    interpreter_warning,
+    reap_dump_children,
+)
+from vt_lightning.recording.rivals import RivalProfiler
+from vt_lightning.recording.spool import Spool, SpoolError, check_spool_dir, spool_directory
+from vt_lightning.recording.torchtracer import TorchTracer, TorchTracerConfig, torch_profiler_active
+from vt_lightning.recording.window import ProfilingWindow
 
 log = logging.getLogger("vt_lightning")
 
@@ -150,15 +163,15 @@ class VizTraceCallback(Callback):
         writer_timeout: float = 60.0,
     ) -> None:
         super().__init__()
-        self.schedule = Schedule(
-            skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat
-        )
+        self.schedule = Schedule(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
         _check_int("tracer_entries", tracer_entries, minimum=1)
         _check_int("max_stack_depth", max_stack_depth, minimum=-1)
         _check_int("memory_max_entries", memory_max_entries, minimum=1)
         _check_int("compression_level", compression_level, minimum=1, maximum=9)
-        if isinstance(min_duration, bool) or not isinstance(min_duration, (int, float)) or not (
-            math.isfinite(min_duration) and min_duration >= 0
+        if (
+            isinstance(min_duration, bool)
+            or not isinstance(min_duration, (int, float))
+            or not (math.isfinite(min_duration) and min_duration >= 0)
         ):
             raise ValueError(f"`min_duration` must be a number of microseconds >= 0, got {min_duration!r}")
         if include_files is not None and exclude_files is not None:
@@ -170,8 +183,10 @@ class VizTraceCallback(Callback):
                 if not path_matches_anything(path):
                     rank_zero_warn(f"`{name}` entry {path!r} matches no file or directory; it filters nothing.")
         self.spool_dir = check_spool_dir(spool_dir)
-        if isinstance(writer_timeout, bool) or not isinstance(writer_timeout, (int, float)) or not (
-            math.isfinite(writer_timeout) and writer_timeout > 0
+        if (
+            isinstance(writer_timeout, bool)
+            or not isinstance(writer_timeout, (int, float))
+            or not (math.isfinite(writer_timeout) and writer_timeout > 0)
         ):
             raise ValueError(f"`writer_timeout` must be a number of seconds > 0, got {writer_timeout!r}")
         self.writer_timeout = float(writer_timeout)
@@ -230,8 +245,10 @@ class VizTraceCallback(Callback):
             raise ValueError(f"`scheduled_windows` must be True or False, got {scheduled_windows!r}")
         self.scheduled_windows = scheduled_windows
         if not scheduled_windows and not self.triggers.armed:
-            raise ValueError("`scheduled_windows`: False with no trigger armed would record nothing: arm a trigger "
-                             "(slow_step_factor, memory_growth, trigger_file, trigger_signal) or keep the schedule")
+            raise ValueError(
+                "`scheduled_windows`: False with no trigger armed would record nothing: arm a trigger "
+                "(slow_step_factor, memory_growth, trigger_file, trigger_signal) or keep the schedule"
+            )
         if trigger_signal is not None and foreign_signal_handler(signal_number(trigger_signal)) is not None:
             raise ValueError(
                 f"`trigger_signal`: {trigger_signal} already has a handler "
@@ -294,17 +311,13 @@ class VizTraceCallback(Callback):
         if self.ranks is not None:
             unknown = [r for r in self.ranks if r >= trainer.world_size]
             if unknown:
-                raise ValueError(
-                    f"`ranks` names {unknown}, but this run has world_size={trainer.world_size}"
-                )
+                raise ValueError(f"`ranks` names {unknown}, but this run has world_size={trainer.world_size}")
         self._enabled = self.ranks is None or rank in self.ranks
         self._plan = WindowPlan(
             self.schedule, self.scheduled_windows, self.triggers.max_windows, self.triggers.trigger_cooldown
         )
         self._cuda = trainer.strategy.root_device.type == "cuda"
-        other = next(
-            (cb for cb in trainer.callbacks if isinstance(cb, VizTraceCallback) and cb is not self), None
-        )
+        other = next((cb for cb in trainer.callbacks if isinstance(cb, VizTraceCallback) and cb is not self), None)
         if getattr(self, "_vt_lightning_source", None) == "env" and other is not None:
             self._enabled = False
             self._warn(
@@ -459,7 +472,12 @@ class VizTraceCallback(Callback):
             self._eval_batch_start(trainer)
 
     def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
         if self._stage == "validate":
@@ -472,7 +490,12 @@ class VizTraceCallback(Callback):
             self._eval_batch_start(trainer)
 
     def on_test_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
         if self._stage == "test":
@@ -489,7 +512,12 @@ class VizTraceCallback(Callback):
             self._eval_batch_start(trainer)
 
     def on_predict_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
         if self._stage == "predict":
@@ -575,8 +603,11 @@ class VizTraceCallback(Callback):
         if planned is not None:
             return
         if refused == "max_windows":
-            self._warn("max-windows", f"vt_lightning: max_windows={self.triggers.max_windows} reached; "
-                       f"later triggers ({firing.reason} at batch {firing.batch} first) open no window.")
+            self._warn(
+                "max-windows",
+                f"vt_lightning: max_windows={self.triggers.max_windows} reached; "
+                f"later triggers ({firing.reason} at batch {firing.batch} first) open no window.",
+            )
         elif refused == "busy" and firing.reason in ("trigger_file", "signal"):
             self._watch.hold(firing)
 
@@ -590,14 +621,20 @@ class VizTraceCallback(Callback):
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
-            self._warn("no-agreement", "vt_lightning: several ranks but no torch.distributed process group: "
-                       "each rank's triggers open windows on that rank only.")
+            self._warn(
+                "no-agreement",
+                "vt_lightning: several ranks but no torch.distributed process group: "
+                "each rank's triggers open windows on that rank only.",
+            )
             return Agreement(rank)
         try:
             agreement, self._group = gloo_agreement(rank, self.ranks)
         except Exception as err:
-            self._warn("no-agreement", f"vt_lightning: could not create the gloo group for the triggers' "
-                       f"agreement ({err}); each rank's triggers open windows on that rank only.")
+            self._warn(
+                "no-agreement",
+                f"vt_lightning: could not create the gloo group for the triggers' "
+                f"agreement ({err}); each rank's triggers open windows on that rank only.",
+            )
             return Agreement(rank)
         return agreement
 
@@ -622,19 +659,31 @@ class VizTraceCallback(Callback):
             try:
                 read_memory, memory_kind = memory_reader(trainer.strategy.root_device if self._cuda else None)
             except Exception as err:  # the check still runs (DDP ranks must stay in step), without memory
-                self._warn("memory-probe", f"vt_lightning: cannot read memory use ({err}); "
-                           "the memory-growth trigger is off for this run.")
+                self._warn(
+                    "memory-probe",
+                    f"vt_lightning: cannot read memory use ({err}); the memory-growth trigger is off for this run.",
+                )
         self._watch = TriggerWatch(
-            config, agreement, self._step_clock, trigger_path, self._signal, read_memory, memory_kind,
-            self._warn, first_check=_global_batch(trainer) + 1,
+            config,
+            agreement,
+            self._step_clock,
+            trigger_path,
+            self._signal,
+            read_memory,
+            memory_kind,
+            self._warn,
+            first_check=_global_batch(trainer) + 1,
         )
         if self._signal is not None:
             self._signal.on_request = self._look_now
         self._slow_step = self._watch.slow
         armed = [
             *([f"slow step > {config.slow_step_factor:g}x median"] if config.slow_step_factor is not None else []),
-            *([f"{memory_kind} +{config.memory_growth:.0%} over {config.memory_growth_steps} batches"]
-              if config.memory_growth is not None else []),
+            *(
+                [f"{memory_kind} +{config.memory_growth:.0%} over {config.memory_growth_steps} batches"]
+                if config.memory_growth is not None
+                else []
+            ),
             *([f"signal {self._signal.signum.name}"] if self._signal is not None else []),
             *([f"file {trigger_path}"] if trigger_path is not None else []),
         ]
@@ -658,7 +707,9 @@ class VizTraceCallback(Callback):
 
     def _open_window(self, target: Window, trainer: pl.Trainer) -> ProfilingWindow | None:
         assert self._python is not None and self._writer is not None
-        conflict = foreign_profiler() or ("a torch profiler that is already recording" if torch_profiler_active() else None)
+        conflict = foreign_profiler() or (
+            "a torch profiler that is already recording" if torch_profiler_active() else None
+        )
         if conflict:
             self._warn(
                 "conflict:" + conflict,
@@ -813,7 +864,9 @@ class VizTraceCallback(Callback):
                 f"(batches {first.warmup_start}-{first.active_start - 1}); recording starts at batch "
                 f"{first.active_start}"
             )
-        rank_zero_info(f"vt_lightning: no window was recorded: {why}. Lower `skip_first` / `wait` / `warmup`, or run more batches.")
+        rank_zero_info(
+            f"vt_lightning: no window was recorded: {why}. Lower `skip_first` / `wait` / `warmup`, or run more batches."
+        )
 
     def _paths(self, window: ProfilingWindow) -> tuple[Path, str, str, str | None]:
         """(run directory, worker, span, memory snapshot name or None) of a window."""
@@ -929,7 +982,7 @@ class VizTraceCallback(Callback):
 
     def _log_summaries(self, trainer: pl.Trainer) -> None:
         """On the training thread: every returned summary to every logger of the Trainer."""
-        from .loggers import log_summary
+        from vt_lightning.controller.loggers import log_summary
 
         while self._unlogged:
             result = self._unlogged.popleft()  # thread-safe against the writer thread's append
@@ -1022,10 +1075,10 @@ def _print_end_of_fit(root: Path | None, files: int, summaries: list[dict[str, A
     activated venv."""
     command = f"{sys.executable} -m vt_lightning"
     if summaries:
-        from .report import print_windows_table
+        from vt_lightning.export.report import print_windows_table
 
         try:
-            print_windows_table(sorted(summaries, key=lambda s: (s["window"].get("index") or 0)))
+            print_windows_table(sorted(summaries, key=lambda s: s["window"].get("index") or 0))
         except Exception as err:  # a console problem never fails the run
             log.warning("vt_lightning: could not print the summary table (%s)", err)
     rank_zero_info(
@@ -1079,8 +1132,11 @@ def _bounds(start: int, end: int) -> list[int]:
 
 
 def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
-        maximum is not None and value > maximum
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
     ):
         bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
         raise ValueError(f"`{name}` must be an integer {bound}, got {value!r}")
@@ -1093,5 +1149,3 @@ def _check_paths(name: str, paths: list[str] | None) -> tuple[str, ...] | None:
     if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) and p for p in paths):
         raise ValueError(f"`{name}` must be a list of non-empty paths, got {paths!r}")
     return tuple(os.path.abspath(p) for p in paths)
-
-

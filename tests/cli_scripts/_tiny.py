@@ -1,9 +1,8 @@
 """A tiny LightningModule + DataModule on random CPU data, shared by the CLI test scripts."""
 
+import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
-
-import lightning.pytorch as pl
 
 
 class TinyModel(pl.LightningModule):

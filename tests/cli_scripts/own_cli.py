@@ -5,9 +5,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _tiny import TinyData, TinyModel  # noqa: E402
+from _tiny import TinyData, TinyModel
 
-from vt_lightning.cli import VizTraceLightningCLI  # noqa: E402
+from vt_lightning.cli import VizTraceLightningCLI
 
 if __name__ == "__main__":
     VizTraceLightningCLI(TinyModel, TinyData)

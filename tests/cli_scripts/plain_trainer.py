@@ -8,9 +8,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import lightning.pytorch as pl  # noqa: E402
-
-from _tiny import TinyData, TinyModel  # noqa: E402
+import lightning.pytorch as pl
+from _tiny import TinyData, TinyModel
 
 if __name__ == "__main__":
     trainer = pl.Trainer(

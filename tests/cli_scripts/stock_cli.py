@@ -5,9 +5,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from lightning.pytorch.cli import LightningCLI  # noqa: E402
-
-from _tiny import TinyData, TinyModel  # noqa: E402
+from _tiny import TinyData, TinyModel
+from lightning.pytorch.cli import LightningCLI
 
 if __name__ == "__main__":
     LightningCLI(TinyModel, TinyData)

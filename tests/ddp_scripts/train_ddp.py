@@ -30,14 +30,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from vt_lightning import VizTraceCallback
 
-
 _FORKED_WHILE_TRACING = False
 
 
 def _before_fork() -> None:
     """Runs in the parent just before a fork: the child inherits the value (was a window recording?)."""
     global _FORKED_WHILE_TRACING
-    from vt_lightning import pytracer
+    from vt_lightning.recording import pytracer
 
     _FORKED_WHILE_TRACING = any(t.running for t in list(pytracer._active))
 
@@ -51,7 +50,7 @@ def python_hook_in_this_process() -> dict:
         from torch.autograd.profiler import _is_profiler_enabled as torch_flag
     except ImportError:  # pragma: no cover
         torch_flag = None
-    from vt_lightning import pytracer
+    from vt_lightning.recording import pytracer
 
     return {
         "forked_while_tracing": _FORKED_WHILE_TRACING,
@@ -110,9 +109,22 @@ class Tiny(L.LightningModule):
 
 
 COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_object", "all_to_all", "barrier", "broadcast",
-    "broadcast_object_list", "gather", "gather_object", "monitored_barrier", "recv", "reduce",
-    "reduce_scatter", "scatter", "scatter_object_list", "send",
+    "all_reduce",
+    "all_gather",
+    "all_gather_object",
+    "all_to_all",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "monitored_barrier",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+    "scatter_object_list",
+    "send",
 )
 WRITER_COLLECTIVES: list[str] = []  # collectives called from a vt_lightning writer thread
 WRITES: list[dict] = []  # one entry per finish_window call
@@ -142,8 +154,12 @@ def slow_down_writer(rank: int, seconds: float) -> None:
     run_job = VizTraceCallback._run_job  # the writer thread's step (it feeds the writer process)
 
     def slow_run_job(self, job):
-        entry = {"rank": job.metadata["global_rank"], "window": job.metadata["window"],
-                 "thread": threading.current_thread().name, "start": time.time()}
+        entry = {
+            "rank": job.metadata["global_rank"],
+            "window": job.metadata["window"],
+            "thread": threading.current_thread().name,
+            "start": time.time(),
+        }
         if job.metadata["global_rank"] == rank and job.metadata["window"] == 0:
             time.sleep(seconds)
         try:
@@ -224,8 +240,15 @@ def main() -> None:
     report.mkdir(parents=True, exist_ok=True)
     ranks = [int(r) for r in args.ranks.split(",") if r] or None
     tracer = VizTraceCallback(
-        wait=1, warmup=1, active=args.active, repeat=2, ranks=ranks, record_shapes=args.record_shapes,
-        slow_step_factor=args.slow_step_factor, slow_step_baseline=10, trigger_interval=args.trigger_interval,
+        wait=1,
+        warmup=1,
+        active=args.active,
+        repeat=2,
+        ranks=ranks,
+        record_shapes=args.record_shapes,
+        slow_step_factor=args.slow_step_factor,
+        slow_step_baseline=10,
+        trigger_interval=args.trigger_interval,
         scheduled_windows=not args.triggers_only,
     )
     if args.slow_step_factor is not None:

@@ -33,9 +33,19 @@ def main() -> None:
     out = Path(sys.argv[1])
     accelerator = sys.argv[2] if len(sys.argv) > 2 else "cpu"
     cb = VizTraceCallback(wait=1, warmup=1, active=2, repeat=1)
-    trainer = L.Trainer(default_root_dir=str(out), callbacks=[cb], accelerator=accelerator, devices=1, max_steps=6,
-                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                        logger=True, num_sanity_val_steps=0, limit_val_batches=0)
+    trainer = L.Trainer(
+        default_root_dir=str(out),
+        callbacks=[cb],
+        accelerator=accelerator,
+        devices=1,
+        max_steps=6,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=True,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
     data = DataLoader(TensorDataset(torch.randn(64, 16)), batch_size=8)
     trainer.fit(Compiled(), data)
     hooks = cb._python.installed_hooks() if cb._python is not None else []

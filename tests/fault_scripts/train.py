@@ -38,7 +38,7 @@ from conftest import MarkerModel, loader, make_trainer  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 from vt_lightning import VizTraceCallback  # noqa: E402
-from vt_lightning.rivals import guard_installed  # noqa: E402
+from vt_lightning.recording.rivals import guard_installed  # noqa: E402
 
 
 def step_of(trainer) -> int:

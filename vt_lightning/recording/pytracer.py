@@ -17,7 +17,9 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from .rivals import own_calls
+from vt_lightning.analysis.usercode import is_own_file
+from vt_lightning.constants import THREAD_PREFIX
+from vt_lightning.recording.rivals import own_calls
 
 _active: weakref.WeakSet[PythonTracer] = weakref.WeakSet()
 _dump_child = False  # True only in the child PythonTracer.dump forks to write the buffer
@@ -145,7 +147,7 @@ def _monitoring_callbacks_of(tracer: Any, release: bool) -> int:
 def _package_frames() -> list[Any]:
     """The current frames of our own threads (the background writer's pool, named
     ``vt_lightning-...``), which idle in the standard library between jobs."""
-    ours = {t.ident for t in threading.enumerate() if t.name.startswith("vt_lightning")}
+    ours = {t.ident for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)}
     return [frame for ident, frame in sys._current_frames().items() if ident in ours]
 
 
@@ -162,9 +164,8 @@ def _runs_package_code(api: Any, state: int, our_frames: list[Any]) -> bool:
         api.Py_DecRef(pointer)
     if any(frame is ours for ours in our_frames):
         return True
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     while frame is not None:
-        if frame.f_code.co_filename.startswith(package):
+        if is_own_file(frame.f_code.co_filename):
             return True
         frame = frame.f_back
     return False
@@ -300,7 +301,7 @@ def _reinstall(hook: Any) -> None:
             _lsprof.Profiler.enable(hook)  # cProfile's C hook: only it can install itself again
         elif callable(hook):
             sys.setprofile(hook)
-    except Exception:  # noqa: BLE001 - best effort; the caller reports the yield either way
+    except Exception:
         pass
 
 
@@ -530,7 +531,9 @@ class PythonTracer:
     def _release_thread_hook(self) -> None:
         # VizTracer sets threading.setprofile at construction and never takes it back.
         if self._tracer is not None and threading.getprofile() in (
-            self._tracer.threadtracefunc, self._thread_hook, self._name_hook
+            self._tracer.threadtracefunc,
+            self._thread_hook,
+            self._name_hook,
         ):
             threading.setprofile(self._previous_thread_hook)
         self._previous_thread_hook = None

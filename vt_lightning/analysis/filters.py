@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import os
 import re
-import sysconfig
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from vt_lightning.analysis.usercode import PACKAGE_ROOT, framework_dirs, library_roots
 
 # VizTracer names a Python call "<qualname> (<file>:<first line>)"; C calls have no location.
 _LOCATION = re.compile(r" \((.*):(\d+)\)$")
@@ -36,28 +37,29 @@ _EPSILON_US = 1e-4  # VizTracer writes ns-resolution µs; sums of two such float
 
 # LightningModule methods Lightning calls itself (hooks): each counts as depth 1 of the user's code.
 LIGHTNING_MODULE_HOOKS = (
-    "training_step", "validation_step", "test_step", "predict_step", "forward", "backward",
-    "optimizer_step", "optimizer_zero_grad", "configure_optimizers", "configure_gradient_clipping",
-    "lr_scheduler_step", "configure_callbacks", "configure_model", "configure_sharded_model",
-    "transfer_batch_to_device", "setup", "teardown", "prepare_data",
-    "train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader",
+    "training_step",
+    "validation_step",
+    "test_step",
+    "predict_step",
+    "forward",
+    "backward",
+    "optimizer_step",
+    "optimizer_zero_grad",
+    "configure_optimizers",
+    "configure_gradient_clipping",
+    "lr_scheduler_step",
+    "configure_callbacks",
+    "configure_model",
+    "configure_sharded_model",
+    "transfer_batch_to_device",
+    "setup",
+    "teardown",
+    "prepare_data",
+    "train_dataloader",
+    "val_dataloader",
+    "test_dataloader",
+    "predict_dataloader",
 )
-
-
-def package_root() -> str:
-    return os.path.dirname(os.path.abspath(__file__))
-
-
-def library_roots() -> tuple[str, ...]:
-    """Directories of code that is not the user's: the standard library and installed packages."""
-    roots = set()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            roots.update({os.path.abspath(path) + os.sep, os.path.realpath(path) + os.sep})
-    for module in _imported("torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer"):
-        roots.add(os.path.dirname(os.path.abspath(module.__file__)) + os.sep)
-    return tuple(sorted(roots))
 
 
 def module_hook_locations(module: Any) -> frozenset[tuple[str, int]]:
@@ -67,10 +69,7 @@ def module_hook_locations(module: Any) -> frozenset[tuple[str, int]]:
     must stay depth 1. Listing the overrides makes a model that lives in an installed package
     count as the user's code too.
     """
-    lightning_dirs = tuple(
-        os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-        for m in _imported("lightning", "pytorch_lightning", "lightning_fabric")
-    )
+    lightning_dirs = framework_dirs("lightning", "pytorch_lightning", "lightning_fabric")
     found = set()
     for name in LIGHTNING_MODULE_HOOKS:
         function = getattr(type(module), name, None)
@@ -78,18 +77,6 @@ def module_hook_locations(module: Any) -> frozenset[tuple[str, int]]:
         if code is not None and not code.co_filename.startswith(lightning_dirs):
             found.add((code.co_filename, code.co_firstlineno))
     return frozenset(found)
-
-
-def _imported(*names: str) -> list[Any]:
-    modules = []
-    for name in names:
-        try:
-            module = __import__(name)
-        except ImportError:
-            continue
-        if getattr(module, "__file__", None):
-            modules.append(module)
-    return modules
 
 
 def path_prefixes(paths: Iterable[str]) -> tuple[str, ...]:
@@ -125,7 +112,7 @@ class PythonFilter:
     max_depth: int = -1
     hook_locations: frozenset[tuple[str, int]] = frozenset()
     library: tuple[str, ...] = field(default_factory=library_roots)
-    own: tuple[str, ...] = field(default_factory=lambda: (package_root() + os.sep,))
+    own: tuple[str, ...] = (PACKAGE_ROOT + os.sep,)
 
     @property
     def user_filters(self) -> bool:

@@ -61,11 +61,21 @@ PL_MODULE_PREFIX = "[pl][module]"
 
 # Lightning's main step stages; every other profiled action (each callback hook, each module hook)
 # would add a range per batch for little insight, at a measurable cost in active steps.
-MAIN_STAGES = frozenset({
-    "run_training_batch", "training_step", "backward", "optimizer_step", "optimizer_zero_grad",
-    "zero_grad", "train_dataloader_next", "validation_step", "run_optimization",
-    "test_step", "predict_step",
-})
+MAIN_STAGES = frozenset(
+    {
+        "run_training_batch",
+        "training_step",
+        "backward",
+        "optimizer_step",
+        "optimizer_zero_grad",
+        "zero_grad",
+        "train_dataloader_next",
+        "validation_step",
+        "run_optimization",
+        "test_step",
+        "predict_step",
+    }
+)
 
 
 _RANGE_TYPE: Any = None
@@ -92,6 +102,8 @@ def is_main_stage(action_name: str) -> bool:
     if action_name.startswith("[Callback]"):
         return False
     return action_name.rsplit(".", 1)[-1] in MAIN_STAGES
+
+
 PL_PROFILE_PREFIX = "[pl][profile]"
 FRAMEWORK_KEY = "Framework"
 FRAMEWORK_VALUE = "pytorch-lightning"
@@ -101,7 +113,8 @@ USER_ANNOTATION = "user_annotation"
 # Categories whose X events the plugin puts in its per-thread operator list (besides ours).
 _TREE_CATEGORIES = frozenset({"cpu_op", "operator", "python"})
 _COMM_NAMES = frozenset(
-    f"{lib}:{op}" for lib in ("nccl", "gloo")
+    f"{lib}:{op}"
+    for lib in ("nccl", "gloo")
     for op in ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter")
 )
 
@@ -109,6 +122,7 @@ _COMM_NAMES = frozenset(
 # --------------------------------------------------------------------------------------------------
 # Naming
 # --------------------------------------------------------------------------------------------------
+
 
 def module_record_name(module: Any, path: str) -> str:
     """``[pl][module]<module>.<Type>: <path>`` — the form Lightning's own profiler writes."""
@@ -123,6 +137,7 @@ def profile_record_name(action_name: str) -> str:
 # --------------------------------------------------------------------------------------------------
 # Recording: the window's step hooks
 # --------------------------------------------------------------------------------------------------
+
 
 def _is_compiled_function(fn: Any) -> bool:
     return fn is not None and hasattr(fn, "_torchdynamo_orig_callable")
@@ -345,6 +360,7 @@ class LightningViewHooks:
 # Writing: the pure rewrite
 # --------------------------------------------------------------------------------------------------
 
+
 def _is_pl_candidate(event: dict[str, Any], prefix: str) -> bool:
     if event.get("ph") != "X":
         return False
@@ -377,9 +393,7 @@ def _in_plugin_tree(event: dict[str, Any]) -> bool:
     return False
 
 
-def _rejected_module_events(
-    tree_events: list[dict[str, Any]], modules: set[int]
-) -> set[int]:
+def _rejected_module_events(tree_events: list[dict[str, Any]], modules: set[int]) -> set[int]:
     """Replay the plugin's per-thread tree building; ids of module events that lose a node."""
     bad: set[int] = set()
     by_tid: dict[Any, list[tuple[float, float, dict[str, Any]]]] = defaultdict(list)
@@ -429,10 +443,7 @@ def apply_lightning_view(trace: dict[str, Any]) -> dict[str, int]:
 
     kept = {id(e) for e in modules}
     if kept:
-        tree_events = [
-            e for e in events
-            if isinstance(e, dict) and "ts" in e and (id(e) in kept or _in_plugin_tree(e))
-        ]
+        tree_events = [e for e in events if isinstance(e, dict) and "ts" in e and (id(e) in kept or _in_plugin_tree(e))]
         for _ in range(16):
             bad = _rejected_module_events(tree_events, kept)
             if not bad:
@@ -453,14 +464,22 @@ def apply_lightning_view(trace: dict[str, Any]) -> dict[str, int]:
             event["cat"] = CPU_OP
         if not stages:
             steps = [
-                e for e in events
-                if isinstance(e, dict) and e.get("ph") == "X"
-                and isinstance(e.get("name"), str) and e["name"].startswith("ProfilerStep#")
+                e
+                for e in events
+                if isinstance(e, dict)
+                and e.get("ph") == "X"
+                and isinstance(e.get("name"), str)
+                and e["name"].startswith("ProfilerStep#")
             ]
             synthesized = [
                 {
-                    "ph": "X", "cat": CPU_OP, "name": profile_record_name(e["name"]),
-                    "pid": e.get("pid"), "tid": e.get("tid"), "ts": e.get("ts"), "dur": e.get("dur", 0),
+                    "ph": "X",
+                    "cat": CPU_OP,
+                    "name": profile_record_name(e["name"]),
+                    "pid": e.get("pid"),
+                    "tid": e.get("tid"),
+                    "ts": e.get("ts"),
+                    "dur": e.get("dur", 0),
                     "args": {"vt_lightning": "step range added for the Lightning view"},
                 }
                 for e in steps
@@ -488,6 +507,6 @@ def lightning_view_names(events: Iterable[dict[str, Any]]) -> list[str]:
     for e in events:
         name = e.get("name")
         if e.get("cat") == CPU_OP and isinstance(name, str) and name.startswith(PL_MODULE_PREFIX):
-            rest = name[len(PL_MODULE_PREFIX):]
-            out.append(rest[rest.find(": ") + 2:])
+            rest = name[len(PL_MODULE_PREFIX) :]
+            out.append(rest[rest.find(": ") + 2 :])
     return out

@@ -82,8 +82,11 @@ def render_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
         lines.append(f"| {PART_LABELS.get(part, part)} | {_num(ms)} | {share} |")
     python = (summary.get("top_python") or {}).get("by_inclusive") or []
     if python:
-        lines += ["", "| Python function (user code first) | where | incl. ms/step | self ms/step | calls |",
-                  "|---|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "| Python function (user code first) | where | incl. ms/step | self ms/step | calls |",
+            "|---|---|---:|---:|---:|",
+        ]
         for entry in python[: top * 2]:
             lines.append(
                 f"| `{entry['function']}` | {_where(entry)} | {_num(entry['inclusive_ms'], 2)} | "
@@ -105,12 +108,18 @@ def render_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
         if gpu.get("idle_gaps"):
             lines += ["", "| GPU idle gap | ms | training thread was in | user code |", "|---|---:|---|---|"]
             for i, gap in enumerate(gpu["idle_gaps"][:top], 1):
-                lines.append(f"| {i} | {_num(gap['ms'], 2)} | `{gap.get('python') or '–'}` | `{gap.get('user_python') or '–'}` |")
+                lines.append(
+                    f"| {i} | {_num(gap['ms'], 2)} | `{gap.get('python') or '–'}` | `{gap.get('user_python') or '–'}` |"
+                )
     memory = summary.get("memory")
     if memory:
         reserved = memory.get("peak_reserved_mb")
-        lines += ["", f"Memory peak: **{_num(memory.get('peak_allocated_mb'))} MB** allocated"
-                  + (f", {_num(reserved)} MB reserved" if reserved else "") + "."]
+        lines += [
+            "",
+            f"Memory peak: **{_num(memory.get('peak_allocated_mb'))} MB** allocated"
+            + (f", {_num(reserved)} MB reserved" if reserved else "")
+            + ".",
+        ]
         sites = memory.get("top_allocation_sites") or []
         if sites:
             lines += ["", "| allocation site | MB allocated | allocations |", "|---|---:|---:|"]
@@ -200,8 +209,14 @@ def print_table(
         from rich.markup import escape
         from rich.table import Table
 
-        table = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
-                      box=box.SIMPLE_HEAD, padding=(0, 1))
+        table = Table(
+            title=title,
+            title_justify="left",
+            caption=caption,
+            caption_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+        )
         for i, (header, right) in enumerate(columns):
             table.add_column(header, justify="right" if right else "left", no_wrap=right, overflow="fold")
         for r, row in enumerate(rows):
@@ -265,18 +280,26 @@ def print_windows_table(summaries: Sequence[Mapping[str, Any]], file: Any = None
         if parts:
             largest = max(parts, key=lambda p: parts[p] or 0.0)
             styles[(r, 3 + list(SHORT_PARTS).index(largest))] = "bold"
-        rows.append([
-            name,
-            f"{recorded[0]}-{recorded[-1]}" if recorded else "–",
-            _num(step.get("mean")),
-            *(_num(parts.get(p)) for p in SHORT_PARTS),
-            *([f"{gpu['busy_percent']:.0f}%" if gpu.get("busy_percent") is not None else "–"] if with_gpu else []),
-            _num(memory.get("peak_allocated_mb")),
-        ])
+        rows.append(
+            [
+                name,
+                f"{recorded[0]}-{recorded[-1]}" if recorded else "–",
+                _num(step.get("mean")),
+                *(_num(parts.get(p)) for p in SHORT_PARTS),
+                *([f"{gpu['busy_percent']:.0f}%" if gpu.get("busy_percent") is not None else "–"] if with_gpu else []),
+                _num(memory.get("peak_allocated_mb")),
+            ]
+        )
         top = _top_user_function(summary)
         if top:
             caption.append(f"window {name}: {top}")
     shown = caption[-4:]  # the latest windows; `vt-lightning summary` has them all
     text = "busiest user function (incl.): " + "; ".join((["..."] if len(caption) > len(shown) else []) + shown)
-    print_table(title or "vt_lightning: where the step went (ms per step)", columns, rows, styles,
-                text if caption else None, file)
+    print_table(
+        title or "vt_lightning: where the step went (ms per step)",
+        columns,
+        rows,
+        styles,
+        text if caption else None,
+        file,
+    )

@@ -65,11 +65,15 @@ class Firing:
     def describe(self) -> str:
         """One line for the end-of-fit message."""
         if self.reason == SLOW_STEP and self.value is not None and self.baseline:
-            return (f"slow step: batch {self.batch} took {self.value:.3g} s, "
-                    f"{self.value / self.baseline:.1f}x the {self.baseline:.3g} s median")
+            return (
+                f"slow step: batch {self.batch} took {self.value:.3g} s, "
+                f"{self.value / self.baseline:.1f}x the {self.baseline:.3g} s median"
+            )
         if self.reason == MEMORY_GROWTH and self.value is not None and self.baseline:
-            return (f"memory growth: {self.value / 2**20:.1f} MiB at batch {self.batch}, "
-                    f"+{100 * (self.value / self.baseline - 1):.0f}% over {self.baseline / 2**20:.1f} MiB")
+            return (
+                f"memory growth: {self.value / 2**20:.1f} MiB at batch {self.batch}, "
+                f"+{100 * (self.value / self.baseline - 1):.0f}% over {self.baseline / 2**20:.1f} MiB"
+            )
         what = "trigger file" if self.reason == TRIGGER_FILE else f"signal {self.detail or ''}".strip()
         return f"{what} seen at batch {self.batch}"
 
@@ -111,8 +115,12 @@ class TriggerConfig:
     @property
     def armed(self) -> bool:
         """True when any trigger can open a window."""
-        return (self.slow_step_factor is not None or self.memory_growth is not None or self.trigger_file
-                or self.trigger_signal is not None)
+        return (
+            self.slow_step_factor is not None
+            or self.memory_growth is not None
+            or self.trigger_file
+            or self.trigger_signal is not None
+        )
 
 
 def signal_number(name: Any) -> signal.Signals:

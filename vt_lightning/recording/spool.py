@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .atomic import process_alive
-from .names import host_name
+from vt_lightning.export.atomic import process_alive
+from vt_lightning.export.layout import host_name
 
 try:
     import fcntl
@@ -128,7 +128,10 @@ def default_spool_base(mounts: str | None = None) -> str:
     fallback = "/var/tmp"
     if not (os.path.isdir(fallback) and os.access(fallback, os.W_OK | os.X_OK)):
         return system
-    if _filesystem_type(system, mounts) in RAM_FILESYSTEMS and _filesystem_type(fallback, mounts) not in RAM_FILESYSTEMS:
+    if (
+        _filesystem_type(system, mounts) in RAM_FILESYSTEMS
+        and _filesystem_type(fallback, mounts) not in RAM_FILESYSTEMS
+    ):
         return fallback
     return system
 

@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity
 
-from .rivals import RivalProfiler, own_calls
-
+from vt_lightning.recording.rivals import RivalProfiler, own_calls
 
 _recording: weakref.WeakSet[TorchTracer] = weakref.WeakSet()
 
@@ -205,9 +204,9 @@ def _force_disable() -> None:
     try:
         if torch._C._autograd._profiler_enabled():
             torch._C._autograd._disable_profiler()
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     try:
         torch.autograd.profiler._is_profiler_enabled = False
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass

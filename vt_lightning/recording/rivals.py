@@ -75,7 +75,7 @@ class RivalGuard:
             self.remove()  # first: the other tool's own calls must go straight through
             try:
                 self.on_rival(name)
-            except Exception:  # noqa: BLE001 - never fail the other tool's start over our window
+            except Exception:
                 pass
 
     def install(self) -> None:
@@ -100,7 +100,7 @@ class RivalGuard:
         for undo in reversed(restore):
             try:
                 undo()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
     # ------------------------------------------------------------------ the patches
@@ -165,8 +165,11 @@ def guard_installed() -> bool:
 
     from torch.autograd.profiler import profile
 
-    patched = [profile.__dict__.get("_prepare_trace"), profile.__dict__.get("_start_trace"),
-               cProfile.Profile.__dict__.get("enable")]
+    patched = [
+        profile.__dict__.get("_prepare_trace"),
+        profile.__dict__.get("_start_trace"),
+        cProfile.Profile.__dict__.get("enable"),
+    ]
     if sys.version_info >= (3, 12):
         patched.append(sys.monitoring.use_tool_id)
     return any(getattr(f, "_vt_lightning_guard", False) for f in patched)

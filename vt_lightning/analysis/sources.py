@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schedule import Schedule, Window
-from .triggers import ON_DEMAND, Firing
+from vt_lightning.analysis.schedule import Schedule, Window
+from vt_lightning.analysis.triggers import ON_DEMAND, Firing
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,9 @@ class WindowPlan:
     and numbers always grow with time.
     """
 
-    def __init__(self, schedule: Schedule, scheduled: bool = True, max_windows: int | None = None,
-                 cooldown: int = 0) -> None:
+    def __init__(
+        self, schedule: Schedule, scheduled: bool = True, max_windows: int | None = None, cooldown: int = 0
+    ) -> None:
         self.schedule = schedule
         self.scheduled = scheduled
         self.max_windows = max_windows

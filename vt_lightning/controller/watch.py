@@ -17,10 +17,19 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from .agreement import Agreement
-from .probes import Problem, SignalTrigger, TriggerFile
-from .sources import WindowPlan
-from .triggers import MEMORY_GROWTH, SIGNAL, TRIGGER_FILE, Cadence, Firing, MemoryGrowth, SlowStep, TriggerConfig
+from vt_lightning.analysis.sources import WindowPlan
+from vt_lightning.analysis.triggers import (
+    MEMORY_GROWTH,
+    SIGNAL,
+    TRIGGER_FILE,
+    Cadence,
+    Firing,
+    MemoryGrowth,
+    SlowStep,
+    TriggerConfig,
+)
+from vt_lightning.controller.agreement import Agreement
+from vt_lightning.recording.probes import Problem, SignalTrigger, TriggerFile
 
 
 class TriggerWatch:
@@ -42,7 +51,8 @@ class TriggerWatch:
         self.on_problem = on_problem
         self.slow = (
             SlowStep(config.slow_step_factor, config.slow_step_baseline, clock)
-            if config.slow_step_factor is not None else None
+            if config.slow_step_factor is not None
+            else None
         )
         self.memory = MemoryGrowth(config.memory_growth, config.memory_growth_steps) if config.memory_growth else None
         self.read_memory = read_memory
@@ -91,8 +101,10 @@ class TriggerWatch:
                 grown = self.memory.observe(step, self.read_memory())
             except Exception as err:  # never stop training for a probe
                 self.memory = None
-                self.on_problem("memory-probe", f"vt_lightning: cannot read memory use ({err}); "
-                                "the memory-growth trigger is off for this run.")
+                self.on_problem(
+                    "memory-probe",
+                    f"vt_lightning: cannot read memory use ({err}); the memory-growth trigger is off for this run.",
+                )
                 grown = None
             if grown is not None:
                 firings.append(dataclasses.replace(grown, detail=self.memory_kind))

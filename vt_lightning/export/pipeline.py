@@ -19,12 +19,12 @@ from typing import Any
 
 import orjson
 
-from .clock import MARKER_PREFIX, Calibration, ClockPair, best_marker_pair
-from .filters import PythonFilter, filter_python_events
-from .merge import encode_trace, merge_trace
-from .atomic import atomic_write, gzip_bytes
-from .report import encode_summary, render_markdown, summary_names
-from .summary import summarize
+from vt_lightning.analysis.clock import MARKER_PREFIX, Calibration, ClockPair, best_marker_pair
+from vt_lightning.analysis.filters import PythonFilter, filter_python_events
+from vt_lightning.analysis.merge import encode_trace, merge_trace
+from vt_lightning.analysis.summary import summarize
+from vt_lightning.export.atomic import atomic_write, gzip_bytes
+from vt_lightning.export.report import encode_summary, render_markdown, summary_names
 
 BROWSER_LIMIT_BYTES = 300 * 1024 * 1024  # above this the trace viewer page tends to go blank
 
@@ -96,9 +96,7 @@ def calibrate(job: WindowJob, torch_trace: dict[str, Any]) -> Calibration:
             import_base_ns=job.import_base_ns,
             wall=(job.clock_start, job.clock_end),
         )
-    return Calibration(
-        start=job.clock_start, end=job.clock_end, base_ns=base_ns, import_base_ns=job.import_base_ns
-    )
+    return Calibration(start=job.clock_start, end=job.clock_end, base_ns=base_ns, import_base_ns=job.import_base_ns)
 
 
 def suggest_tracer_entries(
@@ -150,9 +148,9 @@ def _round_up(entries: float) -> int:
 def collect_raw(job: WindowJob) -> None:
     """The part that must run in the training process: torch's exporter (its results live there)
     and reaping the VizTracer dump child. Idempotent; afterwards the job pickles."""
-    from .pytracer import wait_for_dump
-    from .rivals import RivalProfiler
-    from .spool import SpoolError
+    from vt_lightning.recording.pytracer import wait_for_dump
+    from vt_lightning.recording.rivals import RivalProfiler
+    from vt_lightning.recording.spool import SpoolError
 
     try:
         try:
@@ -295,7 +293,7 @@ def write_new(run_dir: Path, name: str, data: bytes) -> Path:
 
 
 def _apply_lightning_view(merged: dict[str, Any]) -> list[str]:
-    from .lightning_view import apply_lightning_view
+    from vt_lightning.recording.lightning_view import apply_lightning_view
 
     summary = apply_lightning_view(merged)
     notes = []
@@ -307,7 +305,7 @@ def _apply_lightning_view(merged: dict[str, Any]) -> list[str]:
 
 
 def _write_memory(job: WindowJob, merged: dict[str, Any]) -> tuple[Path | None, Any]:
-    from . import memory
+    from vt_lightning.recording import memory
 
     snapshot = job.memory_snapshot
     if snapshot is None:

@@ -80,7 +80,7 @@ class BackgroundWriter:
                 continue
             try:
                 result = fn(*args)
-            except BaseException as err:  # noqa: BLE001 - reported through the future
+            except BaseException as err:
                 _settle(future, error=err)
             else:
                 _settle(future, result=result)
@@ -98,7 +98,7 @@ class BackgroundWriter:
         quiet steps before the first window never share the CPU with its start-up); None when
         there is none (disabled, or it could not start: windows are then finished on this thread)."""
         if self.process is None and self.use_process and self.process_error is None:
-            from ._writer import WriterProcess
+            from vt_lightning.export.writer_process import WriterProcess
 
             try:
                 self.process = WriterProcess()
@@ -108,8 +108,8 @@ class BackgroundWriter:
 
     def run(self, job: Any) -> Any:
         """Finish ``job`` (on the writer thread): in the writer process if there is one, else here."""
-        from .atomic import remove_stale_temporaries
-        from .finish import collect_raw, finish_window, remove_raw
+        from vt_lightning.export.atomic import remove_stale_temporaries
+        from vt_lightning.export.pipeline import collect_raw, finish_window, remove_raw
 
         generation = self._generation
         process = self.writer_process()
@@ -167,7 +167,7 @@ class BackgroundWriter:
                 pending[0].result(timeout=left)
             except FutureTimeout:
                 break
-            except BaseException:  # noqa: BLE001 - already reported by the job itself
+            except BaseException:
                 pass
         waited = time.monotonic() - start
         if not self.abandoned or self._pending():
@@ -185,7 +185,7 @@ class BackgroundWriter:
             except FutureTimeout:
                 self.abandon()
                 return False
-            except BaseException:  # noqa: BLE001 - already reported by the job itself
+            except BaseException:
                 pass
         return True
 

@@ -67,7 +67,7 @@ def callbacks_from_env(environ: Mapping[str, str] | None = None) -> list[Any]:
     env = os.environ if environ is None else environ
     if not _env_switch(env):
         return []
-    from .callback import VizTraceCallback
+    from vt_lightning.callback import VizTraceCallback
 
     options = options_from_env(env)
     try:
@@ -129,7 +129,7 @@ def _constructor_hints() -> dict[str, Any]:
     """Parameter name -> resolved type hint of ``VizTraceCallback.__init__`` (in signature order)."""
     import inspect
 
-    from .callback import VizTraceCallback
+    from vt_lightning.callback import VizTraceCallback
 
     resolved = typing.get_type_hints(VizTraceCallback.__init__)
     hints: dict[str, Any] = {}
@@ -205,7 +205,7 @@ def add_viztrace_arguments(parser: LightningArgumentParser, nested_key: str = DE
     :class:`VizTraceLightningCLI` does both, so derive your CLI from it rather than calling this
     helper from a plain ``LightningCLI`` subclass (it calls this helper itself).
     """
-    from .callback import VizTraceCallback
+    from vt_lightning.callback import VizTraceCallback
 
     return parser.add_lightning_class_args(VizTraceCallback, nested_key, subclass_mode=True, required=False)
 
@@ -236,9 +236,9 @@ def _rewrite_switch(args: list[str], key: str, class_path: str) -> list[str]:
 
 
 def _make_cli_class() -> type:
-    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+    from lightning.pytorch.cli import LightningCLI
 
-    from .callback import VizTraceCallback
+    from vt_lightning.callback import VizTraceCallback
 
     class_path = f"{VizTraceCallback.__module__.split('.')[0]}.{VizTraceCallback.__name__}"
 

@@ -103,13 +103,13 @@ class WriterProcess:
 
 _BOOT = (
     "import sys; sys.path.extend(p for p in sys.argv[1:] if p not in sys.path); "
-    "from vt_lightning._writer import main; main()"
+    "from vt_lightning.export.writer_process import main; main()"
 )
 
 
 def writer_command() -> list[str]:
     """The writer's command line: isolated interpreter, explicit import path (never the cwd)."""
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])  # the directory holding vt_lightning/
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isabs(p)]
     return [sys.executable, "-I", "-c", _BOOT, package_root, *extra]
 
@@ -121,7 +121,7 @@ def _child_env() -> dict[str, str]:
 
 
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
-    from .finish import finish_window  # imported before the first answer: no delay at window one
+    from vt_lightning.export.pipeline import finish_window  # imported before the first answer: no delay at window one
 
     while True:
         try:

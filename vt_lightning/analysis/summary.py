@@ -26,14 +26,12 @@ Sources, all from the one calibrated timeline:
 
 from __future__ import annotations
 
-import functools
-import os
-import re
-import sysconfig
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from vt_lightning.analysis.usercode import code_origin, parse_function
 
 SCHEMA_VERSION = 1
 BREAKDOWN_PARTS = ("data_wait", "forward", "backward", "optimizer", "other")
@@ -58,11 +56,6 @@ _STAGE_PARTS = {
     "optimizer_zero_grad": "optimizer",
     "zero_grad": "optimizer",
 }
-_VIZTRACER_NAME = re.compile(r"^(?P<name>\S.*?) \((?P<file>.*):(?P<line>\d+)\)$")
-_SITE_DIRS = ("site-packages", "dist-packages")
-_STDLIB_DIRS = tuple(
-    {os.path.realpath(p) for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")) if p}
-)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -103,38 +96,6 @@ def _clip(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
     return [(max(s, lo), min(e, hi)) for s, e in spans if e > lo and s < hi]
 
 
-def parse_function(name: str) -> tuple[str, str | None, int | None]:
-    """``"Model.forward (/src/model.py:12)"`` -> ``("Model.forward", "/src/model.py", 12)``; a C call
-    (``"builtins.sum"``) has no file."""
-    match = _VIZTRACER_NAME.match(name)
-    if match is None:
-        return name, None, None
-    return match["name"], match["file"], int(match["line"])
-
-
-@functools.lru_cache(maxsize=65536)  # one answer per file: realpath costs a system call or more
-def code_origin(path: str | None) -> tuple[str, str | None]:
-    """Where a function's code lives: ``("user", None)``, ``("package", "torch")``, ``("stdlib",
-    None)``, ``("builtin", None)`` (C functions), or ``("vt_lightning", None)`` (this profiler)."""
-    if not path:
-        return "builtin", None
-    if path.startswith("<"):  # <frozen posixpath>, <string> (dataclass methods), <lambda>...
-        return "stdlib", None
-    norm = path.replace("\\", "/")
-    for site in _SITE_DIRS:
-        marker = f"/{site}/"
-        if marker in norm:
-            package = norm.split(marker, 1)[1].split("/", 1)[0]
-            package = package[:-3] if package.endswith(".py") else package
-            return ("vt_lightning", None) if package == "vt_lightning" else ("package", package)
-    if os.path.basename(os.path.dirname(norm)) == "vt_lightning":  # this profiler, wherever installed
-        return "vt_lightning", None
-    real = os.path.realpath(path)
-    if any(real.startswith(d + os.sep) for d in _STDLIB_DIRS):
-        return "stdlib", None
-    return "user", None
-
-
 # --------------------------------------------------------------------------------------------------
 # Events -> threads, steps
 # --------------------------------------------------------------------------------------------------
@@ -153,7 +114,7 @@ def _step_number(name: str) -> int | None:
     if not name.startswith(STEP_PREFIX):
         return None
     try:
-        return int(name[len(STEP_PREFIX):])
+        return int(name[len(STEP_PREFIX) :])
     except ValueError:
         return None
 
@@ -204,7 +165,7 @@ def stage_ranges(events: Sequence[Mapping[str, Any]], thread: Any) -> tuple[list
     for event in events:
         name = str(event.get("name", ""))
         if name.startswith(PL_PROFILE_PREFIX) and (event.get("pid"), event.get("tid")) == thread:
-            part = _stage_part(name[len(PL_PROFILE_PREFIX):])
+            part = _stage_part(name[len(PL_PROFILE_PREFIX) :])
             if part:
                 ranges.append((*_span(event), part))
     if ranges:
@@ -256,7 +217,7 @@ def attribute_step(step: Span, ranges: Sequence[tuple[float, float, str]]) -> di
 
 
 class _Stat:
-    __slots__ = ("calls", "self_us", "inclusive_us", "functions")
+    __slots__ = ("calls", "functions", "inclusive_us", "self_us")
 
     def __init__(self) -> None:
         self.calls = 0
@@ -367,17 +328,19 @@ def top_python(events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP
                 other.append(_entry(name, functions[name], meta, steps))
         for package in folded_packages:
             stat = packages[f"package:{package}"]
-            other.append({
-                "function": f"{package} (folded)",
-                "file": None,
-                "line": None,
-                "origin": "package",
-                "package": package,
-                "folded": len(stat.functions),
-                "calls": stat.calls,
-                "self_ms": _ms(stat.self_us / steps),
-                "inclusive_ms": _ms(stat.inclusive_us / steps),
-            })
+            other.append(
+                {
+                    "function": f"{package} (folded)",
+                    "file": None,
+                    "line": None,
+                    "origin": "package",
+                    "package": package,
+                    "folded": len(stat.functions),
+                    "calls": stat.calls,
+                    "self_ms": _ms(stat.self_us / steps),
+                    "inclusive_ms": _ms(stat.inclusive_us / steps),
+                }
+            )
         sort_key = metric.replace("_us", "_ms")
         other.sort(key=lambda e: e[sort_key], reverse=True)
         user = [e for e in user if e[sort_key] > 0][: limit // 2]
@@ -500,9 +463,11 @@ def gpu_summary(events: Sequence[Mapping[str, Any]], window: Span, thread: Any, 
         gaps.append((cursor, hi))
     gaps.sort(key=lambda g: g[1] - g[0], reverse=True)
     calls = sorted(
-        (_span(e) + (str(e.get("name", "")),)
-         for e in events
-         if e.get("cat") == PYTHON_CATEGORY and (e.get("pid"), e.get("tid")) == thread),
+        (
+            _span(e) + (str(e.get("name", "")),)
+            for e in events
+            if e.get("cat") == PYTHON_CATEGORY and (e.get("pid"), e.get("tid")) == thread
+        ),
         key=lambda c: (c[0], -c[1]),
     )
     devices = sorted({str(e.get("pid")) for e in events if e.get("cat") in KERNEL_CATEGORIES})
@@ -542,7 +507,9 @@ def _gap(gap: Span, calls: Sequence[tuple[float, float, str]]) -> dict[str, Any]
 _DEVICE_NAMES = {0: "cpu", 1: "cuda"}
 
 
-def memory_summary(events: Sequence[Mapping[str, Any]], snapshot: Mapping[str, Any] | None, limit: int = TOP_SITES) -> dict | None:
+def memory_summary(
+    events: Sequence[Mapping[str, Any]], snapshot: Mapping[str, Any] | None, limit: int = TOP_SITES
+) -> dict | None:
     """Peak allocated (and reserved) per device from torch's ``[memory]`` events, falling back on
     a replay of the snapshot; top allocation sites by the innermost Python frame of each allocation
     (user code preferred) from the snapshot."""
@@ -553,7 +520,9 @@ def memory_summary(events: Sequence[Mapping[str, Any]], snapshot: Mapping[str, A
         args = event.get("args") or {}
         kind = args.get("Device Type", 0)
         index = args.get("Device Id", -1)
-        label = _DEVICE_NAMES.get(kind, f"device_type_{kind}") + (f":{index}" if isinstance(index, int) and index >= 0 else "")
+        label = _DEVICE_NAMES.get(kind, f"device_type_{kind}") + (
+            f":{index}" if isinstance(index, int) and index >= 0 else ""
+        )
         peak = peaks.setdefault(label, {"allocated": 0, "reserved": 0})
         for key, arg in (("allocated", "Total Allocated"), ("reserved", "Total Reserved")):
             value = args.get(arg)
@@ -591,8 +560,11 @@ def _snapshot_peaks(snapshot: Mapping[str, Any]) -> dict[str, dict[str, int]]:
     segments = snapshot.get("segments") or []
     for device, trace in enumerate(snapshot.get("device_traces") or []):
         allocated = sum(
-            b.get("size", 0) for s in segments if s.get("device") == device
-            for b in s.get("blocks", []) if str(b.get("state", "")).startswith("active")
+            b.get("size", 0)
+            for s in segments
+            if s.get("device") == device
+            for b in s.get("blocks", [])
+            if str(b.get("state", "")).startswith("active")
         )
         reserved = sum(s.get("total_size", 0) for s in segments if s.get("device") == device)
         peak_a, peak_r = allocated, reserved

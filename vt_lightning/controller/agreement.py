@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .triggers import REASONS, Firing
+from vt_lightning.analysis.triggers import REASONS, Firing
 
 _BATCH_LIMIT = 1 << 40
 _RANK_LIMIT = 1 << 20
@@ -61,8 +61,9 @@ class Agreement:
     def distributed(self) -> bool:
         return self.reduce_max is not None
 
-    def agree(self, firings: Sequence[Firing], gap: int,
-              detail: Callable[[str], str | None] = lambda reason: None) -> tuple[Firing | None, int]:
+    def agree(
+        self, firings: Sequence[Firing], gap: int, detail: Callable[[str], str | None] = lambda reason: None
+    ) -> tuple[Firing | None, int]:
         if self.reduce_max is None or self.reduce_sum is None:  # one process: nothing to agree on
             for reason in REASONS:
                 for firing in firings:
@@ -81,8 +82,15 @@ class Agreement:
         if mine is not None:
             return _with_rank(mine, rank), agreed_gap
         unit = "s" if reason == "slow_step" else "bytes" if reason == "memory_growth" else None
-        return Firing(reason, batch, value if have else None, baseline if have else None,
-                      unit if have else None, rank, detail(reason)), agreed_gap
+        return Firing(
+            reason,
+            batch,
+            value if have else None,
+            baseline if have else None,
+            unit if have else None,
+            rank,
+            detail(reason),
+        ), agreed_gap
 
 
 def _with_rank(firing: Firing, rank: int) -> Firing:

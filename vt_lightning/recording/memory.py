@@ -32,13 +32,13 @@ import inspect
 import logging
 import os
 import pickle
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_write
-from .names import MEMORY_SUFFIX
+from vt_lightning.analysis.usercode import parse_function
+from vt_lightning.export.atomic import atomic_write
+from vt_lightning.export.layout import MEMORY_SUFFIX
 
 log = logging.getLogger("vt_lightning")
 
@@ -49,7 +49,6 @@ UNKNOWN_FILE = "??"  # what torch writes for a frame without a source file
 CPU_DEVICE_TYPE = 0  # ``Device Type`` of torch's [memory] events (c10::DeviceType::CPU)
 _DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda", 13: "mps", 20: "meta", 12: "xpu", 9: "hip"}
 _LARGE_SEGMENT = 1 << 20  # the CUDA allocator's small/large split, kept for the segment_type field
-_VIZTRACER_NAME = re.compile(r"^(?P<name>\S.*?) \((?P<file>.*):(?P<line>\d+)\)$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,10 +63,10 @@ def parse_frame(event_name: str) -> dict[str, Any]:
     "forward"}``; a name without a source (``"builtins.sum"``, ``"aten::addmm"``) keeps the name
     whole, with filename ``"??"`` and line 0.
     """
-    match = _VIZTRACER_NAME.match(event_name)
-    if match is None:
+    name, file, line = parse_function(event_name)
+    if file is None or line is None:
         return {"filename": UNKNOWN_FILE, "line": 0, "name": event_name}
-    return {"filename": match["file"], "line": int(match["line"]), "name": match["name"]}
+    return {"filename": file, "line": line, "name": name}
 
 
 class _FrameCache:
@@ -137,9 +136,7 @@ def _stack_frames(
     return out
 
 
-def build_cpu_snapshot(
-    trace_events: Iterable[Mapping[str, Any]], *, include_ops: bool = True
-) -> dict[str, Any] | None:
+def build_cpu_snapshot(trace_events: Iterable[Mapping[str, Any]], *, include_ops: bool = True) -> dict[str, Any] | None:
     """A ``torch.cuda.memory._snapshot()``-format dict from a merged trace's ``traceEvents``.
 
     Allocations and frees come from torch's ``[memory]`` instant events (``profile_memory=True``);
@@ -168,9 +165,7 @@ def build_cpu_snapshot(
             if ts is None or not isinstance(name, str):
                 continue
             dur = _number(event.get("dur")) or 0.0
-            calls_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append(
-                (ts, ts + max(dur, 0.0), name)
-            )
+            calls_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append((ts, ts + max(dur, 0.0), name))
         elif ph == "i" and event.get("name") == "[memory]":
             args = event.get("args") or {}
             ts = _number(event.get("ts"))
@@ -249,9 +244,7 @@ def build_cpu_snapshot(
     }
 
 
-def _append_free(
-    trace: list[dict[str, Any]], addr: int, size: int, time_us: int, frames: list[dict[str, Any]]
-) -> None:
+def _append_free(trace: list[dict[str, Any]], addr: int, size: int, time_us: int, frames: list[dict[str, Any]]) -> None:
     for action in ("free_requested", "free_completed"):
         trace.append(
             {
@@ -378,9 +371,7 @@ def is_cuda_oom(exc: BaseException | None) -> bool:
     return False
 
 
-def dump_oom_snapshot(
-    path: str | os.PathLike[str], recorder: CudaMemoryRecorder | None = None
-) -> Path:
+def dump_oom_snapshot(path: str | os.PathLike[str], recorder: CudaMemoryRecorder | None = None) -> Path:
     """Write the allocator's state and history at an out-of-memory error to ``path``.
 
     Call it where the ``OutOfMemoryError`` is caught (Lightning's ``on_exception``), while the

@@ -11,16 +11,16 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
-from .clock import ClockPair, emit_markers, sample_pair
-from .finish import WindowJob
-from .pytracer import PythonTracer
-from .rivals import RivalGuard, RivalProfiler
-from .schedule import Window
-from .torchtracer import TorchTracer
+from vt_lightning.analysis.clock import ClockPair, emit_markers, sample_pair
+from vt_lightning.analysis.schedule import Window
+from vt_lightning.export.pipeline import WindowJob
+from vt_lightning.recording.pytracer import PythonTracer
+from vt_lightning.recording.rivals import RivalGuard, RivalProfiler
+from vt_lightning.recording.torchtracer import TorchTracer
 
 
 class MemoryRecorder(Protocol):
@@ -74,8 +74,11 @@ class ProfilingWindow:
                 self.memory_recorder.start()
             except Exception as err:  # go on without the snapshot rather than lose the window
                 self.memory_recorder = None
-                self.on_problem("memory-start", f"vt_lightning: memory history could not start ({err}); "
-                                "windows go on without CUDA memory snapshots.")
+                self.on_problem(
+                    "memory-start",
+                    f"vt_lightning: memory history could not start ({err}); "
+                    "windows go on without CUDA memory snapshots.",
+                )
         if self.step_hooks is not None:
             self.step_hooks.install()
         self._clock_start = sample_pair(self.python.clock_us)
@@ -147,8 +150,15 @@ class ProfilingWindow:
         """The ``kind`` ranges recorded: the step each fell in and how long it took."""
         return list(self._range_log.get(kind, []))
 
-    def close(self, spool: str | os.PathLike[str], metadata: dict[str, Any], run_dir: Path, trace_name: str,
-              memory_name: str | None, gzip_level: int) -> WindowJob | None:
+    def close(
+        self,
+        spool: str | os.PathLike[str],
+        metadata: dict[str, Any],
+        run_dir: Path,
+        trace_name: str,
+        memory_name: str | None,
+        gzip_level: int,
+    ) -> WindowJob | None:
         """Stop everything; return the job that writes the window (None if nothing was recorded).
 
         Whatever goes wrong (or interrupts) on the way, every tracer and hook is off afterwards."""
@@ -209,13 +219,18 @@ class ProfilingWindow:
         one fails or is interrupted; an interruption (KeyboardInterrupt) is re-raised at the end."""
         self.closed = True
         interrupted: BaseException | None = None
-        for action in (self.python.stop, self._stop_side_tools, self.torch.stop, self._guard.remove,
-                       self.python.discard):
+        for action in (
+            self.python.stop,
+            self._stop_side_tools,
+            self.torch.stop,
+            self._guard.remove,
+            self.python.discard,
+        ):
             try:
                 action()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
-            except BaseException as err:  # noqa: BLE001 - finish cleaning up first
+            except BaseException as err:
                 interrupted = interrupted or err
         if interrupted is not None:
             raise interrupted

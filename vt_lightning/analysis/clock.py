@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_ROUNDS = 64
 

@@ -17,16 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .names import host_name
+from vt_lightning.export.layout import host_name
 
 # ``.<final name>.<host>-<pid>.<random>.tmp``
 _TEMPORARY = re.compile(r"^\..+\.(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+)\.[^.]+\.tmp$")
 STALE_AFTER_S = 24 * 3600  # a temporary this old is a leftover whoever wrote it (another host too)
 
 
-def atomic_write(
-    path: str | os.PathLike[str], data: bytes | Callable[[Any], None], overwrite: bool = True
-) -> None:
+def atomic_write(path: str | os.PathLike[str], data: bytes | Callable[[Any], None], overwrite: bool = True) -> None:
     """Write ``data`` (bytes, or a callable given the open file) so ``path`` is complete or absent.
 
     ``overwrite=False`` never replaces an existing ``path`` (nor a symlink there): it raises

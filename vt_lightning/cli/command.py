@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from .report import (
+from vt_lightning.export.report import (
     SUMMARY_JSON_SUFFIX,
     TRACE_SUFFIX,
     SummaryNotFound,
@@ -72,7 +72,7 @@ def _summary_of_trace(trace: Path) -> dict[str, Any]:
     beside = trace.with_name(summary_names(trace.name)[0])
     if beside.is_file():
         return load_summary(beside)
-    from .summary import summarize
+    from vt_lightning.analysis.summary import summarize
 
     summary = summarize(_read_trace(trace))
     summary["window"]["trace"] = trace.name
@@ -142,7 +142,7 @@ def run_summary(logdir: str, as_json: bool) -> int:
 
 
 def run_diff(a: str, b: str, top: int, as_json: bool) -> int:
-    from .compare import diff
+    from vt_lightning.analysis.compare import diff
 
     result = diff(load_windows(a), load_windows(b), limit=top)
     if as_json:
@@ -157,8 +157,10 @@ def run_diff(a: str, b: str, top: int, as_json: bool) -> int:
         ("Python functions (self ms per step)", result["python"]),
         ("torch ops (self CPU ms per step)", result["ops"]),
     ):
-        cells = [[r["name"], f"{r['a_ms']:.2f}", f"{r['b_ms']:.2f}", _signed(r["delta_ms"]), _percent(r["delta_percent"])]
-                 for r in rows]
+        cells = [
+            [r["name"], f"{r['a_ms']:.2f}", f"{r['b_ms']:.2f}", _signed(r["delta_ms"]), _percent(r["delta_percent"])]
+            for r in rows
+        ]
         styles = {(i, 3): "red" if r["delta_ms"] > 0 else "green" for i, r in enumerate(rows) if r["delta_ms"]}
         print()
         print_table(title, [("name", False), ("A", True), ("B", True), ("change", True), ("%", True)], cells, styles)

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from .clock import Calibration
+from vt_lightning.analysis.clock import Calibration
 
 PYTHON_CATEGORY = "FEE"  # VizTracer's own; the plugin does not analyse it, so Python calls show in the Trace view only
 FALLBACK_CATEGORY = "unknown"
@@ -33,6 +33,8 @@ def _is_nested_op(event: dict[str, Any]) -> bool:
     return event.get("cat") in NESTED_TORCH_CATEGORIES and not str(event.get("name", "")).startswith(
         ANNOTATION_PREFIXES
     )
+
+
 # Beyond the calibration's uncertainty, each tracer stamps an event a little after or before the
 # instant it describes (VizTracer in its profile hook, torch in its op callbacks). With wall-clock
 # calibration, residual crossings of up to ~0.1 µs were measured between a Python call and the op
@@ -135,9 +137,7 @@ def merge_metadata_events(
     ``thread_names`` (native thread id -> ``threading`` name, read at window end) corrects
     VizTracer's names where it read them too early (``Dummy-N`` on Python 3.12+).
     """
-    python_threads = {
-        (e.get("pid"), e.get("tid")): e for e in python_meta if e.get("name") == "thread_name"
-    }
+    python_threads = {(e.get("pid"), e.get("tid")): e for e in python_meta if e.get("name") == "thread_name"}
     for (_, tid), event in python_threads.items():
         if thread_names and tid in thread_names:
             event["args"] = {**event.get("args", {}), "name": thread_names[tid]}
@@ -145,16 +145,12 @@ def merge_metadata_events(
         e
         for e in torch_events
         if not (
-            e.get("ph") == "M"
-            and e.get("name") == "thread_name"
-            and (e.get("pid"), e.get("tid")) in python_threads
+            e.get("ph") == "M" and e.get("name") == "thread_name" and (e.get("pid"), e.get("tid")) in python_threads
         )
     ]
     out.extend(python_threads.values())
     torch_processes = {e.get("pid") for e in torch_events if e.get("name") == "process_name"}
-    out.extend(
-        e for e in python_meta if e.get("name") == "process_name" and e.get("pid") not in torch_processes
-    )
+    out.extend(e for e in python_meta if e.get("name") == "process_name" and e.get("pid") not in torch_processes)
     return out
 
 

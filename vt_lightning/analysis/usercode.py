@@ -1,0 +1,97 @@
+"""Whose code is this? The one rule for "the user's code", used by the filters, the summary, the
+memory snapshot and the tracer.
+
+VizTracer names a Python call ``"<qualname> (<file>:<first line>)"``; C calls carry no location.
+A file is the user's unless it lies in the standard library, in an installed package
+(``site-packages`` / ``dist-packages``, or the directory of an imported torch / Lightning /
+VizTracer) or in vt_lightning itself. Pure: paths in, labels out (``realpath`` is the only system
+call, cached per file).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+import sysconfig
+from typing import Any
+
+# vt_lightning's own directory (the package, not this subpackage), wherever it is installed.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_NAME = "vt_lightning"
+
+_VIZTRACER_NAME = re.compile(r"^(?P<name>\S.*?) \((?P<file>.*):(?P<line>\d+)\)$")
+_SITE_DIRS = ("site-packages", "dist-packages")
+_STDLIB_DIRS = tuple(
+    {os.path.realpath(p) for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")) if p}
+)
+# Frameworks whose directories are never the user's, even when installed from a source checkout.
+_FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer")
+
+
+def parse_function(name: str) -> tuple[str, str | None, int | None]:
+    """``"Model.forward (/src/model.py:12)"`` -> ``("Model.forward", "/src/model.py", 12)``; a C call
+    (``"builtins.sum"``) has no file."""
+    match = _VIZTRACER_NAME.match(name)
+    if match is None:
+        return name, None, None
+    return match["name"], match["file"], int(match["line"])
+
+
+def is_own_file(path: str) -> bool:
+    """True for vt_lightning's own source files (its frames are never shown as the user's)."""
+    return path.startswith(PACKAGE_ROOT + os.sep)
+
+
+@functools.lru_cache(maxsize=65536)  # one answer per file: realpath costs a system call or more
+def code_origin(path: str | None) -> tuple[str, str | None]:
+    """Where a function's code lives: ``("user", None)``, ``("package", "torch")``, ``("stdlib",
+    None)``, ``("builtin", None)`` (C functions), or ``("vt_lightning", None)`` (this profiler)."""
+    if not path:
+        return "builtin", None
+    if path.startswith("<"):  # <frozen posixpath>, <string> (dataclass methods), <lambda>...
+        return "stdlib", None
+    norm = path.replace("\\", "/")
+    for site in _SITE_DIRS:
+        marker = f"/{site}/"
+        if marker in norm:
+            package = norm.split(marker, 1)[1].split("/", 1)[0]
+            package = package.removesuffix(".py")
+            return (PACKAGE_NAME, None) if package == PACKAGE_NAME else ("package", package)
+    parts = norm.split("/")
+    if PACKAGE_NAME in parts[:-1] and is_own_file(os.path.abspath(path)):  # this profiler, from a checkout
+        return PACKAGE_NAME, None
+    real = os.path.realpath(path)
+    if any(real.startswith(d + os.sep) for d in _STDLIB_DIRS):
+        return "stdlib", None
+    return "user", None
+
+
+def library_roots() -> tuple[str, ...]:
+    """Directories of code that is not the user's: the standard library and installed packages
+    (and the frameworks' own directories, which an editable install puts anywhere)."""
+    roots = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.update({os.path.abspath(path) + os.sep, os.path.realpath(path) + os.sep})
+    for module in _imported(*_FRAMEWORKS):
+        roots.add(os.path.dirname(os.path.abspath(module.__file__)) + os.sep)
+    return tuple(sorted(roots))
+
+
+def framework_dirs(*names: str) -> tuple[str, ...]:
+    """Directories of the named frameworks that are imported already (never imports one)."""
+    return tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in _imported(*names))
+
+
+def _imported(*names: str) -> list[Any]:
+    """Modules already imported by the process: the writer process imports no torch, so only the
+    training process (where the filter's roots are computed) finds them."""
+    modules = []
+    for name in names:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            modules.append(module)
+    return modules

@@ -1,0 +1,47 @@
+"""Names shared by every layer: file names, event names, environment variables, stages.
+
+One definition each, imported everywhere they are used. This module imports nothing from the
+package (every layer may import it) and nothing heavy (the writer process and the CLI read it).
+What a reader of the files can rely on is written in docs/files.md.
+"""
+
+from __future__ import annotations
+
+import re
+
+# ---------------------------------------------------------------- files of a window (docs/files.md)
+# torch-tb-profiler finds traces by this pattern (its own) and compares spans as strings.
+TRACE_SUFFIX = ".pt.trace.json.gz"
+TRACE_PATTERN = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(\.gz)?$")
+SPAN_WIDTH = 10  # fixed width keeps the plugin's string order equal to batch order
+MEMORY_SUFFIX = ".memory_snapshot.pickle"
+OOM_MEMORY_SUFFIX = ".oom.memory_snapshot.pickle"
+SUMMARY_JSON_SUFFIX = ".summary.json"
+SUMMARY_MD_SUFFIX = ".summary.md"
+PICKLE_PROTOCOL = 4  # pytorch.org/memory_viz reads protocols 2..4 only
+TRIGGER_FILE_NAME = "vt_lightning.trigger"  # dropped in the output directory, it opens a window
+SPOOL_PREFIX = "vt_lightning-spool-"  # scratch directories of raw dumps, one per training process
+
+# ---------------------------------------------------------------- events in a trace
+PYTHON_CATEGORY = "FEE"  # VizTracer's category; the plugin leaves it to the Trace view
+STEP_PREFIX = "ProfilerStep#"  # torch's step ranges: ``ProfilerStep#<batch>``
+PL_PREFIX = "[pl]"
+PL_MODULE_PREFIX = "[pl][module]"  # the Lightning view's module ranges
+PL_PROFILE_PREFIX = "[pl][profile]"  # Lightning's stage ranges (training_step, validation, ...)
+FRAMEWORK_KEY = "Framework"
+FRAMEWORK_LIGHTNING = "pytorch-lightning"
+CPU_OP_CATEGORY = "cpu_op"
+USER_ANNOTATION_CATEGORY = "user_annotation"
+CLOCK_MARKER_PREFIX = "vt_lightning::clock"  # torch ranges bracketing clock reads, removed at merge
+TRACE_METADATA_KEY = "vt_lightning"  # our metadata block in a merged trace
+
+# ---------------------------------------------------------------- environment and process names
+ENV_SWITCH = "VT_LIGHTNING"  # =1 adds the callback to every Trainer
+ENV_PREFIX = "VT_LIGHTNING_"  # VT_LIGHTNING_<OPTION> sets an option of that callback
+ENV_COMMAND_PREFIX = "VT_LIGHTNING_CMD"  # options of the ``vt-lightning`` command
+KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"
+THREAD_PREFIX = "vt_lightning"  # our own threads' names start with it (never traced)
+LOGGER_NAME = "vt_lightning"
+
+# ---------------------------------------------------------------- stages
+STAGES = ("fit", "validate", "test", "predict")
