@@ -80,7 +80,7 @@ def time_filter(events: list[dict], rules: PythonFilter, repeats: int = 5) -> tu
     for _ in range(repeats):
         batch = copy.deepcopy(events)
         start = time.perf_counter()
-        out, stats = filter_python_events(batch, rules)
+        _out, stats = filter_python_events(batch, rules)
         best = min(best, time.perf_counter() - start)
         kept = stats.kept
     return best, kept

@@ -50,7 +50,7 @@ _TARGETS = [
     ("vt_lightning.recording.torchtracer", "TorchTracer", "stop", "train: torch stop_trace"),
     ("vt_lightning.recording.window", None, "sample_pair", "train: clock pairs"),
     ("vt_lightning.recording.torchtracer", "TorchTracer", "save", "writer: torch export"),
-    ("vt_lightning.recording.pytracer", None, "wait_for_dump", "writer: wait for the VizTracer dump child"),
+    ("vt_lightning.recording.window", None, "wait_for_dump", "writer: wait for the VizTracer dump child"),
     (
         "vt_lightning.export.writer_process",
         "WriterProcess",
@@ -88,14 +88,25 @@ def stage_timers(stages: Stages) -> Iterator[None]:
 
 
 def time_writer_jobs(cb: Any, out: list[tuple[int, int]]) -> None:
-    """Record (begin, end) perf_counter_ns of every background window job of ``cb``."""
-    original = cb._finish_job
+    """Record (begin, end) perf_counter_ns of every background window job of ``cb``: its writer
+    exists from setup on, so the wrapper goes onto the writer right after the controller's setup."""
+    controller = cb._controller
+    setup = controller.setup
 
-    def timed(job: Any) -> Any:
-        begin = time.perf_counter_ns()
-        try:
-            return original(job)
-        finally:
-            out.append((begin, time.perf_counter_ns()))
+    def setup_then_wrap(*args: Any, **kwargs: Any) -> None:
+        setup(*args, **kwargs)
+        writer = controller.writer
+        if writer is None:
+            return
+        original = writer._finish
 
-    cb._finish_job = timed
+        def timed(closed: Any) -> Any:
+            begin = time.perf_counter_ns()
+            try:
+                return original(closed)
+            finally:
+                out.append((begin, time.perf_counter_ns()))
+
+        writer._finish = timed
+
+    controller.setup = setup_then_wrap

@@ -23,13 +23,14 @@ def header(info: dict[str, Any]) -> str:
     return (
         f"vt_lightning benchmarks - Python {info['python']}, torch {info['torch']}, lightning {info['lightning']}, "
         f"viztracer {info['viztracer']}, orjson {info['orjson']}\n"
-        f"machine: {info['cpu']}, {info['cores']} cores, {info['platform']}, load avg at start {info['loadavg_at_start']}"
+        f"machine: {info['cpu']}, {info['cores']} cores, {info['platform']}, "
+        f"load avg at start {info['loadavg_at_start']}"
     )
 
 
 def _ratios(a: list[dict[str, Any]], b: list[dict[str, Any]], ka: str, kb: str) -> list[float | None]:
     out: list[float | None] = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x.get(ka) is None or not y.get(kb):
             out.append(None)
         else:
@@ -56,7 +57,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         s["quiet"]["armed_direct_ratio"] = stats(
             [
                 (b + us * 1e-6 + check * 1e-6 * b / CHECK_INTERVAL_S) / b
-                for us, check, b in zip(q["armed_hook_us"], q["check_us"], base_s)
+                for us, check, b in zip(q["armed_hook_us"], q["check_us"], base_s, strict=False)
             ]
         )
     if "agreement" in q:
@@ -94,7 +95,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         e["stall_plus_lost_vs_save"] = stats(
             [
                 (a["stall_s"] + a["lost_s"]) / b["viztracer_save_s"]
-                for a, b in zip(vt, manual)
+                for a, b in zip(vt, manual, strict=False)
                 if a.get("lost_s") is not None
             ]
         )
@@ -219,10 +220,11 @@ def text_tables(results: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.append("scaling (median):  events -> stall, write, µs/event")
-    for key, e in results["summary"]["windows"].items():
+    for e in results["summary"]["windows"].values():
         lines.append(
-            f"  {e['python_events']['median'] + e['torch_events']['median']:>10,.0f} events: stall {e['stall_s']['median']:.3f} s "
-            f"({e['stall_us_per_event']:.3f} µs/ev), write {e['write_s']['median']:.2f} s ({e['write_us_per_event']:.2f} µs/ev)"
+            f"  {e['python_events']['median'] + e['torch_events']['median']:>10,.0f} events: "
+            f"stall {e['stall_s']['median']:.3f} s ({e['stall_us_per_event']:.3f} µs/ev), "
+            f"write {e['write_s']['median']:.2f} s ({e['write_us_per_event']:.2f} µs/ev)"
         )
     lines.append("")
     lines.append("where the time goes (vt, median seconds per window):")
@@ -243,7 +245,8 @@ def markdown(results: dict[str, Any], json_path: Path, png: Path | None, doc: Pa
     out = [START, ""]
     out.append(
         f"Run: `python benchmarks/run.py{' --quick' if results['quick'] else ''}` in {results['elapsed_s']:.0f} s. "
-        f"Python {info['python']}, torch {info['torch']}, lightning {info['lightning']}, viztracer {info['viztracer']}, "
+        f"Python {info['python']}, torch {info['torch']}, lightning {info['lightning']}, "
+        f"viztracer {info['viztracer']}, "
         f"orjson {info['orjson']}; {info['cpu']}, {info['cores']} cores ({info['platform']}); load average at start "
         f"{info['loadavg_at_start']} (1/5/15 min; other jobs shared the machine)."
     )
@@ -257,14 +260,15 @@ def markdown(results: dict[str, Any], json_path: Path, png: Path | None, doc: Pa
     out.append("Scaling (medians):")
     out.append("")
     out.append(
-        "| events in window | stall (s) | stall µs/event | background write (s) | write µs/event | VizTracer save() (s) |"
+        "| events in window | stall (s) | stall µs/event | background write (s) | write µs/event "
+        "| VizTracer save() (s) |"
     )
     out.append("|---:|---:|---:|---:|---:|---:|")
-    for key, e in results["summary"]["windows"].items():
+    for e in results["summary"]["windows"].values():
         ev = e["python_events"]["median"] + e["torch_events"]["median"]
         out.append(
-            f"| {ev:,.0f} | {e['stall_s']['median']:.3f} | {e['stall_us_per_event']:.3f} | {e['write_s']['median']:.2f} | "
-            f"{e['write_us_per_event']:.2f} | {e['viztracer_save_s']['median']:.2f} |"
+            f"| {ev:,.0f} | {e['stall_s']['median']:.3f} | {e['stall_us_per_event']:.3f} | "
+            f"{e['write_s']['median']:.2f} | {e['write_us_per_event']:.2f} | {e['viztracer_save_s']['median']:.2f} |"
         )
     out.append("")
     out.append("Where a window's time goes (vt_lightning, median seconds per window):")
@@ -333,7 +337,7 @@ def plot(results: dict[str, Any], img_dir: Path) -> Path | None:
         bar(f"active {n}\nvs by hand", e["active_vs_manual"], 1.05)
     colors = [
         "tab:green" if t is not None and m <= t else ("tab:red" if t is not None else "tab:gray")
-        for m, t in zip(meds, targets)
+        for m, t in zip(meds, targets, strict=False)
     ]
     ax1.bar(range(len(labels)), meds, yerr=[lo, hi], color=colors, capsize=3)
     ax1.axhline(1.0, color="black", lw=0.8)
@@ -342,7 +346,7 @@ def plot(results: dict[str, Any], img_dir: Path) -> Path | None:
     ax1.set_yscale("log")
     ax1.set_title("step time vs baseline (green: target met)")
     xs, stall, write, save, lost = [], [], [], [], []
-    for key, e in s["windows"].items():
+    for e in s["windows"].values():
         xs.append(e["python_events"]["median"] + e["torch_events"]["median"])
         stall.append(e["stall_s"]["median"])
         write.append(e["write_s"]["median"])

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import logging
 import os
@@ -130,7 +131,7 @@ def med(values: list[float]) -> float:
 
 def step_times(clock: StepClock) -> list[float]:
     """Seconds from each batch start to the next (the last batch has none)."""
-    return [(b - a) / 1e9 for a, b in zip(clock.start, clock.start[1:])]
+    return [(b - a) / 1e9 for a, b in itertools.pairwise(clock.start)]
 
 
 # ------------------------------------------------------------------ 1. quiet steps
@@ -215,18 +216,20 @@ def bench_quiet(rounds: int, root: str) -> dict[str, Any]:
         ratios[config] = {}
         for region in ("before", "between", "after"):
             ratios[config][region] = [
-                run[region]["median_s"] / base[region]["median_s"] for run, base in zip(raw[config], raw["base"])
+                run[region]["median_s"] / base[region]["median_s"]
+                for run, base in zip(raw[config], raw["base"], strict=False)
             ]
     extra_us = {
         config: [
             (run["before"]["median_s"] - base["before"]["median_s"]) * 1e6
-            for run, base in zip(raw[config], raw["base"])
+            for run, base in zip(raw[config], raw["base"], strict=False)
         ]
         for config in ("empty", "vt", "armed")
     }
     hook_us = [quiet_hook_cost_us() for _ in range(rounds)]
     direct = [
-        (base["before"]["median_s"] + us * 1e-6) / base["before"]["median_s"] for us, base in zip(hook_us, raw["base"])
+        (base["before"]["median_s"] + us * 1e-6) / base["before"]["median_s"]
+        for us, base in zip(hook_us, raw["base"], strict=False)
     ]
     armed_hook_us = [quiet_hook_cost_us(armed=True) for _ in range(rounds)]
     check_us = [trigger_check_cost_us(root) for _ in range(rounds)]
@@ -251,8 +254,8 @@ def quiet_hook_cost_us(calls: int = 200_000, armed: bool = False) -> float:
     if armed:
         from vt_lightning.analysis.triggers import SlowStep
 
-        cb._slow_step = SlowStep(3.0, 50, time.perf_counter_ns)  # as armed by setup
-        cb._next_step, cb._next_check = -1, 10**12
+        cb._controller.slow = SlowStep(3.0, 50, time.perf_counter_ns)  # as armed by setup
+        cb._controller.next_look, cb._controller.next_check = -1, 10**12
     progress = SimpleNamespace(total=SimpleNamespace(ready=6))  # batch 5 in progress (Lightning's counter)
     trainer = SimpleNamespace(
         fit_loop=SimpleNamespace(total_batch_idx=5, epoch_loop=SimpleNamespace(batch_progress=progress))

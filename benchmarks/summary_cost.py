@@ -106,18 +106,18 @@ def isolated_costs(trace_path: Path) -> dict[str, float]:
 
     import orjson
 
+    from vt_lightning.analysis.memory_snapshot import build_cpu_snapshot
     from vt_lightning.analysis.merge import encode_trace
     from vt_lightning.analysis.summary import summarize
     from vt_lightning.export.atomic import gzip_bytes
-    from vt_lightning.recording import memory
 
     raw = gzip.decompress(trace_path.read_bytes())
     trace = orjson.loads(raw)
-    snapshot = memory.build_cpu_snapshot(trace["traceEvents"])
+    snapshot = build_cpu_snapshot(trace["traceEvents"])
     return {
         "iso_loads_s": _best(lambda: orjson.loads(raw)),
         "iso_encode_gzip_s": _best(lambda: gzip_bytes(encode_trace(trace), 3)),
-        "iso_cpu_snapshot_s": _best(lambda: memory.build_cpu_snapshot(trace["traceEvents"])),
+        "iso_cpu_snapshot_s": _best(lambda: build_cpu_snapshot(trace["traceEvents"])),
         "iso_summary_s": _best(lambda: summarize(trace, snapshot)),
     }
 
@@ -183,14 +183,14 @@ def render(rows: list[tuple[int, dict[bool, list[dict[str, Any]]]]], quick: bool
         "| Python events / window | summary | writer job | of which summary | time to trace | time to all files |",
         "|---:|---|---:|---:|---:|---:|",
     ]
-    for target, raw in rows:
+    for _target, raw in rows:
         for summary in (False, True):
             runs = raw[summary]
             events = int(statistics.median(r["python_events"] for r in runs))
             lines.append(
                 f"| {events:,} | {'on' if summary else 'off'} | {_ms([r['writer_job_s'] for r in runs])} | "
-                f"{_ms([r['summary_s'] for r in runs]) if summary else '–'} | {_ms([r['time_to_trace_s'] for r in runs])} | "
-                f"{_ms([r['time_to_files_s'] for r in runs])} |"
+                f"{_ms([r['summary_s'] for r in runs]) if summary else '–'} | "
+                f"{_ms([r['time_to_trace_s'] for r in runs])} | {_ms([r['time_to_files_s'] for r in runs])} |"
             )
     lines += [
         "",
@@ -201,7 +201,7 @@ def render(rows: list[tuple[int, dict[bool, list[dict[str, Any]]]]], quick: bool
         "| Python events / window | read JSON | encode + gzip | CPU memory snapshot | summary |",
         "|---:|---:|---:|---:|---:|",
     ]
-    for target, raw in rows:
+    for _target, raw in rows:
         runs = raw[True]
         events = int(statistics.median(r["python_events"] for r in runs))
         cells = [

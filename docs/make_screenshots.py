@@ -47,12 +47,14 @@ GCHARTS_STANDIN = r"""
   DataTable.prototype.addRows = function (rs) { var t = this; (rs || []).forEach(function (r) { t.rows.push(r); }); };
   DataTable.prototype.setProperty = function () {};
   DataTable.prototype.getNumberOfRows = function () { return this.rows.length; };
-  DataTable.prototype.getValue = function (r, c) { var v = (this.rows[r] || [])[c]; return v && typeof v === 'object' && 'v' in v ? v.v : v; };
+  DataTable.prototype.getValue = function (r, c) {
+    var v = (this.rows[r] || [])[c]; return v && typeof v === 'object' && 'v' in v ? v.v : v; };
   function Chart(kind) {
     return function (el) {
       this.draw = function (data, opts) {
         var h = (opts && typeof opts.height === 'number') ? opts.height : 120, box = document.createElement('div');
-        box.style.cssText = 'box-sizing:border-box;height:' + Math.min(h, 160) + 'px;border:1px dashed #bbb;color:#888;' +
+        box.style.cssText = 'box-sizing:border-box;height:' + Math.min(h, 160) + 'px;' +
+          'border:1px dashed #bbb;color:#888;' +
           'font:13px sans-serif;display:flex;align-items:center;justify-content:center;text-align:center';
         box.textContent = kind + ((opts && opts.title) ? ' "' + opts.title + '"' : '') +
           ': not drawn (Google Charts is loaded from www.gstatic.com, unreachable when this screenshot was taken)';
@@ -61,13 +63,17 @@ GCHARTS_STANDIN = r"""
       this.clearChart = function () { el.innerHTML = ''; };
       this.getSelection = function () { return []; };
       this.setSelection = function () {};
-      this.getChartLayoutInterface = function () { return { getChartAreaBoundingBox: function () { return { left: 0, top: 0, width: 0, height: 0 }; } }; };
+      this.getChartLayoutInterface = function () {
+        return { getChartAreaBoundingBox: function () { return { left: 0, top: 0, width: 0, height: 0 }; } }; };
     };
   }
   var viz = { DataTable: DataTable, events: { addListener: function () { return {}; }, removeListener: function () {} },
-    arrayToDataTable: function (a) { var t = new DataTable(); (a || []).slice(1).forEach(function (r) { t.addRow(r); }); return t; } };
-  ['ColumnChart', 'ComboChart', 'LineChart', 'PieChart', 'SteppedAreaChart', 'Table', 'Timeline'].forEach(function (k) { viz[k] = Chart(k); });
-  window.google = { visualization: viz, charts: { load: function () { return Promise.resolve(); }, setOnLoadCallback: function (f) { Promise.resolve().then(f); } } };
+    arrayToDataTable: function (a) {
+      var t = new DataTable(); (a || []).slice(1).forEach(function (r) { t.addRow(r); }); return t; } };
+  ['ColumnChart', 'ComboChart', 'LineChart', 'PieChart', 'SteppedAreaChart', 'Table', 'Timeline']
+    .forEach(function (k) { viz[k] = Chart(k); });
+  window.google = { visualization: viz, charts: { load: function () { return Promise.resolve(); },
+    setOnLoadCallback: function (f) { Promise.resolve().then(f); } } };
 })();
 """
 
@@ -75,7 +81,8 @@ GCHARTS_STANDIN = r"""
 PAGE_HELPERS = r"""
 window.__vt = {
   frame() { let found = null; (function walk(root) { for (const el of root.querySelectorAll('*')) {
-      if (el.shadowRoot) walk(el.shadowRoot); if (el.tagName === 'IFRAME' && (el.src || '').includes('plugin_entry')) found = el; } })(document);
+      if (el.shadowRoot) walk(el.shadowRoot);
+      if (el.tagName === 'IFRAME' && (el.src || '').includes('plugin_entry')) found = el; } })(document);
     return found; },
   doc() { const f = this.frame(); return f && f.contentDocument; },
   at(el) { const r = el.getBoundingClientRect(), f = this.frame().getBoundingClientRect();
@@ -83,11 +90,13 @@ window.__vt = {
   select(label) { const d = this.doc(); if (!d) return null;
     for (const l of d.querySelectorAll('*')) { if (l.children.length || l.textContent.trim() !== label) continue;
       let n = l; for (let i = 0; i < 5 && n; i++) { n = n.nextElementSibling || n.parentElement.nextElementSibling;
-        const b = n && (n.matches('[aria-haspopup]') ? n : n.querySelector('[aria-haspopup]')); if (b) return this.at(b); } }
+        const b = n && (n.matches('[aria-haspopup]') ? n : n.querySelector('[aria-haspopup]'));
+        if (b) return this.at(b); } }
     return null; },
   option(text) { const o = [...this.doc().querySelectorAll('li[role=option]')].find(e => e.textContent.trim() === text);
     return o ? this.at(o) : null; },
-  viewer() { try { const f = this.doc().querySelector('iframe'); const v = f.contentDocument.querySelector('#trace-viewer');
+  viewer() { try { const f = this.doc().querySelector('iframe');
+    const v = f.contentDocument.querySelector('#trace-viewer');
     return v && v.model ? v : null; } catch (e) { return null; } },
 };
 """
@@ -327,7 +336,8 @@ def shoot_tensorboard(chromium: str, logdir: Path, out: Path, raw: Path) -> None
         # Trace view: zoom to a Python call (category FEE) and the torch ops it issued beneath it.
         choose_view(c, "Trace")
         c.wait_for("!!__vt.viewer()", 180)
-        found = c.js("""(() => { const v = __vt.viewer(), w = __vt.doc().querySelector('iframe').contentWindow, hits = [];
+        found = c.js("""(() => { const v = __vt.viewer(),
+              w = __vt.doc().querySelector('iframe').contentWindow, hits = [];
             for (const t of v.model.getAllThreads()) for (const s of t.sliceGroup.slices)
               if (s.title.startsWith('label_smoothing_weights') && s.subSlices.length) hits.push(s);
             if (!hits.length) return null;
@@ -344,7 +354,8 @@ def shoot_tensorboard(chromium: str, logdir: Path, out: Path, raw: Path) -> None
         choose_view(c, "Lightning")
         c.wait_for("__vt.doc().querySelectorAll('.ant-table-row').length > 0")
         xy = c.js("""(() => { const r = [...__vt.doc().querySelectorAll('.ant-table-row')]
-            .find(r => r.textContent.includes('encoder.layers.0')); const b = r && r.querySelector('.ant-table-row-expand-icon');
+            .find(r => r.textContent.includes('encoder.layers.0'));
+            const b = r && r.querySelector('.ant-table-row-expand-icon');
             return b ? __vt.at(b) : null; })()""")
         if xy:
             c.click(*xy)

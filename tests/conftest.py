@@ -1,10 +1,13 @@
-"""Shared fixtures: a tiny LightningModule whose training step leaves a per-batch Python marker."""
+"""Shared fixtures: a tiny LightningModule whose training step leaves a per-batch Python marker; and
+the three test tiers (CONTRIBUTING.md): every test is in exactly one of ``unit``, ``integration`` and
+``system``, by its file's default below or by its own marker."""
 
 from __future__ import annotations
 
 import gzip
 import math
 import re
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -18,6 +21,77 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 MARKER = re.compile(r"^batch_(\d+) ")
+
+# ------------------------------------------------------------------------------------------------
+# Tiers. unit: pure, in-process, no Trainer, no subprocess, the whole tier in seconds.
+# integration: a real Trainer, files, the real parsers (TensorBoard plugin, memory_viz, HTA).
+# system: subprocesses, DDP, the TensorBoard server, faults.
+# A test whose tier differs from its file's default carries its own marker.
+# ------------------------------------------------------------------------------------------------
+TIERS = ("unit", "integration", "system")
+FILE_TIERS = {
+    "test_architecture.py": "unit",
+    "test_benchmarks_smoke.py": "system",
+    "test_callback.py": "integration",
+    "test_cli.py": "unit",
+    "test_command.py": "system",
+    "test_cuda_paths.py": "integration",
+    "test_ddp.py": "system",
+    "test_exit.py": "system",
+    "test_faults.py": "system",
+    "test_fidelity.py": "integration",
+    "test_filters.py": "integration",
+    "test_hta.py": "integration",
+    "test_lifecycle.py": "unit",
+    "test_lightning_view.py": "integration",
+    "test_memory.py": "unit",
+    "test_pytracer.py": "integration",
+    "test_reliability.py": "integration",
+    "test_schedule.py": "unit",
+    "test_summary.py": "unit",
+    "test_tensorboard.py": "integration",
+    "test_time_grid.py": "unit",
+    "test_trigger_windows.py": "integration",
+    "test_triggers.py": "unit",
+    "test_user_code.py": "integration",
+    "test_writer.py": "system",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give each test its file's tier unless it names its own; exactly one tier per test."""
+    problems = []
+    for item in items:
+        own = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+        if not own and item.path.name in FILE_TIERS:
+            item.add_marker(FILE_TIERS[item.path.name])
+            own = {FILE_TIERS[item.path.name]}
+        if len(own) != 1:
+            problems.append(f"{item.nodeid}: tiers {sorted(own) or 'none'}")
+    if problems:
+        raise pytest.UsageError(
+            "every test needs exactly one tier (unit, integration or system): add its file to "
+            "FILE_TIERS in tests/conftest.py or mark the test.\n" + "\n".join(problems)
+        )
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_stays_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit-tier test that builds a Lightning Trainer or starts a subprocess fails loudly: it
+    belongs in the integration or system tier."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    nodeid = request.node.nodeid
+
+    def refuse(what: str) -> Any:
+        def refused(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError(f"{nodeid} is in the unit tier, which {what}: mark it integration or system")
+
+        return refused
+
+    monkeypatch.setattr(L.Trainer, "__init__", refuse("never builds a Lightning Trainer"))
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("never starts a subprocess"))
 
 
 def _marker_template(x: torch.Tensor) -> torch.Tensor:

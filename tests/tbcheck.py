@@ -118,7 +118,7 @@ def contract_problems(trace: dict) -> list[str]:
         problems.append(f"'traceEvents' must be the last top-level key, keys are {keys}")
     events = trace.get("traceEvents")
     if not isinstance(events, list) or not events:
-        return problems + ["'traceEvents' is missing or empty"]
+        return [*problems, "'traceEvents' is missing or empty"]
     bad = defaultdict(list)
     for i, event in enumerate(events):
         if not isinstance(event.get("name"), str):
@@ -417,7 +417,7 @@ class TensorBoardServer:
         env.setdefault("TORCH_PROFILER_LOG_LEVEL", "INFO")
         env["PYTHONUNBUFFERED"] = "1"
         env["TMPDIR"] = self._tmp  # TensorBoard's .tensorboard-info and the plugin's cache stay ours
-        self._log_file = open(self.log_path, "wb")
+        self._log_file = open(self.log_path, "wb")  # noqa: SIM115 (open while the server runs; stop() closes it)
         self.proc = subprocess.Popen(
             cmd,
             stdout=self._log_file,

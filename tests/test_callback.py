@@ -42,11 +42,11 @@ def _fit(tmp_path, max_steps=12, **schedule):
     ],
 )
 def test_one_trace_per_window_with_exactly_the_active_batches(tmp_path, schedule, max_steps):
-    cb, model, trainer = _fit(tmp_path, max_steps=max_steps, **schedule)
+    cb, _model, _trainer = _fit(tmp_path, max_steps=max_steps, **schedule)
     expected = [w for w in Schedule(**schedule).windows_until(max_steps) if w.end <= max_steps]
     files = trace_files(tmp_path)
     assert len(files) == len(expected)
-    for window, path in zip(expected, files):
+    for window, path in zip(expected, files, strict=True):
         trace = load_trace(path)
         meta = trace["vt_lightning"]
         assert meta["window"] == window.index
@@ -59,18 +59,18 @@ def test_one_trace_per_window_with_exactly_the_active_batches(tmp_path, schedule
         )
         assert steps == list(window.active_steps)
     assert sys.getprofile() is None and threading.getprofile() is None
-    assert cb._python.installed_hooks() == []
+    assert cb._controller.python.installed_hooks() == []
     assert not torch.autograd.profiler._is_profiler_enabled
 
 
 def test_files_land_in_one_run_directory_per_window_under_the_logger_dir(tmp_path):
-    cb, _, trainer = _fit(tmp_path, max_steps=12, wait=1, warmup=1, active=2, repeat=2)
+    cb, _, _trainer = _fit(tmp_path, max_steps=12, wait=1, warmup=1, active=2, repeat=2)
     version_dir = tmp_path / "lightning_logs" / "version_0"
     assert cb.output_dir == version_dir
     run_dirs = sorted(p for p in version_dir.iterdir() if p.is_dir())
     assert [p.name for p in run_dirs] == ["window_000-batches_2-3", "window_001-batches_6-7"]
     host = re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname())
-    for run_dir, span in zip(run_dirs, ("0000000002", "0000000006")):
+    for run_dir, span in zip(run_dirs, ("0000000002", "0000000006"), strict=True):
         names = sorted(p.name for p in run_dir.iterdir())
         assert f"{host}_0.{span}.pt.trace.json.gz" in names
         assert not [n for n in names if n.endswith(".tmp")]
@@ -114,7 +114,7 @@ def test_python_ops_nest_inside_their_python_caller(tmp_path):
     markers = [e for e in trace["traceEvents"] if e.get("cat") == "FEE" and MARKER.match(e["name"])]
     ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op" and e["name"] == "aten::tanh"]
     assert len(markers) == 2 and len(ops) == 2
-    for marker, op in zip(sorted(markers, key=lambda e: e["ts"]), sorted(ops, key=lambda e: e["ts"])):
+    for marker, op in zip(sorted(markers, key=lambda e: e["ts"]), sorted(ops, key=lambda e: e["ts"]), strict=True):
         assert marker["tid"] == op["tid"]
         assert marker["ts"] <= op["ts"] and op["ts"] + op["dur"] <= marker["ts"] + marker["dur"]
 
@@ -127,7 +127,7 @@ def test_no_hook_outside_windows(tmp_path):
 
     class Probe(MarkerModel):
         def training_step(self, batch, batch_idx):
-            hooks = cb._python.installed_hooks() if cb._python is not None else []
+            hooks = cb._controller.python.installed_hooks() if cb._controller.python is not None else []
             seen.append((self.trainer.fit_loop.total_batch_idx, hooks, sys.getprofile(), threading.getprofile()))
             return super().training_step(batch, batch_idx)
 
@@ -138,7 +138,7 @@ def test_no_hook_outside_windows(tmp_path):
             assert hooks, step
         else:
             assert hooks == [] and hook is None and thread_hook is None, (step, hooks)
-    assert not cb._python.hooks_installed()
+    assert not cb._controller.python.hooks_installed()
 
 
 def test_sanity_check_and_validation_batches_do_not_count(tmp_path):
@@ -156,7 +156,7 @@ def test_window_cut_short_by_max_steps_keeps_the_steps_it_got(tmp_path):
     (path,) = trace_files(tmp_path)
     meta = load_trace(path)["vt_lightning"]
     assert meta["steps"] == [2, 3] and meta["partial"] is True
-    assert sys.getprofile() is None and cb._python.installed_hooks() == []
+    assert sys.getprofile() is None and cb._controller.python.installed_hooks() == []
 
 
 def test_every_thread_nests_strictly_as_perfetto_requires(tmp_path):
@@ -185,7 +185,7 @@ def test_quiet_batches_cost_one_comparison_and_allocate_nothing(tmp_path):
     cb = VizTraceCallback(skip_first=1000, wait=1, warmup=1, active=1)
     trainer = make_trainer(tmp_path, [cb], max_steps=700)
     trainer.fit(MarkerModel(), loader(n=4 * 700))  # the global batch count is now in the hundreds
-    cb._next_step = 10**6  # as during a long quiet stretch
+    cb._controller.next_look = 10**6  # as during a long quiet stretch
     start, end = cb.on_train_batch_start, cb.on_train_batch_end
     for _ in range(10):  # warm up attribute caches
         start(trainer, None, None, 0)

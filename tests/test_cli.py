@@ -85,7 +85,7 @@ def test_env_switch_off_returns_nothing(value):
 
 
 def test_env_switch_bad_value_names_variable():
-    with pytest.raises(ValueError, match="VT_LIGHTNING must be .*got 'maybe'"):
+    with pytest.raises(ValueError, match=r"VT_LIGHTNING must be .*got 'maybe'"):
         vt_cli.callbacks_from_env({"VT_LIGHTNING": "maybe"})
 
 
@@ -123,10 +123,10 @@ def test_env_options_parsed_by_type_hints(tmp_path):
     }
     (cb,) = vt_cli.callbacks_from_env(env)
     assert cb.schedule.active == 3 and cb.schedule.wait == 2
-    assert cb.dirpath == str(tmp_path)
-    assert cb.python_config.include_files == (str(a), str(b))
-    assert cb.torch_config.record_shapes and not cb.torch_config.profile_memory
-    assert cb.ranks == [0] and cb.compression_level == 9
+    assert cb.options.dirpath == str(tmp_path)
+    assert cb.options.python.include_files == (str(a), str(b))
+    assert cb.options.torch.record_shapes and not cb.options.torch.profile_memory
+    assert cb.options.ranks == (0,) and cb.options.compression_level == 9
 
 
 def test_env_multi_value_list_and_none():
@@ -218,6 +218,7 @@ def _cli_callbacks(cls, tiny, args):
         (["--viztrace.active=2", "--viztrace=false"], None),
     ],
 )
+@pytest.mark.integration
 def test_viztrace_cli_in_process(tiny, no_env, tmp_path, args, active):
     base = ["--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar=false"]
     callbacks, cli = _cli_callbacks(vt_cli.VizTraceLightningCLI, tiny, base + args)
@@ -228,13 +229,15 @@ def test_viztrace_cli_in_process(tiny, no_env, tmp_path, args, active):
         assert len(callbacks) == 1 and callbacks[0].schedule.active == active
 
 
+@pytest.mark.integration
 def test_viztrace_cli_yaml(tiny, no_env, tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text("viztrace:\n  active: 2\n  ranks: [0]\n  record_shapes: true\n")
     (cb,), _ = _cli_callbacks(vt_cli.VizTraceLightningCLI, tiny, ["-c", str(config)])
-    assert cb.schedule.active == 2 and cb.ranks == [0] and cb.torch_config.record_shapes
+    assert cb.schedule.active == 2 and cb.options.ranks == (0,) and cb.options.torch.record_shapes
 
 
+@pytest.mark.integration
 def test_viztrace_cli_subclass_keeps_option(tiny, no_env):
     """Subclasses that override add_arguments_to_parser without super() keep --viztrace."""
 
@@ -246,6 +249,7 @@ def test_viztrace_cli_subclass_keeps_option(tiny, no_env):
     assert cb.schedule.repeat == 2
 
 
+@pytest.mark.integration
 def test_viztrace_cli_bad_value_names_option(tiny, no_env, capsys):
     with pytest.raises(SystemExit):
         _cli_callbacks(vt_cli.VizTraceLightningCLI, tiny, ["--viztrace.active=x"])
@@ -259,6 +263,7 @@ def _constructor_args() -> list[str]:
     return [p for p in inspect.signature(VizTraceCallback.__init__).parameters if p != "self"]
 
 
+@pytest.mark.integration
 def test_viztrace_help_lists_every_argument(tiny, no_env, capsys):
     with pytest.raises(SystemExit):
         vt_cli.VizTraceLightningCLI(
@@ -270,6 +275,7 @@ def test_viztrace_help_lists_every_argument(tiny, no_env, capsys):
 
 
 # ---------------------------------------------------------- 1. stock LightningCLI (unit level)
+@pytest.mark.integration
 def test_stock_cli_callbacks_flag_in_process(tiny, no_env, tmp_path):
     from lightning.pytorch.cli import LightningCLI
 
@@ -281,10 +287,11 @@ def test_stock_cli_callbacks_flag_in_process(tiny, no_env, tmp_path):
         "--trainer.callbacks.memory_snapshot=false",
     ]  # fmt: skip
     (cb,), _ = _cli_callbacks(LightningCLI, tiny, args)
-    assert cb.schedule.active == 2 and not cb.memory_snapshot
-    assert cb.python_config.include_files == (str(tmp_path),)
+    assert cb.schedule.active == 2 and not cb.options.memory_snapshot
+    assert cb.options.python.include_files == (str(tmp_path),)
 
 
+@pytest.mark.integration
 def test_stock_cli_help_and_print_config_list_every_argument(tiny, no_env, capsys):
     from lightning.pytorch.cli import LightningCLI
 
@@ -305,6 +312,7 @@ def test_stock_cli_help_and_print_config_list_every_argument(tiny, no_env, capsy
 
 # --------------------------------------------------------------------- subprocess: real runs
 @pytest.mark.slow
+@pytest.mark.system
 def test_stock_cli_flags_write_traces(tmp_path):
     args = [
         str(SCRIPTS / "stock_cli.py"), *FIT,
@@ -319,6 +327,7 @@ def test_stock_cli_flags_write_traces(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_stock_cli_yaml_writes_traces(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(
@@ -342,6 +351,7 @@ def test_stock_cli_yaml_writes_traces(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_stock_cli_bad_value_names_option(tmp_path):
     args = [
         str(SCRIPTS / "stock_cli.py"), *FIT,
@@ -356,6 +366,7 @@ def test_stock_cli_bad_value_names_option(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_viztrace_cli_off_by_default_on_with_flag(tmp_path):
     off, on = tmp_path / "off", tmp_path / "on"
     off.mkdir()
@@ -371,6 +382,7 @@ def test_viztrace_cli_off_by_default_on_with_flag(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_env_switch_plain_trainer(tmp_path):
     script = str(SCRIPTS / "plain_trainer.py")
     off, on, bad = tmp_path / "off", tmp_path / "on", tmp_path / "bad"
@@ -393,6 +405,7 @@ def test_env_switch_plain_trainer(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_env_switch_off_imports_nothing(tmp_path):
     code = textwrap.dedent(
         """

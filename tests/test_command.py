@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def test_diff_names_what_changed(example_run: tuple[Path, str]) -> None:
         b["breakdown_ms"]["forward"] - a["breakdown_ms"]["forward"], abs=1e-3
     )
     assert result["python"] and result["ops"]
-    assert all(abs(r["delta_ms"]) >= abs(s["delta_ms"]) for r, s in zip(result["ops"], result["ops"][1:]))
+    assert all(abs(r["delta_ms"]) >= abs(s["delta_ms"]) for r, s in itertools.pairwise(result["ops"]))
     proc = _run("diff", str(first), str(logdir))  # a window against a whole run
     assert proc.returncode == 0, proc.stderr
     assert "breakdown" in proc.stdout and "Python functions" in proc.stdout and "%" in proc.stdout

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
+from typing import ClassVar
 
 import pytest
 import torch
 from conftest import MarkerModel, loader, make_trainer, trace_files
 
-import vt_lightning.callback as callback
+import vt_lightning.controller.windows as windows
 from vt_lightning import VizTraceCallback
 from vt_lightning.recording.torchtracer import TorchTracer
 
 
 class FakeRecorder:
-    instances: list[FakeRecorder] = []
+    instances: ClassVar[list[FakeRecorder]] = []
 
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
@@ -41,14 +43,16 @@ class PretendCuda(VizTraceCallback):
 
     def setup(self, trainer, pl_module, stage):
         super().setup(trainer, pl_module, stage)
-        self._cuda = True
+        run = self._controller.run
+        if run is not None:
+            self._controller.run = dataclasses.replace(run, cuda=True)
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
     FakeRecorder.instances.clear()
-    monkeypatch.setattr(callback, "CudaMemoryRecorder", FakeRecorder)
-    monkeypatch.setattr(callback, "TorchTracer", lambda config, cuda_available: TorchTracer(config, False))
+    monkeypatch.setattr(windows, "CudaMemoryRecorder", FakeRecorder)
+    monkeypatch.setattr(windows, "TorchTracer", lambda config, cuda_available: TorchTracer(config, False))
     return FakeRecorder.instances
 
 

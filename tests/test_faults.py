@@ -73,7 +73,7 @@ def assert_clean(report: dict) -> None:
 def test_a_users_torch_profiler_at_any_moment_never_crashes_training(tmp_path, start, end, order):
     # Before this fix the same runs died with SIGSEGV (exit status -11) when the window stopped.
     user_trace = str(tmp_path / "user.json")
-    report, wall, output = run_script(
+    report, wall, _output = run_script(
         {
             "root": str(tmp_path),
             "callback": {"wait": 1, "warmup": 2, "active": 3, "repeat": 2},
@@ -174,6 +174,7 @@ def test_the_spool_is_on_disk_by_default_and_spool_dir_moves_it(tmp_path):
     assert list(spool_dir.iterdir()) == []  # its own spool directory is gone after the run
 
 
+@pytest.mark.unit
 def test_the_default_spool_base_avoids_ram_filesystems(monkeypatch, tmp_path):
     for name in ("TMPDIR", "TEMP", "TMP"):
         monkeypatch.delenv(name, raising=False)
@@ -189,6 +190,7 @@ def test_the_default_spool_base_avoids_ram_filesystems(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("bad", [5, "", ["a"], "FILE", "READONLY"])
+@pytest.mark.unit
 def test_a_bad_spool_dir_is_refused_at_construction(tmp_path, bad):
     if bad == "FILE":
         bad = tmp_path / "file"
@@ -318,6 +320,7 @@ def test_a_writer_stuck_at_the_end_of_fit_holds_it_for_writer_timeout_at_most(tm
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("inf"), "10", True])
+@pytest.mark.unit
 def test_a_bad_writer_timeout_is_refused(bad):
     with pytest.raises(ValueError, match="`writer_timeout`"):
         VizTraceCallback(writer_timeout=bad)
@@ -481,6 +484,7 @@ def test_following_the_overflow_advice_once_does_not_overflow_again(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [5, {"a": 1}, "src", {"src"}, [5], [""]])
+@pytest.mark.unit
 def test_include_and_exclude_files_must_be_lists_of_paths(bad):
     for name in ("include_files", "exclude_files"):
         with pytest.raises(ValueError, match=f"`{name}`"):
@@ -495,17 +499,18 @@ def _injection_targets() -> list[tuple[object, str]]:
     import torch.profiler.profiler as torch_profiler
     from viztracer import VizTracer
 
-    import vt_lightning.callback as callback
+    import vt_lightning.controller.windows as windows
     import vt_lightning.recording.window as window
-    from vt_lightning.recording.lightning_view import LightningViewHooks
+    from vt_lightning.controller.controller import WindowController
+    from vt_lightning.recording.lightning_hooks import LightningViewHooks
     from vt_lightning.recording.pytracer import PythonTracer
     from vt_lightning.recording.rivals import RivalGuard
     from vt_lightning.recording.torchtracer import TorchTracer
 
     return [
-        (callback.VizTraceCallback, "_open_window"),
-        (callback.VizTraceCallback, "_close_window"),
-        (callback.VizTraceCallback, "_hand_off"),
+        (windows, "open_window"),
+        (WindowController, "_close"),
+        (WindowController, "_hand_off"),
         (window.ProfilingWindow, "warmup"),
         (window.ProfilingWindow, "activate"),
         (window.ProfilingWindow, "step_begin"),
@@ -561,6 +566,7 @@ class Injector:
         ours = label.startswith(
             (
                 "VizTraceCallback.",
+                "WindowController.",
                 "ProfilingWindow.",
                 "vt_lightning.",
                 "TorchTracer.",
@@ -606,7 +612,7 @@ def _leftovers(cb: VizTraceCallback, model) -> list[str]:
     for module in model.modules():
         if module._forward_hooks or module._forward_pre_hooks:
             problems.append(f"module hooks on {type(module).__name__}")
-    if cb._python is not None and (cb._python._lock.locked() or cb._python.running):
+    if cb._controller.python is not None and (cb._controller.python._lock.locked() or cb._controller.python.running):
         problems.append("python tracer lock held or running")
     try:
         zombie, _ = os.waitpid(-1, os.WNOHANG)
@@ -675,6 +681,7 @@ def test_an_interrupt_at_any_step_of_start_step_stop_and_close_leaves_nothing_be
 # ---------------------------------------------------------------- the pieces, without a Trainer
 
 
+@pytest.mark.unit
 def test_the_background_writer_abandons_a_stuck_job_and_goes_on():
     from concurrent.futures import CancelledError
 
@@ -700,6 +707,7 @@ def test_the_background_writer_abandons_a_stuck_job_and_goes_on():
         writer.close()
 
 
+@pytest.mark.unit
 def test_a_new_file_never_replaces_an_existing_one_or_a_symlink(tmp_path):
     from vt_lightning.export.atomic import atomic_write
 

@@ -22,10 +22,11 @@ from conftest import (
 )
 from lightning.pytorch.callbacks import Callback
 
-import vt_lightning.analysis.clock as clock
+import vt_lightning.recording.clock_probes as clock_probes
 from vt_lightning import VizTraceCallback
-from vt_lightning.analysis.clock import Calibration, ClockPair, sample_pair
+from vt_lightning.analysis.clock import Calibration, ClockPair
 from vt_lightning.analysis.merge import PYTHON_CATEGORY, count_crossings, repair_boundaries
+from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.torchtracer import TorchTracer
 
 
@@ -55,7 +56,7 @@ def _pairs(trace):
     )
     ops = sorted((e for e in events if e.get("name") == "aten::relu"), key=lambda e: e["ts"])
     assert len(callers) == len(ops) > 0
-    return list(zip(callers, ops))
+    return list(zip(callers, ops, strict=True))
 
 
 def _violations(trace):
@@ -141,7 +142,7 @@ class _WallClockStep(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.fit_loop.total_batch_idx == self.at and not self.stepped:
             self.stepped = True
-            self.mp.setattr(clock, "wall_clock_ns", lambda: time.time_ns() + self.delta_ns)
+            self.mp.setattr(clock_probes, "wall_clock_ns", lambda: time.time_ns() + self.delta_ns)
 
 
 def test_a_wall_clock_step_between_windows_is_absorbed_per_window(tmp_path, monkeypatch):
@@ -149,7 +150,7 @@ def test_a_wall_clock_step_between_windows_is_absorbed_per_window(tmp_path, monk
     start, save = TorchTracer.start, TorchTracer.save
 
     def start_with_clock(self):
-        self._wall_shift = clock.wall_clock_ns() - time.time_ns()
+        self._wall_shift = clock_probes.wall_clock_ns() - time.time_ns()
         start(self)
 
     def save_with_clock(self, path):  # torch's own timestamps follow the stepped clock too
@@ -229,6 +230,7 @@ def test_python_threads_share_a_track_with_their_torch_ops(tmp_path):
 # ---------------------------------------------------------------- pure calibration maths
 
 
+@pytest.mark.unit
 def test_sample_pair_keeps_the_tightest_round_trip():
     readings = iter([0.0, 10.0, 100.0, 100.5, 200.0, 230.0])
     walls = iter([5_000, 100_250, 215_000])
@@ -237,6 +239,7 @@ def test_sample_pair_keeps_the_tightest_round_trip():
     assert pair.uncertainty_us == 0.25
 
 
+@pytest.mark.unit
 def test_a_marker_bracket_bounds_the_offset_to_torchs_own_timeline():
     from vt_lightning.analysis.clock import MarkerPair, best_marker_pair
 
@@ -252,6 +255,7 @@ def test_a_marker_bracket_bounds_the_offset_to_torchs_own_timeline():
     assert best_marker_pair(samples, {}) is None
 
 
+@pytest.mark.unit
 def test_drift_is_interpolated_across_the_window():
     start = ClockPair(python_us=1_000.0, wall_ns=11_000_000, round_trip_us=0.2)  # offset 10 000 µs
     end = ClockPair(python_us=2_000.0, wall_ns=12_004_000, round_trip_us=0.4)  # offset 10 004 µs
@@ -268,6 +272,7 @@ def _x(ts, dur, cat, tid=1):
     return {"ph": "X", "name": cat, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
 
 
+@pytest.mark.unit
 def test_crossings_within_tolerance_are_clamped_and_counted():
     caller = _x(100.0, 10.0, PYTHON_CATEGORY)  # ends 0.05 µs before its op does
     op = _x(105.0, 5.05, "cpu_op")
@@ -283,6 +288,7 @@ def test_crossings_within_tolerance_are_clamped_and_counted():
     assert count_crossings(events) == 1 and len(events) == 5
 
 
+@pytest.mark.unit
 def test_calls_that_open_or_close_a_range_are_cut_at_its_edges():
     from vt_lightning.analysis.merge import untangle_annotations
 

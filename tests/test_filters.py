@@ -90,6 +90,7 @@ def test_the_packages_own_calls_are_not_in_the_trace(tmp_path):
     assert trace["vt_lightning"]["python_filter"]["dropped_own"] > 0
 
 
+@pytest.mark.unit
 def test_a_filter_path_that_matches_nothing_warns_naming_the_argument(tmp_path):
     with pytest.warns(UserWarning, match="`include_files` entry .* matches no file"):
         VizTraceCallback(include_files=[str(tmp_path / "no_such_dir")])
@@ -102,6 +103,7 @@ def _call(name, ts, dur, tid=1):
     return {"ph": "X", "pid": 1, "tid": tid, "ts": ts, "dur": dur, "name": name, "cat": "fee"}
 
 
+@pytest.mark.unit
 def test_filter_rules_on_a_synthetic_stack():
     lib, user, own = "/lib/pkg", "/proj", "/own/vt"
     events = [

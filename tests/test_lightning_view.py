@@ -15,14 +15,9 @@ from lightning.pytorch.profilers import PassThroughProfiler, SimpleProfiler
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from vt_lightning.recording.lightning_view import (
-    FRAMEWORK_KEY,
-    FRAMEWORK_VALUE,
-    LightningViewHooks,
-    apply_lightning_view,
-    lightning_view_names,
-    module_record_name,
-)
+from vt_lightning.analysis.lightning_view import apply_lightning_view, lightning_view_names, module_record_name
+from vt_lightning.constants import FRAMEWORK_KEY, FRAMEWORK_LIGHTNING
+from vt_lightning.recording.lightning_hooks import LightningViewHooks
 
 # ------------------------------------------------------------------------------------------------
 # helpers
@@ -89,12 +84,13 @@ def stats_names(stats) -> set[str]:
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_rewrite_categories_and_framework_key_order():
     trace = synthetic_trace()
     summary = apply_lightning_view(trace)
     assert list(trace)[-1] == "traceEvents"
     assert list(trace).index(FRAMEWORK_KEY) < list(trace).index("traceEvents")
-    assert trace[FRAMEWORK_KEY] == FRAMEWORK_VALUE
+    assert trace[FRAMEWORK_KEY] == FRAMEWORK_LIGHTNING
     cats = {(e["name"], e["cat"]) for e in trace["traceEvents"]}
     assert ("[pl][module]torch.nn.modules.container.Sequential: net", "cpu_op") in cats
     assert ("[pl][profile]run_training_batch", "cpu_op") in cats
@@ -108,6 +104,7 @@ def test_rewrite_categories_and_framework_key_order():
     assert sorted(lightning_view_names(trace["traceEvents"])) == ["net", "net.0", "net.1"]
 
 
+@pytest.mark.unit
 def test_rewrite_is_idempotent():
     trace = synthetic_trace()
     apply_lightning_view(trace)
@@ -117,6 +114,7 @@ def test_rewrite_is_idempotent():
     assert list(trace) == list(once)
 
 
+@pytest.mark.unit
 def test_no_module_events_leaves_trace_alone():
     trace = synthetic_trace()
     trace["traceEvents"] = [e for e in trace["traceEvents"] if "[pl][module]" not in e["name"]]
@@ -152,7 +150,7 @@ def test_unguarded_overlap_really_breaks_the_plugin(tmp_path):
     for e in trace["traceEvents"]:
         if e["name"].startswith("[pl]") and e["cat"] == "user_annotation":
             e["cat"] = "cpu_op"
-    trace[FRAMEWORK_KEY] = FRAMEWORK_VALUE
+    trace[FRAMEWORK_KEY] = FRAMEWORK_LIGHTNING
     logging.getLogger("pytorch_profiler").disabled = True
     try:
         with pytest.raises(KeyError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import pickle
 import pickletools
@@ -12,21 +13,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
 from torch.cuda import _memory_viz
 
-from vt_lightning.recording.memory import (
-    CudaMemoryRecorder,
-    MemorySnapshotError,
-    build_cpu_snapshot,
-    dump_oom_snapshot,
-    is_cuda_oom,
-    oom_file_name,
-    parse_frame,
-    write_snapshot,
-)
+from vt_lightning.analysis.memory_snapshot import build_cpu_snapshot, parse_frame
+from vt_lightning.export.memory_files import oom_file_name, write_snapshot
+from vt_lightning.recording.memory import CudaMemoryRecorder, MemorySnapshotError, dump_oom_snapshot, is_cuda_oom
 
 PID, MAIN, OTHER = 100, 100, 101
 
@@ -62,6 +57,44 @@ def mem(ts, addr, nbytes, tid=MAIN, device_type=0, device_id=-1):
 
 def names(entry):
     return [f["name"] for f in entry["frames"]]
+
+
+class CountedTime(float):
+    """A timestamp that counts every comparison made with it: the work of a sweep, the same on every
+    machine (a wall-clock limit measures the machine). A plain float compared with one is counted
+    too: Python tries the subclass's reflected comparison first."""
+
+    comparisons = 0
+
+    def _counted(op):
+        def compare(self, other):
+            CountedTime.comparisons += 1
+            return op(float(self), other)
+
+        return compare
+
+    __lt__ = _counted(float.__lt__)
+    __le__ = _counted(float.__le__)
+    __gt__ = _counted(float.__gt__)
+    __ge__ = _counted(float.__ge__)
+    __eq__ = _counted(float.__eq__)
+    __ne__ = _counted(float.__ne__)
+    __hash__ = float.__hash__
+    del _counted
+
+
+def comparisons_to_snapshot(events):
+    """``build_cpu_snapshot(events)`` with counted timestamps: (snapshot, comparisons made)."""
+    counted = [{**e, "ts": CountedTime(e["ts"])} for e in events]
+    CountedTime.comparisons = 0
+    snap = build_cpu_snapshot(counted)
+    return snap, CountedTime.comparisons
+
+
+def sweep_bound(events):
+    """Comparisons a sort-and-sweep may make on ``events``: a few per event per level of a sort.
+    A scan of every call for every [memory] event makes (calls x events) / threads, far more."""
+    return 4 * len(events) * math.ceil(math.log2(len(events)))
 
 
 def actions(snapshot, device=0):
@@ -208,12 +241,13 @@ def test_siblings_that_overlap_by_jitter_do_not_pile_up():
     events = [call("step (/t.py:1)", 0, 1e9)]
     events += [call(f"f{i} (/a.py:{i})", i * 10.0, 10.001) for i in range(60_000)]
     events += [mem(i * 100.0 + 5, 0x1000 + i * 64, 64) for i in range(6_000)]
-    started = time.perf_counter()
-    trace = build_cpu_snapshot(events)["device_traces"][0]
-    assert time.perf_counter() - started < 5.0  # a stack of dead siblings would make this O(n * m)
+    snap, comparisons = comparisons_to_snapshot(events)
+    # A stack of dead siblings would compare each event with every earlier call: 1.8e8 here.
+    assert comparisons <= sweep_bound(events), (comparisons, sweep_bound(events))
+    trace = snap["device_traces"][0]
     assert [names(e) for e in trace[:3]] == [["f0", "step"], ["f10", "step"], ["f20", "step"]]
     # an event inside the overlap sees both siblings, the later one first
-    trace = build_cpu_snapshot(events[:3] + [mem(10.0005, 0x10, 8)])["device_traces"][0]
+    trace = build_cpu_snapshot([*events[:3], mem(10.0005, 0x10, 8)])["device_traces"][0]
     assert names(trace[0]) == ["f1", "f0", "step"]
 
 
@@ -335,16 +369,17 @@ def test_frames_are_shared_so_the_pickle_stays_small():
 
 
 def test_large_windows_are_handled_in_a_sweep():
-    # 1e5 Python calls and 1e4 [memory] events, on two threads: an O(n * m) scan would take minutes.
+    # 2e4 Python calls and 2e3 [memory] events, shuffled, on two threads: a scan of the calls for each
+    # event would make 2e7 comparisons, a sort and a sweep about 1e6.
     rng = random.Random(1)
     events = []
     for tid in (MAIN, OTHER):
-        for i in range(25_000):
+        for i in range(5_000):
             ts = i * 20.0
             events.append(call(f"outer{i % 97} (/a/m{i % 5}.py:{i % 40})", ts, 18.0, tid=tid))
             events.append(call("builtins.len", ts + 2.0, 5.0, tid=tid))
     live = []
-    for i in range(10_000):
+    for i in range(2_000):
         tid = (MAIN, OTHER)[i % 2]
         ts = i * 50.0 + 3.0
         if live and i % 3 == 0:
@@ -355,12 +390,10 @@ def test_large_windows_are_handled_in_a_sweep():
             live.append((addr, size))
             events.append(mem(ts, addr, size, tid=tid))
     rng.shuffle(events)
-    started = time.perf_counter()
-    snap = build_cpu_snapshot(events)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 5.0, elapsed  # 0.3-0.9 s here
+    snap, comparisons = comparisons_to_snapshot(events)
+    assert comparisons <= sweep_bound(events), (comparisons, sweep_bound(events))
     trace = snap["device_traces"][0]
-    assert len(trace) == 10_000 + sum(1 for e in trace if e["action"] == "free_completed")
+    assert len(trace) == 2_000 + sum(1 for e in trace if e["action"] == "free_completed")
     for entry in trace[:100]:
         k, r = divmod(entry["time_us"], 20)  # call k spans [20k, 20k+18], its builtins.len [20k+2, 20k+7]
         assert names(entry) == (["builtins.len"] if 2 <= r <= 7 else []) + [f"outer{k % 97}"]
@@ -393,6 +426,7 @@ def test_write_snapshot_leaves_nothing_when_pickling_fails(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.integration
 def test_profiler_memory_events_become_a_snapshot_memory_viz_opens(tmp_path):
     """Real torch.profiler events, Python calls placed around the ops as the merge places them."""
 
@@ -449,6 +483,7 @@ def test_profiler_memory_events_become_a_snapshot_memory_viz_opens(tmp_path):
     check_memory_viz(pickle.loads(path.read_bytes()))
 
 
+@pytest.mark.integration
 def test_a_trainer_window_writes_a_snapshot_whose_frames_name_the_training_code(tmp_path):
     from conftest import MarkerModel, loader, make_trainer
 
@@ -543,7 +578,7 @@ def test_stop_or_snapshot_without_start(monkeypatch):
 def test_a_failed_start_leaves_recording_off_and_says_why(monkeypatch):
     fake = FakeCudaMemory(monkeypatch, fail_start=True)
     rec = CudaMemoryRecorder(10)
-    with pytest.raises(MemorySnapshotError, match="could not start CUDA memory history.*no kernel image"):
+    with pytest.raises(MemorySnapshotError, match=r"could not start CUDA memory history.*no kernel image"):
         rec.start()
     assert not rec.recording
     assert [c[1] for c in fake.calls] == ["all", None]  # it tried, then made sure it is off
@@ -580,7 +615,7 @@ def test_recorder_needs_a_positive_int(bad):
 class _FakeTracer:
     """Stands in for both tracers of a ProfilingWindow; logs what the window asks of it."""
 
-    new_thread_names: dict = {}  # PythonTracer: threads started (and maybe ended) in the window
+    new_thread_names: ClassVar[dict] = {}  # PythonTracer: threads started (and maybe ended) in the window
 
     def __init__(self, log, name):
         self.log, self.name = log, name
@@ -617,11 +652,14 @@ def test_recorder_in_a_profiling_window(monkeypatch, tmp_path):
     """The window starts it after torch, snapshots it before stopping it, and stops it on abort."""
     fake = FakeCudaMemory(monkeypatch)
     log = fake.calls
+    from vt_lightning.export.job import Destination
+
     window = _window(log, CudaMemoryRecorder(5))
     window.step_begin(1)
     window.step_end(1)
-    job = window.close(str(tmp_path), {}, tmp_path / "run", "t.pt.trace.json.gz", "m.memory_snapshot.pickle", 1)
-    assert job.memory_snapshot["fake"] is True
+    destination = Destination(tmp_path / "run", "t.pt.trace.json.gz", {}, 1, "m.memory_snapshot.pickle")
+    closed = window.close(str(tmp_path), destination)
+    assert closed is not None and closed.job.memory_snapshot["fake"] is True
     sequence = [c if isinstance(c, str) else c[0] if c[0] == "snapshot" else f"record({c[1]})" for c in log]
     assert sequence.index("torch.start") < sequence.index("record(all)") < sequence.index("python.start")
     assert sequence.index("python.stop") < sequence.index("snapshot") < sequence.index("record(None)")
@@ -690,6 +728,7 @@ def test_is_cuda_oom():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.integration
 def test_real_cuda_history_for_one_window(tmp_path):
     def allocate_on_gpu():
         return torch.empty(1 << 20, device="cuda")
@@ -728,6 +767,7 @@ def test_real_cuda_history_for_one_window(tmp_path):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.integration
 def test_real_cuda_oom_snapshot(tmp_path):
     rec = CudaMemoryRecorder(max_entries=1000)
     rec.start()

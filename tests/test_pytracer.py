@@ -93,6 +93,7 @@ def thread_names(data: dict[str, Any]) -> dict[int, str]:
     }
 
 
+@pytest.mark.system
 def test_import_needs_no_torch():
     code = (
         "import sys, vt_lightning, vt_lightning.recording.pytracer; "
@@ -418,7 +419,7 @@ def test_forked_child_has_the_tracer_stopped(tracer):
 def test_stop_unregisters_viztracers_monitoring_callbacks_and_keeps_anothers():
     # VizTracer's own stop() frees tool 2 but leaves its callbacks registered: the interpreter then
     # holds the tracer until finalization (where a compiled CUDA job crashed on 3.12.3).
-    from vt_lightning.recording.pytracer import _monitoring_callbacks_of
+    from vt_lightning.recording.thread_hooks import monitoring_callbacks_of
 
     mon = sys.monitoring
     tracer = PythonTracer(PythonTracerConfig(tracer_entries=1000))
@@ -426,7 +427,7 @@ def test_stop_unregisters_viztracers_monitoring_callbacks_and_keeps_anothers():
     assert any("sys.monitoring" in hook for hook in tracer.installed_hooks())
     tracer.stop()
     assert tracer.installed_hooks() == []
-    assert _monitoring_callbacks_of(tracer._tracer, release=False) == 0
+    assert monitoring_callbacks_of(tracer._tracer, release=False) == 0
 
     # A slot some other code registered while the id was free is put back as it was.
     def theirs(*args):
@@ -438,7 +439,7 @@ def test_stop_unregisters_viztracers_monitoring_callbacks_and_keeps_anothers():
         tracer.stop()
         assert mon.register_callback(mon.PROFILER_ID, mon.events.PY_START, None) is None  # VizTracer replaced it
         mon.register_callback(mon.PROFILER_ID, mon.events.PY_START, theirs)
-        assert _monitoring_callbacks_of(tracer._tracer, release=True) == 0
+        assert monitoring_callbacks_of(tracer._tracer, release=True) == 0
         assert mon.register_callback(mon.PROFILER_ID, mon.events.PY_START, None) is theirs
     finally:
         mon.register_callback(mon.PROFILER_ID, mon.events.PY_START, None)
@@ -455,6 +456,7 @@ def test_stop_unregisters_viztracers_monitoring_callbacks_and_keeps_anothers():
         ((3, 13, 0), False),
     ],
 )
+@pytest.mark.unit
 def test_the_versions_with_the_profiling_bug_are_named(version, affected):
     from vt_lightning.recording.pytracer import interpreter_warning
 

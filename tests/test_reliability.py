@@ -130,6 +130,7 @@ def test_an_epoch_end_inside_a_window_does_not_cut_it(tmp_path):
         ({"dirpath": ""}, "dirpath"),
     ],
 )
+@pytest.mark.unit
 def test_bad_configuration_names_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}`"):
         VizTraceCallback(**kwargs)
@@ -137,7 +138,7 @@ def test_bad_configuration_names_the_argument(kwargs, name):
 
 def test_ranks_beyond_the_world_size_are_refused_at_setup(tmp_path):
     trainer = make_trainer(tmp_path, [VizTraceCallback(ranks=[3])], max_steps=2)
-    with pytest.raises(ValueError, match="`ranks`.*world_size=1"):
+    with pytest.raises(ValueError, match=r"`ranks`.*world_size=1"):
         trainer.fit(MarkerModel(), loader())
 
 
@@ -290,9 +291,9 @@ def test_resume_from_a_checkpoint_neither_repeats_nor_loses_a_window(tmp_path):
 
 
 def test_a_huge_window_warns_with_numbers_and_remedies(tmp_path, monkeypatch):
-    import vt_lightning.callback as callback
+    import vt_lightning.controller.inbox as inbox
 
-    monkeypatch.setattr(callback, "BROWSER_LIMIT_BYTES", 1000)
+    monkeypatch.setattr(inbox, "BROWSER_LIMIT_BYTES", 1000)
     cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -361,6 +362,7 @@ python_event = st.fixed_dictionaries(
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(torch_event, max_size=30), st.lists(python_event, max_size=30), st.floats(min_value=0, max_value=5))
+@pytest.mark.unit
 def test_any_events_merge_into_a_trace_the_plugin_accepts(torch_events, python_events, uncertainty):
     import orjson
 

@@ -150,6 +150,7 @@ def _complete_on_disk(path: Path) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_live_tensorboard(tmp_path):
     root = tmp_path / "logs"
     root.mkdir()
@@ -222,7 +223,6 @@ def test_live_tensorboard(tmp_path):
                     assert tb.workers(run, view) == workers, f"{run}: {view} workers"
                 spans = tb.spans(run, worker)
                 assert spans == ["1"], f"{run}: spans {spans}"
-                params = {"run": run, "worker": worker, "span": spans[0]}
                 answers = tb.check_view_routes(run, worker, spans[0])  # every route of every view
                 assert answers["overview"].get("steps"), f"{run}: overview without steps"
                 assert answers["operation/table"]["data"], f"{run}: empty operator table"

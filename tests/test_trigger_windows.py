@@ -61,7 +61,7 @@ def fit(
     batches_per_epoch: int = 1000,
     **trainer_kwargs: Any,
 ):
-    cb._step_clock = model.clock
+    cb._controller.step_clock = model.clock
     trainer = make_trainer(tmp_path, [cb], max_steps=max_steps, **trainer_kwargs)
     trainer.fit(model, loader(n=4 * batches_per_epoch))
     return trainer
@@ -106,14 +106,14 @@ def test_150_noisy_steady_batches_open_no_window(tmp_path):
     # 40 batches per epoch (epoch boundaries) and a 2 s validation pass every 25 batches: neither is a step.
     model = ClockModel(clock, lambda step: noise[step], val_ms=200.0)
     cb = VizTraceCallback(slow_step_factor=2.0, slow_step_baseline=20, scheduled_windows=False)
-    cb._step_clock = clock
+    cb._controller.step_clock = clock
     trainer = make_trainer(tmp_path, [cb], max_steps=150, val_check_interval=25, limit_val_batches=10)
     data = loader(n=4 * 40)
     trainer.fit(model, data, loader(n=40))
     assert trainer.fit_loop.total_batch_idx >= 149 and trainer.current_epoch >= 3
-    assert trace_files(tmp_path) == [] and cb._plan.triggered == 0
+    assert trace_files(tmp_path) == [] and cb._controller.plan.triggered == 0
     # the trigger was armed for most of the run, with the noise's median as its baseline: it could have fired
-    slow = cb._watch.slow
+    slow = cb._controller.triggers.watch.slow
     assert slow.armed and 6 * MS < slow.baseline_ns < 18 * MS
 
 
@@ -197,7 +197,7 @@ def test_memory_growth_on_cpu_opens_a_window_with_its_snapshot(tmp_path):
     hoard: list[torch.Tensor] = []
     # Grow by a twentieth of this process's RSS a batch (at least 20 MB), touched: +50 % over the
     # 10-batch horizon whatever earlier tests left in the process, well past the 20 % threshold.
-    rss = os.sysconf("SC_PAGE_SIZE") * int(open("/proc/self/statm").read().split()[1])
+    rss = os.sysconf("SC_PAGE_SIZE") * int(Path("/proc/self/statm").read_text().split()[1])
     floats = max(5 * 2**20, rss // 20 // 4)
 
     def leak(model: ClockModel, step: int) -> None:
@@ -257,7 +257,7 @@ def test_no_trigger_armed_keeps_the_quiet_path_as_it_was(tmp_path):
     cb = VizTraceCallback()  # every trigger is opt-in
     trainer = make_trainer(tmp_path, [cb], max_steps=8)
     trainer.fit(MarkerModel(), loader())
-    assert cb._watch is None and cb._slow_step is None and cb._group is None
+    assert cb._controller.triggers is None and cb._controller.slow is None
 
 
 def test_armed_quiet_batches_allocate_nothing_that_grows(tmp_path):
@@ -277,7 +277,7 @@ def test_armed_quiet_batches_allocate_nothing_that_grows(tmp_path):
         return clock.ns
 
     slow = SlowStep(3.0, 10, tick)
-    cb._slow_step, cb._next_step, cb._next_check = slow, -1, 10**6
+    cb._controller.slow, cb._controller.next_look, cb._controller.next_check = slow, -1, 10**6
     for _ in range(50):
         cb.on_train_batch_start(trainer, None, None, 0)  # fills the baseline
     slow.refresh()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -73,7 +74,7 @@ def test_bad_trigger_options_raise_naming_the_argument(kwargs, name):
 def test_a_signal_with_a_handler_already_is_refused():
     previous = signal.signal(signal.SIGUSR2, lambda signum, frame: None)
     try:
-        with pytest.raises(ValueError, match="`trigger_signal`.*already has a handler"):
+        with pytest.raises(ValueError, match=r"`trigger_signal`.*already has a handler"):
             VizTraceCallback(trigger_signal="SIGUSR2")
     finally:
         signal.signal(signal.SIGUSR2, previous)
@@ -250,7 +251,7 @@ def test_planned_windows_never_overlap_and_numbers_grow(requests, max_windows, c
         if planned is not None and planned.window.warmup_start == step:
             plan.begin(planned)
             begun.append((planned.number, planned.window.warmup_start, planned.window.end))
-    for (n1, _, end1), (n2, start2, _) in zip(begun, begun[1:]):
+    for (n1, _, end1), (n2, start2, _) in itertools.pairwise(begun):
         assert end1 <= start2 and n1 < n2
     if max_windows is not None:
         assert len(begun) <= max_windows
@@ -273,15 +274,15 @@ def test_encoding_picks_the_earliest_batch_then_the_lowest_rank():
     a = encode([Firing(SLOW_STEP, 30, 1.0, 0.1, "s")], gap=8, rank=3)
     b = encode([Firing(SLOW_STEP, 31, 2.0, 0.1, "s")], gap=4, rank=1)
     c = encode([Firing(SLOW_STEP, 30, 3.0, 0.1, "s")], gap=16, rank=5)
-    reduced = [max(x) for x in zip(a, b, c)]
+    reduced = [max(x) for x in zip(a, b, c, strict=True)]
     assert decode(reduced) == ((SLOW_STEP, 30, 3), 4)
-    assert decode([max(x) for x in zip(encode([], 8, 0), encode([], 2, 1))]) == (None, 2)
+    assert decode([max(x) for x in zip(encode([], 8, 0), encode([], 2, 1), strict=True)]) == (None, 2)
 
 
 def test_on_demand_wins_over_measured_triggers_at_the_same_check():
     mine = encode([Firing(SLOW_STEP, 10, 1.0, 0.1, "s")], 4, 0)
     theirs = encode([Firing(TRIGGER_FILE, 12)], 4, 1)
-    assert decode([max(x) for x in zip(mine, theirs)])[0] == (TRIGGER_FILE, 12, 1)
+    assert decode([max(x) for x in zip(mine, theirs, strict=True)])[0] == (TRIGGER_FILE, 12, 1)
 
 
 def test_a_rank_that_did_not_fire_gets_the_winners_numbers():
@@ -349,9 +350,9 @@ def test_trigger_options_come_through_the_environment_switch():
         "VT_LIGHTNING_TRIGGER_INTERVAL": "0",
     }
     (cb,) = callbacks_from_env(env)
-    assert cb.triggers == TriggerConfig(
+    assert cb.options.triggers == TriggerConfig(
         slow_step_factor=3.0, memory_growth=0.2, trigger_signal="SIGUSR1", max_windows=4, trigger_interval=0.0
     )
-    assert cb.scheduled_windows is False
-    with pytest.raises(ValueError, match="VT_LIGHTNING_SLOW_STEP_FACTOR.*`slow_step_factor`"):
+    assert cb.options.scheduled_windows is False
+    with pytest.raises(ValueError, match=r"VT_LIGHTNING_SLOW_STEP_FACTOR.*`slow_step_factor`"):
         callbacks_from_env({"VT_LIGHTNING": "1", "VT_LIGHTNING_SLOW_STEP_FACTOR": "0.5"})

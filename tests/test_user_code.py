@@ -224,6 +224,7 @@ def test_stages_left_out_are_not_profiled(tmp_path):
         (["fit", "fit"], "`stages` lists a stage twice"),
     ],
 )
+@pytest.mark.unit
 def test_bad_stages_name_the_argument(stages, message):
     with pytest.raises(ValueError, match=message):
         VizTraceCallback(stages=stages)

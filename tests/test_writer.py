@@ -47,8 +47,8 @@ def test_a_writer_process_that_dies_is_replaced_by_the_writer_thread(tmp_path):
     class KillWriter(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if trainer.fit_loop.total_batch_idx == 2:
-                cb._writer.drain()  # window 0 is written: the process exists
-                os.kill(cb._writer.process.pid, signal.SIGKILL)
+                cb._controller.writer.drain()  # window 0 is written: the process exists
+                os.kill(cb._controller.writer.process.pid, signal.SIGKILL)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

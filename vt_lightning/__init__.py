@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from vt_lightning.constants import VERSION as __version__
+
 __all__ = ["VizTraceCallback", "__version__"]
 
 if TYPE_CHECKING:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+VERSION = "0.1.0"  # the package's version (``vt_lightning.__version__``; pyproject reads it here)
+
 # ---------------------------------------------------------------- files of a window (docs/files.md)
 # torch-tb-profiler finds traces by this pattern (its own) and compares spans as strings.
 TRACE_SUFFIX = ".pt.trace.json.gz"

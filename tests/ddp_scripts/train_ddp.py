@@ -149,11 +149,12 @@ def watch_collectives() -> None:
 
 def slow_down_writer(rank: int, seconds: float) -> None:
     """Make ``rank``'s first window write ``seconds`` late (the writer thread sleeps first)."""
-    from vt_lightning.callback import VizTraceCallback
+    from vt_lightning.controller.handoff import BackgroundWriter
 
-    run_job = VizTraceCallback._run_job  # the writer thread's step (it feeds the writer process)
+    run_job = BackgroundWriter.run  # the writer thread's step (it feeds the writer process)
 
-    def slow_run_job(self, job):
+    def slow_run_job(self, closed):
+        job = closed.job
         entry = {
             "rank": job.metadata["global_rank"],
             "window": job.metadata["window"],
@@ -163,12 +164,12 @@ def slow_down_writer(rank: int, seconds: float) -> None:
         if job.metadata["global_rank"] == rank and job.metadata["window"] == 0:
             time.sleep(seconds)
         try:
-            return run_job(self, job)
+            return run_job(self, closed)
         finally:
             entry["end"] = time.time()
             WRITES.append(entry)
 
-    VizTraceCallback._run_job = slow_run_job
+    BackgroundWriter.run = slow_run_job
 
 
 class Reporter(L.Callback):
@@ -200,7 +201,7 @@ class Reporter(L.Callback):
             "pid": os.getpid(),
             "output_dir": str(self.tracer.output_dir),
             "results": results,
-            "triggered": [[name, firing.to_metadata()] for name, firing in self.tracer._triggered_runs],
+            "triggered": [[name, firing.to_metadata()] for name, firing in self.tracer._controller.triggered_runs],
             "windows_skipped": self.tracer.windows_skipped,
             "batch_seconds": self.batch_seconds,
             "batch_end_time": self.batch_end_time,
@@ -252,7 +253,7 @@ def main() -> None:
         scheduled_windows=not args.triggers_only,
     )
     if args.slow_step_factor is not None:
-        tracer._step_clock = lambda: CLOCK[0]
+        tracer._controller.step_clock = lambda: CLOCK[0]
     loader_kwargs = {}
     if args.num_workers:
         loader_kwargs = {"multiprocessing_context": "fork", "persistent_workers": False}

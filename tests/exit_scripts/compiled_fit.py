@@ -1,12 +1,16 @@
 """A torch.compile'd LightningModule trained through a vt_lightning window; the job must exit 0.
 
 Run as a subprocess by tests/test_exit.py: ``python compiled_fit.py OUT_DIR [cuda]``. Prints one
-JSON line with what the window wrote and which hooks were left, then returns normally, so the exit
-status is the interpreter's own shutdown (where the crash on 3.12.3 + CUDA happened).
+JSON line with what the window wrote, which hooks were left and what is still running that the
+interpreter's shutdown would wait for or tear down under it (threads, child processes), then
+returns normally, so the exit status is the interpreter's own shutdown (where the crash on 3.12.3 +
+CUDA happened).
 """
 
 import json
+import os
 import sys
+import threading
 from pathlib import Path
 
 import lightning as L
@@ -29,6 +33,32 @@ class Compiled(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+def lingering_threads() -> list[str]:
+    """Threads shutdown would join (non-daemon) and any thread of ours still running."""
+    return sorted(
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and (not t.daemon or t.name.startswith("vt_lightning"))
+    )
+
+
+def child_processes() -> list[str]:
+    """This process's children, reaped or not (a zombie counts): ``pid state command``."""
+    children = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        command, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if int(rest[1]) == os.getpid():  # rest: state, ppid, ...
+            children.append(f"{entry} {rest[0]} {command}")
+    return children
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     accelerator = sys.argv[2] if len(sys.argv) > 2 else "cpu"
@@ -48,9 +78,10 @@ def main() -> None:
     )
     data = DataLoader(TensorDataset(torch.randn(64, 16)), batch_size=8)
     trainer.fit(Compiled(), data)
-    hooks = cb._python.installed_hooks() if cb._python is not None else []
+    hooks = cb._controller.python.installed_hooks() if cb._controller.python is not None else []
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*.pt.trace.json.gz"))
-    print(json.dumps({"files": files, "hooks": hooks}), flush=True)
+    report = {"files": files, "hooks": hooks, "threads": lingering_threads(), "children": child_processes()}
+    print(json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":

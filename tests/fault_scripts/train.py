@@ -60,9 +60,9 @@ class UserTools(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         step = step_of(trainer)
-        if self.cb._spool is not None:
-            self.report["spool"] = str(self.cb._spool)
-            self.report["spool_base"] = self.cb._spool.base
+        if self.cb._controller.spool is not None:
+            self.report["spool"] = str(self.cb._controller.spool)
+            self.report["spool_base"] = self.cb._controller.spool.base
         tp = config.get("torch_profiler")
         if tp and step == tp[0]:
             self.torch_prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
@@ -75,7 +75,7 @@ class UserTools(Callback):
         if sp and step == sp[0]:
             sys.setprofile(self._hook)
         if step in config.get("stop_writer_at", []):
-            writer = self.cb._writer
+            writer = self.cb._controller.writer
             if writer is not None:
                 writer.drain(30)
                 if writer.process is None:

@@ -5,19 +5,18 @@ torch.profiler stamps them in wall-clock µs relative to ``baseTimeNanoseconds``
 (NTP) or tick-rate drift after import moves one against the other, so the offset is measured from
 both clocks directly at each window's start and end and interpolated across the window. Sampling
 uses the clocks themselves, never traced events, so no tracer filter can break it.
+
+This module is the maths (pairs, markers, the calibration); the clocks are read in the training
+process by ``vt_lightning.recording.clock_probes``.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-DEFAULT_ROUNDS = 64
+from vt_lightning.constants import CLOCK_MARKER_PREFIX
 
-# The wall clock torch.profiler's timestamps follow. A module attribute so tests can inject a step.
-wall_clock_ns: Callable[[], int] = time.time_ns
+DEFAULT_ROUNDS = 64  # clock pairs read per window edge (the tightest round trip is kept)
 
 
 @dataclass(frozen=True)
@@ -37,27 +36,8 @@ class ClockPair:
         return self.round_trip_us / 2.0
 
 
-def sample_pair(
-    python_clock_us: Callable[[], float],
-    wall_ns: Callable[[], int] | None = None,
-    rounds: int = DEFAULT_ROUNDS,
-) -> ClockPair:
-    """Read (python, wall, python) ``rounds`` times and keep the tightest round trip."""
-    read_wall = wall_ns if wall_ns is not None else wall_clock_ns
-    best: ClockPair | None = None
-    for _ in range(rounds):
-        before = python_clock_us()
-        wall = read_wall()
-        after = python_clock_us()
-        trip = after - before
-        if best is None or trip < best.round_trip_us:
-            best = ClockPair((before + after) / 2.0, wall, trip)
-    assert best is not None
-    return best
-
-
-MARKER_PREFIX = "vt_lightning::clock"
-MARKER_ROUNDS = 16
+MARKER_PREFIX = CLOCK_MARKER_PREFIX  # torch ranges bracketing clock reads, removed at merge
+MARKER_ROUNDS = 16  # marker ranges recorded per window edge
 
 
 @dataclass(frozen=True)
@@ -91,26 +71,6 @@ class MarkerPair:
     @property
     def uncertainty_us(self) -> float:
         return self.round_trip_us / 2.0
-
-
-def emit_markers(
-    python_clock_us: Callable[[], float], make_range: Callable[[str], Any], edge: str, rounds: int = MARKER_ROUNDS
-) -> list[tuple[str, float, float]]:
-    """Record ``rounds`` empty torch ranges, each bracketed by two Python-clock reads.
-
-    The range object is built before the first read, so the bracket holds only its enter and exit.
-    """
-    samples = []
-    for i in range(rounds):
-        name = f"{MARKER_PREFIX}/{edge}#{i}"
-        marker = make_range(name)
-        enter, leave = marker.__enter__, marker.__exit__
-        before = python_clock_us()
-        enter()
-        leave(None, None, None)
-        after = python_clock_us()
-        samples.append((name, before, after))
-    return samples
 
 
 def best_marker_pair(

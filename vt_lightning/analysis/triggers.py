@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vt_lightning.constants import TRIGGER_FILE_NAME as TRIGGER_FILE_NAME  # where the trigger rules live
+
 SLOW_STEP = "slow_step"
 MEMORY_GROWTH = "memory_growth"
 TRIGGER_FILE = "trigger_file"
@@ -31,7 +33,6 @@ SIGNAL = "signal"
 # Also the priority when several reasons fire at the same check: what the user asked for first.
 REASONS = (TRIGGER_FILE, SIGNAL, MEMORY_GROWTH, SLOW_STEP)
 ON_DEMAND = frozenset({TRIGGER_FILE, SIGNAL})
-TRIGGER_FILE_NAME = "vt_lightning.trigger"
 
 # ``SlowStep.last`` after ``skip_next()``: the next interval comes out > 2**61 ns (73 years), above
 # any real limit, and is recognised as "not a step" instead of being compared.

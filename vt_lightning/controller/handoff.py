@@ -23,6 +23,13 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from vt_lightning.controller.inbox import Dropped, Notice, Outcome
+from vt_lightning.export.atomic import remove_stale_temporaries
+from vt_lightning.export.job import WindowResult
+from vt_lightning.export.pipeline import finish_window, remove_raw
+from vt_lightning.recording.spool import SpoolError
+from vt_lightning.recording.window import ClosedWindow
+
 # Finish windows in a separate writer process (see ``_writer.py``); False keeps everything on the
 # writer thread of the training process (tests that inject faults into ``finish`` use that).
 USE_WRITER_PROCESS = True
@@ -106,22 +113,46 @@ class BackgroundWriter:
                 self.process_error = err
         return self.process
 
-    def run(self, job: Any) -> Any:
-        """Finish ``job`` (on the writer thread): in the writer process if there is one, else here."""
-        from vt_lightning.export.atomic import remove_stale_temporaries
-        from vt_lightning.export.pipeline import collect_raw, finish_window, remove_raw
+    def hand_off(self, closed: ClosedWindow) -> Future[Outcome]:
+        """Queue a closed window; its future answers with exactly one outcome, never raises."""
+        return self.submit(self._finish, closed)
 
+    def _finish(self, closed: ClosedWindow) -> Outcome:
+        """On the writer thread: the window's result, or why it was dropped."""
+        job = closed.job
+        try:
+            return self.run(closed)
+        except WriterAbandoned:  # reported once, when the writer was given up
+            return Dropped(None)
+        except SpoolError as err:  # the raw dumps, not the output directory, are the problem
+            return Dropped(
+                Notice(f"spool:{err.errno}", f"vt_lightning: window dropped: {err.strerror}; training goes on.")
+            )
+        except Exception as err:
+            return Dropped(
+                Notice(
+                    f"write:{type(err).__name__}:{job.run_dir.parent}",
+                    f"vt_lightning: could not write the window to {job.run_dir} ({type(err).__name__}: {err}); "
+                    "training goes on, and later windows that fail the same way are not reported again.",
+                )
+            )
+
+    def run(self, closed: ClosedWindow) -> WindowResult:
+        """Finish a closed window (on the writer thread): complete its raw dumps here, then write it
+        in the writer process if there is one, else on this thread."""
+        job = closed.job
         generation = self._generation
+        try:
+            closed.collect()
+        except BaseException:
+            remove_raw(job)
+            raise
         process = self.writer_process()
         if process is None:
             return finish_window(job)
         try:
-            collect_raw(job)
-        except BaseException:
-            remove_raw(job)
-            raise
-        try:
-            return process.call(job)
+            result: WindowResult = process.call(job)
+            return result
         except (EOFError, OSError, ValueError) as err:  # the process died (killed, crashed) mid-window
             process.close(timeout=1.0)  # reap it
             remove_stale_temporaries(job.run_dir.parent, pid=process.pid)

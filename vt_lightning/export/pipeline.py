@@ -7,64 +7,26 @@ when asked, the memory snapshot) in the window's run directory, each written ato
 
 from __future__ import annotations
 
-import errno
+import dataclasses
 import math
 import os
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from vt_lightning.analysis.clock import MARKER_PREFIX, Calibration, ClockPair, best_marker_pair
-from vt_lightning.analysis.filters import PythonFilter, filter_python_events
+from vt_lightning.analysis.filters import filter_python_events
 from vt_lightning.analysis.merge import encode_trace, merge_trace
 from vt_lightning.analysis.summary import summarize
 from vt_lightning.export.atomic import atomic_write, gzip_bytes
+from vt_lightning.export.job import WindowJob, WindowResult
 from vt_lightning.export.report import encode_summary, render_markdown, summary_names
 
 BROWSER_LIMIT_BYTES = 300 * 1024 * 1024  # above this the trace viewer page tends to go blank
-
-
-@dataclass
-class WindowJob:
-    run_dir: Path
-    trace_name: str
-    torch_raw: Path
-    python_raw: Path | None
-    clock_start: ClockPair
-    clock_end: ClockPair
-    import_base_ns: int | None
-    metadata: dict[str, Any]
-    gzip_level: int = 3
-    memory_name: str | None = None  # write a memory snapshot under this name
-    memory_snapshot: Any = None  # a CUDA allocator snapshot taken at window end, if any
-    export_torch: Callable[[str], None] | None = None  # torch's exporter, run here if set
-    thread_names: dict[int, str] = field(default_factory=dict)  # native id -> name at window end
-    python_dump_pid: int | None = None  # the forked child writing ``python_raw``, to be reaped
-    clock_markers: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)
-    python_filter: PythonFilter | None = None  # which recorded Python calls the trace keeps
-    summary: bool = True  # write <worker>.<span>.summary.json/.md beside the trace
-
-
-@dataclass
-class WindowResult:
-    trace_path: Path
-    trace_bytes: int
-    json_bytes: int
-    python_events: int
-    torch_events: int
-    overflow: bool
-    suggested_tracer_entries: int | None = None
-    memory_path: Path | None = None
-    notes: list[str] = field(default_factory=list)
-    summary: dict[str, Any] | None = None  # see summary.py; None when it could not be computed
-    summary_path: Path | None = None
-    summary_markdown: str | None = None
-    summary_seconds: float = 0.0  # writer-process time spent on the summary and its files
 
 
 def _read_json(path: Path) -> Any:
@@ -145,32 +107,6 @@ def _round_up(entries: float) -> int:
     return int(math.ceil(entries / 1000.0) * 1000)
 
 
-def collect_raw(job: WindowJob) -> None:
-    """The part that must run in the training process: torch's exporter (its results live there)
-    and reaping the VizTracer dump child. Idempotent; afterwards the job pickles."""
-    from vt_lightning.recording.pytracer import wait_for_dump
-    from vt_lightning.recording.rivals import RivalProfiler
-    from vt_lightning.recording.spool import SpoolError
-
-    try:
-        try:
-            if job.export_torch is not None:
-                export, job.export_torch = job.export_torch, None
-                export(str(job.torch_raw))
-        finally:
-            pid, job.python_dump_pid = job.python_dump_pid, None
-            wait_for_dump(pid)
-    except RivalProfiler:
-        raise
-    except Exception as err:  # name the spool directory: the output directory is not at fault
-        spool = job.torch_raw.parent
-        raise SpoolError(
-            getattr(err, "errno", None) or errno.EIO,
-            f"the raw dumps could not be written to the spool directory {spool} ({type(err).__name__}: "
-            f"{err}); free space there, or set `spool_dir` (or $TMPDIR) to a roomier disk",
-        ) from err
-
-
 def remove_raw(job: WindowJob) -> None:
     for raw_path in (job.torch_raw, job.python_raw):
         if raw_path is not None:
@@ -181,9 +117,11 @@ def remove_raw(job: WindowJob) -> None:
 
 
 def finish_window(job: WindowJob) -> WindowResult:
-    """Merge, encode, compress and write one window; the raw dumps are removed either way."""
+    """Merge, encode, compress and write one window; the raw dumps are removed either way.
+
+    The raw dumps must be complete (torch's export done, VizTracer's dump child reaped): the
+    training process's writer thread sees to that before the job reaches here."""
     try:
-        collect_raw(job)
         torch_trace = _read_json(job.torch_raw)
         python = _read_json(job.python_raw) if job.python_raw is not None else {"traceEvents": []}
         overflow = bool(python.get("viztracer_metadata", {}).get("overflow", False))
@@ -223,12 +161,18 @@ def finish_window(job: WindowJob) -> WindowResult:
         raw = encode_trace(merged)
         compressed = gzip_bytes(raw, job.gzip_level)
         trace_path = write_new(job.run_dir, job.trace_name, compressed)
-        if trace_path.parent != job.run_dir:
+        run_dir = trace_path.parent
+        if run_dir != job.run_dir:
             notes.append(
                 f"run directory already taken ({job.run_dir} holds another run's {job.trace_name} "
-                f"or is not a plain directory); this window went to {trace_path.parent.name}"
+                f"or is not a plain directory); this window went to {run_dir.name}"
             )
-        job.run_dir = trace_path.parent
+        memory_path = snapshot = None
+        if job.memory_name is not None:
+            try:
+                memory_path, snapshot = _write_memory(job, run_dir, merged)
+            except Exception as err:  # the trace is written; a snapshot problem must not undo it
+                notes.append(f"memory snapshot not written ({type(err).__name__}: {err})")
         result = WindowResult(
             trace_path=trace_path,
             trace_bytes=len(compressed),
@@ -237,16 +181,11 @@ def finish_window(job: WindowJob) -> WindowResult:
             torch_events=merged["vt_lightning"]["torch_events"],
             overflow=overflow,
             suggested_tracer_entries=suggested,
-            notes=notes,
+            memory_path=memory_path,
+            notes=tuple(notes),
         )
-        snapshot = None
-        if job.memory_name is not None:
-            try:
-                result.memory_path, snapshot = _write_memory(job, merged)
-            except Exception as err:  # the trace is written; a snapshot problem must not undo it
-                result.notes.append(f"memory snapshot not written ({type(err).__name__}: {err})")
         if job.summary:
-            _write_summary(job, merged, snapshot, result)
+            result = _write_summary(job, run_dir, merged, snapshot, result)
         return result
     finally:
         remove_raw(job)
@@ -293,7 +232,7 @@ def write_new(run_dir: Path, name: str, data: bytes) -> Path:
 
 
 def _apply_lightning_view(merged: dict[str, Any]) -> list[str]:
-    from vt_lightning.recording.lightning_view import apply_lightning_view
+    from vt_lightning.analysis.lightning_view import apply_lightning_view
 
     summary = apply_lightning_view(merged)
     notes = []
@@ -304,20 +243,23 @@ def _apply_lightning_view(merged: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _write_memory(job: WindowJob, merged: dict[str, Any]) -> tuple[Path | None, Any]:
-    from vt_lightning.recording import memory
+def _write_memory(job: WindowJob, run_dir: Path, merged: dict[str, Any]) -> tuple[Path | None, Any]:
+    from vt_lightning.analysis.memory_snapshot import build_cpu_snapshot
+    from vt_lightning.export.memory_files import write_snapshot
 
     snapshot = job.memory_snapshot
     if snapshot is None:
-        snapshot = memory.build_cpu_snapshot(merged["traceEvents"])
+        snapshot = build_cpu_snapshot(merged["traceEvents"])
     if snapshot is None:
         return None, None
-    path = job.run_dir / str(job.memory_name)
-    memory.write_snapshot(path, snapshot)
+    path = run_dir / str(job.memory_name)
+    write_snapshot(path, snapshot)
     return path, snapshot
 
 
-def _write_summary(job: WindowJob, merged: dict[str, Any], snapshot: Any, result: WindowResult) -> None:
+def _write_summary(
+    job: WindowJob, run_dir: Path, merged: dict[str, Any], snapshot: Any, result: WindowResult
+) -> WindowResult:
     """``<worker>.<span>.summary.json`` and ``.md`` beside the trace; a failure is a note, never a
     lost window."""
     start = time.perf_counter()
@@ -325,13 +267,19 @@ def _write_summary(job: WindowJob, merged: dict[str, Any], snapshot: Any, result
         summary = summarize(merged, snapshot)
         json_name, md_name = summary_names(job.trace_name)
         summary["window"]["trace"] = job.trace_name
-        atomic_write(job.run_dir / json_name, encode_summary(summary))
+        atomic_write(run_dir / json_name, encode_summary(summary))
         markdown = render_markdown(summary)
-        atomic_write(job.run_dir / md_name, markdown.encode())
+        atomic_write(run_dir / md_name, markdown.encode())
     except Exception as err:
-        result.notes.append(f"summary not written ({type(err).__name__}: {err})")
-    else:
-        result.summary = summary
-        result.summary_markdown = markdown
-        result.summary_path = job.run_dir / json_name
-    result.summary_seconds = time.perf_counter() - start
+        return dataclasses.replace(
+            result,
+            notes=(*result.notes, f"summary not written ({type(err).__name__}: {err})"),
+            summary_seconds=time.perf_counter() - start,
+        )
+    return dataclasses.replace(
+        result,
+        summary=summary,
+        summary_markdown=markdown,
+        summary_path=run_dir / json_name,
+        summary_seconds=time.perf_counter() - start,
+    )

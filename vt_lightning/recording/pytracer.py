@@ -4,6 +4,7 @@ VizTracer installs its profile hook when it is *constructed* (Python <= 3.11) an
 first ``stop()``, so the tracer is built only at the first window's start, right before ``start()``;
 between windows it exists with no hook installed. Events leave the ring buffer through VizTracer's C
 ``dump`` (a tenth of the cost of ``load()`` into Python objects): the training thread pays only that.
+Hooking threads that already run, and unhooking them all at ``stop()``: ``thread_hooks``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,16 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from vt_lightning.analysis.usercode import is_own_file
-from vt_lightning.constants import THREAD_PREFIX
 from vt_lightning.recording.rivals import own_calls
+from vt_lightning.recording.thread_hooks import (
+    NEEDS_THREAD_CLEANUP,
+    c_api,
+    current_thread_state,
+    hook_existing_threads,
+    monitoring_callbacks_of,
+    remove_profile_hooks,
+    stop_adopting,
+)
 
 _active: weakref.WeakSet[PythonTracer] = weakref.WeakSet()
 _dump_child = False  # True only in the child PythonTracer.dump forks to write the buffer
@@ -35,192 +43,6 @@ def _stop_in_forked_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_stop_in_forked_child)
-
-
-# Python <= 3.11 only. VizTracer's start() hooks the calling thread and, through threading.setprofile,
-# threads started later; threads already running (a persistent ThreadPoolExecutor, the DataLoader's
-# pin-memory thread) would go untraced. start() therefore puts a one-shot trampoline on every other
-# thread state (CPython's _PyEval_SetProfile(tstate), under the GIL, as 3.12's
-# threading.setprofile_all_threads() does): at that thread's next call it hands over to VizTracer's C
-# hook. stop() takes every hook off again: VizTracer's own stop() unhooks only the calling thread, and
-# a hook left on a thread makes it 1.5x (3.10) to 3.4x (3.11) slower for the rest of its life.
-# On 3.12+ VizTracer uses sys.monitoring, which covers every thread and is freed by stop().
-_NEEDS_THREAD_CLEANUP = sys.version_info < (3, 12) and sys.implementation.name == "cpython"
-_capi: Any = None
-_PROFILE_EVENTS = {0: "call", 3: "return", 4: "c_call", 5: "c_exception", 6: "c_return"}
-_adopting: Any = None  # the VizTracer whose window is open, for the trampoline of pre-existing threads
-_trampoline: Any = None  # the ctypes function pointer; created once, never freed (threads may hold it)
-
-
-def _trampoline_marker() -> None:
-    """Passed as the trampoline's profile object, so ``sys.getprofile()`` in a thread shows it."""
-
-
-def _c_api() -> Any:
-    """Our own handle on the C API (restype/argtypes set here do not touch ``ctypes.pythonapi``)."""
-    global _capi
-    if _capi is None:
-        import ctypes
-
-        api = ctypes.PyDLL(None)  # PyDLL: calls keep the GIL
-        ptr = ctypes.c_void_p
-        api.PyThreadState_Get.restype = ptr
-        api.PyThreadState_Get.argtypes = []
-        api.PyInterpreterState_Get.restype = ptr
-        api.PyInterpreterState_Get.argtypes = []
-        api.PyInterpreterState_ThreadHead.restype = ptr
-        api.PyInterpreterState_ThreadHead.argtypes = [ptr]
-        api.PyThreadState_Next.restype = ptr
-        api.PyThreadState_Next.argtypes = [ptr]
-        api.PyThreadState_GetID.restype = ctypes.c_uint64
-        api.PyThreadState_GetID.argtypes = [ptr]
-        api.PyThreadState_GetFrame.restype = ptr
-        api.PyThreadState_GetFrame.argtypes = [ptr]
-        api.Py_DecRef.restype = None
-        api.Py_DecRef.argtypes = [ptr]
-        api._PyEval_SetProfile.restype = ctypes.c_int
-        api._PyEval_SetProfile.argtypes = [ptr, ptr, ptr]
-        _capi = api
-    return _capi
-
-
-def _current_thread_state() -> int | None:
-    try:
-        return _c_api().PyThreadState_Get()
-    except Exception:  # pragma: no cover - not CPython, or symbols missing: leave the hook
-        return None
-
-
-def _live_thread_states(api: Any) -> list[int]:
-    states = []
-    state = api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Get())
-    while state:
-        states.append(state)
-        state = api.PyThreadState_Next(state)
-    return states
-
-
-def _remove_profile_hooks(thread_states: dict[int, int]) -> None:
-    """Remove the profile hook of the given threads (state pointer -> state id); the GIL is held
-    throughout. The id guards against a state freed since and its address reused by a new thread."""
-    if not thread_states:
-        return
-    try:
-        api = _c_api()
-        for state in _live_thread_states(api):
-            if state in thread_states and api.PyThreadState_GetID(state) == thread_states[state]:
-                api._PyEval_SetProfile(state, None, None)
-    except Exception:  # pragma: no cover - best effort: never break stop() over this
-        pass
-
-
-def _monitoring_events() -> list[int]:
-    """Every single ``sys.monitoring`` event (3.12+): the slots a tool can hold a callback in."""
-    events = sys.monitoring.events
-    return sorted({v for k, v in vars(events).items() if k.isupper() and v and v & (v - 1) == 0})
-
-
-def _monitoring_callbacks_of(tracer: Any, release: bool) -> int:
-    """Count (and with ``release``, unregister) ``tracer``'s callbacks in ``sys.monitoring`` (3.12+).
-
-    VizTracer's stop() sets its events to 0 and frees the tool id, but ``free_tool_id`` (3.12,
-    3.13) leaves the registered callbacks in place: the interpreter keeps VizTracer's bound methods,
-    and so the tracer, until its own finalization, and hands them to the next tool that takes the
-    id. Reading a slot means swapping it, so every slot that is not ours is put back as it was.
-    """
-    monitoring = sys.monitoring
-    tool = monitoring.PROFILER_ID
-    if tracer is None or monitoring.get_tool(tool) not in (None, "viztracer"):
-        return 0  # another tool holds the id: the callbacks are its own
-    found = 0
-    for event in _monitoring_events():
-        previous = monitoring.register_callback(tool, event, None)
-        if previous is not None and getattr(previous, "__self__", None) is tracer:
-            found += 1
-            if release:
-                continue
-        if previous is not None:
-            monitoring.register_callback(tool, event, previous)
-    return found
-
-
-def _package_frames() -> list[Any]:
-    """The current frames of our own threads (the background writer's pool, named
-    ``vt_lightning-...``), which idle in the standard library between jobs."""
-    ours = {t.ident for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)}
-    return [frame for ident, frame in sys._current_frames().items() if ident in ours]
-
-
-def _runs_package_code(api: Any, state: int, our_frames: list[Any]) -> bool:
-    """True for our own threads: tracing them would only add frames the writer drops anyway."""
-    import ctypes
-
-    pointer = api.PyThreadState_GetFrame(state)
-    if not pointer:
-        return False
-    try:
-        frame = ctypes.cast(pointer, ctypes.py_object).value
-    finally:
-        api.Py_DecRef(pointer)
-    if any(frame is ours for ours in our_frames):
-        return True
-    while frame is not None:
-        if is_own_file(frame.f_code.co_filename):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _make_trampoline() -> Any:
-    global _trampoline
-    if _trampoline is None:
-        import ctypes
-
-        prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
-
-        def adopt(_obj: int, frame: int, what: int, arg: int) -> int:
-            # Runs as the profile hook of a thread that existed before the window, at its first call.
-            tracer = _adopting
-            try:
-                if tracer is not None and what in _PROFILE_EVENTS and frame:
-                    # threadtracefunc installs VizTracer's C hook on this thread, then records the event.
-                    tracer.threadtracefunc(
-                        ctypes.cast(frame, ctypes.py_object).value,
-                        _PROFILE_EVENTS[what],
-                        ctypes.cast(arg, ctypes.py_object).value if arg else None,
-                    )
-                    return 0
-            except BaseException:  # never raise into another thread's code
-                pass
-            api = _c_api()
-            api._PyEval_SetProfile(api.PyThreadState_Get(), None, None)
-            return 0
-
-        _trampoline = prototype(adopt)
-    return _trampoline
-
-
-def _hook_existing_threads(tracer: Any) -> dict[int, int]:
-    """Put the trampoline on every thread but this one and ours; returns {state: state id}."""
-    import ctypes
-
-    global _adopting
-    _adopting = tracer
-    hooked: dict[int, int] = {}
-    try:
-        api = _c_api()
-        function = ctypes.cast(_make_trampoline(), ctypes.c_void_p)
-        marker = ctypes.c_void_p(id(_trampoline_marker))  # _PyEval_SetProfile takes its own reference
-        current = api.PyThreadState_Get()
-        our_frames = _package_frames()
-        for state in _live_thread_states(api):
-            if state == current or _runs_package_code(api, state, our_frames):
-                continue
-            if api._PyEval_SetProfile(state, function, marker) == 0:
-                hooked[state] = api.PyThreadState_GetID(state)
-    except Exception:  # pragma: no cover - best effort: the window goes on, those threads untraced
-        pass
-    return hooked
 
 
 @dataclass(frozen=True)
@@ -366,7 +188,7 @@ def _release_tracers_at_exit() -> None:
             if getattr(tracer, "enable", False):
                 tracer.stop()
             if sys.version_info >= (3, 12):
-                _monitoring_callbacks_of(tracer, release=True)
+                monitoring_callbacks_of(tracer, release=True)
         except Exception:  # pragma: no cover - best effort at exit
             pass
     _TRACERS.clear()
@@ -423,7 +245,7 @@ class PythonTracer:
             if monitoring.get_tool(monitoring.PROFILER_ID) == "viztracer":
                 events = monitoring.get_events(monitoring.PROFILER_ID)
                 found.append(f"sys.monitoring tool {monitoring.PROFILER_ID} 'viztracer' (events {events:#x})")
-            callbacks = _monitoring_callbacks_of(tracer, release=False)
+            callbacks = monitoring_callbacks_of(tracer, release=False)
             if callbacks:
                 found.append(f"{callbacks} VizTracer callback(s) registered with sys.monitoring")
         return found
@@ -446,14 +268,14 @@ class PythonTracer:
         self._previous_thread_hook = threading.getprofile()
         if sys.version_info < (3, 12):
             # Threads started during the window are traced too (VizTracer's own behaviour).
-            threading.setprofile(self._thread_hook if _NEEDS_THREAD_CLEANUP else tracer.threadtracefunc)
+            threading.setprofile(self._thread_hook if NEEDS_THREAD_CLEANUP else tracer.threadtracefunc)
         else:
             # sys.monitoring traces every thread, but VizTracer names one started in the window before
             # threading registers it ("Dummy-N"); note its real name at its first call.
             threading.setprofile(self._name_hook)
         with self._lock:
-            if _NEEDS_THREAD_CLEANUP:
-                self._hooked_threads.update(_hook_existing_threads(tracer))
+            if NEEDS_THREAD_CLEANUP:
+                self._hooked_threads.update(hook_existing_threads(tracer))
             with own_calls():
                 tracer.start()
             self._running = True
@@ -492,9 +314,9 @@ class PythonTracer:
             if not self._running or self._tracer is None:
                 sys.setprofile(None)  # the window closed before this thread ran any code
                 return None
-            state = _current_thread_state()
+            state = current_thread_state()
             if state is not None:
-                self._hooked_threads[state] = _c_api().PyThreadState_GetID(state)
+                self._hooked_threads[state] = c_api().PyThreadState_GetID(state)
             self._note_thread_name()
             return self._tracer.threadtracefunc(frame, event, arg)
 
@@ -516,17 +338,16 @@ class PythonTracer:
                         # complete events ending now, not unclosed "B" events.
                         self._tracer.stop("flush_as_finish")
         finally:
-            global _adopting
-            _adopting = None
+            stop_adopting()
             if foreign is not None and sys.getprofile() is not foreign:
                 _reinstall(foreign)
             self._running = False
             _active.discard(self)
             self._release_thread_hook()
             hooked, self._hooked_threads = self._hooked_threads, {}
-            _remove_profile_hooks(hooked)
+            remove_profile_hooks(hooked)
             if sys.version_info >= (3, 12):
-                _monitoring_callbacks_of(self._tracer, release=True)
+                monitoring_callbacks_of(self._tracer, release=True)
 
     def _release_thread_hook(self) -> None:
         # VizTracer sets threading.setprofile at construction and never takes it back.

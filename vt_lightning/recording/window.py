@@ -8,18 +8,22 @@ recording and dumps VizTracer's ring buffer; everything else happens in ``finish
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from vt_lightning.analysis.clock import ClockPair, emit_markers, sample_pair
+from vt_lightning.analysis.clock import ClockPair
 from vt_lightning.analysis.schedule import Window
-from vt_lightning.export.pipeline import WindowJob
-from vt_lightning.recording.pytracer import PythonTracer
+from vt_lightning.export.job import Destination, WindowJob
+from vt_lightning.recording.clock_probes import emit_markers, sample_pair
+from vt_lightning.recording.pytracer import PythonTracer, wait_for_dump
 from vt_lightning.recording.rivals import RivalGuard, RivalProfiler
+from vt_lightning.recording.spool import SpoolError
 from vt_lightning.recording.torchtracer import TorchTracer
 
 
@@ -150,15 +154,7 @@ class ProfilingWindow:
         """The ``kind`` ranges recorded: the step each fell in and how long it took."""
         return list(self._range_log.get(kind, []))
 
-    def close(
-        self,
-        spool: str | os.PathLike[str],
-        metadata: dict[str, Any],
-        run_dir: Path,
-        trace_name: str,
-        memory_name: str | None,
-        gzip_level: int,
-    ) -> WindowJob | None:
+    def close(self, spool: str | os.PathLike[str], destination: Destination) -> ClosedWindow | None:
         """Stop everything; return the job that writes the window (None if nothing was recorded).
 
         Whatever goes wrong (or interrupts) on the way, every tracer and hook is off afterwards."""
@@ -196,23 +192,24 @@ class ProfilingWindow:
         except BaseException:
             self.abort()
             raise
-        return WindowJob(
-            run_dir=run_dir,
-            trace_name=trace_name,
+        job = WindowJob(
+            run_dir=destination.run_dir,
+            trace_name=destination.trace_name,
             torch_raw=Path(f"{stem}.torch.json"),
             python_raw=python_raw,
             clock_start=self._clock_start,
             clock_end=clock_end,
             import_base_ns=self.python.base_time_ns(),
-            metadata=metadata,
-            gzip_level=gzip_level,
-            memory_name=memory_name,
+            metadata=destination.metadata,
+            gzip_level=destination.gzip_level,
+            memory_name=destination.memory_name,
             memory_snapshot=memory_snapshot,
-            export_torch=self.torch.save,
             thread_names=thread_names,
-            python_dump_pid=dump_pid,
             clock_markers={"start": self._markers_start, "end": markers_end},
+            python_filter=destination.python_filter,
+            summary=destination.summary,
         )
+        return ClosedWindow(job, self.torch.save, dump_pid)
 
     def abort(self) -> None:
         """Stop every tracer and hook and drop what was recorded. Every step runs even if an earlier
@@ -242,3 +239,33 @@ class ProfilingWindow:
         finally:
             if self.memory_recorder is not None:
                 self.memory_recorder.stop()
+
+
+@dataclass(frozen=True)
+class ClosedWindow:
+    """A closed window on its way to the writer: the immutable job, plus the two things that must
+    still happen in this process before the raw dumps are complete (``collect``)."""
+
+    job: WindowJob
+    export_torch: Callable[[str], None] | None  # torch's exporter: its results live in this process
+    python_dump_pid: int | None  # the forked child writing VizTracer's dump, to be reaped
+
+    def collect(self) -> None:
+        """Run torch's exporter and reap the dump child (on the writer thread, once). A failure
+        names the spool directory: the output directory is not at fault."""
+        job = self.job
+        try:
+            try:
+                if self.export_torch is not None:
+                    self.export_torch(str(job.torch_raw))
+            finally:
+                wait_for_dump(self.python_dump_pid)
+        except RivalProfiler:
+            raise
+        except Exception as err:
+            spool = job.torch_raw.parent
+            raise SpoolError(
+                getattr(err, "errno", None) or errno.EIO,
+                f"the raw dumps could not be written to the spool directory {spool} ({type(err).__name__}: "
+                f"{err}); free space there, or set `spool_dir` (or $TMPDIR) to a roomier disk",
+            ) from err

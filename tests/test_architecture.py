@@ -1,0 +1,422 @@
+"""The package's shape, read from its source with ``ast`` (docs/architecture.md).
+
+* Layers: every import (module level and inside functions; ``if TYPE_CHECKING:`` blocks are
+  exempt, they never run) points down the layer list, never up; only ``__main__`` imports ``cli``.
+* No torch, Lightning or VizTracer in ``constants``, ``analysis/`` and ``export/`` (the writer
+  process and the CLI import them), nor at module level in the package's ``__init__``, which every
+  import of a submodule runs.
+* No import cycle among module-level imports.
+* Sizes: no module over 600 lines, no class over 300, ``callback.py`` at most 350 lines, and
+  ``VizTraceCallback`` a plain ``Callback`` with at most 15 attributes of its own.
+
+Nothing here imports the package: a module that does not import yet is still checked.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+PACKAGE = "vt_lightning"
+ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+
+# Layer of each top-level part of the package, and the layers it may import (its own included).
+# The package's own ``__init__`` re-exports VizTraceCallback, so it sits on top with the callback.
+LAYER_OF = {
+    "constants": "constants",
+    "analysis": "analysis",
+    "export": "export",
+    "recording": "recording",
+    "options": "options",
+    "controller": "controller",
+    "callback": "callback",
+    "cli": "cli",
+    "__main__": "__main__",
+    "": "package",  # vt_lightning/__init__.py
+}
+_BELOW_CALLBACK = {"constants", "analysis", "export", "recording", "options", "controller"}
+MAY_IMPORT: dict[str, set[str]] = {
+    "constants": {"constants"},
+    "analysis": {"analysis", "constants"},
+    "export": {"export", "analysis", "constants"},
+    "recording": {"recording", "export", "analysis", "constants"},
+    "options": {"options", "recording", "analysis", "constants"},
+    "controller": {"controller", "options", "recording", "export", "analysis", "constants"},
+    "callback": {"callback", *_BELOW_CALLBACK},
+    "package": {"package", "callback", *_BELOW_CALLBACK},
+    "cli": {"cli", "package", "callback", *_BELOW_CALLBACK},
+    "__main__": {"__main__", "cli", "package", "callback", *_BELOW_CALLBACK},
+}
+TORCH_FREE_LAYERS = ("constants", "analysis", "export")
+HEAVY = frozenset({"torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer", "torch_tb_profiler"})
+
+MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 300
+MAX_CALLBACK_LINES = 350
+MAX_CALLBACK_ATTRIBUTES = 15
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading the source
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module
+    target: str  # absolute name as written (``vt_lightning.analysis.summary``, ``torch.nn``)
+    line: int
+    module_level: bool  # runs when the importing module is imported (not inside a def)
+
+    @property
+    def top(self) -> str:
+        return self.target.split(".", 1)[0]
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def package_sources() -> dict[str, tuple[Path, str]]:
+    """``{module name: (path, source)}`` for every module of the package."""
+    return {module_name(p): (p, p.read_text(encoding="utf-8")) for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _resolve_relative(module: str, is_package: bool, level: int, name: str | None) -> str:
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join([*base, name] if name else base)
+
+
+def imports_of(module: str, source: str, *, is_package: bool = False) -> Iterator[Import]:
+    """Every import statement of ``module`` (and ``importlib.import_module("...")`` with a constant
+    name), except those under ``if TYPE_CHECKING:``. ``from a import b`` yields ``a.b``: the caller
+    decides whether that is a module or a name in ``a``."""
+
+    def visit(node: ast.AST, module_level: bool) -> Iterator[Import]:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                yield from visit(child, module_level)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(module, alias.name, node.lineno, module_level)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_relative(module, is_package, node.level, node.module) if node.level else node.module or ""
+            for alias in node.names:
+                target = base if alias.name == "*" else f"{base}.{alias.name}"
+                yield Import(module, target, node.lineno, module_level)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Attribute, ast.Name))
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield Import(module, node.args[0].value, node.lineno, module_level)
+        inner = module_level and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, inner)
+
+    yield from visit(ast.parse(source), True)
+
+
+def internal_target(target: str, modules: set[str]) -> str | None:
+    """The package module an import reaches: the longest known module that ``target`` names or
+    lies in (``vt_lightning.controller.WindowController`` -> ``vt_lightning.controller``)."""
+    if target.split(".", 1)[0] != PACKAGE:
+        return None
+    parts = target.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in modules:
+            return candidate
+    return PACKAGE
+
+
+def layer(module: str) -> str | None:
+    rest = module[len(PACKAGE) + 1 :] if module != PACKAGE else ""
+    return LAYER_OF.get(rest.split(".", 1)[0])
+
+
+@cache
+def all_imports() -> tuple[Import, ...]:
+    out: list[Import] = []
+    for module, (path, source) in package_sources().items():
+        out.extend(imports_of(module, source, is_package=path.name == "__init__.py"))
+    return tuple(out)
+
+
+def _where(imp: Import) -> str:
+    return f"{package_sources()[imp.module][0].relative_to(ROOT.parent)}:{imp.line}"
+
+
+# --------------------------------------------------------------------------------------------------
+# The checker checks what it should
+# --------------------------------------------------------------------------------------------------
+
+
+def test_the_reader_resolves_relative_imports_and_skips_type_checking_blocks():
+    source = """
+from __future__ import annotations
+import importlib
+from typing import TYPE_CHECKING
+import torch.nn
+from . import sibling
+from ..analysis import summary as s
+if TYPE_CHECKING:
+    from vt_lightning.callback import VizTraceCallback
+else:
+    import json
+def later():
+    from vt_lightning.cli import command
+    importlib.import_module("lightning.pytorch")
+"""
+    found = {(i.target, i.module_level) for i in imports_of("vt_lightning.export.job", source)}
+    assert ("torch.nn", True) in found
+    assert ("vt_lightning.export.sibling", True) in found
+    assert ("vt_lightning.analysis.summary", True) in found
+    assert ("json", True) in found
+    assert ("vt_lightning.cli.command", False) in found
+    assert ("lightning.pytorch", False) in found
+    assert not any("callback" in target for target, _ in found)
+    modules = {"vt_lightning", "vt_lightning.controller", "vt_lightning.controller.run"}
+    assert internal_target("vt_lightning.controller.WindowController", modules) == "vt_lightning.controller"
+    assert internal_target("vt_lightning.controller.run", modules) == "vt_lightning.controller.run"
+    assert internal_target("vt_lightning.__version__", modules) == "vt_lightning"
+    assert internal_target("torch", modules) is None
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert find_cycles({"a": {"a"}}) == [["a"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Layers
+# --------------------------------------------------------------------------------------------------
+
+
+def test_every_module_belongs_to_a_layer():
+    assert package_sources(), f"no module found under {ROOT}"
+    unknown = sorted(m for m in package_sources() if layer(m) is None)
+    assert not unknown, f"modules in no layer (add them to LAYER_OF and docs/architecture.md): {unknown}"
+
+
+def test_no_layer_imports_upward():
+    modules = set(package_sources())
+    bad = []
+    for imp in all_imports():
+        target = internal_target(imp.target, modules)
+        if target is None:
+            continue
+        source_layer, target_layer = layer(imp.module), layer(target)
+        if source_layer is None or target_layer is None:
+            continue  # reported by test_every_module_belongs_to_a_layer
+        if target_layer not in MAY_IMPORT[source_layer]:
+            bad.append(f"{_where(imp)}: {source_layer} imports {target} ({target_layer})")
+    assert not bad, "imports that reach up a layer (docs/architecture.md):\n" + "\n".join(bad)
+
+
+def test_only_main_imports_the_cli():
+    modules = set(package_sources())
+    bad = [
+        f"{_where(imp)}: {imp.module} imports {imp.target}"
+        for imp in all_imports()
+        if layer(imp.module) not in ("cli", "__main__")
+        and (target := internal_target(imp.target, modules)) is not None
+        and layer(target) == "cli"
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_writer_side_never_imports_torch_lightning_or_viztracer():
+    bad = [
+        f"{_where(imp)}: {imp.module} imports {imp.target}"
+        for imp in all_imports()
+        if imp.top in HEAVY
+        and (
+            layer(imp.module) in TORCH_FREE_LAYERS
+            # every ``import vt_lightning.x`` runs the package's __init__ first
+            or (layer(imp.module) == "package" and imp.module_level)
+        )
+    ]
+    assert not bad, "torch, Lightning or VizTracer where the writer process or the CLI would load them:\n" + "\n".join(
+        bad
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Cycles
+# --------------------------------------------------------------------------------------------------
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with a cycle (Tarjan), each sorted, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def strongconnect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                strongconnect(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            strongconnect(node)
+    return sorted(found)
+
+
+def test_no_import_cycles():
+    modules = set(package_sources())
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for imp in all_imports():
+        target = internal_target(imp.target, modules)
+        if imp.module_level and target is not None and target != imp.module:
+            graph[imp.module].add(target)
+    cycles = find_cycles(graph)
+    assert not cycles, "module-level import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sizes
+# --------------------------------------------------------------------------------------------------
+
+
+def test_no_module_longer_than_600_lines():
+    long = {
+        str(path.relative_to(ROOT.parent)): n
+        for path, source in package_sources().values()
+        if (n := len(source.splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_no_class_longer_than_300_lines():
+    long = {}
+    for path, source in package_sources().values():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                assert node.end_lineno is not None
+                if (n := node.end_lineno - start + 1) > MAX_CLASS_LINES:
+                    long[f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}"] = n
+    assert not long, f"classes over {MAX_CLASS_LINES} lines: {long}"
+
+
+def _callback() -> tuple[str, ast.ClassDef]:
+    _, source = package_sources()[f"{PACKAGE}.callback"]
+    classes = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "VizTraceCallback"]
+    assert len(classes) == 1, "vt_lightning/callback.py defines VizTraceCallback once"
+    return source, classes[0]
+
+
+def test_callback_module_is_at_most_350_lines():
+    source, _ = _callback()
+    n = len(source.splitlines())
+    assert n <= MAX_CALLBACK_LINES, f"vt_lightning/callback.py has {n} lines (at most {MAX_CALLBACK_LINES})"
+
+
+def test_the_callback_subclasses_only_callback():
+    _, cls = _callback()
+    bases = [ast.unparse(b) for b in cls.bases]
+    assert len(bases) == 1 and bases[0].rsplit(".", 1)[-1] == "Callback", bases
+    assert not cls.keywords, [ast.unparse(k) for k in cls.keywords]
+
+
+def self_attributes(cls: ast.ClassDef) -> set[str]:
+    """Names assigned as ``self.<name>`` (plain, annotated, augmented, unpacked, walrus-free) or via
+    ``setattr(self, "<name>", ...)`` anywhere in the class's methods."""
+    names: set[str] = set()
+
+    def targets(node: ast.expr) -> Iterator[ast.expr]:
+        if isinstance(node, (ast.Tuple, ast.List)):
+            for element in node.elts:
+                yield from targets(element)
+        elif isinstance(node, ast.Starred):
+            yield from targets(node.value)
+        else:
+            yield node
+
+    for node in ast.walk(cls):
+        found: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            found = [t for target in node.targets for t in targets(target)]
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            found = [node.target]
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            found = list(targets(node.target))
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            found = [t for item in node.items if item.optional_vars for t in targets(item.optional_vars)]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == "self"
+            and isinstance(node.args[1], ast.Constant)
+        ):
+            names.add(str(node.args[1].value))
+        for target in found:
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                names.add(target.attr)
+    return names
+
+
+def test_self_attributes_are_counted_however_they_are_assigned():
+    cls = ast.parse(
+        "class C:\n"
+        "    def f(self, other):\n"
+        "        self.a = other.b = 1\n"
+        "        self.c: int = 2\n"
+        "        self.a += 1\n"
+        "        self.d, (self.e, *self.f) = 1, (2, 3)\n"
+        "        setattr(self, 'g', 4)\n"
+        "        with open('x') as self.h:\n"
+        "            pass\n"
+        "        other.z = self.y\n"
+    ).body[0]
+    assert isinstance(cls, ast.ClassDef)
+    assert self_attributes(cls) == {"a", "c", "d", "e", "f", "g", "h"}
+
+
+def test_the_callback_keeps_at_most_15_attributes():
+    _, cls = _callback()
+    names = self_attributes(cls)
+    assert len(names) <= MAX_CALLBACK_ATTRIBUTES, (
+        f"VizTraceCallback assigns {len(names)} distinct self attributes (at most {MAX_CALLBACK_ATTRIBUTES}): "
+        f"{sorted(names)}"
+    )

@@ -1,0 +1,157 @@
+"""The window lifecycle table and the one-way hand-off, without a Trainer.
+
+The controller runs exactly what ``analysis.lifecycle.TRANSITIONS`` lists; driving the table here
+over a schedule must give the sequence of actions a window needs: open at its warmup, one step per
+active batch, close right after its last one. The inbox must deliver exactly one answer per
+hand-off, whatever happened to the writer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vt_lightning.analysis.clock import ClockPair
+from vt_lightning.analysis.lifecycle import TRANSITIONS, Action, Boundary, actions, phase_in
+from vt_lightning.analysis.schedule import Phase, Schedule
+from vt_lightning.controller.inbox import Dropped, Inbox, Notice, Outcomes
+from vt_lightning.export.job import WindowJob, WindowResult
+
+
+def drive(schedule: Schedule, steps: int) -> list[tuple[int, str, Action]]:
+    """What the controller's table lookups do over ``steps`` batches of one schedule (the plan
+    reduced to the schedule's own windows)."""
+    done: list[tuple[int, str, Action]] = []
+    window = None
+    phase = Phase.NONE
+    for step in range(steps):
+        if window is not None:
+            current = phase_in(window, step)
+            for action in actions(Boundary.BATCH_START, phase, current):
+                done.append((step, "start", action))
+            phase = current
+            if current is Phase.NONE:
+                window = None
+        if window is None:
+            nxt = schedule.next_window(step)
+            if nxt is not None and step >= nxt.warmup_start:
+                window, current = nxt, phase_in(nxt, step)
+                for action in actions(Boundary.BATCH_START, Phase.NONE, current):
+                    done.append((step, "start", action))
+                phase = current
+        if window is not None:
+            after = phase_in(window, step + 1)
+            for action in actions(Boundary.BATCH_END, phase, after):
+                done.append((step, "end", action))
+            if after is Phase.NONE:
+                window, phase = None, Phase.NONE
+    return done
+
+
+def test_a_window_opens_at_warmup_records_each_active_batch_and_closes_after_the_last():
+    done = drive(Schedule(skip_first=1, wait=1, warmup=2, active=3, repeat=1), 12)
+    assert done == [
+        (2, "start", Action.OPEN),
+        (4, "start", Action.BEGIN_STEP),
+        (4, "end", Action.END_STEP),
+        (5, "start", Action.BEGIN_STEP),
+        (5, "end", Action.END_STEP),
+        (6, "start", Action.BEGIN_STEP),
+        (6, "end", Action.END_STEP),
+        (6, "end", Action.CLOSE),
+    ]
+
+
+@given(
+    skip_first=st.integers(0, 3),
+    wait=st.integers(0, 3),
+    warmup=st.integers(0, 3),
+    active=st.integers(1, 4),
+    repeat=st.integers(0, 3),
+)
+def test_every_window_of_any_schedule_is_opened_recorded_and_closed_once(skip_first, wait, warmup, active, repeat):
+    schedule = Schedule(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
+    steps = 40
+    done = drive(schedule, steps)
+    opened = [step for step, _, action in done if action is Action.OPEN]
+    closed = [step for step, _, action in done if action is Action.CLOSE]
+    recorded = [step for step, where, action in done if action is Action.BEGIN_STEP]
+    expected = [w for w in schedule.windows_until(steps) if w.end <= steps]
+    assert opened[: len(expected)] == [w.warmup_start for w in expected]
+    assert closed == [w.last_step for w in expected]
+    assert recorded == [s for s in range(steps) if schedule.phase(s) is Phase.ACTIVE]
+
+
+def test_phase_in_a_window_matches_the_schedule():
+    schedule = Schedule(skip_first=2, wait=1, warmup=1, active=2, repeat=2)
+    for step in range(20):
+        index = schedule.window_index(step)
+        expected = schedule.phase(step)
+        if index is None:
+            assert expected is Phase.NONE
+        else:
+            assert phase_in(schedule.window(index), step) is expected
+
+
+def test_the_table_names_no_transition_the_phases_cannot_make():
+    # A window never goes back to warmup, and nothing happens before a window opens.
+    assert all(not (prev is Phase.ACTIVE and cur is Phase.WARMUP) for (_, prev, cur) in TRANSITIONS)
+    for boundary, prev, cur in itertools.product(Boundary, Phase, Phase):
+        if (boundary, prev, cur) not in TRANSITIONS:
+            with pytest.raises(KeyError):
+                actions(boundary, prev, cur)
+
+
+# ---------------------------------------------------------------- the one-way hand-off
+
+
+def _result(name: str = "w.pt.trace.json.gz", **changes) -> WindowResult:
+    base = WindowResult(Path(name), 10, 100, 5, 5, overflow=False)
+    return dataclasses.replace(base, **changes)
+
+
+def test_a_handed_off_job_cannot_be_changed():
+    pair = ClockPair(1.0, 2, 0.1)
+    job = WindowJob(Path("run"), "t.pt.trace.json.gz", Path("t.json"), None, pair, pair, None, {})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.run_dir = Path("elsewhere")  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        _result().notes = ("x",)  # type: ignore[misc]
+
+
+def test_the_inbox_answers_once_per_hand_off_whatever_the_writer_did():
+    inbox = Inbox()
+    written, failed, cancelled = Future(), Future(), Future()
+    for future in (written, failed, cancelled):
+        inbox.expect(future)
+    assert inbox.outstanding == 3 and inbox.take_all() == []
+    written.set_result(_result())
+    failed.set_exception(RuntimeError("abandoned"))
+    cancelled.cancel()
+    inbox.notice("writer-died", "the writer process stopped")
+    answers = inbox.take_all()
+    assert inbox.outstanding == 0
+    assert answers == [_result(), Dropped(None), Dropped(None), Notice("writer-died", "the writer process stopped")]
+
+
+def test_outcomes_warn_once_per_kind_and_keep_results_in_order():
+    seen: list[tuple[str, str]] = []
+    outcomes = Outcomes(lambda key, message: seen.append((key, message)), tracer_entries=1000)
+    outcomes.receive(
+        [
+            _result("a.pt.trace.json.gz", overflow=True, suggested_tracer_entries=5000),
+            Dropped(Notice("spool:28", "vt_lightning: window dropped: No space left on device")),
+            Dropped(None),
+            _result("b.pt.trace.json.gz", summary={"window": {"index": 1}}),
+        ]
+    )
+    assert [r.trace_path.name for r in outcomes.results] == ["a.pt.trace.json.gz", "b.pt.trace.json.gz"]
+    assert [key for key, _ in seen] == ["overflow", "spool:28"]
+    assert "about 5000" in seen[0][1]
+    assert [r.trace_path.name for r in outcomes.unlogged] == ["b.pt.trace.json.gz"]

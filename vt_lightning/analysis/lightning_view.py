@@ -1,0 +1,249 @@
+"""The "Lightning" view of torch-tb-profiler 0.4.3: how to write it into a trace.
+
+``apply_lightning_view(trace)``: pure post-processing of one trace dict. torch exports
+``record_function`` ranges with ``cat: "user_annotation"`` but the plugin only builds the view from
+``cpu_op`` events, and only when the top-level ``"Framework": "pytorch-lightning"`` is set. The
+ranges themselves are recorded in the training process by
+``vt_lightning.recording.lightning_hooks.LightningViewHooks``, named by the helpers below.
+
+Plugin facts this module is built around (torch_tb_profiler/profiler/{trace,data,event_parser,
+module_op,run_generator,run}.py):
+
+* ``PLModuleEvent`` strips ``[pl][module]`` and splits at the first ``": "``: the type before it is
+  informational, the module path after it is the key. The module tree is built from the PATHS
+  alone (parent = path up to the last dot, only if the parent itself has an event), so a child of a
+  container that is never called (``nn.ModuleList``, ``nn.ModuleDict``) becomes a root.
+* Setting ``Framework`` makes the plugin drop every ``python_function`` event, so torch's own Module
+  view (``with_modules``) disappears; we therefore set it only when at least one module event is kept.
+* Every ``[pl][module]`` name found in the events must also be reachable as a node in the operator
+  tree, else ``module_op._process_module_statistics`` raises ``KeyError`` and the WHOLE worker fails
+  to load (Overview and Trace included). A node is lost when its range partially overlaps another
+  range of the same thread. ``apply_lightning_view`` replays the plugin's tree building and leaves
+  such events as ``user_annotation`` (the plugin ignores those), so a bad range can never kill a file.
+* The view's timeline (``/tree``) reads ``next(iter(pl_tid2tree.values()))``, the ``[pl][profile]``
+  ranges of the first thread: with none it raises ``StopIteration`` (HTTP 500, empty chart). When the
+  trace has module events but no ``[pl][profile]`` event we add one per ``ProfilerStep#N``.
+* ``gpu_user_annotation`` events (the GPU-side mirror of a ``record_function``) must stay as they are.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from vt_lightning.constants import (
+    CPU_OP_CATEGORY,
+    FRAMEWORK_KEY,
+    FRAMEWORK_LIGHTNING,
+    PL_MODULE_PREFIX,
+    PL_PROFILE_PREFIX,
+    STEP_PREFIX,
+    TRACE_METADATA_KEY,
+    USER_ANNOTATION_CATEGORY,
+)
+
+# Lightning's main step stages; every other profiled action (each callback hook, each module hook)
+# would add a range per batch for little insight, at a measurable cost in active steps.
+MAIN_STAGES = frozenset(
+    {
+        "run_training_batch",
+        "training_step",
+        "backward",
+        "optimizer_step",
+        "optimizer_zero_grad",
+        "zero_grad",
+        "train_dataloader_next",
+        "validation_step",
+        "run_optimization",
+        "test_step",
+        "predict_step",
+    }
+)
+
+
+def is_main_stage(action_name: str) -> bool:
+    """``[Strategy]DDPStrategy.backward`` -> True; ``[Callback]X.on_train_batch_end`` -> False."""
+    if action_name.startswith("[Callback]"):
+        return False
+    return action_name.rsplit(".", 1)[-1] in MAIN_STAGES
+
+
+# Categories whose X events the plugin puts in its per-thread operator list (besides ours).
+_TREE_CATEGORIES = frozenset({CPU_OP_CATEGORY, "operator", "python"})
+_COMM_NAMES = frozenset(
+    f"{lib}:{op}"
+    for lib in ("nccl", "gloo")
+    for op in ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter")
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Naming
+# --------------------------------------------------------------------------------------------------
+
+
+def module_record_name(module: Any, path: str) -> str:
+    """``[pl][module]<module>.<Type>: <path>`` — the form Lightning's own profiler writes."""
+    cls = type(module)
+    return f"{PL_MODULE_PREFIX}{cls.__module__}.{cls.__name__}: {path}"
+
+
+def profile_record_name(action_name: str) -> str:
+    return f"{PL_PROFILE_PREFIX}{action_name}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Writing: the pure rewrite
+# --------------------------------------------------------------------------------------------------
+
+
+def _is_pl_candidate(event: dict[str, Any], prefix: str) -> bool:
+    if event.get("ph") != "X":
+        return False
+    name = event.get("name")
+    if not isinstance(name, str) or not name.startswith(prefix):
+        return False
+    return event.get("cat") in (USER_ANNOTATION_CATEGORY, CPU_OP_CATEGORY)
+
+
+def _tid_key(tid: Any) -> Any:
+    try:
+        return int(tid)
+    except (TypeError, ValueError):
+        return tid
+
+
+def _in_plugin_tree(event: dict[str, Any]) -> bool:
+    """Would the plugin (Lightning mode) put this X event in its per-thread operator list?"""
+    if event.get("ph") != "X":
+        return False
+    cat = event.get("cat")
+    if not isinstance(cat, str):
+        return False
+    cat = cat.lower()
+    name = event.get("name")
+    if cat in _TREE_CATEGORIES:
+        return not (isinstance(name, str) and name.startswith(PL_PROFILE_PREFIX))
+    if cat == USER_ANNOTATION_CATEGORY:
+        return isinstance(name, str) and (name.startswith(STEP_PREFIX) or name in _COMM_NAMES)
+    return False
+
+
+def _rejected_module_events(tree_events: list[dict[str, Any]], modules: set[int]) -> set[int]:
+    """Replay the plugin's per-thread tree building; ids of module events that lose a node."""
+    bad: set[int] = set()
+    by_tid: dict[Any, list[tuple[float, float, dict[str, Any]]]] = defaultdict(list)
+    # the plugin sorts all events by ts (stable), then each thread by (start, -end) (stable)
+    for event in sorted(tree_events, key=lambda e: e["ts"]):
+        start = float(event["ts"])
+        by_tid[_tid_key(event.get("tid"))].append((start, start + float(event.get("dur", 0) or 0), event))
+    for items in by_tid.values():
+        if not any(id(e) in modules for _, _, e in items):
+            continue
+        items.sort(key=lambda x: (x[0], -x[1]))
+        stack: list[tuple[float, float, dict[str, Any]]] = [(float("-inf"), float("inf"), {})]
+        for item in items:
+            start, end, event = item
+            while True:
+                tail = stack[-1]
+                if start < tail[1]:
+                    if end <= tail[1]:
+                        stack.append(item)
+                    else:  # partial overlap: the plugin logs an error and drops `event`
+                        if id(event) in modules:
+                            bad.add(id(event))
+                        elif id(tail[2]) in modules:
+                            bad.add(id(tail[2]))
+                    break
+                stack.pop()
+    return bad
+
+
+def apply_lightning_view(trace: dict[str, Any]) -> dict[str, int]:
+    """Make torch-tb-profiler offer the "Lightning" view for this trace; mutates ``trace``.
+
+    Rewrites ``[pl][module]`` / ``[pl][profile]`` ``user_annotation`` X events to ``cpu_op``, except
+    module ranges the plugin could not place in its operator tree (those stay ``user_annotation`` and
+    are ignored by it), adds one ``[pl][profile]ProfilerStep#N`` per step when there is no stage
+    range, and sets ``"Framework": "pytorch-lightning"`` before ``traceEvents`` (which stays last).
+    Does nothing when no module range survives (the view would be empty and ``Framework`` would hide
+    torch's Module view). Returns counts, also stored in ``trace["vt_lightning"]["lightning_view"]``
+    when that metadata dict exists.
+    """
+    events = trace.get("traceEvents")
+    if not isinstance(events, list):
+        events = []
+    modules = [e for e in events if isinstance(e, dict) and _is_pl_candidate(e, PL_MODULE_PREFIX)]
+    stages = [e for e in events if isinstance(e, dict) and _is_pl_candidate(e, PL_PROFILE_PREFIX)]
+    summary = {"modules": 0, "stages": 0, "demoted": 0, "synthesized_stages": 0, "framework": 0}
+
+    kept = {id(e) for e in modules}
+    if kept:
+        tree_events = [e for e in events if isinstance(e, dict) and "ts" in e and (id(e) in kept or _in_plugin_tree(e))]
+        for _ in range(16):
+            bad = _rejected_module_events(tree_events, kept)
+            if not bad:
+                break
+            kept -= bad
+            tree_events = [e for e in tree_events if id(e) not in bad]
+        else:
+            kept = set()  # pathological: give up on the view rather than risk the file
+    summary["demoted"] = len(modules) - len(kept)
+
+    if kept:
+        for event in modules:
+            if id(event) in kept:
+                event["cat"] = CPU_OP_CATEGORY
+            else:
+                event["cat"] = USER_ANNOTATION_CATEGORY
+        for event in stages:
+            event["cat"] = CPU_OP_CATEGORY
+        if not stages:
+            steps = [
+                e
+                for e in events
+                if isinstance(e, dict)
+                and e.get("ph") == "X"
+                and isinstance(e.get("name"), str)
+                and e["name"].startswith(STEP_PREFIX)
+            ]
+            synthesized = [
+                {
+                    "ph": "X",
+                    "cat": CPU_OP_CATEGORY,
+                    "name": profile_record_name(e["name"]),
+                    "pid": e.get("pid"),
+                    "tid": e.get("tid"),
+                    "ts": e.get("ts"),
+                    "dur": e.get("dur", 0),
+                    "args": {"vt_lightning": "step range added for the Lightning view"},
+                }
+                for e in steps
+            ]
+            events.extend(synthesized)
+            summary["synthesized_stages"] = len(synthesized)
+        summary["modules"] = len(kept)
+        summary["stages"] = len(stages)
+        summary["framework"] = 1
+        body = trace.pop("traceEvents", events)
+        trace[FRAMEWORK_KEY] = FRAMEWORK_LIGHTNING
+        trace["traceEvents"] = body
+
+    meta = trace.get(TRACE_METADATA_KEY)
+    if isinstance(meta, dict):
+        meta["lightning_view"] = dict(summary)
+        if "traceEvents" in trace:  # keep traceEvents last
+            trace["traceEvents"] = trace.pop("traceEvents")
+    return summary
+
+
+def lightning_view_names(events: Iterable[dict[str, Any]]) -> list[str]:
+    """Module paths of the ``[pl][module]`` events the plugin will read (``cat == cpu_op``)."""
+    out = []
+    for e in events:
+        name = e.get("name")
+        if e.get("cat") == CPU_OP_CATEGORY and isinstance(name, str) and name.startswith(PL_MODULE_PREFIX):
+            rest = name[len(PL_MODULE_PREFIX) :]
+            out.append(rest[rest.find(": ") + 2 :])
+    return out

@@ -1,0 +1,318 @@
+"""CPU memory snapshots from a merged trace, in the format of ``torch.cuda.memory._snapshot()``.
+
+``build_cpu_snapshot`` turns the profiler's ``[memory]`` instant events of the merged trace into
+the dict torch's allocator writes (so https://pytorch.org/memory_viz and ``python -m
+torch.cuda._memory_viz`` open it like a CUDA snapshot; the CUDA side is
+``vt_lightning.recording.memory``). The stack of each allocation and free is made of the VizTracer
+calls (and, by default, the torch ops) that enclose the event on the same thread, innermost first,
+as torch writes its own frames. Pure: plain event dicts in, a plain dict out.
+
+What memory_viz needs from a snapshot (torch 2.4 ... 2.13, ``torch/cuda/_memory_viz.py`` and
+``torch/utils/viz/MemoryViz.js``):
+
+* ``device_traces[d]``: list of entries ``{action, addr, size, stream, time_us, frames}``. A free is
+  ``free_requested`` immediately followed by ``free_completed`` for the same address (the page
+  folds the pair into one ``free``; a lone ``free_completed`` is drawn as "waiting for another
+  stream" and ``_memory_viz trace_plot -f`` prints a complaint for it). No ``category`` key: the page
+  has a typo (``snapshot.categores``) that crashes when categories exist and none is ``unknown``.
+* ``segments``: ``{device, address, total_size, allocated_size, active_size, requested_size,
+  stream, segment_type, segment_pool_id, blocks}``; the blocks must tile the segment exactly
+  (``stats`` asserts it) and every block the page replays from the trace must fall inside some
+  segment (the "Allocator State History" view crashes on a block outside every segment).
+* The page's unpickler knows protocols 2..4 and a fixed set of opcodes: plain dicts, lists, str,
+  int, float, bool, None and small tuples only (no bytes, no sets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from vt_lightning.analysis.usercode import parse_function
+from vt_lightning.constants import CPU_OP_CATEGORY, PYTHON_CATEGORY, USER_ANNOTATION_CATEGORY
+
+# torch events that may enclose an allocation
+OP_CATEGORIES = frozenset({CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY})
+UNKNOWN_FILE = "??"  # what torch writes for a frame without a source file
+CPU_DEVICE_TYPE = 0  # ``Device Type`` of torch's [memory] events (c10::DeviceType::CPU)
+_DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda", 13: "mps", 20: "meta", 12: "xpu", 9: "hip"}
+_LARGE_SEGMENT = 1 << 20  # the CUDA allocator's small/large split, kept for the segment_type field
+
+
+def parse_frame(event_name: str) -> dict[str, Any]:
+    """One memory_viz frame from a VizTracer or torch event name.
+
+    ``"forward (/src/model.py:12)"`` -> ``{"filename": "/src/model.py", "line": 12, "name":
+    "forward"}``; a name without a source (``"builtins.sum"``, ``"aten::addmm"``) keeps the name
+    whole, with filename ``"??"`` and line 0.
+    """
+    name, file, line = parse_function(event_name)
+    if file is None or line is None:
+        return {"filename": UNKNOWN_FILE, "line": 0, "name": event_name}
+    return {"filename": file, "line": line, "name": name}
+
+
+class _FrameCache:
+    """One frame dict per distinct event name: the pickle then stores each frame once."""
+
+    def __init__(self) -> None:
+        self._frames: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, event_name: str) -> dict[str, Any]:
+        frame = self._frames.get(event_name)
+        if frame is None:
+            frame = self._frames[event_name] = parse_frame(event_name)
+        return frame
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int_or(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _stack_frames(
+    memory: list[tuple[float, int]],
+    intervals: list[tuple[float, float, str]],
+    frame_of: _FrameCache,
+) -> dict[int, list[dict[str, Any]]]:
+    """Enclosing frames, innermost first, for each memory event of one thread.
+
+    ``memory``: (ts, event index); ``intervals``: (start, end, name) of the thread's calls.
+    One sort of each plus a sweep with a stack: O((n + m) log(n + m) + m * depth). Calls that do
+    not nest properly (clock jitter between the two tracers, e.g. siblings that overlap by a
+    nanosecond) are tolerated: a call is reported exactly when its span contains the event.
+    """
+    intervals.sort(key=lambda iv: (iv[0], -iv[1]))
+    memory.sort()
+    out: dict[int, list[dict[str, Any]]] = {}
+    stack: list[tuple[float, float, str]] = []
+    previous: list[dict[str, Any]] = []
+    i, n = 0, len(intervals)
+    for ts, index in memory:
+        while i < n and intervals[i][0] <= ts:
+            start = intervals[i][0]
+            while stack and stack[-1][1] < start:
+                stack.pop()
+            stack.append(intervals[i])
+            i += 1
+        alive = [iv for iv in stack if iv[1] >= ts]
+        if len(alive) != len(stack):
+            # Calls that ended can enclose no later event (memory is sorted): drop them for good,
+            # also from under a call that is still running, so the stack never grows past the
+            # real depth plus the calls pushed since the previous event.
+            stack = alive
+        frames = [frame_of(iv[2]) for iv in reversed(stack)]
+        if frames == previous:  # identical frames compare by identity first: cheap
+            frames = previous  # share the list: stored once in the pickle
+        previous = frames
+        out[index] = frames
+    return out
+
+
+def build_cpu_snapshot(trace_events: Iterable[Mapping[str, Any]], *, include_ops: bool = True) -> dict[str, Any] | None:
+    """A ``torch.cuda.memory._snapshot()``-format dict from a merged trace's ``traceEvents``.
+
+    Allocations and frees come from torch's ``[memory]`` instant events (``profile_memory=True``);
+    their frames from the enclosing VizTracer calls (``cat == "FEE"``) of the same pid/tid and, when
+    ``include_ops``, the enclosing torch ops and ``record_function`` ranges. Times (``time_us``) are
+    the trace's own ``ts`` (torch's timeline), so they line up with the Trace view.
+
+    There is no caching allocator on CPU, hence no ``segment_alloc``/``segment_free`` entries. The
+    ``segments`` are the address ranges the window's allocations occupied (overlapping ranges
+    merged); their blocks are the allocations still live at the window's end, with the rest of each
+    range ``inactive``. A free with no allocation in the window (memory allocated before it) is kept
+    as a free. Returns None when there is no ``[memory]`` event.
+    """
+    frame_of = _FrameCache()
+    memory_by_thread: dict[tuple[Any, Any], list[tuple[float, int]]] = {}
+    calls_by_thread: dict[tuple[Any, Any], list[tuple[float, float, str]]] = {}
+    records: list[tuple[float, int, int, int, tuple[int, int]]] = []  # ts, index, addr, bytes, device
+    for event in trace_events:
+        ph = event.get("ph")
+        if ph == "X":
+            cat = event.get("cat")
+            if cat != PYTHON_CATEGORY and not (include_ops and cat in OP_CATEGORIES):
+                continue
+            ts = _number(event.get("ts"))
+            name = event.get("name")
+            if ts is None or not isinstance(name, str):
+                continue
+            dur = _number(event.get("dur")) or 0.0
+            calls_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append((ts, ts + max(dur, 0.0), name))
+        elif ph == "i" and event.get("name") == "[memory]":
+            args = event.get("args") or {}
+            ts = _number(event.get("ts"))
+            addr = args.get("Addr")
+            size = args.get("Bytes")
+            if ts is None or not isinstance(addr, int) or not isinstance(size, int) or size == 0:
+                continue
+            device = (_int_or(args.get("Device Type"), CPU_DEVICE_TYPE), _int_or(args.get("Device Id"), -1))
+            index = len(records)
+            records.append((ts, index, addr, size, device))
+            memory_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append((ts, index))
+    if not records:
+        return None
+
+    frames_of: dict[int, list[dict[str, Any]]] = {}
+    for thread, memory in memory_by_thread.items():
+        frames_of.update(_stack_frames(memory, calls_by_thread.get(thread, []), frame_of))
+    del calls_by_thread, memory_by_thread
+
+    devices = _device_order({record[4] for record in records})
+    device_index = {device: i for i, device in enumerate(devices)}
+    traces: list[list[dict[str, Any]]] = [[] for _ in devices]
+    live: list[dict[int, dict[str, Any]]] = [{} for _ in devices]  # addr -> its alloc entry
+    ranges: list[list[tuple[int, int]]] = [[] for _ in devices]
+    unmatched_allocs = 0
+    frees_before_window = 0
+
+    records.sort(key=lambda r: (r[0], r[1]))  # by time; equal times keep the trace's order
+    for ts, index, addr, size, device in records:
+        d = device_index[device]
+        trace, alive = traces[d], live[d]
+        time_us = round(ts)
+        frames = frames_of.get(index, [])
+        if size > 0:
+            previous = alive.pop(addr, None)
+            if previous is not None:  # its free was lost: close it here so the replay stays sane
+                unmatched_allocs += 1
+                _append_free(trace, addr, previous["size"], time_us, previous["frames"])
+            entry = {
+                "action": "alloc",
+                "addr": addr,
+                "size": size,
+                "stream": 0,
+                "time_us": time_us,
+                "frames": frames,
+            }
+            trace.append(entry)
+            alive[addr] = entry
+            ranges[d].append((addr, addr + size))
+        else:
+            allocated = alive.pop(addr, None)
+            if allocated is None:
+                frees_before_window += 1
+                freed = -size
+                ranges[d].append((addr, addr + freed))
+            else:
+                freed = allocated["size"]
+            _append_free(trace, addr, freed, time_us, frames)
+
+    segments: list[dict[str, Any]] = []
+    for d in range(len(devices)):
+        segments.extend(_segments(d, ranges[d], live[d].values()))
+
+    return {
+        "segments": segments,
+        "device_traces": traces,
+        "vt_lightning": {
+            "source": "cpu-profiler-memory-events",
+            "devices": [_device_label(device) for device in devices],
+            "events": len(records),
+            "frees_without_alloc": frees_before_window,
+            "allocs_without_free": unmatched_allocs,
+            "frames": "viztracer+torch-ops" if include_ops else "viztracer",
+            "time": "trace ts (torch timeline, us)",
+        },
+    }
+
+
+def _append_free(trace: list[dict[str, Any]], addr: int, size: int, time_us: int, frames: list[dict[str, Any]]) -> None:
+    for action in ("free_requested", "free_completed"):
+        trace.append(
+            {
+                "action": action,
+                "addr": addr,
+                "size": size,
+                "stream": 0,
+                "time_us": time_us,
+                "frames": frames,
+            }
+        )
+
+
+def _device_order(devices: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Accelerators first by (type, id), CPU last: torch's own convention (cpu = device_count)."""
+    return sorted(devices, key=lambda dev: (dev[0] == CPU_DEVICE_TYPE, dev[0], dev[1]))
+
+
+def _device_label(device: tuple[int, int]) -> str:
+    kind, index = device
+    name = _DEVICE_TYPE_NAMES.get(kind, f"device_type_{kind}")
+    return name if index < 0 else f"{name}:{index}"
+
+
+def _segments(
+    device: int, ranges: list[tuple[int, int]], live_entries: Iterable[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Merged address ranges, each tiled by its live blocks and ``inactive`` gaps."""
+    if not ranges:
+        return []
+    ranges.sort()
+    merged: list[list[int]] = []
+    for start, end in ranges:
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1][1] = end
+        else:
+            merged.append([start, end])
+    blocks = sorted(live_entries, key=lambda e: e["addr"])
+    segments = []
+    b = 0
+    for start, end in merged:
+        seg_blocks: list[dict[str, Any]] = []
+        cursor = start
+        allocated = 0
+        while b < len(blocks) and blocks[b]["addr"] < end:
+            entry = blocks[b]
+            b += 1
+            addr, size = entry["addr"], entry["size"]
+            if addr < cursor or addr + size > end:  # overlaps a kept block: inconsistent input
+                continue
+            if addr > cursor:
+                seg_blocks.append(_inactive(cursor, addr - cursor))
+            seg_blocks.append(
+                {
+                    "address": addr,
+                    "size": size,
+                    "requested_size": size,
+                    "state": "active_allocated",
+                    "frames": entry["frames"],
+                }
+            )
+            allocated += size
+            cursor = addr + size
+        if cursor < end:
+            seg_blocks.append(_inactive(cursor, end - cursor))
+        total = end - start
+        segments.append(
+            {
+                "device": device,
+                "address": start,
+                "total_size": total,
+                "allocated_size": allocated,
+                "active_size": allocated,
+                "requested_size": allocated,
+                "stream": 0,
+                "segment_type": "large" if total > _LARGE_SEGMENT else "small",
+                "segment_pool_id": (0, 0),
+                "is_expandable": False,
+                "frames": [],
+                "blocks": seg_blocks,
+            }
+        )
+    return segments
+
+
+def _inactive(address: int, size: int) -> dict[str, Any]:
+    return {"address": address, "size": size, "requested_size": 0, "state": "inactive", "frames": []}

@@ -1,0 +1,350 @@
+"""The window controller: one object per callback, driven by Lightning's hooks.
+
+At each batch boundary it asks the window plan (the schedule and the triggers) what phase the
+batch is in, looks the transition up in ``analysis.lifecycle.TRANSITIONS`` and runs the listed
+actions. A closed window becomes an immutable job for the writer; the writer's answers come back
+through the inbox, which is read here at batch starts and at the end of a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from vt_lightning.analysis.filters import PythonFilter, module_hook_locations, path_prefixes
+from vt_lightning.analysis.lifecycle import Action, Boundary, actions, phase_in
+from vt_lightning.analysis.schedule import Phase, Window
+from vt_lightning.analysis.sources import Planned, WindowPlan
+from vt_lightning.analysis.usercode import library_roots
+from vt_lightning.controller import messages, windows
+from vt_lightning.controller import run as runs
+from vt_lightning.controller.handoff import BackgroundWriter
+from vt_lightning.controller.inbox import Inbox, Outcomes
+from vt_lightning.controller.triggers import ArmedTriggers, agree, arm
+from vt_lightning.controller.warn import WarnOnce
+from vt_lightning.export.atomic import remove_stale_temporaries
+from vt_lightning.options import Options
+from vt_lightning.recording.memory import is_cuda_oom
+from vt_lightning.recording.pytracer import PythonTracer, reap_dump_children
+from vt_lightning.recording.spool import Spool, spool_directory
+from vt_lightning.recording.window import ProfilingWindow
+
+_S, _E = Boundary.BATCH_START, Boundary.BATCH_END
+
+
+class WindowController:
+    """Windows of one callback, across the runs (fit / validate / ...) it sees."""
+
+    # The clock of the slow-step trigger and the trigger checks (tests inject a deterministic one).
+    step_clock: Callable[[], int] = staticmethod(time.perf_counter_ns)
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.python: PythonTracer | None = None  # one per process and configuration (see pytracer)
+        self.next_look: float = math.inf  # batches started up to here need no look (the hot path)
+        self.completed: set[int] = set()  # schedule cycles written (checkpointed: no window twice)
+        self._begin(None)
+
+    def _begin(self, stage: str | None) -> None:
+        """Forget the previous run: a callback reused on another Trainer profiles by its schedule."""
+        o = self.options
+        self.stage = stage
+        self.run: runs.Run | None = None
+        self.warn = WarnOnce()
+        self.plan = WindowPlan(o.schedule, o.scheduled_windows, o.triggers.max_windows, o.triggers.trigger_cooldown)
+        self.planned: Planned | None = None  # what the open window is (scheduled, or why triggered)
+        self.window: ProfilingWindow | None = None
+        self.phase = Phase.NONE  # of the open window at the last boundary
+        self.writer: BackgroundWriter | None = None
+        self.spool: Spool | None = None
+        self.triggers: ArmedTriggers | None = None
+        self.slow: Any = None  # the watch's SlowStep, read on every batch when armed
+        self.next_check: float = math.inf  # with the slow-step trigger: batches up to here only read the clock
+        self.inbox = Inbox()
+        self.outcomes = Outcomes(self.warn, o.python.tracer_entries)
+        self.python_filter: PythonFilter | None = None
+        self.trainer: Callable[[], Any] = lambda: None
+        self.triggered_runs: list[tuple[str, Any]] = []  # (run directory, Firing)
+        self.windows_skipped = 0
+        self.windows_recorded = 0
+        self.batches_seen = 0
+        self.eval_step = -1  # batch index within a validate / test / predict stage
+
+    # ------------------------------------------------------------------ runs
+    def setup(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
+        o = self.options
+        if stage not in o.stages:
+            return
+        self._begin(stage)
+        self.completed = set()  # a resumed fit restores it after setup (load_state_dict)
+        run = self.run = runs.read_run(trainer, stage, o.dirpath)  # collective: first, on every rank
+        self.trainer = weakref.ref(trainer)
+        enabled, rival = runs.should_record(run, o, trainer, superseded_by, self.warn)
+        if superseded_by is not None:
+            self.stage = None
+            return
+        agreement, group = agree(trainer, o.triggers, o.ranks, self.warn) if rival is None else (None, None)
+        if not enabled:
+            return
+        self.python = self.python or PythonTracer(o.python)  # reused: see pytracer._TRACERS
+        self.python_filter = _python_filter(o, pl_module)
+        self.writer = BackgroundWriter(timeout=o.writer_timeout, on_problem=self.inbox.notice)
+        # Leftovers of writers killed mid-write; on the writer thread, as a hung mount must not hang setup.
+        self.writer.submit(remove_stale_temporaries, run.root)
+        self.spool = spool_directory(o.spool_dir)
+        first = runs.global_batch(trainer) if stage == "fit" else 0
+        if agreement is not None:
+            self.triggers = arm(
+                trainer, o.triggers, agreement, group, run.root, run.cuda, self.warn, self.step_clock, first + 1,
+                self._look_now,
+            )  # fmt: skip
+            self.slow = self.triggers.watch.slow
+        self._schedule_from(first)
+
+    def end_stage(self, stage: str, batches: int | None = None) -> None:
+        """A stage ran out of batches (or fit ended): close what is open, wait for the writer."""
+        if stage != self.stage:
+            return
+        self.batches_seen = batches if batches is not None else self.eval_step + 1
+        self.finalize(runs.END_REASONS[stage])
+
+    def finalize(self, reason: str, partial: bool = False) -> None:
+        if self.window is not None:
+            try:
+                self._close(reason, partial)
+            except Exception as err:
+                self._fail(err)
+        if self.writer is not None and not self.writer.drain():
+            self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
+        self._read_inbox(log=True)
+
+    def exception(self, exception: BaseException) -> None:
+        """Lightning does not call teardown after on_exception: finish everything here."""
+        if is_cuda_oom(exception) and self.window is not None and self.run is not None:
+            windows.dump_oom(self.options, self.run, self.window, self.planned, self.warn)
+        self.finalize(f"{type(exception).__name__} during the window", partial=True)
+        self.shutdown()
+
+    def teardown(self, stage: str) -> None:
+        if stage != self.stage:
+            return
+        self.finalize(runs.END_REASONS[stage])
+        if self.writer is not None and not self.windows_recorded:  # enabled, and nothing to show
+            messages.nothing_recorded(self.options, self.stage, self.batches_seen, self.windows_skipped)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            if not writer.close():
+                self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
+            self._read_inbox(log=False)
+            messages.end_of_run(self._root(), self.outcomes.results, self.triggered_runs)
+        reap_dump_children()  # of windows interrupted between their dump and its hand-off
+        spool, self.spool = self.spool, None
+        if spool is not None:
+            spool.remove()
+        self.next_look = self.next_check = math.inf
+        self.slow = None
+        if self.triggers is not None:  # kept for inspection until the next run; nothing installed
+            self.triggers.disarm()
+        self.stage = None
+
+    # ------------------------------------------------------------------ batches
+    def train_batch_start(self, trainer: Any) -> None:
+        """Past the callback's one-comparison gate: a batch that may need a look."""
+        slow = self.slow
+        if slow is not None and slow.steady() and runs.batches_started(trainer) <= self.next_check:
+            return
+        self.batch_start(runs.global_batch(trainer))
+
+    def eval_batch_start(self, stage: str) -> None:
+        if stage == self.stage:
+            self.eval_step += 1  # batches of this stage, across its dataloaders, from 0
+            if self.eval_step >= self.next_look:
+                self.batch_start(self.eval_step)
+
+    def batch_start(self, step: int) -> None:
+        if self.inbox.outstanding or self.outcomes.unlogged:
+            self._read_inbox(log=self.window is None)  # never log inside a window: it would be traced
+        try:
+            self._advance(step)
+        except Exception as err:  # a profiler fault never stops training
+            self._fail(err)
+
+    def batch_end(self, step: int) -> None:
+        window = self.window
+        if window is None:
+            return
+        if self.slow is not None:
+            self.slow.skip_next()  # a batch of a window is no baseline step, nor is the close after it
+        try:
+            self._run(_E, self.phase, phase_in(window.window, step + 1), step)
+        except Exception as err:
+            self._fail(err)
+
+    def eval_batch_end(self, stage: str) -> None:
+        if stage == self.stage:
+            self.batch_end(self.eval_step)
+
+    def not_a_step(self) -> None:
+        """The interval to the next batch start is no training step (epoch edge, validation)."""
+        if self.slow is not None:
+            self.slow.skip_next()
+
+    def range(self, kind: str, begin: bool) -> None:
+        """``[pl][profile]<kind>`` around work inside a training window (validation)."""
+        window = self.window
+        if self.stage != "fit" or window is None or (begin and not window.active):
+            return
+        try:
+            window.begin_range(kind) if begin else window.end_range(kind)
+        except Exception as err:
+            self._fail(err)
+
+    # ------------------------------------------------------------------ the table
+    def _advance(self, step: int) -> None:
+        if self.window is not None:
+            self._run(_S, self.phase, phase_in(self.window.window, step), step)
+        if self.triggers is not None:
+            self.triggers.ask(step, self.plan, self.options, self.warn)
+        if self.window is not None:
+            return
+        if step < self.plan.busy_until:  # a window that began here (and was skipped or failed) holds it
+            self._schedule_from(self.plan.busy_until)
+            return
+        planned = self.plan.next_window(step)
+        if planned is None or step < planned.window.warmup_start:
+            self._quiet_until(planned.window.warmup_start if planned is not None else math.inf)
+            return
+        self.plan.begin(planned)
+        target = dataclasses.replace(planned.window, index=planned.number)
+        if planned.trigger is None and planned.window.index in self.completed:
+            self._skip(target)
+            return
+        self.planned = planned
+        self._run(_S, Phase.NONE, phase_in(target, step), step, target)
+
+    def _run(
+        self, boundary: Boundary, previous: Phase, current: Phase, step: int, target: Window | None = None
+    ) -> None:
+        for action in actions(boundary, previous, current):
+            if action is Action.OPEN:
+                assert target is not None and self.run is not None and self.python is not None and self.writer
+                self.window = windows.open_window(
+                    target, self.options, self.run, self.python, self.writer, self.trainer(), self.warn
+                )
+                if self.window is None:
+                    self._skip(target)
+                    return
+                try:  # kept before warmup: an interruption from here on finds it and closes it
+                    self.window.warmup()
+                except BaseException:
+                    window, self.window = self.window, None
+                    window.abort()
+                    raise
+                self._quiet_until(step)  # every batch of the window needs a look
+            elif action is Action.BEGIN_STEP:
+                assert self.window is not None
+                self.window.step_begin(step)
+                self.batches_seen = step + 1
+            elif action is Action.END_STEP:
+                assert self.window is not None
+                self.window.step_end(step)
+            elif action is Action.CLOSE:
+                self._close()
+                return
+        self.phase = current
+
+    def _close(self, reason: str | None = None, partial: bool = False) -> None:
+        window, self.window, self.phase = self.window, None, Phase.NONE
+        if window is None:
+            return
+        try:
+            self._hand_off(window, reason, partial)
+        except BaseException:
+            window.abort()  # interrupted or failed anywhere: no tracer, hook or patch stays behind
+            raise
+
+    def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
+        assert self.run is not None and self.spool is not None and self.writer is not None
+        target, planned = window.window, self.planned
+        trigger = planned.trigger if planned is not None else None
+        if planned is not None and trigger is None:
+            self.completed.add(planned.window.index)
+        self._schedule_from(target.end)
+        incomplete = len(window.steps) < len(target.active_steps)
+        if incomplete:
+            why = reason or "the window was closed early"
+            messages.warn_cut_window(self.warn, self.stage, target, window.steps, why, self.windows_recorded)
+        trainer = self.trainer()
+        log_step = runs.log_step(trainer) if trainer is not None else None
+        destination = windows.destination(
+            self.options, self.run, window, planned, partial or incomplete, reason, log_step, self.python_filter
+        )
+        if trigger is not None:
+            self.triggered_runs.append((destination.run_dir.name, trigger))
+        closed = window.close(self.spool, destination)
+        if closed is not None:
+            self.windows_recorded += 1
+            self.inbox.expect(self.writer.hand_off(closed))
+            self._quiet_until(self.next_look)  # look at the next batch start for the answer
+
+    def _fail(self, err: Exception) -> None:
+        window, self.window, self.phase = self.window, None, Phase.NONE
+        if window is not None:
+            self._skip(window.window)
+            window.abort()
+        self.warn(*messages.fault(err))
+
+    def _skip(self, target: Window) -> None:
+        self.windows_skipped += 1
+        self._schedule_from(target.end)
+
+    # ------------------------------------------------------------------ triggers and the gate
+    def _look_now(self) -> None:
+        """From the signal handler: in one process, look at the very next batch."""
+        if self.triggers is not None and self.triggers.request_now():
+            self._quiet_until(-1)
+
+    def _schedule_from(self, step: int) -> None:
+        """Quiet until the warmup of the first window not over by ``step`` (or the next trigger check)."""
+        self._quiet_until(self.plan.next_boundary(step))
+
+    def _quiet_until(self, boundary: float) -> None:
+        """Batches before ``boundary`` need no look (with the slow-step trigger: only its clock read);
+        while the writer owes answers, every batch start looks into the inbox."""
+        if self.triggers is not None:
+            boundary = min(boundary, self.triggers.watch.next_check)
+        if self.inbox.outstanding or self.outcomes.unlogged:
+            boundary = -1
+        if self.slow is not None:
+            self.next_look, self.next_check = -1, boundary
+        else:
+            self.next_look = boundary
+
+    def _read_inbox(self, log: bool) -> None:
+        self.outcomes.receive(self.inbox.take_all())
+        trainer = self.trainer()
+        if log and self.outcomes.unlogged and trainer is not None:
+            self.outcomes.log_summaries(trainer.loggers)
+
+    def _root(self) -> Any:
+        return self.run.root if self.run is not None else None
+
+
+def _python_filter(options: Options, pl_module: Any) -> PythonFilter:
+    import viztracer  # noqa: F401  (imported now so its directory counts as library code)
+
+    c = options.python
+    return PythonFilter(
+        include=path_prefixes(c.include_files) if c.include_files is not None else None,
+        exclude=path_prefixes(c.exclude_files) if c.exclude_files is not None else None,
+        max_depth=c.max_stack_depth,
+        hook_locations=module_hook_locations(pl_module),
+        library=library_roots(),
+    )

@@ -1,0 +1,142 @@
+"""The one way back from the writer: an inbox the training thread reads at safe points.
+
+The writer thread only ever *puts* into the inbox: a ``WindowResult`` (written), a ``Dropped`` (why
+a window was lost) or a ``Notice`` (a problem worth one warning). It never touches the controller.
+The training thread reads the inbox at step boundaries (while windows are outstanding, every batch
+start looks) and at the end of a run; that is where results are kept, warnings are raised and
+summaries go to Lightning's loggers, which are not thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from vt_lightning.constants import LOGGER_NAME
+from vt_lightning.controller.loggers import log_summary
+from vt_lightning.export.job import WindowResult
+
+log = logging.getLogger(LOGGER_NAME)
+
+BROWSER_LIMIT_BYTES = 300 * 1024 * 1024  # above this the trace viewer page tends to go blank
+
+Warn = Callable[[str, str], Any]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A problem to report once (key: what makes two notices the same problem)."""
+
+    key: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A window the writer could not write; ``notice`` is None when it was reported already."""
+
+    notice: Notice | None
+
+
+Outcome = WindowResult | Dropped | Notice
+
+
+class Inbox:
+    """Thread-safe in, training thread out. ``outstanding`` counts windows handed off and not yet
+    answered; only the training thread changes it."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self.outstanding = 0
+
+    def expect(self, answer: Future[Outcome]) -> None:
+        """On the training thread, at hand-off: the writer's future answer for one window. Exactly
+        one outcome arrives for it, also when the writer is abandoned (then ``Dropped(None)``: the
+        abandonment was reported when it happened)."""
+        self.outstanding += 1
+        answer.add_done_callback(self._answered)
+
+    def _answered(self, answer: Future[Outcome]) -> None:
+        if answer.cancelled() or answer.exception() is not None:
+            self._queue.put(Dropped(None))
+        else:
+            self._queue.put(answer.result())
+
+    def notice(self, key: str, message: str) -> None:
+        """From any thread: the writer's ``on_problem``."""
+        self._queue.put(Notice(key, message))
+
+    def take_all(self) -> list[Outcome]:
+        """On the training thread: everything that arrived, in order."""
+        out: list[Outcome] = []
+        while True:
+            try:
+                outcome = self._queue.get_nowait()
+            except queue.Empty:
+                return out
+            if not isinstance(outcome, Notice):
+                self.outstanding -= 1
+            out.append(outcome)
+
+
+class Outcomes:
+    """What the training thread keeps of the writer's answers: results, and summaries to log."""
+
+    def __init__(self, warn: Warn, tracer_entries: int) -> None:
+        self.warn = warn
+        self.tracer_entries = tracer_entries
+        self.results: list[WindowResult] = []
+        self.unlogged: list[WindowResult] = []  # summaries not yet given to the loggers
+
+    def receive(self, outcomes: Sequence[Outcome]) -> None:
+        for outcome in outcomes:
+            if isinstance(outcome, Notice):
+                self.warn(outcome.key, outcome.message)
+            elif isinstance(outcome, Dropped):
+                if outcome.notice is not None:
+                    self.warn(outcome.notice.key, outcome.notice.message)
+            else:
+                self._written(outcome)
+
+    def _written(self, result: WindowResult) -> None:
+        self.results.append(result)
+        name = result.trace_path.name
+        for note in result.notes:
+            self.warn(f"note:{note.split('(')[0]}", f"vt_lightning: {name}: {note}")
+        if result.overflow:
+            self.warn(
+                "overflow",
+                f"vt_lightning: VizTracer's ring buffer (tracer_entries={self.tracer_entries}) "
+                f"overflowed in {name}; only the window's last events were kept. "
+                f"Set `tracer_entries` to about {result.suggested_tracer_entries or 'twice the current value'} "
+                "(estimated from this window's event rate), or record fewer calls with `min_duration` / "
+                "`ignore_c_function=True` (`include_files` / `exclude_files` / `max_stack_depth` shrink "
+                "the written file, not the ring buffer).",
+            )
+        if result.json_bytes > BROWSER_LIMIT_BYTES:
+            self.warn(
+                "large",
+                f"vt_lightning: {name} holds {result.json_bytes / 2**20:.0f} MB of JSON; "
+                "browser trace viewers go blank above ~300 MB. Lower `active`, or set `min_duration`, "
+                "`max_stack_depth`, `include_files` or `ignore_c_function=True`.",
+            )
+        log.info("vt_lightning: wrote %s", result.trace_path)
+        if result.summary is not None:
+            self.unlogged.append(result)
+
+    def log_summaries(self, loggers: Sequence[Any]) -> None:
+        """On the training thread, never inside a window (the logger's calls would be traced)."""
+        pending, self.unlogged = self.unlogged, []
+        for result in pending:
+            try:
+                log_summary(loggers, result.summary or {}, result.summary_markdown)
+            except Exception as err:
+                self.warn(
+                    f"logger:{type(err).__name__}",
+                    f"vt_lightning: could not log a window summary to the Trainer's loggers "
+                    f"({type(err).__name__}: {err}); the summary files are written anyway.",
+                )

@@ -1,0 +1,138 @@
+"""What the user reads on the console about windows: cut windows, runs that recorded nothing, the
+end-of-run table and the commands that open the files. Texts only; the controller decides when."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
+from vt_lightning.analysis.schedule import Schedule, Window
+from vt_lightning.constants import LOGGER_NAME
+
+log = logging.getLogger(LOGGER_NAME)
+
+
+def stage_label(stage: str | None) -> str:
+    return "" if stage in (None, "fit") else f"{stage} "
+
+
+def warn_cut_window(
+    warn: Callable[[str, str], Any],
+    stage: str | None,
+    target: Window,
+    steps: Sequence[int],
+    reason: str,
+    recorded_before: int,
+) -> None:
+    """A window that ends before its last scheduled batch says so once, with what it holds."""
+    scheduled = f"{target.active_start}-{target.last_step}"
+    label = stage_label(stage)
+    if steps:
+        warn(
+            f"cut:{target.index}",
+            f"vt_lightning: {label}window {target.index} was cut short: it holds batches "
+            f"{steps[0]}-{steps[-1]} of the scheduled {scheduled}, because {reason}.",
+        )
+    elif recorded_before:  # with no window at all, the end-of-run line says it instead
+        warn(
+            f"cut:{target.index}",
+            f"vt_lightning: {label}window {target.index} recorded nothing: {reason} during "
+            f"its warmup, before its first active batch {target.active_start}.",
+        )
+
+
+def nothing_recorded(options: Any, stage: str | None, batches: int, skipped: int) -> None:
+    """One line when a run ends without any window, saying why (short run, warmup, skips)."""
+    schedule: Schedule = options.schedule
+    scheduled_windows: bool = options.scheduled_windows
+    first = schedule.window(0)
+    stage = stage or "fit"
+    unit = "training batch(es)" if stage == "fit" else f"{stage} batch(es)"
+    if skipped:
+        why = f"{skipped} window(s) were skipped (see the warnings above)"
+    elif not scheduled_windows:
+        why = f"{stage} ran {batches} {unit} with only triggers opening windows, and none fired"
+    elif batches <= first.warmup_start:
+        why = (
+            f"{stage} ran {batches} {unit}, and the first window's warmup starts at batch "
+            f"{first.warmup_start} (skip_first={schedule.skip_first}, wait={schedule.wait})"
+        )
+    else:
+        why = (
+            f"{stage} ran {batches} {unit} and ended during the first window's warmup "
+            f"(batches {first.warmup_start}-{first.active_start - 1}); recording starts at batch "
+            f"{first.active_start}"
+        )
+    rank_zero_info(
+        f"vt_lightning: no window was recorded: {why}. Lower `skip_first` / `wait` / `warmup`, or run more batches."
+    )
+
+
+def end_of_run(root: Path | None, results: Sequence[Any], triggered_runs: Sequence[tuple[str, Any]]) -> None:
+    """After a run that wrote windows: the table and the commands (rank 0 only)."""
+    if results:
+        print_end_of_run(
+            root,
+            len(results),
+            [r.summary for r in results if r.summary is not None],
+            [f"{name}: {firing.describe()}" for name, firing in triggered_runs],
+        )
+
+
+@rank_zero_only
+def print_end_of_run(root: Path | None, files: int, summaries: list[dict[str, Any]], triggered: list[str]) -> None:
+    """The windows' table, why triggered windows opened, and commands that work without an
+    activated venv."""
+    command = f"{sys.executable} -m vt_lightning"
+    if summaries:
+        from vt_lightning.export.report import print_windows_table
+
+        try:
+            print_windows_table(sorted(summaries, key=lambda s: s["window"].get("index") or 0))
+        except Exception as err:  # a console problem never fails the run
+            log.warning("vt_lightning: could not print the summary table (%s)", err)
+    rank_zero_info(
+        f"vt_lightning: {files} window trace(s) in {root}\n"
+        + "".join(f"  {line}\n" for line in triggered)
+        + f"  summary: {command} summary {root}\n"
+        f"  view:    {command} view {root}   (Perfetto UI, offline)\n"
+        f"  or:      tensorboard --logdir {root}  (PyTorch Profiler tab)"
+    )
+
+
+def writer_stuck(timeout: float, root: Path | None, index: int) -> str:
+    return (
+        f"vt_lightning: the writer did not finish earlier windows within writer_timeout="
+        f"{timeout:g} s (a hung or very slow filesystem under {root}?); window "
+        f"{index} is dropped, the stuck writer was stopped, and training goes on. Later "
+        "windows that find it busy are dropped without waiting."
+    )
+
+
+def writer_unfinished(timeout: float, root: Path | None) -> str:
+    return (
+        f"vt_lightning: the writer did not finish the last window(s) within writer_timeout="
+        f"{timeout:g} s (a hung or very slow filesystem under {root}?); they are "
+        "dropped and the stuck writer was stopped, so fit is not held up."
+    )
+
+
+def fault(err: Exception) -> tuple[str, str]:
+    """The (key, message) of a profiling failure that dropped a window."""
+    from vt_lightning.recording.rivals import RivalProfiler
+
+    if isinstance(err, RivalProfiler):
+        return (
+            f"rival:{err}",
+            f"vt_lightning: {err} started during a window; the window stopped at once and was dropped "
+            "so that tool works undisturbed. Later windows that meet it are skipped; training goes on.",
+        )
+    return (
+        f"fault:{type(err).__name__}",
+        f"vt_lightning: profiling failed ({type(err).__name__}: {err}); the window was dropped, training goes on.",
+    )

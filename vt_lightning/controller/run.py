@@ -1,0 +1,125 @@
+"""What a run (one fit / validate / test / predict) is, read from the Trainer once at setup.
+
+The only module of the controller that reads the Trainer's attributes, so a Lightning change lands
+in one place.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vt_lightning.constants import STAGES
+from vt_lightning.recording.pytracer import interpreter_warning
+
+# Why a window still open when a stage ends was cut there (the cut-window warning says it).
+END_REASONS = {
+    "fit": "training ended first (max_steps, max_epochs, limit_train_batches, fast_dev_run or a stop request)",
+    "validate": "validation ran out of batches",
+    "test": "testing ran out of batches",
+    "predict": "prediction ran out of batches",
+}
+assert set(END_REASONS) == set(STAGES)
+
+
+@dataclass(frozen=True)
+class Run:
+    """The facts of one run that windows need: where files go and who this process is."""
+
+    stage: str
+    root: Path
+    rank_info: dict[str, Any]  # global/local/node rank, world size, host, pid (window metadata)
+    cuda: bool
+
+    @property
+    def global_rank(self) -> int:
+        return int(self.rank_info.get("global_rank", 0))
+
+
+def read_run(trainer: Any, stage: str, dirpath: str | None) -> Run:
+    """Collective: every rank must call it (``trainer.log_dir`` is broadcast from rank 0)."""
+    log_dir = trainer.log_dir
+    root = Path(dirpath) if dirpath is not None else Path(log_dir or trainer.default_root_dir)
+    rank_info = {
+        "global_rank": trainer.global_rank,
+        "local_rank": trainer.local_rank,
+        "node_rank": trainer.node_rank,
+        "world_size": trainer.world_size,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    return Run(stage, root, rank_info, trainer.strategy.root_device.type == "cuda")
+
+
+def stage_name(stage: Any) -> str:
+    """Lightning passes ``TrainerFn`` members (a str enum: ``TrainerFn.FITTING == "fit"``)."""
+    return str(getattr(stage, "value", stage))
+
+
+def global_batch(trainer: Any) -> int:
+    """0-based index of the current training batch across epochs (restored on resume)."""
+    return int(trainer.fit_loop.total_batch_idx)
+
+
+def batches_started(trainer: Any) -> int:
+    """Training batches started so far; the one in progress included."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.total.ready)
+
+
+def log_step(trainer: Any) -> int:
+    """The step Lightning logs this batch's metrics at (``_batches_that_stepped``, as its own
+    LearningRateMonitor does), so the window's scalars line up with the training curves."""
+    loop = trainer.fit_loop.epoch_loop
+    return int(getattr(loop, "_batches_that_stepped", trainer.global_step))
+
+
+def rival_lightning_profiler(trainer: Any) -> str | None:
+    """Lightning profilers that own torch.profiler or the profile hook (Simple/PassThrough are fine)."""
+    from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler
+
+    profiler = getattr(trainer, "profiler", None)
+    if isinstance(profiler, (PyTorchProfiler, AdvancedProfiler)):
+        return type(profiler).__name__
+    return None
+
+
+def should_record(
+    run: Run, options: Any, trainer: Any, superseded_by: str | None, warn: Callable[[str, str], Any]
+) -> tuple[bool, str | None]:
+    """Whether this rank records in this run, and the rival Lightning profiler if any; warns once
+    about each reason it will not (or will record less)."""
+    world = run.rank_info["world_size"]
+    if options.ranks is not None and any(r >= world for r in options.ranks):
+        unknown = [r for r in options.ranks if r >= world]
+        raise ValueError(f"`ranks` names {unknown}, but this run has world_size={world}")
+    enabled = options.ranks is None or run.global_rank in options.ranks
+    if superseded_by is not None:
+        warn(
+            "duplicate",
+            f"vt_lightning: VT_LIGHTNING is set, but the Trainer already has {superseded_by} (given in code "
+            "or on the command line); that one profiles, the one from VT_LIGHTNING stays idle and its "
+            "VT_LIGHTNING_* options are ignored.",
+        )
+        return False, None
+    if enabled and options.memory_snapshot and not run.cuda and not options.torch.profile_memory:
+        warn(
+            "cpu-memory",
+            "vt_lightning: on CPU the memory snapshot is built from torch.profiler's memory events, "
+            "which `profile_memory=False` turns off: no memory snapshots will be written.",
+        )
+    known_bug = interpreter_warning()
+    if known_bug and enabled:
+        warn("interpreter", known_bug)
+    rival = rival_lightning_profiler(trainer)
+    if rival is not None and enabled:
+        enabled = False
+        warn(
+            "lightning-profiler",
+            f"vt_lightning: Trainer(profiler=...) is {rival}, which takes over the same profiling hooks; "
+            "VizTraceCallback records nothing in this run. Remove one of the two.",
+        )
+    return enabled, rival

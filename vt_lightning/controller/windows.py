@@ -1,0 +1,156 @@
+"""Opening a window (or declining to) and naming what a closed one becomes.
+
+Functions, not state: the controller owns the open window; these build it and its destination.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vt_lightning.analysis.filters import PythonFilter
+from vt_lightning.analysis.schedule import Window
+from vt_lightning.analysis.sources import Planned
+from vt_lightning.constants import VERSION
+from vt_lightning.controller import messages
+from vt_lightning.controller.handoff import BackgroundWriter
+from vt_lightning.controller.run import Run
+from vt_lightning.export.job import Destination
+from vt_lightning.export.layout import (
+    host_name,
+    memory_file_name,
+    span_name,
+    trace_file_name,
+    window_dir_name,
+    worker_name,
+)
+from vt_lightning.export.memory_files import oom_file_name
+from vt_lightning.options import Options
+from vt_lightning.recording.lightning_hooks import LightningViewHooks
+from vt_lightning.recording.memory import CudaMemoryRecorder, dump_oom_snapshot
+from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler
+from vt_lightning.recording.torchtracer import TorchTracer, torch_profiler_active
+from vt_lightning.recording.window import ProfilingWindow
+
+Warn = Callable[[str, str], Any]
+
+
+def open_window(
+    target: Window,
+    options: Options,
+    run: Run,
+    python: PythonTracer,
+    writer: BackgroundWriter,
+    trainer: Any,
+    warn: Warn,
+) -> ProfilingWindow | None:
+    """A new window (not yet warmed up), or None when another profiler is recording or the writer has
+    no room."""
+    conflict = foreign_profiler() or ("a torch profiler that is already recording" if torch_profiler_active() else None)
+    if conflict:
+        warn(
+            "conflict:" + conflict,
+            f"vt_lightning: {conflict} is active, so window {target.index} (and any other window "
+            "meeting it) is skipped; the other tool is left untouched.",
+        )
+        return None
+    waited, room = writer.wait_for_room()
+    if not room:
+        warn("writer-stuck", messages.writer_stuck(options.writer_timeout, run.root, target.index))
+        return None
+    if waited > 0.05:
+        warn(
+            "backlog",
+            f"vt_lightning: windows come faster than the writer finishes them; window {target.index} "
+            f"waited {waited:.2f} s for earlier windows to be written. Raise `wait` to space windows out.",
+        )
+    step_hooks = LightningViewHooks(trainer, trainer.lightning_module) if options.lightning_view else None
+    recorder = CudaMemoryRecorder(options.memory_max_entries) if options.memory_snapshot and run.cuda else None
+    return ProfilingWindow(  # nothing installed yet: the caller keeps it, then warms it up
+        target,
+        python,
+        TorchTracer(options.torch, cuda_available=run.cuda),
+        memory_recorder=recorder,
+        step_hooks=step_hooks,
+        on_problem=warn,
+    )
+
+
+def paths(
+    options: Options, run: Run, window: ProfilingWindow, planned: Planned | None
+) -> tuple[Path, str, str, str | None]:
+    """(run directory, worker, span, memory snapshot name or None) of a window."""
+    target = window.window
+    first = window.steps[0] if window.steps else target.active_start
+    last = window.steps[-1] if window.steps else target.last_step  # a cut window names what it holds
+    worker = worker_name(run.global_rank, host_name())
+    span = span_name(target.active_start)
+    snapshots = options.memory_snapshot and (run.cuda or options.torch.profile_memory)
+    memory_name = memory_file_name(worker, span) if snapshots else None
+    reason = planned.reason if planned is not None else None
+    run_dir = run.root / window_dir_name(target.index, first, last, stage=run.stage, reason=reason)
+    return run_dir, worker, span, memory_name
+
+
+def destination(
+    options: Options,
+    run: Run,
+    window: ProfilingWindow,
+    planned: Planned | None,
+    partial: bool,
+    reason: str | None,
+    log_step: int | None,
+    python_filter: PythonFilter | None,
+) -> Destination:
+    """Where a closed window goes, with the metadata its trace carries."""
+    target = window.window
+    trigger = planned.trigger if planned is not None else None
+    run_dir, worker, span, memory_name = paths(options, run, window, planned)
+    metadata = {
+        "version": VERSION,
+        "stage": run.stage,
+        "window": target.index,
+        "steps": list(window.steps),
+        # First and last batch (inclusive), not lists: metadata scales with what was recorded.
+        "scheduled_steps": _bounds(target.active_start, target.end),
+        "warmup_steps": _bounds(target.warmup_start, target.active_start),
+        "schedule": options.settings()["schedule"],
+        "partial": partial,
+        **({"partial_reason": reason} if partial and reason else {}),
+        "tracer": options.settings()["tracer"],
+        "torch": options.settings()["torch"],
+        "lightning_view": options.lightning_view,
+        "validation": window.range_log("validation"),
+        "trigger": trigger.to_metadata() if trigger is not None else None,
+        "worker": worker,
+        "span": span,
+        "log_step": log_step,
+        **run.rank_info,
+    }
+    return Destination(
+        run_dir=run_dir,
+        trace_name=trace_file_name(worker, span),
+        metadata=metadata,
+        gzip_level=options.compression_level,
+        memory_name=memory_name,
+        python_filter=python_filter,
+        summary=options.summary,
+    )
+
+
+def _bounds(start: int, end: int) -> list[int]:
+    """``[first, last]`` of the batches ``[start, end)``; ``[]`` when there are none."""
+    return [start, end - 1] if end > start else []
+
+
+def dump_oom(options: Options, run: Run, window: ProfilingWindow, planned: Planned | None, warn: Warn) -> None:
+    """On a CUDA out-of-memory error inside a window, keep the allocator's state of that moment."""
+    if window.memory_recorder is None or not window.active:
+        return
+    run_dir, _, _, memory_name = paths(options, run, window, planned)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_oom_snapshot(run_dir / oom_file_name(memory_name or "memory_snapshot.pickle"), window.memory_recorder)
+    except Exception as err:
+        warn("oom", f"vt_lightning: could not write the out-of-memory snapshot ({err})")

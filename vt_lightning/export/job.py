@@ -1,0 +1,69 @@
+"""What crosses from training to the writer, and what comes back: both immutable.
+
+The training thread builds one ``WindowJob`` per closed window and hands it over; from then on
+nobody changes it (it is pickled to the writer process as it is). The writer answers with one
+``WindowResult`` (or the job is dropped with a reason); the training thread reads the answers from
+its inbox at step boundaries. Neither side ever writes into the other's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vt_lightning.analysis.clock import ClockPair
+from vt_lightning.analysis.filters import PythonFilter
+
+
+@dataclass(frozen=True)
+class WindowJob:
+    """One closed window: where its raw dumps are, how to merge them, where its files go."""
+
+    run_dir: Path
+    trace_name: str
+    torch_raw: Path
+    python_raw: Path | None
+    clock_start: ClockPair
+    clock_end: ClockPair
+    import_base_ns: int | None
+    metadata: dict[str, Any]  # written into the trace as it is; never changed after hand-off
+    gzip_level: int = 3
+    memory_name: str | None = None  # write a memory snapshot under this name
+    memory_snapshot: Any = None  # a CUDA allocator snapshot taken at window end, if any
+    thread_names: dict[int, str] = field(default_factory=dict)  # native id -> name at window end
+    clock_markers: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)
+    python_filter: PythonFilter | None = None  # which recorded Python calls the trace keeps
+    summary: bool = True  # write <worker>.<span>.summary.json/.md beside the trace
+
+
+@dataclass(frozen=True)
+class Destination:
+    """The controller's part of a job: where the window goes and what is written for it."""
+
+    run_dir: Path
+    trace_name: str
+    metadata: dict[str, Any]
+    gzip_level: int = 3
+    memory_name: str | None = None
+    python_filter: PythonFilter | None = None
+    summary: bool = True
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    """What the writer wrote for one window."""
+
+    trace_path: Path
+    trace_bytes: int
+    json_bytes: int
+    python_events: int
+    torch_events: int
+    overflow: bool
+    suggested_tracer_entries: int | None = None
+    memory_path: Path | None = None
+    notes: tuple[str, ...] = ()
+    summary: dict[str, Any] | None = None  # None when it could not be computed (see ``notes``)
+    summary_path: Path | None = None
+    summary_markdown: str | None = None
+    summary_seconds: float = 0.0  # writer-process time spent on the summary and its files

@@ -1,0 +1,213 @@
+"""Every option of ``VizTraceCallback`` in one frozen dataclass, validated in one function.
+
+The callback keeps its typed ``__init__`` (LightningCLI and YAML configs read that signature) and
+hands the arguments to ``make_options``; nothing else reads raw keyword arguments. Bad input is a
+ValueError naming the argument, raised at construction, before any Trainer exists.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+from vt_lightning.analysis.filters import path_matches_anything
+from vt_lightning.analysis.schedule import Schedule
+from vt_lightning.analysis.triggers import TriggerConfig, signal_number
+from vt_lightning.constants import STAGES
+from vt_lightning.recording.probes import foreign_signal_handler
+from vt_lightning.recording.pytracer import PythonTracerConfig
+from vt_lightning.recording.spool import check_spool_dir
+from vt_lightning.recording.torchtracer import TorchTracerConfig
+
+
+@dataclass(frozen=True)
+class Options:
+    """The validated options, grouped by who reads them."""
+
+    schedule: Schedule
+    python: PythonTracerConfig
+    torch: TorchTracerConfig
+    triggers: TriggerConfig
+    dirpath: str | None = None
+    memory_snapshot: bool = True
+    memory_max_entries: int = 100_000
+    lightning_view: bool = True
+    ranks: tuple[int, ...] | None = None
+    compression_level: int = 3
+    stages: tuple[str, ...] = ("fit",)
+    summary: bool = True
+    scheduled_windows: bool = True
+    spool_dir: str | None = None
+    writer_timeout: float = 60.0
+
+    def settings(self) -> dict[str, Any]:
+        """The options a window's metadata records (``schedule``, ``tracer``, ``torch``)."""
+        s, p, t = self.schedule, self.python, self.torch
+        return {
+            "schedule": {
+                "skip_first": s.skip_first,
+                "wait": s.wait,
+                "warmup": s.warmup,
+                "active": s.active,
+                "repeat": s.repeat,
+            },
+            "tracer": {
+                "tracer_entries": p.tracer_entries,
+                "max_stack_depth": p.max_stack_depth,
+                "min_duration": p.min_duration,
+                "include_files": list(p.include_files) if p.include_files is not None else None,
+                "exclude_files": list(p.exclude_files) if p.exclude_files is not None else None,
+                "ignore_c_function": p.ignore_c_function,
+            },
+            "torch": {"record_shapes": t.record_shapes, "profile_memory": t.profile_memory, "with_flops": t.with_flops},
+        }
+
+
+_FLAGS = (
+    "ignore_c_function",
+    "record_shapes",
+    "profile_memory",
+    "with_flops",
+    "memory_snapshot",
+    "lightning_view",
+    "summary",
+    "scheduled_windows",
+)
+
+
+def make_options(arguments: Mapping[str, Any]) -> Options:
+    """Validate ``VizTraceCallback``'s keyword arguments (all of them, by name) into ``Options``."""
+    a = dict(arguments)
+    schedule = Schedule(
+        skip_first=a["skip_first"], wait=a["wait"], warmup=a["warmup"], active=a["active"], repeat=a["repeat"]
+    )
+    _check_int("tracer_entries", a["tracer_entries"], minimum=1)
+    _check_int("max_stack_depth", a["max_stack_depth"], minimum=-1)
+    _check_int("memory_max_entries", a["memory_max_entries"], minimum=1)
+    _check_int("compression_level", a["compression_level"], minimum=1, maximum=9)
+    min_duration = a["min_duration"]
+    if not _finite_number(min_duration) or min_duration < 0:
+        raise ValueError(f"`min_duration` must be a number of microseconds >= 0, got {min_duration!r}")
+    if a["include_files"] is not None and a["exclude_files"] is not None:
+        raise ValueError("`include_files` and `exclude_files` cannot both be set; choose one")
+    include = _check_paths("include_files", a["include_files"])
+    exclude = _check_paths("exclude_files", a["exclude_files"])
+    for name, paths in (("include_files", include), ("exclude_files", exclude)):
+        for path in paths or ():
+            if not path_matches_anything(path):
+                rank_zero_warn(f"`{name}` entry {path!r} matches no file or directory; it filters nothing.")
+    spool_dir = check_spool_dir(a["spool_dir"])
+    writer_timeout = a["writer_timeout"]
+    if not _finite_number(writer_timeout) or writer_timeout <= 0:
+        raise ValueError(f"`writer_timeout` must be a number of seconds > 0, got {writer_timeout!r}")
+    dirpath = a["dirpath"]
+    if dirpath is not None and (not isinstance(dirpath, (str, os.PathLike)) or not str(dirpath)):
+        raise ValueError(f"`dirpath` must be a non-empty path or None, got {dirpath!r}")
+    for name in _FLAGS:
+        if not isinstance(a[name], bool):
+            raise ValueError(f"`{name}` must be True or False, got {a[name]!r}")
+    ranks = _check_ranks(a["ranks"])
+    stages = _check_stages(a["stages"])
+    triggers = TriggerConfig(
+        slow_step_factor=a["slow_step_factor"],
+        slow_step_baseline=a["slow_step_baseline"],
+        memory_growth=a["memory_growth"],
+        memory_growth_steps=a["memory_growth_steps"],
+        trigger_file=a["trigger_file"],
+        trigger_signal=a["trigger_signal"],
+        trigger_cooldown=a["trigger_cooldown"],
+        trigger_interval=a["trigger_interval"],
+        max_windows=a["max_windows"],
+    )
+    if not a["scheduled_windows"] and not triggers.armed:
+        raise ValueError(
+            "`scheduled_windows`: False with no trigger armed would record nothing: arm a trigger "
+            "(slow_step_factor, memory_growth, trigger_file, trigger_signal) or keep the schedule"
+        )
+    if triggers.trigger_signal is not None:
+        handler = foreign_signal_handler(signal_number(triggers.trigger_signal))
+        if handler is not None:
+            raise ValueError(
+                f"`trigger_signal`: {triggers.trigger_signal} already has a handler ({handler!r}); "
+                "choose another signal"
+            )
+    return Options(
+        schedule=schedule,
+        python=PythonTracerConfig(
+            tracer_entries=a["tracer_entries"],
+            max_stack_depth=a["max_stack_depth"],
+            min_duration=float(min_duration),
+            include_files=include,
+            exclude_files=exclude,
+            ignore_c_function=a["ignore_c_function"],
+        ),
+        torch=TorchTracerConfig(
+            record_shapes=a["record_shapes"], profile_memory=a["profile_memory"], with_flops=a["with_flops"]
+        ),
+        triggers=triggers,
+        dirpath=str(dirpath) if dirpath is not None else None,
+        memory_snapshot=a["memory_snapshot"],
+        memory_max_entries=a["memory_max_entries"],
+        lightning_view=a["lightning_view"],
+        ranks=ranks,
+        compression_level=a["compression_level"],
+        stages=stages,
+        summary=a["summary"],
+        scheduled_windows=a["scheduled_windows"],
+        spool_dir=spool_dir,
+        writer_timeout=float(writer_timeout),
+    )
+
+
+def _finite_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise ValueError(f"`{name}` must be an integer {bound}, got {value!r}")
+
+
+def _check_paths(name: str, paths: Any) -> tuple[str, ...] | None:
+    if paths is None:
+        return None
+    # A list or tuple only: a string would be split into characters, a dict or set is a slip.
+    if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) and p for p in paths):
+        raise ValueError(f"`{name}` must be a list of non-empty paths, got {paths!r}")
+    return tuple(os.path.abspath(p) for p in paths)
+
+
+def _check_ranks(ranks: Any) -> tuple[int, ...] | None:
+    if ranks is None:
+        return None
+    if not isinstance(ranks, (list, tuple)) or not ranks:
+        raise ValueError(f"`ranks` must be a non-empty list of global ranks or None, got {ranks!r}")
+    for rank in ranks:
+        _check_int("ranks", rank, minimum=0)
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"`ranks` lists a rank twice: {ranks!r}")
+    return tuple(ranks)
+
+
+def _check_stages(stages: Any) -> tuple[str, ...]:
+    if stages is None:
+        return ("fit",)
+    if isinstance(stages, (str, bytes)) or not isinstance(stages, (list, tuple)) or not stages:
+        raise ValueError(f"`stages` must be a non-empty list drawn from {list(STAGES)}, got {stages!r}")
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise ValueError(f"`stages` names {unknown}, which are not stages; choose from {list(STAGES)}")
+    if len(set(stages)) != len(stages):
+        raise ValueError(f"`stages` lists a stage twice: {stages!r}")
+    return tuple(stages)

@@ -1,0 +1,278 @@
+"""The "Lightning" view of torch-tb-profiler 0.4.3: what to record during a window.
+
+``LightningViewHooks(trainer, pl_module)``: the window's ``step_hooks`` (``install()`` at the first
+active step, ``remove()`` at window end). While installed it records
+``[pl][module]<module type>: <module path>`` around each submodule's forward (forward pre/post
+hooks) and ``[pl][profile]<action>`` around Lightning's step stages (``run_training_batch``,
+``[LightningModule]X.training_step``, ``[Strategy]X.backward``, ``optimizer_step``, ``zero_grad``,
+``train_dataloader_next``...), by swapping ``trainer.profiler`` for a tiny recording profiler when
+the user did not configure one. Nothing is left behind after ``remove()``: no hook, no profiler.
+How the writer turns these ranges into the plugin's view: ``vt_lightning.analysis.lightning_view``.
+
+torch.compile (measured on torch 2.13, dynamo ``skip_nnmodule_hook_guards=True``):
+
+* hooks added to modules inside an already compiled region are silently NOT called (no events, no
+  recompile, no cost);
+* but if dynamo compiles (or recompiles, e.g. on a new batch shape) while such hooks are installed,
+  it graph-breaks on ``record_function`` (its ranges are dropped anyway) and the broken graphs stay
+  in use after the hooks are removed: a lasting slowdown.
+
+So we never hook inside a compiled region: an ``OptimizedModule`` (``torch.compile(module)``) and a
+module whose instance ``forward`` is compiled are recorded from the outside (their pre/post hooks run
+eagerly) and their descendants are skipped; a module compiled in place (``module.compile()``, whose
+``_call_impl`` is compiled) is skipped with its descendants; a LightningModule compiled for
+Lightning (``trainer.fit(torch.compile(model))``: ``_compiler_ctx`` set, ``forward`` and
+``training_step`` compiled) gets no module hooks at all. What was skipped is in ``hooks.skipped``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import defaultdict
+from typing import Any
+
+from vt_lightning.analysis.lightning_view import is_main_stage, module_record_name, profile_record_name
+
+_RANGE_TYPE: Any = None
+
+
+def profiler_range(name: str) -> Any:
+    """A torch.profiler range: torch's C ``_RecordFunctionFast`` (~0.7 µs, written as ``cpu_op``)
+    where it exists, else ``record_function`` (~6 µs, written as ``user_annotation``).
+
+    Runs around every submodule forward of an active step: the type is looked up once.
+    """
+    global _RANGE_TYPE
+    if _RANGE_TYPE is None:
+        try:
+            from torch._C._profiler import _RecordFunctionFast
+
+            _RANGE_TYPE = _RecordFunctionFast
+        except ImportError:  # pragma: no cover - torch < 2.2
+            from torch.autograd.profiler import record_function
+
+            _RANGE_TYPE = record_function
+    return _RANGE_TYPE(name)
+
+
+# --------------------------------------------------------------------------------------------------
+# Recording: the window's step hooks
+# --------------------------------------------------------------------------------------------------
+
+
+def _is_compiled_function(fn: Any) -> bool:
+    return fn is not None and hasattr(fn, "_torchdynamo_orig_callable")
+
+
+def _optimized_module_type() -> type | None:
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except Exception:  # pragma: no cover - torch without dynamo
+        return None
+    return OptimizedModule
+
+
+def _stage_profiler_class() -> type:
+    from lightning.pytorch.profilers import Profiler
+
+    class LightningViewProfiler(Profiler):
+        """Records ``[pl][profile]<action>`` ranges; installed only while a window is active."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._open: list[tuple[str, Any]] = []
+            self._lock = threading.Lock()
+
+        def start(self, action_name: str) -> None:
+            if not is_main_stage(action_name):  # per-hook ranges cost ~0.5 ms a step; keep the stages
+                return
+            record = profiler_range(profile_record_name(action_name))
+            record.__enter__()
+            with self._lock:
+                self._open.append((action_name, record))
+
+        def stop(self, action_name: str) -> None:
+            # Actions started on the profiler we replaced end there (Profiler.profile keeps its own
+            # ``self``); a stop for an action we never started is simply ignored.
+            with self._lock:
+                for i in range(len(self._open) - 1, -1, -1):
+                    if self._open[i][0] == action_name:
+                        _, record = self._open.pop(i)
+                        break
+                else:
+                    return
+            record.__exit__(None, None, None)
+
+        def close_all(self) -> None:
+            """End every open range, innermost first (window end inside a Lightning hook)."""
+            with self._lock:
+                records, self._open = self._open, []
+            for _, record in reversed(records):
+                try:
+                    record.__exit__(None, None, None)
+                except Exception:
+                    pass
+
+        def summary(self) -> str:
+            return ""
+
+    return LightningViewProfiler
+
+
+class LightningViewHooks:
+    """``step_hooks`` for ``ProfilingWindow``: module ranges and Lightning stage ranges.
+
+    ``install()`` is idempotent; ``remove()`` always removes everything and is safe to call twice
+    (or without ``install()``). Nothing of this object is active between ``remove()`` and the next
+    ``install()``.
+    """
+
+    def __init__(
+        self,
+        trainer: Any,
+        pl_module: Any,
+        record_modules: bool = True,
+        record_stages: bool = True,
+    ) -> None:
+        self.trainer = trainer
+        self.pl_module = pl_module
+        self.record_modules = record_modules
+        self.record_stages = record_stages
+        self.skipped: list[str] = []  # module paths not hooked (compiled regions), with the reason
+        self.stage_note: str | None = None  # why [pl][profile] ranges were not recorded, if so
+        self._handles: list[Any] = []
+        self._original_profiler: Any = None
+        self._profiler: Any = None
+        self._open: dict[int, list[tuple[int, Any]]] = defaultdict(list)  # thread id -> open module ranges
+        self._installed = False
+
+    # -- public protocol ----------------------------------------------------------------------------
+    @property
+    def installed(self) -> bool:
+        return self._installed
+
+    @property
+    def hooked_modules(self) -> int:
+        return len(self._handles) // 2
+
+    def install(self) -> None:
+        if self._installed:
+            return
+        self._installed = True
+        try:
+            if self.record_modules:
+                self._install_module_hooks()
+            if self.record_stages:
+                self._install_profiler()
+        except BaseException:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            try:
+                handle.remove()
+            except Exception:
+                pass
+        self._close_module_ranges()
+        profiler, self._profiler = self._profiler, None
+        original, self._original_profiler = self._original_profiler, None
+        if profiler is not None:
+            try:
+                if getattr(self.trainer, "profiler", None) is profiler:
+                    self.trainer.profiler = original
+            finally:
+                profiler.close_all()
+        self._installed = False
+
+    # -- modules --------------------------------------------------------------------------------------
+    def _module_plan(self) -> list[tuple[str, Any, Any]]:
+        """(path, module to hook, module whose type names it), skipping compiled regions."""
+        root = self.pl_module
+        if root is None:
+            return []
+        if getattr(root, "_compiler_ctx", None) is not None or any(
+            _is_compiled_function(root.__dict__.get(attr)) for attr in ("forward", "training_step")
+        ):
+            self.skipped.append("<all>: the LightningModule is compiled (torch.compile)")
+            return []
+        optimized = _optimized_module_type()
+        plan: list[tuple[str, Any, Any]] = []
+        skip_under: list[str] = []
+        for path, module in root.named_modules():
+            if not path:
+                continue  # the LightningModule itself, as Lightning's profiler does
+            if any(path == p or path.startswith(p + ".") for p in skip_under):
+                continue
+            if getattr(module, "_compiled_call_impl", None) is not None:
+                self.skipped.append(f"{path}: compiled in place (module.compile())")
+                skip_under.append(path)
+                continue
+            if optimized is not None and isinstance(module, optimized):
+                plan.append((path, module, getattr(module, "_orig_mod", module)))
+                skip_under.append(path)
+                self.skipped.append(f"{path}.*: inside torch.compile")
+                continue
+            plan.append((path, module, module))
+            if _is_compiled_function(module.__dict__.get("forward")):
+                skip_under.append(path)
+                self.skipped.append(f"{path}.*: forward is compiled")
+        return plan
+
+    def _install_module_hooks(self) -> None:
+        self.skipped = []
+        for path, module, named_as in self._module_plan():
+            name = module_record_name(named_as, path)
+            self._handles.append(
+                module.register_forward_pre_hook(functools.partial(self._enter, name, id(module)), prepend=True)
+            )
+            self._handles.append(
+                module.register_forward_hook(functools.partial(self._exit, id(module)), always_call=True)
+            )
+
+    def _enter(self, name: str, key: int, module: Any, args: Any) -> None:
+        record = profiler_range(name)
+        record.__enter__()
+        self._open[threading.get_ident()].append((key, record))
+
+    def _exit(self, key: int, module: Any, args: Any, output: Any) -> None:
+        stack = self._open.get(threading.get_ident())
+        if not stack:
+            return
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] == key:
+                # always_call=True: runs even when forward raised, so ranges never stay open
+                closing = stack[i:]
+                del stack[i:]
+                for _, record in reversed(closing):
+                    record.__exit__(None, None, None)
+                return
+
+    def _close_module_ranges(self) -> None:
+        open_ranges, self._open = self._open, defaultdict(list)
+        for stack in open_ranges.values():
+            for _, record in reversed(stack):
+                try:
+                    record.__exit__(None, None, None)
+                except Exception:
+                    pass
+
+    # -- Lightning stages ----------------------------------------------------------------------------
+    def _install_profiler(self) -> None:
+        self.stage_note = None
+        trainer = self.trainer
+        if trainer is None or not hasattr(trainer, "profiler"):
+            self.stage_note = "no trainer profiler attribute"
+            return
+        from lightning.pytorch.profilers import PassThroughProfiler
+
+        current = trainer.profiler
+        if type(current) is not PassThroughProfiler:
+            # A profiler the user configured: leave it alone (no [pl][profile] ranges).
+            self.stage_note = f"trainer.profiler is {type(current).__name__}, left alone"
+            return
+        self._profiler = _stage_profiler_class()()
+        self._original_profiler = current
+        trainer.profiler = self._profiler

@@ -1,0 +1,208 @@
+"""Profile hooks on threads that already exist, through CPython's C API (Python <= 3.11), and
+VizTracer's leftover ``sys.monitoring`` callbacks (3.12+): the thread plumbing of ``pytracer``.
+
+Python <= 3.11 only. VizTracer's start() hooks the calling thread and, through threading.setprofile,
+threads started later; threads already running (a persistent ThreadPoolExecutor, the DataLoader's
+pin-memory thread) would go untraced. start() therefore puts a one-shot trampoline on every other
+thread state (CPython's _PyEval_SetProfile(tstate), under the GIL, as 3.12's
+threading.setprofile_all_threads() does): at that thread's next call it hands over to VizTracer's C
+hook. stop() takes every hook off again: VizTracer's own stop() unhooks only the calling thread, and
+a hook left on a thread makes it 1.5x (3.10) to 3.4x (3.11) slower for the rest of its life.
+On 3.12+ VizTracer uses sys.monitoring, which covers every thread and is freed by stop().
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from vt_lightning.analysis.usercode import is_own_file
+from vt_lightning.constants import THREAD_PREFIX
+
+NEEDS_THREAD_CLEANUP = sys.version_info < (3, 12) and sys.implementation.name == "cpython"
+_capi: Any = None
+_PROFILE_EVENTS = {0: "call", 3: "return", 4: "c_call", 5: "c_exception", 6: "c_return"}
+_adopting: Any = None  # the VizTracer whose window is open, for the trampoline of pre-existing threads
+_trampoline: Any = None  # the ctypes function pointer; created once, never freed (threads may hold it)
+
+
+def _trampoline_marker() -> None:
+    """Passed as the trampoline's profile object, so ``sys.getprofile()`` in a thread shows it."""
+
+
+def c_api() -> Any:
+    """Our own handle on the C API (restype/argtypes set here do not touch ``ctypes.pythonapi``)."""
+    global _capi
+    if _capi is None:
+        import ctypes
+
+        api = ctypes.PyDLL(None)  # PyDLL: calls keep the GIL
+        ptr = ctypes.c_void_p
+        api.PyThreadState_Get.restype = ptr
+        api.PyThreadState_Get.argtypes = []
+        api.PyInterpreterState_Get.restype = ptr
+        api.PyInterpreterState_Get.argtypes = []
+        api.PyInterpreterState_ThreadHead.restype = ptr
+        api.PyInterpreterState_ThreadHead.argtypes = [ptr]
+        api.PyThreadState_Next.restype = ptr
+        api.PyThreadState_Next.argtypes = [ptr]
+        api.PyThreadState_GetID.restype = ctypes.c_uint64
+        api.PyThreadState_GetID.argtypes = [ptr]
+        api.PyThreadState_GetFrame.restype = ptr
+        api.PyThreadState_GetFrame.argtypes = [ptr]
+        api.Py_DecRef.restype = None
+        api.Py_DecRef.argtypes = [ptr]
+        api._PyEval_SetProfile.restype = ctypes.c_int
+        api._PyEval_SetProfile.argtypes = [ptr, ptr, ptr]
+        _capi = api
+    return _capi
+
+
+def current_thread_state() -> int | None:
+    try:
+        return c_api().PyThreadState_Get()
+    except Exception:  # pragma: no cover - not CPython, or symbols missing: leave the hook
+        return None
+
+
+def _live_thread_states(api: Any) -> list[int]:
+    states = []
+    state = api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Get())
+    while state:
+        states.append(state)
+        state = api.PyThreadState_Next(state)
+    return states
+
+
+def remove_profile_hooks(thread_states: dict[int, int]) -> None:
+    """Remove the profile hook of the given threads (state pointer -> state id); the GIL is held
+    throughout. The id guards against a state freed since and its address reused by a new thread."""
+    if not thread_states:
+        return
+    try:
+        api = c_api()
+        for state in _live_thread_states(api):
+            if state in thread_states and api.PyThreadState_GetID(state) == thread_states[state]:
+                api._PyEval_SetProfile(state, None, None)
+    except Exception:  # pragma: no cover - best effort: never break stop() over this
+        pass
+
+
+def _monitoring_events() -> list[int]:
+    """Every single ``sys.monitoring`` event (3.12+): the slots a tool can hold a callback in."""
+    if sys.version_info < (3, 12):  # no sys.monitoring before 3.12 (and mypy checks for 3.10)
+        return []
+    events = sys.monitoring.events
+    return sorted({v for k, v in vars(events).items() if k.isupper() and v and v & (v - 1) == 0})
+
+
+def monitoring_callbacks_of(tracer: Any, release: bool) -> int:
+    """Count (and with ``release``, unregister) ``tracer``'s callbacks in ``sys.monitoring`` (3.12+).
+
+    VizTracer's stop() sets its events to 0 and frees the tool id, but ``free_tool_id`` (3.12,
+    3.13) leaves the registered callbacks in place: the interpreter keeps VizTracer's bound methods,
+    and so the tracer, until its own finalization, and hands them to the next tool that takes the
+    id. Reading a slot means swapping it, so every slot that is not ours is put back as it was.
+    """
+    if sys.version_info < (3, 12):  # no sys.monitoring before 3.12 (and mypy checks for 3.10)
+        return 0
+    monitoring = sys.monitoring
+    tool = monitoring.PROFILER_ID
+    if tracer is None or monitoring.get_tool(tool) not in (None, "viztracer"):
+        return 0  # another tool holds the id: the callbacks are its own
+    found = 0
+    for event in _monitoring_events():
+        previous = monitoring.register_callback(tool, event, None)
+        if previous is not None and getattr(previous, "__self__", None) is tracer:
+            found += 1
+            if release:
+                continue
+        if previous is not None:
+            monitoring.register_callback(tool, event, previous)
+    return found
+
+
+def _package_frames() -> list[Any]:
+    """The current frames of our own threads (the background writer's pool, named
+    ``vt_lightning-...``), which idle in the standard library between jobs."""
+    ours = {t.ident for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)}
+    return [frame for ident, frame in sys._current_frames().items() if ident in ours]
+
+
+def _runs_package_code(api: Any, state: int, our_frames: list[Any]) -> bool:
+    """True for our own threads: tracing them would only add frames the writer drops anyway."""
+    import ctypes
+
+    pointer = api.PyThreadState_GetFrame(state)
+    if not pointer:
+        return False
+    try:
+        frame = ctypes.cast(pointer, ctypes.py_object).value
+    finally:
+        api.Py_DecRef(pointer)
+    if any(frame is ours for ours in our_frames):
+        return True
+    while frame is not None:
+        if is_own_file(frame.f_code.co_filename):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _make_trampoline() -> Any:
+    global _trampoline
+    if _trampoline is None:
+        import ctypes
+
+        prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+
+        def adopt(_obj: int, frame: int, what: int, arg: int) -> int:
+            # Runs as the profile hook of a thread that existed before the window, at its first call.
+            tracer = _adopting
+            try:
+                if tracer is not None and what in _PROFILE_EVENTS and frame:
+                    # threadtracefunc installs VizTracer's C hook on this thread, then records the event.
+                    tracer.threadtracefunc(
+                        ctypes.cast(frame, ctypes.py_object).value,
+                        _PROFILE_EVENTS[what],
+                        ctypes.cast(arg, ctypes.py_object).value if arg else None,
+                    )
+                    return 0
+            except BaseException:  # never raise into another thread's code
+                pass
+            api = c_api()
+            api._PyEval_SetProfile(api.PyThreadState_Get(), None, None)
+            return 0
+
+        _trampoline = prototype(adopt)
+    return _trampoline
+
+
+def hook_existing_threads(tracer: Any) -> dict[int, int]:
+    """Put the trampoline on every thread but this one and ours; returns {state: state id}."""
+    import ctypes
+
+    global _adopting
+    _adopting = tracer
+    hooked: dict[int, int] = {}
+    try:
+        api = c_api()
+        function = ctypes.cast(_make_trampoline(), ctypes.c_void_p)
+        marker = ctypes.c_void_p(id(_trampoline_marker))  # _PyEval_SetProfile takes its own reference
+        current = api.PyThreadState_Get()
+        our_frames = _package_frames()
+        for state in _live_thread_states(api):
+            if state == current or _runs_package_code(api, state, our_frames):
+                continue
+            if api._PyEval_SetProfile(state, function, marker) == 0:
+                hooked[state] = api.PyThreadState_GetID(state)
+    except Exception:  # pragma: no cover - best effort: the window goes on, those threads untraced
+        pass
+    return hooked
+
+
+def stop_adopting() -> None:
+    """The window closed: the trampoline of a thread that has not run since hands over to no one."""
+    global _adopting
+    _adopting = None
