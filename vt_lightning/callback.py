@@ -133,6 +133,9 @@ class VizTraceCallback(Callback):
         self.options: Options = make_options({name: arguments[name] for name in _PARAMETERS})
         self._controller = WindowController(self.options)
 
+    # "env" when made by the VT_LIGHTNING switch (``cli.lightning.callbacks_from_env``).
+    _vt_lightning_source: str | None = None
+
     def __repr__(self) -> str:
         s = self.options.schedule
         return (
@@ -144,7 +147,7 @@ class VizTraceCallback(Callback):
     def state_key(self) -> str:
         # The VT_LIGHTNING callback gets its own key: two stateful callbacks with the same key make
         # Trainer() raise, and the env switch may meet one given in code or on the CLI.
-        if getattr(self, "_vt_lightning_source", None) == "env":
+        if self._vt_lightning_source == "env":
             return self._generate_state_key(source="env")
         return super().state_key
 
@@ -174,7 +177,7 @@ class VizTraceCallback(Callback):
 
     def _superseded_by(self, trainer: pl.Trainer) -> str | None:
         """With VT_LIGHTNING set beside a callback given in code or on the CLI, that one profiles."""
-        if getattr(self, "_vt_lightning_source", None) != "env":
+        if self._vt_lightning_source != "env":
             return None
         callbacks = getattr(trainer, "callbacks", [])
         other = next((cb for cb in callbacks if isinstance(cb, VizTraceCallback) and cb is not self), None)
@@ -205,9 +208,10 @@ class VizTraceCallback(Callback):
         # Quiet batches: one attribute chain and one comparison, no allocation. ``ready`` counts the
         # batch in progress, so the global batch index is ``ready - 1``.
         controller = self._controller
-        if trainer.fit_loop.epoch_loop.batch_progress.total.ready <= controller.next_look:
+        ready = trainer.fit_loop.epoch_loop.batch_progress.total.ready
+        if ready <= controller.next_look:
             return
-        controller.train_batch_start(trainer)
+        controller.train_batch_start(trainer, ready)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int

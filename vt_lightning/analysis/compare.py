@@ -11,14 +11,17 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vt_lightning.analysis.schema import Summary
+
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def profile(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def profile(summaries: Sequence[Summary]) -> dict[str, Any]:
     """The mean over windows of step time, breakdown parts, Python self time and op self CPU time."""
-    steps = [s["step_ms"]["mean"] for s in summaries if (s.get("step_ms") or {}).get("mean") is not None]
+    means = [(s.get("step_ms") or {}).get("mean") for s in summaries]
+    steps = [mean for mean in means if mean is not None]
     parts: dict[str, list[float]] = defaultdict(list)
     functions: dict[str, float] = defaultdict(float)
     ops: dict[str, float] = defaultdict(float)
@@ -69,7 +72,7 @@ def _changes(a: Mapping[str, float], b: Mapping[str, float], limit: int | None) 
     return rows[:limit] if limit else rows
 
 
-def diff(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], limit: int = 10) -> dict[str, Any]:
+def diff(a: Sequence[Summary], b: Sequence[Summary], limit: int = 10) -> dict[str, Any]:
     """Changes from A to B (positive: B is slower), largest first."""
     pa, pb = profile(a), profile(b)
     parts = list(dict.fromkeys([*pa["breakdown_ms"], *pb["breakdown_ms"]]))

@@ -139,7 +139,7 @@ def merge_metadata_events(
     """
     python_threads = {(e.get("pid"), e.get("tid")): e for e in python_meta if e.get("name") == "thread_name"}
     for (_, tid), event in python_threads.items():
-        if thread_names and tid in thread_names:
+        if thread_names and isinstance(tid, int) and tid in thread_names:
             event["args"] = {**event.get("args", {}), "name": thread_names[tid]}
     out = [
         e
@@ -326,7 +326,7 @@ def untangle_annotations(events: list[dict[str, Any]]) -> int:
         _set_bounds(call, new_start, new_end)
     # A cut parent can leave a child (placed within the calibration's uncertainty) sticking out.
     for calls in python.values():
-        stack: list[dict[str, Any]] = []
+        stack = []
         for call in sorted(calls, key=lambda e: (e["ts"], -e["dur"])):
             while stack and stack[-1]["ts"] + stack[-1]["dur"] <= call["ts"]:
                 stack.pop()

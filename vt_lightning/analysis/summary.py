@@ -26,26 +26,27 @@ Sources, all from the one calibrated timeline:
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from vt_lightning.analysis.schema import SCHEMA_VERSION, KernelsByOp, PythonEntry, Summary, TopOps, TopPython
+from vt_lightning.analysis.spans import Span
+from vt_lightning.analysis.spans import ms as _ms
+from vt_lightning.analysis.spans import percentile as _percentile
+from vt_lightning.analysis.spans import span_of as _span
+from vt_lightning.analysis.spans import x_events as _x_events
+from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
 from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.constants import PL_PREFIX, PL_PROFILE_PREFIX, PYTHON_CATEGORY, STEP_PREFIX, TRACE_METADATA_KEY
 
-SCHEMA_VERSION = 1
 BREAKDOWN_PARTS = ("data_wait", "forward", "backward", "optimizer", "other")
-PYTHON_CATEGORY = "FEE"
-STEP_PREFIX = "ProfilerStep#"
-PL_PROFILE_PREFIX = "[pl][profile]"
-ANNOTATION_PREFIXES = ("[pl]", STEP_PREFIX, "vt_lightning")
-KERNEL_CATEGORIES = frozenset({"kernel"})
-RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+ANNOTATION_PREFIXES = (PL_PREFIX, STEP_PREFIX, TRACE_METADATA_KEY)
 TOP_PYTHON = 10  # entries per list, user code first
 TOP_UNFOLDED = 3  # package functions this high in a ranking keep their own line
 TOP_OPS = 10
-TOP_GAPS = 5
-TOP_SITES = 10
 
 # Lightning stage (the action's last dotted part) -> breakdown part.
 _STAGE_PARTS = {
@@ -56,58 +57,6 @@ _STAGE_PARTS = {
     "optimizer_zero_grad": "optimizer",
     "zero_grad": "optimizer",
 }
-
-
-# --------------------------------------------------------------------------------------------------
-# Small helpers
-# --------------------------------------------------------------------------------------------------
-
-Span = tuple[float, float]
-
-
-def _ms(us: float) -> float:
-    return round(us / 1000.0, 3)
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default), no numpy needed."""
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def _union(spans: Iterable[Span]) -> list[Span]:
-    merged: list[list[float]] = []
-    for start, end in sorted(spans):
-        if end <= start:
-            continue
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(s, e) for s, e in merged]
-
-
-def _clip(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
-    return [(max(s, lo), min(e, hi)) for s, e in spans if e > lo and s < hi]
-
-
-# --------------------------------------------------------------------------------------------------
-# Events -> threads, steps
-# --------------------------------------------------------------------------------------------------
-
-
-def _x_events(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in trace.get("traceEvents", ()) if e.get("ph") == "X" and "ts" in e]
-
-
-def _span(event: Mapping[str, Any]) -> Span:
-    start = float(event["ts"])
-    return start, start + float(event.get("dur", 0.0) or 0.0)
 
 
 def _step_number(name: str) -> int | None:
@@ -199,7 +148,7 @@ def attribute_step(step: Span, ranges: Sequence[tuple[float, float, str]]) -> di
     inside = [(max(s, lo), min(e, hi), part, s, e) for s, e, part in ranges if e > lo and s < hi]
     cuts = sorted({lo, hi, *(r[0] for r in inside), *(r[1] for r in inside)})
     out = dict.fromkeys(BREAKDOWN_PARTS, 0.0)
-    for a, b in zip(cuts, cuts[1:]):
+    for a, b in itertools.pairwise(cuts):
         if b <= a:
             continue
         mid = (a + b) / 2
@@ -293,7 +242,7 @@ def python_stats(events: Sequence[Mapping[str, Any]]) -> tuple[dict[str, _Stat],
     return functions, packages, info
 
 
-def _entry(name: str, stat: _Stat, meta: Mapping[str, Any], steps: int) -> dict[str, Any]:
+def _entry(name: str, stat: _Stat, meta: Mapping[str, Any], steps: int) -> PythonEntry:
     return {
         "function": meta["function"],
         "file": meta["file"],
@@ -307,16 +256,17 @@ def _entry(name: str, stat: _Stat, meta: Mapping[str, Any], steps: int) -> dict[
     }
 
 
-def top_python(events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_PYTHON) -> dict[str, list[dict]]:
+def top_python(events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_PYTHON) -> TopPython:
     """Top functions by self and by inclusive time, per active step; user code first, other code
     under site-packages folded to one line per package unless it ranks in the top few."""
     functions, packages, info = python_stats(events)
     steps = max(steps, 1)
-    out: dict[str, list[dict]] = {}
-    for key, metric in (("by_self", "self_us"), ("by_inclusive", "inclusive_us")):
+
+    def ranking(metric: str, by: Callable[[PythonEntry], float]) -> list[PythonEntry]:
         ranked = sorted(functions, key=lambda n: getattr(functions[n], metric), reverse=True)
-        keep_whole = {n for n in ranked[:TOP_UNFOLDED]}
-        user, other = [], []
+        keep_whole = set(ranked[:TOP_UNFOLDED])
+        user: list[PythonEntry] = []
+        other: list[PythonEntry] = []
         folded_packages: set[str] = set()
         for name in ranked:
             meta = info[name]
@@ -341,11 +291,14 @@ def top_python(events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP
                     "inclusive_ms": _ms(stat.inclusive_us / steps),
                 }
             )
-        sort_key = metric.replace("_us", "_ms")
-        other.sort(key=lambda e: e[sort_key], reverse=True)
-        user = [e for e in user if e[sort_key] > 0][: limit // 2]
-        out[key] = user + other[: limit - len(user)]
-    return out
+        other.sort(key=by, reverse=True)
+        user = [e for e in user if by(e) > 0][: limit // 2]
+        return user + other[: limit - len(user)]
+
+    return TopPython(
+        by_self=ranking("self_us", lambda e: e["self_ms"]),
+        by_inclusive=ranking("inclusive_us", lambda e: e["inclusive_ms"]),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -357,7 +310,7 @@ def _is_op(event: Mapping[str, Any]) -> bool:
     return event.get("cat") == "cpu_op" and not str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
 
 
-def top_ops(events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_OPS) -> dict[str, list[dict]]:
+def top_ops(events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_OPS) -> TopOps:
     """Ops by CPU time (self and total), and on CUDA by the kernel time they launched."""
     steps = max(steps, 1)
     by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
@@ -385,7 +338,7 @@ def top_ops(events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_OP
             stats[done[1]][2] += max(done[3] - done[2], 0.0)
         op_spans[thread] = ([o[0] for o in ops], ops)
     by_cpu = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:limit]
-    out: dict[str, list[dict]] = {
+    out: TopOps = {
         "by_cpu": [
             {"name": name, "calls": int(s[0]), "self_cpu_ms": _ms(s[2] / steps), "cpu_ms": _ms(s[1] / steps)}
             for name, s in by_cpu
@@ -411,7 +364,7 @@ def _ops_by_kernel(
     op_spans: Mapping[Any, tuple[list[float], list[tuple[float, float, str]]]],
     steps: int,
     limit: int,
-) -> list[dict]:
+) -> list[KernelsByOp]:
     """Kernel time per op: kernel -> its launch (same ``correlation``) -> innermost op around it."""
     launches = {
         (e.get("args") or {}).get("correlation"): e
@@ -440,187 +393,11 @@ def _ops_by_kernel(
 
 
 # --------------------------------------------------------------------------------------------------
-# GPU
-# --------------------------------------------------------------------------------------------------
-
-
-def gpu_summary(events: Sequence[Mapping[str, Any]], window: Span, thread: Any, limit: int = TOP_GAPS) -> dict | None:
-    """Busy % (union of kernel time over the window's wall time) and the largest idle gaps, each
-    with the innermost Python call (and innermost user-code call) of the training thread in it."""
-    kernels = [_span(e) for e in events if e.get("cat") in KERNEL_CATEGORIES]
-    if not kernels:
-        return None
-    lo, hi = window
-    busy = _union(_clip(kernels, lo, hi))
-    busy_us = sum(e - s for s, e in busy)
-    gaps: list[Span] = []
-    cursor = lo
-    for start, end in busy:
-        if start > cursor:
-            gaps.append((cursor, start))
-        cursor = max(cursor, end)
-    if cursor < hi:
-        gaps.append((cursor, hi))
-    gaps.sort(key=lambda g: g[1] - g[0], reverse=True)
-    calls = sorted(
-        (
-            _span(e) + (str(e.get("name", "")),)
-            for e in events
-            if e.get("cat") == PYTHON_CATEGORY and (e.get("pid"), e.get("tid")) == thread
-        ),
-        key=lambda c: (c[0], -c[1]),
-    )
-    devices = sorted({str(e.get("pid")) for e in events if e.get("cat") in KERNEL_CATEGORIES})
-    return {
-        "devices": devices,
-        "busy_percent": round(100.0 * busy_us / (hi - lo), 2) if hi > lo else 0.0,
-        "kernel_ms": _ms(busy_us),
-        "wall_ms": _ms(hi - lo),
-        "idle_gaps": [_gap(gap, calls) for gap in gaps[:limit]],
-    }
-
-
-def _gap(gap: Span, calls: Sequence[tuple[float, float, str]]) -> dict[str, Any]:
-    mid = (gap[0] + gap[1]) / 2
-    innermost = None
-    user = None
-    for start, end, name in calls:  # sorted by start, outer first: the last cover is innermost
-        if start > mid:
-            break
-        if end > mid:
-            innermost = name
-            _, path, _ = parse_function(name)
-            if code_origin(path)[0] == "user":
-                user = name
-    return {
-        "start_us": round(gap[0], 3),
-        "ms": _ms(gap[1] - gap[0]),
-        "python": innermost,
-        "user_python": user,
-    }
-
-
-# --------------------------------------------------------------------------------------------------
-# Memory
-# --------------------------------------------------------------------------------------------------
-
-_DEVICE_NAMES = {0: "cpu", 1: "cuda"}
-
-
-def memory_summary(
-    events: Sequence[Mapping[str, Any]], snapshot: Mapping[str, Any] | None, limit: int = TOP_SITES
-) -> dict | None:
-    """Peak allocated (and reserved) per device from torch's ``[memory]`` events, falling back on
-    a replay of the snapshot; top allocation sites by the innermost Python frame of each allocation
-    (user code preferred) from the snapshot."""
-    peaks: dict[str, dict[str, int]] = {}
-    for event in events:
-        if event.get("ph") != "i" or event.get("name") != "[memory]":
-            continue
-        args = event.get("args") or {}
-        kind = args.get("Device Type", 0)
-        index = args.get("Device Id", -1)
-        label = _DEVICE_NAMES.get(kind, f"device_type_{kind}") + (
-            f":{index}" if isinstance(index, int) and index >= 0 else ""
-        )
-        peak = peaks.setdefault(label, {"allocated": 0, "reserved": 0})
-        for key, arg in (("allocated", "Total Allocated"), ("reserved", "Total Reserved")):
-            value = args.get(arg)
-            if isinstance(value, int) and value > peak[key]:
-                peak[key] = value
-    source = "torch [memory] events"
-    if not peaks and snapshot:
-        peaks = _snapshot_peaks(snapshot)
-        source = "memory snapshot replay"
-    sites = _allocation_sites(snapshot, limit) if snapshot else []
-    if not peaks and not sites:
-        return None
-    devices = {
-        label: {
-            "peak_allocated_mb": round(p["allocated"] / 2**20, 3),
-            **({"peak_reserved_mb": round(p["reserved"] / 2**20, 3)} if p["reserved"] else {}),
-        }
-        for label, p in sorted(peaks.items(), key=lambda kv: (kv[0].startswith("cpu"), kv[0]))
-    }
-    main = next(iter(devices.values()), {})
-    main_peak = next(iter(sorted(peaks.items(), key=lambda kv: (kv[0].startswith("cpu"), kv[0]))), (None, {}))[1]
-    return {
-        "peak_allocated_mb": main.get("peak_allocated_mb"),
-        "peak_reserved_mb": main.get("peak_reserved_mb"),
-        "peak_allocated_bytes": main_peak.get("allocated"),
-        "devices": devices,
-        "peak_source": source,
-        "top_allocation_sites": sites,
-    }
-
-
-def _snapshot_peaks(snapshot: Mapping[str, Any]) -> dict[str, dict[str, int]]:
-    """Replay ``device_traces`` backwards from the end state the ``segments`` describe."""
-    peaks: dict[str, dict[str, int]] = {}
-    segments = snapshot.get("segments") or []
-    for device, trace in enumerate(snapshot.get("device_traces") or []):
-        allocated = sum(
-            b.get("size", 0)
-            for s in segments
-            if s.get("device") == device
-            for b in s.get("blocks", [])
-            if str(b.get("state", "")).startswith("active")
-        )
-        reserved = sum(s.get("total_size", 0) for s in segments if s.get("device") == device)
-        peak_a, peak_r = allocated, reserved
-        for entry in reversed(trace):
-            action, size = entry.get("action"), int(entry.get("size", 0))
-            if action == "alloc":
-                allocated -= size
-            elif action == "free_completed":
-                allocated += size
-            elif action in ("segment_alloc", "segment_map"):  # map/unmap: expandable segments
-                reserved -= size
-            elif action in ("segment_free", "segment_unmap"):
-                reserved += size
-            peak_a, peak_r = max(peak_a, allocated), max(peak_r, reserved)
-        peaks[f"device:{device}"] = {"allocated": peak_a, "reserved": peak_r}
-    return peaks
-
-
-def _site(frames: Sequence[Mapping[str, Any]]) -> str | None:
-    """The innermost Python frame of an allocation, preferring the user's own code."""
-    first_python = None
-    for frame in frames:
-        filename = str(frame.get("filename", ""))
-        if not filename.endswith(".py"):
-            continue
-        label = f"{frame.get('name')} ({filename}:{frame.get('line')})"
-        if first_python is None:
-            first_python = label
-        if code_origin(filename)[0] == "user":
-            return label
-    return first_python
-
-
-def _allocation_sites(snapshot: Mapping[str, Any], limit: int) -> list[dict[str, Any]]:
-    sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    by_stack: dict[int, str] = {}  # snapshots share one frames list between identical stacks
-    for trace in snapshot.get("device_traces") or []:
-        for entry in trace:
-            if entry.get("action") != "alloc":
-                continue
-            frames = entry.get("frames") or []
-            site = by_stack.get(id(frames))
-            if site is None:
-                site = by_stack[id(frames)] = _site(frames) or "(no Python frame)"
-            sites[site][0] += 1
-            sites[site][1] += int(entry.get("size", 0))
-    ranked = sorted(sites.items(), key=lambda kv: kv[1][1], reverse=True)[:limit]
-    return [{"site": site, "allocations": n, "mb": round(size / 2**20, 3)} for site, (n, size) in ranked]
-
-
-# --------------------------------------------------------------------------------------------------
 # The summary
 # --------------------------------------------------------------------------------------------------
 
 
-def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | None = None) -> Summary:
     """The summary of one merged window trace (see the module docstring and docs/files.md)."""
     meta = trace.get("vt_lightning") or {}
     events = _x_events(trace)

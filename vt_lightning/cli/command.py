@@ -13,10 +13,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
+from vt_lightning.analysis.schema import Summary
+from vt_lightning.constants import ENV_COMMAND_PREFIX
 from vt_lightning.export.report import (
     SUMMARY_JSON_SUFFIX,
     TRACE_SUFFIX,
@@ -38,7 +40,7 @@ def _parser() -> Any:
     parser = ArgumentParser(
         prog="vt-lightning",
         description="Read, compare and open vt_lightning windows (summaries and traces).",
-        env_prefix="VT_LIGHTNING_CMD",
+        env_prefix=ENV_COMMAND_PREFIX,
         default_env=False,
     )
     commands = parser.add_subcommands(dest="command")
@@ -68,7 +70,7 @@ def _parser() -> Any:
 # --------------------------------------------------------------------------------------------------
 
 
-def _summary_of_trace(trace: Path) -> dict[str, Any]:
+def _summary_of_trace(trace: Path) -> Summary:
     beside = trace.with_name(summary_names(trace.name)[0])
     if beside.is_file():
         return load_summary(beside)
@@ -76,7 +78,7 @@ def _summary_of_trace(trace: Path) -> dict[str, Any]:
 
     summary = summarize(_read_trace(trace))
     summary["window"]["trace"] = trace.name
-    summary["_path"] = str(trace)
+    cast(dict[str, Any], summary)["_path"] = str(trace)  # where it came from, as load_summary marks it
     return summary
 
 
@@ -95,7 +97,7 @@ def _read_trace(trace: Path) -> dict[str, Any]:
     return data
 
 
-def load_windows(target: str) -> list[dict[str, Any]]:
+def load_windows(target: str) -> list[Summary]:
     """Summaries of every window at ``target``, in (directory, name) order."""
     path = Path(target)
     if not path.exists():
@@ -106,7 +108,7 @@ def load_windows(target: str) -> list[dict[str, Any]]:
         if path.name.endswith((".json", ".json.gz")):
             return [_summary_of_trace(path)]
         raise SummaryNotFound(f"{path}: not a vt_lightning trace (*{TRACE_SUFFIX}) or summary (*{SUMMARY_JSON_SUFFIX})")
-    windows: dict[str, dict[str, Any]] = {}
+    windows: dict[str, Summary] = {}
     for summary_path in path.rglob(f"*{SUMMARY_JSON_SUFFIX}"):
         windows[str(summary_path)] = load_summary(summary_path)
     covered = {str(Path(p).parent / Path(p).name[: -len(SUMMARY_JSON_SUFFIX)]) for p in windows}
@@ -124,7 +126,7 @@ def load_windows(target: str) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _public(summary: dict[str, Any]) -> dict[str, Any]:
+def _public(summary: Summary) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if not k.startswith("_")}
 
 
@@ -169,7 +171,8 @@ def run_diff(a: str, b: str, top: int, as_json: bool) -> int:
 
 def step_change(result: dict[str, Any]) -> str:
     step = result["step"]
-    return f"{step['a_ms']:.1f} -> {step['b_ms']:.1f} ms ({_signed(step['delta_ms'])} ms, {_percent(step['delta_percent'])})"
+    change = f"{_signed(step['delta_ms'])} ms, {_percent(step['delta_percent'])}"
+    return f"{step['a_ms']:.1f} -> {step['b_ms']:.1f} ms ({change})"
 
 
 def _signed(value: float) -> str:

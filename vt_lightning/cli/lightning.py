@@ -31,8 +31,12 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from vt_lightning.constants import ENV_PREFIX, ENV_SWITCH
+
 if TYPE_CHECKING:  # pragma: no cover
     from lightning.pytorch.cli import LightningArgumentParser
+
+    VizTraceLightningCLI: type  # built on first use by ``__getattr__`` below
 
 __all__ = [
     "ENV_PREFIX",
@@ -43,8 +47,6 @@ __all__ = [
     "options_from_env",
 ]
 
-ENV_SWITCH = "VT_LIGHTNING"
-ENV_PREFIX = "VT_LIGHTNING_"
 DEFAULT_KEY = "viztrace"
 
 _TRUE = frozenset({"1", "true", "yes", "on", "y", "t"})
@@ -78,7 +80,8 @@ def callbacks_from_env(environ: Mapping[str, str] | None = None) -> list[Any]:
         culprits = ", ".join(f"{ENV_PREFIX}{n.upper()}={env[ENV_PREFIX + n.upper()]!r}" for n in named)
         raise ValueError(
             f"{culprits or 'vt_lightning defaults'}: {message} "
-            f"(vt_lightning was switched on by {ENV_SWITCH}={env[ENV_SWITCH]!r}; fix the variable or unset {ENV_SWITCH})"
+            f"(vt_lightning was switched on by {ENV_SWITCH}={env[ENV_SWITCH]!r}; "
+            f"fix the variable or unset {ENV_SWITCH})"
         ) from err
     callback._vt_lightning_source = "env"  # lets the callback tell itself apart from one given in code
     return [callback]

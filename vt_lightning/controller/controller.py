@@ -155,10 +155,10 @@ class WindowController:
         self.stage = None
 
     # ------------------------------------------------------------------ batches
-    def train_batch_start(self, trainer: Any) -> None:
-        """Past the callback's one-comparison gate: a batch that may need a look."""
+    def train_batch_start(self, trainer: Any, ready: int) -> None:
+        """Past the callback's one-comparison gate (``ready``: batches started, this one included)."""
         slow = self.slow
-        if slow is not None and slow.steady() and runs.batches_started(trainer) <= self.next_check:
+        if slow is not None and slow.steady() and ready <= self.next_check:
             return
         self.batch_start(runs.global_batch(trainer))
 

@@ -176,10 +176,8 @@ class BackgroundWriter:
             return list(self._futures)
 
     def in_flight(self) -> int:
+        """Windows submitted and not finished (nor dropped)."""
         return len(self._pending())
-
-    def busy(self) -> bool:
-        return self.in_flight() >= self.max_in_flight
 
     def wait_for_room(self, timeout: float | None = None) -> tuple[float, bool]:
         """Wait until fewer than ``max_in_flight`` windows are pending, at most ``timeout`` seconds

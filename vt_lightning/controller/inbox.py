@@ -73,7 +73,7 @@ class Inbox:
     def take_all(self) -> list[Outcome]:
         """On the training thread: everything that arrived, in order."""
         out: list[Outcome] = []
-        while True:
+        while not self._queue.empty():  # polled every batch while answers are owed: no exception
             try:
                 outcome = self._queue.get_nowait()
             except queue.Empty:
@@ -81,6 +81,7 @@ class Inbox:
             if not isinstance(outcome, Notice):
                 self.outstanding -= 1
             out.append(outcome)
+        return out
 
 
 class Outcomes:
@@ -132,8 +133,10 @@ class Outcomes:
         """On the training thread, never inside a window (the logger's calls would be traced)."""
         pending, self.unlogged = self.unlogged, []
         for result in pending:
+            if result.summary is None:  # only results with a summary are pending
+                continue
             try:
-                log_summary(loggers, result.summary or {}, result.summary_markdown)
+                log_summary(loggers, result.summary, result.summary_markdown)
             except Exception as err:
                 self.warn(
                     f"logger:{type(err).__name__}",

@@ -8,34 +8,34 @@ start after the writer returned a window, and at the end of fit. Scalars go thro
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
+
+from vt_lightning.analysis.schema import Summary
 
 PREFIX = "vt_lightning"
 
 
-def summary_scalars(summary: Mapping[str, Any]) -> dict[str, float]:
+def summary_scalars(summary: Summary) -> dict[str, float]:
     """``vt_lightning/step_ms``, ``vt_lightning/<part>_ms`` per breakdown part, GPU busy %, peak MB."""
-    out: dict[str, float] = {}
-    step = summary.get("step_ms") or {}
-    for key, name in (("mean", "step_ms"), ("p50", "step_ms_p50"), ("max", "step_ms_max")):
-        if step.get(key) is not None:
-            out[f"{PREFIX}/{name}"] = float(step[key])
+    step = summary.get("step_ms")
+    values: dict[str, float | None] = {}
+    if step is not None:
+        values.update(step_ms=step.get("mean"), step_ms_p50=step.get("p50"), step_ms_max=step.get("max"))
     for part, ms in (summary.get("breakdown_ms") or {}).items():
-        if ms is not None:
-            out[f"{PREFIX}/{part}_ms"] = float(ms)
-    gpu = summary.get("gpu") or {}
-    if gpu.get("busy_percent") is not None:
-        out[f"{PREFIX}/gpu_busy_percent"] = float(gpu["busy_percent"])
-    memory = summary.get("memory") or {}
-    if memory.get("peak_allocated_mb") is not None:
-        out[f"{PREFIX}/peak_allocated_mb"] = float(memory["peak_allocated_mb"])
-    if memory.get("peak_reserved_mb") is not None:
-        out[f"{PREFIX}/peak_reserved_mb"] = float(memory["peak_reserved_mb"])
-    return out
+        values[f"{part}_ms"] = ms
+    gpu = summary.get("gpu")
+    if gpu is not None:
+        values["gpu_busy_percent"] = gpu.get("busy_percent")
+    memory = summary.get("memory")
+    if memory is not None:
+        values.update(
+            peak_allocated_mb=memory.get("peak_allocated_mb"), peak_reserved_mb=memory.get("peak_reserved_mb")
+        )
+    return {f"{PREFIX}/{name}": float(value) for name, value in values.items() if value is not None}
 
 
-def log_summary(loggers: Iterable[Any], summary: Mapping[str, Any], markdown: str | None = None) -> None:
+def log_summary(loggers: Iterable[Any], summary: Summary, markdown: str | None = None) -> None:
     """Scalars (and, where the logger takes text, the markdown) at the window's last global step.
 
     Raises the first logger error after trying every logger, so one broken logger never starves

@@ -12,6 +12,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from vt_lightning.analysis.schedule import Schedule, Window
+from vt_lightning.analysis.schema import Summary
 from vt_lightning.constants import LOGGER_NAME
 
 log = logging.getLogger(LOGGER_NAME)
@@ -85,7 +86,7 @@ def end_of_run(root: Path | None, results: Sequence[Any], triggered_runs: Sequen
 
 
 @rank_zero_only
-def print_end_of_run(root: Path | None, files: int, summaries: list[dict[str, Any]], triggered: list[str]) -> None:
+def print_end_of_run(root: Path | None, files: int, summaries: list[Summary], triggered: list[str]) -> None:
     """The windows' table, why triggered windows opened, and commands that work without an
     activated venv."""
     command = f"{sys.executable} -m vt_lightning"

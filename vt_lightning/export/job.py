@@ -14,6 +14,7 @@ from typing import Any
 
 from vt_lightning.analysis.clock import ClockPair
 from vt_lightning.analysis.filters import PythonFilter
+from vt_lightning.analysis.schema import Summary
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class WindowResult:
     suggested_tracer_entries: int | None = None
     memory_path: Path | None = None
     notes: tuple[str, ...] = ()
-    summary: dict[str, Any] | None = None  # None when it could not be computed (see ``notes``)
+    summary: Summary | None = None  # None when it could not be computed (see ``notes``)
     summary_path: Path | None = None
     summary_markdown: str | None = None
     summary_seconds: float = 0.0  # writer-process time spent on the summary and its files

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import socket
-from pathlib import Path
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 MEMORY_SUFFIX = ".memory_snapshot.pickle"
@@ -46,16 +45,3 @@ def trace_file_name(worker: str, span: str) -> str:
 
 def memory_file_name(worker: str, span: str) -> str:
     return f"{worker}.{span}{MEMORY_SUFFIX}"
-
-
-def resolve_root(dirpath: str | None, logger_log_dir: str | None, fallback: str) -> Path:
-    """``dirpath`` if given, else the logger's log dir, else ``trainer.log_dir``/``default_root_dir``."""
-    if dirpath:
-        return Path(dirpath)
-    if logger_log_dir:
-        return Path(logger_log_dir)
-    return Path(fallback)
-
-
-def ensure_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)

@@ -10,9 +10,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
+
+from vt_lightning.analysis.schema import Summary
 
 TRACE_SUFFIX = ".pt.trace.json.gz"  # as output.TRACE_SUFFIX; kept here so readers import no writer code
 SUMMARY_JSON_SUFFIX = ".summary.json"
@@ -36,7 +38,7 @@ def summary_names(trace_name: str) -> tuple[str, str]:
     return stem + SUMMARY_JSON_SUFFIX, stem + SUMMARY_MD_SUFFIX
 
 
-def encode_summary(summary: Mapping[str, Any]) -> bytes:
+def encode_summary(summary: Summary) -> bytes:
     return orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n"
 
 
@@ -57,14 +59,14 @@ def _where(entry: Mapping[str, Any]) -> str:
     return entry.get("origin") or ""
 
 
-def window_title(summary: Mapping[str, Any]) -> str:
+def window_title(summary: Summary) -> str:
     window = summary.get("window") or {}
     recorded = (summary.get("steps") or {}).get("recorded") or []
     steps = f"batches {recorded[0]}-{recorded[-1]}" if recorded else "no steps"
     return f"window {window.get('index')} ({steps}, {window.get('worker')})"
 
 
-def render_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
+def render_markdown(summary: Summary, top: int = 5) -> str:
     """A short report of one window: step time, breakdown, top Python, top ops, GPU, memory."""
     steps = summary.get("steps") or {}
     step = summary.get("step_ms") or {}
@@ -100,8 +102,8 @@ def render_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
     kernel_ops = (summary.get("top_ops") or {}).get("by_kernel") or []
     if kernel_ops:
         lines += ["", "| torch op | kernel ms/step | kernels |", "|---|---:|---:|"]
-        for op in kernel_ops[:top]:
-            lines.append(f"| `{op['name']}` | {_num(op['kernel_ms'], 2)} | {op['kernels']} |")
+        for by_op in kernel_ops[:top]:
+            lines.append(f"| `{by_op['name']}` | {_num(by_op['kernel_ms'], 2)} | {by_op['kernels']} |")
     gpu = summary.get("gpu")
     if gpu:
         lines += ["", f"GPU busy **{_num(gpu['busy_percent'])}%** of {_num(gpu['wall_ms'])} ms."]
@@ -133,15 +135,15 @@ def render_markdown(summary: Mapping[str, Any], top: int = 5) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def load_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_summary(path: str | os.PathLike[str]) -> Summary:
     try:
         data = orjson.loads(Path(path).read_bytes())
     except (OSError, orjson.JSONDecodeError) as err:
         raise SummaryNotFound(f"{path}: not a readable summary ({err})") from None
     if not isinstance(data, dict) or "schema" not in data or "breakdown_ms" not in data:
         raise SummaryNotFound(f"{path}: not a vt_lightning summary")
-    data["_path"] = str(path)
-    return data
+    data["_path"] = str(path)  # where it was read (the CLI's tables name it; never written back)
+    return cast(Summary, data)  # checked for its keys above; readers still use .get on the parts
 
 
 def find_traces(target: str | os.PathLike[str]) -> list[Path]:
@@ -217,7 +219,7 @@ def print_table(
             box=box.SIMPLE_HEAD,
             padding=(0, 1),
         )
-        for i, (header, right) in enumerate(columns):
+        for header, right in columns:
             table.add_column(header, justify="right" if right else "left", no_wrap=right, overflow="fold")
         for r, row in enumerate(rows):
             cells = []
@@ -246,7 +248,7 @@ def print_table(
         print(textwrap.fill(caption, width=100), file=out)
 
 
-def _top_user_function(summary: Mapping[str, Any]) -> str | None:
+def _top_user_function(summary: Summary) -> str | None:
     for entry in (summary.get("top_python") or {}).get("by_inclusive") or []:
         if entry.get("origin") == "user":
             return f"{entry['function']} ({entry['inclusive_ms']:.1f} ms)"
@@ -256,7 +258,7 @@ def _top_user_function(summary: Mapping[str, Any]) -> str | None:
 SHORT_PARTS = {"data_wait": "data", "forward": "fwd", "backward": "bwd", "optimizer": "optim", "other": "other"}
 
 
-def print_windows_table(summaries: Sequence[Mapping[str, Any]], file: Any = None, title: str | None = None) -> None:
+def print_windows_table(summaries: Sequence[Summary], file: Any = None, title: str | None = None) -> None:
     """One compact table (fits 80 columns): a row per window, ms per step, the largest part in
     bold; the busiest user function of the latest windows in the caption."""
     with_gpu = any(s.get("gpu") for s in summaries)
@@ -272,8 +274,8 @@ def print_windows_table(summaries: Sequence[Mapping[str, Any]], file: Any = None
         recorded = (summary.get("steps") or {}).get("recorded") or []
         step = summary.get("step_ms") or {}
         parts = summary.get("breakdown_ms") or {}
-        gpu = summary.get("gpu") or {}
-        memory = summary.get("memory") or {}
+        gpu = summary.get("gpu")
+        memory = summary.get("memory")
         name = str(window.get("index"))
         if window.get("global_rank"):
             name += f" r{window['global_rank']}"
@@ -286,8 +288,8 @@ def print_windows_table(summaries: Sequence[Mapping[str, Any]], file: Any = None
                 f"{recorded[0]}-{recorded[-1]}" if recorded else "–",
                 _num(step.get("mean")),
                 *(_num(parts.get(p)) for p in SHORT_PARTS),
-                *([f"{gpu['busy_percent']:.0f}%" if gpu.get("busy_percent") is not None else "–"] if with_gpu else []),
-                _num(memory.get("peak_allocated_mb")),
+                *([f"{gpu['busy_percent']:.0f}%" if gpu is not None else "–"] if with_gpu else []),
+                _num(memory.get("peak_allocated_mb") if memory is not None else None),
             ]
         )
         top = _top_user_function(summary)

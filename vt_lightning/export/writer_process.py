@@ -22,6 +22,8 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from vt_lightning.constants import ENV_SWITCH
+
 _HEADER = struct.Struct("!Q")
 
 
@@ -116,7 +118,7 @@ def writer_command() -> list[str]:
 
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.pop("VT_LIGHTNING", None)  # the child never trains, but keep the switch from leaking
+    env.pop(ENV_SWITCH, None)  # the child never trains, but keep the switch from leaking
     return env
 
 

@@ -149,10 +149,6 @@ class LightningViewHooks:
 
     # -- public protocol ----------------------------------------------------------------------------
     @property
-    def installed(self) -> bool:
-        return self._installed
-
-    @property
     def hooked_modules(self) -> int:
         return len(self._handles) // 2
 

@@ -118,7 +118,7 @@ def memory_reader(cuda_device: Any = None) -> tuple[Callable[[], int], str]:
 
         return rss_linux, "rss"
     try:
-        import psutil  # type: ignore[import-not-found]
+        import psutil
 
         process = psutil.Process()
         return (lambda: process.memory_info().rss), "rss"

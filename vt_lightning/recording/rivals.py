@@ -140,6 +140,8 @@ class RivalGuard:
         self._patch_method(cProfile.Profile, "enable", "cProfile")
 
     def _patch_monitoring(self) -> None:  # pragma: no cover - Python 3.12+
+        if sys.version_info < (3, 12):
+            return
         monitoring = sys.monitoring
         original = monitoring.use_tool_id
         guard = self
@@ -149,7 +151,7 @@ class RivalGuard:
                 guard._rival(f"{name} (sys.monitoring)")
             return original(tool_id, name)
 
-        use_tool_id._vt_lightning_guard = True  # type: ignore[attr-defined]
+        use_tool_id.__dict__["_vt_lightning_guard"] = True  # a function attribute, typed or not
 
         def undo() -> None:
             if monitoring.use_tool_id is use_tool_id:

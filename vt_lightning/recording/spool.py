@@ -151,9 +151,9 @@ def _filesystem_type(path: str, mounts: str | None = None) -> str | None:
         if len(fields) < 3:
             continue
         point = fields[1].replace("\\040", " ")
-        if path == point or path.startswith(point.rstrip("/") + "/"):
-            if best is None or len(point) > best[0]:
-                best = (len(point), fields[2])
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) > best[0]):  # the deepest mount holding path
+            best = (len(point), fields[2])
     return best[1] if best else None
 
 

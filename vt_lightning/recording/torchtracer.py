@@ -73,7 +73,7 @@ def experimental_config(all_threads: bool) -> Any:
     """
     from torch._C._profiler import _ExperimentalConfig
 
-    wanted = {"trace_only": True, "profile_all_threads": all_threads}
+    wanted: dict[str, Any] = {"trace_only": True, "profile_all_threads": all_threads}
     for drop in ((), ("trace_only",), ("trace_only", "profile_all_threads")):
         options = {k: v for k, v in wanted.items() if k not in drop}
         try:
