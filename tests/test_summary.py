@@ -456,7 +456,8 @@ class _RecordingLogger:
 
 def _hold_until_written(logger: Any, tracer: VizTraceCallback, at_batch: int, windows: int) -> Any:
     """A callback (placed before the tracer) that holds batch ``at_batch`` until ``windows`` windows
-    are written, so which batch logs them does not depend on timing."""
+    are written, so which batch logs them does not depend on timing. Written means answered: the
+    answers wait in the inbox until the tracer's own batch start reads them into ``results``."""
     from lightning.pytorch.callbacks import Callback
 
     class Hold(Callback):
@@ -464,7 +465,8 @@ def _hold_until_written(logger: Any, tracer: VizTraceCallback, at_batch: int, wi
             logger.batch = trainer.fit_loop.total_batch_idx
             if logger.batch == at_batch:
                 deadline = time.monotonic() + 120
-                while len(tracer.results) < windows and time.monotonic() < deadline:
+                while len(tracer.results) + tracer._controller.inbox.arrived() < windows:
+                    assert time.monotonic() < deadline, "the writer did not answer within 120 s"
                     time.sleep(0.01)
 
     return Hold()

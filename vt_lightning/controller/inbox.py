@@ -70,6 +70,10 @@ class Inbox:
         """From any thread: the writer's ``on_problem``."""
         self._queue.put(Notice(key, message))
 
+    def arrived(self) -> int:
+        """Answers waiting to be read (approximate while the writer adds more)."""
+        return self._queue.qsize()
+
     def take_all(self) -> list[Outcome]:
         """On the training thread: everything that arrived, in order."""
         out: list[Outcome] = []
