@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
@@ -68,3 +72,39 @@ def test_the_writer_process_reports_a_failed_window_and_keeps_serving(tmp_path):
     finally:
         writer.close()
     assert not writer.alive()
+
+
+_FORK_DURING_SPAWN = """
+import json, os, threading, time
+from vt_lightning.export import writer_process
+
+order, held = [], threading.Event()
+
+def start_writer_process():  # what WriterProcess() does on the writer thread, slowed down
+    with writer_process._SPAWNING:
+        held.set()
+        time.sleep(0.3)
+        order.append("writer process started")
+
+thread = threading.Thread(target=start_writer_process)
+thread.start()
+held.wait()
+pid = os.fork()  # a DataLoader worker, or the tracer's dump child, on the training thread
+if pid == 0:
+    os._exit(0)
+order.append("forked")
+os.waitpid(pid, 0)
+thread.join()
+print(json.dumps(order))
+"""
+
+
+def test_a_fork_waits_until_the_writer_process_has_started(tmp_path):
+    """A child forked while Popen runs would inherit Popen's exec-status pipe and keep Popen (and so
+    the writer) waiting until that child exits; forks wait the few ms Popen takes instead."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORK_DURING_SPAWN], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["writer process started", "forked"]

@@ -142,12 +142,12 @@ class BackgroundWriter:
         in the writer process if there is one, else on this thread."""
         job = closed.job
         generation = self._generation
+        process = self.writer_process()  # first: its start-up overlaps torch's export below
         try:
             closed.collect()
         except BaseException:
             remove_raw(job)
             raise
-        process = self.writer_process()
         if process is None:
             return finish_window(job)
         try:

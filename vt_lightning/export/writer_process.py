@@ -53,17 +53,39 @@ class WriterError(RuntimeError):
         self.kind = kind
 
 
+# Popen runs on the writer thread while the training thread may fork (DataLoader workers, VizTracer's
+# dump child). A child forked during Popen inherits its exec-status pipe, and Popen then waits for
+# that child to exit before it returns: the writer stalled for a whole epoch (or until
+# writer_timeout dropped its windows; seen 1 run in 4 of tests/test_ddp.py on 3.12). Forks in this
+# process wait for the few milliseconds Popen holds this lock (``os.register_at_fork``); Popen's own
+# fork runs no Python fork handlers, and the lock is reentrant in case a future version does.
+_SPAWNING = threading.RLock()
+
+
+def _spawning_done_in_child() -> None:
+    global _SPAWNING
+    _SPAWNING = threading.RLock()  # the forked child has no writer thread: a fresh, free lock
+
+
+os.register_at_fork(
+    before=lambda: _SPAWNING.acquire(),
+    after_in_parent=lambda: _SPAWNING.release(),
+    after_in_child=_spawning_done_in_child,
+)
+
+
 class WriterProcess:
     """Client side: one child process, one job at a time (the writer thread serialises calls)."""
 
     def __init__(self) -> None:
-        self._proc = subprocess.Popen(
-            writer_command(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=_child_env(),
-            close_fds=True,
-        )
+        with _SPAWNING:  # no fork of this process (DataLoader workers, dump children) meanwhile
+            self._proc = subprocess.Popen(
+                writer_command(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=_child_env(),
+                close_fds=True,
+            )
         self._lock = threading.Lock()
         # Fail now, not at the first window, if the child cannot even start.
         if self.call("ping") != "pong":
