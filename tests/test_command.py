@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import orjson
 import pytest
 from conftest import recorded_name
+
+from vt_lightning.analysis.schema import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
 COMMAND = [sys.executable, "-m", "vt_lightning"]
@@ -62,7 +65,7 @@ def test_summary_prints_every_window(example_run: tuple[Path, str]) -> None:
     proc = _run("summary", str(logdir), "--json")
     windows = orjson.loads(proc.stdout)
     assert [w["window"]["index"] for w in windows] == [0, 1]
-    assert all(w["schema"] == 1 and w["steps"]["recorded"] for w in windows)
+    assert all(w["schema"] == SCHEMA_VERSION and w["steps"]["recorded"] for w in windows)
 
 
 def test_summary_of_a_trace_without_summary_is_computed(example_run: tuple[Path, str], tmp_path: Path) -> None:
@@ -124,7 +127,7 @@ def test_view_serves_perfetto_on_loopback_and_stops_on_ctrl_c(example_run: tuple
         with urllib.request.urlopen(url, timeout=30) as response:
             assert response.status == 200
             assert b"perfetto" in response.read().lower()
-        port = int(url.rsplit(":", 1)[1].strip("/"))
+        port = urllib.parse.urlsplit(url).port  # the URL has a random path after the port
         if Path("/proc/net/tcp").exists():
             assert _listening_addresses(port) == ["127.0.0.1"]  # loopback only (vizviewer binds 0.0.0.0)
         started = time.monotonic()

@@ -323,6 +323,7 @@ def test_a_slow_step_on_rank_1_only_opens_the_same_window_on_both_ranks(tmp_path
         + [f"{host}_{rank}.{span}.summary.{ext}" for rank in (0, 1) for ext in ("json", "md")]
     )
     expected = {"reason": "slow_step", "batch": 30, "value": 0.4, "baseline": 0.01, "unit": "s", "rank": 1}
+    expected["detail"] = "over 3x the median of the last 10 steps"  # the rule that fired (docs/triggers.md)
     for rank in (0, 1):
         trace = tbcheck.load_json(out / name / f"{host}_{rank}.{span}.pt.trace.json.gz")
         meta = trace["vt_lightning"]

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -108,3 +109,82 @@ def test_a_fork_waits_until_the_writer_process_has_started(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["writer process started", "forked"]
+
+
+# ---------------------------------------------------------------- a writer killed after it published
+KILLED_AFTER_PUBLISH = Path(__file__).resolve().parent / "fault_scripts" / "writer_killed_after_publish.py"
+
+
+@pytest.mark.parametrize("point", ["trace", "answer"])
+def test_a_writer_killed_after_publishing_is_retried_into_the_same_directory(tmp_path, point):
+    """SIGKILL right after the writer published window 0's trace (or after it wrote everything, just
+    before answering): the retry recognizes its own files. One directory per window, no "another
+    run" warning, summaries beside the traces, nothing hidden left behind."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(KILLED_AFTER_PUBLISH), str(tmp_path), point],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    wall = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert wall < 120
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len([w for w in report["warnings"] if "writer process stopped" in w]) == 1  # the kill happened
+    assert not [w for w in report["warnings"] if "already taken" in w or "could not write" in w], report
+    assert report["notes"] == [[], []]
+    runs = sorted(p.parent.name for p in trace_files(tmp_path))
+    assert runs == ["window_000-batches_1-1", "window_001-batches_3-3"]  # no window_000-….2
+    assert [Path(p).parent.name for p in report["results"]] == runs
+    for trace in trace_files(tmp_path):
+        assert load_trace(trace)["vt_lightning"]["steps"] in ([1], [3])
+        summary = json.loads(trace.with_name(trace.name.replace(".pt.trace.json.gz", ".summary.json")).read_text())
+        assert summary["window"]["trace"] == trace.name
+    hidden = [p for p in tmp_path.rglob(".*") if "window_" in str(p.parent)]
+    assert hidden == []  # no claim, no temporary
+
+
+# ---------------------------------------------------------------- permissions follow the umask
+_UMASK_RUN = """
+import json, os, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from conftest import MarkerModel, loader, make_trainer
+from vt_lightning import VizTraceCallback
+from vt_lightning.controller import handoff
+from vt_lightning.export.atomic import atomic_write
+
+root = Path({root!r})
+handoff.USE_WRITER_PROCESS = {use_process!r}
+os.umask({umask!r})  # set after the package was imported, as a user's script may
+cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2)
+make_trainer(root, [cb], max_steps=2).fit(MarkerModel(), loader())
+atomic_write(root / "after.bin", b"x")
+os.umask(0o022)  # and changed again: the next file follows
+atomic_write(root / "changed.bin", b"x")
+modes = {{str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in root.rglob("*") if "window_" in str(p)}}
+for name in ("after.bin", "changed.bin"):
+    modes[name] = (root / name).stat().st_mode & 0o777
+print(json.dumps({{"modes": modes, "windows": len(cb.results)}}))
+"""
+
+
+@pytest.mark.parametrize("use_process, umask", [(False, 0o077), (True, 0o027)], ids=["fallback-077", "process-027"])
+def test_files_and_directories_follow_the_umask_in_force_when_written(tmp_path, use_process, umask):
+    code = _UMASK_RUN.format(
+        tests=str(Path(__file__).resolve().parent), root=str(tmp_path), use_process=use_process, umask=umask
+    )
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert time.monotonic() - start < 120
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["windows"] == 2
+    modes = report["modes"]
+    files = {name: mode for name, mode in modes.items() if "." in Path(name).name and not name.endswith(".bin")}
+    directories = {name: mode for name, mode in modes.items() if name not in files and not name.endswith(".bin")}
+    assert len(directories) == 2 and len(files) >= 6  # two windows: trace, memory snapshot, summary .json/.md
+    assert set(files.values()) == {0o666 & ~umask}, files
+    assert set(directories.values()) == {0o777 & ~umask}, directories
+    assert modes["after.bin"] == 0o666 & ~umask and modes["changed.bin"] == 0o644

@@ -15,9 +15,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
 from vt_lightning.analysis.schedule import Schedule
-from vt_lightning.controller import WindowController
+from vt_lightning.controller import WindowController, messages
 from vt_lightning.controller.run import batches_started, global_batch, stage_name
-from vt_lightning.export.job import WindowResult
+from vt_lightning.export.job import URL, WindowResult
 from vt_lightning.options import Options, make_options
 
 
@@ -166,13 +166,17 @@ class VizTraceCallback(Callback):
         return self._controller.windows_skipped
 
     @property
-    def output_dir(self) -> Path | None:
+    def output_dir(self) -> Path | URL | None:
         """Where this run's window directories go (known after ``setup``)."""
         run = self._controller.run
-        return run.root if run is not None else None
+        return run.output if run is not None else None
 
     # ------------------------------------------------------------------ runs
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        callbacks = getattr(trainer, "callbacks", [])
+        given = [cb for cb in callbacks if isinstance(cb, VizTraceCallback) and cb._vt_lightning_source is None]
+        if len(given) > 1:  # one tracer per process: two callbacks would fight over it
+            raise RuntimeError(messages.two_callbacks([repr(cb) for cb in given]))
         self._controller.setup(trainer, pl_module, stage_name(stage), self._superseded_by(trainer))
 
     def _superseded_by(self, trainer: pl.Trainer) -> str | None:
@@ -192,8 +196,12 @@ class VizTraceCallback(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._controller.teardown(stage_name(stage))
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"completed_windows": sorted(self._controller.completed)}
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        # Where ``state_dict`` would put it, but not through ``state_dict``: Lightning refuses two
+        # callbacks that override it with one ``state_key`` at Trainer() with a message that says
+        # nothing of what to do; ``setup`` says it instead.
+        state = {"completed_windows": sorted(self._controller.completed)}
+        checkpoint.setdefault("callbacks", {})[self.state_key] = state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Lightning restores the global batch count; this guards against writing a window twice.

@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from vt_lightning.analysis.filters import path_matches_anything
 from vt_lightning.analysis.schedule import Schedule
-from vt_lightning.analysis.triggers import TriggerConfig, signal_number
+from vt_lightning.analysis.triggers import TriggerConfig, parse_trigger_signal
 from vt_lightning.constants import STAGES
 from vt_lightning.recording.probes import foreign_signal_handler
 from vt_lightning.recording.pytracer import PythonTracerConfig
@@ -68,6 +68,18 @@ class Options:
         }
 
 
+# Upper limits. Past them a value is a slip (1e300, 10**30) that would overflow or exhaust memory
+# during training, never a setting a run needs. docs/options.md lists every range.
+MAX_BATCHES = 10**12  # batch counts: more batches than any run has
+MAX_SECONDS = 86_400.0  # waits and intervals: one day
+MAX_EVENTS = 10**8  # ring buffers (tracer_entries: ~100 B each, allocated at setup)
+MAX_SLOW_STEP_FACTOR = 1000.0
+MAX_SLOW_STEP_BASELINE = 10_000  # its median is recomputed at every check
+MAX_MEMORY_GROWTH = 100.0  # +10,000 %
+MAX_STACK_DEPTH = 100_000
+MAX_MIN_DURATION_US = 3.6e9  # one hour
+MAX_RANK = 2**31 - 1
+
 _FLAGS = (
     "ignore_c_function",
     "record_shapes",
@@ -86,13 +98,18 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
     schedule = Schedule(
         skip_first=a["skip_first"], wait=a["wait"], warmup=a["warmup"], active=a["active"], repeat=a["repeat"]
     )
-    _check_int("tracer_entries", a["tracer_entries"], minimum=1)
-    _check_int("max_stack_depth", a["max_stack_depth"], minimum=-1)
-    _check_int("memory_max_entries", a["memory_max_entries"], minimum=1)
+    for name in ("skip_first", "wait", "warmup", "active", "repeat"):
+        _check_int(name, a[name], minimum=1 if name == "active" else 0, maximum=MAX_BATCHES)
+    _check_int("tracer_entries", a["tracer_entries"], minimum=1, maximum=MAX_EVENTS)
+    _check_int("max_stack_depth", a["max_stack_depth"], minimum=-1, maximum=MAX_STACK_DEPTH)
+    _check_int("memory_max_entries", a["memory_max_entries"], minimum=1, maximum=MAX_EVENTS)
     _check_int("compression_level", a["compression_level"], minimum=1, maximum=9)
-    min_duration = a["min_duration"]
-    if not _finite_number(min_duration) or min_duration < 0:
-        raise ValueError(f"`min_duration` must be a number of microseconds >= 0, got {min_duration!r}")
+    min_duration = _check_number("min_duration", a["min_duration"], 0, MAX_MIN_DURATION_US, "a number of microseconds")
+    for name in ("dirpath", "spool_dir"):
+        _check_no_nul(name, a[name])
+    for name in ("include_files", "exclude_files"):
+        for path in a[name] if isinstance(a[name], (list, tuple)) else ():
+            _check_no_nul(name, path)
     if a["include_files"] is not None and a["exclude_files"] is not None:
         raise ValueError("`include_files` and `exclude_files` cannot both be set; choose one")
     include = _check_paths("include_files", a["include_files"])
@@ -102,9 +119,9 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
             if not path_matches_anything(path):
                 rank_zero_warn(f"`{name}` entry {path!r} matches no file or directory; it filters nothing.")
     spool_dir = check_spool_dir(a["spool_dir"])
-    writer_timeout = a["writer_timeout"]
-    if not _finite_number(writer_timeout) or writer_timeout <= 0:
-        raise ValueError(f"`writer_timeout` must be a number of seconds > 0, got {writer_timeout!r}")
+    writer_timeout = _check_number(
+        "writer_timeout", a["writer_timeout"], 0, MAX_SECONDS, "a number of seconds", above=True
+    )
     dirpath = a["dirpath"]
     if dirpath is not None and (not isinstance(dirpath, (str, os.PathLike)) or not str(dirpath)):
         raise ValueError(f"`dirpath` must be a non-empty path or None, got {dirpath!r}")
@@ -113,24 +130,14 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
             raise ValueError(f"`{name}` must be True or False, got {a[name]!r}")
     ranks = _check_ranks(a["ranks"])
     stages = _check_stages(a["stages"])
-    triggers = TriggerConfig(
-        slow_step_factor=a["slow_step_factor"],
-        slow_step_baseline=a["slow_step_baseline"],
-        memory_growth=a["memory_growth"],
-        memory_growth_steps=a["memory_growth_steps"],
-        trigger_file=a["trigger_file"],
-        trigger_signal=a["trigger_signal"],
-        trigger_cooldown=a["trigger_cooldown"],
-        trigger_interval=a["trigger_interval"],
-        max_windows=a["max_windows"],
-    )
+    triggers = _check_triggers(a)
     if not a["scheduled_windows"] and not triggers.armed:
         raise ValueError(
             "`scheduled_windows`: False with no trigger armed would record nothing: arm a trigger "
             "(slow_step_factor, memory_growth, trigger_file, trigger_signal) or keep the schedule"
         )
     if triggers.trigger_signal is not None:
-        handler = foreign_signal_handler(signal_number(triggers.trigger_signal))
+        handler = foreign_signal_handler(parse_trigger_signal(triggers.trigger_signal)[0])
         if handler is not None:
             raise ValueError(
                 f"`trigger_signal`: {triggers.trigger_signal} already has a handler ({handler!r}); "
@@ -141,7 +148,7 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
         python=PythonTracerConfig(
             tracer_entries=a["tracer_entries"],
             max_stack_depth=a["max_stack_depth"],
-            min_duration=float(min_duration),
+            min_duration=min_duration,
             include_files=include,
             exclude_files=exclude,
             ignore_c_function=a["ignore_c_function"],
@@ -160,12 +167,64 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
         summary=a["summary"],
         scheduled_windows=a["scheduled_windows"],
         spool_dir=spool_dir,
-        writer_timeout=float(writer_timeout),
+        writer_timeout=writer_timeout,
     )
 
 
+def _check_triggers(a: Mapping[str, Any]) -> TriggerConfig:
+    """The trigger options, checked (ranges in docs/options.md and docs/triggers.md)."""
+    factor, growth = a["slow_step_factor"], a["memory_growth"]
+    if factor is not None:
+        factor = _check_number(
+            "slow_step_factor", factor, 1, MAX_SLOW_STEP_FACTOR, "a number", above=True, optional=True
+        )
+    _check_int("slow_step_baseline", a["slow_step_baseline"], minimum=5, maximum=MAX_SLOW_STEP_BASELINE)
+    if growth is not None:
+        growth = _check_number(
+            "memory_growth", growth, 0, MAX_MEMORY_GROWTH, "a fraction (0.2 = +20%)", above=True, optional=True
+        )
+    _check_int("memory_growth_steps", a["memory_growth_steps"], minimum=1, maximum=MAX_BATCHES)
+    if not isinstance(a["trigger_file"], bool):
+        raise ValueError(f"`trigger_file` must be True or False, got {a['trigger_file']!r}")
+    signal_name = parse_trigger_signal(a["trigger_signal"])[1] if a["trigger_signal"] is not None else None
+    _check_int("trigger_cooldown", a["trigger_cooldown"], minimum=0, maximum=MAX_BATCHES)
+    interval = _check_number("trigger_interval", a["trigger_interval"], 0, MAX_SECONDS, "a number of seconds")
+    if a["max_windows"] is not None:
+        _check_int("max_windows", a["max_windows"], minimum=1, maximum=MAX_BATCHES)
+    return TriggerConfig(
+        slow_step_factor=factor,
+        slow_step_baseline=a["slow_step_baseline"],
+        memory_growth=growth,
+        memory_growth_steps=a["memory_growth_steps"],
+        trigger_file=a["trigger_file"],
+        trigger_signal=signal_name,
+        trigger_cooldown=a["trigger_cooldown"],
+        trigger_interval=interval,
+        max_windows=a["max_windows"],
+    )
+
+
+def _check_number(
+    name: str, value: Any, low: float, high: float, what: str, *, above: bool = False, optional: bool = False
+) -> float:
+    """A finite int or float in [low, high] (``above``: in (low, high]), as a float."""
+    if not _finite_number(value) or value < low or (above and value == low) or value > high:
+        bounds = f"{'>' if above else '>='} {low:g} and <= {high:g}"
+        raise ValueError(f"`{name}` must be {what} {bounds}{' or None' if optional else ''}, got {value!r}")
+    return float(value)
+
+
+def _check_no_nul(name: str, path: Any) -> None:
+    """No file system takes a NUL byte; refused here, it would fail only when a window is written."""
+    if isinstance(path, (str, os.PathLike)) and "\0" in str(os.fspath(path)):
+        raise ValueError(f"`{name}` holds a NUL byte ('\\0'), which no path may contain, got {path!r}")
+
+
 def _finite_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    """An int (any size: ``math.isfinite(10**400)`` would raise) or a finite float; not a bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
 
 
 def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
@@ -194,7 +253,7 @@ def _check_ranks(ranks: Any) -> tuple[int, ...] | None:
     if not isinstance(ranks, (list, tuple)) or not ranks:
         raise ValueError(f"`ranks` must be a non-empty list of global ranks or None, got {ranks!r}")
     for rank in ranks:
-        _check_int("ranks", rank, minimum=0)
+        _check_int("ranks", rank, minimum=0, maximum=MAX_RANK)
     if len(set(ranks)) != len(ranks):
         raise ValueError(f"`ranks` lists a rank twice: {ranks!r}")
     return tuple(ranks)

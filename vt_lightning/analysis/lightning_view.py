@@ -54,6 +54,7 @@ MAIN_STAGES = frozenset(
         "optimizer_zero_grad",
         "zero_grad",
         "train_dataloader_next",
+        "batch_to_device",
         "validation_step",
         "run_optimization",
         "test_step",

@@ -1,16 +1,21 @@
 """The summary's JSON schema, as types: one definition read by the writer (which computes it), the
 CLI and ``diff`` (which read it back) and the logger code (which logs its scalars).
 
-``summary.json`` carries ``"schema": SCHEMA_VERSION``; a change that renames or removes a key bumps
-it. Keys documented in docs/summary.md. Readers must not trust files (they may be older, newer or
-hand-edited), so these types describe what the writer writes, and readers still use ``.get``.
+``summary.json`` carries ``"schema": SCHEMA_VERSION``; a change that renames or removes a key, or
+changes its meaning, bumps it. Keys documented in docs/files.md. Readers must not trust files (they
+may be older, newer or hand-edited), so these types describe what the writer writes, and readers
+still use ``.get``.
+
+Versions: 1, the per-step tables (``top_python``, ``top_ops``) per recorded step and only their top
+lists; 2, every per-step number over the same steps (``covers``), ``totals`` beside the top lists,
+and the user's hook overrides and validation / test / predict as breakdown parts.
 """
 
 from __future__ import annotations
 
 from typing import TypedDict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class WindowInfo(TypedDict, total=False):
@@ -25,11 +30,26 @@ class WindowInfo(TypedDict, total=False):
     trace: str  # the trace file's name, set by the writer
 
 
+class Covers(TypedDict):
+    steps: list[int]  # the steps every per-step number covers (= steps.counted)
+    keys: list[str]  # the summary keys that cover them
+
+
 class Steps(TypedDict):
     recorded: list[int]
     counted: list[int]  # the first recorded step is left out when there are several (no fetch)
     ms: dict[str, float]  # step number (as a string: JSON keys) -> duration
     breakdown_source: str
+    user_hooks: dict[str, str]  # the user's hook overrides that ran -> their breakdown part
+
+
+class Totals(TypedDict):
+    """Per-step self time of every function / op at or above ``threshold_ms``; the rest in one bucket."""
+
+    threshold_ms: float
+    ms: dict[str, float]
+    other_ms: float
+    other_count: int  # how many are in ``other_ms`` (0: ``ms`` lists every one)
 
 
 class StepMs(TypedDict):
@@ -53,6 +73,7 @@ class PythonEntry(TypedDict):
 class TopPython(TypedDict):
     by_self: list[PythonEntry]
     by_inclusive: list[PythonEntry]
+    totals: Totals  # keyed "function (file:line)", C functions by name
 
 
 class OpEntry(TypedDict):
@@ -76,6 +97,7 @@ class KernelEntry(TypedDict):
 
 class TopOps(TypedDict, total=False):
     by_cpu: list[OpEntry]
+    totals: Totals  # self CPU time, keyed by op name
     by_kernel: list[KernelsByOp]  # on CUDA only
     kernels: list[KernelEntry]  # on CUDA only
 
@@ -120,9 +142,10 @@ class Summary(TypedDict):
 
     schema: int
     window: WindowInfo
+    covers: Covers
     steps: Steps
     step_ms: StepMs
-    breakdown_ms: dict[str, float]  # BREAKDOWN_PARTS -> ms per counted step
+    breakdown_ms: dict[str, float]  # breakdown.BREAKDOWN_PARTS (+ EXTRA_PARTS with time) -> ms per counted step
     top_python: TopPython
     top_ops: TopOps
     gpu: Gpu | None

@@ -9,30 +9,41 @@ Sources, all from the one calibrated timeline:
 
 * **steps**: torch's ``ProfilerStep#N`` ranges on the training thread. A window's first step is
   opened at its ``on_train_batch_start``, after its batch was fetched; every later step is opened at
-  the previous batch's end and so includes its fetch, as torch's own ``profile.step()`` does. Step
-  times and the breakdown are therefore averaged over the steps that include their fetch
-  (``steps.counted``), unless the window has only one step.
-* **breakdown**: Lightning's ``[pl][profile]`` stage ranges (``lightning_view=True``), else the
-  Lightning methods that run those stages, from the Python calls. Each instant of a step goes to the
-  innermost stage range covering it (``optimizer_step`` wraps the closure that runs
-  ``training_step`` and ``backward``); what no stage covers is ``other``.
-* **top_python**: VizTracer's calls (``cat == "FEE"``), self and inclusive time per function.
-* **top_ops**: torch's ``cpu_op`` events (annotations excluded); on CUDA, kernel time per launching op.
-* **gpu**: the union of kernel time over the window's steps, and the largest gaps in it with the
-  Python call the training thread was in meanwhile.
+  the previous batch's end and so includes its fetch, as torch's own ``profile.step()`` does. Every
+  per-step number (step times, the breakdown, the Python and op tables) therefore covers the same
+  steps: those that include their fetch (``covers.steps``), unless the window has only one step.
+  Calls and ops are clipped to those steps' span.
+* **breakdown**: ``breakdown.py``: Lightning's stages, the user's own hook overrides and the
+  window's validation ranges; each instant of a step goes to one part, what none covers is ``other``.
+* **top_python**: VizTracer's calls (``cat == "FEE"``), self and inclusive time per function, plus
+  ``totals``: self time of every function above a threshold and the rest as one bucket, so ``diff``
+  tells "below the threshold" from "absent".
+* **top_ops**: torch's ``cpu_op`` events (annotations excluded), with ``totals`` likewise; on CUDA,
+  kernel time per launching op.
+* **gpu**: the union of kernel time over the window's recorded steps, and the largest gaps in it
+  with the Python call the training thread was in meanwhile.
 * **memory**: torch's ``[memory]`` events (``Total Allocated`` / ``Total Reserved``) and, for
   allocation sites, the memory snapshot's ``device_traces`` frames.
 """
 
 from __future__ import annotations
 
-import itertools
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from vt_lightning.analysis.schema import SCHEMA_VERSION, KernelsByOp, PythonEntry, Summary, TopOps, TopPython
+from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  # re-exported
+from vt_lightning.analysis.breakdown import attribute_step, reported, stage_ranges
+from vt_lightning.analysis.schema import (
+    SCHEMA_VERSION,
+    KernelsByOp,
+    PythonEntry,
+    Summary,
+    TopOps,
+    TopPython,
+    Totals,
+)
 from vt_lightning.analysis.spans import Span
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.spans import percentile as _percentile
@@ -40,23 +51,15 @@ from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.spans import x_events as _x_events
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
 from vt_lightning.analysis.usercode import code_origin, parse_function
-from vt_lightning.constants import PL_PREFIX, PL_PROFILE_PREFIX, PYTHON_CATEGORY, STEP_PREFIX, TRACE_METADATA_KEY
+from vt_lightning.constants import PL_PREFIX, PYTHON_CATEGORY, STEP_PREFIX, TRACE_METADATA_KEY
 
-BREAKDOWN_PARTS = ("data_wait", "forward", "backward", "optimizer", "other")
 ANNOTATION_PREFIXES = (PL_PREFIX, STEP_PREFIX, TRACE_METADATA_KEY)
 TOP_PYTHON = 10  # entries per list, user code first
 TOP_UNFOLDED = 3  # package functions this high in a ranking keep their own line
 TOP_OPS = 10
-
-# Lightning stage (the action's last dotted part) -> breakdown part.
-_STAGE_PARTS = {
-    "train_dataloader_next": "data_wait",
-    "training_step": "forward",
-    "backward": "backward",
-    "optimizer_step": "optimizer",
-    "optimizer_zero_grad": "optimizer",
-    "zero_grad": "optimizer",
-}
+TOTALS_MIN_US = 1.0  # per step: ``totals`` list everything at least this long...
+TOTALS_MAX = 200  # ...up to about this many entries (the threshold rises to keep the file small)
+COVERED_KEYS = ["step_ms", "breakdown_ms", "top_python", "top_ops"]
 
 
 def _step_number(name: str) -> int | None:
@@ -81,83 +84,36 @@ def find_steps(events: Iterable[Mapping[str, Any]]) -> tuple[dict[int, Span], An
     return dict(sorted(steps.items())), thread
 
 
-# --------------------------------------------------------------------------------------------------
-# Breakdown
-# --------------------------------------------------------------------------------------------------
-
-
-def _stage_part(action: str) -> str | None:
-    return _STAGE_PARTS.get(action.rsplit(".", 1)[-1])
-
-
-def _python_stage_part(name: str) -> str | None:
-    """The Lightning methods that run each stage, for traces without ``[pl][profile]`` ranges."""
-    function, path, _ = parse_function(name)
-    if not path:
+def _clipped(start: float, end: float, region: Span | None) -> Span | None:
+    """``(start, end)`` within ``region`` (None: outside it); no region keeps everything."""
+    if region is None:
+        return start, end
+    lo, hi = region
+    if end <= lo or start >= hi:
         return None
-    norm = path.replace("\\", "/")
-    if "/lightning/pytorch/" not in norm and "/pytorch_lightning/" not in norm:
-        return None
-    method = function.rsplit(".", 1)[-1]
-    if norm.endswith("loops/fetchers.py") and method == "__next__":
-        return "data_wait"
-    if "/strategies/" in norm and method in ("training_step", "backward"):
-        return _STAGE_PARTS[method]
-    if norm.endswith("core/module.py") and method in ("optimizer_step", "optimizer_zero_grad"):
-        return "optimizer"
-    return None
+    return max(start, lo), min(end, hi)
 
 
-def stage_ranges(events: Sequence[Mapping[str, Any]], thread: Any) -> tuple[list[tuple[float, float, str]], str]:
-    """(start, end, part) ranges on the training thread, and where they came from."""
-    ranges: list[tuple[float, float, str]] = []
-    for event in events:
-        name = str(event.get("name", ""))
-        if name.startswith(PL_PROFILE_PREFIX) and (event.get("pid"), event.get("tid")) == thread:
-            part = _stage_part(name[len(PL_PROFILE_PREFIX) :])
-            if part:
-                ranges.append((*_span(event), part))
-    if ranges:
-        return ranges, "lightning stage ranges"
-    for event in events:
-        if event.get("cat") == PYTHON_CATEGORY and (event.get("pid"), event.get("tid")) == thread:
-            part = _python_stage_part(str(event.get("name", "")))
-            if part:
-                ranges.append((*_span(event), part))
-    if ranges:
-        # Nested calls of one stage (``_PrefetchDataFetcher.__next__`` calls ``_DataFetcher.__next__``)
-        # are the same stage: keep the outermost.
-        return _outermost_per_part(ranges), "lightning methods (python calls)"
-    return [], "none"
+def totals(values_us: Mapping[str, float], steps: int) -> Totals:
+    """Every entry whose per-step value is at least the threshold, and the rest as one bucket."""
+    per_step = sorted(((k, v / steps) for k, v in values_us.items()), key=lambda kv: kv[1], reverse=True)
+    threshold = TOTALS_MIN_US
+    if len(per_step) > TOTALS_MAX:
+        threshold = max(threshold, per_step[TOTALS_MAX - 1][1])
+    rest = [v for _, v in per_step if v < threshold]
+    return {
+        "threshold_ms": _ms(threshold),
+        "ms": {k: _ms(v) for k, v in per_step if v >= threshold},
+        "other_ms": _ms(sum(rest)),
+        "other_count": len(rest),
+    }
 
 
-def _outermost_per_part(ranges: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
-    out: list[tuple[float, float, str]] = []
-    ends: dict[str, float] = {}
-    for start, end, part in sorted(ranges, key=lambda r: (r[0], -r[1])):
-        if start < ends.get(part, float("-inf")):
-            continue
-        ends[part] = end
-        out.append((start, end, part))
-    return out
-
-
-def attribute_step(step: Span, ranges: Sequence[tuple[float, float, str]]) -> dict[str, float]:
-    """Microseconds of ``step`` per part: each instant goes to the innermost range covering it."""
-    lo, hi = step
-    inside = [(max(s, lo), min(e, hi), part, s, e) for s, e, part in ranges if e > lo and s < hi]
-    cuts = sorted({lo, hi, *(r[0] for r in inside), *(r[1] for r in inside)})
-    out = dict.fromkeys(BREAKDOWN_PARTS, 0.0)
-    for a, b in itertools.pairwise(cuts):
-        if b <= a:
-            continue
-        mid = (a + b) / 2
-        best = None
-        for cs, ce, part, s, e in inside:
-            if cs <= mid < ce and (best is None or (s, -e) > (best[0], -best[1])):
-                best = (s, e, part)
-        out[best[2] if best else "other"] += b - a
-    return out
+def function_key(entry: Mapping[str, Any]) -> str:
+    """How ``diff`` names a function: ``"Model.forward (/src/model.py:12)"``, or a C function's name."""
+    if entry.get("file"):
+        return f"{entry['function']} ({entry['file']}:{entry.get('line')})"
+    return str(entry.get("function"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -175,16 +131,23 @@ class _Stat:
         self.functions: set[str] = set()
 
 
-def python_stats(events: Sequence[Mapping[str, Any]]) -> tuple[dict[str, _Stat], dict[str, _Stat], dict[str, dict]]:
+def python_stats(
+    events: Sequence[Mapping[str, Any]], region: Span | None = None
+) -> tuple[dict[str, _Stat], dict[str, _Stat], dict[str, dict]]:
     """Per function and per package: calls, self time, inclusive time (a recursive call or a call
-    under another call of the same package is counted once). One sort and one stack sweep per
-    thread; runs once per Python event, so it is written for speed."""
+    under another call of the same package is counted once), of the calls within ``region`` (each
+    clipped to it). One sort and one stack sweep per thread; runs once per Python event, so it is
+    written for speed."""
     by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
+    lo, hi = region if region is not None else (float("-inf"), float("inf"))
     for event in events:
         if event.get("cat") == PYTHON_CATEGORY:
             start = float(event["ts"])
+            end = start + float(event.get("dur", 0.0) or 0.0)
+            if end <= lo or start >= hi:
+                continue
             by_thread[(event.get("pid"), event.get("tid"))].append(
-                (start, start + float(event.get("dur", 0.0) or 0.0), event.get("name", ""))
+                (max(start, lo), min(end, hi), event.get("name", ""))
             )
     functions: dict[str, _Stat] = {}
     packages: dict[str, _Stat] = {}
@@ -256,10 +219,13 @@ def _entry(name: str, stat: _Stat, meta: Mapping[str, Any], steps: int) -> Pytho
     }
 
 
-def top_python(events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_PYTHON) -> TopPython:
-    """Top functions by self and by inclusive time, per active step; user code first, other code
-    under site-packages folded to one line per package unless it ranks in the top few."""
-    functions, packages, info = python_stats(events)
+def top_python(
+    events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_PYTHON, region: Span | None = None
+) -> TopPython:
+    """Top functions by self and by inclusive time, per step of ``region``; user code first, other
+    code under site-packages folded to one line per package unless it ranks in the top few; and
+    every function's self time above a threshold (``totals``)."""
+    functions, packages, info = python_stats(events, region)
     steps = max(steps, 1)
 
     def ranking(metric: str, by: Callable[[PythonEntry], float]) -> list[PythonEntry]:
@@ -295,9 +261,13 @@ def top_python(events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP
         user = [e for e in user if by(e) > 0][: limit // 2]
         return user + other[: limit - len(user)]
 
+    self_us: dict[str, float] = defaultdict(float)
+    for name, stat in functions.items():
+        self_us[function_key(info[name])] += stat.self_us
     return TopPython(
         by_self=ranking("self_us", lambda e: e["self_ms"]),
         by_inclusive=ranking("inclusive_us", lambda e: e["inclusive_ms"]),
+        totals=totals(self_us, steps),
     )
 
 
@@ -310,13 +280,19 @@ def _is_op(event: Mapping[str, Any]) -> bool:
     return event.get("cat") == "cpu_op" and not str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
 
 
-def top_ops(events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_OPS) -> TopOps:
-    """Ops by CPU time (self and total), and on CUDA by the kernel time they launched."""
+def top_ops(
+    events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_OPS, region: Span | None = None
+) -> TopOps:
+    """Ops by CPU time (self and total) per step of ``region`` (each op clipped to it), every op's
+    self time above a threshold (``totals``), and on CUDA the kernel time they launched (kernels
+    launched in ``region``)."""
     steps = max(steps, 1)
     by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
     for event in events:
         if _is_op(event):
-            by_thread[(event.get("pid"), event.get("tid"))].append((*_span(event), str(event["name"])))
+            kept = _clipped(*_span(event), region)
+            if kept is not None:
+                by_thread[(event.get("pid"), event.get("tid"))].append((*kept, str(event["name"])))
     stats: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, total, self
     op_spans: dict[Any, tuple[list[float], list[tuple[float, float, str]]]] = {}
     for thread, ops in by_thread.items():
@@ -342,13 +318,26 @@ def top_ops(events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_OP
         "by_cpu": [
             {"name": name, "calls": int(s[0]), "self_cpu_ms": _ms(s[2] / steps), "cpu_ms": _ms(s[1] / steps)}
             for name, s in by_cpu
-        ]
+        ],
+        "totals": totals({name: s[2] for name, s in stats.items()}, steps),
     }
-    kernels = [e for e in events if e.get("cat") in KERNEL_CATEGORIES]
+    launches = {
+        (e.get("args") or {}).get("correlation"): e
+        for e in events
+        if e.get("cat") in RUNTIME_CATEGORIES and (e.get("args") or {}).get("correlation") is not None
+    }
+    kernels = []
+    for kernel in events:
+        if kernel.get("cat") not in KERNEL_CATEGORIES:
+            continue
+        launch = launches.get((kernel.get("args") or {}).get("correlation"))
+        launched = float((launch if launch is not None else kernel)["ts"])
+        if region is None or region[0] <= launched < region[1]:
+            kernels.append((kernel, launch))
     if kernels:
-        out["by_kernel"] = _ops_by_kernel(events, kernels, op_spans, steps, limit)
+        out["by_kernel"] = _ops_by_kernel(kernels, op_spans, steps, limit)
         kernel_names: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-        for kernel in kernels:
+        for kernel, _ in kernels:
             kernel_names[str(kernel.get("name"))][0] += 1
             kernel_names[str(kernel.get("name"))][1] += float(kernel.get("dur", 0.0))
         out["kernels"] = [
@@ -359,21 +348,14 @@ def top_ops(events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_OP
 
 
 def _ops_by_kernel(
-    events: Sequence[Mapping[str, Any]],
-    kernels: Sequence[Mapping[str, Any]],
+    kernels: Sequence[tuple[Mapping[str, Any], Mapping[str, Any] | None]],
     op_spans: Mapping[Any, tuple[list[float], list[tuple[float, float, str]]]],
     steps: int,
     limit: int,
 ) -> list[KernelsByOp]:
     """Kernel time per op: kernel -> its launch (same ``correlation``) -> innermost op around it."""
-    launches = {
-        (e.get("args") or {}).get("correlation"): e
-        for e in events
-        if e.get("cat") in RUNTIME_CATEGORIES and (e.get("args") or {}).get("correlation") is not None
-    }
-    totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for kernel in kernels:
-        launch = launches.get((kernel.get("args") or {}).get("correlation"))
+    per_op: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for kernel, launch in kernels:
         name = "(no launching op)"
         if launch is not None:
             starts, ops = op_spans.get((launch.get("pid"), launch.get("tid")), ([], []))
@@ -386,9 +368,9 @@ def _ops_by_kernel(
                     break
             if best is not None:
                 name = best[2]
-        totals[name][0] += 1
-        totals[name][1] += float(kernel.get("dur", 0.0))
-    ranked = sorted(totals.items(), key=lambda kv: kv[1][1], reverse=True)[:limit]
+        per_op[name][0] += 1
+        per_op[name][1] += float(kernel.get("dur", 0.0))
+    ranked = sorted(per_op.items(), key=lambda kv: kv[1][1], reverse=True)[:limit]
     return [{"name": name, "kernels": int(s[0]), "kernel_ms": _ms(s[1] / steps)} for name, s in ranked]
 
 
@@ -399,20 +381,23 @@ def _ops_by_kernel(
 
 def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | None = None) -> Summary:
     """The summary of one merged window trace (see the module docstring and docs/files.md)."""
-    meta = trace.get("vt_lightning") or {}
+    meta = trace.get(TRACE_METADATA_KEY) or {}
     events = _x_events(trace)
     steps, thread = find_steps(events)
     recorded = list(steps)
     counted = recorded[1:] if len(recorded) > 1 else recorded  # the first step misses its fetch
-    ranges, source = stage_ranges(events, thread)
+    user_hooks = meta.get("user_hooks")
+    ranges, source, hooks = stage_ranges(events, thread, user_hooks if isinstance(user_hooks, dict) else None)
     per_step: dict[int, float] = {n: steps[n][1] - steps[n][0] for n in recorded}
-    parts = dict.fromkeys(BREAKDOWN_PARTS, 0.0)
+    parts: dict[str, float] = defaultdict(float)
     for n in counted:
         for part, us in attribute_step(steps[n], ranges).items():
             parts[part] += us
     durations = [per_step[n] for n in counted]
     count = max(len(counted), 1)
     span = (steps[recorded[0]][0], steps[recorded[-1]][1]) if recorded else (0.0, 0.0)
+    # Every per-step table covers the steps the step time and the breakdown average over.
+    region = (steps[counted[0]][0], steps[counted[-1]][1]) if counted else None
     all_events = trace.get("traceEvents", ())
     return {
         "schema": SCHEMA_VERSION,
@@ -426,24 +411,28 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
             "overflow": bool(meta.get("overflow", False)),
             "device": "cuda" if any(e.get("cat") in KERNEL_CATEGORIES for e in events) else "cpu",
         },
+        "covers": {"steps": counted, "keys": list(COVERED_KEYS)},
         "steps": {
             "recorded": recorded,
             "counted": counted,
             "ms": {str(n): _ms(per_step[n]) for n in recorded},
             "breakdown_source": source,
+            "user_hooks": hooks,
         },
         "step_ms": {
             "mean": _ms(sum(durations) / count) if durations else None,
             "p50": _ms(_percentile(durations, 0.5)) if durations else None,
             "max": _ms(max(durations)) if durations else None,
         },
-        "breakdown_ms": {part: _ms(us / count) for part, us in parts.items()},
+        "breakdown_ms": {part: _ms(us / count) for part, us in reported(parts).items()},
         # The training thread's calls: a background thread that waits (a logger's flush loop
         # sleeping, a queue get) would otherwise top the list with time no step spent.
         "top_python": top_python(
-            [e for e in events if thread is None or (e.get("pid"), e.get("tid")) == thread], len(recorded)
+            [e for e in events if thread is None or (e.get("pid"), e.get("tid")) == thread],
+            len(counted),
+            region=region,
         ),
-        "top_ops": top_ops(events, len(recorded)),
+        "top_ops": top_ops(events, len(counted), region=region),
         "gpu": gpu_summary(events, span, thread) if recorded else None,
         "memory": memory_summary(all_events, memory_snapshot),
     }

@@ -16,7 +16,7 @@ What the callback does with a firing (planning a window, limits, DDP agreement) 
 
 from __future__ import annotations
 
-import math
+import re
 import signal
 import statistics
 from collections import deque
@@ -81,7 +81,8 @@ class Firing:
 
 @dataclass(frozen=True)
 class TriggerConfig:
-    """The trigger options of ``VizTraceCallback``, validated (a ValueError names the argument)."""
+    """The trigger options of ``VizTraceCallback``, validated by ``options.make_options`` (ranges in
+    docs/options.md); ``trigger_signal`` is a canonical name (``parse_trigger_signal``)."""
 
     slow_step_factor: float | None = None
     slow_step_baseline: int = 50
@@ -92,26 +93,6 @@ class TriggerConfig:
     trigger_cooldown: int = 100
     trigger_interval: float = 0.5
     max_windows: int | None = None
-
-    def __post_init__(self) -> None:
-        factor = self.slow_step_factor
-        if factor is not None and not (_is_number(factor) and math.isfinite(factor) and factor > 1):
-            raise ValueError(f"`slow_step_factor` must be a number > 1 or None, got {factor!r}")
-        _check_int("slow_step_baseline", self.slow_step_baseline, 5)
-        growth = self.memory_growth
-        if growth is not None and not (_is_number(growth) and math.isfinite(growth) and growth > 0):
-            raise ValueError(f"`memory_growth` must be a fraction > 0 (0.2 = +20%) or None, got {growth!r}")
-        _check_int("memory_growth_steps", self.memory_growth_steps, 1)
-        if not isinstance(self.trigger_file, bool):
-            raise ValueError(f"`trigger_file` must be True or False, got {self.trigger_file!r}")
-        if self.trigger_signal is not None:
-            signal_number(self.trigger_signal)  # raises for an unknown name
-        _check_int("trigger_cooldown", self.trigger_cooldown, 0)
-        interval = self.trigger_interval
-        if not (_is_number(interval) and math.isfinite(interval) and interval >= 0):
-            raise ValueError(f"`trigger_interval` must be a number of seconds >= 0, got {interval!r}")
-        if self.max_windows is not None:
-            _check_int("max_windows", self.max_windows, 1)
 
     @property
     def armed(self) -> bool:
@@ -124,17 +105,67 @@ class TriggerConfig:
         )
 
 
-def signal_number(name: Any) -> signal.Signals:
-    """``"SIGUSR1"`` -> ``signal.SIGUSR1``; a ValueError naming ``trigger_signal`` otherwise."""
-    member = getattr(signal.Signals, name, None) if isinstance(name, str) and name.startswith("SIG") else None
-    if member is None or member in _UNCATCHABLE:
+def _free_signals() -> dict[int, str]:
+    """Signals with no standard meaning, by number: SIGUSR1, SIGUSR2 and the real-time range.
+
+    Every other signal already means something (a child exited, a crash, the terminal, a timer),
+    and a trigger that took it over would break what relies on it.
+    """
+    free = {int(getattr(signal, n)): n for n in ("SIGUSR1", "SIGUSR2") if hasattr(signal, n)}
+    low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    if low is not None and high is not None:
+        for n in range(int(low), int(high) + 1):
+            free[n] = "SIGRTMIN" if n == low else "SIGRTMAX" if n == high else f"SIGRTMIN+{n - int(low)}"
+    return free
+
+
+FREE_SIGNALS = _free_signals()
+_REAL_TIME = re.compile(r"SIGRT(MIN|MAX)([+-]\d{1,3})?")
+ALLOWED_SIGNALS = (
+    "SIGUSR1, SIGUSR2 or a real-time signal (SIGRTMIN..SIGRTMAX, e.g. 'SIGRTMIN+3')"
+    if any(n.startswith("SIGRT") for n in FREE_SIGNALS.values())
+    else "SIGUSR1 or SIGUSR2"
+    if FREE_SIGNALS
+    else "a signal this platform does not have: use trigger_file"
+)
+
+
+def parse_trigger_signal(value: Any) -> tuple[int, str]:
+    """``"SIGUSR1"``, ``"SIGRTMIN+3"``, ``signal.SIGUSR2`` or its number -> (number, canonical name).
+
+    Only signals with no standard meaning (``FREE_SIGNALS``); anything else is a ValueError that
+    names ``trigger_signal`` and the signal.
+    """
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = int(value)
+    elif isinstance(value, str):
+        match = _REAL_TIME.fullmatch(value)
+        if match is not None and hasattr(signal, "SIGRTMIN"):
+            base = int(signal.SIGRTMIN if match.group(1) == "MIN" else signal.SIGRTMAX)
+            number = base + int(match.group(2) or 0)
+        elif value.startswith("SIG") and isinstance(getattr(signal.Signals, value, None), signal.Signals):
+            number = int(getattr(signal.Signals, value))
+    if number is not None and number in FREE_SIGNALS:
+        return number, FREE_SIGNALS[number]
+    meaning = _standard_meaning(number)
+    if meaning is not None:
         raise ValueError(
-            f"`trigger_signal` must name a signal this platform can catch, such as 'SIGUSR1', got {name!r}"
+            f"`trigger_signal`: {meaning} that a trigger would take over; use {ALLOWED_SIGNALS}, got {value!r}"
         )
-    return member
+    raise ValueError(f"`trigger_signal` must be {ALLOWED_SIGNALS}, got {value!r}")
 
 
-_UNCATCHABLE = {getattr(signal, n) for n in ("SIGKILL", "SIGSTOP") if hasattr(signal, n)}
+def _standard_meaning(number: int | None) -> str | None:
+    """``"SIGCHLD (Child exited) has a standard meaning"`` for a known signal, else None."""
+    if number is None:
+        return None
+    try:
+        member = signal.Signals(number)
+    except ValueError:
+        return None
+    described = signal.strsignal(member)
+    return f"{member.name}{f' ({described})' if described else ''} has a standard meaning"
 
 
 class SlowStep:
@@ -212,6 +243,7 @@ class MemoryGrowth:
         self.fraction = float(fraction)
         self.steps = steps
         self.samples: deque[tuple[int, int]] = deque()
+        self.compared = False  # armed: a sample was compared with one ``steps`` batches older
 
     def observe(self, batch: int, value: int) -> Firing | None:
         if batch < self.steps:
@@ -222,6 +254,7 @@ class MemoryGrowth:
         while len(samples) >= 2 and samples[1][0] <= horizon:
             samples.popleft()
         reference_batch, reference = samples[0]
+        self.compared = self.compared or reference_batch <= horizon
         if reference_batch > horizon or reference <= 0 or value <= reference * (1 + self.fraction):
             return None
         samples.clear()
@@ -250,15 +283,6 @@ class Cadence:
             self._gap = 1
             return 1
         step_ns = (now_ns - last[1]) / (batch - last[0])
-        wanted = self.max_batches if step_ns <= 0 else int(self.interval_ns / step_ns)
+        wanted = self.max_batches if step_ns <= 0 else int(min(self.max_batches, self.interval_ns / step_ns))
         self._gap = max(1, min(self.max_batches, wanted, 2 * self._gap))
         return self._gap
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")

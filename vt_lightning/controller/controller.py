@@ -81,7 +81,7 @@ class WindowController:
             return
         self._begin(stage)
         self.completed = set()  # a resumed fit restores it after setup (load_state_dict)
-        run = self.run = runs.read_run(trainer, stage, o.dirpath)  # collective: first, on every rank
+        run = self.run = runs.read_run(trainer, stage, o.dirpath, o.spool_dir)  # collective: first, on every rank
         self.trainer = weakref.ref(trainer)
         enabled, rival = runs.should_record(run, o, trainer, superseded_by, self.warn)
         if superseded_by is not None:
@@ -334,7 +334,7 @@ class WindowController:
             self.outcomes.log_summaries(trainer.loggers)
 
     def _root(self) -> Any:
-        return self.run.root if self.run is not None else None
+        return self.run.output if self.run is not None else None
 
 
 def _python_filter(options: Options, pl_module: Any) -> PythonFilter:

@@ -24,6 +24,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
+from vt_lightning.controller.remote import deliver
 from vt_lightning.export.atomic import remove_stale_temporaries
 from vt_lightning.export.job import WindowResult
 from vt_lightning.export.pipeline import finish_window, remove_raw
@@ -121,7 +122,7 @@ class BackgroundWriter:
         """On the writer thread: the window's result, or why it was dropped."""
         job = closed.job
         try:
-            return self.run(closed)
+            return deliver(job, self.run(closed))  # claim released; a remote root gets its copy
         except WriterAbandoned:  # reported once, when the writer was given up
             return Dropped(None)
         except SpoolError as err:  # the raw dumps, not the output directory, are the problem

@@ -106,7 +106,7 @@ def print_end_of_run(root: Path | None, files: int, summaries: list[Summary], tr
     )
 
 
-def writer_stuck(timeout: float, root: Path | None, index: int) -> str:
+def writer_stuck(timeout: float, root: Path | str | None, index: int) -> str:
     return (
         f"vt_lightning: the writer did not finish earlier windows within writer_timeout="
         f"{timeout:g} s (a hung or very slow filesystem under {root}?); window "
@@ -136,4 +136,70 @@ def fault(err: Exception) -> tuple[str, str]:
     return (
         f"fault:{type(err).__name__}",
         f"vt_lightning: profiling failed ({type(err).__name__}: {err}); the window was dropped, training goes on.",
+    )
+
+
+# ------------------------------------------------------------------ triggers: when they can act
+def triggers_armed(lines: Sequence[str]) -> None:
+    """At setup (rank 0): each armed trigger and from when it can open a window."""
+    rank_zero_info("vt_lightning: triggers armed:\n" + "\n".join(f"  {line}" for line in lines))
+
+
+def slow_step_arms(factor: float, baseline: int, earliest: int) -> str:
+    return (
+        f"slow step > {factor:g}x the median step: arms once {baseline} steps are measured "
+        f"(`slow_step_baseline`), at batch {earliest} at the earliest"
+    )
+
+
+def memory_growth_arms(kind: str, growth: float, steps: int, earliest: int) -> str:
+    return (
+        f"memory growth ({kind} +{growth:.0%} over {steps} batches): measured from batch {earliest} "
+        f"at the earliest (`memory_growth_steps`={steps}: sampling starts at batch {steps})"
+    )
+
+
+def on_demand_arms(what: str) -> str:
+    return f"{what}: from now"
+
+
+@rank_zero_only
+def triggers_never_armed(warn: Callable[[str, str], Any], notes: Sequence[tuple[str, str]]) -> None:
+    """At the end of a run (rank 0), once per trigger that never could fire, with its option."""
+    for key, text in notes:
+        warn(f"never-armed:{key}", text)
+
+
+def slow_step_never_armed(measured: int, baseline: int) -> str:
+    return (
+        f"vt_lightning: the slow-step trigger never armed in this run: it measured {measured} of the "
+        f"{baseline} steps its median needs (`slow_step_baseline`={baseline}; batches of windows, "
+        "epoch edges and validation do not count). Lower `slow_step_baseline` (>= 5) or run more batches."
+    )
+
+
+def memory_growth_never_armed(steps: int, earliest: int) -> str:
+    return (
+        f"vt_lightning: the memory-growth trigger never armed in this run: growth is measured over "
+        f"`memory_growth_steps`={steps} batches, from batch {earliest} at the earliest. Lower "
+        "`memory_growth_steps` or run more batches."
+    )
+
+
+def signal_owned_by_slurm(name: str, alternative: str | None) -> str:
+    instead = f"trigger_signal='{alternative}' or trigger_file=True" if alternative else "trigger_file=True"
+    return (
+        f"vt_lightning: `trigger_signal` is off for this run: Lightning's SLURM auto-requeue "
+        f"(SLURMEnvironment(auto_requeue=True)) handles {name}, and a trigger there would stop the "
+        f"job from being requeued. Use {instead}."
+    )
+
+
+def two_callbacks(callbacks: Sequence[str]) -> str:
+    return (
+        f"vt_lightning: this Trainer has {len(callbacks)} VizTraceCallbacks ({', '.join(callbacks)}); "
+        "it takes one, since a process has one Python tracer and one torch profiler for them to share. "
+        "Keep one VizTraceCallback: its schedule (`repeat`, or `repeat=0` for windows until the end), "
+        "its triggers (`slow_step_factor`, `memory_growth`, `trigger_file`, `trigger_signal`) and "
+        "`stages` open as many windows as you need."
     )

@@ -6,6 +6,7 @@ in one place.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Callable
@@ -14,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from vt_lightning.constants import STAGES
+from vt_lightning.controller.remote import output_root
+from vt_lightning.export.job import URL
+from vt_lightning.recording.lightning_hooks import user_hook_names
 from vt_lightning.recording.pytracer import interpreter_warning
 
 # Why a window still open when a stage ends was cut there (the cut-window warning says it).
@@ -34,16 +38,23 @@ class Run:
     root: Path
     rank_info: dict[str, Any]  # global/local/node rank, world size, host, pid (window metadata)
     cuda: bool
+    user_hooks: dict[str, str] = dataclasses.field(default_factory=dict)  # window metadata: the module's own hooks
+    remote: URL | None = None  # a remote output root (``root`` is then local staging): controller/remote.py
+
+    @property
+    def output(self) -> Path | URL:
+        """Where the user finds this run's window directories."""
+        return self.remote if self.remote is not None else self.root
 
     @property
     def global_rank(self) -> int:
         return int(self.rank_info.get("global_rank", 0))
 
 
-def read_run(trainer: Any, stage: str, dirpath: str | None) -> Run:
+def read_run(trainer: Any, stage: str, dirpath: str | None, spool_dir: str | None = None) -> Run:
     """Collective: every rank must call it (``trainer.log_dir`` is broadcast from rank 0)."""
     log_dir = trainer.log_dir
-    root = Path(dirpath) if dirpath is not None else Path(log_dir or trainer.default_root_dir)
+    root, remote = output_root(dirpath, log_dir, trainer.default_root_dir, spool_dir)  # URLs: never Path()
     rank_info = {
         "global_rank": trainer.global_rank,
         "local_rank": trainer.local_rank,
@@ -52,7 +63,8 @@ def read_run(trainer: Any, stage: str, dirpath: str | None) -> Run:
         "host": socket.gethostname(),
         "pid": os.getpid(),
     }
-    return Run(stage, root, rank_info, trainer.strategy.root_device.type == "cuda")
+    cuda = trainer.strategy.root_device.type == "cuda"
+    return Run(stage, root, rank_info, cuda, user_hook_names(getattr(trainer, "lightning_module", None)), remote)
 
 
 def stage_name(stage: Any) -> str:

@@ -7,15 +7,17 @@ of this process and to the other ranks, and gives everything back at the end of 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_info
-
 from vt_lightning.analysis.sources import WindowPlan
-from vt_lightning.analysis.triggers import ON_DEMAND, TriggerConfig, signal_number
+from vt_lightning.analysis.triggers import FREE_SIGNALS, ON_DEMAND, TriggerConfig, parse_trigger_signal
 from vt_lightning.constants import TRIGGER_FILE_NAME
+from vt_lightning.controller import messages
 from vt_lightning.controller.agreement import Agreement, gloo_agreement
 from vt_lightning.controller.watch import TriggerWatch
 from vt_lightning.recording.probes import SignalTrigger, memory_reader
@@ -56,10 +58,20 @@ def agree(
 class ArmedTriggers:
     """The watch of one run, and what must be given back at its end (signal handler, group)."""
 
-    def __init__(self, watch: TriggerWatch, signal: SignalTrigger | None, group: Any) -> None:
+    def __init__(
+        self,
+        watch: TriggerWatch,
+        signal: SignalTrigger | None,
+        group: Any,
+        trainer: Any = None,
+        warn: Warn | None = None,
+    ) -> None:
         self.watch = watch
         self.signal = signal
         self.group = group
+        self.trainer = weakref.ref(trainer) if trainer is not None else lambda: None
+        self.warn = warn
+        self.earliest_memory_batch = 0  # for the end-of-run note
 
     def ask(self, step: int, plan: WindowPlan, options: Any, warn: Warn) -> None:
         """Plan a triggered window at this batch if a trigger fired (and the limits allow it)."""
@@ -87,8 +99,11 @@ class ArmedTriggers:
         return True
 
     def disarm(self) -> None:
+        """Give everything back (idempotent): the signal handler, in Lightning's snapshot too, and
+        the group; then say once which trigger never armed."""
         if self.signal is not None:
             self.signal.restore()
+            _forget_in_lightning_snapshot(self.trainer(), self.signal)
             self.signal = None
         group, self.group = self.group, None
         if group is not None:
@@ -96,6 +111,51 @@ class ArmedTriggers:
                 import torch.distributed as dist
 
                 dist.destroy_process_group(group)
+        warn, self.warn = self.warn, None
+        if warn is not None and _ended_normally(self.trainer()):
+            messages.triggers_never_armed(warn, self.never_armed())
+
+    def never_armed(self) -> list[tuple[str, str]]:
+        """(key, message) for each trigger that never could have fired in this run."""
+        notes = []
+        config, slow, memory = self.watch.config, self.watch.slow, self.watch.memory
+        if slow is not None and not slow.armed:
+            measured = len(slow.durations)
+            notes.append(("slow_step", messages.slow_step_never_armed(measured, config.slow_step_baseline)))
+        if memory is not None and self.watch.read_memory is not None and not memory.compared:
+            notes.append(
+                ("memory_growth", messages.memory_growth_never_armed(memory.steps, self.earliest_memory_batch))
+            )
+        return notes
+
+
+def _ended_normally(trainer: Any) -> bool:
+    """A fit that ran to its end: after an exception or Ctrl-C, "run more batches" is no advice."""
+    state = getattr(trainer, "state", None)
+    fn, status = getattr(state, "fn", None), getattr(state, "status", None)
+    return str(getattr(fn, "value", fn)) == "fit" and str(getattr(status, "value", status)) != "interrupted"
+
+
+def _forget_in_lightning_snapshot(trainer: Any, trigger: SignalTrigger) -> None:
+    """Lightning's signal connector snapshots every handler after setup (ours included) and puts
+    them back when fit ends: after ``teardown`` (harmless) but also after ``on_exception``, which
+    would re-install ours once the run is over. Give the snapshot the handler from before fit."""
+    snapshot = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
+    if isinstance(snapshot, dict) and trigger.owns(snapshot.get(trigger.signum)):
+        snapshot[trigger.signum] = trigger.previous if trigger.previous is not None else signal.SIG_DFL
+
+
+def slurm_requeue_signal(trainer: Any) -> int | None:
+    """The signal Lightning's SLURM auto-requeue handles in this run (its ``requeue_signal``), or None."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    connector = getattr(trainer, "_accelerator_connector", None)
+    environment = getattr(connector, "cluster_environment", None) or getattr(
+        trainer.strategy, "cluster_environment", None
+    )
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        return int(environment.requeue_signal or signal.SIGUSR1)
+    return None
 
 
 def arm(
@@ -110,7 +170,7 @@ def arm(
     first_check: int,
     on_signal: Callable[[], None],
 ) -> ArmedTriggers:
-    """Install this run's probes and build the watch that checks them."""
+    """Install this run's probes and build the watch that checks them; say when each can act."""
     trigger_path = None
     if config.trigger_file:
         trigger_path = root / TRIGGER_FILE_NAME
@@ -120,11 +180,7 @@ def arm(
             warn("trigger-dir", f"vt_lightning: cannot create {root} for the trigger file ({err}).")
     signal_trigger = None
     if config.trigger_signal is not None:
-        signal_trigger = SignalTrigger(signal_number(config.trigger_signal))
-        problem = signal_trigger.install()
-        if problem is not None:
-            warn("trigger-signal", f"vt_lightning: `trigger_signal` is off for this run: {problem}.")
-            signal_trigger = None
+        signal_trigger = _install_signal(trainer, config.trigger_signal, warn)
     read_memory = memory_kind = None
     if config.memory_growth is not None:
         try:
@@ -139,15 +195,39 @@ def arm(
     )
     if signal_trigger is not None:
         signal_trigger.on_request = on_signal
-    armed = [
-        *([f"slow step > {config.slow_step_factor:g}x median"] if config.slow_step_factor is not None else []),
-        *(
-            [f"{memory_kind} +{config.memory_growth:.0%} over {config.memory_growth_steps} batches"]
-            if config.memory_growth is not None
-            else []
-        ),
-        *([f"signal {signal_trigger.signum.name}"] if signal_trigger is not None else []),
-        *([f"file {trigger_path}"] if trigger_path is not None else []),
-    ]
-    rank_zero_info(f"vt_lightning: triggers armed: {'; '.join(armed)}")
-    return ArmedTriggers(watch, signal_trigger, group)
+    armed = ArmedTriggers(watch, signal_trigger, group, trainer, warn)
+    armed.earliest_memory_batch = max(first_check, config.memory_growth_steps) + config.memory_growth_steps
+    lines = []
+    if config.slow_step_factor is not None:
+        baseline = config.slow_step_baseline
+        lines.append(messages.slow_step_arms(config.slow_step_factor, baseline, first_check + baseline))
+    if config.memory_growth is not None and read_memory is not None:
+        lines.append(
+            messages.memory_growth_arms(
+                memory_kind or "memory", config.memory_growth, config.memory_growth_steps, armed.earliest_memory_batch
+            )
+        )
+    if signal_trigger is not None:
+        lines.append(
+            messages.on_demand_arms(f"signal {signal_trigger.name} (kill -{signal_trigger.name[3:]} {os.getpid()})")
+        )
+    if trigger_path is not None:
+        lines.append(messages.on_demand_arms(f"file {trigger_path} (create it to open a window)"))
+    if lines:
+        messages.triggers_armed(lines)
+    return armed
+
+
+def _install_signal(trainer: Any, name: str, warn: Warn) -> SignalTrigger | None:
+    """The signal trigger, installed; None (and a warning saying why) where it must stay off."""
+    signum, name = parse_trigger_signal(name)
+    if slurm_requeue_signal(trainer) == signum:
+        other = next((n for n in ("SIGUSR2", "SIGUSR1") if n != name and n in FREE_SIGNALS.values()), None)
+        warn("trigger-signal", messages.signal_owned_by_slurm(name, other))
+        return None
+    trigger = SignalTrigger(signum, name)
+    problem = trigger.install()
+    if problem is not None:
+        warn("trigger-signal", f"vt_lightning: `trigger_signal` is off for this run: {problem}.")
+        return None
+    return trigger

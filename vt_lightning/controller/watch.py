@@ -21,6 +21,7 @@ from vt_lightning.analysis.sources import WindowPlan
 from vt_lightning.analysis.triggers import (
     MEMORY_GROWTH,
     SIGNAL,
+    SLOW_STEP,
     TRIGGER_FILE,
     Cadence,
     Firing,
@@ -68,6 +69,8 @@ class TriggerWatch:
         """What should open a window at batch ``step`` (None: nothing, or not now)."""
         if self.slow is not None and self.slow.fired is not None:
             slow = self.slow.take(step)
+            if slow is not None:
+                slow = dataclasses.replace(slow, detail=self._detail(SLOW_STEP))
             if slow is not None and not self.agreement.distributed:
                 return _with_rank(slow, self.agreement.rank)
             if slow is not None and not self._seen:
@@ -111,7 +114,7 @@ class TriggerWatch:
         if self.file is not None and self.file.seen():
             firings.append(Firing(TRIGGER_FILE, step, detail=str(self.file.path)))
         if self.signal is not None and self.signal.take():
-            firings.append(Firing(SIGNAL, step, detail=self.signal.signum.name))
+            firings.append(Firing(SIGNAL, step, detail=self.signal.name))
         firing, gap = self.agreement.agree(firings, gap, self._detail)
         self.next_check = step + gap
         return firing
@@ -120,9 +123,11 @@ class TriggerWatch:
         if reason == TRIGGER_FILE and self.file is not None:
             return str(self.file.path)
         if reason == SIGNAL and self.signal is not None:
-            return self.signal.signum.name
+            return self.signal.name
         if reason == MEMORY_GROWTH:
             return self.memory_kind
+        if reason == SLOW_STEP and self.slow is not None:  # the rule that fired (docs/triggers.md)
+            return f"over {self.slow.factor:g}x the median of the last {self.config.slow_step_baseline} steps"
         return None
 
 

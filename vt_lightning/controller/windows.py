@@ -20,6 +20,7 @@ from vt_lightning.export.job import Destination
 from vt_lightning.export.layout import (
     host_name,
     memory_file_name,
+    new_job_id,
     span_name,
     trace_file_name,
     window_dir_name,
@@ -57,7 +58,7 @@ def open_window(
         return None
     waited, room = writer.wait_for_room()
     if not room:
-        warn("writer-stuck", messages.writer_stuck(options.writer_timeout, run.root, target.index))
+        warn("writer-stuck", messages.writer_stuck(options.writer_timeout, run.output, target.index))
         return None
     if waited > 0.05:
         warn(
@@ -80,7 +81,8 @@ def open_window(
 def paths(
     options: Options, run: Run, window: ProfilingWindow, planned: Planned | None
 ) -> tuple[Path, str, str, str | None]:
-    """(run directory, worker, span, memory snapshot name or None) of a window."""
+    """(run directory, worker, span, memory snapshot name or None) of a window. The run directory
+    is local: under a remote root (``run.remote``) it is the window's staging directory."""
     target = window.window
     first = window.steps[0] if window.steps else target.active_start
     last = window.steps[-1] if window.steps else target.last_step  # a cut window names what it holds
@@ -103,7 +105,8 @@ def destination(
     log_step: int | None,
     python_filter: PythonFilter | None,
 ) -> Destination:
-    """Where a closed window goes, with the metadata its trace carries."""
+    """Where a closed window goes, with the metadata its trace carries. Under a remote root the
+    writer writes the staging directory and the training process copies it to ``publish_to``."""
     target = window.window
     trigger = planned.trigger if planned is not None else None
     run_dir, worker, span, memory_name = paths(options, run, window, planned)
@@ -122,6 +125,7 @@ def destination(
         "torch": options.settings()["torch"],
         "lightning_view": options.lightning_view,
         "validation": window.range_log("validation"),
+        "user_hooks": run.user_hooks,
         "trigger": trigger.to_metadata() if trigger is not None else None,
         "worker": worker,
         "span": span,
@@ -136,6 +140,8 @@ def destination(
         memory_name=memory_name,
         python_filter=python_filter,
         summary=options.summary,
+        job_id=new_job_id(),  # once per window: the writer's retries recognize their own trace
+        publish_to=run.remote / run_dir.name if run.remote is not None else None,
     )
 
 

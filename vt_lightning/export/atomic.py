@@ -3,6 +3,14 @@
 The temporary name starts with a dot and ends in ``.tmp`` (the plugin's pattern never matches it)
 and carries ``<host>-<pid>`` of the writing process, so leftovers of a process killed mid-write
 (SIGKILL, OOM) can be told from a live writer's and removed (``remove_stale_temporaries``).
+
+Permissions: the temporary is created with mode 0o666 and the kernel applies the umask in force at
+that moment (and any default ACL), as for the user's other files. Nothing caches the umask: a
+process that changes it between windows gets the new one on the next file.
+
+Claims: a file published without clobbering (``overwrite=False``) may carry a *claim*, a second
+name of the same inode (``claim_name``), so a retry of the same window after its writer was killed
+recognizes the file as its own (``owns``) instead of taking it for another run's.
 """
 
 from __future__ import annotations
@@ -11,7 +19,8 @@ import errno
 import gzip
 import os
 import re
-import tempfile
+import secrets
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,17 +31,28 @@ from vt_lightning.export.layout import host_name
 # ``.<final name>.<host>-<pid>.<random>.tmp``
 _TEMPORARY = re.compile(r"^\..+\.(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+)\.[^.]+\.tmp$")
 STALE_AFTER_S = 24 * 3600  # a temporary this old is a leftover whoever wrote it (another host too)
+# errno of a filesystem without hard links (some network/FUSE filesystems)
+_NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS)
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_NEW_FILE |= getattr(os, "O_BINARY", 0)
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes | Callable[[Any], None], overwrite: bool = True) -> None:
+def atomic_write(
+    path: str | os.PathLike[str],
+    data: bytes | Callable[[Any], None],
+    overwrite: bool = True,
+    claim: str | None = None,
+) -> None:
     """Write ``data`` (bytes, or a callable given the open file) so ``path`` is complete or absent.
 
     ``overwrite=False`` never replaces an existing ``path`` (nor a symlink there): it raises
-    ``FileExistsError`` instead, atomically where the filesystem supports hard links.
+    ``FileExistsError`` instead, atomically where the filesystem supports hard links. ``claim`` (a
+    file name in the same directory, with ``overwrite=False``) is linked to the file *before* it is
+    published, so a kill right after the publish still leaves proof of whose file it is.
     """
     path = os.fspath(path)
     directory, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.{host_name()}-{os.getpid()}.", suffix=".tmp", dir=directory or ".")
+    fd, tmp = _create_temporary(directory or ".", name)
     try:
         with os.fdopen(fd, "wb") as f:
             if callable(data):
@@ -41,17 +61,72 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | Callable[[Any], Non
                 f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide the file from other users
         if overwrite:
             os.replace(tmp, path)
         else:
-            _publish_new(tmp, path)
+            claim_path = os.path.join(directory, claim) if claim else None
+            if claim_path is not None:
+                _link_claim(tmp, claim_path)
+            try:
+                _publish_new(tmp, path)
+            except BaseException:
+                if claim_path is not None:
+                    _unlink_quietly(claim_path)
+                raise
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink_quietly(tmp)
         raise
+
+
+def _create_temporary(directory: str, name: str) -> tuple[int, str]:
+    """A new file ``.<name>.<host>-<pid>.<random>.tmp`` opened for writing, created with mode
+    0o666 so the kernel applies the current umask (``mkstemp`` would make it 0600)."""
+    prefix = f".{name}.{host_name()}-{os.getpid()}."
+    for _ in range(100):
+        tmp = os.path.join(directory, f"{prefix}{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, _NEW_FILE, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", os.path.join(directory, prefix))
+
+
+def _link_claim(tmp: str, claim_path: str) -> None:
+    """Make ``claim_path`` a second name of ``tmp``'s inode (an empty file where the filesystem has
+    no hard links). A claim left by an earlier attempt has this job's name, so it is replaced."""
+    _unlink_quietly(claim_path)
+    try:
+        os.link(tmp, claim_path)
+    except OSError as err:
+        if err.errno not in _NO_HARD_LINKS:
+            raise
+        os.close(os.open(claim_path, _NEW_FILE, 0o666))
+
+
+def owns(path: str | os.PathLike[str], claim_path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` was published by the job whose claim is ``claim_path``: the same inode, or
+    (no hard links) an empty claim beside a regular file."""
+    try:
+        published = os.lstat(path)
+        claim = os.lstat(claim_path)
+    except OSError:
+        return False
+    if not (stat.S_ISREG(published.st_mode) and stat.S_ISREG(claim.st_mode)):
+        return False
+    same_inode = (published.st_dev, published.st_ino) == (claim.st_dev, claim.st_ino)
+    return same_inode or claim.st_size == 0
+
+
+def release_claim(claim_path: str | os.PathLike[str]) -> None:
+    """Drop a claim once the window's result reached the training process (nothing retries it)."""
+    _unlink_quietly(claim_path)
+
+
+def _unlink_quietly(path: str | os.PathLike[str]) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _publish_new(tmp: str, path: str) -> None:
@@ -61,7 +136,7 @@ def _publish_new(tmp: str, path: str) -> None:
     except FileExistsError:
         raise
     except OSError as err:  # no hard links here (some network/FUSE filesystems): check, then rename
-        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS):
+        if err.errno not in _NO_HARD_LINKS:
             raise
         if os.path.lexists(path):
             raise FileExistsError(errno.EEXIST, "File exists", path) from None
@@ -118,15 +193,6 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
-
-
-def _read_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _read_umask()  # read once at import: os.umask is process-wide, not safe on the writer thread
 
 
 def gzip_bytes(data: bytes, level: int) -> bytes:

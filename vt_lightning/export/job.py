@@ -36,6 +36,8 @@ class WindowJob:
     clock_markers: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)
     python_filter: PythonFilter | None = None  # which recorded Python calls the trace keeps
     summary: bool = True  # write <worker>.<span>.summary.json/.md beside the trace
+    job_id: str = ""  # decided once at window close: a retry recognizes its own published trace
+    publish_to: str | None = None  # a remote run directory (URL): ``run_dir`` is then local staging
 
 
 @dataclass(frozen=True)
@@ -49,22 +51,49 @@ class Destination:
     memory_name: str | None = None
     python_filter: PythonFilter | None = None
     summary: bool = True
+    job_id: str = ""
+    publish_to: str | None = None
+
+
+class URL(str):
+    """A file or directory of a remote filesystem (``s3://bucket/logs/window_000-…``), spelled as
+    the user gave it: ``Path`` would turn ``s3://b`` into ``s3:/b``. It answers ``name``, ``parent``
+    and ``/`` like a Path, so a result reads the same whatever its root."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return self.rstrip("/").rpartition("/")[2]
+
+    @property
+    def parent(self) -> URL:
+        return URL(self.rstrip("/").rpartition("/")[0])
+
+    def __truediv__(self, name: str) -> URL:
+        return URL(f"{self.rstrip('/')}/{name}")
+
+    def with_name(self, name: str) -> URL:
+        return self.parent / name
+
+
+Location = Path | URL  # where a result's file is: a local path, or a remote file's URL
 
 
 @dataclass(frozen=True)
 class WindowResult:
-    """What the writer wrote for one window."""
+    """What the writer wrote for one window (URLs when the output root is remote)."""
 
-    trace_path: Path
+    trace_path: Location
     trace_bytes: int
     json_bytes: int
     python_events: int
     torch_events: int
     overflow: bool
     suggested_tracer_entries: int | None = None
-    memory_path: Path | None = None
+    memory_path: Location | None = None
     notes: tuple[str, ...] = ()
     summary: Summary | None = None  # None when it could not be computed (see ``notes``)
-    summary_path: Path | None = None
+    summary_path: Location | None = None
     summary_markdown: str | None = None
     summary_seconds: float = 0.0  # writer-process time spent on the summary and its files

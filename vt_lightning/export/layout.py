@@ -6,7 +6,9 @@ it finds traces by ``TRACE_PATTERN`` and compares spans as strings, hence the fi
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
 import socket
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
@@ -45,3 +47,16 @@ def trace_file_name(worker: str, span: str) -> str:
 
 def memory_file_name(worker: str, span: str) -> str:
     return f"{worker}.{span}{MEMORY_SUFFIX}"
+
+
+def new_job_id() -> str:
+    """``<host>-<pid>.<random>`` of the training process that closed a window, decided once per
+    window: the writer's retries of that window share it."""
+    return f"{host_name()}-{os.getpid()}.{secrets.token_hex(6)}"
+
+
+def claim_name(trace_name: str, job_id: str) -> str:
+    """The hidden second name a window's trace carries until its result is back in training
+    (``atomic.owns``). It has the form of a temporary of the training process, so a claim left by a
+    process that died is removed like its temporaries (``atomic.remove_stale_temporaries``)."""
+    return f".{trace_name}.{job_id}.tmp"

@@ -22,8 +22,9 @@ from vt_lightning.analysis.clock import MARKER_PREFIX, Calibration, ClockPair, b
 from vt_lightning.analysis.filters import filter_python_events
 from vt_lightning.analysis.merge import encode_trace, merge_trace
 from vt_lightning.analysis.summary import summarize
-from vt_lightning.export.atomic import atomic_write, gzip_bytes
+from vt_lightning.export.atomic import atomic_write, gzip_bytes, owns, release_claim
 from vt_lightning.export.job import WindowJob, WindowResult
+from vt_lightning.export.layout import claim_name
 from vt_lightning.export.report import encode_summary, render_markdown, summary_names
 
 BROWSER_LIMIT_BYTES = 300 * 1024 * 1024  # above this the trace viewer page tends to go blank
@@ -117,7 +118,9 @@ def remove_raw(job: WindowJob) -> None:
 
 
 def finish_window(job: WindowJob) -> WindowResult:
-    """Merge, encode, compress and write one window; the raw dumps are removed either way.
+    """Merge, encode, compress and write one window. The raw dumps are removed if it fails, and
+    kept when it succeeds: the training process removes them once the result has reached it
+    (``delivered``), so a writer killed after writing, before answering, is retried from them.
 
     The raw dumps must be complete (torch's export done, VizTracer's dump child reaped): the
     training process's writer thread sees to that before the job reaches here."""
@@ -160,7 +163,8 @@ def finish_window(job: WindowJob) -> WindowResult:
             notes.extend(_apply_lightning_view(merged))
         raw = encode_trace(merged)
         compressed = gzip_bytes(raw, job.gzip_level)
-        trace_path = write_new(job.run_dir, job.trace_name, compressed)
+        claim = claim_name(job.trace_name, job.job_id) if job.job_id else None
+        trace_path = write_new(job.run_dir, job.trace_name, compressed, claim=claim)
         run_dir = trace_path.parent
         if run_dir != job.run_dir:
             notes.append(
@@ -187,15 +191,17 @@ def finish_window(job: WindowJob) -> WindowResult:
         if job.summary:
             result = _write_summary(job, run_dir, merged, snapshot, result)
         return result
-    finally:
+    except BaseException:
         remove_raw(job)
+        raise
 
 
 MAX_CLASHES = 1000
 
 
-def run_dir_candidates(run_dir: Path) -> Any:
-    """``run_dir``, then ``run_dir.2``, ``run_dir.3``, ...: where a window may go if the first is taken."""
+def run_dir_candidates(run_dir: Any) -> Any:
+    """``run_dir``, then ``run_dir.2``, ``run_dir.3``, ...: where a window may go if the first is
+    taken (a ``Path``, or a remote run directory's ``URL``)."""
     yield run_dir
     for n in range(2, MAX_CLASHES):
         yield run_dir.with_name(f"{run_dir.name}.{n}")
@@ -215,16 +221,22 @@ def usable_run_dir(path: Path) -> bool:
     return stat.S_ISDIR(mode) and not stat.S_ISLNK(mode)
 
 
-def write_new(run_dir: Path, name: str, data: bytes) -> Path:
+def write_new(run_dir: Path, name: str, data: bytes, claim: str | None = None) -> Path:
     """Write ``data`` as ``name`` in the first candidate run directory that is a real directory and
     holds no file of that name: another run sharing the directory (or a resumed run) keeps its files.
-    Ranks of one run share a run directory: their file names differ."""
+    Ranks of one run share a run directory: their file names differ.
+
+    With ``claim`` (``layout.claim_name``), a candidate whose ``name`` this same window already
+    published (its writer was killed before answering, and this is the retry) is the answer: no
+    second directory, and no word about another run."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     for candidate in run_dir_candidates(run_dir):
         if not usable_run_dir(candidate):
             continue
+        if claim is not None and owns(candidate / name, candidate / claim):
+            return candidate / name  # complete (published atomically) and made from the same job
         try:
-            atomic_write(candidate / name, data, overwrite=False)
+            atomic_write(candidate / name, data, overwrite=False, claim=claim)
         except FileExistsError:
             continue
         return candidate / name
@@ -283,3 +295,11 @@ def _write_summary(
         summary_path=run_dir / json_name,
         summary_seconds=time.perf_counter() - start,
     )
+
+
+def delivered(job: WindowJob, result: WindowResult) -> None:
+    """The window's result reached the training process, so nothing retries it: drop its raw
+    dumps and its claim."""
+    remove_raw(job)
+    if job.job_id and isinstance(result.trace_path, Path):
+        release_claim(result.trace_path.parent / claim_name(job.trace_name, job.job_id))

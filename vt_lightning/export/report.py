@@ -10,11 +10,13 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import orjson
 
 from vt_lightning.analysis.schema import Summary
+from vt_lightning.export.reading import MemoryBudget, SummaryNotFound, is_regular_file, read_summary
+from vt_lightning.export.terminal import printable
 
 TRACE_SUFFIX = ".pt.trace.json.gz"  # as output.TRACE_SUFFIX; kept here so readers import no writer code
 SUMMARY_JSON_SUFFIX = ".summary.json"
@@ -26,10 +28,6 @@ PART_LABELS = {
     "optimizer": "optimizer",
     "other": "other",
 }
-
-
-class SummaryNotFound(Exception):
-    """Nothing to read where the user pointed; the message is one line for the console."""
 
 
 def summary_names(trace_name: str) -> tuple[str, str]:
@@ -135,30 +133,32 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def load_summary(path: str | os.PathLike[str]) -> Summary:
-    try:
-        data = orjson.loads(Path(path).read_bytes())
-    except (OSError, orjson.JSONDecodeError) as err:
-        raise SummaryNotFound(f"{path}: not a readable summary ({err})") from None
-    if not isinstance(data, dict) or "schema" not in data or "breakdown_ms" not in data:
-        raise SummaryNotFound(f"{path}: not a vt_lightning summary")
-    data["_path"] = str(path)  # where it was read (the CLI's tables name it; never written back)
-    return cast(Summary, data)  # checked for its keys above; readers still use .get on the parts
+def load_summary(path: str | os.PathLike[str], budget: MemoryBudget | None = None) -> Summary:
+    """A ``summary.json`` read back without trusting it (bounded, regular files only, checked
+    against analysis/schema.py): any problem is a SummaryNotFound naming the file and the field."""
+    return read_summary(path, budget)
 
 
-def find_traces(target: str | os.PathLike[str]) -> list[Path]:
-    """Trace files under a directory (or the file itself), oldest first by modification time."""
+def find_traces(target: str | os.PathLike[str], skipped: list[str] | None = None) -> list[Path]:
+    """Trace files under a directory (or the file itself), oldest first by modification time.
+    Entries that are not regular files (FIFOs, directories named like traces) are left out and
+    named in ``skipped``."""
     path = Path(target)
     if not path.exists():
         raise SummaryNotFound(f"{path}: no such file or directory")
-    if path.is_file():
+    if not path.is_dir():
         if not path.name.endswith((TRACE_SUFFIX, ".json", ".json.gz")):
             raise SummaryNotFound(f"{path}: not a trace file (*{TRACE_SUFFIX})")
         return [path]
-    found = sorted(path.rglob(f"*{TRACE_SUFFIX}"), key=lambda p: (p.stat().st_mtime, str(p)))
+    found: list[tuple[float, str, Path]] = []
+    for trace in path.rglob(f"*{TRACE_SUFFIX}"):
+        if is_regular_file(trace):
+            found.append((trace.stat().st_mtime, str(trace), trace))
+        elif skipped is not None:
+            skipped.append(f"{trace}: not a regular file, skipped")
     if not found:
         raise SummaryNotFound(f"{path}: no vt_lightning traces (*{TRACE_SUFFIX}) under it")
-    return found
+    return [trace for _, _, trace in sorted(found)]
 
 
 def hta_trace_files(window_dir: str | os.PathLike[str]) -> dict[int, str]:
@@ -185,6 +185,7 @@ def hta_trace_files(window_dir: str | os.PathLike[str]) -> dict[int, str]:
 # Trainer output just by installing a profiler.
 
 Column = tuple[str, bool]  # (header, right-aligned)
+MAX_CELL_CHARS = 300
 
 
 def rich_available() -> bool:
@@ -205,6 +206,10 @@ def print_table(
 ) -> None:
     """One table on the console; ``styles`` maps (row, column) to a rich style (ignored in plain text)."""
     styles = styles or {}
+    # Cells come from files (function names, paths): control characters escaped, lengths capped.
+    title = printable(title)
+    caption = printable(caption) if caption is not None else None
+    rows = [[printable(cell, limit=MAX_CELL_CHARS) for cell in row] for row in rows]
     if rich_available():
         from rich import box
         from rich.console import Console
@@ -255,15 +260,28 @@ def _top_user_function(summary: Summary) -> str | None:
     return None
 
 
-SHORT_PARTS = {"data_wait": "data", "forward": "fwd", "backward": "bwd", "optimizer": "optim", "other": "other"}
+SHORT_PARTS = {
+    "data_wait": "data",
+    "forward": "fwd",
+    "backward": "bwd",
+    "optimizer": "optim",
+    "hooks": "hooks",
+    "validation": "val",
+    "test": "test",
+    "predict": "pred",
+    "other": "other",
+}
+ALWAYS_SHOWN = ("data_wait", "forward", "backward", "optimizer", "other")  # the others when a window has them
 
 
 def print_windows_table(summaries: Sequence[Summary], file: Any = None, title: str | None = None) -> None:
     """One compact table (fits 80 columns): a row per window, ms per step, the largest part in
     bold; the busiest user function of the latest windows in the caption."""
     with_gpu = any(s.get("gpu") for s in summaries)
+    present = {p for s in summaries for p, ms in (s.get("breakdown_ms") or {}).items() if ms}
+    shown_parts = [p for p in SHORT_PARTS if p in ALWAYS_SHOWN or p in present]
     columns: list[Column] = [("win", False), ("batches", True), ("step", True)]
-    columns += [(short, True) for short in SHORT_PARTS.values()]
+    columns += [(SHORT_PARTS[p], True) for p in shown_parts]
     columns += [("GPU", True)] if with_gpu else []
     columns += [("peak MB", True)]
     rows: list[list[str]] = []
@@ -281,13 +299,14 @@ def print_windows_table(summaries: Sequence[Summary], file: Any = None, title: s
             name += f" r{window['global_rank']}"
         if parts:
             largest = max(parts, key=lambda p: parts[p] or 0.0)
-            styles[(r, 3 + list(SHORT_PARTS).index(largest))] = "bold"
+            if largest in shown_parts:  # a part this version has no column for is not shown
+                styles[(r, 3 + shown_parts.index(largest))] = "bold"
         rows.append(
             [
                 name,
                 f"{recorded[0]}-{recorded[-1]}" if recorded else "–",
                 _num(step.get("mean")),
-                *(_num(parts.get(p)) for p in SHORT_PARTS),
+                *(_num(parts.get(p)) for p in shown_parts),
                 *([f"{gpu['busy_percent']:.0f}%" if gpu is not None else "–"] if with_gpu else []),
                 _num(memory.get("peak_allocated_mb") if memory is not None else None),
             ]

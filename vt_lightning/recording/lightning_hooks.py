@@ -9,6 +9,10 @@ hooks) and ``[pl][profile]<action>`` around Lightning's step stages (``run_train
 the user did not configure one. Nothing is left behind after ``remove()``: no hook, no profiler.
 How the writer turns these ranges into the plugin's view: ``vt_lightning.analysis.lightning_view``.
 
+``user_hook_names(pl_module)``: the Lightning hooks the user's module overrides, named as VizTracer
+names their calls; read once per run into every window's metadata, so the summary's breakdown
+attributes the user's own hooks whatever the Trainer's profiler and ``lightning_view``.
+
 torch.compile (measured on torch 2.13, dynamo ``skip_nnmodule_hook_guards=True``):
 
 * hooks added to modules inside an already compiled region are silently NOT called (no events, no
@@ -28,11 +32,14 @@ Lightning (``trainer.fit(torch.compile(model))``: ``_compiler_ctx`` set, ``forwa
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections import defaultdict
 from typing import Any
 
+from vt_lightning.analysis.breakdown import HOOK_PARTS, is_breakdown_hook
 from vt_lightning.analysis.lightning_view import is_main_stage, module_record_name, profile_record_name
+from vt_lightning.analysis.usercode import framework_dirs
 
 _RANGE_TYPE: Any = None
 
@@ -54,6 +61,57 @@ def profiler_range(name: str) -> Any:
 
             _RANGE_TYPE = record_function
     return _RANGE_TYPE(name)
+
+
+# --------------------------------------------------------------------------------------------------
+# The user's own hooks, named as VizTracer names their calls
+# --------------------------------------------------------------------------------------------------
+
+
+def user_hook_names(pl_module: Any) -> dict[str, str]:
+    """``{"Model.optimizer_step (/src/model.py:40)": "optimizer_step", ...}``: each Lightning hook
+    the module overrides (its instance or its class, Lightning's own implementations left out),
+    named as VizTracer names its calls.
+
+    Goes into every window's metadata (``user_hooks``), so the summary finds the user's own hooks
+    among the Python calls whatever the Trainer's profiler and ``lightning_view``: an
+    ``optimizer_step`` override that never calls Lightning's is still the optimizer. Read once per
+    run; never raises (a module it cannot read simply gives nothing).
+    """
+    if pl_module is None:
+        return {}
+    try:
+        from lightning.pytorch import LightningModule
+
+        hooks = {n for n in (*dir(LightningModule), *HOOK_PARTS) if not n.startswith("_") and is_breakdown_hook(n)}
+        lightning_dirs = framework_dirs("lightning", "pytorch_lightning", "lightning_fabric")
+        names: dict[str, str] = {}
+        for hook in sorted(hooks):
+            code = _override_code(pl_module, hook)
+            if code is not None and not code.co_filename.startswith(lightning_dirs):
+                qualname = getattr(code, "co_qualname", code.co_name)  # 3.10: VizTracer records co_name
+                names[f"{qualname} ({code.co_filename}:{code.co_firstlineno})"] = hook
+        return names
+    except Exception:  # pragma: no cover - an exotic module: the breakdown goes without its hooks
+        return {}
+
+
+def _override_code(pl_module: Any, hook: str) -> Any:
+    """The code object that runs when Lightning calls ``hook`` (decorators unwrapped), or None."""
+    function = pl_module.__dict__.get(hook)
+    if function is None:
+        for klass in type(pl_module).__mro__:
+            if hook in klass.__dict__:
+                function = klass.__dict__[hook]
+                break
+    function = getattr(function, "__func__", function)  # staticmethod, classmethod, bound method
+    if not callable(function):
+        return None
+    try:
+        function = inspect.unwrap(function)
+    except ValueError:  # a __wrapped__ cycle
+        return None
+    return getattr(function, "__code__", None)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -52,12 +52,17 @@ class TriggerFile:
 
 
 class SignalTrigger:
-    """Opt-in: a signal (e.g. SIGUSR1) requests a window. The handler only sets a flag."""
+    """Opt-in: a signal (e.g. SIGUSR1) requests a window. The handler only sets a flag.
 
-    def __init__(self, signum: signal.Signals) -> None:
-        self.signum = signum
+    ``restore`` puts back the handler found at ``install``, unless someone replaced ours since:
+    their handler stays.
+    """
+
+    def __init__(self, signum: int, name: str | None = None) -> None:
+        self.signum = int(signum)
+        self.name = name or _signal_name(self.signum)
         self.requested = False
-        self._previous: Any = None
+        self.previous: Any = None
         self.installed = False
         self.on_request: Callable[[], None] | None = None  # e.g. "look at the next batch"
 
@@ -65,21 +70,25 @@ class SignalTrigger:
         """Install the handler; return why not (a foreign handler, not the main thread) or None."""
         current = signal.getsignal(self.signum)
         if current not in (signal.SIG_DFL, None) and current != self._handle:
-            return f"{self.signum.name} already has a handler ({current!r})"
+            return f"{self.name} already has a handler ({current!r})"
         try:
-            self._previous = signal.signal(self.signum, self._handle)
+            self.previous = signal.signal(self.signum, self._handle)
         except ValueError as err:  # not the main thread of the main interpreter
             return str(err)
         self.installed = True
         return None
+
+    def owns(self, handler: Any) -> bool:
+        """Whether ``handler`` is this trigger's."""
+        return bool(handler == self._handle)
 
     def restore(self) -> None:
         if not self.installed:
             return
         self.installed = False
         try:
-            if signal.getsignal(self.signum) == self._handle:
-                signal.signal(self.signum, self._previous if self._previous is not None else signal.SIG_DFL)
+            if self.owns(signal.getsignal(self.signum)):
+                signal.signal(self.signum, self.previous if self.previous is not None else signal.SIG_DFL)
         except ValueError:  # off the main thread at teardown: leave it (it only sets a flag)
             pass
 
@@ -93,7 +102,14 @@ class SignalTrigger:
             self.on_request()
 
 
-def foreign_signal_handler(signum: signal.Signals) -> Any:
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def foreign_signal_handler(signum: int) -> Any:
     """The handler installed for ``signum`` if it is neither the default nor "unknown"."""
     current = signal.getsignal(signum)
     return None if current in (signal.SIG_DFL, None) else current

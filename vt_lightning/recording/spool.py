@@ -46,6 +46,10 @@ def check_spool_dir(spool_dir: Any) -> str | None:
         return None
     if not isinstance(spool_dir, (str, os.PathLike)) or not os.fspath(spool_dir):
         raise ValueError(f"`spool_dir` must be a non-empty path or None, got {spool_dir!r}")
+    if "://" in os.fspath(spool_dir):  # Path() would make a local directory named "s3:"
+        raise ValueError(
+            f"`spool_dir` must be a local directory (scratch space for raw dumps), got the URL {spool_dir!r}"
+        )
     path = Path(os.fspath(spool_dir)).expanduser().absolute()
     existing = path
     while not existing.exists():

@@ -208,6 +208,8 @@ class ProfilingWindow:
             clock_markers={"start": self._markers_start, "end": markers_end},
             python_filter=destination.python_filter,
             summary=destination.summary,
+            job_id=destination.job_id,
+            publish_to=destination.publish_to,
         )
         return ClosedWindow(job, self.torch.save, dump_pid)
 

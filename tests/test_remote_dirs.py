@@ -1,0 +1,175 @@
+"""Output roots that are URLs (issue 22, item 6): windows reach the remote root through fsspec with
+the same names and layout, results name URLs, and a filesystem that cannot be used is an error at
+fit start that says to set ``dirpath``. Never a local directory named ``memory:`` or ``s3:``.
+
+``memory://`` lives in one process. The writer process writes a window into local staging and the
+training process copies it to the remote root, so these tests see the files in their own process:
+that is the design (controller/remote.py), not a test convenience.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import MarkerModel, loader, make_trainer, trace_files
+from fsspec import filesystem, register_implementation
+from fsspec.implementations.memory import MemoryFileSystem
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from vt_lightning import VizTraceCallback
+from vt_lightning.controller.remote import OutputRootError
+from vt_lightning.export.job import URL
+
+
+class RefusingFileSystem(MemoryFileSystem):
+    """A store that refuses us at once (no credentials, no permission)."""
+
+    protocol = "vtrefusing"
+
+    def makedirs(self, path, exist_ok=False):
+        raise PermissionError("access denied by the test store")
+
+
+class FailingUploads(MemoryFileSystem):
+    """A store that answers at setup, then fails every upload (a network outage mid-run)."""
+
+    protocol = "vtfailing"
+
+    def put_file(self, lpath, rpath, *args, **kwargs):
+        raise ConnectionError("the test store went away")
+
+
+register_implementation("vtrefusing", RefusingFileSystem, clobber=True)
+register_implementation("vtfailing", FailingUploads, clobber=True)
+
+
+@pytest.fixture
+def memory_root() -> Iterator[str]:
+    """A fresh ``memory://`` root, removed afterwards (the memory filesystem is process-wide)."""
+    root = f"memory://vt-{uuid.uuid4().hex[:8]}"
+    yield root
+    fs = filesystem("memory")
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+def url_named_entries(*roots: Path) -> list[Path]:
+    """Local files or directories whose name holds a ':' (``memory:``, ``s3:``, ``file:``)."""
+    return [p for root in roots for p in root.rglob("*") if ":" in p.name]
+
+
+def caught_vt_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if "vt_lightning" in str(w.message)]
+
+
+def test_a_logger_on_a_url_gets_the_windows_there_with_the_same_layout(tmp_path, monkeypatch, memory_root):
+    monkeypatch.chdir(tmp_path)
+    spool = tmp_path / "spool"
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2, spool_dir=str(spool))
+    logger = TensorBoardLogger(save_dir=memory_root)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path / "local", [cb], max_steps=3, logger=logger).fit(MarkerModel(), loader())
+    assert caught_vt_warnings(caught) == []
+    fs = filesystem("memory")
+    version = f"{memory_root}/lightning_logs/version_0"
+    assert cb.output_dir == version
+    windows = sorted(p.rsplit("/", 1)[1] for p in fs.ls(version, detail=False) if "/window_" in p)
+    assert windows == ["window_000-batches_0-0", "window_001-batches_1-1"]
+    for result, window in zip(cb.results, windows):
+        assert isinstance(result.trace_path, URL) and result.trace_path.startswith(f"{version}/{window}/")
+        assert result.summary_path == result.trace_path.parent / result.summary_path.name
+        names = sorted(p.rsplit("/", 1)[1] for p in fs.ls(f"{version}/{window}", detail=False))
+        worker = result.trace_path.name.split(".")[0]
+        span = result.trace_path.name.split(".")[1]
+        stem = f"{worker}.{span}"
+        assert names == sorted(
+            f"{stem}{suffix}"
+            for suffix in (".memory_snapshot.pickle", ".pt.trace.json.gz", ".summary.json", ".summary.md")
+        )
+        with fs.open(result.trace_path, "rb") as f:
+            trace = orjson.loads(gzip.decompress(f.read()))
+        assert trace["vt_lightning"]["steps"] == [int(span)]
+        with fs.open(result.summary_path, "rb") as f:
+            assert json.loads(f.read())["window"]["trace"] == result.trace_path.name
+    # Nothing local but the spool base: no "memory:" directory, no staged copy left behind.
+    assert url_named_entries(tmp_path) == []
+    assert not trace_files(tmp_path)
+    assert [p for p in spool.rglob("*") if p.is_file()] == []
+
+
+def test_a_file_url_is_a_local_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=f"file://{tmp_path / 'traces'}")
+    make_trainer(tmp_path / "local", [cb], max_steps=1).fit(MarkerModel(), loader())
+    (trace,) = trace_files(tmp_path / "traces")
+    assert trace.parent.name == "window_000-batches_0-0"
+    assert cb.results[0].trace_path == trace and cb.output_dir == tmp_path / "traces"
+    assert url_named_entries(tmp_path) == []
+
+
+def test_an_occupied_remote_run_directory_is_never_overwritten(tmp_path, memory_root):
+    fs = filesystem("memory")
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=memory_root)
+    make_trainer(tmp_path, [cb], max_steps=1).fit(MarkerModel(), loader())
+    (first,) = cb.results
+    before = fs.cat_file(first.trace_path)
+    again = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=memory_root)  # a second run, same dirpath
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [again], max_steps=1).fit(MarkerModel(), loader())
+    (second,) = again.results
+    assert second.trace_path.parent == f"{memory_root}/window_000-batches_0-0.2"
+    assert len([w for w in caught_vt_warnings(caught) if "run directory already taken" in w]) == 1
+    assert fs.cat_file(first.trace_path) == before
+    assert fs.cat_file(second.trace_path) != before
+
+
+def test_an_unusable_url_stops_fit_at_setup_and_says_to_set_dirpath(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for url, why in [
+        ("vtrefusing://bucket/traces", "PermissionError: access denied"),
+        ("nosuchfs://bucket/traces", "Protocol not known"),
+        *([] if importlib.util.find_spec("s3fs") else [("s3://bucket/traces", "s3fs")]),
+    ]:
+        model = MarkerModel()
+        cb = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=url)
+        with pytest.raises(OutputRootError, match="set `dirpath` to a local directory") as raised:
+            make_trainer(tmp_path / "local", [cb], max_steps=2).fit(model, loader())
+        assert url in str(raised.value) and why in str(raised.value) and "`dirpath`" in str(raised.value)
+        assert model.train_batches == []  # stopped at setup, before any step
+    assert url_named_entries(tmp_path) == []
+
+
+def test_a_failed_upload_warns_once_and_training_goes_on(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spool = tmp_path / "spool"
+    model = MarkerModel()
+    cb = VizTraceCallback(
+        wait=0, warmup=0, active=1, repeat=2, dirpath="vtfailing://bucket/traces", spool_dir=str(spool)
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path / "local", [cb], max_steps=4).fit(model, loader())
+    assert model.train_batches == [0, 1, 2, 3]
+    failures = [w for w in caught_vt_warnings(caught) if "could not copy the window to vtfailing://" in w]
+    assert len(failures) == 1 and "ConnectionError" in failures[0]
+    assert cb.results == []
+    kept = trace_files(spool)  # the windows are kept locally, where the warning says
+    assert len(kept) == 2 and str(kept[0].parent.parent) in failures[0]
+    assert url_named_entries(tmp_path) == []
+
+
+def test_a_url_as_spool_dir_is_refused_at_construction(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="`spool_dir` must be a local directory"):
+        VizTraceCallback(spool_dir="memory://scratch")
+    assert url_named_entries(tmp_path) == []

@@ -1,0 +1,210 @@
+"""Where each instant of a step went: the breakdown's parts and the ranges that decide them. Pure.
+
+Three sources, all on the training thread of one calibrated timeline:
+
+* **Lightning's stages**: its ``[pl][profile]`` ranges (recorded with ``lightning_view=True`` while
+  no Trainer profiler is set), else, from the Python calls, the Lightning methods that run them.
+* **The user's own hooks**: calls of the LightningModule methods that override a Lightning hook
+  (``optimizer_step``, ``training_step``, ``on_train_batch_end``...). Their recorded names come
+  with the trace (``vt_lightning.user_hooks``: name -> hook, read from the module's class in the
+  training process), so they count whatever the Trainer's profiler and ``lightning_view``: an
+  ``optimizer_step`` override that never calls Lightning's own is still the optimizer.
+* **The window's own ranges**: ``[pl][profile]validation`` around a validation loop that ran
+  inside a training window.
+
+Each instant goes to the innermost range covering it (``optimizer_step`` wraps the closure that
+runs ``training_step`` and ``backward``), except that a validation, test or predict range takes
+everything inside it: a validation loop's fetches and forward passes are validation, not the
+training step's data wait and forward. What nothing covers is ``other``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vt_lightning.analysis.spans import Span, span_of
+from vt_lightning.analysis.usercode import parse_function
+from vt_lightning.constants import PL_PROFILE_PREFIX, PYTHON_CATEGORY
+
+# Always in ``breakdown_ms``, in this order (``other`` last).
+BREAKDOWN_PARTS = ("data_wait", "forward", "backward", "optimizer", "other")
+# In ``breakdown_ms`` only when some time went there (before ``other``).
+EXTRA_PARTS = ("hooks", "validation", "test", "predict")
+EVAL_PARTS = frozenset({"validation", "test", "predict"})
+ALL_PARTS = (*BREAKDOWN_PARTS[:-1], *EXTRA_PARTS, "other")
+
+Range = tuple[float, float, str]  # start µs, end µs, part
+
+# Lightning stage (a ``[pl][profile]`` action's last dotted part) -> part.
+STAGE_PARTS = {
+    "train_dataloader_next": "data_wait",
+    "batch_to_device": "data_wait",
+    "training_step": "forward",
+    "backward": "backward",
+    "optimizer_step": "optimizer",
+    "optimizer_zero_grad": "optimizer",
+    "zero_grad": "optimizer",
+    "validation_step": "validation",
+    "test_step": "test",
+    "predict_step": "predict",
+}
+# Ranges the window itself opens around work inside a training window (``ProfilingWindow.begin_range``).
+WINDOW_RANGE_PARTS = {"validation": "validation"}
+
+# A LightningModule method that overrides a Lightning hook -> part. ``on_validation_*``,
+# ``on_test_*`` and ``on_predict_*`` go to their stage, every other ``on_*`` hook to ``hooks``.
+HOOK_PARTS = {
+    "training_step": "forward",
+    "backward": "backward",
+    "manual_backward": "backward",
+    "on_before_backward": "backward",
+    "on_after_backward": "backward",
+    "optimizer_step": "optimizer",
+    "optimizer_zero_grad": "optimizer",
+    "on_before_optimizer_step": "optimizer",
+    "on_before_zero_grad": "optimizer",
+    "configure_gradient_clipping": "optimizer",
+    "clip_gradients": "optimizer",
+    "lr_scheduler_step": "optimizer",
+    "toggle_optimizer": "optimizer",
+    "untoggle_optimizer": "optimizer",
+    "transfer_batch_to_device": "data_wait",
+    "on_before_batch_transfer": "data_wait",
+    "on_after_batch_transfer": "data_wait",
+    "validation_step": "validation",
+    "test_step": "test",
+    "predict_step": "predict",
+}
+_HOOK_PREFIX_PARTS = (("on_validation_", "validation"), ("on_test_", "test"), ("on_predict_", "predict"))
+
+
+def hook_part(hook: str) -> str | None:
+    """The part a user override of Lightning hook ``hook`` belongs to (None: not a step's work,
+    e.g. ``configure_optimizers``)."""
+    part = HOOK_PARTS.get(hook)
+    if part is not None:
+        return part
+    for prefix, stage in _HOOK_PREFIX_PARTS:
+        if hook.startswith(prefix):
+            return stage
+    return "hooks" if hook.startswith("on_") else None
+
+
+def is_breakdown_hook(hook: str) -> bool:
+    """Whether overrides of ``hook`` are worth recording for the breakdown."""
+    return hook_part(hook) is not None
+
+
+# --------------------------------------------------------------------------------------------------
+# Ranges
+# --------------------------------------------------------------------------------------------------
+
+
+def _python_stage_part(name: str) -> str | None:
+    """The Lightning methods that run each stage, for traces without ``[pl][profile]`` stages."""
+    function, path, _ = parse_function(name)
+    if not path:
+        return None
+    norm = path.replace("\\", "/")
+    if "/lightning/pytorch/" not in norm and "/pytorch_lightning/" not in norm:
+        return None
+    method = function.rsplit(".", 1)[-1]
+    if norm.endswith("loops/fetchers.py") and method == "__next__":
+        return "data_wait"
+    if "/strategies/" in norm and method in STAGE_PARTS and method not in ("optimizer_step", "zero_grad"):
+        return STAGE_PARTS[method]
+    if norm.endswith("core/module.py") and method in ("optimizer_step", "optimizer_zero_grad"):
+        return "optimizer"
+    return None
+
+
+def stage_ranges(
+    events: Sequence[Mapping[str, Any]], thread: Any, user_hooks: Mapping[str, str] | None = None
+) -> tuple[list[Range], str, dict[str, str]]:
+    """(start, end, part) ranges on the training thread; where Lightning's stages came from
+    (``"lightning stage ranges"``, ``"lightning methods (python calls)"`` or ``"none"``); and the
+    user's hooks that were found, hook -> part."""
+    on_thread = [e for e in events if (e.get("pid"), e.get("tid")) == thread]
+    lightning: list[Range] = []
+    window: list[Range] = []
+    for event in on_thread:
+        name = str(event.get("name", ""))
+        if not name.startswith(PL_PROFILE_PREFIX):
+            continue
+        action = name[len(PL_PROFILE_PREFIX) :]
+        if action in WINDOW_RANGE_PARTS:
+            window.append((*span_of(event), WINDOW_RANGE_PARTS[action]))
+            continue
+        part = STAGE_PARTS.get(action.rsplit(".", 1)[-1])
+        if part:
+            lightning.append((*span_of(event), part))
+    source = "lightning stage ranges" if lightning else "none"
+    python = [e for e in on_thread if e.get("cat") == PYTHON_CATEGORY]
+    if not lightning:
+        for event in python:
+            part = _python_stage_part(str(event.get("name", "")))
+            if part:
+                lightning.append((*span_of(event), part))
+        if lightning:
+            # Nested calls of one stage (``_PrefetchDataFetcher.__next__`` calls
+            # ``_DataFetcher.__next__``) are the same stage: keep the outermost.
+            lightning = _outermost_per_part(lightning)
+            source = "lightning methods (python calls)"
+    own: list[Range] = []
+    found: dict[str, str] = {}
+    if user_hooks:
+        for event in python:
+            hook = user_hooks.get(str(event.get("name", "")))
+            part = hook_part(hook) if hook else None
+            if hook and part:
+                own.append((*span_of(event), part))
+                found[hook] = part
+    return [*lightning, *window, *own], source, found
+
+
+def _outermost_per_part(ranges: list[Range]) -> list[Range]:
+    out: list[Range] = []
+    ends: dict[str, float] = {}
+    for start, end, part in sorted(ranges, key=lambda r: (r[0], -r[1])):
+        if start < ends.get(part, float("-inf")):
+            continue
+        ends[part] = end
+        out.append((start, end, part))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Attribution
+# --------------------------------------------------------------------------------------------------
+
+
+def attribute_step(step: Span, ranges: Sequence[Range]) -> dict[str, float]:
+    """Microseconds of ``step`` per part: each instant goes to the innermost range covering it,
+    or to the innermost validation / test / predict range when one covers it."""
+    lo, hi = step
+    inside = [(max(s, lo), min(e, hi), part, s, e) for s, e, part in ranges if e > lo and s < hi]
+    cuts = sorted({lo, hi, *(r[0] for r in inside), *(r[1] for r in inside)})
+    out = dict.fromkeys(ALL_PARTS, 0.0)
+    for a, b in itertools.pairwise(cuts):
+        if b <= a:
+            continue
+        mid = (a + b) / 2
+        best = None
+        best_eval = None
+        for cs, ce, part, s, e in inside:
+            if not cs <= mid < ce:
+                continue
+            if best is None or (s, -e) > (best[0], -best[1]):
+                best = (s, e, part)
+            if part in EVAL_PARTS and (best_eval is None or (s, -e) > (best_eval[0], -best_eval[1])):
+                best_eval = (s, e, part)
+        chosen = best_eval or best
+        out[chosen[2] if chosen else "other"] += b - a
+    return reported(out)
+
+
+def reported(parts_us: Mapping[str, float]) -> dict[str, float]:
+    """The parts to report: the five always, the others only when time went there."""
+    return {p: parts_us.get(p, 0.0) for p in ALL_PARTS if p in BREAKDOWN_PARTS or parts_us.get(p, 0.0) > 0}

