@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -37,6 +38,7 @@ def _stop_in_forked_child() -> None:
     """A forked child (DataLoader worker) inherits a running tracer that would never be saved."""
     if _dump_child:
         return  # the dump child needs the buffer as it is
+    _dump_children.clear()  # the parent's children: the parent reaps them
     for tracer in list(_active):
         tracer._stop_after_fork()
 
@@ -130,6 +132,7 @@ def _reinstall(hook: Any) -> None:
 # Dump children not reaped yet. A job reaps its own (``wait_for_dump``); one whose window was
 # interrupted between the fork and the hand-off is reaped at the end of fit (``reap_dump_children``).
 _dump_children: set[int] = set()
+_TERMINAL_SIGNALS = {signal.SIGINT, signal.SIGQUIT}
 
 
 def wait_for_dump(pid: int | None) -> None:
@@ -371,6 +374,9 @@ class PythonTracer:
             pid: int | None = None
             _dump_child = True
             self._tracer.setpid()  # events keep this process's pid, not the child's (as fork_save does)
+            # Ctrl-C reaches the whole process group: the child writes on with them blocked for its
+            # short life (the parent gets them back at once), so the window recorded is not lost.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINAL_SIGNALS)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
@@ -380,6 +386,7 @@ class PythonTracer:
             finally:
                 if pid != 0:
                     _dump_child = False
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                     self._tracer.setpid(0)
             if pid == 0:  # the child: write, and leave without running any exit handler
                 code = 1
