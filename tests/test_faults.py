@@ -135,6 +135,56 @@ def test_cprofile_started_mid_window_keeps_working_and_training_goes_on(tmp_path
     assert_clean(report)
 
 
+def _counted(i: int) -> int:
+    return i * 2
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "warmup",  # in another callback, at the batch start of the window's warmup
+        "first_active",  # in another callback, just before ours starts the first active batch
+        "second_active",  # in another callback, while our tracer records
+        "training_step",  # inside training_step, while our tracer records
+    ],
+)
+def test_the_users_own_viztracer_records_everything_and_the_window_yields(tmp_path, when):
+    from lightning.pytorch.callbacks import Callback
+    from viztracer import VizTracer
+
+    start_at = {"warmup": 1, "first_active": 2, "second_active": 3, "training_step": 3}[when]
+    user: dict = {}
+
+    class Model(MarkerModel):
+        def training_step(self, batch, batch_idx):
+            step = self.trainer.fit_loop.total_batch_idx
+            if when == "training_step" and step == start_at:
+                user["tracer"] = VizTracer(verbose=0)
+                user["tracer"].start()
+            if step in (3, 4):
+                for i in range(1000):
+                    _counted(i)
+            return super().training_step(batch, batch_idx)
+
+    class StartsViztracer(Callback):  # runs before ours: it comes first in the list
+        def on_train_batch_start(self, trainer, *args):
+            if when != "training_step" and trainer.fit_loop.total_batch_idx == start_at:
+                user["tracer"] = VizTracer(verbose=0)
+                user["tracer"].start()
+
+    cb = VizTraceCallback(wait=1, warmup=1, active=3, repeat=1)
+    with pytest.warns(RuntimeWarning, match="VizTracer"):
+        make_trainer(tmp_path, [StartsViztracer(), cb], max_steps=6).fit(Model(), loader(n=64))
+    tracer = user["tracer"]
+    tracer.stop()
+    out = tmp_path / "user.json"
+    tracer.save(str(out))
+    names = [e.get("name", "") for e in orjson.loads(out.read_bytes())["traceEvents"]]
+    assert sum(name.startswith("_counted") for name in names) == 2000  # before: 0 or 1000
+    assert cb.results == [] and cb.windows_skipped == 1  # our window yielded to it
+    assert not guard_installed() and sys.getprofile() is None
+
+
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12+: sys.setprofile does not displace VizTracer")
 def test_a_profile_hook_set_mid_window_is_kept_and_the_window_yields(tmp_path):
     report, wall, _ = run_script(
@@ -307,7 +357,7 @@ def test_a_run_waits_for_a_stuck_writer_once_in_all(tmp_path):
     # 5. Before, fit waited writer_timeout at window 3's start and again at its end (2 x 10 s); the
     # allowance is one writer_timeout per run, after which windows are written by the fallback thread
     # and never waited for.
-    report, wall, _ = run_script(
+    report, _, _ = run_script(
         {
             "root": str(tmp_path),
             "callback": {"wait": 0, "warmup": 0, "active": 1, "repeat": 0, "writer_timeout": 10},
