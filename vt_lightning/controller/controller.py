@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -48,6 +49,7 @@ class WindowController:
         self.next_look: float = math.inf  # batches started up to here need no look (the hot path)
         self.completed: set[int] = set()  # schedule cycles written (checkpointed: no window twice)
         self._begin(None)
+        _LIVE.add(self)
 
     def _begin(self, stage: str | None) -> None:
         """Forget the previous run: a callback reused on another Trainer profiles by its schedule."""
@@ -136,6 +138,16 @@ class WindowController:
         if self.writer is not None and not self.windows_recorded:  # enabled, and nothing to show
             messages.nothing_recorded(self.options, self.stage, self.batches_seen, self.windows_skipped)
         self.shutdown()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child (``os.fork`` in user code, a DataLoader worker): the windows, writer,
+        spool and process group are the parent's. Drop them with no wait, write or removal, so the
+        child's exit (or its exception and teardown hooks) finds nothing to finish."""
+        signal_trigger = self.triggers.signal if self.triggers is not None else None
+        if signal_trigger is not None:
+            signal_trigger.restore()  # only this process's handler; the parent keeps its own
+        self._begin(None)
+        self.next_look = self.next_check = math.inf
 
     def shutdown(self) -> None:
         writer, self.writer = self.writer, None
@@ -335,6 +347,21 @@ class WindowController:
 
     def _root(self) -> Any:
         return self.run.output if self.run is not None else None
+
+
+# Controllers alive in this process, disarmed in a forked child (see ``forget_after_fork``).
+_LIVE: weakref.WeakSet[WindowController] = weakref.WeakSet()
+
+
+def _forget_in_forked_child() -> None:
+    for controller in list(_LIVE):
+        try:
+            controller.forget_after_fork()
+        except BaseException:  # a child must never fail for our sake (a Ctrl-C included)
+            pass
+
+
+os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
 def _python_filter(options: Options, pl_module: Any) -> PythonFilter:

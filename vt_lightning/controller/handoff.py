@@ -7,10 +7,13 @@ Parsing, merging, encoding and compression run in the writer process, never on t
 pending, so memory stays bounded: when windows come faster than the disk takes them, the next window
 waits for room at its start (and says so) rather than growing the queue.
 
-Every wait has a limit (``timeout``). A writer that does not make room, or does not finish the last
-windows, within it is *abandoned*: its pending windows are dropped, its process is killed and
-reaped, and a fresh thread (and, at the next window, a fresh process) takes over. The thread is a
-daemon, so a thread stuck in a hung filesystem call can never keep the interpreter from exiting.
+Training waits for the writer at most ``timeout`` seconds *in all*, over the whole run: every wait
+(for room at a window's start, for the last windows at the end) spends from that one allowance. A
+writer that does not make room, or does not finish the last windows, in time is *abandoned*: its
+pending windows are dropped, its process is killed and reaped, and a fresh thread takes over, which
+writes later windows itself (the fallback path) and is never waited for again once the allowance is
+spent. The thread is a daemon, so a thread stuck in a hung filesystem call can never keep the
+interpreter from exiting.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class BackgroundWriter:
         self.process: Any = None
         self.process_error: BaseException | None = None
         self.abandoned = 0  # how many times a stuck writer was given up
+        self.blocked = 0.0  # seconds training has waited for this writer, over the whole run
         self._futures: list[Future[Any]] = []
         self._lock = threading.Lock()
         self._generation = 0
@@ -180,12 +184,23 @@ class BackgroundWriter:
         """Windows submitted and not finished (nor dropped)."""
         return len(self._pending())
 
-    def wait_for_room(self, timeout: float | None = None) -> tuple[float, bool]:
-        """Wait until fewer than ``max_in_flight`` windows are pending, at most ``timeout`` seconds
-        (default: the writer's). Returns (seconds waited, whether there is room). After a timeout
-        the writer is abandoned; once one has been, no later window waits at all."""
+    def _allowance(self, timeout: float | None) -> float:
+        """Seconds a wait may take: ``timeout`` (default: the writer's), less what the run has waited."""
         limit = self.timeout if timeout is None else timeout
+        return max(0.0, min(limit, self.timeout - self.blocked))
+
+    def wait_for_room(self, timeout: float | None = None) -> tuple[float, bool]:
+        """Wait until fewer than ``max_in_flight`` windows are pending, within the allowance.
+        Returns (seconds waited, whether there is room). After a timeout the writer is abandoned;
+        once one has been, no later window waits at all."""
+        limit = self._allowance(timeout)
         start = time.monotonic()
+        try:
+            return self._wait_for_room(limit, start)
+        finally:
+            self.blocked += time.monotonic() - start
+
+    def _wait_for_room(self, limit: float, start: float) -> tuple[float, bool]:
         while True:
             pending = self._pending()
             if len(pending) < self.max_in_flight:
@@ -205,19 +220,22 @@ class BackgroundWriter:
         return waited, False
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted window is on disk (or failed), at most ``timeout`` seconds
-        (default: the writer's) in all; abandon the writer and return False if it did not finish."""
-        limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        for future in self._pending():
-            try:
-                future.result(timeout=max(0.0, deadline - time.monotonic()))
-            except FutureTimeout:
-                self.abandon()
-                return False
-            except BaseException:
-                pass
-        return True
+        """Wait until every submitted window is on disk (or failed), within the allowance; abandon
+        the writer and return False if it did not finish."""
+        start = time.monotonic()
+        deadline = start + self._allowance(timeout)
+        try:
+            for future in self._pending():
+                try:
+                    future.result(timeout=max(0.0, deadline - time.monotonic()))
+                except FutureTimeout:
+                    self.abandon()
+                    return False
+                except BaseException:
+                    pass
+            return True
+        finally:
+            self.blocked += time.monotonic() - start
 
     def abandon(self) -> None:
         """Give up on a stuck writer: drop its pending windows, kill and reap its process, and
@@ -225,6 +243,7 @@ class BackgroundWriter:
         with self._lock:
             self.abandoned += 1
             self._generation += 1
+            self.use_process = False  # the fallback: later windows are written by the fresh thread
             futures, self._futures = self._futures, []
             old_queue, self._queue = self._queue, queue.SimpleQueue()
             process, self.process = self.process, None

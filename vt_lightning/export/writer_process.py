@@ -13,8 +13,10 @@ stdin/stdout; it exits when its stdin closes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -85,6 +87,10 @@ class WriterProcess:
                 stdout=subprocess.PIPE,
                 env=_child_env(),
                 close_fds=True,
+                # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group) and
+                # hang-up reach training only; training then hands over what it recorded, and this
+                # process finishes it before it sees its stdin close.
+                start_new_session=True,
             )
         self._lock = threading.Lock()
         # Fail now, not at the first window, if the child cannot even start.
@@ -164,6 +170,9 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
 
 
 def main() -> None:
+    for name in ("SIGINT", "SIGQUIT", "SIGHUP"):  # a kill aimed at the group still finds nothing to stop
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     try:
         os.nice(10)  # on a busy machine training's own processes come first; windows just land later
     except OSError:

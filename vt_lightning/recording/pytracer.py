@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -37,6 +38,7 @@ def _stop_in_forked_child() -> None:
     """A forked child (DataLoader worker) inherits a running tracer that would never be saved."""
     if _dump_child:
         return  # the dump child needs the buffer as it is
+    _dump_children.clear()  # the parent's children: the parent reaps them
     for tracer in list(_active):
         tracer._stop_after_fork()
 
@@ -130,6 +132,7 @@ def _reinstall(hook: Any) -> None:
 # Dump children not reaped yet. A job reaps its own (``wait_for_dump``); one whose window was
 # interrupted between the fork and the hand-off is reaped at the end of fit (``reap_dump_children``).
 _dump_children: set[int] = set()
+_TERMINAL_SIGNALS = {signal.SIGINT, signal.SIGQUIT}
 
 
 def wait_for_dump(pid: int | None) -> None:
@@ -327,12 +330,13 @@ class PythonTracer:
         if sys.version_info < (3, 12) and self._tracer is not None:
             hook = sys.getprofile()
             foreign = hook if hook is not None and hook is not self._tracer else None
+        # ``enable``: VizTracer's own flag, set even when an interruption hit between its start and
+        # ours (then only it knows that a hook is in place).
+        held = self._tracer is not None and (self._running or bool(getattr(self._tracer, "enable", False)))
         try:
             with self._lock:
-                was_running, self._running = self._running, False
-                # ``enable``: VizTracer's own flag, set even when an interruption hit between its
-                # start and ours (then only it knows that a hook is in place).
-                if self._tracer is not None and (was_running or getattr(self._tracer, "enable", False)):
+                self._running = False
+                if held:
                     with own_calls():
                         # Calls still open (the window's closing frames, other threads' work) become
                         # complete events ending now, not unclosed "B" events.
@@ -346,7 +350,9 @@ class PythonTracer:
             self._release_thread_hook()
             hooked, self._hooked_threads = self._hooked_threads, {}
             remove_profile_hooks(hooked)
-            if sys.version_info >= (3, 12):
+            if held and sys.version_info >= (3, 12):
+                # Only after our own session: swapping the callbacks of a VizTracer the user started
+                # since (it is "viztracer" too) silently stopped it recording.
                 monitoring_callbacks_of(self._tracer, release=True)
 
     def _release_thread_hook(self) -> None:
@@ -371,6 +377,9 @@ class PythonTracer:
             pid: int | None = None
             _dump_child = True
             self._tracer.setpid()  # events keep this process's pid, not the child's (as fork_save does)
+            # Ctrl-C reaches the whole process group: the child writes on with them blocked for its
+            # short life (the parent gets them back at once), so the window recorded is not lost.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINAL_SIGNALS)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
@@ -380,6 +389,7 @@ class PythonTracer:
             finally:
                 if pid != 0:
                     _dump_child = False
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                     self._tracer.setpid(0)
             if pid == 0:  # the child: write, and leave without running any exit handler
                 code = 1
@@ -415,13 +425,14 @@ class PythonTracer:
         c = self.config
         # No include_files / exclude_files / max_stack_depth here: VizTracer would drop the whole
         # subtree under a filtered frame, and with it the user's code (see filters.py).
-        tracer = VizTracer(
-            tracer_entries=c.tracer_entries,
-            verbose=0,
-            ignore_c_function=c.ignore_c_function,
-            min_duration=c.min_duration,
-            register_global=False,
-        )
+        with own_calls():  # the rival guard lets our own VizTracer through
+            tracer = VizTracer(
+                tracer_entries=c.tracer_entries,
+                verbose=0,
+                ignore_c_function=c.ignore_c_function,
+                min_duration=c.min_duration,
+                register_global=False,
+            )
         # Construction installs the hooks on Python <= 3.11; take them off until start(). Not on
         # 3.12+: construction installs nothing there, and stop() would free sys.monitoring tool 2
         # even when another tool holds it.

@@ -86,6 +86,7 @@ class RivalGuard:
         try:
             self._patch_torch()
             self._patch_cprofile()
+            self._patch_viztracer()
             if sys.version_info >= (3, 12):
                 self._patch_monitoring()
         except BaseException:
@@ -134,6 +135,16 @@ class RivalGuard:
         self._patch_method(profile, "_prepare_trace", "a torch profiler")
         self._patch_method(profile, "_start_trace", "a torch profiler")
 
+    def _patch_viztracer(self) -> None:
+        """The user's own VizTracer: its construction installs hooks on Python <= 3.11 and its
+        start() takes the profile hook (or sys.monitoring's profiler id) that ours holds."""
+        try:
+            from viztracer import VizTracer
+        except ImportError:  # pragma: no cover - viztracer is a dependency
+            return
+        self._patch_method(VizTracer, "__init__", "VizTracer")
+        self._patch_method(VizTracer, "start", "VizTracer")
+
     def _patch_cprofile(self) -> None:
         import cProfile
 
@@ -166,11 +177,14 @@ def guard_installed() -> bool:
     import cProfile
 
     from torch.autograd.profiler import profile
+    from viztracer import VizTracer
 
     patched = [
         profile.__dict__.get("_prepare_trace"),
         profile.__dict__.get("_start_trace"),
         cProfile.Profile.__dict__.get("enable"),
+        VizTracer.__dict__.get("__init__"),
+        VizTracer.__dict__.get("start"),
     ]
     if sys.version_info >= (3, 12):
         patched.append(sys.monitoring.use_tool_id)

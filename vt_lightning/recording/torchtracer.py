@@ -8,7 +8,9 @@ later, off the training thread.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -19,11 +21,14 @@ from torch.profiler import ProfilerActivity
 from vt_lightning.recording.rivals import RivalProfiler, own_calls
 
 _recording: weakref.WeakSet[TorchTracer] = weakref.WeakSet()
+_kineto_started = False  # a window has started torch's profiler in this process (kineto is up)
 
 
 def _disable_in_forked_child() -> None:
     """A child forked while a window records (a DataLoader worker) inherits torch's profiler
     state and would record its ops in memory for its whole life, never saved."""
+    if _kineto_started:
+        _skip_static_destructors_at_exit()
     if not _recording:
         return
     _recording.clear()
@@ -32,6 +37,23 @@ def _disable_in_forked_child() -> None:
             torch._C._autograd._disable_profiler()  # the child's copy of the events: dropped
         torch.autograd.profiler._is_profiler_enabled = False
     except Exception:
+        pass
+
+
+def _skip_static_destructors_at_exit() -> None:
+    """Kineto's ConfigLoader (torch <= 2.13 at least) waits in its static destructor on a condition
+    variable its polling thread sleeps on. A forked child has no such thread, so a child that leaves
+    through ``exit()`` (``sys.exit``, the end of its script) hangs there forever, once the parent
+    has run torch.profiler. In such a child, ``_exit`` with the same status runs after Python has
+    finished (``on_exit`` handlers run last-registered first, before that destructor), as
+    multiprocessing's children always do. glibc only; elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.on_exit.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        libc.on_exit(ctypes.cast(libc._exit, ctypes.c_void_p), None)  # called as _exit(status, arg)
+    except (AttributeError, OSError):  # not glibc
         pass
 
 
@@ -105,7 +127,9 @@ class TorchTracer:
 
     def prepare(self) -> None:
         """Warmup: the profiler runs but torch discards what it sees."""
+        global _kineto_started
         self._check_free("prepare")
+        _kineto_started = True
         with own_calls():
             self._profile.prepare_trace()
         self.prepared = True

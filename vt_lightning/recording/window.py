@@ -21,7 +21,7 @@ from vt_lightning.analysis.clock import ClockPair
 from vt_lightning.analysis.schedule import Window
 from vt_lightning.export.job import Destination, WindowJob
 from vt_lightning.recording.clock_probes import emit_markers, sample_pair
-from vt_lightning.recording.pytracer import PythonTracer, wait_for_dump
+from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler, wait_for_dump
 from vt_lightning.recording.rivals import RivalGuard, RivalProfiler
 from vt_lightning.recording.spool import SpoolError
 from vt_lightning.recording.torchtracer import TorchTracer
@@ -70,8 +70,13 @@ class ProfilingWindow:
         self.torch.prepare()
 
     def activate(self) -> None:
-        """Start recording at the first active batch."""
+        """Start recording at the first active batch; yield to a profiler started since warmup
+        (the user's VizTracer started in another callback: ours would take its hook)."""
         self.check_rivals()
+        rival = foreign_profiler()
+        if rival is not None:
+            self._yield_to(rival)
+            raise RivalProfiler(rival)
         self.torch.start()
         if self.memory_recorder is not None:
             try:
