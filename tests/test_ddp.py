@@ -339,3 +339,12 @@ def test_a_slow_step_on_rank_1_only_opens_the_same_window_on_both_ranks(tmp_path
     # Both workers line up in the plugin's Distributed view, like scheduled windows.
     loaded = tbcheck.load_run_dir(out / name, allowed_warnings=[COMM_OUTSIDE_STEP])
     assert ("All", "DistributedRunProfile") in {(p.worker, type(p).__name__) for p in loaded.get_profiles()}
+
+
+def test_a_run_budget_spent_on_one_rank_stops_windows_on_every_rank_at_the_same_window(tmp_path):
+    # Rank 1 alone has a 1 kB output budget: it is spent once rank 1 reads its first result. The ranks
+    # decide together as each window begins, so both stop at the same window and trace the same ones.
+    reports = run_ddp(tmp_path, "--repeat", "0", "--max-steps", "24", "--samples", "400", "--tiny-budget-rank", "1")
+    names = {r: sorted(Path(x["trace"]).parent.name for x in reports["ranks"][r]["results"]) for r in (0, 1)}
+    assert names[0] == names[1], names
+    assert 1 <= len(names[0]) < 6, names  # the schedule has 6 windows in 24 batches (wait 1, warmup 1, active 2)

@@ -76,13 +76,19 @@ class VizTraceCallback(Callback):
         trigger_interval: seconds between checks of the file, signal, memory (and, with DDP, the
             ranks' agreement); 0: every batch.
         max_windows: most windows in the run, scheduled and triggered together (None: no limit).
+            Part of the run budget, with ``max_output_mb`` and ``max_time_share``: past any of
+            them no window opens, with one warning naming the limit (docs/options.md).
         scheduled_windows: False: no scheduled windows, only triggered ones.
         spool_dir: where raw dumps wait for the writer (default: ``$TMPDIR``, else ``/tmp``, or
             ``/var/tmp`` if ``/tmp`` is a RAM tmpfs; never ``/dev/shm``, which DataLoader workers
             need); a window whose dump might not fit there is dropped with a warning.
-        writer_timeout: the most seconds training waits for the writer, at a window's start (for
-            room) and at the end of fit (for the last windows); past it the window is dropped, the
-            stuck writer is killed, and training goes on.
+        writer_timeout: the most seconds training waits for the writer in the whole run, all waits
+            together (for room at a window's start, for the last windows at the end of fit); past
+            it the windows are dropped, the stuck writer is killed, and training goes on.
+        max_output_mb: most megabytes of window files (traces and memory snapshots) in the run
+            (None: no limit).
+        max_time_share: most share of the run's wall time spent inside windows, once they have
+            taken 10 s (0.1 = 10%; None: no limit).
 
     Example::
 
@@ -123,10 +129,12 @@ class VizTraceCallback(Callback):
         trigger_signal: str | None = None,
         trigger_cooldown: int = 100,
         trigger_interval: float = 0.5,
-        max_windows: int | None = None,
+        max_windows: int | None = 1000,
         scheduled_windows: bool = True,
         spool_dir: str | None = None,
         writer_timeout: float = 60.0,
+        max_output_mb: float | None = 10_240.0,
+        max_time_share: float | None = 0.1,
     ) -> None:
         super().__init__()
         arguments = locals()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from vt_lightning.analysis.budget import BudgetLimits
 from vt_lightning.analysis.filters import path_matches_anything
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.triggers import TriggerConfig, parse_trigger_signal
@@ -44,6 +45,7 @@ class Options:
     scheduled_windows: bool = True
     spool_dir: str | None = None
     writer_timeout: float = 60.0
+    budget: BudgetLimits = field(default_factory=BudgetLimits)
 
     def settings(self) -> dict[str, Any]:
         """The options a window's metadata records (``schedule``, ``tracer``, ``torch``)."""
@@ -79,6 +81,8 @@ MAX_MEMORY_GROWTH = 100.0  # +10,000 %
 MAX_STACK_DEPTH = 100_000
 MAX_MIN_DURATION_US = 3.6e9  # one hour
 MAX_RANK = 2**31 - 1
+MAX_OUTPUT_MB = 1e9  # a petabyte
+BUDGET_GRACE_SECONDS = 10.0  # windows may always take this long before max_time_share applies
 
 _FLAGS = (
     "ignore_c_function",
@@ -168,7 +172,20 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
         scheduled_windows=a["scheduled_windows"],
         spool_dir=spool_dir,
         writer_timeout=writer_timeout,
+        budget=_check_budget(a),
     )
+
+
+def _check_budget(a: Mapping[str, Any]) -> BudgetLimits:
+    """The run budget's limits (None lifts one); ``max_windows`` is checked with the triggers."""
+    output_mb, share = a["max_output_mb"], a["max_time_share"]
+    if output_mb is not None:
+        output_mb = _check_number("max_output_mb", output_mb, 0, MAX_OUTPUT_MB, "megabytes", above=True, optional=True)
+    if share is not None:
+        share = _check_number(
+            "max_time_share", share, 0, 1, "a fraction of the run (0.1 = 10%)", above=True, optional=True
+        )
+    return BudgetLimits(max_output_mb=output_mb, max_time_share=share, grace_seconds=BUDGET_GRACE_SECONDS)
 
 
 def _check_triggers(a: Mapping[str, Any]) -> TriggerConfig:

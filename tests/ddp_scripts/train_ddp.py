@@ -231,6 +231,8 @@ def main() -> None:
     parser.add_argument("--triggers-only", action="store_true", help="scheduled_windows=False")
     parser.add_argument("--trigger-interval", type=float, default=0.5)
     parser.add_argument("--active", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--tiny-budget-rank", type=int, default=-1, help="this rank alone gets max_output_mb=0.001")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -244,8 +246,9 @@ def main() -> None:
         wait=1,
         warmup=1,
         active=args.active,
-        repeat=2,
+        repeat=args.repeat,
         ranks=ranks,
+        max_output_mb=0.001 if int(os.environ.get("LOCAL_RANK", "0")) == args.tiny_budget_rank else 10_240.0,
         record_shapes=args.record_shapes,
         slow_step_factor=args.slow_step_factor,
         slow_step_baseline=10,

@@ -50,11 +50,12 @@ class WindowPlan:
         self._busy_until = -1  # exclusive end of the last begun window
         self._cooldown_until = -1  # no measured trigger before this batch
         self._cancelled: set[int] = set()  # schedule cycles displaced by a triggered window
+        self.closed = False  # the run budget is spent: no window begins any more
 
     # ----------------------------------------------------------------- queries
     def next_window(self, step: int) -> Planned | None:
         """The first planned window that has not ended by batch ``step``."""
-        if self.max_windows is not None and self.begun >= self.max_windows:
+        if self.closed or (self.max_windows is not None and self.begun >= self.max_windows):
             return None
         pending = self._pending
         scheduled = self._next_scheduled(step)
@@ -63,6 +64,14 @@ class WindowPlan:
         if scheduled is None:
             return None
         return Planned(scheduled, scheduled.index + self.triggered)
+
+    def limited_after(self, step: int) -> int | None:
+        """Once ``max_windows`` windows have begun: the warmup batch of the first scheduled window
+        from ``step`` on that the limit stops (None: the limit stops none, or is not reached)."""
+        if self.max_windows is None or self.begun < self.max_windows:
+            return None
+        nxt = self._next_scheduled(step)
+        return nxt.warmup_start if nxt is not None else None
 
     def busy(self, step: int) -> bool:
         """True while batch ``step`` belongs to a begun or accepted window."""
@@ -79,6 +88,11 @@ class WindowPlan:
         return nxt.window.warmup_start if nxt is not None else float("inf")
 
     # ----------------------------------------------------------------- transitions
+    def close(self) -> None:
+        """No window begins from now on (the run budget is spent); a pending triggered one is dropped."""
+        self.closed = True
+        self._pending = None
+
     def begin(self, planned: Planned) -> None:
         """The window's first batch came: it counts now, opened or not."""
         self.begun += 1
@@ -90,10 +104,12 @@ class WindowPlan:
     def request(self, firing: Firing, start: int, warmup: int, active: int) -> tuple[Planned | None, str]:
         """A trigger asks for a window warming up at batch ``start``: (the window or None, why not).
 
-        Refused: "max_windows" (limit reached), "busy" (a window holds ``start``: it is already
-        recording), "cooldown" (a measured trigger too soon after the last triggered window; on-demand
-        triggers skip the cooldown: the user asked).
+        Refused: "budget" (the plan is closed), "max_windows" (limit reached), "busy" (a window holds
+        ``start``: it is already recording), "cooldown" (a measured trigger too soon after the last
+        triggered window; on-demand triggers skip the cooldown: the user asked).
         """
+        if self.closed:
+            return None, "budget"
         if self.max_windows is not None and self.begun + (self._pending is not None) >= self.max_windows:
             return None, "max_windows"
         if self.busy(start):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 import weakref
 from collections.abc import Callable
@@ -21,8 +20,9 @@ from vt_lightning.analysis.lifecycle import Action, Boundary, actions, phase_in
 from vt_lightning.analysis.schedule import Phase, Window
 from vt_lightning.analysis.sources import Planned, WindowPlan
 from vt_lightning.analysis.usercode import library_roots
-from vt_lightning.controller import messages, windows
+from vt_lightning.controller import forks, messages, windows
 from vt_lightning.controller import run as runs
+from vt_lightning.controller.budget import BudgetGuard
 from vt_lightning.controller.handoff import BackgroundWriter
 from vt_lightning.controller.inbox import Inbox, Outcomes
 from vt_lightning.controller.triggers import ArmedTriggers, agree, arm
@@ -30,7 +30,7 @@ from vt_lightning.controller.warn import WarnOnce
 from vt_lightning.export.atomic import remove_stale_temporaries
 from vt_lightning.options import Options
 from vt_lightning.recording.memory import is_cuda_oom
-from vt_lightning.recording.pytracer import PythonTracer, reap_dump_children
+from vt_lightning.recording.pytracer import PythonTracer
 from vt_lightning.recording.spool import Spool, spool_directory
 from vt_lightning.recording.window import ProfilingWindow
 
@@ -46,15 +46,16 @@ class WindowController:
     def __init__(self, options: Options) -> None:
         self.options = options
         self.python: PythonTracer | None = None  # one per process and configuration (see pytracer)
-        self.next_look: float = math.inf  # batches started up to here need no look (the hot path)
         self.completed: set[int] = set()  # schedule cycles written (checkpointed: no window twice)
-        self._begin(None)
-        _LIVE.add(self)
+        self.reset(None)
+        forks.forget_in_forked_children(self)
 
-    def _begin(self, stage: str | None) -> None:
-        """Forget the previous run: a callback reused on another Trainer profiles by its schedule."""
+    def reset(self, stage: str | None) -> None:
+        """Forget the previous run (a callback reused on another Trainer profiles by its schedule),
+        or in a forked child, the parent's windows, writer and spool, with no wait, write or removal."""
         o = self.options
         self.stage = stage
+        self.next_look: float = math.inf  # batches started up to here need no look (the hot path)
         self.run: runs.Run | None = None
         self.warn = WarnOnce()
         self.plan = WindowPlan(o.schedule, o.scheduled_windows, o.triggers.max_windows, o.triggers.trigger_cooldown)
@@ -67,6 +68,7 @@ class WindowController:
         self.slow: Any = None  # the watch's SlowStep, read on every batch when armed
         self.next_check: float = math.inf  # with the slow-step trigger: batches up to here only read the clock
         self.inbox = Inbox()
+        self.budget = BudgetGuard(o.budget, self.warn)
         self.outcomes = Outcomes(self.warn, o.python.tracer_entries)
         self.python_filter: PythonFilter | None = None
         self.trainer: Callable[[], Any] = lambda: None
@@ -81,10 +83,11 @@ class WindowController:
         o = self.options
         if stage not in o.stages:
             return
-        self._begin(stage)
+        self.reset(stage)
         self.completed = set()  # a resumed fit restores it after setup (load_state_dict)
         run = self.run = runs.read_run(trainer, stage, o.dirpath, o.spool_dir)  # collective: first, on every rank
         self.trainer = weakref.ref(trainer)
+        self.budget.agree = runs.any_rank(trainer)  # every rank stops at the same window
         enabled, rival = runs.should_record(run, o, trainer, superseded_by, self.warn)
         if superseded_by is not None:
             self.stage = None
@@ -139,16 +142,6 @@ class WindowController:
             messages.nothing_recorded(self.options, self.stage, self.batches_seen, self.windows_skipped)
         self.shutdown()
 
-    def forget_after_fork(self) -> None:
-        """In a forked child (``os.fork`` in user code, a DataLoader worker): the windows, writer,
-        spool and process group are the parent's. Drop them with no wait, write or removal, so the
-        child's exit (or its exception and teardown hooks) finds nothing to finish."""
-        signal_trigger = self.triggers.signal if self.triggers is not None else None
-        if signal_trigger is not None:
-            signal_trigger.restore()  # only this process's handler; the parent keeps its own
-        self._begin(None)
-        self.next_look = self.next_check = math.inf
-
     def shutdown(self) -> None:
         writer, self.writer = self.writer, None
         if writer is not None:
@@ -156,15 +149,9 @@ class WindowController:
                 self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
             self._read_inbox(log=False)
             messages.end_of_run(self._root(), self.outcomes.results, self.triggered_runs)
-        reap_dump_children()  # of windows interrupted between their dump and its hand-off
-        spool, self.spool = self.spool, None
-        if spool is not None:
-            spool.remove()
+        windows.release(self.spool, self.triggers)  # the triggers are kept for inspection until the next run
+        self.spool, self.slow, self.stage = None, None, None
         self.next_look = self.next_check = math.inf
-        self.slow = None
-        if self.triggers is not None:  # kept for inspection until the next run; nothing installed
-            self.triggers.disarm()
-        self.stage = None
 
     # ------------------------------------------------------------------ batches
     def train_batch_start(self, trainer: Any, ready: int) -> None:
@@ -233,7 +220,9 @@ class WindowController:
         if planned is None or step < planned.window.warmup_start:
             self._quiet_until(planned.window.warmup_start if planned is not None else math.inf)
             return
-        self.plan.begin(planned)
+        if not self.budget.begin(self.plan, planned):  # spent: the plan is closed, said once
+            self._quiet_until(math.inf)
+            return
         target = dataclasses.replace(planned.window, index=planned.number)
         if planned.trigger is None and planned.window.index in self.completed:
             self._skip(target)
@@ -247,18 +236,13 @@ class WindowController:
         for action in actions(boundary, previous, current):
             if action is Action.OPEN:
                 assert target is not None and self.run is not None and self.python is not None and self.writer
+                self.budget.opened()  # a window's cost: from here to its hand-off (or its skip)
                 self.window = windows.open_window(
                     target, self.options, self.run, self.python, self.writer, self.trainer(), self.warn
                 )
                 if self.window is None:
                     self._skip(target)
                     return
-                try:  # kept before warmup: an interruption from here on finds it and closes it
-                    self.window.warmup()
-                except BaseException:
-                    window, self.window = self.window, None
-                    window.abort()
-                    raise
                 self._quiet_until(step)  # every batch of the window needs a look
             elif action is Action.BEGIN_STEP:
                 assert self.window is not None
@@ -281,6 +265,8 @@ class WindowController:
         except BaseException:
             window.abort()  # interrupted or failed anywhere: no tracer, hook or patch stays behind
             raise
+        finally:
+            self.budget.closed()
 
     def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
         assert self.run is not None and self.spool is not None and self.writer is not None
@@ -293,10 +279,8 @@ class WindowController:
         if incomplete:
             why = reason or "the window was closed early"
             messages.warn_cut_window(self.warn, self.stage, target, window.steps, why, self.windows_recorded)
-        trainer = self.trainer()
-        log_step = runs.log_step(trainer) if trainer is not None else None
         destination = windows.destination(
-            self.options, self.run, window, planned, partial or incomplete, reason, log_step, self.python_filter
+            self.options, self.run, window, planned, partial or incomplete, reason, self.trainer(), self.python_filter
         )
         if trigger is not None:
             self.triggered_runs.append((destination.run_dir.name, trigger))
@@ -314,6 +298,7 @@ class WindowController:
         self.warn(*messages.fault(err))
 
     def _skip(self, target: Window) -> None:
+        self.budget.closed()
         self.windows_skipped += 1
         self._schedule_from(target.end)
 
@@ -340,28 +325,15 @@ class WindowController:
             self.next_look = boundary
 
     def _read_inbox(self, log: bool) -> None:
-        self.outcomes.receive(self.inbox.take_all())
+        answers = self.inbox.take_all()
+        self.budget.received(answers)
+        self.outcomes.receive(answers)
         trainer = self.trainer()
         if log and self.outcomes.unlogged and trainer is not None:
             self.outcomes.log_summaries(trainer.loggers)
 
     def _root(self) -> Any:
         return self.run.output if self.run is not None else None
-
-
-# Controllers alive in this process, disarmed in a forked child (see ``forget_after_fork``).
-_LIVE: weakref.WeakSet[WindowController] = weakref.WeakSet()
-
-
-def _forget_in_forked_child() -> None:
-    for controller in list(_LIVE):
-        try:
-            controller.forget_after_fork()
-        except BaseException:  # a child must never fail for our sake (a Ctrl-C included)
-            pass
-
-
-os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
 def _python_filter(options: Options, pl_module: Any) -> PythonFilter:

@@ -89,6 +89,16 @@ def log_step(trainer: Any) -> int:
     return int(getattr(loop, "_batches_that_stepped", trainer.global_step))
 
 
+def any_rank(trainer: Any) -> Callable[[bool], bool]:
+    """A decision every rank takes together: True on all ranks when it is True on any (one small
+    all-reduce over the Trainer's own process group; nothing on one process). Asked at batches that
+    are the same on every rank, so every rank keeps tracing the same windows."""
+    if trainer.world_size <= 1:
+        return bool
+    strategy = trainer.strategy
+    return lambda flag: bool(strategy.reduce_boolean_decision(flag, all=False))
+
+
 def rival_lightning_profiler(trainer: Any) -> str | None:
     """Lightning profilers that own torch.profiler or the profile hook (Simple/PassThrough are fine)."""
     from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler

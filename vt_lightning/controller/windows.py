@@ -15,7 +15,8 @@ from vt_lightning.analysis.sources import Planned
 from vt_lightning.constants import VERSION
 from vt_lightning.controller import messages
 from vt_lightning.controller.handoff import BackgroundWriter
-from vt_lightning.controller.run import Run
+from vt_lightning.controller.run import Run, log_step
+from vt_lightning.controller.triggers import ArmedTriggers
 from vt_lightning.export.job import Destination
 from vt_lightning.export.layout import (
     host_name,
@@ -30,7 +31,8 @@ from vt_lightning.export.memory_files import oom_file_name
 from vt_lightning.options import Options
 from vt_lightning.recording.lightning_hooks import LightningViewHooks
 from vt_lightning.recording.memory import CudaMemoryRecorder, dump_oom_snapshot
-from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler
+from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler, reap_dump_children
+from vt_lightning.recording.spool import Spool
 from vt_lightning.recording.torchtracer import TorchTracer, torch_profiler_active
 from vt_lightning.recording.window import ProfilingWindow
 
@@ -46,8 +48,8 @@ def open_window(
     trainer: Any,
     warn: Warn,
 ) -> ProfilingWindow | None:
-    """A new window (not yet warmed up), or None when another profiler is recording or the writer has
-    no room."""
+    """A new window, warmed up, or None when another profiler is recording or the writer has no
+    room. Whatever interrupts its warmup, nothing of it stays installed."""
     conflict = foreign_profiler() or ("a torch profiler that is already recording" if torch_profiler_active() else None)
     if conflict:
         warn(
@@ -68,7 +70,7 @@ def open_window(
         )
     step_hooks = LightningViewHooks(trainer, trainer.lightning_module) if options.lightning_view else None
     recorder = CudaMemoryRecorder(options.memory_max_entries) if options.memory_snapshot and run.cuda else None
-    return ProfilingWindow(  # nothing installed yet: the caller keeps it, then warms it up
+    window = ProfilingWindow(
         target,
         python,
         TorchTracer(options.torch, cuda_available=run.cuda),
@@ -76,6 +78,12 @@ def open_window(
         step_hooks=step_hooks,
         on_problem=warn,
     )
+    try:
+        window.warmup()
+    except BaseException:
+        window.abort()
+        raise
+    return window
 
 
 def paths(
@@ -102,7 +110,7 @@ def destination(
     planned: Planned | None,
     partial: bool,
     reason: str | None,
-    log_step: int | None,
+    trainer: Any,
     python_filter: PythonFilter | None,
 ) -> Destination:
     """Where a closed window goes, with the metadata its trace carries. Under a remote root the
@@ -129,7 +137,7 @@ def destination(
         "trigger": trigger.to_metadata() if trigger is not None else None,
         "worker": worker,
         "span": span,
-        "log_step": log_step,
+        "log_step": log_step(trainer) if trainer is not None else None,
         **run.rank_info,
     }
     return Destination(
@@ -160,3 +168,13 @@ def dump_oom(options: Options, run: Run, window: ProfilingWindow, planned: Plann
         dump_oom_snapshot(run_dir / oom_file_name(memory_name or "memory_snapshot.pickle"), window.memory_recorder)
     except Exception as err:
         warn("oom", f"vt_lightning: could not write the out-of-memory snapshot ({err})")
+
+
+def release(spool: Spool | None, triggers: ArmedTriggers | None) -> None:
+    """At a run's end: reap dump children of windows interrupted between their dump and hand-off,
+    remove this process's spool, and uninstall the triggers (kept for inspection until the next run)."""
+    reap_dump_children()
+    if spool is not None:
+        spool.remove()
+    if triggers is not None:
+        triggers.disarm()

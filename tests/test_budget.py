@@ -1,0 +1,110 @@
+"""The run budget (issue 22: 9): by default profiling takes at most a documented share of a run
+(windows, bytes, time); past it no window opens and one warning names the limit and its option."""
+
+from __future__ import annotations
+
+import pytest
+
+from vt_lightning.analysis.budget import MIB, BudgetLimits, RunBudget
+
+
+@pytest.mark.unit
+def test_time_in_windows_may_pass_the_grace_then_only_its_share_of_the_run():
+    budget = RunBudget(BudgetLimits(max_output_mb=None, max_time_share=0.1, grace_seconds=10), started_at=0.0)
+    budget.spent(9.0)
+    assert budget.exhausted(now=20.0) is None  # 9 s of 20: under the 10 s grace
+    budget.spent(1.5)
+    reached = budget.exhausted(now=20.0)
+    assert reached is not None and reached.limit == "time" and reached.option == "max_time_share"
+    assert "max_time_share=0.1" in reached.message and "10.5 s" in reached.message
+    assert budget.exhausted(now=200.0) is None  # 10.5 s of 200 s is 5%: room again as the run goes on
+    budget.spent(10.0)
+    assert budget.exhausted(now=200.0) is not None  # 20.5 s of 200 s
+
+
+@pytest.mark.unit
+def test_bytes_written_stop_windows_at_the_limit():
+    budget = RunBudget(BudgetLimits(max_output_mb=1.0, max_time_share=None), started_at=0.0)
+    budget.wrote(MIB - 1)
+    assert budget.exhausted(now=1.0) is None
+    budget.wrote(1)
+    reached = budget.exhausted(now=1.0)
+    assert reached is not None and reached.option == "max_output_mb" and "max_output_mb=1" in reached.message
+
+
+@pytest.mark.unit
+def test_lifted_limits_never_stop_windows():
+    budget = RunBudget(BudgetLimits(max_output_mb=None, max_time_share=None), started_at=0.0)
+    budget.spent(1e9)
+    budget.wrote(10**15)
+    assert budget.exhausted(now=1.0) is None
+
+
+# ---------------------------------------------------------------------------- with a real Trainer
+def _fit(tmp_path, steps: int, **kwargs):
+    import warnings
+
+    from conftest import MarkerModel, loader, make_trainer
+
+    from vt_lightning import VizTraceCallback
+
+    cb = VizTraceCallback(**kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = MarkerModel()
+        make_trainer(tmp_path, [cb], max_steps=steps).fit(model, loader(n=4 * steps))
+    said = [str(w.message) for w in caught if "vt_lightning:" in str(w.message)]
+    return cb, model, said
+
+
+def test_one_batch_windows_at_every_batch_stop_at_the_time_share_with_one_warning(tmp_path, monkeypatch):
+    # Before: 300 one-batch windows over 300 batches ran 65x slower, with no warning.
+    monkeypatch.setattr("vt_lightning.options.BUDGET_GRACE_SECONDS", 0.5)  # the default is 10 s
+    cb, model, said = _fit(tmp_path, 60, wait=0, warmup=0, active=1, repeat=0)
+    assert model.train_batches == list(range(60))  # training goes on
+    budget = [m for m in said if "run budget reached" in m]
+    assert len(budget) == 1 and "`max_time_share`" in budget[0] and "max_time_share=0.1" in budget[0], said
+    assert 1 <= len(cb.results) < 30, len(cb.results)
+
+
+def test_the_bytes_limit_stops_windows_once_the_writer_reports_them(tmp_path):
+    cb, model, said = _fit(tmp_path, 40, wait=1, warmup=0, active=1, repeat=0, max_output_mb=0.001)
+    assert model.train_batches == list(range(40))
+    budget = [m for m in said if "run budget reached" in m]
+    assert len(budget) == 1 and "`max_output_mb`" in budget[0], said
+    assert 1 <= len(cb.results) < 20  # windows open until the first answer is read, then none
+
+
+def test_max_windows_stops_the_schedule_with_one_warning_naming_where(tmp_path):
+    cb, _, said = _fit(tmp_path, 20, wait=1, warmup=0, active=1, repeat=0, max_windows=2)
+    assert [r.trace_path.parent.name.split("-")[0] for r in cb.results] == ["window_000", "window_001"]
+    (limit,) = [m for m in said if "max_windows" in m]
+    assert "max_windows=2 reached with window 1" in limit and "from batch 5 on" in limit
+
+
+def test_an_ordinary_schedule_never_meets_the_budget(tmp_path):
+    cb, _, said = _fit(tmp_path, 12)
+    assert len(cb.results) == 1
+    assert not [m for m in said if "budget" in m or "max_windows" in m], said
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "name, bad",
+    [("max_time_share", 0), ("max_time_share", 1.5), ("max_time_share", float("nan")), ("max_output_mb", -1)]
+    + [("max_output_mb", float("inf")), ("max_output_mb", "10"), ("max_windows", 0)],
+)
+def test_bad_budget_limits_are_refused_naming_the_argument(name, bad):
+    from vt_lightning import VizTraceCallback
+
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        VizTraceCallback(**{name: bad})
+
+
+@pytest.mark.unit
+def test_every_budget_limit_can_be_lifted():
+    from vt_lightning import VizTraceCallback
+
+    options = VizTraceCallback(max_windows=None, max_output_mb=None, max_time_share=None).options
+    assert options.triggers.max_windows is None
+    assert options.budget.max_output_mb is None and options.budget.max_time_share is None

@@ -1,0 +1,76 @@
+"""The run budget on the training thread: it times each window, adds up the bytes the writer
+reports, and once a limit is reached closes the window plan with one warning naming the limit and
+the option that raises it (docs/options.md, "Run budget")."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from vt_lightning.analysis.budget import BudgetLimits, RunBudget
+from vt_lightning.analysis.sources import Planned, WindowPlan
+from vt_lightning.export.job import WindowResult
+
+
+class BudgetGuard:
+    """One per run. ``admits`` before a window begins; ``opened`` / ``closed`` around it."""
+
+    def __init__(
+        self, limits: BudgetLimits, warn: Callable[[str, str], Any], clock: Callable[[], float] = time.monotonic
+    ):
+        self.budget = RunBudget(limits, clock())
+        self.warn = warn
+        self.clock = clock
+        self.agree: Callable[[bool], bool] = bool  # with DDP: any rank's budget spent stops all (run.any_rank)
+        self._opened_at: float | None = None
+
+    def begin(self, plan: WindowPlan, planned: Planned) -> bool:
+        """Begin ``planned`` in ``plan`` if the budget allows; when it does not, close the plan (no
+        window begins for the rest of the run) and say so once."""
+        reached = self.budget.exhausted(self.clock())
+        if self.agree(reached is not None):
+            plan.close()
+            what = reached.message if reached is not None else "another rank reached its limit"
+            option = reached.option if reached is not None else "max_time_share` / `max_output_mb"
+            self.warn(
+                "budget",
+                f"vt_lightning: run budget reached: {what}; no more windows open in this run. "
+                f"Raise `{option}` (None: no limit) to profile more of it.",
+            )
+            return False
+        plan.begin(planned)
+        stopped = plan.limited_after(planned.window.end)
+        if stopped is not None:
+            self.warn(
+                "max-windows",
+                f"vt_lightning: max_windows={plan.max_windows} reached with window {planned.number}; the "
+                f"schedule's windows from batch {stopped} on, and triggers, open no window. Raise "
+                "`max_windows` (None: no limit) for more.",
+            )
+        return True
+
+    def opened(self) -> None:
+        self._opened_at = self.clock()
+
+    def closed(self) -> None:
+        """The window is handed off or dropped: its time on the training thread counts."""
+        if self._opened_at is not None:
+            self.budget.spent(self.clock() - self._opened_at)
+            self._opened_at = None
+
+    def received(self, outcomes: Iterable[Any]) -> None:
+        """Bytes of the windows the writer finished (trace and memory snapshot)."""
+        for outcome in outcomes:
+            if isinstance(outcome, WindowResult):
+                self.budget.wrote(outcome.trace_bytes + _size(outcome.memory_path))
+
+
+def _size(path: Any) -> int:
+    if path is None or not isinstance(path, (str, os.PathLike)):
+        return 0
+    try:
+        return os.stat(path).st_size
+    except (OSError, ValueError):  # a remote root's URL, or gone already
+        return 0
