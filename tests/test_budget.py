@@ -91,8 +91,15 @@ def test_an_ordinary_schedule_never_meets_the_budget(tmp_path):
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "name, bad",
-    [("max_time_share", 0), ("max_time_share", 1.5), ("max_time_share", float("nan")), ("max_output_mb", -1)]
-    + [("max_output_mb", float("inf")), ("max_output_mb", "10"), ("max_windows", 0)],
+    [
+        ("max_time_share", 0),
+        ("max_time_share", 1.5),
+        ("max_time_share", float("nan")),
+        ("max_output_mb", -1),
+        ("max_output_mb", float("inf")),
+        ("max_output_mb", "10"),
+        ("max_windows", 0),
+    ],
 )
 def test_bad_budget_limits_are_refused_naming_the_argument(name, bad):
     from vt_lightning import VizTraceCallback
