@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE.parent))  # conftest's MarkerModel
 import torch  # noqa: E402
 from conftest import MarkerModel, make_trainer  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from vt_lightning import VizTraceCallback  # noqa: E402
@@ -104,7 +105,11 @@ if scenario == "sigint":
     callbacks.append(Interrupt())
 model = ForkingModel() if scenario in ("os_fork", "mp_fork") else MarkerModel()
 start = time.monotonic()
-make_trainer(root, callbacks, max_steps=12).fit(model, data())
+# A child that unwinds through Lightning runs its teardown, which flushes the loggers; TensorBoard's
+# flush waits on its writer thread, which a forked child does not have, and hangs whenever events were
+# still queued at the fork (with or without vt_lightning). CSVLogger has no thread.
+logger = CSVLogger(root) if scenario == "os_fork" else True
+make_trainer(root, callbacks, max_steps=12, logger=logger).fit(model, data())
 print(
     json.dumps(
         {

@@ -87,7 +87,6 @@ class WindowController:
         self.completed = set()  # a resumed fit restores it after setup (load_state_dict)
         run = self.run = runs.read_run(trainer, stage, o.dirpath, o.spool_dir)  # collective: first, on every rank
         self.trainer = weakref.ref(trainer)
-        self.budget.agree = runs.any_rank(trainer)  # every rank stops at the same window
         enabled, rival = runs.should_record(run, o, trainer, superseded_by, self.warn)
         if superseded_by is not None:
             self.stage = None
@@ -95,6 +94,7 @@ class WindowController:
         agreement, group = agree(trainer, o.triggers, o.ranks, self.warn) if rival is None else (None, None)
         if not enabled:
             return
+        self.budget.agree = runs.any_rank(trainer) if o.ranks is None else bool  # all ranks ask, or none
         self.python = self.python or PythonTracer(o.python)  # reused: see pytracer._TRACERS
         self.python_filter = _python_filter(o, pl_module)
         self.writer = BackgroundWriter(timeout=o.writer_timeout, on_problem=self.inbox.notice)
@@ -243,6 +243,7 @@ class WindowController:
                 if self.window is None:
                     self._skip(target)
                     return
+                self.window.warmup()  # kept before: an interruption from here on finds it and closes it
                 self._quiet_until(step)  # every batch of the window needs a look
             elif action is Action.BEGIN_STEP:
                 assert self.window is not None

@@ -48,8 +48,8 @@ def open_window(
     trainer: Any,
     warn: Warn,
 ) -> ProfilingWindow | None:
-    """A new window, warmed up, or None when another profiler is recording or the writer has no
-    room. Whatever interrupts its warmup, nothing of it stays installed."""
+    """A new window (nothing installed yet: the caller keeps it, then warms it up, so an interruption
+    from then on finds it), or None when another profiler is recording or the writer has no room."""
     conflict = foreign_profiler() or ("a torch profiler that is already recording" if torch_profiler_active() else None)
     if conflict:
         warn(
@@ -70,7 +70,7 @@ def open_window(
         )
     step_hooks = LightningViewHooks(trainer, trainer.lightning_module) if options.lightning_view else None
     recorder = CudaMemoryRecorder(options.memory_max_entries) if options.memory_snapshot and run.cuda else None
-    window = ProfilingWindow(
+    return ProfilingWindow(
         target,
         python,
         TorchTracer(options.torch, cuda_available=run.cuda),
@@ -78,12 +78,6 @@ def open_window(
         step_hooks=step_hooks,
         on_problem=warn,
     )
-    try:
-        window.warmup()
-    except BaseException:
-        window.abort()
-        raise
-    return window
 
 
 def paths(

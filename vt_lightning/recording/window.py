@@ -66,8 +66,14 @@ class ProfilingWindow:
         self._range_log: dict[str, list[dict[str, Any]]] = {}
 
     def warmup(self) -> None:
-        self._guard.install()
-        self.torch.prepare()
+        """Install the rival guard and start torch's profiler in warmup; if that fails or is
+        interrupted, nothing of the window stays installed."""
+        try:
+            self._guard.install()
+            self.torch.prepare()
+        except BaseException:
+            self.abort()
+            raise
 
     def activate(self) -> None:
         """Start recording at the first active batch; yield to a profiler started since warmup
