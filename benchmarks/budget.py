@@ -21,12 +21,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
-from vt_lightning import VizTraceCallback  # noqa: E402
+from vt_lightning import VizTraceCallback
 
 
 class MLP(L.LightningModule):
