@@ -9,35 +9,55 @@ from vt_lightning.analysis.budget import MIB, BudgetLimits, RunBudget
 
 
 @pytest.mark.unit
-def test_time_in_windows_may_pass_the_grace_then_only_its_share_of_the_run():
-    budget = RunBudget(BudgetLimits(max_output_mb=None, max_time_share=0.1, grace_seconds=10), started_at=0.0)
-    budget.spent(9.0)
-    assert budget.exhausted(now=20.0) is None  # 9 s of 20: under the 10 s grace
-    budget.spent(1.5)
-    reached = budget.exhausted(now=20.0)
+def test_overhead_may_pass_the_grace_then_only_its_share_of_the_run():
+    budget = RunBudget(BudgetLimits(max_output_mb=None, max_time_share=0.1, grace_seconds=3), started_at=0.0)
+    budget.spent(2.9, batches=0)  # a window's time beyond its batches (no batch ran in it)
+    assert budget.exhausted(now=10.0, batch=100) is None  # 2.9 s: under the 3 s grace
+    budget.spent(0.2, batches=0)
+    reached = budget.exhausted(now=10.0, batch=100)
     assert reached is not None and reached.limit == "time" and reached.option == "max_time_share"
-    assert "max_time_share=0.1" in reached.message and "10.5 s" in reached.message
-    assert budget.exhausted(now=200.0) is None  # 10.5 s of 200 s is 5%: room again as the run goes on
-    budget.spent(10.0)
-    assert budget.exhausted(now=200.0) is not None  # 20.5 s of 200 s
+    assert "max_time_share=0.1" in reached.message and "3.1 s" in reached.message
+    assert budget.exhausted(now=100.0, batch=1000) is None  # 3.1 s of 100 s: room again as the run goes on
+
+
+@pytest.mark.unit
+def test_a_window_of_slow_batches_costs_only_what_it_adds_to_them():
+    # 100 batches of 1 s; a window of 10 of them took 10.5 s: 0.5 s of overhead, whatever its length.
+    budget = RunBudget(BudgetLimits(max_output_mb=None, max_time_share=0.1, grace_seconds=0.1), started_at=0.0)
+    budget.spent(10.5, batches=10)
+    assert budget.overhead(now=100.5, batch=100) == pytest.approx(0.5)
+    assert budget.exhausted(now=100.5, batch=100) is None  # 0.5 s of 100.5 s
+    # A one-batch window at every batch: no quiet batch to compare with, all of it is overhead.
+    every = RunBudget(BudgetLimits(max_output_mb=None, max_time_share=0.1, grace_seconds=0.1), started_at=0.0)
+    every.spent(2.0, batches=50)
+    assert every.overhead(now=2.0, batch=50) == pytest.approx(2.0)
+    assert every.exhausted(now=2.0, batch=50) is not None
+
+
+@pytest.mark.unit
+def test_a_resumed_run_counts_its_quiet_batches_from_its_first():
+    budget = RunBudget(BudgetLimits(max_output_mb=None), started_at=0.0, first_batch=1000)
+    budget.spent(11.0, batches=10)
+    # 90 quiet batches in 90 s since batch 1000: 1 s each, so the window added 1 s.
+    assert budget.overhead(now=101.0, batch=1100) == pytest.approx(1.0)
 
 
 @pytest.mark.unit
 def test_bytes_written_stop_windows_at_the_limit():
     budget = RunBudget(BudgetLimits(max_output_mb=1.0, max_time_share=None), started_at=0.0)
     budget.wrote(MIB - 1)
-    assert budget.exhausted(now=1.0) is None
+    assert budget.exhausted(now=1.0, batch=1) is None
     budget.wrote(1)
-    reached = budget.exhausted(now=1.0)
+    reached = budget.exhausted(now=1.0, batch=1)
     assert reached is not None and reached.option == "max_output_mb" and "max_output_mb=1" in reached.message
 
 
 @pytest.mark.unit
 def test_lifted_limits_never_stop_windows():
     budget = RunBudget(BudgetLimits(max_output_mb=None, max_time_share=None), started_at=0.0)
-    budget.spent(1e9)
+    budget.spent(1e9, batches=0)
     budget.wrote(10**15)
-    assert budget.exhausted(now=1.0) is None
+    assert budget.exhausted(now=1.0, batch=1) is None
 
 
 # ---------------------------------------------------------------------------- with a real Trainer
@@ -59,7 +79,7 @@ def _fit(tmp_path, steps: int, **kwargs):
 
 def test_one_batch_windows_at_every_batch_stop_at_the_time_share_with_one_warning(tmp_path, monkeypatch):
     # Before: 300 one-batch windows over 300 batches ran 65x slower, with no warning.
-    monkeypatch.setattr("vt_lightning.options.BUDGET_GRACE_SECONDS", 0.5)  # the default is 10 s
+    monkeypatch.setattr("vt_lightning.options.BUDGET_GRACE_SECONDS", 0.5)  # the default is 3 s
     cb, model, said = _fit(tmp_path, 60, wait=0, warmup=0, active=1, repeat=0)
     assert model.train_batches == list(range(60))  # training goes on
     budget = [m for m in said if "run budget reached" in m]

@@ -87,8 +87,9 @@ class VizTraceCallback(Callback):
             it the windows are dropped, the stuck writer is killed, and training goes on.
         max_output_mb: most megabytes of window files (traces and memory snapshots) in the run
             (None: no limit).
-        max_time_share: most share of the run's wall time spent inside windows, once they have
-            taken 10 s (0.1 = 10%; None: no limit).
+        max_time_share: most share of the run's wall time that windows may add (their time from
+            opening to hand-off, less their batches' usual time), once they have added 3 s
+            (0.1 = 10%; None: no limit).
 
     Example::
 

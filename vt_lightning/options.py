@@ -82,7 +82,7 @@ MAX_STACK_DEPTH = 100_000
 MAX_MIN_DURATION_US = 3.6e9  # one hour
 MAX_RANK = 2**31 - 1
 MAX_OUTPUT_MB = 1e9  # a petabyte
-BUDGET_GRACE_SECONDS = 10.0  # windows may always take this long before max_time_share applies
+BUDGET_GRACE_SECONDS = 3.0  # windows may always add this much before max_time_share applies
 
 _FLAGS = (
     "ignore_c_function",

@@ -5,9 +5,11 @@ Pure bookkeeping, fed by the controller: a window's time on the training thread 
 files' sizes when the writer answers. ``exhausted`` is asked before each window opens; once a limit
 is reached no window opens for the rest of the run (docs/options.md, "Run budget").
 
-Time is the wall time of the training thread from a window's opening (warmup) to its hand-off,
-compared with the run's wall time so far. The first ``grace_seconds`` of windows are always allowed,
-so a short run's one window never counts as "50% of the run".
+Time is profiling's *overhead*: the training thread's wall time from each window's opening to its
+hand-off, less what its batches would have taken anyway (at the run's mean quiet-batch time so far),
+compared with the run's wall time so far. A window of slow steps with a cheap close costs little; a
+one-batch window at every batch is nearly all overhead. The first ``grace_seconds`` of overhead are
+always allowed, so a short run's one window never counts as "half the run".
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class BudgetLimits:
 
     max_output_mb: float | None = 10_240.0
     max_time_share: float | None = 0.1
-    grace_seconds: float = 10.0
+    grace_seconds: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -39,20 +41,31 @@ class Exhausted:
 class RunBudget:
     """What the run has spent so far, against its limits."""
 
-    def __init__(self, limits: BudgetLimits, started_at: float) -> None:
+    def __init__(self, limits: BudgetLimits, started_at: float, first_batch: int = 0) -> None:
         self.limits = limits
         self.started_at = started_at
-        self.window_seconds = 0.0  # training-thread time inside windows
+        self.first_batch = first_batch  # the run's first batch (a resumed fit starts past 0)
+        self.window_seconds = 0.0  # training-thread time from windows' openings to their hand-offs
+        self.window_batches = 0  # batches run inside those windows
         self.output_bytes = 0  # bytes the writer reported for the windows written
 
-    def spent(self, seconds: float) -> None:
+    def spent(self, seconds: float, batches: int) -> None:
         self.window_seconds += max(0.0, seconds)
+        self.window_batches += max(0, batches)
 
     def wrote(self, nbytes: int) -> None:
         self.output_bytes += max(0, nbytes)
 
-    def exhausted(self, now: float) -> Exhausted | None:
-        """The first limit reached before one more window may open, or None."""
+    def overhead(self, now: float, batch: int) -> float:
+        """Seconds the windows added to the run by batch ``batch``: their time less their batches at
+        the mean quiet-batch time (all of it while no quiet batch has run)."""
+        elapsed = max(0.0, now - self.started_at)
+        quiet_batches = batch - self.first_batch - self.window_batches
+        quiet_step = max(0.0, elapsed - self.window_seconds) / quiet_batches if quiet_batches > 0 else 0.0
+        return max(0.0, self.window_seconds - self.window_batches * quiet_step)
+
+    def exhausted(self, now: float, batch: int) -> Exhausted | None:
+        """The first limit reached before a window may begin at batch ``batch``, or None."""
         lim = self.limits
         if lim.max_output_mb is not None and self.output_bytes >= lim.max_output_mb * MIB:
             return Exhausted(
@@ -63,13 +76,13 @@ class RunBudget:
             )
         if lim.max_time_share is not None:
             elapsed = max(0.0, now - self.started_at)
-            allowed = max(lim.grace_seconds, lim.max_time_share * elapsed)
-            if self.window_seconds >= allowed:
+            overhead = self.overhead(now, batch)
+            if overhead >= max(lim.grace_seconds, lim.max_time_share * elapsed):
                 return Exhausted(
                     "time",
                     "max_time_share",
-                    f"windows took {self.window_seconds:.1f} s of the run's {elapsed:.1f} s "
-                    f"({self.window_seconds / max(elapsed, 1e-9):.0%}), past the run's limit "
+                    f"windows added {overhead:.1f} s to the run's {elapsed:.1f} s "
+                    f"({overhead / max(elapsed, 1e-9):.0%}), past the run's limit "
                     f"(max_time_share={lim.max_time_share:g}, after the first {lim.grace_seconds:g} s)",
                 )
         return None

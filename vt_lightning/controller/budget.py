@@ -12,6 +12,7 @@ from typing import Any
 from vt_lightning.analysis.budget import BudgetLimits, RunBudget
 from vt_lightning.analysis.sources import Planned, WindowPlan
 from vt_lightning.export.job import WindowResult
+from vt_lightning.recording.window import ProfilingWindow
 
 
 class BudgetGuard:
@@ -26,10 +27,17 @@ class BudgetGuard:
         self.agree: Callable[[bool], bool] = bool  # with DDP: any rank's budget spent stops all (run.any_rank)
         self._opened_at: float | None = None
 
+    def start(self, agree: Callable[[bool], bool], first_batch: int) -> None:
+        """At setup: how the ranks decide together (every rank asks, or with ``ranks`` none does: a
+        rank that does not trace never asks), and the run's first batch (fit's is the one after the
+        global batch read at setup)."""
+        self.agree = agree
+        self.budget.first_batch = first_batch
+
     def begin(self, plan: WindowPlan, planned: Planned) -> bool:
         """Begin ``planned`` in ``plan`` if the budget allows; when it does not, close the plan (no
         window begins for the rest of the run) and say so once."""
-        reached = self.budget.exhausted(self.clock())
+        reached = self.budget.exhausted(self.clock(), planned.window.warmup_start)
         if self.agree(reached is not None):
             plan.close()
             what = reached.message if reached is not None else "another rank reached its limit"
@@ -54,10 +62,13 @@ class BudgetGuard:
     def opened(self) -> None:
         self._opened_at = self.clock()
 
-    def closed(self) -> None:
-        """The window is handed off or dropped: its time on the training thread counts."""
+    def closed(self, window: ProfilingWindow | None = None) -> None:
+        """The window is handed off (or skipped, or failed): its time on the training thread counts,
+        less its batches' (those of its warmup and the active ones it recorded)."""
         if self._opened_at is not None:
-            self.budget.spent(self.clock() - self._opened_at)
+            target = window.window if window is not None else None
+            batches = len(window.steps) + target.active_start - target.warmup_start if window and target else 0
+            self.budget.spent(self.clock() - self._opened_at, batches)
             self._opened_at = None
 
     def received(self, outcomes: Iterable[Any]) -> None:

@@ -94,7 +94,6 @@ class WindowController:
         agreement, group = agree(trainer, o.triggers, o.ranks, self.warn) if rival is None else (None, None)
         if not enabled:
             return
-        self.budget.agree = runs.any_rank(trainer) if o.ranks is None else bool  # all ranks ask, or none
         self.python = self.python or PythonTracer(o.python)  # reused: see pytracer._TRACERS
         self.python_filter = _python_filter(o, pl_module)
         self.writer = BackgroundWriter(timeout=o.writer_timeout, on_problem=self.inbox.notice)
@@ -102,6 +101,7 @@ class WindowController:
         self.writer.submit(remove_stale_temporaries, run.root)
         self.spool = spool_directory(o.spool_dir)
         first = runs.global_batch(trainer) if stage == "fit" else 0
+        self.budget.start(runs.any_rank(trainer) if o.ranks is None else bool, first + (stage == "fit"))  # see budget
         if agreement is not None:
             self.triggers = arm(
                 trainer, o.triggers, agreement, group, run.root, run.cuda, self.warn, self.step_clock, first + 1,
@@ -267,7 +267,7 @@ class WindowController:
             window.abort()  # interrupted or failed anywhere: no tracer, hook or patch stays behind
             raise
         finally:
-            self.budget.closed()
+            self.budget.closed(window)
 
     def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
         assert self.run is not None and self.spool is not None and self.writer is not None
