@@ -31,6 +31,10 @@ from vt_lightning.controller.remote import deliver
 from vt_lightning.export.atomic import remove_stale_temporaries
 from vt_lightning.export.job import WindowResult
 from vt_lightning.export.pipeline import finish_window, remove_raw
+
+# Imported here, on the thread that imports the package, never first on the writer thread: its
+# os.register_at_fork would then race a fork of the training thread (after_in_parent without before).
+from vt_lightning.export.writer_process import WriterProcess
 from vt_lightning.recording.spool import SpoolError
 from vt_lightning.recording.window import ClosedWindow
 
@@ -110,8 +114,6 @@ class BackgroundWriter:
         quiet steps before the first window never share the CPU with its start-up); None when
         there is none (disabled, or it could not start: windows are then finished on this thread)."""
         if self.process is None and self.use_process and self.process_error is None:
-            from vt_lightning.export.writer_process import WriterProcess
-
             try:
                 self.process = WriterProcess()
             except Exception as err:

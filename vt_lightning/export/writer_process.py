@@ -62,17 +62,28 @@ class WriterError(RuntimeError):
 # process wait for the few milliseconds Popen holds this lock (``os.register_at_fork``); Popen's own
 # fork runs no Python fork handlers, and the lock is reentrant in case a future version does.
 _SPAWNING = threading.RLock()
+_held = threading.local()  # the lock this thread took before its fork (released after it, the same one)
+
+
+def _hold_spawning() -> None:
+    _SPAWNING.acquire()
+    _held.lock = _SPAWNING
+
+
+def _spawning_done_in_parent() -> None:
+    lock, _held.lock = getattr(_held, "lock", None), None
+    if lock is not None:  # None: the handlers were registered while this fork was under way
+        lock.release()
 
 
 def _spawning_done_in_child() -> None:
     global _SPAWNING
     _SPAWNING = threading.RLock()  # the forked child has no writer thread: a fresh, free lock
+    _held.lock = None
 
 
 os.register_at_fork(
-    before=lambda: _SPAWNING.acquire(),
-    after_in_parent=lambda: _SPAWNING.release(),
-    after_in_child=_spawning_done_in_child,
+    before=_hold_spawning, after_in_parent=_spawning_done_in_parent, after_in_child=_spawning_done_in_child
 )
 
 
