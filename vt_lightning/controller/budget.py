@@ -4,7 +4,6 @@ the option that raises it (docs/options.md, "Run budget")."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -16,11 +15,12 @@ from vt_lightning.recording.window import ProfilingWindow
 
 
 class BudgetGuard:
-    """One per run. ``admits`` before a window begins; ``opened`` / ``closed`` around it."""
+    """One per run. ``begin`` as a window begins; ``opened`` / ``closed`` around its recording;
+    ``received`` with the writer's answers."""
 
     def __init__(
         self, limits: BudgetLimits, warn: Callable[[str, str], Any], clock: Callable[[], float] = time.monotonic
-    ):
+    ) -> None:
         self.budget = RunBudget(limits, clock())
         self.warn = warn
         self.clock = clock
@@ -66,22 +66,14 @@ class BudgetGuard:
         """The window is handed off (or skipped, or failed): its time on the training thread counts,
         less its batches' (those of its warmup and the active ones it recorded)."""
         if self._opened_at is not None:
-            target = window.window if window is not None else None
-            batches = len(window.steps) + target.active_start - target.warmup_start if window and target else 0
+            batches = (
+                0 if window is None else len(window.steps) + window.window.active_start - window.window.warmup_start
+            )
             self.budget.spent(self.clock() - self._opened_at, batches)
             self._opened_at = None
 
     def received(self, outcomes: Iterable[Any]) -> None:
-        """Bytes of the windows the writer finished (trace and memory snapshot)."""
+        """Bytes of the windows the writer finished (trace and memory snapshot, as it measured them)."""
         for outcome in outcomes:
             if isinstance(outcome, WindowResult):
-                self.budget.wrote(outcome.trace_bytes + _size(outcome.memory_path))
-
-
-def _size(path: Any) -> int:
-    if path is None or not isinstance(path, (str, os.PathLike)):
-        return 0
-    try:
-        return os.stat(path).st_size
-    except (OSError, ValueError):  # a remote root's URL, or gone already
-        return 0
+                self.budget.wrote(outcome.trace_bytes + outcome.memory_bytes)

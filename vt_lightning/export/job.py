@@ -92,6 +92,7 @@ class WindowResult:
     overflow: bool
     suggested_tracer_entries: int | None = None
     memory_path: Location | None = None
+    memory_bytes: int = 0  # the memory snapshot's size (the run budget adds it up)
     notes: tuple[str, ...] = ()
     summary: Summary | None = None  # None when it could not be computed (see ``notes``)
     summary_path: Location | None = None

@@ -186,6 +186,7 @@ def finish_window(job: WindowJob) -> WindowResult:
             overflow=overflow,
             suggested_tracer_entries=suggested,
             memory_path=memory_path,
+            memory_bytes=memory_path.stat().st_size if memory_path is not None else 0,
             notes=tuple(notes),
         )
         if job.summary:
