@@ -20,7 +20,7 @@ from vt_lightning.analysis.lifecycle import Action, Boundary, actions, phase_in
 from vt_lightning.analysis.schedule import Phase, Window
 from vt_lightning.analysis.sources import Planned, WindowPlan
 from vt_lightning.analysis.usercode import library_roots
-from vt_lightning.controller import forks, messages, windows
+from vt_lightning.controller import closing, forks, messages, windows
 from vt_lightning.controller import run as runs
 from vt_lightning.controller.budget import BudgetGuard
 from vt_lightning.controller.handoff import BackgroundWriter
@@ -270,26 +270,7 @@ class WindowController:
             self.budget.closed(window)
 
     def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
-        assert self.run is not None and self.spool is not None and self.writer is not None
-        target, planned = window.window, self.planned
-        trigger = planned.trigger if planned is not None else None
-        if planned is not None and trigger is None:
-            self.completed.add(planned.window.index)
-        self._schedule_from(target.end)
-        incomplete = len(window.steps) < len(target.active_steps)
-        if incomplete:
-            why = reason or "the window was closed early"
-            messages.warn_cut_window(self.warn, self.stage, target, window.steps, why, self.windows_recorded)
-        destination = windows.destination(
-            self.options, self.run, window, planned, partial or incomplete, reason, self.trainer(), self.python_filter
-        )
-        if trigger is not None:
-            self.triggered_runs.append((destination.run_dir.name, trigger))
-        closed = window.close(self.spool, destination)
-        if closed is not None:
-            self.windows_recorded += 1
-            self.inbox.expect(self.writer.hand_off(closed))
-            self._quiet_until(self.next_look)  # look at the next batch start for the answer
+        closing.hand_off(self, window, reason, partial)
 
     def _fail(self, err: Exception) -> None:
         window, self.window, self.phase = self.window, None, Phase.NONE

@@ -16,6 +16,7 @@ from vt_lightning.constants import VERSION
 from vt_lightning.controller import messages
 from vt_lightning.controller.handoff import BackgroundWriter
 from vt_lightning.controller.run import Run, log_step
+from vt_lightning.controller.side_recorders import side_recorders
 from vt_lightning.controller.triggers import ArmedTriggers
 from vt_lightning.export.job import Destination
 from vt_lightning.export.layout import (
@@ -77,6 +78,7 @@ def open_window(
         memory_recorder=recorder,
         step_hooks=step_hooks,
         on_problem=warn,
+        side=side_recorders(options, run, python, trainer, target),
     )
 
 

@@ -38,6 +38,7 @@ class WindowJob:
     summary: bool = True  # write <worker>.<span>.summary.json/.md beside the trace
     job_id: str = ""  # decided once at window close: a retry recognizes its own published trace
     publish_to: str | None = None  # a remote run directory (URL): ``run_dir`` is then local staging
+    extras: dict[str, Any] = field(default_factory=dict)  # side recorders' data by name (recording/side.py)
 
 
 @dataclass(frozen=True)

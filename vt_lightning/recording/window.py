@@ -23,6 +23,7 @@ from vt_lightning.export.job import Destination, WindowJob
 from vt_lightning.recording.clock_probes import emit_markers, sample_pair
 from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler, wait_for_dump
 from vt_lightning.recording.rivals import RivalGuard, RivalProfiler
+from vt_lightning.recording.side import SideRecorder
 from vt_lightning.recording.spool import SpoolError
 from vt_lightning.recording.torchtracer import TorchTracer
 
@@ -48,6 +49,7 @@ class ProfilingWindow:
         memory_recorder: MemoryRecorder | None = None,
         step_hooks: Any = None,
         on_problem: Callable[[str, str], Any] | None = None,
+        side: list[SideRecorder] | None = None,
     ) -> None:
         self.window = window
         self.python = python
@@ -55,6 +57,8 @@ class ProfilingWindow:
         self.memory_recorder = memory_recorder
         self.step_hooks = step_hooks  # e.g. the Lightning view's module hooks
         self.on_problem = on_problem or (lambda key, message: None)
+        self.side = list(side or ())  # started at activation, in order; stopped in reverse
+        self._side_started: list[SideRecorder] = []
         self.steps: list[int] = []
         self.yielded: str | None = None  # the other profiler this window stopped for
         self._guard = RivalGuard(self._yield_to)
@@ -96,6 +100,7 @@ class ProfilingWindow:
                 )
         if self.step_hooks is not None:
             self.step_hooks.install()
+        self._start_side_recorders()
         self._clock_start = sample_pair(self.python.clock_us)
         self._markers_start = emit_markers(self.python.clock_us, self.torch.make_range, "start")
         self.python.start()
@@ -181,6 +186,7 @@ class ProfilingWindow:
             clock_end = sample_pair(self.python.clock_us) if self.active else None
             markers_end = emit_markers(self.python.clock_us, self.torch.make_range, "end") if self.active else []
             memory_snapshot = None
+            extras = self._collect_side_recorders() if self.active else {}
             try:
                 if self.memory_recorder is not None and self.active:
                     memory_snapshot = self.memory_recorder.snapshot()
@@ -221,6 +227,7 @@ class ProfilingWindow:
             summary=destination.summary,
             job_id=destination.job_id,
             publish_to=destination.publish_to,
+            extras=extras,
         )
         return ClosedWindow(job, self.torch.save, dump_pid)
 
@@ -245,8 +252,47 @@ class ProfilingWindow:
         if interrupted is not None:
             raise interrupted
 
+    def _start_side_recorders(self) -> None:
+        for recorder in self.side:
+            try:
+                recorder.start()
+            except Exception as err:  # one tool less, never the window
+                self._side_problem(recorder, "start", err)
+                continue
+            self._side_started.append(recorder)
+
+    def _collect_side_recorders(self) -> dict[str, Any]:
+        """Stop the side recorders (so nothing they record is our own collecting) and take their data."""
+        self._stop_side_recorders()
+        extras: dict[str, Any] = {}
+        for recorder in self.side:
+            try:
+                data = recorder.collect()
+            except Exception as err:
+                self._side_problem(recorder, "collect", err)
+                continue
+            if data is not None:
+                extras[recorder.name] = data
+        return extras
+
+    def _stop_side_recorders(self) -> None:
+        started, self._side_started = self._side_started, []
+        for recorder in reversed(started):
+            try:
+                recorder.stop()
+            except Exception as err:
+                self._side_problem(recorder, "stop", err)
+
+    def _side_problem(self, recorder: SideRecorder, what: str, err: Exception) -> None:
+        self.on_problem(
+            f"side-{recorder.name}-{what}",
+            f"vt_lightning: the {recorder.name} recorder failed to {what} ({type(err).__name__}: {err}); "
+            "windows go on without it.",
+        )
+
     def _stop_side_tools(self) -> None:
         try:
+            self._stop_side_recorders()
             if self.step_hooks is not None:
                 self.step_hooks.remove()
         finally:
