@@ -262,10 +262,13 @@ class ProfilingWindow:
             self._side_started.append(recorder)
 
     def _collect_side_recorders(self) -> dict[str, Any]:
-        """Stop the side recorders (so nothing they record is our own collecting) and take their data."""
-        self._stop_side_recorders()
+        """Stop the side recorders (so nothing they record is our own collecting) and take the data
+        of those that started and stopped cleanly."""
+        stopped = self._stop_side_recorders()
         extras: dict[str, Any] = {}
         for recorder in self.side:
+            if recorder not in stopped:
+                continue
             try:
                 data = recorder.collect()
             except Exception as err:
@@ -275,13 +278,18 @@ class ProfilingWindow:
                 extras[recorder.name] = data
         return extras
 
-    def _stop_side_recorders(self) -> None:
+    def _stop_side_recorders(self) -> list[SideRecorder]:
+        """Stop those started, in reverse; return those that stopped cleanly."""
         started, self._side_started = self._side_started, []
+        stopped = []
         for recorder in reversed(started):
             try:
                 recorder.stop()
             except Exception as err:
                 self._side_problem(recorder, "stop", err)
+            else:
+                stopped.append(recorder)
+        return stopped
 
     def _side_problem(self, recorder: SideRecorder, what: str, err: Exception) -> None:
         self.on_problem(
