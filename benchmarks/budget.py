@@ -45,7 +45,11 @@ class MLP(L.LightningModule):
 ARMS = {
     "no callback": None,
     "window at every batch, default budget": {},
-    "window at every batch, budget lifted": {"max_windows": None, "max_output_mb": None, "max_time_share": None},
+    "window at every batch, budget lifted": {
+        "budget_windows": None,
+        "budget_output_mb": None,
+        "budget_time_share": None,
+    },
 }
 
 

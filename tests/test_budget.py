@@ -10,25 +10,25 @@ from vt_lightning.analysis.budget import MIB, BudgetLimits, RunBudget
 
 @pytest.mark.unit
 def test_overhead_may_pass_the_grace_then_only_its_share_of_the_run():
-    budget = RunBudget(BudgetLimits(max_output_mb=None, max_time_share=0.1, grace_seconds=3), started_at=0.0)
+    budget = RunBudget(BudgetLimits(budget_output_mb=None, budget_time_share=0.1, grace_seconds=3), started_at=0.0)
     budget.spent(2.9, batches=0)  # a window's time beyond its batches (no batch ran in it)
     assert budget.exhausted(now=10.0, batch=100) is None  # 2.9 s: under the 3 s grace
     budget.spent(0.2, batches=0)
     reached = budget.exhausted(now=10.0, batch=100)
-    assert reached is not None and reached.limit == "time" and reached.option == "max_time_share"
-    assert "max_time_share=0.1" in reached.message and "3.1 s" in reached.message
+    assert reached is not None and reached.limit == "time" and reached.option == "budget_time_share"
+    assert "budget_time_share=0.1" in reached.message and "3.1 s" in reached.message
     assert budget.exhausted(now=100.0, batch=1000) is None  # 3.1 s of 100 s: room again as the run goes on
 
 
 @pytest.mark.unit
 def test_a_window_of_slow_batches_costs_only_what_it_adds_to_them():
     # 100 batches of 1 s; a window of 10 of them took 10.5 s: 0.5 s of overhead, whatever its length.
-    budget = RunBudget(BudgetLimits(max_output_mb=None, max_time_share=0.1, grace_seconds=0.1), started_at=0.0)
+    budget = RunBudget(BudgetLimits(budget_output_mb=None, budget_time_share=0.1, grace_seconds=0.1), started_at=0.0)
     budget.spent(10.5, batches=10)
     assert budget.overhead(now=100.5, batch=100) == pytest.approx(0.5)
     assert budget.exhausted(now=100.5, batch=100) is None  # 0.5 s of 100.5 s
     # A one-batch window at every batch: no quiet batch to compare with, all of it is overhead.
-    every = RunBudget(BudgetLimits(max_output_mb=None, max_time_share=0.1, grace_seconds=0.1), started_at=0.0)
+    every = RunBudget(BudgetLimits(budget_output_mb=None, budget_time_share=0.1, grace_seconds=0.1), started_at=0.0)
     every.spent(2.0, batches=50)
     assert every.overhead(now=2.0, batch=50) == pytest.approx(2.0)
     assert every.exhausted(now=2.0, batch=50) is not None
@@ -36,7 +36,7 @@ def test_a_window_of_slow_batches_costs_only_what_it_adds_to_them():
 
 @pytest.mark.unit
 def test_a_resumed_run_counts_its_quiet_batches_from_its_first():
-    budget = RunBudget(BudgetLimits(max_output_mb=None), started_at=0.0, first_batch=1000)
+    budget = RunBudget(BudgetLimits(budget_output_mb=None), started_at=0.0, first_batch=1000)
     budget.spent(11.0, batches=10)
     # 90 quiet batches in 90 s since batch 1000: 1 s each, so the window added 1 s.
     assert budget.overhead(now=101.0, batch=1100) == pytest.approx(1.0)
@@ -44,17 +44,17 @@ def test_a_resumed_run_counts_its_quiet_batches_from_its_first():
 
 @pytest.mark.unit
 def test_bytes_written_stop_windows_at_the_limit():
-    budget = RunBudget(BudgetLimits(max_output_mb=1.0, max_time_share=None), started_at=0.0)
+    budget = RunBudget(BudgetLimits(budget_output_mb=1.0, budget_time_share=None), started_at=0.0)
     budget.wrote(MIB - 1)
     assert budget.exhausted(now=1.0, batch=1) is None
     budget.wrote(1)
     reached = budget.exhausted(now=1.0, batch=1)
-    assert reached is not None and reached.option == "max_output_mb" and "max_output_mb=1" in reached.message
+    assert reached is not None and reached.option == "budget_output_mb" and "budget_output_mb=1" in reached.message
 
 
 @pytest.mark.unit
 def test_lifted_limits_never_stop_windows():
-    budget = RunBudget(BudgetLimits(max_output_mb=None, max_time_share=None), started_at=0.0)
+    budget = RunBudget(BudgetLimits(budget_output_mb=None, budget_time_share=None), started_at=0.0)
     budget.spent(1e9, batches=0)
     budget.wrote(10**15)
     assert budget.exhausted(now=1.0, batch=1) is None
@@ -83,42 +83,42 @@ def test_one_batch_windows_at_every_batch_stop_at_the_time_share_with_one_warnin
     cb, model, said = _fit(tmp_path, 60, wait=0, warmup=0, active=1, repeat=0)
     assert model.train_batches == list(range(60))  # training goes on
     budget = [m for m in said if "run budget reached" in m]
-    assert len(budget) == 1 and "`max_time_share`" in budget[0] and "max_time_share=0.1" in budget[0], said
+    assert len(budget) == 1 and "`budget_time_share`" in budget[0] and "budget_time_share=0.1" in budget[0], said
     assert 1 <= len(cb.results) < 30, len(cb.results)
 
 
 def test_the_bytes_limit_stops_windows_once_the_writer_reports_them(tmp_path):
-    cb, model, said = _fit(tmp_path, 40, wait=1, warmup=0, active=1, repeat=0, max_output_mb=0.001)
+    cb, model, said = _fit(tmp_path, 40, wait=1, warmup=0, active=1, repeat=0, budget_output_mb=0.001)
     assert model.train_batches == list(range(40))
     budget = [m for m in said if "run budget reached" in m]
-    assert len(budget) == 1 and "`max_output_mb`" in budget[0], said
+    assert len(budget) == 1 and "`budget_output_mb`" in budget[0], said
     assert 1 <= len(cb.results) < 20  # windows open until the first answer is read, then none
 
 
-def test_max_windows_stops_the_schedule_with_one_warning_naming_where(tmp_path):
-    cb, _, said = _fit(tmp_path, 20, wait=1, warmup=0, active=1, repeat=0, max_windows=2)
+def test_budget_windows_stops_the_schedule_with_one_warning_naming_where(tmp_path):
+    cb, _, said = _fit(tmp_path, 20, wait=1, warmup=0, active=1, repeat=0, budget_windows=2)
     assert [r.trace_path.parent.name.split("-")[0] for r in cb.results] == ["window_000", "window_001"]
-    (limit,) = [m for m in said if "max_windows" in m]
-    assert "max_windows=2 reached with window 1" in limit and "from batch 5 on" in limit
+    (limit,) = [m for m in said if "budget_windows" in m]
+    assert "budget_windows=2 reached with window 1" in limit and "from batch 5 on" in limit
 
 
 def test_an_ordinary_schedule_never_meets_the_budget(tmp_path):
     cb, _, said = _fit(tmp_path, 12)
     assert len(cb.results) == 1
-    assert not [m for m in said if "budget" in m or "max_windows" in m], said
+    assert not [m for m in said if "budget" in m or "budget_windows" in m], said
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "name, bad",
     [
-        ("max_time_share", 0),
-        ("max_time_share", 1.5),
-        ("max_time_share", float("nan")),
-        ("max_output_mb", -1),
-        ("max_output_mb", float("inf")),
-        ("max_output_mb", "10"),
-        ("max_windows", 0),
+        ("budget_time_share", 0),
+        ("budget_time_share", 1.5),
+        ("budget_time_share", float("nan")),
+        ("budget_output_mb", -1),
+        ("budget_output_mb", float("inf")),
+        ("budget_output_mb", "10"),
+        ("budget_windows", 0),
     ],
 )
 def test_bad_budget_limits_are_refused_naming_the_argument(name, bad):
@@ -132,6 +132,6 @@ def test_bad_budget_limits_are_refused_naming_the_argument(name, bad):
 def test_every_budget_limit_can_be_lifted():
     from vt_lightning import VizTraceCallback
 
-    options = VizTraceCallback(max_windows=None, max_output_mb=None, max_time_share=None).options
+    options = VizTraceCallback(budget_windows=None, budget_output_mb=None, budget_time_share=None).options
     assert options.triggers.max_windows is None
-    assert options.budget.max_output_mb is None and options.budget.max_time_share is None
+    assert options.budget.budget_output_mb is None and options.budget.budget_time_share is None

@@ -262,7 +262,7 @@ NUL = "\0"
         ("memory_growth", 1e300),
         ("memory_growth_steps", 10**30),
         ("trigger_cooldown", 10**30),
-        ("max_windows", 10**30),
+        ("budget_windows", 10**30),
         ("tracer_entries", 10**12),
         ("memory_max_entries", 10**12),
         ("max_stack_depth", 10**9),
@@ -294,7 +294,7 @@ def test_the_limits_themselves_are_accepted(restored_handlers):
         memory_max_entries=10**8,
         max_stack_depth=100_000,
         min_duration=3.6e9,
-        max_windows=10**12,
+        budget_windows=10**12,
     )
     assert cb.options.triggers.trigger_interval == 86_400.0 and cb.options.writer_timeout == 86_400.0
 

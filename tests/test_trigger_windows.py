@@ -228,7 +228,7 @@ def test_memory_growth_on_cpu_opens_a_window_with_its_snapshot(tmp_path):
 
 
 # ----------------------------------------------------------------------------- limits and the schedule
-def test_schedule_and_triggers_share_numbering_and_max_windows(tmp_path):
+def test_schedule_and_triggers_share_numbering_and_budget_windows(tmp_path):
     clock = VirtualClock()
     model = ClockModel(clock, lambda step: 400.0 if step in (30, 60, 90) else 10.0)
     cb = VizTraceCallback(
@@ -240,14 +240,14 @@ def test_schedule_and_triggers_share_numbering_and_max_windows(tmp_path):
         slow_step_factor=3.0,
         slow_step_baseline=10,
         trigger_cooldown=0,
-        max_windows=3,
+        budget_windows=3,
     )
     fit(tmp_path, cb, model, max_steps=100)
     assert run_dirs(tmp_path) == [
         "window_000-batches_6-6",
         "window_001-slow_step-batches_32-32",
         "window_002-slow_step-batches_62-62",
-    ]  # batch 90's slow step would be a 4th window: max_windows=3 refuses it
+    ]  # batch 90's slow step would be a 4th window: budget_windows=3 refuses it
     metas = [load_trace(f)["vt_lightning"] for f in trace_files(tmp_path)]
     assert [m["window"] for m in metas] == [0, 1, 2]
     assert metas[0]["trigger"] is None and [m["trigger"]["batch"] for m in metas[1:]] == [30, 60]

@@ -59,7 +59,7 @@ def run_steps(detector: SlowStep, clock: VirtualClock, durations_ms: list[float]
         (dict(trigger_signal="SIGNOPE"), "trigger_signal"),
         (dict(trigger_signal="USR1"), "trigger_signal"),
         (dict(trigger_signal="SIGKILL"), "trigger_signal"),
-        (dict(max_windows=0), "max_windows"),
+        (dict(budget_windows=0), "budget_windows"),
         (dict(trigger_interval=-1.0), "trigger_interval"),
         (dict(trigger_file="yes"), "trigger_file"),
         (dict(scheduled_windows=None), "scheduled_windows"),
@@ -345,7 +345,7 @@ def test_trigger_options_come_through_the_environment_switch():
         "VT_LIGHTNING_SLOW_STEP_FACTOR": "3",
         "VT_LIGHTNING_MEMORY_GROWTH": "0.2",
         "VT_LIGHTNING_TRIGGER_SIGNAL": "SIGUSR1",
-        "VT_LIGHTNING_MAX_WINDOWS": "4",
+        "VT_LIGHTNING_BUDGET_WINDOWS": "4",
         "VT_LIGHTNING_SCHEDULED_WINDOWS": "false",
         "VT_LIGHTNING_TRIGGER_INTERVAL": "0",
     }

@@ -1,5 +1,5 @@
 """The run budget: how much of a run profiling may take, in bytes written and time in windows.
-(The third limit, ``max_windows``, is counted by the window plan, ``sources.WindowPlan``.)
+(The third limit, ``budget_windows``, is counted by the window plan, ``sources.WindowPlan``.)
 
 Pure bookkeeping, fed by the controller: a window's time on the training thread when it closes, its
 files' sizes when the writer answers. ``exhausted`` is asked before each window opens; once a limit
@@ -24,8 +24,8 @@ class BudgetLimits:
     """None lifts a limit. The defaults leave ordinary schedules alone and stop runaway ones (a
     one-batch window at every batch made a 300-step run 65x slower)."""
 
-    max_output_mb: float | None = 10_240.0
-    max_time_share: float | None = 0.1
+    budget_output_mb: float | None = 10_240.0
+    budget_time_share: float | None = 0.1
     grace_seconds: float = 3.0
 
 
@@ -67,22 +67,22 @@ class RunBudget:
     def exhausted(self, now: float, batch: int) -> Exhausted | None:
         """The first limit reached before a window may begin at batch ``batch``, or None."""
         lim = self.limits
-        if lim.max_output_mb is not None and self.output_bytes >= lim.max_output_mb * MIB:
+        if lim.budget_output_mb is not None and self.output_bytes >= lim.budget_output_mb * MIB:
             return Exhausted(
                 "bytes",
-                "max_output_mb",
+                "budget_output_mb",
                 f"the windows' files reached {self.output_bytes / MIB:,.0f} MiB, the run's limit "
-                f"(max_output_mb={lim.max_output_mb:g})",
+                f"(budget_output_mb={lim.budget_output_mb:g})",
             )
-        if lim.max_time_share is not None:
+        if lim.budget_time_share is not None:
             elapsed = max(0.0, now - self.started_at)
             overhead = self.overhead(now, batch)
-            if overhead >= max(lim.grace_seconds, lim.max_time_share * elapsed):
+            if overhead >= max(lim.grace_seconds, lim.budget_time_share * elapsed):
                 return Exhausted(
                     "time",
-                    "max_time_share",
+                    "budget_time_share",
                     f"windows added {overhead:.1f} s to the run's {elapsed:.1f} s "
                     f"({overhead / max(elapsed, 1e-9):.0%}), past the run's limit "
-                    f"(max_time_share={lim.max_time_share:g}, after the first {lim.grace_seconds:g} s)",
+                    f"(budget_time_share={lim.budget_time_share:g}, after the first {lim.grace_seconds:g} s)",
                 )
         return None

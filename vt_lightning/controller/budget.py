@@ -41,7 +41,7 @@ class BudgetGuard:
         if self.agree(reached is not None):
             plan.close()
             what = reached.message if reached is not None else "another rank reached its limit"
-            option = reached.option if reached is not None else "max_time_share` / `max_output_mb"
+            option = reached.option if reached is not None else "budget_time_share` / `budget_output_mb"
             self.warn(
                 "budget",
                 f"vt_lightning: run budget reached: {what}; no more windows open in this run. "
@@ -53,9 +53,9 @@ class BudgetGuard:
         if stopped is not None:
             self.warn(
                 "max-windows",
-                f"vt_lightning: max_windows={plan.max_windows} reached with window {planned.number}; the "
+                f"vt_lightning: budget_windows={plan.max_windows} reached with window {planned.number}; the "
                 f"schedule's windows from batch {stopped} on, and triggers, open no window. Raise "
-                "`max_windows` (None: no limit) for more.",
+                "`budget_windows` (None: no limit) for more.",
             )
         return True
 

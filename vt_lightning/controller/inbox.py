@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import logging
 import queue
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from vt_lightning.analysis.history import RunHistory, row_of
 from vt_lightning.constants import LOGGER_NAME
 from vt_lightning.controller.loggers import log_summary
+from vt_lightning.controller.messages import job_written, print_verdicts
 from vt_lightning.export.job import WindowResult
 
 log = logging.getLogger(LOGGER_NAME)
 
 BROWSER_LIMIT_BYTES = 300 * 1024 * 1024  # above this the trace viewer page tends to go blank
+RESULTS_KEPT = 16  # newest WindowResults kept (``VizTraceCallback.results``); the rest: ``history``
+UNLOGGED_KEPT = 64  # summaries waiting for a batch outside any window to reach the loggers
+VERDICT_WINDOWS = 5  # windows whose verdicts are printed; later ones are in their summary files
 
 Warn = Callable[[str, str], Any]
 
@@ -89,13 +95,30 @@ class Inbox:
 
 
 class Outcomes:
-    """What the training thread keeps of the writer's answers: results, and summaries to log."""
+    """What the training thread keeps of the writer's answers, bounded however long the run: the
+    newest results, one small row per window in ``history`` (and in ``table``'s file, which holds
+    them all), and summaries not yet given to the loggers."""
 
     def __init__(self, warn: Warn, tracer_entries: int) -> None:
         self.warn = warn
         self.tracer_entries = tracer_entries
-        self.results: list[WindowResult] = []
-        self.unlogged: list[WindowResult] = []  # summaries not yet given to the loggers
+        self.results: deque[WindowResult] = deque(maxlen=RESULTS_KEPT)
+        self.history = RunHistory()
+        # Summaries not yet given to the loggers: they wait for a batch start outside any window,
+        # which back-to-back windows never leave; past UNLOGGED_KEPT the oldest are not logged.
+        self.unlogged: deque[WindowResult] = deque(maxlen=UNLOGGED_KEPT)
+        self.unlogged_dropped = 0
+        self.table: Any = None  # windows_table.WindowsTable: every row, on disk (set at setup)
+        self.retention: Any = None  # retention.Retention: deletes windows past ``keep_windows``
+        self._verdicts_shown = 0
+
+    def start(self, spool: Any, submit: Callable[..., Any], keep_windows: int | None) -> None:
+        """At setup, once the run has a spool and a writer (whose thread deletes old windows)."""
+        from vt_lightning.controller.retention import Retention
+        from vt_lightning.controller.windows_table import WindowsTable
+
+        self.table = WindowsTable(spool)
+        self.retention = Retention(keep_windows, submit)
 
     def receive(self, outcomes: Sequence[Outcome]) -> None:
         for outcome in outcomes:
@@ -109,6 +132,15 @@ class Outcomes:
 
     def _written(self, result: WindowResult) -> None:
         self.results.append(result)
+        if result.summary is not None:
+            row = row_of(result.summary, run_dir=result.trace_path.parent.name)
+            self.history.add(row)
+            if self.table is not None:
+                self.table.append(row)
+        else:
+            self.history.count += 1
+        if self.retention is not None:
+            self.history.deleted += self.retention.finished(result, self.results)
         name = result.trace_path.name
         for note in result.notes:
             self.warn(f"note:{note.split('(')[0]}", f"vt_lightning: {name}: {note}")
@@ -130,15 +162,26 @@ class Outcomes:
                 "`max_stack_depth`, `include_files` or `ignore_c_function=True`.",
             )
         log.info("vt_lightning: wrote %s", result.trace_path)
+        if result.job is not None:  # rank 0: the window's job file and its straggler, one line
+            job_written(result.trace_path, result.job)
         if result.summary is not None:
+            if len(self.unlogged) == UNLOGGED_KEPT:
+                self.unlogged_dropped += 1
+                self.warn(
+                    "unlogged",
+                    "vt_lightning: windows follow each other with no batch outside a window, where "
+                    "summaries go to the Trainer's loggers; the oldest waiting summaries are not logged "
+                    "(their summary files are written). Raise `wait` to leave batches between windows.",
+                )
             self.unlogged.append(result)
 
     def log_summaries(self, loggers: Sequence[Any]) -> None:
         """On the training thread, never inside a window (the logger's calls would be traced)."""
-        pending, self.unlogged = self.unlogged, []
+        pending, self.unlogged = self.unlogged, deque(maxlen=UNLOGGED_KEPT)
         for result in pending:
             if result.summary is None:  # only results with a summary are pending
                 continue
+            self._print_verdicts(result.summary)
             try:
                 log_summary(loggers, result.summary, result.summary_markdown)
             except Exception as err:
@@ -147,3 +190,17 @@ class Outcomes:
                     f"vt_lightning: could not log a window summary to the Trainer's loggers "
                     f"({type(err).__name__}: {err}); the summary files are written anyway.",
                 )
+
+    def _print_verdicts(self, summary: Any) -> None:
+        """The first windows' verdicts on the console; a long run's later ones stay in their files."""
+        if not summary.get("verdicts"):
+            return
+        self._verdicts_shown += 1
+        if self._verdicts_shown <= VERDICT_WINDOWS:
+            print_verdicts(summary)
+        if self._verdicts_shown == VERDICT_WINDOWS:
+            self.warn(
+                "verdicts-bounded",
+                f"vt_lightning: verdicts are printed for the first {VERDICT_WINDOWS} windows with any; later "
+                "windows' verdicts are in their summary files (`vt-lightning summary <log dir>`).",
+            )

@@ -1,32 +1,45 @@
 """torch.profiler behind a small interface: prepare (warmup), start, per-step markers, stop, save.
 
-One ``torch.profiler.profile`` per window, driven by hand instead of by torch's schedule so that
-window bounds are training-batch bounds and ``ProfilerStep#<n>`` carries the global batch index.
-``stop()`` is cheap (torch post-processes lazily); the trace JSON is written by torch's C++ exporter
-later, off the training thread.
+One long-lived ``torch.profiler.profile`` per process and configuration (``shared_profile``), driven
+by hand, window after window, instead of by torch's schedule so that window bounds are
+training-batch bounds and ``ProfilerStep#<n>`` carries the global batch index. A fresh ``profile()``
+per window grew the training process by 7-12 KiB per window (torch 2.13, CPU; what ``profile()``'s
+constructor registers is never freed), one reused profile by 0.0 (docs/architecture.md, "Long
+runs"). Each window keeps the results object of its own session (captured at ``stop``), so the next
+window's ``prepare`` never touches a window whose export is still pending. ``stop()`` is cheap
+(torch post-processes lazily); the trace JSON is written by torch's C++ exporter later, on the
+writer thread (``ClosedWindow.collect``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity
 
+from vt_lightning.constants import KINETO_LOG_LEVEL
 from vt_lightning.recording.rivals import RivalProfiler, own_calls
 
 _recording: weakref.WeakSet[TorchTracer] = weakref.WeakSet()
 _kineto_started = False  # a window has started torch's profiler in this process (kineto is up)
+_PROFILES: dict[tuple[TorchTracerConfig, bool], Any] = {}  # see ``shared_profile``
+# Kineto prints two lines per window on stderr (``profiler_start`` / ``profiler_stop``, at its USDT
+# level 5, above ERROR) unless KINETO_LOG_LEVEL, read once when kineto starts, is above 5.
+QUIET_KINETO_LEVEL = "6"
 
 
 def _disable_in_forked_child() -> None:
     """A child forked while a window records (a DataLoader worker) inherits torch's profiler
     state and would record its ops in memory for its whole life, never saved."""
+    _PROFILES.clear()  # the parent's sessions: a child never stops or exports them
     if _kineto_started:
         _skip_static_destructors_at_exit()
     if not _recording:
@@ -105,17 +118,42 @@ def experimental_config(all_threads: bool) -> Any:
     return None  # pragma: no cover
 
 
-class TorchTracer:
-    """torch.profiler for one window."""
-
-    def __init__(self, config: TorchTracerConfig, cuda_available: bool | None = None) -> None:
-        self._profile = torch.profiler.profile(
+def shared_profile(config: TorchTracerConfig, cuda_available: bool) -> Any:
+    """The process's one ``torch.profiler.profile`` for ``config``, made at its first window and
+    reused by every later one (its constructor leaks; its prepare/start/stop do not)."""
+    key = (config, cuda_available)
+    profile = _PROFILES.get(key)
+    if profile is None:
+        profile = _PROFILES[key] = torch.profiler.profile(
             activities=activities(cuda_available),
             record_shapes=config.record_shapes,
             profile_memory=config.profile_memory,
             with_flops=config.with_flops,
             experimental_config=experimental_config(all_threads=not config.profile_memory),
         )
+    return profile
+
+
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    """Around kineto's start in this process: its per-window lines stay off the console unless the
+    user chose a level. Set only for kineto's one read, then removed, so no child inherits it."""
+    ours = not _kineto_started and KINETO_LOG_LEVEL not in os.environ
+    if ours:
+        os.environ[KINETO_LOG_LEVEL] = QUIET_KINETO_LEVEL
+    try:
+        yield
+    finally:
+        if ours:
+            os.environ.pop(KINETO_LOG_LEVEL, None)
+
+
+class TorchTracer:
+    """torch.profiler for one window (a session of the process's shared profile)."""
+
+    def __init__(self, config: TorchTracerConfig, cuda_available: bool | None = None) -> None:
+        self._profile = shared_profile(config, torch.cuda.is_available() if cuda_available is None else cuda_available)
+        self._results: Any = None  # this window's session (torch.autograd.profiler.profile), from stop on
         self._step: Any = None
         self.open_step: int | None = None
         self.prepared = False
@@ -129,8 +167,9 @@ class TorchTracer:
         """Warmup: the profiler runs but torch discards what it sees."""
         global _kineto_started
         self._check_free("prepare")
-        _kineto_started = True
-        with own_calls():
+        with own_calls(), _quiet_kineto():
+            _kineto_started = True
+            self._profile.profiler = None  # a fresh session (the last window's is its own, see stop)
             self._profile.prepare_trace()
         self.prepared = True
 
@@ -209,6 +248,9 @@ class TorchTracer:
                     self._profile.start_trace()
                     self.started = True
                 self._profile.stop_trace()
+                # This window's results, for its export on the writer thread; the shared profile
+                # lets go of them, so the next window's prepare starts afresh.
+                self._results, self._profile.profiler = self._profile.profiler, None
         except BaseException:
             self.lost = True
             _force_disable()
@@ -220,7 +262,10 @@ class TorchTracer:
         """Write torch's own chrome trace (C++ exporter) to ``path``."""
         if self.lost or not self.stopped:
             raise RivalProfiler("the window's torch profiler was stopped by another tool; nothing to export")
-        self._profile.export_chrome_trace(path)
+        results, self._results = self._results, None  # exported once; its memory goes with it
+        if results is None:
+            raise RivalProfiler("the window's torch profiler recorded no session; nothing to export")
+        results.export_chrome_trace(path)
 
 
 def _force_disable() -> None:

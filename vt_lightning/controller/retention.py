@@ -1,0 +1,96 @@
+"""``keep_windows``: at most the newest K windows of this run stay on disk.
+
+Only windows this process wrote and the writer *finished* are ever deleted: they are known from
+their ``WindowResult`` (read on the training thread), never from a scan of the log directory, so a
+window another run (or another process) wrote, and one still being written, are never touched.
+Of a window's run directory, only this worker's files (``<worker>.<span>.*``: trace, memory
+snapshot, summaries) go; the directory itself goes once it is empty, so with DDP the last rank to
+delete its files removes it. The deletion runs on the writer thread (``BackgroundWriter.submit``),
+after everything queued before it, never on the training thread; a remote root is reached through
+the filesystem Lightning uses (``get_filesystem``), as ``remote.py`` does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, MutableSequence
+from typing import Any
+
+from vt_lightning.constants import TRACE_SUFFIX
+from vt_lightning.export.job import URL, Location, WindowResult
+
+Submit = Callable[..., Any]
+
+
+class Retention:
+    """Counts finished windows in order and hands the oldest past ``keep`` to ``submit``."""
+
+    def __init__(self, keep: int | None, submit: Submit) -> None:
+        self.keep = keep
+        self.submit = submit
+        self._kept: deque[Location] = deque()  # trace paths of the windows on disk, oldest first
+
+    def finished(self, result: WindowResult, results: MutableSequence[WindowResult]) -> int:
+        """A window's result arrived: delete the oldest windows past ``keep``; how many were."""
+        if self.keep is None:
+            return 0
+        self._kept.append(result.trace_path)
+        deleted = 0
+        while len(self._kept) > self.keep:
+            trace = self._kept.popleft()
+            for old in [r for r in results if r.trace_path == trace]:  # its files are gone: forget it
+                results.remove(old)
+            self.submit(delete_window_files, trace)
+            deleted += 1
+        return deleted
+
+
+def delete_window_files(trace: Location) -> int:
+    """On the writer thread: remove this worker's files of the window whose trace is ``trace``,
+    then its run directory if nothing else is left in it. Returns the files removed."""
+    if isinstance(trace, URL):
+        return _delete_remote(trace)
+    run_dir = os.path.dirname(os.fspath(trace))
+    prefix = _prefix(os.path.basename(os.fspath(trace)))
+    removed = 0
+    try:
+        entries = list(os.scandir(run_dir))
+    except OSError:
+        return 0
+    for entry in entries:
+        if entry.name.startswith(prefix) and entry.is_file(follow_symlinks=False):
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except OSError:
+                pass
+    try:
+        os.rmdir(run_dir)  # only when empty: another rank's files (or anyone's) keep it
+    except OSError:
+        pass
+    return removed
+
+
+def _prefix(trace_name: str) -> str:
+    """``host_0.0000000012.pt.trace.json.gz`` -> ``host_0.0000000012.``: the worker's files of a window."""
+    stem = trace_name[: -len(TRACE_SUFFIX)] if trace_name.endswith(TRACE_SUFFIX) else trace_name
+    return stem + "."
+
+
+def _delete_remote(trace: URL) -> int:
+    from lightning.fabric.utilities.cloud_io import get_filesystem
+
+    fs = get_filesystem(trace)
+    run_dir, prefix = trace.parent, _prefix(trace.name)
+    removed = 0
+    for path in fs.ls(run_dir, detail=False):
+        if str(path).rstrip("/").rpartition("/")[2].startswith(prefix):
+            fs.rm(path)
+            removed += 1
+    try:
+        if not fs.ls(run_dir, detail=False):
+            fs.rmdir(run_dir)
+    except Exception:  # object stores have no directories to remove
+        pass
+    return removed

@@ -1,0 +1,96 @@
+"""Every window's row of the end-of-run table, kept on disk rather than in memory.
+
+The console's table is bounded (``analysis/history.py``); the full one is written at the end of a
+run as ``vt_lightning.windows.txt`` (``<stage>-vt_lightning.windows.txt`` outside fit) in the output
+root, atomically. Until then each row waits as one JSON line in this process's spool directory
+(local scratch space, removed with the spool), appended when the window's result is read: a small
+append, never a read of earlier windows.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from vt_lightning.analysis.history import RunHistory, WindowRow
+from vt_lightning.constants import LOGGER_NAME
+from vt_lightning.export.atomic import atomic_write
+from vt_lightning.export.job import URL
+
+log = logging.getLogger(LOGGER_NAME)
+
+FULL_TABLE_NAME = "vt_lightning.windows.txt"
+JOURNAL_NAME = "windows.jsonl"
+
+
+def full_table_name(stage: str | None) -> str:
+    return FULL_TABLE_NAME if stage in (None, "fit") else f"{stage}-{FULL_TABLE_NAME}"
+
+
+class WindowsTable:
+    """Rows appended to a journal in the spool; ``write`` renders them all into the output root."""
+
+    def __init__(self, spool_dir: str | os.PathLike[str]) -> None:
+        self.path = os.path.join(os.fspath(spool_dir), JOURNAL_NAME)
+        self.broken = False  # a failed append: the full table would miss rows, so none is written
+
+    def append(self, row: WindowRow) -> None:
+        if self.broken:
+            return
+        try:
+            with open(self.path, "ab") as f:
+                f.write(orjson.dumps(row.to_json()) + b"\n")
+        except Exception as err:  # scratch space full or gone: the console table still works
+            self.broken = True
+            log.warning("vt_lightning: the full window table will not be written (%s)", err)
+
+    def rows(self) -> Iterator[WindowRow]:
+        try:
+            with open(self.path, "rb") as f:
+                for line in f:
+                    yield WindowRow.from_json(orjson.loads(line))
+        except FileNotFoundError:
+            return
+
+    def write(self, root: Any, stage: str | None, history: RunHistory) -> str | None:
+        """The full table into ``root`` (a Path or a URL), atomically; its location, or None."""
+        if self.broken or root is None or not history.first:  # no rows: summary=False
+            return None
+        from vt_lightning.export.report import write_full_table
+
+        text = io.StringIO()
+        text.write(f"vt_lightning: all {history.count} windows of the run (ms per step)")
+        if history.deleted:
+            text.write(f"; {history.deleted} of them deleted from disk by keep_windows")
+        text.write("\n")
+        write_full_table(history, self.rows(), text)
+        data = text.getvalue().encode()
+        name = full_table_name(stage)
+        try:
+            if isinstance(root, URL):
+                return _write_remote(root / name, data)
+            target = os.path.join(os.fspath(root), name)
+            atomic_write(target, data)
+            return target
+        except Exception as err:  # never fails the run
+            log.warning("vt_lightning: could not write the full window table to %s (%s)", root, err)
+            return None
+
+
+def _write_remote(target: URL, data: bytes) -> str:
+    """Through the filesystem Lightning uses; a hidden temporary, then a move (as ``remote._upload``)."""
+    from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
+
+    fs = get_filesystem(target)
+    if _is_object_storage(fs):
+        fs.pipe_file(target, data)
+        return str(target)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fs.pipe_file(temporary, data)
+    fs.mv(temporary, target)
+    return str(target)
