@@ -1,4 +1,4 @@
-"""Reproduce docs/img/tb_*.png and docs/img/vizviewer_trace.png (headless Chromium, no network).
+"""Reproduce docs/img/tb_*.png, vizviewer_trace.png and (``--job``) job_timeline.png (headless Chromium).
 
     apt-get install -y chromium          # Debian's package
     python docs/make_screenshots.py      # runs examples/train.py in a temp dir, then shoots
@@ -414,14 +414,59 @@ def shoot_vizviewer(chromium: str, trace: Path, out: Path, raw: Path) -> None:
         vv.wait(timeout=30)
 
 
+def shoot_job(chromium: str, job_file: Path, out: Path, raw: Path) -> None:
+    """A 2-rank job file in vizviewer's Perfetto UI: both ranks (and their DataLoader workers) on
+    one timeline, collapsed to one row per process (docs/img/job_timeline.png)."""
+    port = free_port()
+    vv = subprocess.Popen(
+        [str(BIN / "vizviewer"), "--server_only", "--port", str(port), str(job_file)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    c = None
+    try:
+        wait_http(f"http://127.0.0.1:{port}/", lambda body: True, 60)
+        c = Chromium(chromium, 1600, 1000)
+        c.page("Page.navigate", url=f"http://127.0.0.1:{port}/")
+        c.wait_for("!!document.body && document.body.innerText.includes('Default Workspace')", 120)
+        c.pump(5)
+        c.screenshot(raw / "job_timeline.png")
+        finish_png(raw / "job_timeline.png", out / "job_timeline.png")
+    finally:
+        if c:
+            c.close()
+        vv.terminate()
+        vv.wait(timeout=30)
+
+
+def job_file_of_a_late_rank(work: Path) -> Path:
+    """Run the 2-rank DDP test script (rank 1 late by 30 ms per step, 2 workers per rank)."""
+    script = REPO / "tests" / "ddp_scripts" / "train_job.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VT_LIGHTNING")}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    args = ["--root", str(work / "job"), "--report", str(work / "report"), "--late-rank", "1", "--num-workers", "2"]
+    subprocess.run([sys.executable, str(script), *args, "--persistent-workers"], check=True, timeout=600, env=env)
+    (job,) = sorted((work / "job").rglob("job/job.*.json.gz"))
+    return job
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--logdir", type=Path, help="an existing lightning_logs (default: run examples/train.py)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "img")
     parser.add_argument("--chromium", default=shutil.which("chromium") or "chromium")
+    parser.add_argument("--job", action="store_true", help="only docs/img/job_timeline.png (a 2-rank DDP run)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="vt-shots-"))
+    if args.job:
+        try:
+            raw = work / "raw"
+            raw.mkdir()
+            shoot_job(args.chromium, job_file_of_a_late_rank(work), args.out, raw)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         logdir = args.logdir
         if logdir is None:

@@ -232,7 +232,7 @@ def main() -> None:
     parser.add_argument("--trigger-interval", type=float, default=0.5)
     parser.add_argument("--active", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--tiny-budget-rank", type=int, default=-1, help="this rank alone gets max_output_mb=0.001")
+    parser.add_argument("--tiny-budget-rank", type=int, default=-1, help="this rank alone gets budget_output_mb=0.001")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -248,12 +248,13 @@ def main() -> None:
         active=args.active,
         repeat=args.repeat,
         ranks=ranks,
-        max_output_mb=0.001 if int(os.environ.get("LOCAL_RANK", "0")) == args.tiny_budget_rank else 10_240.0,
+        budget_output_mb=0.001 if int(os.environ.get("LOCAL_RANK", "0")) == args.tiny_budget_rank else 10_240.0,
         record_shapes=args.record_shapes,
         slow_step_factor=args.slow_step_factor,
         slow_step_baseline=10,
         trigger_interval=args.trigger_interval,
         scheduled_windows=not args.triggers_only,
+        trace_workers=False,  # this run checks that workers inherit no tracing (test_workers.py traces them)
     )
     if args.slow_step_factor is not None:
         tracer._controller.step_clock = lambda: CLOCK[0]

@@ -1,0 +1,315 @@
+"""Which rank is late, how long the others wait for it, and which of its Python lines took the time.
+
+Input: each rank's events on one aligned timeline (``job_merge``). Collectives are matched across
+ranks by ``(step, name, k)``: the k-th collective of that name inside ``ProfilerStep#step`` on
+each rank (``None`` outside steps). A collective's *arrival* on a rank is the start of its event;
+every rank leaves it when the last one has arrived, so the others wait ``last arrival - own
+arrival``.
+
+Events counted as collectives, one family per job (the first present on every rank, so the c10d
+op and the backend's own work are never counted twice): the backend's work (``gloo:*``,
+``nccl:*``; on gloo it runs on gloo's thread from the moment the rank enqueues it), then torch's
+``c10d::*`` ops, then ``record_param_comms``. Point-to-point ops (send / recv, e.g. the clock
+ping-pong) are left out: nobody "arrives last" at them.
+
+Verdict, with relative thresholds: a rank is named the straggler only if the others' mean wait
+for it, less its own mean wait for them (the *net* wait), is at least ``MIN_SHARE`` (10 %) of the
+mean step time **and** at least ``MIN_WAIT_MS`` (1 ms) per step. Balanced ranks take turns being
+last (by microseconds, or by a few ms of scheduling noise on a loaded machine), so each waits
+about as long as the others wait for it, and the net wait stays below both.
+
+Where the time went: for every collective the straggler reached last, each rank's Python between
+its previous collective (or the step's start) and its arrival is attributed to the innermost
+*user* function active (``usercode.code_origin``: library and C calls count for the user
+function that called them). The straggler's time per function minus the other ranks' mean, summed
+over those intervals, names the function and file:line with the largest excess.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.constants import PYTHON_CATEGORY, STEP_PREFIX
+
+MIN_SHARE = 0.10  # of the mean step time
+MIN_WAIT_MS = 1.0  # per step
+FAMILIES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
+POINT_TO_POINT = ("send", "recv", "isend", "irecv", "recv_", "recv_any_source", "recv_any_source_")
+
+Key = tuple[int | None, str, int]  # (step, collective name, k-th of that name in the step)
+Segment = tuple[float, float, str]  # [start, end) µs attributed to one user function label
+
+
+def is_collective(name: str, family: str) -> bool:
+    if not name.startswith(family):
+        return False
+    op = name[len(family) :].lstrip(":").lower()
+    return op not in POINT_TO_POINT
+
+
+def choose_family(ranks: Mapping[int, Sequence[Mapping[str, Any]]]) -> str | None:
+    """The first collective family present on every rank (None: no common collectives)."""
+    for family in FAMILIES:
+        if all(
+            any(e.get("ph") == "X" and is_collective(str(e.get("name", "")), family) for e in events)
+            for events in ranks.values()
+        ):
+            return family
+    return None
+
+
+def steps_of(events: Iterable[Mapping[str, Any]]) -> list[tuple[float, float, int]]:
+    """``ProfilerStep#N`` spans as ``(start, end, N)``, by start."""
+    out = []
+    for e in events:
+        name = str(e.get("name", ""))
+        if e.get("ph") == "X" and name.startswith(STEP_PREFIX) and name[len(STEP_PREFIX) :].isdigit():
+            start = float(e["ts"])
+            out.append((start, start + float(e.get("dur", 0.0)), int(name[len(STEP_PREFIX) :])))
+    return sorted(out)
+
+
+def _step_at(steps: Sequence[tuple[float, float, int]], t: float) -> int | None:
+    i = bisect.bisect_right(steps, (t, float("inf"), 1 << 62)) - 1
+    if i >= 0 and steps[i][0] <= t <= steps[i][1]:
+        return steps[i][2]
+    return None
+
+
+def keyed_collectives(
+    events: Sequence[Mapping[str, Any]], family: str, steps: Sequence[tuple[float, float, int]]
+) -> dict[Key, tuple[float, float]]:
+    """``{(step, name, k): (arrival, exit)}`` of one rank."""
+    found = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), str(e["name"]))
+        for e in events
+        if e.get("ph") == "X" and "ts" in e and is_collective(str(e.get("name", "")), family)
+    )
+    seen: dict[tuple[int | None, str], int] = defaultdict(int)
+    out: dict[Key, tuple[float, float]] = {}
+    for start, end, name in found:
+        step = _step_at(steps, start)
+        k = seen[(step, name)]
+        seen[(step, name)] = k + 1
+        out[(step, name, k)] = (start, end)
+    return out
+
+
+# ------------------------------------------------------------------------------ user-code attribution
+def _label(name: str) -> str | None:
+    function, path, line = parse_function(name)
+    if path is None or code_origin(path)[0] != "user":
+        return None
+    return f"{function} ({path}:{line})"
+
+
+def user_segments(events: Iterable[Mapping[str, Any]]) -> list[Segment]:
+    """Time of each thread attributed to its innermost user function, as sorted segments."""
+    threads: dict[tuple[Any, Any], list[tuple[float, float, str | None]]] = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == PYTHON_CATEGORY and "ts" in e:
+            start = float(e["ts"])
+            threads[(e.get("pid"), e.get("tid"))].append(
+                (start, start + float(e.get("dur", 0.0)), _label(str(e.get("name", ""))))
+            )
+    segments: list[Segment] = []
+    for calls in threads.values():
+        calls.sort(key=lambda c: (c[0], -c[1]))
+        stack: list[tuple[float, str | None]] = []  # (end, effective label)
+        cursor = float("-inf")
+
+        def emit(a: float, b: float, label: str | None) -> None:
+            if label is not None and b > a:
+                segments.append((a, b, label))
+
+        for start, end, label in calls:
+            while stack and stack[-1][0] <= start:
+                frame_end, effective = stack.pop()
+                emit(cursor, frame_end, effective)
+                cursor = max(cursor, frame_end)
+            if stack:
+                emit(cursor, start, stack[-1][1])
+            cursor = max(cursor, start)
+            parent = stack[-1] if stack else None
+            effective = label if label is not None else (parent[1] if parent else None)
+            stack.append((min(end, parent[0]) if parent else end, effective))
+        while stack:
+            frame_end, effective = stack.pop()
+            emit(cursor, frame_end, effective)
+            cursor = max(cursor, frame_end)
+    segments.sort()
+    return segments
+
+
+def time_in(segments: Sequence[Segment], intervals: Iterable[tuple[float, float]]) -> dict[str, float]:
+    """µs per label inside the intervals."""
+    out: dict[str, float] = defaultdict(float)
+    starts = [s[0] for s in segments]
+    longest = max((s[1] - s[0] for s in segments), default=0.0)
+    for a, b in intervals:
+        i = bisect.bisect_left(starts, a - longest)
+        while i < len(segments) and segments[i][0] < b:
+            s, e, label = segments[i]
+            overlap = min(e, b) - max(s, a)
+            if overlap > 0:
+                out[label] += overlap
+            i += 1
+    return out
+
+
+# ------------------------------------------------------------------------------ the analysis
+def analyze_straggler(
+    ranks: Mapping[int, Sequence[Mapping[str, Any]]],
+    min_share: float = MIN_SHARE,
+    min_wait_ms: float = MIN_WAIT_MS,
+) -> dict[str, Any]:
+    """The job summary's ``straggler`` block for one window (see the module docstring)."""
+    out: dict[str, Any] = {
+        "family": None,
+        "collectives": 0,
+        "steps": [],
+        "wait_ms_per_step": [],
+        "straggler": None,
+        "thresholds": {"min_share_of_step": min_share, "min_wait_ms": min_wait_ms},
+    }
+    if len(ranks) < 2:
+        return out
+    family = choose_family(ranks)
+    out["family"] = family
+    if family is None:
+        return out
+    steps = {r: steps_of(events) for r, events in ranks.items()}
+    keyed = {r: keyed_collectives(events, family, steps[r]) for r, events in ranks.items()}
+    first = keyed[min(keyed)]
+    common = sorted(set.intersection(*(set(k) for k in keyed.values())), key=lambda k: first[k][0])
+    out["collectives"] = len(common)
+    step_ms = {
+        n: statistics.fmean(e - s for r in ranks for s, e, m in steps[r] if m == n) / 1000.0
+        for n in sorted({m for r in ranks for _, _, m in steps[r]})
+    }
+    caused: dict[int | None, dict[int, float]] = defaultdict(lambda: defaultdict(float))  # step -> rank -> µs
+    waited: dict[int, float] = defaultdict(float)
+    late_at: dict[int, list[Key]] = defaultdict(list)
+    for key in common:
+        arrivals = {r: keyed[r][key][0] for r in ranks}
+        last = max(arrivals, key=lambda r: (arrivals[r], -r))
+        waits = {r: arrivals[last] - t for r, t in arrivals.items() if r != last}
+        for r, w in waits.items():
+            waited[r] += w
+        caused[key[0]][last] += statistics.fmean(waits.values())
+        late_at[last].append(key)
+    counted_steps = [n for n in step_ms if n in caused] or list(step_ms)
+    for n in step_ms:
+        by_rank = caused.get(n, {})
+        late = max(by_rank, key=lambda r: by_rank[r]) if by_rank else None
+        out["steps"].append(
+            {
+                "step": n,
+                "step_ms": round(step_ms[n], 3),
+                "late_rank": late,
+                "others_wait_ms": round(by_rank[late] / 1000.0, 3) if late is not None else 0.0,
+            }
+        )
+    per_step = max(len(counted_steps), 1)
+    out["wait_ms_per_step"] = [
+        {"rank": r, "wait_ms": round(waited.get(r, 0.0) / 1000.0 / per_step, 3)} for r in sorted(ranks)
+    ]
+    total_caused: dict[int, float] = defaultdict(float)
+    for by_rank in caused.values():
+        for r, us in by_rank.items():
+            total_caused[r] += us
+    if not total_caused or not step_ms:
+        return out
+    candidate = max(total_caused, key=lambda r: (total_caused[r] - waited.get(r, 0.0), -r))
+    mean_wait_ms = total_caused[candidate] / 1000.0 / per_step
+    own_wait_ms = waited.get(candidate, 0.0) / 1000.0 / per_step
+    net_ms = mean_wait_ms - own_wait_ms
+    mean_step_ms = statistics.fmean(step_ms.values())
+    share = net_ms / mean_step_ms if mean_step_ms > 0 else 0.0
+    out["candidate"] = {
+        "rank": candidate,
+        "others_wait_ms": round(mean_wait_ms, 3),
+        "own_wait_ms": round(own_wait_ms, 3),
+        "share_of_step": round(share, 4),
+    }
+    if net_ms < min_wait_ms or share < min_share:
+        return out
+    verdict: dict[str, Any] = {
+        "rank": candidate,
+        "others_wait_ms": round(mean_wait_ms, 3),
+        "own_wait_ms": round(own_wait_ms, 3),
+        "step_ms": round(mean_step_ms, 3),
+        "share_of_step": round(share, 4),
+        "late_in_steps": sum(1 for s in out["steps"] if s["late_rank"] == candidate),
+        "steps": len(out["steps"]),
+    }
+    verdict.update(_where(ranks, keyed, steps, candidate, late_at[candidate], per_step))
+    out["straggler"] = verdict
+    return out
+
+
+def _interval(
+    keyed: Mapping[Key, tuple[float, float]], steps: Sequence[tuple[float, float, int]], key: Key
+) -> tuple[float, float]:
+    """From the rank's previous collective's exit (or the step's start) to its arrival at ``key``."""
+    arrival = keyed[key][0]
+    begin = next((s for s, e, n in steps if n == key[0]), None)
+    previous = [end for start, end in keyed.values() if end <= arrival]
+    begin = max([*previous, *([begin] if begin is not None else [])], default=arrival)
+    return (min(begin, arrival), arrival)
+
+
+def _where(
+    ranks: Mapping[int, Sequence[Mapping[str, Any]]],
+    keyed: Mapping[int, Mapping[Key, tuple[float, float]]],
+    steps: Mapping[int, Sequence[tuple[float, float, int]]],
+    late: int,
+    keys: Sequence[Key],
+    per_step: int,
+) -> dict[str, Any]:
+    """The late rank's user function with the largest excess over the others' mean."""
+    excess: dict[str, float] = defaultdict(float)
+    times = {}
+    for r, events in ranks.items():
+        segments = user_segments(events)
+        times[r] = time_in(segments, [_interval(keyed[r], steps[r], k) for k in keys])
+    others = [r for r in ranks if r != late]
+    for label in set().union(*times.values()):
+        excess[label] = times[late].get(label, 0.0) - statistics.fmean(times[o].get(label, 0.0) for o in others)
+    if not excess:
+        return {"function": None, "file": None, "line": None, "excess_ms": 0.0}
+    label = max(excess, key=lambda k: excess[k])
+    if excess[label] <= 0:
+        return {"function": None, "file": None, "line": None, "excess_ms": 0.0}
+    function, path, line = parse_function(label)
+    return {"function": function, "file": path, "line": line, "excess_ms": round(excess[label] / 1000.0 / per_step, 3)}
+
+
+STRAGGLER_ADVICE = (
+    "One rank is late at the collectives: look at what it does between them (its data, its Python, "
+    "an uneven batch or a busy host), and balance the work."
+)
+
+
+def straggler_verdict(job: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The ``straggler`` verdict of rank 0's summary from its ``job`` block (None: balanced, or no
+    job file). Same shape as ``analysis/verdicts.py``'s; the thresholds are this module's."""
+    found = (job or {}).get("straggler")
+    if not found:
+        return None
+    where = []
+    if found.get("function"):
+        where.append({"function": found["function"], "file": found.get("file"), "line": found.get("line")})
+    evidence = {
+        "share": found.get("share_of_step"),
+        "rank": found.get("rank"),
+        "others_wait_ms": found.get("others_wait_ms"),
+        "step_ms": found.get("step_ms"),
+        "excess_ms": found.get("excess_ms"),
+    }
+    return {"kind": "straggler", "where": where, "evidence": evidence, "advice": STRAGGLER_ADVICE}

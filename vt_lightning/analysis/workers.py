@@ -1,0 +1,258 @@
+"""DataLoader workers in a window: which batches a worker traces, where its events go, what the
+summary says of them. Pure: the worker side (``recording/workers.py``) and the writer
+(``export/worker_dumps.py``) do the I/O.
+
+A worker decides per fetch from a plan the training process publishes: the epoch's first global
+batch index, the epoch's batch limit and the active ranges ``[first, end)`` of the next windows.
+Batch ``idx`` of the epoch (the DataLoader's own task number, 0-based each epoch) is global batch
+``epoch_base + idx``; the worker traces the fetch when that falls in a range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from vt_lightning.analysis.schedule import Schedule
+from vt_lightning.analysis.schema import WorkerEntry, Workers
+from vt_lightning.analysis.spans import ms as _ms
+from vt_lightning.constants import PYTHON_CATEGORY
+
+PLAN_SLOTS = 4  # window ranges a plan holds: back-to-back windows closer than the prefetch depth
+NO_LIMIT = 2**62  # an epoch of unknown length (an iterable dataset without ``__len__``)
+FETCH_CATEGORY = "dataloader"
+TOP_WORKER_PYTHON = 5
+
+Range = tuple[int, int]  # [first, end) global batch indices of a window's active batches
+
+
+def upcoming_ranges(schedule: Schedule, step: int, count: int = PLAN_SLOTS) -> list[Range]:
+    """The active ranges of the next ``count`` scheduled windows not over by batch ``step``."""
+    ranges: list[Range] = []
+    window = schedule.next_window(step)
+    while window is not None and len(ranges) < count:
+        ranges.append((window.active_start, window.end))
+        window = schedule.next_window(window.end)
+    return ranges
+
+
+def plan_ranges(scheduled: Sequence[Range], pinned: Iterable[Range] = ()) -> list[Range]:
+    """``pinned`` (windows open now, e.g. triggered ones) first, then the scheduled ones; at most
+    ``PLAN_SLOTS``, no duplicates."""
+    out: list[Range] = []
+    for candidate in (*pinned, *scheduled):
+        if candidate not in out and candidate[1] > candidate[0]:
+            out.append(candidate)
+    return out[:PLAN_SLOTS]
+
+
+def global_batch(epoch_base: int, epoch_limit: int, idx: Any) -> int | None:
+    """The global batch index of the epoch's task ``idx``; None past the epoch's limit (a batch the
+    DataLoader fetched ahead that the epoch never runs) or when ``idx`` is unknown."""
+    if not isinstance(idx, int) or idx < 0 or idx >= epoch_limit:
+        return None
+    return epoch_base + idx
+
+
+def range_of(ranges: Iterable[Range], batch: int | None) -> Range | None:
+    if batch is None:
+        return None
+    for first, end in ranges:
+        if first <= batch < end:
+            return (first, end)
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Clocks: a worker's VizTracer clock -> the monotonic clock -> the main process's VizTracer clock
+# --------------------------------------------------------------------------------------------------
+
+ClockReading = tuple[float, int]  # (VizTracer µs, monotonic ns) read together
+
+
+def _line(pairs: Sequence[ClockReading]) -> tuple[float, float, float]:
+    """(x0, y0, slope) of the line through the first and last reading (µs -> ns)."""
+    x0, y0 = float(pairs[0][0]), float(pairs[0][1])
+    x1, y1 = float(pairs[-1][0]), float(pairs[-1][1])
+    slope = (y1 - y0) / (x1 - x0) if x1 - x0 > 1000.0 else 1000.0  # < 1 ms apart: offset only
+    return x0, y0, slope
+
+
+def worker_to_main_us(worker: Sequence[ClockReading], main: Sequence[ClockReading]) -> Callable[[float], float]:
+    """Map a worker's VizTracer µs onto the training process's VizTracer µs.
+
+    Each process anchors VizTracer's tick clock itself (at import; under spawn, a different zero),
+    so both read it beside the one clock they share on a host, ``time.monotonic_ns``: the worker
+    at its first traced fetch and at its dump, the training process at the window's start and
+    end. The main process's calibration then maps the result onto torch's timeline as it does its
+    own Python events."""
+    wx, wy, wslope = _line(worker)
+    mx, my, mslope = _line(main)
+
+    def convert(us: float) -> float:
+        mono_ns = wy + (us - wx) * wslope
+        return mx + (mono_ns - my) / mslope
+
+    return convert
+
+
+def place_events(events: list[dict[str, Any]], to_main_us: Callable[[float], float], drop_tids: set[int]) -> int:
+    """Move a worker's VizTracer events onto the main process's clock in place (start and end each
+    mapped); drop the worker's own helper thread (``drop_tids``). Returns the events kept."""
+    kept = []
+    for event in events:
+        if event.get("tid") in drop_tids:
+            continue
+        if "ts" in event:
+            ts = float(event["ts"])
+            start = to_main_us(ts)
+            if event.get("ph") == "X":
+                event["dur"] = max(to_main_us(ts + float(event.get("dur", 0.0))) - start, 0.0)
+            event["ts"] = start
+        kept.append(event)
+    events[:] = kept
+    return len(kept)
+
+
+def process_name(rank: int, worker_id: int) -> str:
+    return f"rank {rank} · DataLoader worker {worker_id}"
+
+
+def worker_process_events(
+    pid: int,
+    rank: int,
+    worker_id: int,
+    fetches: Sequence[tuple[int, float, float]],
+    to_torch_us: Callable[[float], float],
+    after: int = 0,
+) -> list[dict[str, Any]]:
+    """The worker's process name and sort index, and one ``fetch batch N`` span per traced fetch
+    (``fetches``: batch, start and end in the main process's VizTracer µs). ``after``: the sort
+    index of the rank's main process; the workers sort right after it, by index."""
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": process_name(rank, worker_id)}},
+        {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+         "args": {"sort_index": after + 1 + worker_id}},
+    ]  # fmt: skip
+    for batch, start, end in fetches:
+        ts = round(to_torch_us(start), 3)
+        events.append(
+            {
+                "ph": "X",
+                "cat": FETCH_CATEGORY,
+                "name": f"fetch batch {batch}",
+                "pid": pid,
+                "tid": pid,  # a worker fetches on its main thread, whose native id is its pid
+                "ts": ts,
+                "dur": max(round(to_torch_us(end) - ts, 3), 0.0),
+                "args": {"batch": batch, "worker": worker_id},
+            }
+        )
+    return events
+
+
+def main_sort_index(events: Iterable[Mapping[str, Any]], workers: set[int]) -> int:
+    """The largest numeric ``process_sort_index`` of the trace's processes other than ``workers``
+    (torch gives its process its pid; its named tracks, e.g. ``Spans``, sort far after)."""
+    found = [
+        int(e["args"]["sort_index"])
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_sort_index" and isinstance(e.get("pid"), int)
+        and e.get("pid") not in workers and isinstance(e.get("args", {}).get("sort_index"), int)
+    ]  # fmt: skip
+    return max(found, default=0)
+
+
+def seconds_to_lower(events: Iterable[Mapping[str, Any]]) -> int:
+    """Whole seconds to move the time origin down so no event starts before it (a worker fetches
+    its batches ahead, possibly before the first torch event the origin was taken from)."""
+    first = min((float(e["ts"]) for e in events if "ts" in e), default=0.0)
+    return 0 if first >= 0 else int(-first // 1_000_000) + 1
+
+
+def lower_origin(trace: dict[str, Any], seconds: int, metadata_key: str) -> None:
+    """Move ``trace``'s time origin ``seconds`` earlier: every ``ts`` grows, absolute time stays."""
+    if seconds <= 0:
+        return
+    shift_us = seconds * 1_000_000
+    for event in trace.get("traceEvents", ()):
+        if "ts" in event:
+            event["ts"] = float(event["ts"]) + shift_us
+    trace["baseTimeNanoseconds"] = int(trace.get("baseTimeNanoseconds", 0)) - shift_us * 1000
+    meta = trace.get(metadata_key)
+    if isinstance(meta, dict) and "time_origin_us" in meta:
+        meta["time_origin_us"] = int(meta["time_origin_us"]) - shift_us
+
+
+# --------------------------------------------------------------------------------------------------
+# The summary's ``workers`` key
+# --------------------------------------------------------------------------------------------------
+
+
+def worker_summary(
+    events: Sequence[Mapping[str, Any]], workers: Sequence[Mapping[str, Any]], missing: list[str]
+) -> Workers:
+    """Per worker: the batches it fetched in the window, its busy time (its fetches' total) and its
+    top user functions; and the top functions over all workers (an input-bound verdict's ``where``).
+
+    ``workers``: ``{"pid", "worker", "rank"}`` of each worker whose events were merged."""
+    from vt_lightning.analysis.summary import top_python
+
+    pids = {int(w["pid"]) for w in workers}
+    python_by_pid: dict[int, list[Mapping[str, Any]]] = {pid: [] for pid in pids}
+    fetches: dict[int, list[tuple[int, float]]] = {pid: [] for pid in pids}
+    for event in events:
+        pid = event.get("pid")
+        if pid not in pids or event.get("ph") != "X":
+            continue
+        if event.get("cat") == PYTHON_CATEGORY:
+            python_by_pid[pid].append(event)
+        elif event.get("cat") == FETCH_CATEGORY:
+            fetches[pid].append((int(event.get("args", {}).get("batch", -1)), float(event.get("dur", 0.0))))
+    per_worker: list[WorkerEntry] = []
+    for info in sorted(workers, key=lambda w: (int(w["worker"]), int(w["pid"]))):
+        pid = int(info["pid"])
+        done = sorted(fetches[pid])
+        top = top_python(python_by_pid[pid], 1, limit=2 * TOP_WORKER_PYTHON)
+        per_worker.append(
+            {
+                "worker": int(info["worker"]),
+                "pid": pid,
+                "process": process_name(int(info["rank"]), int(info["worker"])),
+                "batches": [batch for batch, _ in done],
+                "busy_ms": _ms(sum(dur for _, dur in done)),
+                "top_python": [e for e in top["by_self"] if e["origin"] == "user"][:TOP_WORKER_PYTHON],
+            }
+        )
+    everything = [e for pid in pids for e in python_by_pid[pid]]
+    overall = top_python(everything, 1, limit=2 * TOP_WORKER_PYTHON)["by_self"] if everything else []
+    return {
+        "workers": per_worker,
+        "top_python": overall[: 2 * TOP_WORKER_PYTHON],
+        "missing": list(missing),
+    }
+
+
+def workers_markdown(workers: Mapping[str, Any]) -> list[str]:
+    """The summary's workers as markdown lines (``vt-lightning summary``, summary.md)."""
+    rows = workers.get("workers") or []
+    lines = [
+        "",
+        "| DataLoader worker | batches fetched | busy ms | top user function (self ms) |",
+        "|---|---|---:|---|",
+    ]
+    for worker in rows:
+        top = (worker.get("top_python") or [None])[0]
+        where = f"`{top['function']}` ({_ms_text(top.get('self_ms'))})" if top else "–"
+        batches = ", ".join(str(b) for b in worker.get("batches") or []) or "–"
+        lines.append(f"| {worker.get('process')} | {batches} | {_ms_text(worker.get('busy_ms'))} | {where} |")
+    if not rows:
+        lines.append("| (none traced) | – | – | – |")
+    missing = workers.get("missing") or []
+    if missing:
+        lines += ["", *(f"Worker events missing: {note}." for note in missing)]
+    return lines
+
+
+def _ms_text(value: Any) -> str:
+    return "–" if value is None else f"{float(value):.2f}"

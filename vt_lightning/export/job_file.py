@@ -1,0 +1,246 @@
+"""The job file: rank 0's writer waits (bounded) for every rank's trace of a window, then merges
+them into one timeline (``analysis/job_merge.py``) with the straggler named (``analysis/straggler.py``).
+
+Where: ``<window dir>/job/job.<span>.json.gz`` and, beside it, ``job.<span>.ranks.json`` (ranks,
+their clock offsets, the straggler). A directory of its own, and names that do not end in
+``.pt.trace.json(.gz)``: TensorBoard's profiler plugin takes every such file of a run directory for
+one more worker, and HTA's directory scan takes every ``*.json`` / ``*.gz`` of the directory it is
+given; neither looks into ``job/``. ``.ranks.json`` does not end in ``.summary.json``, so
+``vt-lightning summary`` never takes it for a window's summary.
+
+The wait: the ranks share the run directory on one host (or on a shared filesystem). Rank 0's
+writer, after writing rank 0's own files, polls for the other ranks' files up to ``job_wait_s`` (at
+most ``MAX_JOB_WAIT_S`` and half of ``writer_timeout``); rank 0's later windows queue behind it in
+its writer (training does not wait, unless windows pile up past the writer's ``max_in_flight``).
+After one timeout, later windows of the run wait at most ``WAIT_AFTER_TIMEOUT_S``. When ranks on
+other hosts never show up it says once that the log dir is not shared and stops waiting for them;
+no job file is written without every rank.
+"""
+
+from __future__ import annotations
+
+import gzip
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+
+from vt_lightning.analysis.job_merge import (
+    JOB_BUDGET_BYTES,
+    aligned_events,
+    merge_job,
+    ranks_to_reduce,
+    slowest_and_fastest,
+)
+from vt_lightning.analysis.offsets import collective_residuals, rank_offsets
+from vt_lightning.analysis.schema import JobInfo
+from vt_lightning.analysis.straggler import analyze_straggler, choose_family, is_collective
+from vt_lightning.constants import TRACE_METADATA_KEY, TRACE_SUFFIX
+from vt_lightning.export.atomic import atomic_write, gzip_bytes
+from vt_lightning.export.job import WindowJob
+
+JOB_EXTRA = "clock_sync"  # the side recorder's key in WindowJob.extras (recording/clock_sync.py)
+JOB_DIR = "job"
+JOB_SUFFIX = ".json.gz"
+JOB_SUMMARY_SUFFIX = ".ranks.json"
+MAX_JOB_WAIT_S = 30.0
+WAIT_AFTER_TIMEOUT_S = 2.0  # once a rank's file did not come in time, later windows wait only this long
+POLL_S = 0.1
+_UNSHARED: set[str] = set()  # run roots whose other hosts' files never arrived (said once, no more waits)
+_TIMED_OUT: set[str] = set()  # run roots where a rank's file did not come within the wait
+
+
+def job_names(span: str) -> tuple[str, str]:
+    """(job file, job summary) names inside ``<window dir>/job/``."""
+    return f"job.{span}{JOB_SUFFIX}", f"job.{span}{JOB_SUMMARY_SUFFIX}"
+
+
+def job_file_of(trace: Path) -> Path | None:
+    """The job file of the window a rank's trace belongs to, if one was written."""
+    if not trace.name.endswith(TRACE_SUFFIX):
+        return None
+    span = trace.name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1]
+    path = trace.parent / JOB_DIR / job_names(span)[0]
+    return path if path.is_file() else None
+
+
+def rank_files(run_dir: Path, span: str, world_size: int) -> dict[int, Path]:
+    """The ranks' traces of one window found in ``run_dir`` (any host)."""
+    found: dict[int, Path] = {}
+    for path in run_dir.glob(f"*.{span}{TRACE_SUFFIX}"):
+        worker = path.name[: -len(f".{span}{TRACE_SUFFIX}")]
+        rank = worker.rsplit("_", 1)[-1]
+        if rank.isdigit() and int(rank) < world_size:
+            found[int(rank)] = path
+    return found
+
+
+def wait_for_ranks(run_dir: Path, span: str, world_size: int, timeout_s: float) -> dict[int, Path]:
+    """The other ranks' traces (rank 0's own is in memory), polled for until all are there or
+    ``timeout_s`` has passed."""
+    deadline = time.monotonic() + max(timeout_s, 0.0)
+    while True:
+        found = rank_files(run_dir, span, world_size)
+        if set(range(1, world_size)) <= set(found) or time.monotonic() >= deadline:
+            return found
+        time.sleep(POLL_S)
+
+
+def _read(path: Path) -> tuple[dict[str, Any], int]:
+    """(the trace, its JSON size in bytes)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if path.name.endswith(".gz"):
+        data = gzip.decompress(data)
+    return orjson.loads(data), len(data)
+
+
+def write_job_file(
+    job: WindowJob, run_dir: Path, merged: dict[str, Any], json_bytes: int
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """Rank 0's part: (the job block for the summary and the result, notes). Never raises."""
+    try:
+        return _write_job_file(job, run_dir, merged, json_bytes)
+    except Exception as err:  # the window's own files are written; a job file problem is a note
+        return None, [f"job file not written ({type(err).__name__}: {err})"]
+
+
+def _write_job_file(
+    job: WindowJob, run_dir: Path, merged: dict[str, Any], json_bytes: int
+) -> tuple[dict[str, Any] | None, list[str]]:
+    sync = dict(job.extras.get(JOB_EXTRA) or {})
+    if job.publish_to is not None:
+        return None, ["job file not written (remote output roots are not supported yet)"]
+    meta = merged.get(TRACE_METADATA_KEY) or {}
+    world = int(sync.get("world_size") or meta.get("world_size") or 1)
+    span = str(meta.get("span") or job.trace_name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1])
+    host_ids: dict[int, int] = {int(k): int(v) for k, v in (sync.get("host_ids") or {}).items()}
+    remote_ranks = {r for r, h in host_ids.items() if h != host_ids.get(0)}
+    root = str(run_dir.parent)
+    wait_s = min(float(sync.get("job_wait_s", MAX_JOB_WAIT_S)), MAX_JOB_WAIT_S)
+    if root in _UNSHARED and remote_ranks:
+        wait_s = 0.0
+    elif root in _TIMED_OUT:  # a rank that stopped writing must not cost every later window the full wait
+        wait_s = min(wait_s, WAIT_AFTER_TIMEOUT_S)
+    files = wait_for_ranks(run_dir, span, world, wait_s)
+    missing = sorted(set(range(1, world)) - set(files))
+    if missing:
+        if remote_ranks & set(missing):
+            _UNSHARED.add(root)
+            return None, [
+                "no job file: the log dir is not shared between hosts (ranks on other hosts wrote no "
+                f"trace into {run_dir} within {wait_s:.0f} s; ranks {missing} missing); copy their window "
+                "directories together and run `vt-lightning summary` there"
+            ]
+        _TIMED_OUT.add(root)
+        return None, [f"no job file for {run_dir.name} (rank(s) {missing} wrote no trace of it within {wait_s:.0f} s)"]
+    traces: dict[int, dict[str, Any]] = {0: merged}
+    sizes = {0: json_bytes}
+    for rank in range(1, world):
+        traces[rank], sizes[rank] = _read(files[rank])
+    hosts = {r: str((t.get(TRACE_METADATA_KEY) or {}).get("host", "")) for r, t in traces.items()}
+    same_host = {r: hosts[r] == hosts[0] for r in traces}
+    samples = {int(k): [tuple(s) for s in v] for k, v in (sync.get("samples") or {}).items()}
+    offsets, unknown = rank_offsets(samples, same_host, world)
+    notes: list[str] = []
+    if unknown:
+        notes.append(
+            f"job file: no clock offset for ranks {unknown} on other hosts "
+            f"({sync.get('error') or 'no sample'}); not shifted"
+        )
+    offset_us = {r: (o.offset_us if (o := offsets.get(r)) else 0.0) for r in traces}
+    aligned = aligned_events(traces, offset_us)
+    straggler = analyze_straggler(aligned)
+    family = choose_family(aligned)
+    exits = (
+        {
+            r: [
+                (str(e["name"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+                for e in events
+                if is_collective(str(e.get("name", "")), family)
+            ]
+            for r, events in aligned.items()
+        }
+        if family
+        else {}
+    )
+    check = collective_residuals(exits, {}) if exits else None
+    del aligned
+    budget = int(sync.get("budget_bytes") or JOB_BUDGET_BYTES)
+    reduced = ranks_to_reduce(sizes, slowest_and_fastest(straggler["wait_ms_per_step"]), budget)
+    ranks_info = [
+        {
+            "rank": r,
+            "host": hosts[r],
+            "pid": (traces[r].get(TRACE_METADATA_KEY) or {}).get("pid"),
+            "trace": files[r].name if r in files else job.trace_name,
+            **(offsets[r].as_dict() if r in offsets else {"offset_us": None, "uncertainty_us": None}),
+        }
+        for r in sorted(traces)
+    ]
+    left_out = (
+        [f"ranks {reduced}: only steps, collectives and their top Python functions (job over {budget} bytes of JSON)"]
+        if reduced
+        else []
+    )
+    job_name, summary_name = job_names(span)
+    info: dict[str, Any] = {
+        "file": f"{JOB_DIR}/{job_name}",
+        "summary": f"{JOB_DIR}/{summary_name}",
+        "world_size": world,
+        "ranks": ranks_info,
+        "alignment": "one host: the ranks' shared clock, no shift (offset 0, bound: the ping-pong's half round trip)"
+        if all(same_host.values())
+        else "NTP-style ping-pong at window start, minimum round trip; offsets subtracted",
+        "clock_sync_error": sync.get("error"),
+        "collective_check": check.as_dict() if check is not None else None,
+        "straggler": straggler,
+        "budget_bytes": budget,
+        "reduced_ranks": reduced,
+        "left_out": left_out,
+    }
+    trace = merge_job(traces, offset_us, {**info, "span": span, "window": meta.get("window")}, reduced)
+    del traces
+    raw = orjson.dumps(trace)
+    del trace
+    info["json_bytes"] = len(raw)
+    directory = run_dir / JOB_DIR
+    directory.mkdir(exist_ok=True)
+    try:
+        atomic_write(directory / job_name, gzip_bytes(raw, job.gzip_level), overwrite=False)
+    except FileExistsError:
+        notes.append(f"job file {job_name} already there (a retried window); kept")
+    atomic_write(directory / summary_name, orjson.dumps(info, option=orjson.OPT_INDENT_2) + b"\n")
+    if reduced:
+        notes.append(f"job file over its budget ({budget} bytes of JSON): {left_out[0]}")
+    return info, notes
+
+
+def job_summary(info: dict[str, Any]) -> JobInfo:
+    """The ``job`` block of rank 0's ``summary.json`` (``analysis/schema.JobInfo``)."""
+    straggler = (info.get("straggler") or {}).get("straggler")
+    check = info.get("collective_check") or {}
+    block = {
+        "file": info["file"],
+        "world_size": info["world_size"],
+        "ranks": [
+            {
+                "rank": r["rank"],
+                "host": r["host"],
+                "offset_us": r.get("offset_us"),
+                "uncertainty_us": r.get("uncertainty_us"),
+                "same_host": bool(r.get("same_host", True)),
+            }
+            for r in info["ranks"]
+        ],
+        "max_exit_residual_us": check.get("max_residual_us"),
+        "straggler": None
+        if straggler is None
+        else {
+            k: straggler.get(k)
+            for k in ("rank", "others_wait_ms", "step_ms", "share_of_step", "function", "file", "line", "excess_ms")
+        },
+        "reduced_ranks": list(info.get("reduced_ranks") or []),
+    }
+    return cast(JobInfo, block)

@@ -1,0 +1,189 @@
+"""The writer's side of DataLoader worker tracing: collect the parts the workers wrote to the spool
+for one window (``recording/workers.py``), wait a bounded time for those still being written, and
+put their events on the window's timeline. A worker that died or hung loses only its own part: the
+window is written without it, with a note.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from vt_lightning.analysis.schema import Workers
+from vt_lightning.analysis.workers import (
+    lower_origin,
+    main_sort_index,
+    place_events,
+    seconds_to_lower,
+    worker_process_events,
+    worker_summary,
+    worker_to_main_us,
+)
+from vt_lightning.constants import TRACE_METADATA_KEY
+
+POLL_S = 0.02
+
+
+@dataclass
+class WorkerDumps:
+    """The workers' events of one window, on the main process's VizTracer clock."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    workers: list[dict[str, Any]] = field(default_factory=list)  # pid, worker, rank, fetches (main µs)
+    missing: list[str] = field(default_factory=list)
+
+
+def _alive(pid: int) -> bool:
+    """A live process with this pid on this host; a zombie (a worker its DataLoader has not reaped
+    yet) is dead."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _stem_pid(stem: str) -> int:
+    for part in os.path.basename(stem).split("-"):
+        if part.startswith("p") and part[1:].isdigit():
+            return int(part[1:])
+    return -1
+
+
+def _files_starting(directory: str, prefix: str, suffix: str = "") -> list[str]:
+    """Paths in ``directory`` named ``prefix…suffix``. Not ``glob``: its fnmatch cache keeps every
+    pattern (32,768 of them), and each window's pattern is new, so a long run grew by each."""
+    try:
+        with os.scandir(directory) as entries:
+            return [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(suffix)]
+    except OSError:
+        return []
+
+
+def part_stems(extras: dict[str, Any]) -> list[str]:
+    prefix = f"b{int(extras['first'])}-r{int(extras['rank'])}-"
+    return sorted(path[: -len(".started")] for path in _files_starting(str(extras["dir"]), prefix, ".started"))
+
+
+def wait_for_parts(
+    stems: list[str], wait_s: float, alive: Callable[[int], bool] = _alive
+) -> tuple[list[str], list[str]]:
+    """(complete stems, notes on the others) once every part is complete or its worker is gone,
+    or ``wait_s`` has passed."""
+    deadline = time.monotonic() + wait_s
+    pending = list(stems)
+    while True:
+        pending = [s for s in pending if not os.path.exists(f"{s}.meta.json")]
+        gone = [s for s in pending if not alive(_stem_pid(s))]
+        waiting = [s for s in pending if s not in gone]
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_S)
+    pending = [s for s in pending if not os.path.exists(f"{s}.meta.json")]  # completed at the last moment
+    complete = [s for s in stems if s not in pending]
+    notes = []
+    for stem in pending:
+        pid = _stem_pid(stem)
+        why = "it exited or was killed mid-window" if not alive(pid) else f"still busy after {wait_s:.0f} s (hung?)"
+        notes.append(f"DataLoader worker pid {pid} wrote no events for this window: {why}")
+    return complete, notes
+
+
+def collect_worker_dumps(extras: dict[str, Any] | None) -> WorkerDumps | None:
+    """Read one window's worker parts (``WindowJob.extras["workers"]``); None when it has none."""
+    if not extras:
+        return None
+    out = WorkerDumps()
+    stems = part_stems(extras)
+    if not stems:
+        return None
+    complete, out.missing = wait_for_parts(stems, float(extras.get("wait_s", 10.0)))
+    main_clock = [(float(us), int(ns)) for us, ns in extras["main_clock"]]
+    for stem in complete:
+        try:
+            with open(f"{stem}.meta.json", "rb") as f:
+                meta = orjson.loads(f.read())
+            with open(f"{stem}.json", "rb") as f:
+                dump = orjson.loads(f.read())
+        except (OSError, ValueError) as err:
+            out.missing.append(f"a DataLoader worker's events could not be read ({type(err).__name__}: {err})")
+            continue
+        to_main = worker_to_main_us([(float(u), int(n)) for u, n in meta["clock"]], main_clock)
+        events = [
+            e for e in dump.get("traceEvents", []) if not (e.get("ph") == "M" and e.get("name") == "process_name")
+        ]
+        place_events(events, to_main, {int(t) for t in meta.get("helper_tids", [])})
+        out.events.extend(events)
+        if dump.get("viztracer_metadata", {}).get("overflow"):
+            out.missing.append(
+                f"DataLoader worker {meta['worker']} filled its ring buffer: only its last events are kept"
+            )
+        out.workers.append(
+            {
+                "pid": int(meta["pid"]),
+                "worker": int(meta["worker"]),
+                "rank": int(meta["rank"]),
+                "fetches": [(int(b), to_main(float(s)), to_main(float(e))) for b, s, e in meta["fetches"]],
+            }
+        )
+    return out
+
+
+def remove_files(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def add_to_trace(merged: dict[str, Any], dumps: WorkerDumps, to_torch_us: Callable[[float], float]) -> list[str]:
+    """Name the workers' processes, add their ``fetch batch N`` spans and record them in the
+    trace's metadata (the summary reads it); returns the notes for the window's result."""
+    meta = merged.setdefault(TRACE_METADATA_KEY, {})
+    origin = float(meta.get("time_origin_us", 0))
+    processes: dict[int, dict[str, Any]] = {}
+    for worker in dumps.workers:
+        entry = processes.setdefault(worker["pid"], {**worker, "fetches": []})
+        entry["fetches"].extend(worker["fetches"])
+    added: list[dict[str, Any]] = []
+    after = main_sort_index(merged.get("traceEvents", ()), set(processes))
+    for pid, worker in processes.items():
+        added += worker_process_events(
+            pid, worker["rank"], worker["worker"], sorted(worker["fetches"]), lambda us: to_torch_us(us) - origin, after
+        )
+    merged.setdefault("traceEvents", []).extend(added)
+    lower_origin(merged, seconds_to_lower(merged["traceEvents"]), TRACE_METADATA_KEY)
+    meta["workers"] = {
+        "processes": [{"pid": pid, "worker": w["worker"], "rank": w["rank"]} for pid, w in sorted(processes.items())],
+        "missing": list(dumps.missing),
+    }
+    return list(dumps.missing)
+
+
+def summarize_workers(merged: dict[str, Any]) -> Workers | None:
+    """The summary's ``workers`` key, for a trace that recorded workers (None otherwise)."""
+    info = (merged.get(TRACE_METADATA_KEY) or {}).get("workers")
+    if not isinstance(info, dict):
+        return None
+    return worker_summary(merged.get("traceEvents", []), info.get("processes", []), info.get("missing", []))
+
+
+def remove_parts(extras: dict[str, Any] | None) -> None:
+    """Delete every file of one window's worker parts (once the window is delivered, or failed)."""
+    if not extras:
+        return
+    remove_files(_files_starting(str(extras["dir"]), f"b{int(extras['first'])}-r{int(extras['rank'])}-"))
