@@ -123,6 +123,19 @@ def _is_compiled_function(fn: Any) -> bool:
     return fn is not None and hasattr(fn, "_torchdynamo_orig_callable")
 
 
+def _compiling_check() -> Any:
+    """``torch.compiler.is_compiling``: True while dynamo traces. A hook that returns at once then
+    costs a compiled region no graph break and no guard (its ranges belong to eager code only)."""
+    try:
+        from torch.compiler import is_compiling
+    except Exception:  # pragma: no cover - torch without it
+        return lambda: False
+    return is_compiling
+
+
+_is_compiling = _compiling_check()
+
+
 def _optimized_module_type() -> type | None:
     try:
         from torch._dynamo.eval_frame import OptimizedModule
@@ -287,11 +300,15 @@ class LightningViewHooks:
             )
 
     def _enter(self, name: str, key: int, module: Any, args: Any) -> None:
+        if _is_compiling():
+            return
         record = profiler_range(name)
         record.__enter__()
         self._open[threading.get_ident()].append((key, record))
 
     def _exit(self, key: int, module: Any, args: Any, output: Any) -> None:
+        if _is_compiling():
+            return
         stack = self._open.get(threading.get_ident())
         if not stack:
             return

@@ -1,0 +1,152 @@
+"""Verdicts on real Trainer runs: one seeded slowness per kind that CPU can make (a slow
+``__getitem__``, a Python busy loop in ``training_step``, forced garbage-collector pauses), each
+named with the seeded function, and a healthy model that gets none. Tiny models, one window each."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import orjson
+import pytest
+import torch
+from conftest import make_trainer, recorded_name
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from vt_lightning import VizTraceCallback
+from vt_lightning.cli.command import main
+from vt_lightning.constants import SUMMARY_JSON_SUFFIX
+
+FETCH_S = 0.030
+BUSY_S = 0.030
+
+
+class SlowRows(Dataset):
+    """A dataset whose ``__getitem__`` takes 30 ms (``batch_size=None``: one call per batch)."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(FETCH_S)
+        return torch.randn(4, 8)
+
+
+def python_busy_loop(seconds: float) -> int:
+    """Pure Python, no torch op: the seeded python_bound work."""
+    deadline = time.perf_counter() + seconds
+    spins = 0
+    while time.perf_counter() < deadline:
+        spins += 1
+    return spins
+
+
+def make_cyclic_garbage(objects: int = 60_000) -> int:
+    """Reference cycles that only the collector frees, then a full collection: a real gc pause."""
+    for _ in range(objects):
+        a: list[Any] = []
+        b: list[Any] = [a]
+        a.append(b)
+    return gc.collect()
+
+
+class Tiny(L.LightningModule):
+    def __init__(self, seeded: str = "") -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 1)
+        self.seeded = seeded
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        if self.seeded == "python":
+            python_busy_loop(BUSY_S)
+        elif self.seeded == "gc":
+            make_cyclic_garbage()
+        return self.layer(x).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _verdicts(tmp_path: Path, model: L.LightningModule, data: DataLoader) -> list[dict[str, Any]]:
+    callback = VizTraceCallback(wait=1, warmup=1, active=3, repeat=1, memory_snapshot=False)
+    make_trainer(tmp_path, [callback], max_steps=7).fit(model, data)
+    (path,) = sorted(tmp_path.rglob(f"*{SUMMARY_JSON_SUFFIX}"))
+    summary = orjson.loads(path.read_bytes())
+    markdown = path.with_name(path.name.replace(SUMMARY_JSON_SUFFIX, ".summary.md")).read_text()
+    for verdict in summary["verdicts"]:
+        assert f"`{verdict['kind']}`" in markdown
+    return summary["verdicts"]
+
+
+def _fast_loader() -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=4)
+
+
+def _where_functions(verdict: dict[str, Any]) -> list[str]:
+    return [w["function"] for w in verdict["where"]]
+
+
+def test_slow_getitem_is_input_bound_at_the_dataset(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    caplog.set_level(logging.INFO)
+    verdicts = _verdicts(tmp_path, Tiny(), DataLoader(SlowRows(), batch_size=None, num_workers=0))
+    kinds = [v["kind"] for v in verdicts]
+    assert kinds[0] == "input_bound", verdicts
+    top = verdicts[0]
+    assert _where_functions(top)[0] == recorded_name("SlowRows.__getitem__")
+    assert top["where"][0]["file"] == __file__
+    assert top["evidence"]["share"] > 0.5
+    assert top["evidence"]["data_wait_ms"] >= FETCH_S * 1000 * 0.9
+    printed = caplog.text
+    capsys.readouterr()
+    assert main(["summary", str(tmp_path)]) == 0  # `vt-lightning summary` shows the verdict
+    shown = capsys.readouterr().out
+    assert (
+        f"- `input_bound`, {top['evidence']['share']:.0%} of step time: `{recorded_name('SlowRows.__getitem__')}`"
+        in shown
+    )
+    assert "vt_lightning: window 0: input_bound (" in printed  # the console line at window end
+    assert f"at {__file__}:{top['where'][0]['line']} ({recorded_name('SlowRows.__getitem__')})" in printed
+
+
+def test_slow_getitem_in_dataloader_workers_is_input_bound_at_the_dataset(tmp_path: Path) -> None:
+    """With workers the training thread only waits; ``where`` comes from the workers' traces, whose
+    fetches for a window's batches happen before its steps (prefetch)."""
+    data = DataLoader(SlowRows(), batch_size=None, num_workers=2, persistent_workers=True)
+    verdicts = _verdicts(tmp_path, Tiny(), data)
+    assert [v["kind"] for v in verdicts][:1] == ["input_bound"], verdicts
+    top = verdicts[0]
+    assert top["evidence"]["source"] == "worker processes"
+    assert _where_functions(top)[0] == recorded_name("SlowRows.__getitem__")
+    assert top["where"][0]["file"] == __file__
+
+
+def test_busy_loop_is_python_bound_at_the_loop(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    verdicts = _verdicts(tmp_path, Tiny("python"), _fast_loader())
+    capsys.readouterr()
+    assert main(["diff", str(tmp_path), str(tmp_path)]) == 0  # `vt-lightning diff` lists the verdicts
+    assert "  python_bound: still there (A: " in capsys.readouterr().out
+    (found,) = [v for v in verdicts if v["kind"] == "python_bound"]
+    assert _where_functions(found)[0] == "python_busy_loop"
+    assert found["evidence"]["share"] > 0.5
+    assert found["where"][0]["ms"] >= BUSY_S * 1000 * 0.7
+    assert "input_bound" not in [v["kind"] for v in verdicts]
+
+
+def test_forced_collections_are_gc_at_the_allocating_function(tmp_path: Path) -> None:
+    verdicts = _verdicts(tmp_path, Tiny("gc"), _fast_loader())
+    (found,) = [v for v in verdicts if v["kind"] == "gc"]
+    assert _where_functions(found)[0] == "make_cyclic_garbage"
+    assert found["evidence"]["by_generation"].get("generation 2", 0) >= 2  # one gc.collect() per counted step
+    assert found["evidence"]["gc_ms"] > 0
+
+
+def test_healthy_model_gets_no_verdict(tmp_path: Path) -> None:
+    assert _verdicts(tmp_path, Tiny(), _fast_loader()) == []

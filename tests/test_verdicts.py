@@ -1,0 +1,393 @@
+"""Verdicts (analysis/verdicts.py) on small synthetic merged traces: each rule fires on its seeded
+slowness and names the user's function, stays silent on a healthy window, and is tested at the
+edges of its threshold. GPU-only kinds use small fakes of the kernel trace; one test marked
+``cuda`` checks host_sync on a real GPU where there is one."""
+
+from __future__ import annotations
+
+import gc
+import queue
+from typing import Any
+
+import pytest
+
+from vt_lightning.analysis.compare import diff
+from vt_lightning.analysis.summary import summarize
+from vt_lightning.analysis.verdict_report import verdict_change_lines, verdict_line
+from vt_lightning.controller.loggers import summary_scalars
+from vt_lightning.export.reading import check_summary
+from vt_lightning.export.report import render_markdown
+from vt_lightning.recording.gc_watch import GcWatch
+
+USER = "/src/train.py"
+TORCH = "/venv/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py"
+LIGHTNING = "/venv/lib/python3.11/site-packages/lightning/pytorch/loops/fetchers.py"
+PID, TID = 100, 100
+STEP_US = 10_000.0
+STEPS = 4  # the first is left out of every per-step number: 3 counted steps
+
+
+def x(name: str, ts: float, dur: float, cat: str = "FEE", pid: Any = PID, tid: Any = TID, **args: Any) -> dict:
+    event = {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": pid, "tid": tid}
+    if args:
+        event["args"] = args
+    return event
+
+
+def py(function: str, ts: float, dur: float, path: str = USER, line: int = 10, **kw: Any) -> dict:
+    return x(f"{function} ({path}:{line})", ts, dur, **kw)
+
+
+def window(per_step: Any, steps: int = STEPS, step_us: float = STEP_US, **top: Any) -> dict:
+    """A merged trace of ``steps`` steps; ``per_step(t0)`` gives the events of the step at ``t0``."""
+    events = []
+    for n in range(steps):
+        t0 = 1_000.0 + n * step_us
+        events.append(x(f"ProfilerStep#{n}", t0, step_us, cat="user_annotation"))
+        events += per_step(t0)
+    return {**top, "vt_lightning": {"window": 0}, "traceEvents": events}
+
+
+def stage(action: str, ts: float, dur: float) -> dict:
+    return x(f"[pl][profile][_TrainingEpochLoop].{action}", ts, dur, cat="user_annotation")
+
+
+def kinds(trace: dict, snapshot: Any = None) -> list[str]:
+    return [v["kind"] for v in summarize(trace, snapshot)["verdicts"]]
+
+
+def only(trace: dict, kind: str, snapshot: Any = None) -> dict:
+    (found,) = [v for v in summarize(trace, snapshot)["verdicts"] if v["kind"] == kind]
+    return found
+
+
+# --------------------------------------------------------------------------------------------------
+# input_bound
+# --------------------------------------------------------------------------------------------------
+
+
+def fetching(wait_us: float, getitem_us: float | None = None) -> Any:
+    def step(t0: float) -> list[dict]:
+        events = [stage("train_dataloader_next", t0 + 10, wait_us), stage("training_step", t0 + 20 + wait_us, 500)]
+        events.append(py("_MapDatasetFetcher.fetch", t0 + 15, wait_us - 10, path=TORCH, line=40))
+        if getitem_us:
+            events.append(py("Rows.__getitem__", t0 + 20, getitem_us, line=33))
+            events.append(py("decode", t0 + 30, getitem_us / 2, line=50))  # called by __getitem__
+        return events
+
+    return step
+
+
+def test_input_bound_names_the_dataset_getitem() -> None:
+    found = only(window(fetching(6_000, 5_000)), "input_bound")
+    assert found["where"][0] == {"function": "Rows.__getitem__", "file": USER, "line": 33, "ms": 5.0}
+    assert len(found["where"]) == 1  # decode runs inside __getitem__: the entry into user code is named
+    assert found["evidence"]["share"] == pytest.approx(0.6)
+    assert found["evidence"]["source"] == "main process"
+    assert found["advice"].startswith("Fetch batches in parallel")
+
+
+@pytest.mark.parametrize(("wait_us", "fires"), [(2_500, True), (2_400, False), (1_000, False)])
+def test_input_bound_threshold_is_a_quarter_of_the_step(wait_us: float, fires: bool) -> None:
+    assert ("input_bound" in kinds(window(fetching(wait_us, wait_us / 2)))) is fires
+
+
+def test_input_bound_needs_a_millisecond_per_step() -> None:
+    tiny_steps = window(fetching(600, 300), step_us=1_000)  # 60 % of a 1 ms step: too small to matter
+    assert "input_bound" not in kinds(tiny_steps)
+
+
+def test_input_bound_names_worker_code_when_the_main_thread_only_waits() -> None:
+    def step(t0: float) -> list[dict]:
+        return [
+            stage("train_dataloader_next", t0 + 10, 7_000),
+            py("Queue.get", t0 + 15, 6_900, path=queue.__file__, line=154),
+            py("Rows.__getitem__", t0 + 100, 6_000, pid=200, tid=201),
+            py("collate_rows", t0 + 6_200, 500, line=70, pid=200, tid=201),
+        ]
+
+    found = only(window(step), "input_bound")
+    assert [w["function"] for w in found["where"]] == ["Rows.__getitem__", "collate_rows"]
+    assert found["evidence"]["source"] == "worker processes"
+
+
+# --------------------------------------------------------------------------------------------------
+# python_bound
+# --------------------------------------------------------------------------------------------------
+
+
+def busy_python(busy_us: float, blocking: bool = False, under_op: bool = False) -> Any:
+    def step(t0: float) -> list[dict]:
+        events = [
+            stage("training_step", t0 + 100, busy_us + 1_000),
+            py("Model.training_step", t0 + 110, busy_us + 900, line=20),
+            py("spin", t0 + 120, busy_us, line=30),
+            x("aten::linear", t0 + busy_us + 200, 500, cat="cpu_op"),
+        ]
+        if blocking:
+            events.append(x("time.sleep", t0 + 121, busy_us - 2))
+        else:
+            events.append(x("time.perf_counter", t0 + 121, busy_us / 2))  # C calls made by the loop count
+        if under_op:
+            events.append(x("aten::mm", t0 + 119, busy_us + 2, cat="cpu_op"))
+        return events
+
+    return step
+
+
+def test_python_bound_names_the_busy_function() -> None:
+    found = only(window(busy_python(6_000)), "python_bound")
+    assert found["where"][0]["function"] == "spin"
+    assert found["where"][0]["ms"] == pytest.approx(6.0, abs=0.01)
+    assert found["evidence"]["share"] >= 0.6
+
+
+@pytest.mark.parametrize(("busy_us", "fires"), [(2_600, True), (2_500, False)])
+def test_python_bound_threshold(busy_us: float, fires: bool) -> None:
+    # spin's own time plus training_step's 0.4 ms outside its op: 3.0 ms = 30 % fires, 2.9 ms does not
+    assert ("python_bound" in kinds(window(busy_python(busy_us)))) is fires
+
+
+def test_python_under_a_torch_op_or_sleeping_is_not_python_bound() -> None:
+    assert "python_bound" not in kinds(window(busy_python(6_000, under_op=True)))
+    assert "python_bound" not in kinds(window(busy_python(6_000, blocking=True)))
+
+
+def test_slow_fetch_is_input_bound_not_python_bound() -> None:
+    assert kinds(window(fetching(6_000, 5_000))) == ["input_bound"]
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU kinds, on fakes of the kernel trace
+# --------------------------------------------------------------------------------------------------
+
+
+def kernel(name: str, ts: float, dur: float, correlation: int = 0) -> dict:
+    return x(name, ts, dur, cat="kernel", pid=0, tid=7, correlation=correlation)
+
+
+def syncing(idle_us: float, blocked: bool = True) -> Any:
+    """Kernels run 0-4 ms; ``compute_metrics`` calls ``Tensor.item``, which blocks in
+    cudaStreamSynchronize until they finish (or, ``blocked=False``, after they finished); the
+    next kernel starts ``idle_us`` after it returns."""
+
+    def step(t0: float) -> list[dict]:
+        sync_start = t0 + (1_000 if blocked else 4_500)
+        sync_end = max(t0 + 4_000, sync_start + 20)
+        return [
+            kernel("gemm", t0, 4_000),
+            py("compute_metrics", sync_start - 50, sync_end - sync_start + 100, line=80),
+            x("Tensor.item", sync_start - 10, sync_end - sync_start + 20),
+            x("cudaStreamSynchronize", sync_start, sync_end - sync_start, cat="cuda_runtime"),
+            kernel("gemm", sync_end + idle_us, min(STEP_US - 4_000 - idle_us, 10.0) + 1),
+        ]
+
+    return step
+
+
+def test_host_sync_names_the_function_that_called_item() -> None:
+    found = only(window(syncing(4_000)), "host_sync")
+    assert found["where"][0]["function"] == "compute_metrics"
+    assert found["where"][0]["line"] == 80
+    assert found["evidence"]["calls"] == {"Tensor.item": 3}
+    assert found["evidence"]["share"] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(("idle_us", "fires"), [(1_000, True), (900, False)])
+def test_host_sync_threshold(idle_us: float, fires: bool) -> None:
+    assert ("host_sync" in kinds(window(syncing(idle_us)))) is fires
+
+
+def test_a_sync_that_did_not_wait_is_no_host_sync() -> None:
+    assert "host_sync" not in kinds(window(syncing(4_000, blocked=False)))
+
+
+def test_no_gpu_no_gpu_verdicts() -> None:
+    assert kinds(window(busy_python(100))) == []
+
+
+def busy_gpu(busy_us: float, comm_us: float = 0.0, overlapped: bool = False) -> Any:
+    def step(t0: float) -> list[dict]:
+        events = [
+            kernel("gemm", t0, busy_us),
+            py("Model.forward", t0 + busy_us, STEP_US - busy_us - 10, line=60),
+        ]
+        if comm_us:
+            start = t0 if overlapped else t0 + busy_us
+            events.append(kernel("ncclDevKernel_AllReduce_Sum_f32", start, comm_us))
+        return events
+
+    return step
+
+
+@pytest.mark.parametrize(("busy_us", "fires"), [(4_900, True), (5_100, False)])
+def test_gpu_idle_threshold_is_half_the_window(busy_us: float, fires: bool) -> None:
+    found = [v for v in summarize(window(busy_gpu(busy_us)))["verdicts"] if v["kind"] == "gpu_idle"]
+    assert bool(found) is fires
+    if fires:
+        assert found[0]["where"][0]["function"] == "Model.forward"
+
+
+def test_comm_bound_counts_only_communication_not_hidden_by_compute() -> None:
+    assert "comm_bound" in kinds(window(busy_gpu(6_000, comm_us=3_000)))
+    assert "comm_bound" not in kinds(window(busy_gpu(6_000, comm_us=3_000, overlapped=True)))
+    assert "comm_bound" not in kinds(window(busy_gpu(6_000, comm_us=1_900)))  # 19 %
+
+
+# --------------------------------------------------------------------------------------------------
+# gc and memory_pressure
+# --------------------------------------------------------------------------------------------------
+
+
+def collecting(pause_us: float) -> Any:
+    def step(t0: float) -> list[dict]:
+        return [
+            py("make_batch_graph", t0 + 100, pause_us + 1_000, line=90),
+            x("[gc] generation 2", t0 + 600, pause_us, collected=1000, uncollectable=0),
+        ]
+
+    return step
+
+
+@pytest.mark.parametrize(("pause_us", "fires"), [(500, True), (490, False)])
+def test_gc_threshold_is_five_percent(pause_us: float, fires: bool) -> None:
+    found = [v for v in summarize(window(collecting(pause_us)))["verdicts"] if v["kind"] == "gc"]
+    assert bool(found) is fires
+    if fires:
+        assert found[0]["where"][0]["function"] == "make_batch_graph"
+        assert found[0]["evidence"]["by_generation"] == {"generation 2": 3}
+
+
+def memory_events(reserved_mb: float) -> Any:
+    def step(t0: float) -> list[dict]:
+        args = {"Device Type": 1, "Device Id": 0, "Total Allocated": 2**20, "Total Reserved": int(reserved_mb * 2**20)}
+        return [
+            {"ph": "i", "name": "[memory]", "ts": t0 + 5, "pid": PID, "tid": TID, "args": args},
+            kernel("gemm", t0, STEP_US - 10),
+        ]
+
+    return step
+
+
+DEVICE = [{"id": 0, "name": "fake", "totalGlobalMem": 1000 * 2**20}]
+
+
+@pytest.mark.parametrize(("reserved_mb", "fires"), [(900, True), (890, False)])
+def test_memory_pressure_when_reserved_nears_the_device_total(reserved_mb: float, fires: bool) -> None:
+    trace = window(memory_events(reserved_mb), deviceProperties=DEVICE)
+    assert ("memory_pressure" in kinds(trace)) is fires
+
+
+def test_memory_pressure_from_cuda_frees_inside_steps_names_the_caller() -> None:
+    def step(t0: float) -> list[dict]:
+        return [
+            kernel("gemm", t0, STEP_US - 10),
+            py("free_cache", t0 + 100, 300, line=99),
+            x("cudaFree", t0 + 150, 200, cat="cuda_runtime"),
+        ]
+
+    found = only(window(step, deviceProperties=DEVICE), "memory_pressure")
+    assert found["where"][0]["function"] == "free_cache"
+    assert found["evidence"]["cuda_frees_per_step"] == 1.0
+    snapshot = {"device_traces": [[{"action": "oom", "size": 0, "frames": []}]], "segments": []}
+    assert "memory_pressure" in kinds(window(memory_events(10), deviceProperties=DEVICE), snapshot)
+
+
+def test_healthy_window_gets_no_verdict() -> None:
+    def step(t0: float) -> list[dict]:
+        return [
+            stage("train_dataloader_next", t0 + 10, 300),
+            stage("training_step", t0 + 400, 8_000),
+            py("Model.training_step", t0 + 410, 7_900, line=20),
+            x("aten::linear", t0 + 500, 7_500, cat="cpu_op"),
+            x("[gc] generation 0", t0 + 9_000, 50),
+        ]
+
+    assert summarize(window(step))["verdicts"] == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Where verdicts show: schema, markdown, logger, diff, the gc recorder
+# --------------------------------------------------------------------------------------------------
+
+
+def test_verdicts_are_in_the_schema_and_older_summaries_still_read() -> None:
+    summary = summarize(window(fetching(6_000, 5_000)))
+    assert check_summary(summary, "new.json")["verdicts"][0]["kind"] == "input_bound"
+    older = {k: v for k, v in summary.items() if k != "verdicts"}
+    assert "verdicts" not in check_summary(older, "old.json")
+    broken = {**summary, "verdicts": [{"kind": "gc"}]}
+    with pytest.raises(Exception, match=r"verdicts\.0\.where: missing"):
+        check_summary(broken, "bad.json")
+
+
+def test_markdown_logger_and_console_line() -> None:
+    summary = summarize(window(fetching(6_000, 5_000)))
+    markdown = render_markdown(summary)
+    assert "- `input_bound`, 60% of step time: `Rows.__getitem__` (train.py:33, 5.00 ms/step)" in markdown
+    assert summary_scalars(summary)["vt_lightning/verdict/input_bound"] == pytest.approx(0.6)
+    line = verdict_line(summary["verdicts"][0])
+    assert line.startswith(f"input_bound (60% of step time) at {USER}:33 (Rows.__getitem__): Fetch")
+    healthy = summarize(window(fetching(1_000)))
+    assert "**Verdicts**: none" in render_markdown(healthy)
+    assert not any(k.startswith("vt_lightning/verdict/") for k in summary_scalars(healthy))
+
+
+def test_diff_says_which_verdicts_appeared_or_went_away() -> None:
+    slow_input = summarize(window(fetching(6_000, 5_000)))
+    slow_python = summarize(window(busy_python(6_000)))
+    result = diff([slow_input], [slow_python])
+    changes = {row["kind"]: row["change"] for row in result["verdicts"]}
+    assert changes == {"input_bound": "went away", "python_bound": "appeared"}
+    lines = verdict_change_lines(result["verdicts"])
+    assert "  input_bound: went away (A: 60% in 1/1 windows; B: none of 1 windows)" in lines
+    older = {k: v for k, v in slow_input.items() if k != "verdicts"}
+    assert diff([older], [slow_python])["verdicts"] == []  # nothing known about A: no claim
+
+
+def test_gc_watch_records_collections_on_its_clock_and_removes_its_hook() -> None:
+    ticks = iter(range(0, 10_000_000, 7))
+    watch = GcWatch(lambda: float(next(ticks)))
+    watch.start()
+    try:
+        gc.collect()
+    finally:
+        watch.stop()
+    assert watch._callback not in gc.callbacks
+    gc.collect()  # after stop: not recorded
+    data = watch.collect()
+    (pause,) = [e for e in data["events"] if e["name"] == "[gc] generation 2"]
+    assert pause["dur"] == 7.0 and pause["ph"] == "X"
+    assert set(pause["args"]) == {"collected", "uncollectable"}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_host_sync_on_a_real_kernel_trace(tmp_path: Any) -> None:
+    """torch.profiler's own trace of ``.item()`` after a long matmul, then 5 ms of CPU work while
+    the GPU idles; the ``compute_metrics`` range stands for the Python call VizTracer would record."""
+    import time
+
+    import orjson
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    a = torch.randn(4096, 4096, device="cuda")
+    path = tmp_path / "t.json"
+    with profile(
+        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+        schedule=schedule(wait=0, warmup=1, active=STEPS, repeat=1),  # ProfilerStep#N ranges
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+    ) as prof:
+        for _ in range(STEPS + 1):
+            with record_function("compute_metrics"):
+                (a @ a).sum().item()
+            time.sleep(0.005)
+            prof.step()
+    trace = orjson.loads(path.read_bytes())
+    for event in trace["traceEvents"]:
+        if event.get("name") == "compute_metrics" and event.get("cat") == "user_annotation":
+            event.update(cat="FEE", name=f"compute_metrics ({USER}:80)")
+    found = only(trace, "host_sync")
+    assert found["where"][0]["function"] == "compute_metrics"
+    assert found["evidence"]["gpu_idle_after_sync_ms"] >= 4.0

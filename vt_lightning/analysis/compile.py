@@ -1,0 +1,521 @@
+"""torch.compile in a window, from what ``recording/compile_watch.py`` collected. Pure.
+
+Three steps, all on plain data:
+
+* ``compile_span_events``: one Python-tracer event per compile, ``torch.compile: <frame> (dynamo
+  Xms, aot Yms, inductor Zms)``, on the compiling thread and VizTracer's clock, placed so that it
+  nests with the calls recorded around it (the writer adds them before the merge).
+* ``compile_record``: the window's compiles, graph breaks and recompiles, kept in the trace's
+  ``vt_lightning`` metadata (``compile``).
+* ``compile_summary``: the summary's ``compile`` key, from that record and the merged events
+  (compile time inside the recorded steps; graph breaks also seen at run time, from the resume
+  functions dynamo makes at each break: ``torch_dynamo_resume_in_<function>_at_<line>``); and
+  ``compile_verdicts``: the ``compile_time``, ``recompile`` and ``graph_break`` verdicts
+  (docs/compile.md has the rules).
+
+Phases: dynamo's ``CompilationMetrics`` time the whole frame compile, the backend's compile inside
+it (AOT autograd, which runs inductor inside it) and inductor's own part; each phase here is its
+own time, the parts inside it taken out. A backward compiled at the first backward (``is_forward``
+false) has no dynamo part.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
+
+from vt_lightning.analysis.schema import CompileSummary, Verdict
+from vt_lightning.analysis.usercode import code_origin, parse_function
+
+COMPILE_SPAN_PREFIX = "torch.compile: "
+PHASES = ("dynamo", "aot_autograd", "inductor")
+
+# Verdict thresholds (docs/compile.md).
+COMPILE_SHARE = 0.10  # compile_time: compile took at least this share of the window's step time...
+COMPILE_MIN_MS = 20.0  # ...and at least this long
+SHAPE_REASON = re.compile(r"\b(size|sizes|shape|shapes|stride|strides|dtype|dim|ndim|numel|rank)\b", re.I)
+MAX_LISTED = 50  # graph breaks / recompiles / functions listed in the summary
+REASON_CHARS = 300
+
+_BREAK_AT = re.compile(r"in user code at (?P<file>.+?):(?P<line>\d+)")
+_BREAK_REASON = re.compile(r"^(?:Graph Break )?Reason:\s*(?P<reason>.*)$", re.M)
+_TRACEBACK_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>[^\s]+)')
+_REASON_END = ("Hint:", "Developer debug context", "For more details", "User code traceback", "Most recent bytecode")
+_RESUME = re.compile(r"torch_dynamo_resume_in_(?P<function>\w+?)_at_(?P<line>\d+)$")
+
+
+def _ms(us: float) -> float:
+    return round(us / 1000.0, 3)
+
+
+# --------------------------------------------------------------------------------------------------
+# Compiles and their phases
+# --------------------------------------------------------------------------------------------------
+
+
+def _us(record: Mapping[str, Any], us_key: str, s_key: str) -> float | None:
+    value = record.get(us_key)
+    if isinstance(value, (int, float)):
+        return float(value)
+    value = record.get(s_key)
+    if isinstance(value, (int, float)):
+        return float(value) * 1e6
+    return None
+
+
+def phases_us(record: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
+    """(total µs, own µs per phase) of one ``CompilationMetrics`` record (see the module doc)."""
+    total = _us(record, "duration_us", "entire_frame_compile_time_s")
+    if total is None:
+        total = _us(record, "dynamo_cumulative_compile_time_us", "entire_frame_compile_time_s") or 0.0
+    inductor = _us(record, "inductor_cumulative_compile_time_us", "inductor_compile_time_s") or 0.0
+    if record.get("is_forward") is False:  # a backward compiled at its first run: AOT + inductor
+        inductor = min(inductor, total)
+        return total, {"dynamo": 0.0, "aot_autograd": total - inductor, "inductor": inductor}
+    backend = _us(record, "aot_autograd_cumulative_compile_time_us", "backend_compile_time_s") or 0.0
+    backend = min(backend, total)
+    inductor = min(inductor, backend) if backend else 0.0
+    return total, {"dynamo": total - backend, "aot_autograd": backend - inductor, "inductor": inductor}
+
+
+def _frame_of(record: Mapping[str, Any]) -> str:
+    name = str(record.get("co_name") or "?")
+    return f"backward of {name}" if record.get("is_forward") is False else name
+
+
+def _match(span: Mapping[str, Any], records: Sequence[Mapping[str, Any]], used: set[int]) -> int | None:
+    """The metrics record of a compile span: same compile id and direction, else the first one
+    that started during it (torch before 2.6 passes no compile id)."""
+    backward = span.get("trigger") == "LAZY_BACKWARD"
+    for i, record in enumerate(records):
+        if i in used or span.get("compile_id") is None:
+            continue
+        if record.get("compile_id") == span["compile_id"] and (record.get("is_forward") is False) == backward:
+            return i
+    lo, hi = float(span.get("wall_start", 0.0)) - 0.01, float(span.get("wall_end", 0.0)) + 0.01
+    for i, record in enumerate(records):
+        start = record.get("start_time")
+        if start is None and isinstance(record.get("start_time_us"), (int, float)):
+            start = record["start_time_us"] / 1e6
+        if i not in used and isinstance(start, (int, float)) and lo <= start <= hi:
+            return i
+    return None
+
+
+def _compiles(info: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One entry per compile: its span (when the callbacks caught it) and its metrics record."""
+    records = [r for r in info.get("compiles") or () if isinstance(r, Mapping)]
+    used: set[int] = set()
+    out: list[dict[str, Any]] = []
+    for span in info.get("spans") or ():
+        if not isinstance(span, Mapping) or not isinstance(span.get("end_us"), (int, float)):
+            continue
+        index = _match(span, records, used)
+        record: Mapping[str, Any] = records[index] if index is not None else {}
+        if index is not None:
+            used.add(index)
+        out.append(_compile_entry(span, record))
+    out.extend(_compile_entry(None, r) for i, r in enumerate(records) if i not in used)
+    forwards = {c["compile_id"]: c for c in out if not c["backward"] and c.get("compile_id")}
+    for entry in out:  # a backward's record names no frame: its forward's (same compile id) does
+        forward = forwards.get(entry["compile_id"]) if entry["backward"] and not entry["function"] else None
+        if forward is not None:
+            entry.update(function=forward["function"], file=forward["file"], line=forward["line"])
+            entry["frame"] = f"backward of {forward['function']}"
+    return out
+
+
+def _compile_entry(span: Mapping[str, Any] | None, record: Mapping[str, Any]) -> dict[str, Any]:
+    total_us, phases = phases_us(record) if record else (0.0, dict.fromkeys(PHASES, 0.0))
+    if span is not None and isinstance(span.get("start_us"), (int, float)):
+        total_us = float(span["end_us"]) - float(span["start_us"])
+    frame = _frame_of(record) if record else ("backward" if span and span.get("trigger") == "LAZY_BACKWARD" else "?")
+    return {
+        "frame": frame,
+        "function": record.get("co_name"),
+        "file": record.get("co_filename"),
+        "line": record.get("co_firstlineno"),
+        "compile_id": record.get("compile_id") or (span or {}).get("compile_id"),
+        "ms": _ms(total_us),
+        "phases_ms": {p: _ms(v) for p, v in phases.items()},
+        "backward": record.get("is_forward") is False or bool(span and span.get("trigger") == "LAZY_BACKWARD"),
+        "recompile_reason": record.get("recompile_reason"),
+        "failed": record.get("fail_type"),
+        "span": span,
+    }
+
+
+def span_name(entry: Mapping[str, Any]) -> str:
+    phases = entry["phases_ms"]
+    return (
+        f"{COMPILE_SPAN_PREFIX}{entry['frame']} (dynamo {phases['dynamo']:.0f}ms, "
+        f"aot {phases['aot_autograd']:.0f}ms, inductor {phases['inductor']:.0f}ms)"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The spans, placed among the Python calls
+# --------------------------------------------------------------------------------------------------
+
+
+def compile_span_events(info: Mapping[str, Any], python_events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Complete events (VizTracer's clock) for the window's compile spans, trimmed so that no
+    recorded call crosses one: dynamo's callbacks run a few calls deep, so the calls that lead to
+    the start callback end just after the span begins, and those that lead to the end callback
+    begin just before it ends; the span covers the time between (where the calls were skipped)."""
+    entries = [e for e in _compiles(info) if e["span"] is not None and e["span"].get("start_us") is not None]
+    if not entries:
+        return []
+    by_thread: dict[Any, list[tuple[float, float]]] = {}
+    wanted = {(e["span"].get("pid"), e["span"].get("tid")) for e in entries}
+    for event in python_events:
+        key = (event.get("pid"), event.get("tid"))
+        if event.get("ph") == "X" and key in wanted and "ts" in event:
+            start = float(event["ts"])
+            by_thread.setdefault(key, []).append((start, start + float(event.get("dur", 0.0) or 0.0)))
+    out = []
+    for entry in entries:
+        span = entry["span"]
+        lo, hi = float(span["start_us"]), float(span["end_us"])
+        for start, end in by_thread.get((span.get("pid"), span.get("tid")), ()):
+            if start < lo < end < hi:
+                lo = end  # a call that led to the start callback: the span begins after it
+            elif lo < start < hi < end:
+                hi = min(hi, start)  # a call that leads to the end callback: the span ends before it
+        if hi <= lo:
+            continue
+        out.append(
+            {
+                "ph": "X",
+                "name": span_name(entry),
+                "ts": lo,
+                "dur": hi - lo,
+                "pid": span.get("pid"),
+                "tid": span.get("tid"),
+                "args": {
+                    "compile_id": entry["compile_id"],
+                    "trigger": span.get("trigger"),
+                    "ms": entry["ms"],
+                    **{f"{p}_ms": v for p, v in entry["phases_ms"].items()},
+                },
+            }
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Graph breaks and recompiles
+# --------------------------------------------------------------------------------------------------
+
+
+def _short_reason(text: str) -> str:
+    """The reason's first lines, without dynamo's hints and stack (one line, capped)."""
+    kept: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith(_REASON_END):
+            break
+        kept.append(line.removeprefix("Explanation:").strip())
+    if len(kept) > 1 and kept[0].startswith("Encountered graph break when attempting to trace"):
+        kept = kept[1:]
+    reason = ": ".join(kept) if len(kept) <= 2 else f"{kept[0]}: {kept[1]}"
+    return reason[:REASON_CHARS]
+
+
+def parse_graph_break(message: str) -> dict[str, Any] | None:
+    """``{file, line, function, reason}`` from one ``graph_breaks`` log record (None: not one)."""
+    at = _BREAK_AT.search(message)
+    if at is None:
+        return None
+    reason_match = _BREAK_REASON.search(message)
+    reason = _short_reason(message[reason_match.start("reason") :]) if reason_match else None
+    function = None
+    for frame in _TRACEBACK_FRAME.finditer(message):  # the innermost frame naming the break's line
+        if frame["file"] == at["file"] and int(frame["line"]) == int(at["line"]):
+            function = frame["function"]
+    return {"file": at["file"], "line": int(at["line"]), "function": function, "reason": reason}
+
+
+def compile_record(info: Mapping[str, Any]) -> dict[str, Any]:
+    """What the trace's metadata keeps of a window's torch.compile: compiles, graph breaks,
+    recompiles and notes (plain data; ``compile_summary`` reads it)."""
+    compiles = _compiles(info)
+    by_id = {c["compile_id"]: c for c in compiles if c.get("compile_id")}
+    breaks: dict[tuple[str, int], dict[str, Any]] = {}
+    for raw in info.get("graph_breaks") or ():
+        parsed = parse_graph_break(str(raw.get("message", ""))) if isinstance(raw, Mapping) else None
+        if parsed is None:
+            continue
+        key = (parsed["file"], parsed["line"])
+        if parsed["function"] is None:
+            parsed["function"] = _enclosing_function(parsed, by_id.get(raw.get("compile_id")), compiles)
+        known = breaks.get(key)
+        if known is None:
+            breaks[key] = {**parsed, "compiles": 1, "source": "compile"}
+        else:
+            known["compiles"] += 1
+            known["function"] = known["function"] or parsed["function"]
+            known["reason"] = known["reason"] or parsed["reason"]
+    recompiles = []
+    for entry in compiles:
+        reason = entry.get("recompile_reason")
+        compile_id = str(entry.get("compile_id") or "")
+        if reason is None and not _is_recompile_id(compile_id):
+            continue
+        if entry["backward"]:
+            continue
+        recompiles.append(
+            {
+                "function": entry.get("function"),
+                "file": entry.get("file"),
+                "line": entry.get("line"),
+                "reason": str(reason)[:REASON_CHARS] if reason is not None else None,
+                "compile_id": compile_id or None,
+            }
+        )
+    return {
+        "torch": info.get("torch"),
+        "compiles": [{k: v for k, v in c.items() if k != "span"} for c in compiles],
+        "graph_breaks": list(breaks.values())[:MAX_LISTED],
+        "recompiles": recompiles[:MAX_LISTED],
+        "notes": [str(n) for n in info.get("notes") or ()],
+    }
+
+
+def _enclosing_function(
+    place: Mapping[str, Any], compiled: Mapping[str, Any] | None, compiles: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """The function a graph break without a traceback is in: the frame being compiled when it was
+    logged, else the compiled function of that file starting last before its line."""
+    if compiled is not None and compiled.get("file") == place["file"] and not _RESUME.search(str(compiled["function"])):
+        return compiled.get("function")
+    best: tuple[int, str] | None = None
+    for entry in compiles:
+        line, function = entry.get("line"), entry.get("function")
+        if entry.get("file") != place["file"] or not isinstance(line, int) or not function:
+            continue
+        if _RESUME.search(str(function)) or line > place["line"]:
+            continue
+        if best is None or line > best[0]:
+            best = (line, str(function))
+    return best[1] if best else None
+
+
+def _is_recompile_id(compile_id: str) -> bool:
+    """``"0/1"``: frame 0's second compile (a recompile); ``"[0/1]"`` and ``"!0/0/1"`` forms too."""
+    match = re.search(r"(\d+)/(\d+)\D*$", compile_id)
+    return match is not None and int(match[2]) > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# The summary's ``compile`` key
+# --------------------------------------------------------------------------------------------------
+
+
+def _union_overlap(spans: Sequence[tuple[float, float]], regions: Sequence[tuple[float, float]]) -> float:
+    """µs of the union of ``spans`` that lies inside the union of ``regions``."""
+    total = 0.0
+    merged: list[list[float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    for start, end in merged:
+        for lo, hi in regions:
+            total += max(0.0, min(end, hi) - max(start, lo))
+    return total
+
+
+def runtime_graph_breaks(events: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Graph breaks the window's steps went through, compiled before the window or in it: calls of
+    the resume functions dynamo makes at each break (file and line of the break)."""
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    for event in events:
+        name = str(event.get("name", ""))
+        if "torch_dynamo_resume_in_" not in name:
+            continue
+        function, path, _ = parse_function(name)
+        match = _RESUME.search(function)
+        if match is None or not path:
+            continue
+        key = (path, int(match["line"]))
+        entry = found.setdefault(
+            key, {"file": path, "line": key[1], "function": match["function"], "reason": None, "calls": 0}
+        )
+        entry["calls"] += 1
+    return found
+
+
+def compile_summary(
+    record: Mapping[str, Any] | None,
+    events: Sequence[Mapping[str, Any]],
+    steps: Mapping[int, tuple[float, float]],
+) -> CompileSummary | None:
+    """The summary's ``compile`` key (docs/files.md); None when nothing compiled, recompiled or
+    broke a graph in the window (or torch.compile was not in use)."""
+    runtime = runtime_graph_breaks(events)
+    if record is None and not runtime:
+        return None
+    record = record or {}
+    compiles = [c for c in record.get("compiles") or () if isinstance(c, Mapping)]
+    spans = [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+        for e in events
+        if str(e.get("name", "")).startswith(COMPILE_SPAN_PREFIX) and "ts" in e
+    ]
+    regions = list(steps.values())
+    steps_us = sum(hi - lo for lo, hi in regions)
+    in_steps_us = _union_overlap(spans, regions)
+    phases = dict.fromkeys(PHASES, 0.0)
+    functions: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    for entry in compiles:
+        for phase in PHASES:
+            phases[phase] += float((entry.get("phases_ms") or {}).get(phase, 0.0))
+        key = (entry.get("function"), entry.get("file"), entry.get("line"))
+        item = functions.setdefault(key, {"function": key[0], "file": key[1], "line": key[2], "compiles": 0, "ms": 0.0})
+        item["compiles"] += 1
+        item["ms"] = round(item["ms"] + float(entry.get("ms") or 0.0), 3)
+    breaks = [dict(b) for b in record.get("graph_breaks") or () if isinstance(b, Mapping)]
+    for item in breaks:
+        seen = runtime.pop((str(item.get("file")), int(item.get("line") or 0)), None)
+        item["calls"] = seen["calls"] if seen else 0
+    breaks.extend({**b, "compiles": 0, "source": "run"} for b in runtime.values())
+    recompiles = [dict(r) for r in record.get("recompiles") or () if isinstance(r, Mapping)]
+    if not (compiles or breaks or recompiles):
+        return None  # torch._dynamo imported, nothing compiled or broken here: nothing to say
+    out = {
+        "compiles": len(compiles),
+        "total_ms": round(sum(float(c.get("ms") or 0.0) for c in compiles), 3),
+        "phases_ms": {p: round(v, 3) for p, v in phases.items()},
+        "in_steps_ms": _ms(in_steps_us),
+        "steps_ms": _ms(steps_us),
+        "share": round(in_steps_us / steps_us, 4) if steps_us > 0 else None,
+        "functions": sorted(functions.values(), key=lambda f: f["ms"], reverse=True)[:MAX_LISTED],
+        "graph_breaks": breaks[:MAX_LISTED],
+        "recompiles": recompiles[:MAX_LISTED],
+        "notes": list(record.get("notes") or ()),
+        "torch": record.get("torch"),
+    }
+    return cast(CompileSummary, out)
+
+
+# --------------------------------------------------------------------------------------------------
+# Verdicts
+# --------------------------------------------------------------------------------------------------
+
+
+def _where(item: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if not item.get("file") and not item.get("function"):
+        return []
+    return [{"file": item.get("file"), "line": item.get("line"), "function": item.get("function")}]
+
+
+def _mean_step_ms(step_ms: float | Mapping[str, Any] | None) -> float | None:
+    if isinstance(step_ms, Mapping):
+        step_ms = step_ms.get("mean")
+    return float(step_ms) if isinstance(step_ms, (int, float)) else None
+
+
+def compile_verdicts(
+    compile_info: Mapping[str, Any] | None, step_ms: float | Mapping[str, Any] | None = None
+) -> list[Verdict]:
+    """``compile_time``, ``recompile`` and ``graph_break`` verdicts of one window (docs/compile.md).
+
+    ``compile_info`` is the summary's ``compile`` key; ``step_ms`` the summary's ``step_ms`` (or its
+    mean), given in the evidence. Shares are of the window's recorded step time."""
+    if not compile_info:
+        return []
+    verdicts: list[Any] = []
+    mean = _mean_step_ms(step_ms)
+    share = compile_info.get("share")
+    in_steps = float(compile_info.get("in_steps_ms") or 0.0)
+    if isinstance(share, (int, float)) and share >= COMPILE_SHARE and in_steps >= COMPILE_MIN_MS:
+        functions = [f for f in compile_info.get("functions") or () if isinstance(f, Mapping)]
+        verdicts.append(
+            {
+                "kind": "compile_time",
+                "where": [w for f in functions[:5] for w in _where(f) if _origin_is_user(f.get("file"))]
+                or [w for f in functions[:5] for w in _where(f)],
+                "evidence": {
+                    "compile_ms": in_steps,
+                    "steps_ms": compile_info.get("steps_ms"),
+                    "share": share,
+                    "compiles": compile_info.get("compiles"),
+                    "phases_ms": compile_info.get("phases_ms"),
+                    "step_ms": mean,
+                },
+                "advice": "torch.compile ran inside the measured steps: record after warm-up (a later "
+                "window), and remove the recompiles and graph breaks that make it compile again.",
+            }
+        )
+    by_function: dict[tuple[Any, Any, Any], list[Mapping[str, Any]]] = {}
+    for item in compile_info.get("recompiles") or ():
+        if isinstance(item, Mapping) and item.get("reason") and SHAPE_REASON.search(str(item["reason"])):
+            by_function.setdefault((item.get("function"), item.get("file"), item.get("line")), []).append(item)
+    for items in by_function.values():
+        verdicts.append(
+            {
+                "kind": "recompile",
+                "where": _where(items[0]),
+                "evidence": {
+                    "recompiles": len(items),
+                    "reason": items[-1]["reason"],
+                    "reasons": [str(i["reason"]) for i in items[:3]],
+                    # the window's compile share: what the recompiles cost (absent when unknown)
+                    **({"share": share} if isinstance(share, (int, float)) else {}),
+                },
+                "advice": "inputs change shape from step to step: mark the changing dimension dynamic "
+                "(torch._dynamo.mark_dynamic) or pad batches to a few fixed sizes.",
+            }
+        )
+    for item in compile_info.get("graph_breaks") or ():
+        if not isinstance(item, Mapping):
+            continue
+        verdicts.append(
+            {
+                "kind": "graph_break",
+                "where": _where(item),
+                "evidence": {
+                    "reason": item.get("reason"),
+                    "compiles": item.get("compiles", 0),
+                    "calls": item.get("calls", 0),
+                },
+                "advice": "this line splits the compiled graph in two and runs Python between them: "
+                "move it out of the compiled function, or rewrite it so dynamo can trace it.",
+            }
+        )
+    return cast("list[Verdict]", verdicts)
+
+
+def _origin_is_user(path: Any) -> bool:
+    return isinstance(path, str) and code_origin(path)[0] == "user"
+
+
+def compile_markdown(info: Mapping[str, Any], top: int = 5) -> list[str]:
+    """The summary.md lines of the ``compile`` key: totals, then graph breaks and recompiles."""
+    phases = info.get("phases_ms") or {}
+    share = info.get("share")
+    lines = [
+        "",
+        f"**torch.compile**: {info.get('compiles', 0)} compile(s), {info.get('total_ms', 0)} ms (dynamo "
+        f"{phases.get('dynamo', 0)}, aot {phases.get('aot_autograd', 0)}, inductor {phases.get('inductor', 0)} ms); "
+        f"{info.get('in_steps_ms', 0)} ms inside the recorded steps"
+        + (f" ({share:.0%} of their time)." if isinstance(share, (int, float)) else "."),
+    ]
+    rows = [
+        ("graph break", b, b.get("reason") or "compiled before the window")
+        for b in info.get("graph_breaks") or ()
+        if isinstance(b, Mapping)
+    ]
+    rows += [("recompile", r, r.get("reason") or "?") for r in info.get("recompiles") or () if isinstance(r, Mapping)]
+    if rows:
+        lines += ["", "| torch.compile | where | reason |", "|---|---|---|"]
+        for kind, item, reason in rows[: top * 2]:
+            place = f"`{item.get('function')}` ({str(item.get('file')).rsplit('/', 1)[-1]}:{item.get('line')})"
+            lines.append(f"| {kind} | {place} | {str(reason).replace('|', '/')} |")
+    lines += [f"- note: {note}" for note in info.get("notes") or ()]
+    return lines
