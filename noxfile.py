@@ -1,24 +1,59 @@
 """CI in nox: ``nox`` runs lint, types and the test suite on every Python; ``nox -s unit`` the unit
 tier alone (CONTRIBUTING.md).
 
+The four interpreters test three version sets, so the tested range is the declared range:
+
+* **3.10, lower bounds** (``ci/lower-bounds.txt``): the oldest torch, Lightning, VizTracer,
+  TensorBoard, torch-tb-profiler, orjson and jsonargparse that pyproject.toml declares;
+* **3.11 and 3.12, pinned** (``ci/constraints.txt``): what the team develops with (torch 2.13.0: on
+  the project's CPU-only machines the local CPU wheel for 3.11, PyPI's CUDA build, which runs on the
+  CPU, elsewhere); the lint and types sessions and their tools (ruff, mypy, nox) are pinned there too;
+* **3.13, newest**: no pins at all, upgraded eagerly at every run, as a user's fresh
+  ``pip install vt-lightning`` gets it. Machines that cap pip through a site-wide constraints file
+  (``/etc/xdg/pip``, torch<=2.14.1) would silently test an older torch, so this session points
+  ``PIP_CONSTRAINT`` at an empty file for its own installs.
+
 Each session gets its own virtual environment under ``.nox/`` (git-ignored), kept between runs, so
-a rerun only reinstalls what changed. Every install goes through ``ci/constraints.txt``: torch is
-pinned there (on the project's CPU-only machines 2.13.0 resolves to the local CPU wheel for 3.11
-and to PyPI's CUDA build, which runs on the CPU, elsewhere), and so are ruff and mypy.
+a rerun only reinstalls what changed.
 """
 
 from __future__ import annotations
+
+import os
 
 import nox
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]  # keep in step with pyproject's classifiers
 TOOLS_PYTHON = "3.11"  # lint, types and the quick unit run
+VERSION_SETS = {"3.10": "lower", "3.11": "pinned", "3.12": "pinned", "3.13": "newest"}
 
 nox.options.sessions = ["lint", "types", "tests"]
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
 
 CONSTRAINTS = ("-c", "ci/constraints.txt")
+LOWER_BOUNDS = ("-c", "ci/lower-bounds.txt")
+
+
+def install_version_set(session: nox.Session, version_set: str) -> None:
+    """The package with its test extra, at the versions of ``version_set`` (see the module doc)."""
+    if version_set == "lower":
+        session.install("-q", *LOWER_BOUNDS, "-e", ".[test]")
+    elif version_set == "pinned":
+        session.install("-q", *CONSTRAINTS, "-e", ".[test]")
+    else:  # newest: nothing pinned, not even by the machine's pip configuration
+        session.install(
+            "-q", "--upgrade", "--upgrade-strategy", "eager", "-e", ".[test]", env={"PIP_CONSTRAINT": os.devnull}
+        )
+    session.run("python", "-c", VERSIONS_LINE, silent=False)
+
+
+# One line in the log saying what was tested.
+VERSIONS_LINE = (
+    "import importlib.metadata as m, sys; print('tested with Python', sys.version.split()[0], "
+    "*(f'{p} {m.version(p)}' for p in ('torch', 'lightning', 'viztracer', 'tensorboard', 'torch-tb-profiler', "
+    "'orjson', 'jsonargparse')), sep=', ')"
+)
 
 
 @nox.session(python=TOOLS_PYTHON)
@@ -38,8 +73,9 @@ def types(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """The whole suite; arguments after ``--`` go to pytest (``nox -s tests-3.12 -- -m integration``)."""
-    session.install("-q", *CONSTRAINTS, "-e", ".[test]")
+    """The whole suite on this Python's version set; arguments after ``--`` go to pytest
+    (``nox -s tests-3.12 -- -m integration``)."""
+    install_version_set(session, VERSION_SETS[str(session.python)])
     session.run("python", "-m", "pytest", *session.posargs)
 
 

@@ -1,7 +1,7 @@
 """A small Lightning training run whose step does visible Python work, traced by vt_lightning.
 
-No downloads: the data is synthetic. Run it: it prints a summary table of the recorded windows
-and the commands that read, compare and open them.
+No downloads: the data is synthetic. Run it: at the end of fit, vt_lightning prints a table of
+the recorded windows and the commands that read and open them (docs/quickstart.md shows it).
 
     python examples/train.py                 # CPU, one process
     python examples/train.py --devices 2     # two DDP processes on CPU (gloo)
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
-from pathlib import Path
 
 import lightning as L
 import torch
@@ -107,26 +105,7 @@ def main() -> None:
         log_every_n_steps=1,
         enable_model_summary=False,
     )
-    trainer.fit(TinyTransformer(), data)
-
-    trainer.strategy.barrier()  # other ranks may still be writing their last window
-    if trainer.is_global_zero and tracer.output_dir is not None:
-        out = Path(tracer.output_dir).resolve()
-        traces = sorted(out.glob("window_*/*.pt.trace.json.gz"))
-        logdir = out.parent
-        print(f"\nvt_lightning wrote {len(traces)} trace file(s) under {out}:")
-        for path in traces:
-            print(f"  {path.relative_to(logdir)}")
-        command = f"{sys.executable} -m vt_lightning"  # works without an activated venv
-        print(
-            "\nRead, compare and open them:\n"
-            f"  {command} summary {out}\n"
-            f"  {command} diff {traces[0].parent if traces else out} {traces[-1].parent if traces else out}\n"
-            f"  {command} view {out}      # latest window in Perfetto UI (vizviewer, offline)\n"
-            f"  {sys.executable} -m tensorboard.main --logdir {logdir}      # then the PYTORCH_PROFILER tab\n"
-            "  or drop a .pt.trace.json.gz on https://ui.perfetto.dev\n"
-            "  memory snapshots (*.pickle): drop on https://pytorch.org/memory_viz"
-        )
+    trainer.fit(TinyTransformer(), data)  # vt_lightning prints the table and the commands at the end
 
 
 if __name__ == "__main__":

@@ -695,6 +695,14 @@ def _leftovers(cb: VizTraceCallback, model) -> list[str]:
     return problems
 
 
+# Seen on torch 2.4, 2.6 and 2.7 (the lowest declared versions, noxfile.py), not on 2.13: after the
+# first fault injected here, every later window of the process is skipped, and torch's profiler stays
+# unusable in this pytest process ("Can't disable Kineto profiler when it's not running" in later
+# files). Versions 2.8-2.12 were not tried.
+KINETO_RECOVERS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+
+
+@pytest.mark.skipif(not KINETO_RECOVERS, reason="torch < 2.13 does not recover from a fault mid-window")
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
 def test_an_interrupt_at_any_step_of_start_step_stop_and_close_leaves_nothing_behind(tmp_path, monkeypatch, exc):
     # 63 calls here, each interrupted before and after: 126 runs per exception type.

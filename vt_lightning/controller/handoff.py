@@ -18,6 +18,7 @@ interpreter from exiting.
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -25,6 +26,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_info
 
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
 from vt_lightning.controller.remote import deliver
@@ -41,6 +44,10 @@ from vt_lightning.recording.window import ClosedWindow
 # Finish windows in a separate writer process (see ``_writer.py``); False keeps everything on the
 # writer thread of the training process (tests that inject faults into ``finish`` use that).
 USE_WRITER_PROCESS = True
+# The writer process starts in the background at setup when the first window warms up at least this
+# many batches later (its start-up then overlaps quiet steps, not the window's); else at hand-off.
+PRESTART_LEAD_BATCHES = 8
+SAY_WAIT_S = 0.25  # an end-of-run wait for the writer at least this long is said on the console
 
 
 class WriterAbandoned(RuntimeError):
@@ -70,6 +77,7 @@ class BackgroundWriter:
         self.abandoned = 0  # how many times a stuck writer was given up
         self.blocked = 0.0  # seconds training has waited for this writer, over the whole run
         self._futures: list[Future[Any]] = []
+        self._windows: dict[Future[Any], int] = {}  # window index of each pending hand-off
         self._lock = threading.Lock()
         self._generation = 0
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -110,9 +118,10 @@ class BackgroundWriter:
 
     # ------------------------------------------------------------------ the writer process
     def writer_process(self) -> Any:
-        """The writer process, started at the first window's hand-off (on the writer thread, so
-        quiet steps before the first window never share the CPU with its start-up); None when
-        there is none (disabled, or it could not start: windows are then finished on this thread)."""
+        """The writer process, started on the writer thread: at setup when the first window is far
+        enough ahead (``prestart``), else at the first window's hand-off, so a window's own steps
+        never share the CPU with its start-up; None when there is none (disabled, or it could not
+        start: windows are then finished on this thread)."""
         if self.process is None and self.use_process and self.process_error is None:
             try:
                 self.process = WriterProcess()
@@ -120,9 +129,24 @@ class BackgroundWriter:
                 self.process_error = err
         return self.process
 
+    def prestart(self, first_warmup: float, now: int, run_end: Any) -> None:
+        """Start the writer process in the background (on the writer thread) when the first window
+        is far enough ahead for its start-up to end before the window, and within the run: its
+        start-up and its first imports are then off the window's critical path and the end of fit.
+        With no window coming, nothing starts (a run with no window pays no writer)."""
+        if math.isinf(first_warmup) or first_warmup - now < PRESTART_LEAD_BATCHES:
+            return
+        if isinstance(run_end, int) and run_end > 0 and first_warmup >= run_end:
+            return
+        self.submit(self.writer_process)
+
     def hand_off(self, closed: ClosedWindow) -> Future[Outcome]:
         """Queue a closed window; its future answers with exactly one outcome, never raises."""
-        return self.submit(self._finish, closed)
+        future = self.submit(self._finish, closed)
+        window = closed.job.metadata.get("window")
+        if isinstance(window, int):
+            self._windows[future] = window
+        return future
 
     def _finish(self, closed: ClosedWindow) -> Outcome:
         """On the writer thread: the window's result, or why it was dropped."""
@@ -180,6 +204,8 @@ class BackgroundWriter:
     def _pending(self) -> list[Future[Any]]:
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()]
+            for done in [f for f in self._windows if f.done()]:
+                del self._windows[done]
             return list(self._futures)
 
     def in_flight(self) -> int:
@@ -226,8 +252,11 @@ class BackgroundWriter:
         the writer and return False if it did not finish."""
         start = time.monotonic()
         deadline = start + self._allowance(timeout)
+        pending = self._pending()
+        windows = sorted(self._windows.pop(f) for f in pending if f in self._windows)
+        self._windows.clear()
         try:
-            for future in self._pending():
+            for future in pending:
                 try:
                     future.result(timeout=max(0.0, deadline - time.monotonic()))
                 except FutureTimeout:
@@ -237,7 +266,10 @@ class BackgroundWriter:
                     pass
             return True
         finally:
-            self.blocked += time.monotonic() - start
+            waited = time.monotonic() - start
+            self.blocked += waited
+            if waited >= SAY_WAIT_S and windows:
+                _say_waited(waited, windows)
 
     def abandon(self) -> None:
         """Give up on a stuck writer: drop its pending windows, kill and reap its process, and
@@ -263,9 +295,17 @@ class BackgroundWriter:
         self._queue.put(None)
         self._thread.join(timeout=1.0)
         process, self.process = self.process, None
-        if process is not None:
+        if process is not None and finished and not self._pending():
+            process.kill()  # idle: every window answered and written. No wait for a niced exit
+        elif process is not None:
             process.close(timeout=5.0)
         return finished
+
+
+def _say_waited(seconds: float, windows: list[int]) -> None:
+    """One console line when the end of a run waited for the writer (rank 0 only)."""
+    which = f"window {windows[0]}" if len(windows) == 1 else "windows " + ", ".join(str(w) for w in windows)
+    rank_zero_info(f"vt_lightning: waited {seconds:.1f} s for the writer to finish {which}")
 
 
 def _settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:

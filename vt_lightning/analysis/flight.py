@@ -1,0 +1,224 @@
+"""The flight recorder's samples as a track of the trace: pure functions, no I/O.
+
+While the slow-step trigger is armed, a background thread samples the training thread's Python
+stack about 100 times a second (``recording/flight.py``). When a step is judged slow, the samples
+that fell inside it cross to the writer as ``WindowJob.extras["flight"]`` (``FlightCapture.as_dict``),
+and ``flight_track`` turns them into a track of nested spans before the window's traced steps:
+
+* one span for the slow step itself (its exact boundaries, from the trigger's own clock reads);
+* beneath it, one span per stack frame that stayed on the stack over consecutive samples, from the
+  first sample that saw it to the next sample that did not (a sample stands for one interval);
+* a thread named ``sampled: training thread (100 Hz)`` and spans of category ``sampled``, so that
+  nobody mistakes them for traced calls: a span's start and length are only good to one interval,
+  and a call shorter than an interval may be missing.
+
+The stacks are filtered (``reduce_stack``) to the user's frames, the first library frame each of
+them calls (``Trainer.fit``, ``Module._call_impl``) and the innermost few library frames (what the
+user's code was waiting in).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vt_lightning.analysis.clock import Calibration
+from vt_lightning.analysis.merge import ORIGIN_GRANULARITY_US, snap_to_nanoseconds
+from vt_lightning.analysis.usercode import code_origin
+
+SAMPLED_CATEGORY = "sampled"  # not a category the TensorBoard plugin analyses: Trace view only
+TRACK_TID_BASE = 1_000_000_000  # a Linux tid is below 2**22: base + the training thread's tid never collides
+INNER_LIBRARY_FRAMES = 3
+
+Frame = tuple[str, str, int]  # (qualified name, file, first line), as VizTracer names a call
+
+
+@dataclass(frozen=True)
+class FlightCapture:
+    """The samples of one slow step, as plain data for the writer.
+
+    ``samples`` are ``(perf_counter_ns, frame indices outermost first)``; ``frames`` the table the
+    indices point into; ``clock`` one reading of (perf_counter ns, VizTracer µs) that maps the
+    samples onto the Python tracer's clock, from which the window's calibration maps them on.
+    """
+
+    batch: int
+    start_ns: int
+    end_ns: int
+    interval_ns: int
+    pid: int
+    tid: int
+    frames: list[Frame]
+    samples: list[tuple[int, tuple[int, ...]]]
+    clock: tuple[int, float] | None = None  # (perf_counter ns, python µs)
+    truncated: bool = False  # the ring had already dropped the step's first samples
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batch": self.batch,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "interval_ns": self.interval_ns,
+            "pid": self.pid,
+            "tid": self.tid,
+            "frames": [list(f) for f in self.frames],
+            "samples": [[t, list(stack)] for t, stack in self.samples],
+            "clock": list(self.clock) if self.clock is not None else None,
+            "truncated": self.truncated,
+            "detail": dict(self.detail),
+        }
+
+
+def frame_name(frame: Sequence[Any]) -> str:
+    """``"Model.slow (/src/model.py:12)"``: VizTracer's spelling, so ``usercode`` reads it too."""
+    name, file, line = frame[0], frame[1], frame[2]
+    return f"{name} ({file}:{line})"
+
+
+def reduce_stack(
+    stack: Sequence[int],
+    frames: Sequence[Sequence[Any]],
+    is_user: Callable[[str], bool],
+    inner: int = INNER_LIBRARY_FRAMES,
+) -> tuple[int, ...]:
+    """Keep the user's frames, the first library frame each calls, and the innermost ``inner``
+    library frames (outermost first, as given). A stack with no user frame keeps its innermost
+    ``inner`` frames: where Lightning or a DataLoader was at that moment."""
+    user = [is_user(str(frames[i][1])) for i in stack]
+    keep = [False] * len(stack)
+    for depth, mine in enumerate(user):
+        if mine:
+            keep[depth] = True
+            if depth + 1 < len(stack) and not user[depth + 1]:
+                keep[depth + 1] = True
+    last_user = max((d for d, mine in enumerate(user) if mine), default=-1)
+    for depth in range(max(last_user + 1, len(stack) - inner), len(stack)):
+        keep[depth] = True
+    return tuple(i for i, k in zip(stack, keep) if k)
+
+
+def user_file(path: str) -> bool:
+    """The one rule (``usercode.code_origin``): the user's unless stdlib, a package or vt_lightning."""
+    return code_origin(path)[0] == "user"
+
+
+def sample_spans(
+    samples: Sequence[tuple[int, Sequence[int]]], interval_ns: int, start_ns: int, end_ns: int
+) -> list[tuple[int, int, int, int]]:
+    """``(frame index, depth, start ns, end ns)`` spans from ordered samples, clipped to the step.
+
+    A frame that sits at the same depth, under the same parents, in consecutive samples is one span;
+    each sample covers up to the next one (the last one: one interval), so spans nest exactly.
+    """
+    inside = [(t, tuple(stack)) for t, stack in samples if start_ns <= t < end_ns]
+    spans: list[tuple[int, int, int, int]] = []
+    open_: list[tuple[int, int]] = []  # (frame index, start ns) by depth
+    for n, (t, stack) in enumerate(inside):
+        common = 0
+        while common < len(open_) and common < len(stack) and open_[common][0] == stack[common]:
+            common += 1
+        for depth in range(len(open_) - 1, common - 1, -1):
+            spans.append((open_[depth][0], depth, open_[depth][1], t))
+        del open_[common:]
+        open_.extend((index, t) for index in stack[common:])
+        if n == len(inside) - 1:
+            last_end = min(t + interval_ns, end_ns)
+            for depth in range(len(open_) - 1, -1, -1):
+                spans.append((open_[depth][0], depth, open_[depth][1], last_end))
+    return spans
+
+
+def flight_track(data: dict[str, Any], calibration: Calibration, origin_us: float) -> list[dict[str, Any]]:
+    """The sampled track's events on the merged trace's timeline (µs after ``origin_us``, on whole
+    nanoseconds): its thread's name and sort index, the slow step, then the sampled frames."""
+    clock = data.get("clock")
+    if not clock:
+        return []
+    perf_ns, python_us = int(clock[0]), float(clock[1])
+
+    def to_trace_ns(t_ns: int) -> int:
+        us = calibration.python_to_torch_us(python_us + (t_ns - perf_ns) / 1000.0) - origin_us
+        return round(us * 1000)
+
+    frames = [tuple(f) for f in data.get("frames", [])]
+    pid, tid = data.get("pid"), TRACK_TID_BASE + int(data.get("tid") or 0)
+    start_ns, end_ns, interval = int(data["start_ns"]), int(data["end_ns"]), int(data["interval_ns"])
+    rate = round(1e9 / interval) if interval > 0 else 0
+    samples = [(int(t), reduce_stack(stack, frames, user_file)) for t, stack in data.get("samples", [])]
+    detail = data.get("detail") or {}
+
+    def span(name: str, t0: int, t1: int, args: dict[str, Any]) -> dict[str, Any]:
+        a, b = to_trace_ns(t0), to_trace_ns(t1)  # monotonic: spans that nest in ns nest here
+        return {
+            "ph": "X",
+            "cat": SAMPLED_CATEGORY,
+            "name": name,
+            "pid": pid,
+            "tid": tid,
+            "ts": a / 1000,
+            "dur": max(b - a, 0) / 1000,
+            "args": args,
+        }
+
+    counted = sum(1 for t, _ in samples if start_ns <= t < end_ns)
+    events: list[dict[str, Any]] = [
+        {
+            "ph": "M",
+            "name": "thread_name",
+            "pid": pid,
+            "tid": tid,
+            "args": {"name": f"sampled: training thread ({rate} Hz)"},
+        },
+        {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": -1}},
+        span(
+            f"slow step: batch {data['batch']} (sampled)",
+            start_ns,
+            end_ns,
+            {"sampled": True, "samples": counted, "rate_hz": rate, "truncated": bool(data.get("truncated")), **detail},
+        ),
+    ]
+    # Parents before children where bounds tie: viewers nest equal spans in file order.
+    spans = sorted(sample_spans(samples, interval, start_ns, end_ns), key=lambda s: (s[2], s[2] - s[3], s[1]))
+    for index, depth, t0, t1 in spans:
+        samples_in = max(1, round((t1 - t0) / interval)) if interval > 0 else 1
+        events.append(span(frame_name(frames[index]), t0, t1, {"sampled": True, "depth": depth, "samples": samples_in}))
+    return events
+
+
+def add_flight_track(merged: dict[str, Any], data: dict[str, Any] | None, calibration: Calibration) -> None:
+    """Append the sampled track of ``data`` (``WindowJob.extras["flight"]``) to a merged trace, and
+    say in its ``vt_lightning`` metadata which step it samples; nothing when there is none."""
+    if not data:
+        return
+    meta = merged.setdefault("vt_lightning", {})
+    events = flight_track(data, calibration, float(meta.get("time_origin_us", 0)))
+    if not events:
+        return
+    trace_events = merged.setdefault("traceEvents", [])
+    trace_events.extend(events)
+    _keep_times_positive(merged, trace_events, min(float(e["ts"]) for e in events if "ts" in e))
+    meta["flight"] = {
+        "batch": data.get("batch"),
+        "samples": events[2]["args"]["samples"],
+        "rate_hz": events[2]["args"]["rate_hz"],
+        "truncated": bool(data.get("truncated")),
+    }
+
+
+def _keep_times_positive(merged: dict[str, Any], events: list[dict[str, Any]], earliest_us: float) -> None:
+    """The slow step precedes the trace's time origin (whole seconds below torch's first event):
+    move the origin back by whole seconds, as ``merge.time_origin_us`` would have placed it, so no
+    ``ts`` is negative; ``baseTimeNanoseconds`` moves with it and absolute times stay the same."""
+    if earliest_us >= 0:
+        return
+    shift = math.ceil(-earliest_us / ORIGIN_GRANULARITY_US) * ORIGIN_GRANULARITY_US
+    for event in events:
+        if "ts" in event:
+            event["ts"] = float(event["ts"]) + shift
+    snap_to_nanoseconds(events)
+    merged["baseTimeNanoseconds"] = int(merged.get("baseTimeNanoseconds", 0)) - shift * 1000
+    meta = merged.setdefault("vt_lightning", {})
+    meta["time_origin_us"] = int(meta.get("time_origin_us", 0)) - shift

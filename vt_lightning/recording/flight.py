@@ -1,0 +1,254 @@
+"""The flight recorder: the last seconds of the training thread's Python stack, sampled cheaply, so
+that a triggered window can show the slow step that fired it (which it never traces itself).
+
+While the slow-step trigger is armed, one daemon thread wakes about 100 times a second. Once the
+step under way has run longer than half the median step (only such a step can turn out slow), it
+reads the training thread's stack with ``sys._current_frames`` and keeps ``(perf_counter_ns, code
+objects)`` in a bounded ring (about 20 s). A quiet step is therefore never walked: a tick costs a
+clock read and two attribute reads; a sample one dict and a walk up ``f_back`` (about 5 µs of the
+GIL). The step boundaries are the trigger's own clock reads (``SlowStep.last`` and the duration it
+measured), so nothing more runs on the training thread per batch.
+
+When a step is judged slow (``mark``, at the batch start after it) its samples are set aside; when
+the triggered window is planned they are assigned to it (``assign``); the window's side recorder
+(``FlightSide``) turns them into plain data at the window's close, with one clock pair that maps
+them onto the Python tracer's clock. ``analysis/flight.py`` makes the track.
+
+The sampler never runs while a window traces (the side recorder stops it before the Python tracer
+starts and starts a fresh one after it stops: a sampler thread in the trace would be noise), stops
+for good when the triggers are disarmed (teardown, exception), when the training thread ends, when
+the recorder is dropped, and in a forked child (its thread does not exist there).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from types import CodeType
+from typing import Any
+
+from vt_lightning.analysis.flight import FlightCapture
+from vt_lightning.analysis.schedule import Window
+from vt_lightning.analysis.triggers import SlowStep
+
+RATE_HZ = 100
+RING_SAMPLES = 2048  # about 20 s at 100 Hz: a slow step longer than that keeps its last 20 s
+IDLE_S = 0.1  # until the trigger arms, the thread only looks again this often
+# A step is sampled once it has run this share of the median step (a slow step runs > factor x it).
+LATE_FRACTION = 0.5
+Sample = tuple[int, tuple[CodeType, ...]]  # (perf_counter_ns, code objects innermost first)
+
+# Training thread ident -> its recorder (see flight_side); weak, so a run dropped without teardown
+# lets its recorder go, and its sampler thread ends at its next tick.
+_ARMED: weakref.WeakValueDictionary[int, FlightRecorder] = weakref.WeakValueDictionary()
+
+
+class FlightRecorder:
+    """Samples one thread's Python stack into a ring while ``armed()`` says so, at the ticks where
+    ``due(now_ns)`` does (by default every tick)."""
+
+    def __init__(
+        self,
+        armed: Callable[[], bool],
+        rate_hz: float = RATE_HZ,
+        ring: int = RING_SAMPLES,
+        thread: threading.Thread | None = None,
+        due: Callable[[int], bool] | None = None,
+    ) -> None:
+        self.armed = armed
+        self.due = due
+        self.interval_ns = int(1e9 / rate_hz)
+        self.ring: deque[Sample] = deque(maxlen=ring)
+        self.thread = thread or threading.current_thread()  # the one sampled: the training thread
+        self.sampler: threading.Thread | None = None
+        self.stopped = False
+        self._stop_sampler = threading.Event()
+        self._marked: tuple[int, int, int, list[Sample], bool] | None = None  # (batch, start, end, samples, cut)
+        self._assigned: dict[int, tuple[int, int, int, list[Sample], bool]] = {}  # by window warmup start
+
+    # ------------------------------------------------------------------ the sampler thread
+    def start(self) -> None:
+        """Begin sampling (from setup, on the training thread); an earlier recorder of the thread stops."""
+        previous = _ARMED.get(self.thread.ident or 0)
+        if previous is not None and previous is not self:
+            previous.stop()
+        _ARMED[self.thread.ident or 0] = self
+        self._start_sampler()
+
+    def _start_sampler(self) -> None:
+        if self.stopped or self.sampler is not None:
+            return
+        self._stop_sampler = stop = threading.Event()
+        self.sampler = threading.Thread(
+            target=_sample, args=(weakref.ref(self), stop), name="vt_lightning-flight", daemon=True
+        )
+        self.sampler.start()
+
+    def pause(self) -> None:
+        """Stop the sampler thread (a window starts tracing); the ring stays."""
+        sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            self._stop_sampler.set()
+            if sampler is not threading.current_thread():
+                sampler.join(timeout=1.0)
+
+    def resume(self) -> None:
+        """A fresh sampler thread after a window (unless stopped for good)."""
+        self._start_sampler()
+
+    def stop(self) -> None:
+        """For good (idempotent): the thread ends, the ring and the captures are dropped."""
+        self.stopped = True
+        self.pause()
+        if _ARMED.get(self.thread.ident or 0) is self:
+            del _ARMED[self.thread.ident or 0]
+        self.ring.clear()
+        self._marked = None
+        self._assigned.clear()
+
+    # ------------------------------------------------------------------ slow steps
+    def mark(self, batch: int, end_ns: int, duration_ns: int) -> None:
+        """Step ``batch`` ran from ``end_ns - duration_ns`` to ``end_ns`` and was slow: set its samples
+        aside before the ring forgets them. A list copy of the ring and a filter: no conversion yet."""
+        start_ns = end_ns - duration_ns
+        ring = list(self.ring)
+        cut = bool(ring) and len(ring) == self.ring.maxlen and ring[0][0] > start_ns
+        self._marked = (batch, start_ns, end_ns, [s for s in ring if start_ns <= s[0] < end_ns], cut)
+
+    def assign(self, window_start: int, batch: int) -> None:
+        """The slow-step window planned to warm up at ``window_start`` for the slow step at ``batch``
+        gets that step's samples, if this rank marked that very step (with DDP the agreed firing may
+        be another rank's, and a mark of a step whose window was refused must not stand in for it)."""
+        marked, self._marked = self._marked, None
+        if marked is not None and marked[0] == batch:
+            self._assigned = {window_start: marked}
+
+    def take(self, window_start: int, python_clock_us: Callable[[], float] | None) -> FlightCapture | None:
+        """The capture assigned to the window warming up at ``window_start``, as plain data (once)."""
+        marked = self._assigned.pop(window_start, None)
+        if marked is None:
+            return None
+        batch, start_ns, end_ns, samples, cut = marked
+        frames: list[tuple[str, str, int]] = []
+        index: dict[CodeType, int] = {}
+        plain: list[tuple[int, tuple[int, ...]]] = []
+        for t, codes in samples:
+            stack = []
+            for code in reversed(codes):  # outermost first
+                i = index.get(code)
+                if i is None:
+                    i = index[code] = len(frames)
+                    frames.append((getattr(code, "co_qualname", code.co_name), code.co_filename, code.co_firstlineno))
+                stack.append(i)
+            plain.append((t, tuple(stack)))
+        return FlightCapture(
+            batch=batch,
+            start_ns=start_ns,
+            end_ns=end_ns,
+            interval_ns=self.interval_ns,
+            pid=os.getpid(),
+            tid=self.thread.native_id or 0,
+            frames=frames,
+            samples=plain,
+            clock=clock_pair(python_clock_us) if python_clock_us is not None else None,
+            truncated=cut,
+        )
+
+
+def _sample(owner: weakref.ref[FlightRecorder], stop: threading.Event) -> None:
+    """The sampler thread's loop: ends with ``stop``, with the training thread, or with its owner."""
+    current_frames, now = sys._current_frames, time.perf_counter_ns
+    while True:
+        recorder = owner()
+        if recorder is None or recorder.stopped or not recorder.thread.is_alive():
+            return
+        armed = recorder.armed()
+        wait_s = recorder.interval_ns / 1e9 if armed else IDLE_S
+        tick = now()
+        if armed and (recorder.due is None or recorder.due(tick)):
+            frame = current_frames().get(recorder.thread.ident or 0)
+            codes = []
+            while frame is not None:
+                codes.append(frame.f_code)
+                frame = frame.f_back
+            recorder.ring.append((tick, tuple(codes)))
+            del frame
+        del recorder
+        if stop.wait(wait_s):
+            return
+
+
+def clock_pair(python_clock_us: Callable[[], float], rounds: int = 8) -> tuple[int, float]:
+    """(perf_counter ns, Python-tracer µs) at one instant: the tightest of ``rounds`` brackets."""
+    best: tuple[int, int, float] | None = None
+    for _ in range(rounds):
+        before = time.perf_counter_ns()
+        python_us = python_clock_us()
+        after = time.perf_counter_ns()
+        if best is None or after - before < best[0]:
+            best = (after - before, (before + after) // 2, python_us)
+    assert best is not None
+    return best[1], best[2]
+
+
+class FlightSide:
+    """The side recorder (``recording/side.py``) of a window while a flight recorder is armed: the
+    sampler stops while the window traces, and a slow-step window gets its step's samples."""
+
+    name = "flight"
+
+    def __init__(self, recorder: FlightRecorder, target: Window, python_clock_us: Callable[[], float]) -> None:
+        self.recorder = recorder
+        self.target = target
+        self.python_clock_us = python_clock_us
+
+    def start(self) -> None:
+        self.recorder.pause()
+
+    def stop(self) -> None:
+        self.recorder.resume()
+
+    def collect(self) -> Any:
+        capture = self.recorder.take(self.target.warmup_start, self.python_clock_us)
+        return capture.as_dict() if capture is not None else None
+
+
+def flight_for(slow: SlowStep | None, clock: Callable[[], int]) -> FlightRecorder | None:
+    """A started flight recorder for the slow-step trigger; None when it is off, or when its clock is
+    not ``perf_counter_ns`` (the sampler's: a test's virtual clock has no samples to match)."""
+    if slow is None or clock is not time.perf_counter_ns:
+        return None
+
+    def running_long(now_ns: int) -> bool:
+        """The step under way (from the trigger's last batch-start read) has run for more than
+        ``LATE_FRACTION`` of the median step: only such a step can turn out slow, so quiet steps
+        cost one clock read and two attribute reads per tick, not a stack walk."""
+        started, median = slow.last, slow.baseline_ns
+        return started > 0 and median is not None and now_ns - started > LATE_FRACTION * median
+
+    recorder = FlightRecorder(lambda: slow.armed, due=running_long)
+    recorder.start()
+    return recorder
+
+
+def flight_side(target: Window, python_clock_us: Callable[[], float]) -> list[FlightSide]:
+    """The window's flight side recorder, if a flight recorder samples this (the training) thread."""
+    recorder = _ARMED.get(threading.get_ident())
+    return [FlightSide(recorder, target, python_clock_us)] if recorder is not None and not recorder.stopped else []
+
+
+def _forget_in_forked_child() -> None:
+    """The child has no sampler thread, and must never hand the parent's samples to a window."""
+    for recorder in list(_ARMED.values()):
+        recorder.sampler = None
+        recorder.stopped = True
+    _ARMED.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_forked_child)
