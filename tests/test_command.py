@@ -45,7 +45,7 @@ def example_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return root / "lightning_logs" / "version_0", proc.stdout
+    return root / "lightning_logs" / "version_0", proc.stdout + proc.stderr  # the commands are logged
 
 
 def test_the_example_prints_its_summary_table(example_run: tuple[Path, str]) -> None:
@@ -76,7 +76,7 @@ def test_summary_of_a_trace_without_summary_is_computed(example_run: tuple[Path,
     proc = _run("summary", str(copy), "--json")
     assert proc.returncode == 0, proc.stderr
     (computed,) = orjson.loads(proc.stdout)
-    written = orjson.loads(trace.with_name(trace.name.replace(".pt.trace.json.gz", ".summary.json")).read_bytes())
+    written = orjson.loads(trace.with_name(trace.name.replace(".pt.trace.json.gz", ".summary.jsonc")).read_bytes())
     assert computed["breakdown_ms"] == written["breakdown_ms"]
 
 
@@ -86,8 +86,8 @@ def test_diff_names_what_changed(example_run: tuple[Path, str]) -> None:
     proc = _run("diff", str(first), str(second), "--json")
     assert proc.returncode == 0, proc.stderr
     result = orjson.loads(proc.stdout)
-    a = orjson.loads(next(first.glob("*.summary.json")).read_bytes())
-    b = orjson.loads(next(second.glob("*.summary.json")).read_bytes())
+    a = orjson.loads(next(first.glob("*.summary.jsonc")).read_bytes())
+    b = orjson.loads(next(second.glob("*.summary.jsonc")).read_bytes())
     assert result["step"]["delta_ms"] == pytest.approx(b["step_ms"]["mean"] - a["step_ms"]["mean"], abs=1e-3)
     parts = {row["name"]: row for row in result["breakdown"]}
     assert parts["forward"]["delta_ms"] == pytest.approx(

@@ -63,7 +63,7 @@ class OwnHooks(L.LightningModule):
 
 
 def _summaries(root: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(p.read_bytes()) for p in sorted(Path(root).rglob("*.summary.json"))]
+    return [orjson.loads(p.read_bytes()) for p in sorted(Path(root).rglob("*.summary.jsonc"))]
 
 
 def _one_window(root: Path) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -95,7 +95,7 @@ def test_a_logger_on_a_url_gets_the_windows_there_with_the_same_layout(tmp_path,
         stem = f"{worker}.{span}"
         assert names == sorted(
             f"{stem}{suffix}"
-            for suffix in (".memory_snapshot.pickle", ".pt.trace.json.gz", ".summary.json", ".summary.md")
+            for suffix in (".memory_snapshot.pickle", ".pt.trace.json.gz", ".summary.jsonc", ".summary.md")
         )
         with fs.open(result.trace_path, "rb") as f:
             trace = orjson.loads(gzip.decompress(f.read()))

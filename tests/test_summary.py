@@ -59,7 +59,7 @@ class SlowDataModel(L.LightningModule):
 
 
 def _summaries(root: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(p.read_bytes()) for p in sorted(Path(root).rglob("*.summary.json"))]
+    return [orjson.loads(p.read_bytes()) for p in sorted(Path(root).rglob("*.summary.jsonc"))]
 
 
 TRACE_SLACK_MS = 0.01  # summaries round to the microsecond; torch and VizTracer time with two clocks
@@ -102,7 +102,7 @@ def test_summary_names_the_data_wait_and_the_busy_function(slow_data_run: Path) 
     (trace,) = trace_files(slow_data_run)
     (summary,) = _summaries(slow_data_run)
     stem = trace.name[: -len(".pt.trace.json.gz")]
-    assert (trace.parent / f"{stem}.summary.json").is_file()
+    assert (trace.parent / f"{stem}.summary.jsonc").is_file()
     assert (trace.parent / f"{stem}.summary.md").is_file()
     assert summary["schema"] == SCHEMA_VERSION
     assert summary["steps"]["recorded"] == [2, 3, 4]

@@ -139,7 +139,7 @@ def test_a_writer_killed_after_publishing_is_retried_into_the_same_directory(tmp
     assert [Path(p).parent.name for p in report["results"]] == runs
     for trace in trace_files(tmp_path):
         assert load_trace(trace)["vt_lightning"]["steps"] in ([1], [3])
-        summary = json.loads(trace.with_name(trace.name.replace(".pt.trace.json.gz", ".summary.json")).read_text())
+        summary = json.loads(trace.with_name(trace.name.replace(".pt.trace.json.gz", ".summary.jsonc")).read_text())
         assert summary["window"]["trace"] == trace.name
     hidden = [p for p in tmp_path.rglob(".*") if "window_" in str(p.parent)]
     assert hidden == []  # no claim, no temporary

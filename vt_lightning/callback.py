@@ -14,11 +14,13 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
+from vt_lightning.analysis.history import WindowNumbers
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.controller import WindowController, messages
 from vt_lightning.controller.run import batches_started, global_batch, stage_name
 from vt_lightning.export.job import URL, WindowResult
 from vt_lightning.options import Options, make_options
+from vt_lightning.recording.workers import worker_failures_deferred
 
 
 class VizTraceCallback(Callback):
@@ -75,8 +77,8 @@ class VizTraceCallback(Callback):
             memory-growth window.
         trigger_interval: seconds between checks of the file, signal, memory (and, with DDP, the
             ranks' agreement); 0: every batch.
-        max_windows: most windows in the run, scheduled and triggered together (None: no limit).
-            Part of the run budget, with ``max_output_mb`` and ``max_time_share``: past any of
+        budget_windows: most windows in the run, scheduled and triggered together (None: no limit).
+            Part of the run budget, with ``budget_output_mb`` and ``budget_time_share``: past any of
             them no window opens, with one warning naming the limit (docs/options.md).
         scheduled_windows: False: no scheduled windows, only triggered ones.
         spool_dir: where raw dumps wait for the writer (default: ``$TMPDIR``, else ``/tmp``, or
@@ -85,11 +87,15 @@ class VizTraceCallback(Callback):
         writer_timeout: the most seconds training waits for the writer in the whole run, all waits
             together (for room at a window's start, for the last windows at the end of fit); past
             it the windows are dropped, the stuck writer is killed, and training goes on.
-        max_output_mb: most megabytes of window files (traces and memory snapshots) in the run
+        budget_output_mb: most megabytes of window files (traces and memory snapshots) in the run
             (None: no limit).
-        max_time_share: most share of the run's wall time that windows may add (their time from
+        budget_time_share: most share of the run's wall time that windows may add (their time from
             opening to hand-off, less their batches' usual time), once they have added 3 s
             (0.1 = 10%; None: no limit).
+        keep_windows: keep only the newest this many windows of the run on disk; older ones this
+            run wrote and finished are deleted (None: keep all). The end-of-run table counts all.
+        trace_workers: trace the train DataLoader's worker processes while they fetch a window's
+            batches (their own processes in the trace; docs/distributed.md).
 
     Example::
 
@@ -130,12 +136,14 @@ class VizTraceCallback(Callback):
         trigger_signal: str | None = None,
         trigger_cooldown: int = 100,
         trigger_interval: float = 0.5,
-        max_windows: int | None = 1000,
+        budget_windows: int | None = 1000,
         scheduled_windows: bool = True,
         spool_dir: str | None = None,
         writer_timeout: float = 60.0,
-        max_output_mb: float | None = 10_240.0,
-        max_time_share: float | None = 0.1,
+        budget_output_mb: float | None = 10_240.0,
+        budget_time_share: float | None = 0.1,
+        keep_windows: int | None = None,
+        trace_workers: bool = True,
     ) -> None:
         super().__init__()
         arguments = locals()
@@ -167,8 +175,9 @@ class VizTraceCallback(Callback):
 
     @property
     def results(self) -> list[WindowResult]:
-        """What the writer wrote for this run's windows (complete after fit / the stage)."""
-        return self._controller.outcomes.results
+        """What the writer wrote for this run's newest windows (up to 16; ``keep_windows``-deleted
+        ones left out), complete after fit / the stage. Every window is in the end-of-run table."""
+        return list(self._controller.outcomes.results)
 
     @property
     def windows_skipped(self) -> int:
@@ -200,7 +209,8 @@ class VizTraceCallback(Callback):
         self._controller.end_stage("fit", batches_started(trainer))
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._controller.exception(exception)
+        with worker_failures_deferred():  # a dead DataLoader worker's error must not cut this short
+            self._controller.exception(exception)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._controller.teardown(stage_name(stage))
@@ -216,7 +226,7 @@ class VizTraceCallback(Callback):
         # Lightning restores the global batch count; this guards against writing a window twice.
         # The windows are those of training: they say nothing about a validate / test / predict run.
         if self._controller.stage in (None, "fit"):
-            self._controller.completed = set(state_dict.get("completed_windows", []))
+            self._controller.completed = WindowNumbers(state_dict.get("completed_windows", []))
 
     # ------------------------------------------------------------------ training batches
     def on_train_batch_start(
@@ -228,13 +238,15 @@ class VizTraceCallback(Callback):
         ready = trainer.fit_loop.epoch_loop.batch_progress.total.ready
         if ready <= controller.next_look:
             return
-        controller.train_batch_start(trainer, ready)
+        with worker_failures_deferred():  # see on_exception
+            controller.train_batch_start(trainer, ready)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._controller.window is not None:
-            self._controller.batch_end(global_batch(trainer))
+            with worker_failures_deferred():
+                self._controller.batch_end(global_batch(trainer))
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.not_a_step()  # the interval across an epoch boundary is no training step

@@ -18,7 +18,9 @@ TRACE_PATTERN = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(\.gz)?$")
 SPAN_WIDTH = 10  # fixed width keeps the plugin's string order equal to batch order
 MEMORY_SUFFIX = ".memory_snapshot.pickle"
 OOM_MEMORY_SUFFIX = ".oom.memory_snapshot.pickle"
-SUMMARY_JSON_SUFFIX = ".summary.json"
+# Not ``*.json``: HTA's directory scan takes every ``*.json`` / ``*.gz`` of a window for a trace.
+SUMMARY_JSON_SUFFIX = ".summary.jsonc"
+LEGACY_SUMMARY_JSON_SUFFIX = ".summary.json"  # written up to 0.1.0; still read
 SUMMARY_MD_SUFFIX = ".summary.md"
 PICKLE_PROTOCOL = 4  # pytorch.org/memory_viz reads protocols 2..4 only
 TRIGGER_FILE_NAME = "vt_lightning.trigger"  # dropped in the output directory, it opens a window

@@ -45,6 +45,8 @@ class Options:
     scheduled_windows: bool = True
     spool_dir: str | None = None
     writer_timeout: float = 60.0
+    keep_windows: int | None = None  # newest windows kept on disk (None: all)
+    trace_workers: bool = True  # DataLoader workers' Python calls for a window's batches (recording/workers.py)
     budget: BudgetLimits = field(default_factory=BudgetLimits)
 
     def settings(self) -> dict[str, Any]:
@@ -82,7 +84,7 @@ MAX_STACK_DEPTH = 100_000
 MAX_MIN_DURATION_US = 3.6e9  # one hour
 MAX_RANK = 2**31 - 1
 MAX_OUTPUT_MB = 1e9  # a petabyte
-BUDGET_GRACE_SECONDS = 3.0  # windows may always add this much before max_time_share applies
+BUDGET_GRACE_SECONDS = 3.0  # windows may always add this much before budget_time_share applies
 
 _FLAGS = (
     "ignore_c_function",
@@ -93,6 +95,7 @@ _FLAGS = (
     "lightning_view",
     "summary",
     "scheduled_windows",
+    "trace_workers",
 )
 
 
@@ -172,20 +175,30 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
         scheduled_windows=a["scheduled_windows"],
         spool_dir=spool_dir,
         writer_timeout=writer_timeout,
+        keep_windows=_check_keep_windows(a["keep_windows"]),
+        trace_workers=a["trace_workers"],
         budget=_check_budget(a),
     )
 
 
 def _check_budget(a: Mapping[str, Any]) -> BudgetLimits:
-    """The run budget's limits (None lifts one); ``max_windows`` is checked with the triggers."""
-    output_mb, share = a["max_output_mb"], a["max_time_share"]
+    """The run budget's limits (None lifts one); ``budget_windows`` is checked with the triggers."""
+    output_mb, share = a["budget_output_mb"], a["budget_time_share"]
     if output_mb is not None:
-        output_mb = _check_number("max_output_mb", output_mb, 0, MAX_OUTPUT_MB, "megabytes", above=True, optional=True)
+        output_mb = _check_number(
+            "budget_output_mb", output_mb, 0, MAX_OUTPUT_MB, "megabytes", above=True, optional=True
+        )
     if share is not None:
         share = _check_number(
-            "max_time_share", share, 0, 1, "a fraction of the run (0.1 = 10%)", above=True, optional=True
+            "budget_time_share", share, 0, 1, "a fraction of the run (0.1 = 10%)", above=True, optional=True
         )
-    return BudgetLimits(max_output_mb=output_mb, max_time_share=share, grace_seconds=BUDGET_GRACE_SECONDS)
+    return BudgetLimits(budget_output_mb=output_mb, budget_time_share=share, grace_seconds=BUDGET_GRACE_SECONDS)
+
+
+def _check_keep_windows(keep: Any) -> int | None:
+    if keep is not None:
+        _check_int("keep_windows", keep, minimum=1, maximum=MAX_BATCHES)
+    return keep
 
 
 def _check_triggers(a: Mapping[str, Any]) -> TriggerConfig:
@@ -206,8 +219,8 @@ def _check_triggers(a: Mapping[str, Any]) -> TriggerConfig:
     signal_name = parse_trigger_signal(a["trigger_signal"])[1] if a["trigger_signal"] is not None else None
     _check_int("trigger_cooldown", a["trigger_cooldown"], minimum=0, maximum=MAX_BATCHES)
     interval = _check_number("trigger_interval", a["trigger_interval"], 0, MAX_SECONDS, "a number of seconds")
-    if a["max_windows"] is not None:
-        _check_int("max_windows", a["max_windows"], minimum=1, maximum=MAX_BATCHES)
+    if a["budget_windows"] is not None:
+        _check_int("budget_windows", a["budget_windows"], minimum=1, maximum=MAX_BATCHES)
     return TriggerConfig(
         slow_step_factor=factor,
         slow_step_baseline=a["slow_step_baseline"],
@@ -217,7 +230,7 @@ def _check_triggers(a: Mapping[str, Any]) -> TriggerConfig:
         trigger_signal=signal_name,
         trigger_cooldown=a["trigger_cooldown"],
         trigger_interval=interval,
-        max_windows=a["max_windows"],
+        max_windows=a["budget_windows"],
     )
 
 

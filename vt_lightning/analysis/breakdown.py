@@ -24,14 +24,16 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX
 from vt_lightning.analysis.spans import Span, span_of
 from vt_lightning.analysis.usercode import parse_function
 from vt_lightning.constants import PL_PROFILE_PREFIX, PYTHON_CATEGORY
 
 # Always in ``breakdown_ms``, in this order (``other`` last).
 BREAKDOWN_PARTS = ("data_wait", "forward", "backward", "optimizer", "other")
-# In ``breakdown_ms`` only when some time went there (before ``other``).
-EXTRA_PARTS = ("hooks", "validation", "test", "predict")
+# In ``breakdown_ms`` only when some time went there (before ``other``). ``compile``: torch.compile's
+# spans (analysis/compile.py), inside whichever part ran the compiled code.
+EXTRA_PARTS = ("hooks", "validation", "test", "predict", "compile")
 EVAL_PARTS = frozenset({"validation", "test", "predict"})
 ALL_PARTS = (*BREAKDOWN_PARTS[:-1], *EXTRA_PARTS, "other")
 
@@ -152,7 +154,9 @@ def stage_ranges(
             # ``_DataFetcher.__next__``) are the same stage: keep the outermost.
             lightning = _outermost_per_part(lightning)
             source = "lightning methods (python calls)"
-    own: list[Range] = []
+    own: list[Range] = [
+        (*span_of(e), "compile") for e in python if str(e.get("name", "")).startswith(COMPILE_SPAN_PREFIX)
+    ]
     found: dict[str, str] = {}
     if user_hooks:
         for event in python:

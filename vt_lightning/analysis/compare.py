@@ -26,6 +26,7 @@ from typing import Any
 
 from vt_lightning.analysis.schema import Summary
 from vt_lightning.analysis.summary import function_key
+from vt_lightning.analysis.verdict_report import verdict_changes
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -74,6 +75,14 @@ def _python_window(summary: Summary) -> _Window:
         for entry in ranking:
             values.setdefault(function_key(entry), _number(entry.get("self_ms")))
     return _Window(values, complete=False, threshold_ms=None, top=max(len(r) for r in rankings))
+
+
+def _user_window(summary: Summary) -> _Window:
+    """The user's own functions by inclusive time: the one that called ``time.sleep`` is named,
+    not ``time.sleep`` (the summary keeps the user's top functions, so a missing one is unknown)."""
+    user = [e for e in (summary.get("top_python") or {}).get("by_inclusive") or [] if e.get("origin") == "user"]
+    values = {function_key(e): _number(e.get("inclusive_ms")) for e in user}
+    return _Window(values, complete=False, threshold_ms=None, top=len(user))
 
 
 def _op_window(summary: Summary) -> _Window:
@@ -128,6 +137,7 @@ def profile(summaries: Sequence[Summary]) -> dict[str, Any]:
         # A part a window does not have (validation, in a window without it) took 0 ms there.
         "breakdown_ms": {part: sum(v) / n for part, v in parts.items()},
         "python": [_python_window(s) for s in summaries],
+        "user_python": [_user_window(s) for s in summaries],
         "ops": [_op_window(s) for s in summaries],
     }
 
@@ -170,8 +180,10 @@ def diff(a: Sequence[Summary], b: Sequence[Summary], limit: int = 10) -> dict[st
         "b_windows": pb["windows"],
         "step": _change("step", pa["step_ms"], pb["step_ms"]),
         "breakdown": [_change(p, pa["breakdown_ms"].get(p, 0.0), pb["breakdown_ms"].get(p, 0.0)) for p in parts],
+        "user_python": _changes(pa["user_python"], pb["user_python"], limit),  # inclusive, user code only
         "python": _changes(pa["python"], pb["python"], limit),
         "ops": _changes(pa["ops"], pb["ops"], limit),
+        "verdicts": verdict_changes(a, b),  # kinds that appeared or went away (analysis/verdicts.py)
     }
 
 

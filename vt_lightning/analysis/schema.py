@@ -13,7 +13,7 @@ and the user's hook overrides and validation / test / predict as breakdown parts
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 SCHEMA_VERSION = 2
 
@@ -137,7 +137,129 @@ class Memory(TypedDict):
     top_allocation_sites: list[AllocationSite]
 
 
-class Summary(TypedDict):
+class _WhereMs(TypedDict, total=False):
+    ms: float  # this place's share of the evidence, ms per counted step
+
+
+class VerdictWhere(_WhereMs):
+    """A place in the user's code (analysis/usercode.py): VizTracer's function name and first line."""
+
+    function: str
+    file: str | None
+    line: int | None
+
+
+class Verdict(TypedDict):
+    """Why the step is slow (analysis/verdicts.py; the rules in docs/verdicts.md)."""
+
+    kind: str  # verdicts.KINDS
+    where: list[VerdictWhere]  # the user's code, most time first (may be empty)
+    evidence: dict[str, Any]  # the rule's numbers; ``share``: of the counted steps' time
+    advice: str  # one line
+
+
+class WorkerEntry(TypedDict):
+    """One DataLoader worker process in a window."""
+
+    worker: int  # its index in the DataLoader (``get_worker_info().id``)
+    pid: int
+    process: str  # its process name in the trace: "rank N · DataLoader worker K"
+    batches: list[int]  # global batch indices it fetched while traced
+    busy_ms: float  # the total of those fetches
+    top_python: list[PythonEntry]  # its user functions by self time (ms over the window)
+
+
+class Workers(TypedDict):
+    """The train DataLoader's workers in a window (recording/workers.py)."""
+
+    workers: list[WorkerEntry]
+    top_python: list[PythonEntry]  # over all workers, by self time (ms over the window), user code first
+    missing: list[str]  # workers that wrote no events (died, hung), one line each
+
+
+class CompiledFunction(TypedDict):
+    function: str | None
+    file: str | None
+    line: int | None
+    compiles: int
+    ms: float  # its compiles' time in the window
+
+
+class GraphBreak(TypedDict, total=False):
+    file: str
+    line: int
+    function: str | None
+    reason: str | None  # None: seen only at run time (compiled before the window)
+    compiles: int  # times dynamo logged it in the window
+    calls: int  # calls of its resume function in the window (the break taken at run time)
+    source: str  # "compile" (logged in the window) or "run" (its resume function ran)
+
+
+class Recompile(TypedDict):
+    function: str | None
+    file: str | None
+    line: int | None
+    reason: str | None  # dynamo's guard failure, e.g. "tensor 'x' size mismatch at index 0..."
+    compile_id: str | None
+
+
+class CompileSummary(TypedDict):
+    """torch.compile in the window (analysis/compile.py, docs/compile.md)."""
+
+    compiles: int
+    total_ms: float  # every compile in the window, recorded steps or not
+    phases_ms: dict[str, float]  # dynamo, aot_autograd, inductor: each phase's own time
+    in_steps_ms: float  # compile time inside the recorded steps
+    steps_ms: float  # the recorded steps' time
+    share: float | None  # in_steps_ms / steps_ms
+    functions: list[CompiledFunction]
+    graph_breaks: list[GraphBreak]
+    recompiles: list[Recompile]
+    notes: list[str]  # parts this torch could not provide
+    torch: str | None
+
+
+class _SummaryAdded(TypedDict, total=False):
+    """Keys added within schema 2 (absent in files written before them)."""
+
+    compile: CompileSummary | None  # None: nothing compiled and no graph break run in the window
+
+    verdicts: list[Verdict]  # largest share first; [] when no rule fired
+    job: JobInfo  # rank 0 only, when every rank of a DDP job traced the window (docs/distributed.md)
+    workers: Workers  # the train DataLoader's workers, when they were traced (analysis/workers.py)
+
+
+class JobRank(TypedDict):
+    rank: int
+    host: str
+    offset_us: float | None  # this rank's clock minus rank 0's (0 on rank 0's host)
+    uncertainty_us: float | None  # half the best ping-pong round trip
+    same_host: bool
+
+
+class Straggler(TypedDict):
+    rank: int
+    others_wait_ms: float  # the other ranks' mean wait for it, per step
+    step_ms: float
+    share_of_step: float
+    function: str | None  # the user function with the largest excess over the other ranks
+    file: str | None
+    line: int | None
+    excess_ms: float  # per step
+
+
+class JobInfo(TypedDict):
+    """The window's job file (rank 0's summary only): ranks, clock offsets, straggler."""
+
+    file: str  # relative to the window directory: job/job.<span>.json.gz
+    world_size: int
+    ranks: list[JobRank]
+    max_exit_residual_us: float | None  # spread of the ranks' exits from one collective, after alignment
+    straggler: Straggler | None  # None: balanced (below the thresholds of analysis/straggler.py)
+    reduced_ranks: list[int]  # ranks kept with less detail (job file over its size budget)
+
+
+class Summary(_SummaryAdded):
     """One window's ``<worker>.<span>.summary.json``."""
 
     schema: int

@@ -35,6 +35,7 @@ from typing import Any
 
 from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  # re-exported
 from vt_lightning.analysis.breakdown import attribute_step, reported, stage_ranges
+from vt_lightning.analysis.compile import compile_summary
 from vt_lightning.analysis.schema import (
     SCHEMA_VERSION,
     KernelsByOp,
@@ -51,6 +52,7 @@ from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.spans import x_events as _x_events
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
 from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.verdicts import find_verdicts
 from vt_lightning.constants import PL_PREFIX, PYTHON_CATEGORY, STEP_PREFIX, TRACE_METADATA_KEY
 
 ANNOTATION_PREFIXES = (PL_PREFIX, STEP_PREFIX, TRACE_METADATA_KEY)
@@ -399,7 +401,7 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
     # Every per-step table covers the steps the step time and the breakdown average over.
     region = (steps[counted[0]][0], steps[counted[-1]][1]) if counted else None
     all_events = trace.get("traceEvents", ())
-    return {
+    summary: Summary = {
         "schema": SCHEMA_VERSION,
         "window": {
             "index": meta.get("window"),
@@ -435,4 +437,9 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
         "top_ops": top_ops(events, len(counted), region=region),
         "gpu": gpu_summary(events, span, thread) if recorded else None,
         "memory": memory_summary(all_events, memory_snapshot),
+        "compile": compile_summary(meta.get("compile"), events, steps),  # torch.compile (analysis/compile.py)
     }
+    summary["verdicts"] = find_verdicts(
+        trace, summary, memory_snapshot, events=events, steps=steps, thread=thread, ranges=ranges
+    )
+    return summary

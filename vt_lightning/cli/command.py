@@ -17,8 +17,10 @@ still 1. 2: bad arguments (jsonargparse). Never a traceback.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +30,7 @@ import orjson
 
 from vt_lightning.analysis.schema import Summary
 from vt_lightning.constants import ENV_COMMAND_PREFIX
+from vt_lightning.export.job_file import job_file_of
 from vt_lightning.export.reading import (
     DEFAULT_MEMORY_BUDGET,
     MIB,
@@ -40,7 +43,9 @@ from vt_lightning.export.reading import (
     read_trace,
 )
 from vt_lightning.export.report import (
+    LEGACY_SUMMARY_JSON_SUFFIX,
     SUMMARY_JSON_SUFFIX,
+    SUMMARY_JSON_SUFFIXES,
     TRACE_SUFFIX,
     SummaryNotFound,
     find_traces,
@@ -49,6 +54,7 @@ from vt_lightning.export.report import (
     print_windows_table,
     render_markdown,
     summary_names,
+    summary_stem,
 )
 from vt_lightning.export.terminal import json_for_terminal, printable, printable_lines
 
@@ -138,6 +144,8 @@ def _summary_of_trace(trace: Path, budget: MemoryBudget, refused: Warn | None, b
     """The summary beside the trace if it reads (else, with ``refused``, a warning), or the trace's
     own, computed now."""
     beside = trace.with_name(summary_names(trace.name)[0])
+    if not is_regular_file(beside):  # a window written before 0.2
+        beside = beside.with_name(beside.name[: -len(SUMMARY_JSON_SUFFIX)] + LEGACY_SUMMARY_JSON_SUFFIX)
     if beside_first and beside != trace and is_regular_file(beside):
         try:
             return load_summary(beside, budget)
@@ -166,7 +174,7 @@ def _summary_of_trace(trace: Path, budget: MemoryBudget, refused: Warn | None, b
 
 
 def _load_file(path: Path, budget: MemoryBudget, refused: Warn | None = None, beside_first: bool = True) -> Summary:
-    if path.name.endswith(SUMMARY_JSON_SUFFIX):
+    if path.name.endswith(SUMMARY_JSON_SUFFIXES):
         return load_summary(path, budget)
     if path.name.endswith((".json", ".json.gz")):
         return _summary_of_trace(path, budget, refused, beside_first)
@@ -192,9 +200,13 @@ def load_windows(target: str, budget: MemoryBudget | None = None, refused: Warn 
                 raise
             refused(problem)
 
-    for summary_path in sorted(path.rglob(f"*{SUMMARY_JSON_SUFFIX}")):
-        attempt(summary_path)
-    covered = {str(Path(p).parent / Path(p).name[: -len(SUMMARY_JSON_SUFFIX)]) for p in windows}
+    stems: set[str] = set()
+    for summary_path in sorted({*path.rglob(f"*{SUMMARY_JSON_SUFFIX}"), *path.rglob(f"*{LEGACY_SUMMARY_JSON_SUFFIX}")}):
+        stem = str(summary_path.parent / str(summary_stem(summary_path.name)))
+        if stem not in stems:  # a window with both names (rewritten by a newer version): read once
+            stems.add(stem)
+            attempt(summary_path)
+    covered = {str(Path(p).parent / str(summary_stem(Path(p).name))) for p in windows}
     for trace in sorted(path.rglob(f"*{TRACE_SUFFIX}")):  # older windows, summary=False, or a refused summary
         stem = str(trace.parent / trace.name[: -len(TRACE_SUFFIX)])
         if stem not in covered:
@@ -244,13 +256,60 @@ def run_diff(a: str, b: str, top: int, as_json: bool, max_memory_mb: int = DEFAU
     )
     for title, rows in (
         ("breakdown (ms per step)", result["breakdown"]),
-        ("Python functions (self ms per step)", result["python"]),
+        ("your functions (inclusive ms per step)", result.get("user_python") or []),
+        ("all Python functions (self ms per step)", result["python"]),
         ("torch ops (self CPU ms per step)", result["ops"]),
     ):
         cells, styles = diff_table(rows)  # "below threshold" / "not in top N" is never "new" or -100 %
+        names, base = short_paths([row[0] for row in cells])
+        for row, name in zip(cells, names):
+            row[0] = name
         _out()
-        print_table(title, DIFF_COLUMNS, cells, styles)
+        print_table(title, DIFF_COLUMNS, cells, styles, f"paths relative to {base}" if base else None)
+    if result.get("verdicts"):
+        from vt_lightning.analysis.verdict_report import verdict_change_lines
+
+        _out("\nverdicts (docs/verdicts.md):\n" + "\n".join(verdict_change_lines(result["verdicts"])))
     return refused.status()
+
+
+_LOCATED = re.compile(r"^(?P<name>.*) \((?P<path>/.+):(?P<line>\w+)\)$")  # function_key's "f (/src/m.py:12)"
+
+
+def _library_file(path: str) -> str | None:
+    """A package's or the standard library's file from its package: ``torch/nn/modules/module.py``."""
+    if "-packages/" in path:
+        return path.rsplit("-packages/", 1)[1]
+    stdlib = sysconfig.get_paths()["stdlib"].rstrip(os.sep) + os.sep
+    return path[len(stdlib) :] if path.startswith(stdlib) else None
+
+
+def short_paths(names: Sequence[str], cwd: str | None = None) -> tuple[list[str], str | None]:
+    """Function names with readable paths: relative to the working directory, library files from
+    their package, any others relative to their common directory (returned, for a caption; None
+    when no name needed it)."""
+    inside = (cwd or os.getcwd()).rstrip(os.sep) + os.sep
+    found = [_LOCATED.match(name) for name in names]
+    elsewhere = [
+        os.path.dirname(m["path"])
+        for m in found
+        if m and not m["path"].startswith(inside) and _library_file(m["path"]) is None
+    ]
+    base = os.path.commonpath(elsewhere) if elsewhere else None
+    out = []
+    for name, m in zip(names, found):
+        if m is None:
+            out.append(name)
+            continue
+        path = m["path"]
+        if path.startswith(inside):
+            path = path[len(inside) :]
+        elif _library_file(path) is not None:
+            path = str(_library_file(path))
+        elif base is not None:
+            path = os.path.relpath(path, base)
+        out.append(f"{m['name']} ({path}:{m['line']})")
+    return out, base
 
 
 def step_change(result: dict[str, Any]) -> str:
@@ -271,8 +330,8 @@ def latest_trace(target: str, refused: Warn | None = None) -> Path:
     """The trace itself, the trace beside a summary file, or the newest regular trace under a
     directory (entries that are not regular files go to ``refused``)."""
     path = Path(target)
-    if path.name.endswith(SUMMARY_JSON_SUFFIX) and path.exists() and not path.is_dir():
-        trace = path.with_name(path.name[: -len(SUMMARY_JSON_SUFFIX)] + TRACE_SUFFIX)
+    if path.name.endswith(SUMMARY_JSON_SUFFIXES) and path.exists() and not path.is_dir():
+        trace = path.with_name(str(summary_stem(path.name)) + TRACE_SUFFIX)
         if not trace.exists():
             raise SummaryNotFound(f"{path}: no trace beside this summary ({trace.name})")
         return trace
@@ -291,6 +350,8 @@ def run_view(target: str, port: int, open_browser: bool) -> int:
 
     refused = Refusals("view")
     trace = latest_trace(target, refused).resolve()
+    if Path(target).is_dir():  # a window of a DDP job: its job file holds every rank (export/job_file.py)
+        trace = job_file_of(trace) or trace
     check_trace_stream(trace)  # one line now rather than a blank Perfetto tab later
     server = TraceServer(trace, port)
     server.start()

@@ -32,6 +32,7 @@ def hand_off(ctl: WindowController, window: ProfilingWindow, reason: str | None,
     )
     if trigger is not None:
         ctl.triggered_runs.append((destination.run_dir.name, trigger))
+        del ctl.triggered_runs[: -messages.TRIGGERED_SHOWN]  # the latest are named at the end
     closed = window.close(ctl.spool, destination)
     if closed is not None:
         ctl.windows_recorded += 1

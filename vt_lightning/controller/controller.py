@@ -16,11 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from vt_lightning.analysis.filters import PythonFilter, module_hook_locations, path_prefixes
+from vt_lightning.analysis.history import WindowNumbers
 from vt_lightning.analysis.lifecycle import Action, Boundary, actions, phase_in
 from vt_lightning.analysis.schedule import Phase, Window
 from vt_lightning.analysis.sources import Planned, WindowPlan
 from vt_lightning.analysis.usercode import library_roots
-from vt_lightning.controller import closing, forks, messages, windows
+from vt_lightning.controller import closing, forks, messages, side_recorders, windows
 from vt_lightning.controller import run as runs
 from vt_lightning.controller.budget import BudgetGuard
 from vt_lightning.controller.handoff import BackgroundWriter
@@ -29,6 +30,7 @@ from vt_lightning.controller.triggers import ArmedTriggers, agree, arm
 from vt_lightning.controller.warn import WarnOnce
 from vt_lightning.export.atomic import remove_stale_temporaries
 from vt_lightning.options import Options
+from vt_lightning.recording import clock_sync
 from vt_lightning.recording.memory import is_cuda_oom
 from vt_lightning.recording.pytracer import PythonTracer
 from vt_lightning.recording.spool import Spool, spool_directory
@@ -46,7 +48,7 @@ class WindowController:
     def __init__(self, options: Options) -> None:
         self.options = options
         self.python: PythonTracer | None = None  # one per process and configuration (see pytracer)
-        self.completed: set[int] = set()  # schedule cycles written (checkpointed: no window twice)
+        self.completed = WindowNumbers()  # schedule cycles written (checkpointed: no window twice)
         self.reset(None)
         forks.forget_in_forked_children(self)
 
@@ -84,7 +86,7 @@ class WindowController:
         if stage not in o.stages:
             return
         self.reset(stage)
-        self.completed = set()  # a resumed fit restores it after setup (load_state_dict)
+        self.completed = WindowNumbers()  # a resumed fit restores it after setup (load_state_dict)
         run = self.run = runs.read_run(trainer, stage, o.dirpath, o.spool_dir)  # collective: first, on every rank
         self.trainer = weakref.ref(trainer)
         enabled, rival = runs.should_record(run, o, trainer, superseded_by, self.warn)
@@ -92,6 +94,7 @@ class WindowController:
             self.stage = None
             return
         agreement, group = agree(trainer, o.triggers, o.ranks, self.warn) if rival is None else (None, None)
+        clock_sync.prepare(o.ranks, rival is None, self.warn)  # collective: the job file's clock exchange
         if not enabled:
             return
         self.python = self.python or PythonTracer(o.python)  # reused: see pytracer._TRACERS
@@ -100,6 +103,7 @@ class WindowController:
         # Leftovers of writers killed mid-write; on the writer thread, as a hung mount must not hang setup.
         self.writer.submit(remove_stale_temporaries, run.root)
         self.spool = spool_directory(o.spool_dir)
+        self.outcomes.start(self.spool, self.writer.submit, o.keep_windows)  # the full table, retention
         first = runs.global_batch(trainer) if stage == "fit" else 0
         self.budget.start(runs.any_rank(trainer) if o.ranks is None else bool, first + (stage == "fit"))  # see budget
         if agreement is not None:
@@ -109,6 +113,8 @@ class WindowController:
             )  # fmt: skip
             self.slow = self.triggers.watch.slow
         self._schedule_from(first)
+        self.writer.prestart(self.plan.next_boundary(first), first, getattr(trainer, "max_steps", None))
+        side_recorders.start_run(o, run, self.spool, trainer, self.plan, self.warn)  # DataLoader workers (workers.py)
 
     def end_stage(self, stage: str, batches: int | None = None) -> None:
         """A stage ran out of batches (or fit ended): close what is open, wait for the writer."""
@@ -148,7 +154,8 @@ class WindowController:
             if not writer.close():
                 self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
             self._read_inbox(log=False)
-            messages.end_of_run(self._root(), self.outcomes.results, self.triggered_runs)
+            messages.end_of_run(self._root(), self.outcomes, self.triggered_runs, self.stage)
+        side_recorders.end_run(self.trainer())
         windows.release(self.spool, self.triggers)  # the triggers are kept for inspection until the next run
         self.spool, self.slow, self.stage = None, None, None
         self.next_look = self.next_check = math.inf

@@ -32,6 +32,12 @@ def summary_scalars(summary: Summary) -> dict[str, float]:
         values.update(
             peak_allocated_mb=memory.get("peak_allocated_mb"), peak_reserved_mb=memory.get("peak_reserved_mb")
         )
+    for verdict in summary.get("verdicts") or []:  # share of step time per kind (docs/verdicts.md)
+        values[f"verdict/{verdict.get('kind')}"] = (verdict.get("evidence") or {}).get("share")
+    job = summary.get("job")
+    if job is not None:  # rank 0 of a job whose ranks all traced: how long the others waited for the straggler
+        straggler = job.get("straggler")
+        values["straggler_wait_ms"] = straggler.get("others_wait_ms") if straggler else 0.0
     return {f"{PREFIX}/{name}": float(value) for name, value in values.items() if value is not None}
 
 

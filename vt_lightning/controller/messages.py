@@ -74,36 +74,64 @@ def nothing_recorded(options: Any, stage: str | None, batches: int, skipped: int
     )
 
 
-def end_of_run(root: Path | None, results: Sequence[Any], triggered_runs: Sequence[tuple[str, Any]]) -> None:
-    """After a run that wrote windows: the table and the commands (rank 0 only)."""
-    if results:
+def end_of_run(
+    root: Path | None, outcomes: Any, triggered_runs: Sequence[tuple[str, Any]], stage: str | None = None
+) -> None:
+    """After a run that wrote windows: the full table into the output root (rank 0), then the
+    bounded table and the commands on the console."""
+    history = outcomes.history
+    if history.count:
         print_end_of_run(
             root,
-            len(results),
-            [r.summary for r in results if r.summary is not None],
+            outcomes,
             [f"{name}: {firing.describe()}" for name, firing in triggered_runs],
+            stage,
         )
 
 
+TRIGGERED_SHOWN = 5  # triggered windows named at the end of a run (the latest)
+
+
 @rank_zero_only
-def print_end_of_run(root: Path | None, files: int, summaries: list[Summary], triggered: list[str]) -> None:
-    """The windows' table, why triggered windows opened, and commands that work without an
-    activated venv."""
+def print_end_of_run(root: Path | None, outcomes: Any, triggered: list[str], stage: str | None = None) -> None:
+    """The windows' table (the same size for any number of windows), why the latest triggered
+    windows opened, and commands that work without an activated venv."""
     command = f"{sys.executable} -m vt_lightning"
-    if summaries:
-        from vt_lightning.export.report import print_windows_table
+    history = outcomes.history
+    full_table = outcomes.table.write(root, stage, history) if outcomes.table is not None else None
+    if history.step.count or history.first:
+        from vt_lightning.export.report import print_history_table
 
         try:
-            print_windows_table(sorted(summaries, key=lambda s: s["window"].get("index") or 0))
+            print_history_table(history)
         except Exception as err:  # a console problem never fails the run
             log.warning("vt_lightning: could not print the summary table (%s)", err)
+    if len(triggered) > TRIGGERED_SHOWN:
+        triggered = [f"... {len(triggered) - TRIGGERED_SHOWN} earlier triggered windows", *triggered[-TRIGGERED_SHOWN:]]
+    deleted = f" ({history.deleted} older ones deleted by keep_windows)" if history.deleted else ""
+    where = root.absolute() if isinstance(root, Path) else root  # commands that work from any directory
     rank_zero_info(
-        f"vt_lightning: {files} window trace(s) in {root}\n"
+        f"vt_lightning: {history.count} window trace(s) in {where}{deleted}\n"
         + "".join(f"  {line}\n" for line in triggered)
-        + f"  summary: {command} summary {root}\n"
-        f"  view:    {command} view {root}   (Perfetto UI, offline)\n"
-        f"  or:      tensorboard --logdir {root}  (PyTorch Profiler tab)"
+        + (f"  table:   {full_table}  (every window)\n" if full_table else "")
+        + f"  summary: {command} summary {where}\n"
+        f"  view:    {command} view {where}   (Perfetto UI, offline)\n"
+        f"  or:      {sys.executable} -m tensorboard.main --logdir {where}  (PyTorch Profiler tab)"
     )
+
+
+@rank_zero_only
+def print_verdicts(summary: Summary) -> None:
+    """One line per verdict of a window (analysis/verdicts.py), when its result is read: never
+    inside a window, rank zero only."""
+    from vt_lightning.analysis.verdict_report import verdict_line
+
+    try:
+        index = (summary.get("window") or {}).get("index")
+        for verdict in summary.get("verdicts") or []:
+            rank_zero_info(f"vt_lightning: window {index}: {verdict_line(verdict)}")
+    except Exception as err:  # a console problem never fails the run
+        log.warning("vt_lightning: could not print the window's verdicts (%s)", err)
 
 
 def writer_stuck(timeout: float, root: Path | str | None, index: int) -> str:
@@ -203,3 +231,18 @@ def two_callbacks(callbacks: Sequence[str]) -> str:
         "its triggers (`slow_step_factor`, `memory_growth`, `trigger_file`, `trigger_signal`) and "
         "`stages` open as many windows as you need."
     )
+
+
+def job_written(trace_path: Any, job: dict[str, Any]) -> None:
+    """Rank 0, at the window's end: one line on the job file and its straggler."""
+    from vt_lightning.export.report import straggler_text
+
+    try:
+        where = Path(str(trace_path)).parent / str(job.get("file"))
+        ranks = job.get("ranks") or []
+        residual = (job.get("collective_check") or {}).get("max_residual_us")
+        spread = f", collective exits within {residual:.0f} µs" if isinstance(residual, (int, float)) else ""
+        verdict = straggler_text((job.get("straggler") or {}).get("straggler"))
+        rank_zero_info(f"vt_lightning: {len(ranks)} ranks on one timeline{spread}: {where}; {verdict}")
+    except Exception as err:  # a console problem never fails the run
+        log.warning("vt_lightning: could not print the job line (%s)", err)

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from vt_lightning.analysis.sources import WindowPlan
-from vt_lightning.analysis.triggers import FREE_SIGNALS, ON_DEMAND, TriggerConfig, parse_trigger_signal
+from vt_lightning.analysis.triggers import FREE_SIGNALS, ON_DEMAND, SLOW_STEP, TriggerConfig, parse_trigger_signal
 from vt_lightning.constants import TRIGGER_FILE_NAME
 from vt_lightning.controller import messages
 from vt_lightning.controller.agreement import Agreement, gloo_agreement
 from vt_lightning.controller.watch import TriggerWatch
+from vt_lightning.recording.flight import flight_for
 from vt_lightning.recording.probes import SignalTrigger, memory_reader
 
 Warn = Callable[[str, str], Any]
@@ -80,11 +81,13 @@ class ArmedTriggers:
             return
         planned, refused = plan.request(firing, step, options.schedule.warmup, options.schedule.active)
         if planned is not None:
+            if firing.reason == SLOW_STEP and self.watch.flight is not None:
+                self.watch.flight.assign(planned.window.warmup_start, firing.batch)  # its samples go with it
             return
         if refused == "max_windows":
             warn(
                 "max-windows",
-                f"vt_lightning: max_windows={options.triggers.max_windows} reached; "
+                f"vt_lightning: budget_windows={options.triggers.max_windows} reached; "
                 f"later triggers ({firing.reason} at batch {firing.batch} first) open no window.",
             )
         elif refused == "busy" and firing.reason in ON_DEMAND:
@@ -101,6 +104,8 @@ class ArmedTriggers:
     def disarm(self) -> None:
         """Give everything back (idempotent): the signal handler, in Lightning's snapshot too, and
         the group; then say once which trigger never armed."""
+        if self.watch.flight is not None:
+            self.watch.flight.stop()  # the sampler thread never outlives the run
         if self.signal is not None:
             self.signal.restore()
             _forget_in_lightning_snapshot(self.trainer(), self.signal)
@@ -195,6 +200,7 @@ def arm(
     )
     if signal_trigger is not None:
         signal_trigger.on_request = on_signal
+    watch.flight = flight_for(watch.slow, clock)
     armed = ArmedTriggers(watch, signal_trigger, group, trainer, warn)
     armed.earliest_memory_batch = max(first_check, config.memory_growth_steps) + config.memory_growth_steps
     lines = []

@@ -30,6 +30,7 @@ from vt_lightning.analysis.triggers import (
     TriggerConfig,
 )
 from vt_lightning.controller.agreement import Agreement
+from vt_lightning.recording.flight import FlightRecorder
 from vt_lightning.recording.probes import Problem, SignalTrigger, TriggerFile
 
 
@@ -64,10 +65,13 @@ class TriggerWatch:
         self.next_check = first_check
         self._seen: list[Firing] = []  # slow steps waiting for the next agreed check (DDP)
         self._held: Firing | None = None  # an on-demand request that found a window recording
+        self.flight: FlightRecorder | None = None  # samples the slow step that fires (recording/flight.py)
 
     def check(self, step: int, plan: WindowPlan) -> Firing | None:
         """What should open a window at batch ``step`` (None: nothing, or not now)."""
         if self.slow is not None and self.slow.fired is not None:
+            if self.flight is not None:  # the step ran up to this batch start (``SlowStep.last``)
+                self.flight.mark(step - 1, self.slow.last, self.slow.fired[0])
             slow = self.slow.take(step)
             if slow is not None:
                 slow = dataclasses.replace(slow, detail=self._detail(SLOW_STEP))

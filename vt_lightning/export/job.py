@@ -99,3 +99,4 @@ class WindowResult:
     summary_path: Location | None = None
     summary_markdown: str | None = None
     summary_seconds: float = 0.0  # writer-process time spent on the summary and its files
+    job: dict[str, Any] | None = None  # rank 0: the window's job file, ranks, offsets, straggler (job_file.py)

@@ -14,18 +14,24 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from vt_lightning.analysis.clock import MARKER_PREFIX, Calibration, ClockPair, best_marker_pair
+from vt_lightning.analysis.compile import compile_record, compile_span_events
 from vt_lightning.analysis.filters import filter_python_events
+from vt_lightning.analysis.flight import add_flight_track
 from vt_lightning.analysis.merge import encode_trace, merge_trace
+from vt_lightning.analysis.schema import Verdict
+from vt_lightning.analysis.straggler import straggler_verdict
 from vt_lightning.analysis.summary import summarize
 from vt_lightning.export.atomic import atomic_write, gzip_bytes, owns, release_claim
 from vt_lightning.export.job import WindowJob, WindowResult
+from vt_lightning.export.job_file import JOB_EXTRA, job_summary, write_job_file
 from vt_lightning.export.layout import claim_name
 from vt_lightning.export.report import encode_summary, render_markdown, summary_names
+from vt_lightning.export.worker_dumps import add_to_trace, collect_worker_dumps, remove_parts, summarize_workers
 
 BROWSER_LIMIT_BYTES = 300 * 1024 * 1024  # above this the trace viewer page tends to go blank
 
@@ -115,6 +121,7 @@ def remove_raw(job: WindowJob) -> None:
                 os.unlink(raw_path)
             except OSError:
                 pass
+    remove_parts(job.extras.get("workers"))
 
 
 def finish_window(job: WindowJob) -> WindowResult:
@@ -142,6 +149,9 @@ def finish_window(job: WindowJob) -> WindowResult:
             )
             metadata["overflow_suggested_tracer_entries"] = suggested
         python_events = python.get("traceEvents", [])
+        workers = collect_worker_dumps(job.extras.get("workers"))  # DataLoader workers' parts (worker_dumps.py)
+        if workers is not None:
+            python_events = [*python_events, *workers.events]
         notes: list[str] = []
         if job.python_filter is not None:
             python_events, filter_stats = filter_python_events(python_events, job.python_filter)
@@ -151,6 +161,13 @@ def finish_window(job: WindowJob) -> WindowResult:
                     f"include_files / exclude_files / max_stack_depth kept none of the "
                     f"{filter_stats.filtered} Python calls recorded; check the paths"
                 )
+        gc_pauses = job.extras.get("gc")
+        if isinstance(gc_pauses, dict) and gc_pauses.get("events"):  # recording/gc_watch.py, on the Python clock
+            python_events = [*python_events, *gc_pauses["events"]]
+        compile_info = job.extras.get("compile")
+        if isinstance(compile_info, dict):  # recording/compile_watch.py: a span per compile, Python clock
+            python_events = [*python_events, *compile_span_events(compile_info, python_events)]
+            metadata["compile"] = compile_record(compile_info)
         merged = merge_trace(
             torch_trace,
             python_events,
@@ -159,6 +176,9 @@ def finish_window(job: WindowJob) -> WindowResult:
             thread_names=job.thread_names,
         )
         del torch_trace, python, python_events
+        add_flight_track(merged, job.extras.get("flight"), calibration)  # the slow step, sampled
+        if workers is not None:
+            notes.extend(add_to_trace(merged, workers, calibration.python_to_torch_us))
         if metadata.get("lightning_view"):
             notes.extend(_apply_lightning_view(merged))
         raw = encode_trace(merged)
@@ -189,6 +209,9 @@ def finish_window(job: WindowJob) -> WindowResult:
             memory_bytes=memory_path.stat().st_size if memory_path is not None else 0,
             notes=tuple(notes),
         )
+        if JOB_EXTRA in job.extras:  # rank 0 of a job whose ranks all trace: the job file (export/job_file.py)
+            job_info, job_notes = write_job_file(job, run_dir, merged, len(raw))
+            result = dataclasses.replace(result, job=job_info, notes=(*result.notes, *job_notes))
         if job.summary:
             result = _write_summary(job, run_dir, merged, snapshot, result)
         return result
@@ -280,6 +303,14 @@ def _write_summary(
         summary = summarize(merged, snapshot)
         json_name, md_name = summary_names(job.trace_name)
         summary["window"]["trace"] = job.trace_name
+        workers = summarize_workers(merged)
+        if workers is not None:
+            summary["workers"] = workers
+        if result.job is not None:
+            summary["job"] = job_summary(result.job)
+            straggler = straggler_verdict(summary["job"])
+            if straggler is not None:  # cross-rank: only rank 0, which merged the job file, knows it
+                summary["verdicts"] = [cast(Verdict, straggler), *summary.get("verdicts", [])]
         atomic_write(run_dir / json_name, encode_summary(summary))
         markdown = render_markdown(summary)
         atomic_write(run_dir / md_name, markdown.encode())

@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from vt_lightning.analysis.compile import compile_markdown
+from vt_lightning.analysis.history import RunHistory, TableRow, WindowRow, history_of, row_of
 from vt_lightning.analysis.schema import Summary
+from vt_lightning.analysis.verdict_report import verdicts_markdown
+from vt_lightning.analysis.workers import workers_markdown
 from vt_lightning.export.reading import MemoryBudget, SummaryNotFound, is_regular_file, read_summary
-from vt_lightning.export.terminal import printable
+from vt_lightning.export.terminal import printable, printable_lines
 
 TRACE_SUFFIX = ".pt.trace.json.gz"  # as output.TRACE_SUFFIX; kept here so readers import no writer code
-SUMMARY_JSON_SUFFIX = ".summary.json"
+SUMMARY_JSON_SUFFIX = ".summary.jsonc"  # as constants.SUMMARY_JSON_SUFFIX: not *.json, which HTA takes for a trace
+LEGACY_SUMMARY_JSON_SUFFIX = ".summary.json"  # written up to 0.1.0; still read
+SUMMARY_JSON_SUFFIXES = (SUMMARY_JSON_SUFFIX, LEGACY_SUMMARY_JSON_SUFFIX)
 SUMMARY_MD_SUFFIX = ".summary.md"
 PART_LABELS = {
     "data_wait": "data wait",
@@ -31,9 +37,17 @@ PART_LABELS = {
 
 
 def summary_names(trace_name: str) -> tuple[str, str]:
-    """``host_0.0000000002.pt.trace.json.gz`` -> (``host_0.0000000002.summary.json``, ``... .md``)."""
+    """``host_0.0000000002.pt.trace.json.gz`` -> (``host_0.0000000002.summary.jsonc``, ``... .md``)."""
     stem = trace_name[: -len(TRACE_SUFFIX)] if trace_name.endswith(TRACE_SUFFIX) else trace_name.split(".pt.trace")[0]
     return stem + SUMMARY_JSON_SUFFIX, stem + SUMMARY_MD_SUFFIX
+
+
+def summary_stem(name: str) -> str | None:
+    """``host_0.0000000002`` of a summary file's name, either name (see LEGACY_SUMMARY_JSON_SUFFIX)."""
+    for suffix in SUMMARY_JSON_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return None
 
 
 def encode_summary(summary: Summary) -> bytes:
@@ -57,6 +71,34 @@ def _where(entry: Mapping[str, Any]) -> str:
     return entry.get("origin") or ""
 
 
+def straggler_text(straggler: Mapping[str, Any] | None) -> str:
+    """``straggler: rank 1 (others wait 31.0 ms/step, 82% of the step), in slow (train.py:30) +30.1 ms/step``."""
+    if not straggler:
+        return "no straggler (ranks balanced)"
+    text = (
+        f"straggler: rank {straggler.get('rank')} (others wait {_num(straggler.get('others_wait_ms'))} ms/step, "
+        f"{100 * float(straggler.get('share_of_step') or 0):.0f}% of the step)"
+    )
+    if straggler.get("function"):
+        where = f"{os.path.basename(str(straggler.get('file')))}:{straggler.get('line')}"
+        text += f", in {straggler['function']} ({where}) +{_num(straggler.get('excess_ms'))} ms/step"
+    return text
+
+
+def job_markdown(job: Mapping[str, Any]) -> list[str]:
+    """The ranks of a job window, their clock offsets and the straggler (rank 0's summary)."""
+    verdict = straggler_text(job.get("straggler"))
+    lines = ["", f"Job: {job.get('world_size')} ranks on one timeline in `{job.get('file')}`; {verdict}."]
+    lines += ["", "| rank | host | clock offset µs | ± µs |", "|---:|---|---:|---:|"]
+    for r in job.get("ranks") or []:
+        offset, bound = _num(r.get("offset_us"), 1), _num(r.get("uncertainty_us"), 1)
+        lines.append(f"| {r.get('rank')} | {r.get('host')} | {offset} | {bound} |")
+    if job.get("reduced_ranks"):
+        reduced = job["reduced_ranks"]
+        lines += ["", f"Over the job file's size budget: ranks {reduced} kept steps, collectives and top functions."]
+    return lines
+
+
 def window_title(summary: Summary) -> str:
     window = summary.get("window") or {}
     recorded = (summary.get("steps") or {}).get("recorded") or []
@@ -76,6 +118,8 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
         f"max {_num(step.get('max'))} ms over batches {', '.join(map(str, counted)) or '–'} "
         f"(breakdown from {steps.get('breakdown_source', '?')})."
     )
+    if summary.get("verdicts") is not None:  # absent in summaries written before verdicts
+        lines += ["", *verdicts_markdown(summary.get("verdicts") or [])]
     lines += ["", "| part | ms/step | share |", "|---|---:|---:|"]
     for part, ms in (summary.get("breakdown_ms") or {}).items():
         share = f"{100 * ms / mean:.0f}%" if mean else "–"
@@ -111,6 +155,13 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
                 lines.append(
                     f"| {i} | {_num(gap['ms'], 2)} | `{gap.get('python') or '–'}` | `{gap.get('user_python') or '–'}` |"
                 )
+    if summary.get("compile"):
+        lines += compile_markdown(summary["compile"] or {})  # analysis/compile.py
+    job = summary.get("job")
+    if job:
+        lines += job_markdown(job)
+    if summary.get("workers"):
+        lines += workers_markdown(summary["workers"])
     memory = summary.get("memory")
     if memory:
         reserved = memory.get("peak_reserved_mb")
@@ -164,7 +215,8 @@ def find_traces(target: str | os.PathLike[str], skipped: list[str] | None = None
 def hta_trace_files(window_dir: str | os.PathLike[str]) -> dict[int, str]:
     """``{global rank: trace path}`` of one window directory, for HTA's
     ``TraceAnalysis(trace_files=..., trace_dir=...)``. HTA's own directory scan takes every
-    ``*.json`` / ``*.gz`` for a trace, the ``.summary.json`` files included."""
+    ``*.json`` / ``*.gz`` for a trace: windows written before 0.2 hold a ``.summary.json`` it
+    would take too (now ``.summary.jsonc``, which it skips)."""
     out: dict[int, str] = {}
     for trace in sorted(Path(window_dir).glob(f"*{TRACE_SUFFIX}")):
         worker = trace.name.split(".", 1)[0]
@@ -208,7 +260,7 @@ def print_table(
     styles = styles or {}
     # Cells come from files (function names, paths): control characters escaped, lengths capped.
     title = printable(title)
-    caption = printable(caption) if caption is not None else None
+    caption = printable_lines(caption) if caption is not None else None
     rows = [[printable(cell, limit=MAX_CELL_CHARS) for cell in row] for row in rows]
     if rich_available():
         from rich import box
@@ -250,14 +302,8 @@ def print_table(
     for row in rows:
         print(line(row), file=out)
     if caption:
-        print(textwrap.fill(caption, width=100), file=out)
-
-
-def _top_user_function(summary: Summary) -> str | None:
-    for entry in (summary.get("top_python") or {}).get("by_inclusive") or []:
-        if entry.get("origin") == "user":
-            return f"{entry['function']} ({entry['inclusive_ms']:.1f} ms)"
-    return None
+        for part in caption.split("\n"):  # each caption line wrapped on its own
+            print(textwrap.fill(part, width=100), file=out)
 
 
 SHORT_PARTS = {
@@ -269,6 +315,7 @@ SHORT_PARTS = {
     "validation": "val",
     "test": "test",
     "predict": "pred",
+    "compile": "comp",  # torch.compile (analysis/compile.py)
     "other": "other",
 }
 ALWAYS_SHOWN = ("data_wait", "forward", "backward", "optimizer", "other")  # the others when a window has them
@@ -276,51 +323,111 @@ ALWAYS_SHOWN = ("data_wait", "forward", "backward", "optimizer", "other")  # the
 
 def print_windows_table(summaries: Sequence[Summary], file: Any = None, title: str | None = None) -> None:
     """One compact table (fits 80 columns): a row per window, ms per step, the largest part in
-    bold; the busiest user function of the latest windows in the caption."""
-    with_gpu = any(s.get("gpu") for s in summaries)
-    present = {p for s in summaries for p, ms in (s.get("breakdown_ms") or {}).items() if ms}
-    shown_parts = [p for p in SHORT_PARTS if p in ALWAYS_SHOWN or p in present]
-    columns: list[Column] = [("win", False), ("batches", True), ("step", True)]
-    columns += [(SHORT_PARTS[p], True) for p in shown_parts]
-    columns += [("GPU", True)] if with_gpu else []
-    columns += [("peak MB", True)]
-    rows: list[list[str]] = []
-    styles: dict[tuple[int, int], str] = {}
-    caption = []
-    for r, summary in enumerate(summaries):
-        window = summary.get("window") or {}
-        recorded = (summary.get("steps") or {}).get("recorded") or []
-        step = summary.get("step_ms") or {}
-        parts = summary.get("breakdown_ms") or {}
-        gpu = summary.get("gpu")
-        memory = summary.get("memory")
-        name = str(window.get("index"))
-        if window.get("global_rank"):
-            name += f" r{window['global_rank']}"
-        if parts:
-            largest = max(parts, key=lambda p: parts[p] or 0.0)
-            if largest in shown_parts:  # a part this version has no column for is not shown
-                styles[(r, 3 + shown_parts.index(largest))] = "bold"
-        rows.append(
-            [
-                name,
-                f"{recorded[0]}-{recorded[-1]}" if recorded else "–",
-                _num(step.get("mean")),
-                *(_num(parts.get(p)) for p in shown_parts),
-                *([f"{gpu['busy_percent']:.0f}%" if gpu is not None else "–"] if with_gpu else []),
-                _num(memory.get("peak_allocated_mb") if memory is not None else None),
-            ]
-        )
-        top = _top_user_function(summary)
-        if top:
-            caption.append(f"window {name}: {top}")
-    shown = caption[-4:]  # the latest windows; `vt-lightning summary` has them all
-    text = "busiest user function (incl.): " + "; ".join((["..."] if len(caption) > len(shown) else []) + shown)
-    print_table(
-        title or "vt_lightning: where the step went (ms per step)",
-        columns,
-        rows,
-        styles,
-        text if caption else None,
-        file,
+    bold; the busiest user function of the latest windows in the caption (``vt-lightning summary``)."""
+    rows = [row_of(summary) for summary in summaries]
+    history = history_of(rows)
+    runs = run_labels(summaries)
+    tops = [(f"{run} {r.name}" if runs else r.name, r.top_user) for r, run in zip(rows, runs or rows) if r.top_user]
+    _print_rows(
+        [TableRow(r.name, r) for r in rows], _shown_parts(history), history.with_gpu, _caption(tops), title, file, runs
     )
+
+
+def run_labels(summaries: Sequence[Summary]) -> list[str] | None:
+    """Each window's run (its window directory's parent, as loaded from disk: ``_path``), named
+    relative to the runs' common directory; None when the windows are of one run."""
+    runs = [str(Path(str(s.get("_path") or "")).parent.parent) for s in summaries]
+    if len(set(runs)) < 2:
+        return None
+    common = os.path.commonpath(runs) or os.curdir  # "" for relative runs with nothing in common
+    return [os.path.relpath(run, common) for run in runs]
+
+
+def print_history_table(history: RunHistory, file: Any = None) -> None:
+    """The end-of-run table: the same number of lines after 10 windows or 10,000 (the first and
+    latest windows, the slowest, the median and p90 over all of them); the caller says where the
+    full one is."""
+    rows = history.table()
+    latest = history.latest_top_user(limit=1)  # one line, whatever the run's length
+    caption = f"busiest user function (incl.) of window {latest[0][0]}: {latest[0][1]}" if latest else None
+    _print_rows(rows, _shown_parts(history), history.with_gpu, caption, None, file)
+
+
+def write_full_table(history: RunHistory, rows: Iterable[WindowRow], out: Any) -> None:
+    """Every window's row as tab-separated text into ``out``: the table the console shortens."""
+    parts = _shown_parts(history)
+    columns = _columns(parts, history.with_gpu)
+    out.write("\t".join([*(h for h, _ in columns), "run directory"]) + "\n")
+    for row in rows:
+        out.write("\t".join([*_cells(row, parts, history.with_gpu), row.run_dir]) + "\n")
+    for label, q in (("median", 0.5), ("p90", 0.9)):
+        out.write("\t".join([label, "all", *_cells(history.aggregate(q), parts, history.with_gpu)[2:], ""]) + "\n")
+
+
+def _shown_parts(history: RunHistory) -> list[str]:
+    return [p for p in SHORT_PARTS if p in ALWAYS_SHOWN or p in history.parts_seen]
+
+
+def _caption(tops: Sequence[tuple[str, str | None]]) -> str | None:
+    shown = tops[-4:]  # the latest windows; `vt-lightning summary` has them all
+    if not shown:
+        return None
+    return "busiest user function (incl.): " + "; ".join(
+        (["..."] if len(tops) > len(shown) else []) + [f"window {name}: {top}" for name, top in shown]
+    )
+
+
+def _columns(parts: Sequence[str], with_gpu: bool) -> list[Column]:
+    columns: list[Column] = [("win", False), ("batches", True), ("step", True)]
+    columns += [(SHORT_PARTS[p], True) for p in parts]
+    columns += [("GPU", True)] if with_gpu else []
+    return [*columns, ("peak MB", True)]
+
+
+def _cells(row: WindowRow, parts: Sequence[str], with_gpu: bool) -> list[str]:
+    return [
+        row.name,
+        row.batches,
+        _num(row.step_ms),
+        *(_num(row.parts.get(p)) for p in parts),
+        *([f"{row.gpu_busy:.0f}%" if row.gpu_busy is not None else "–"] if with_gpu else []),
+        _num(row.peak_mb),
+    ]
+
+
+def _print_rows(
+    rows: Sequence[TableRow],
+    parts: list[str],
+    with_gpu: bool,
+    caption: str | None,
+    title: str | None,
+    file: Any,
+    runs: Sequence[str] | None = None,
+) -> None:
+    columns = _columns(parts, with_gpu)
+    cells: list[list[str]] = []
+    styles: dict[tuple[int, int], str] = {}
+    for r, table_row in enumerate(rows):
+        row = table_row.row
+        if row is None:  # the gap between the first and the latest windows
+            cells.append(["…", table_row.label.removeprefix("… ")] + [""] * (len(columns) - 2))
+            continue
+        line = _cells(row, parts, with_gpu)
+        if table_row.kind != "window":
+            line[0], line[1] = table_row.label, "all"
+            styles.update({(r, c): "dim" for c in range(len(columns))})
+        elif "slowest" in table_row.marks:
+            line[0] += " *"
+            styles[(r, 2)] = "bold red"
+        if row.parts and table_row.kind == "window":
+            largest = max(row.parts, key=lambda p: row.parts[p] or 0.0)
+            if largest in parts:  # a part this version has no column for is not shown
+                styles[(r, 3 + parts.index(largest))] = "bold"
+        cells.append(line)
+    if any("slowest" in r.marks for r in rows):
+        caption = "* the slowest steps of the windows not shown" + (f"\n{caption}" if caption else "")
+    if runs:  # windows of several runs: which run each row is, first
+        columns = [("run", False), *columns]
+        cells = [[run, *line] for run, line in zip(runs, cells)]
+        styles = {(r, c + 1): style for (r, c), style in styles.items()}
+    print_table(title or "vt_lightning: where the step went (ms per step)", columns, cells, styles, caption, file)

@@ -218,6 +218,8 @@ class PythonTracer:
         self._own_profiler: Any = None
         self._hooked_threads: dict[int, int] = {}  # thread state -> its id, to unhook at stop()
         self._new_thread_names: dict[int, str] = {}  # native id -> name of threads started in a window
+        self._files_paused = False  # pause_files in effect
+        self._files_before: list[str] | None = None
 
     @property
     def running(self) -> bool:
@@ -364,6 +366,33 @@ class PythonTracer:
         ):
             threading.setprofile(self._previous_thread_hook)
         self._previous_thread_hook = None
+
+    def pause_files(self, prefixes: tuple[str, ...]) -> bool:
+        """Record no call into files under ``prefixes`` (and nothing below such a call) until
+        ``resume_files``; a later call replaces the prefixes. False when VizTracer already filters
+        by ``include_files`` (then nothing is paused).
+
+        For torch.compile (``compile_watch``). Not VizTracer's ``pause()``: that keeps the frames
+        open at the pause on its stack, and resumed from another frame (dynamo's end-of-compile
+        callback) the next return no longer matches, so VizTracer stops recording ("Unexpected
+        function return"). An excluded file's call is skipped with its whole subtree, counted by
+        depth, so VizTracer's stack stays in step with the interpreter's.
+        """
+        tracer = self._ensure_tracer()
+        if tracer.include_files is not None:
+            return False
+        if not self._files_paused:
+            self._files_before = tracer.exclude_files
+            self._files_paused = True
+        tracer.exclude_files = [*(self._files_before or ()), *prefixes]
+        return True
+
+    def resume_files(self) -> None:
+        """Undo ``pause_files`` (a no-op when nothing is paused)."""
+        if self._files_paused and self._tracer is not None:
+            self._tracer.exclude_files = self._files_before
+        self._files_paused = False
+        self._files_before = None
 
     def dump(self, path: str) -> int | None:
         """Write the ring buffer as JSON to ``path`` and empty it.
