@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import glob
 import json
 import os
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -379,7 +381,9 @@ def shoot_tensorboard(chromium: str, logdir: Path, out: Path, raw: Path) -> None
         tb.wait(timeout=30)
 
 
-def shoot_vizviewer(chromium: str, trace: Path, out: Path, raw: Path) -> None:
+@contextlib.contextmanager
+def vizviewer_page(chromium: str, trace: Path) -> Iterator[Chromium]:
+    """``trace`` loaded in vizviewer's bundled Perfetto UI, in a headless Chromium page."""
     port = free_port()
     vv = subprocess.Popen(
         [str(BIN / "vizviewer"), "--server_only", "--port", str(port), str(trace)],
@@ -393,6 +397,16 @@ def shoot_vizviewer(chromium: str, trace: Path, out: Path, raw: Path) -> None:
         c.page("Page.navigate", url=f"http://127.0.0.1:{port}/")
         c.wait_for("!!document.body && document.body.innerText.includes('Default Workspace')", 120)
         c.pump(5)
+        yield c
+    finally:
+        if c:
+            c.close()
+        vv.terminate()
+        vv.wait(timeout=30)
+
+
+def shoot_vizviewer(chromium: str, trace: Path, out: Path, raw: Path) -> None:
+    with vizviewer_page(chromium, trace) as c:
         c.click(800, 22)  # omnibox: search for the Python call, go to its 2nd match, frame it
         c.pump(0.5)
         c.page("Input.insertText", text="label_smoothing_weights")
@@ -407,36 +421,14 @@ def shoot_vizviewer(chromium: str, trace: Path, out: Path, raw: Path) -> None:
         c.pump(3)
         c.screenshot(raw / "vizviewer_trace.png")
         finish_png(raw / "vizviewer_trace.png", out / "vizviewer_trace.png")
-    finally:
-        if c:
-            c.close()
-        vv.terminate()
-        vv.wait(timeout=30)
 
 
 def shoot_job(chromium: str, job_file: Path, out: Path, raw: Path) -> None:
     """A 2-rank job file in vizviewer's Perfetto UI: both ranks (and their DataLoader workers) on
     one timeline, collapsed to one row per process (docs/img/job_timeline.png)."""
-    port = free_port()
-    vv = subprocess.Popen(
-        [str(BIN / "vizviewer"), "--server_only", "--port", str(port), str(job_file)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    c = None
-    try:
-        wait_http(f"http://127.0.0.1:{port}/", lambda body: True, 60)
-        c = Chromium(chromium, 1600, 1000)
-        c.page("Page.navigate", url=f"http://127.0.0.1:{port}/")
-        c.wait_for("!!document.body && document.body.innerText.includes('Default Workspace')", 120)
-        c.pump(5)
+    with vizviewer_page(chromium, job_file) as c:
         c.screenshot(raw / "job_timeline.png")
         finish_png(raw / "job_timeline.png", out / "job_timeline.png")
-    finally:
-        if c:
-            c.close()
-        vv.terminate()
-        vv.wait(timeout=30)
 
 
 def job_file_of_a_late_rank(work: Path) -> Path:
