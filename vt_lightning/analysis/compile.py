@@ -42,6 +42,8 @@ _BREAK_AT = re.compile(r"in user code at (?P<file>.+?):(?P<line>\d+)")
 _BREAK_REASON = re.compile(r"^(?:Graph Break )?Reason:\s*(?P<reason>.*)$", re.M)
 _TRACEBACK_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>[^\s]+)')
 _REASON_END = ("Hint:", "Developer debug context", "For more details", "User code traceback", "Most recent bytecode")
+_LEGACY_BREAK = "Graph break: from user code at:"  # torch 2.4
+_LEGACY_REASON = re.compile(r"^torch\._dynamo\.exc\.\w+: (.*)$", re.M)
 _RESUME = re.compile(r"torch_dynamo_resume_in_(?P<function>\w+?)_at_(?P<line>\d+)$")
 
 
@@ -229,7 +231,7 @@ def parse_graph_break(message: str) -> dict[str, Any] | None:
     """``{file, line, function, reason}`` from one ``graph_breaks`` log record (None: not one)."""
     at = _BREAK_AT.search(message)
     if at is None:
-        return None
+        return _parse_legacy_graph_break(message)
     reason_match = _BREAK_REASON.search(message)
     reason = _short_reason(message[reason_match.start("reason") :]) if reason_match else None
     function = None
@@ -237,6 +239,22 @@ def parse_graph_break(message: str) -> dict[str, Any] | None:
         if frame["file"] == at["file"] and int(frame["line"]) == int(at["line"]):
             function = frame["function"]
     return {"file": at["file"], "line": int(at["line"]), "function": function, "reason": reason}
+
+
+def _parse_legacy_graph_break(message: str) -> dict[str, Any] | None:
+    """torch 2.4's record: ``Graph break: from user code at:``, the user's frames (innermost last),
+    then dynamo's traceback ending in ``torch._dynamo.exc.Unsupported: <reason>``."""
+    _, marker, rest = message.partition(_LEGACY_BREAK)
+    if not marker:
+        return None
+    user_part = rest.split("Traceback (most recent call last):", 1)[0]
+    frames = list(_TRACEBACK_FRAME.finditer(user_part))
+    if not frames:
+        return None
+    frame = frames[-1]
+    reasons = _LEGACY_REASON.findall(message)
+    reason = reasons[-1].strip()[:REASON_CHARS] if reasons else None
+    return {"file": frame["file"], "line": int(frame["line"]), "function": frame["function"], "reason": reason}
 
 
 def compile_record(info: Mapping[str, Any]) -> dict[str, Any]:

@@ -183,6 +183,11 @@ class CompileWatch:
             new = [r for r in after if id(r) not in self._metrics_before]
             self._metrics = [metrics_record(r) for r in new]
             self._metrics_kept = []
+            if new and not hasattr(new[0], "recompile_reason"):
+                self._note(
+                    "this torch keeps no recompile reasons (CompilationMetrics.recompile_reason): "
+                    "recompiles are listed without one"
+                )
             if len(new) >= 64 and len(new) == len(after):
                 self._note("more compiles than dynamo keeps records of (64): the earliest have no phases")
 
@@ -242,6 +247,9 @@ class CompileWatch:
     def _graph_break(self, record: logging.LogRecord) -> None:
         try:
             message = record.getMessage()
+            error = record.exc_info[1] if record.exc_info else None
+            if error is not None:  # torch 2.4 logs the reason as the record's exception, not in its text
+                message += f"\n{type(error).__module__}.{type(error).__qualname__}: {error}"
         except Exception:
             return
         with self._lock:
