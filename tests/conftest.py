@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import math
 import re
+import signal
 import subprocess
 import sys
 import types
@@ -77,6 +78,14 @@ FILE_TIERS = {
     "test_workers.py": "system",
     "test_writer.py": "system",
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run started in the background by a non-interactive shell (``nox &``, ``nohup … &``) inherits
+    SIGINT ignored, and so would every subprocess of the tests that press Ctrl-C (they would never
+    see it): give the tests the default back, which their subprocesses then inherit."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
