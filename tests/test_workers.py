@@ -57,6 +57,12 @@ def user_worker_init(worker_id):
     INIT_RAN["value"] = True
 
 
+def _profile_hook_installed():  # VizTracer's hook: sys.setprofile up to 3.11, sys.monitoring from 3.12
+    if sys.version_info >= (3, 12):
+        return sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is not None
+    return sys.getprofile() is not None
+
+
 class RecognisableDataset(Dataset):
     def __len__(self):
         return 24
@@ -68,7 +74,7 @@ class RecognisableDataset(Dataset):
         entered = time.time_ns()
         if index == CFG["kill_at"]:
             os._exit(3)
-        profiled = int(sys.getprofile() is not None)
+        profiled = int(_profile_hook_installed())
         seeded = int(torch.initial_seed() != get_worker_info().seed)  # Lightning's pl_worker_init_function
         with open(os.path.join(OUT, f"fetch-{os.getpid()}.txt"), "a") as f:
             f.write(f"{index} {profiled} {int(INIT_RAN['value'])} {entered} {seeded}\n")
