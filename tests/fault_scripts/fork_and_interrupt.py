@@ -100,7 +100,9 @@ def data() -> DataLoader:
 
 
 schedule = {"wait": 1, "warmup": 1, "active": 2, "repeat": 3}
-callbacks: list = [VizTraceCallback(**schedule, writer_timeout=60)] if with_callback else []
+# No run budget: the children forked inside the windows' steps take seconds on a loaded machine, which
+# the budget counts as the windows' overhead and would stop the third window (budget_time_share).
+callbacks: list = [VizTraceCallback(**schedule, writer_timeout=60, budget_time_share=None)] if with_callback else []
 if scenario == "sigint":
     callbacks.append(Interrupt())
 model = ForkingModel() if scenario in ("os_fork", "mp_fork") else MarkerModel()
