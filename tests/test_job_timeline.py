@@ -89,7 +89,8 @@ def late_run(tmp_path_factory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def balanced_run(tmp_path_factory) -> dict[str, Any]:
-    return run_job(tmp_path_factory.mktemp("balanced"), "--work", "0.1")
+    # Persistent workers here, non-persistent in late_run: the job file is checked with both.
+    return run_job(tmp_path_factory.mktemp("balanced"), "--work", "0.1", "--num-workers", "2", "--persistent-workers")
 
 
 @pytest.mark.slow
@@ -122,8 +123,9 @@ def test_the_job_file_holds_both_ranks_as_named_sorted_processes(late_run):
 
 
 @pytest.mark.slow
-def test_the_ranks_dataloader_workers_are_in_the_job_file_as_their_own_processes(late_run):
-    trace = job_trace(late_run)
+@pytest.mark.parametrize("run", ["late_run", "balanced_run"], ids=["non-persistent", "persistent"])
+def test_the_ranks_dataloader_workers_are_in_the_job_file_as_their_own_processes(run, request):
+    trace = job_trace(request.getfixturevalue(run))
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     busy = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"}
     for rank in (0, 1):
