@@ -71,12 +71,24 @@ def types(session: nox.Session) -> None:
     session.run("mypy", *(session.posargs or ["vt_lightning"]))
 
 
+# The suite in two passes: every file but the serial ones (tests/conftest.py SERIAL_FILES) on all
+# cores, a file's tests together on one worker (its module fixtures run once); then the serial files
+# alone, since they time things across processes or race with the machine's load. On the 2-core CI
+# machine the two passes take ~10 min per Python where one serial pass took ~16.
+PARALLEL_PASS = ("-m", "not serial", "-n", "auto", "--maxprocesses", "4", "--dist", "loadfile", "--durations", "15")
+SERIAL_PASS = ("-m", "serial", "--durations", "10")
+
+
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """The whole suite on this Python's version set; arguments after ``--`` go to pytest
-    (``nox -s tests-3.12 -- -m integration``)."""
+    """The whole suite on this Python's version set; arguments after ``--`` go to one plain pytest
+    run instead (``nox -s tests-3.12 -- -m integration``)."""
     install_version_set(session, VERSION_SETS[str(session.python)])
-    session.run("python", "-m", "pytest", *session.posargs)
+    if session.posargs:
+        session.run("python", "-m", "pytest", *session.posargs)
+        return
+    session.run("python", "-m", "pytest", *PARALLEL_PASS)
+    session.run("python", "-m", "pytest", *SERIAL_PASS)
 
 
 @nox.session(python=TOOLS_PYTHON)

@@ -80,6 +80,12 @@ FILE_TIERS = {
 }
 
 
+# Files whose runs time things across processes or race with the machine's load (DDP barriers and
+# stragglers, killed DataLoader workers, forks inside windows). nox runs them alone, after every other
+# file has run in parallel (pytest-xdist, noxfile.py); a plain ``pytest`` runs everything in one pass.
+SERIAL_FILES = {"test_ddp.py", "test_fork_interrupt.py", "test_job_timeline.py", "test_workers.py"}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """A run started in the background by a non-interactive shell (``nox &``, ``nohup … &``) inherits
     SIGINT ignored, and so would every subprocess of the tests that press Ctrl-C (they would never
@@ -97,6 +103,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not own and item.path.name in FILE_TIERS:
             item.add_marker(FILE_TIERS[item.path.name])
             own = {FILE_TIERS[item.path.name]}
+        if item.path.name in SERIAL_FILES:
+            item.add_marker("serial")
         if len(own) != 1:
             problems.append(f"{item.nodeid}: tiers {sorted(own) or 'none'}")
     if problems:
