@@ -2,6 +2,7 @@
 
     python benchmarks/long_run.py [--windows 2000] [--every 6] [--torch-windows 1000]   # ~5 min, 2 cores
     python benchmarks/long_run.py --windows 200 --torch-windows 200                     # smoke run
+    python benchmarks/long_run.py --torch-only      # part 2 alone: runs on every torch in the CI matrix
 
 Two parts:
 
@@ -165,9 +166,15 @@ x = torch.randn(32, 64)
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024
+def config():  # what this torch takes, as recording/torchtracer.py (torch 2.4 has neither option)
+    for options in ({"trace_only": True, "profile_all_threads": False}, {"profile_all_threads": False}, {}):
+        try:
+            return _ExperimentalConfig(**options)
+        except TypeError:
+            pass
 def make():
     return torch.profiler.profile(activities=[ProfilerActivity.CPU], profile_memory=True,
-        experimental_config=_ExperimentalConfig(trace_only=True, profile_all_threads=False))
+        experimental_config=config())
 shared = make() if mode == "long-lived" else None
 path = os.path.join(tempfile.mkdtemp(), "t.json")
 points = []
@@ -206,6 +213,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=6, help="batches per window cycle (>= 5)")
     parser.add_argument("--from-window", type=int, default=50)
     parser.add_argument("--torch-windows", type=int, default=1000, help="0: skip the torch.profiler-only part")
+    parser.add_argument("--torch-only", action="store_true", help="only the torch.profiler-only part (any torch)")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
     if args.every < 5 or args.windows < args.from_window + 3:
@@ -213,11 +221,18 @@ def main() -> None:
     import torch
 
     result: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0]}
-    result["fit"] = fit_arm(args.windows, args.every, args.from_window)
     if args.torch_windows:
         result["torch_only"] = {
             mode: torch_arm(mode, args.torch_windows, args.from_window) for mode in ("new per window", "long-lived")
         }
+    if args.torch_only:
+        print(f"torch {result['torch']}, Python {result['python']}\n\n| measure | value |\n|---|---:|")
+        for mode, kib in result.get("torch_only", {}).items():
+            print(f"| torch.profiler only, {mode}, KiB per window | {_fmt(kib)} |")
+        if args.out is not None:
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+        return
+    result["fit"] = fit_arm(args.windows, args.every, args.from_window)
     f = result["fit"]
     print(f"torch {result['torch']}, Python {result['python']}: {f['written']} windows in {f['seconds']:.0f} s\n")
     print("| measure | value | goal |\n|---|---:|---:|")
