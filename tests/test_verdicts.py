@@ -97,6 +97,20 @@ def test_input_bound_needs_a_millisecond_per_step() -> None:
     assert "input_bound" not in kinds(tiny_steps)
 
 
+def test_one_slow_fetch_among_fast_ones_is_not_input_bound() -> None:
+    """A healthy model on a loaded machine: the OS descheduled one fetch (9 ms), the others took
+    0.3 ms. The mean (32 % of the step) passes the threshold, the typical step does not."""
+
+    def step(t0: float) -> list[dict]:
+        slow = round((t0 - 1_000.0) / STEP_US) == 2
+        return fetching(9_000 if slow else 300)(t0)
+
+    assert "input_bound" not in kinds(window(step))
+    # Every step that slow is input bound, with the median in the evidence.
+    found = only(window(fetching(9_000)), "input_bound")
+    assert found["evidence"]["median_step_data_wait_ms"] == pytest.approx(9.0)
+
+
 def test_input_bound_names_worker_code_when_the_main_thread_only_waits() -> None:
     def step(t0: float) -> list[dict]:
         return [
