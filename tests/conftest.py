@@ -81,9 +81,16 @@ FILE_TIERS = {
 
 
 # Files whose runs time things across processes or race with the machine's load (DDP barriers and
-# stragglers, killed DataLoader workers, forks inside windows). nox runs them alone, after every other
-# file has run in parallel (pytest-xdist, noxfile.py); a plain ``pytest`` runs everything in one pass.
-SERIAL_FILES = {"test_ddp.py", "test_fork_interrupt.py", "test_job_timeline.py", "test_workers.py"}
+# stragglers, killed DataLoader workers, forks inside windows, verdicts from shares of a few ms
+# steps). nox runs them alone, after every other file has run in parallel (pytest-xdist, noxfile.py);
+# a plain ``pytest`` runs everything in one pass.
+SERIAL_FILES = {
+    "test_ddp.py",
+    "test_fork_interrupt.py",
+    "test_job_timeline.py",
+    "test_verdict_runs.py",
+    "test_workers.py",
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:
