@@ -119,5 +119,7 @@ def test_a_few_hundred_windows_leave_the_training_side_no_bigger(tmp_path):
     assert late["warning kinds"] <= 5, controller.warn._seen
     assert late["writer futures"] <= 4
     assert late["results"] <= RESULTS_KEPT and late["retention"] <= 5 and late["completed"] == 1
-    # The aggregates grow only with new step-time values (1% buckets), never with the count.
-    assert late["history"] < 600, late
+    # The aggregates (1 % buckets of step times) grow with the values' range, never with the count:
+    # asserted with fixed values in test_outcomes_hold_the_same_entries_after_300_and_900_windows.
+    # Here the values are real step times, whose spread is the machine's noise (a loaded CI box
+    # spread them over 620 buckets), so only the windows' own entries are compared above.

@@ -84,7 +84,11 @@ def test_printed_commands_run_as_printed_from_another_directory(example: tuple[P
 
     summary = run(shlex.split(commands["summary"]), cwd=tmp_path)
     assert summary.returncode == 0, summary.stderr
-    assert summary.stdout.count("### vt_lightning window") == 2
+    # Two windows on a quiet machine; on a loaded one the default run budget may stop the second
+    # (the example says so): the summary shows every window the example wrote.
+    written = int(re.search(r"vt_lightning: (\d+) window trace\(s\) in", output)[1])  # type: ignore[index]
+    assert written == 2 or (written == 1 and "run budget reached" in output), output[-3000:]
+    assert summary.stdout.count("### vt_lightning window") == written
 
     tensorboard = run([*shlex.split(commands["or"]), "--inspect"], cwd=tmp_path, timeout=120)
     assert tensorboard.returncode == 0, tensorboard.stderr[-2000:]
