@@ -159,22 +159,16 @@ import os, sys, tempfile
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 import torch
 from torch.profiler import ProfilerActivity
-from torch._C._profiler import _ExperimentalConfig
+from vt_lightning.recording.torchtracer import experimental_config  # as the callback builds it
 mode, n, first = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
 x = torch.randn(32, 64)
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024
-def config():  # what this torch takes, as recording/torchtracer.py (torch 2.4 has neither option)
-    for options in ({"trace_only": True, "profile_all_threads": False}, {"profile_all_threads": False}, {}):
-        try:
-            return _ExperimentalConfig(**options)
-        except TypeError:
-            pass
-def make():
+def make():  # the options this torch takes (2.4 has neither trace_only nor profile_all_threads)
     return torch.profiler.profile(activities=[ProfilerActivity.CPU], profile_memory=True,
-        experimental_config=config())
+        experimental_config=experimental_config(False))
 shared = make() if mode == "long-lived" else None
 path = os.path.join(tempfile.mkdtemp(), "t.json")
 points = []
