@@ -14,14 +14,21 @@ The four interpreters test three version sets, so the tested range is the declar
   ``PIP_CONSTRAINT`` at an empty file for its own installs.
 
 Each session gets its own virtual environment under ``.nox/`` (git-ignored), kept between runs, so
-a rerun only reinstalls what changed.
+a rerun only reinstalls what changed. ``.ci/run`` sets ``VT_NOX_DISCARD_VENVS=1`` instead: a fresh
+CI machine never reruns, and three CUDA builds of torch (~5 GB each) plus pip's cache of their
+wheels once filled its disk before the 3.12 session; discarding each environment when its session
+ends keeps one at a time on disk.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import nox
+from nox.command import CommandFailed
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]  # keep in step with pyproject's classifiers
 TOOLS_PYTHON = "3.11"  # lint, types and the quick unit run
@@ -33,6 +40,20 @@ nox.options.reuse_venv = "yes"
 
 CONSTRAINTS = ("-c", "ci/constraints.txt")
 LOWER_BOUNDS = ("-c", "ci/lower-bounds.txt")
+
+
+@contextmanager
+def discarded_afterwards(session: nox.Session) -> Iterator[None]:
+    """Removes the session's virtual environment when the session ends, pass or fail, where
+    ``VT_NOX_DISCARD_VENVS=1`` asks for it (see the module doc)."""
+    try:
+        yield
+    finally:
+        if os.environ.get("VT_NOX_DISCARD_VENVS") == "1":
+            location = getattr(session.virtualenv, "location", None)
+            if location and os.path.isdir(location):
+                shutil.rmtree(location, ignore_errors=True)
+                session.log(f"discarded {location} (VT_NOX_DISCARD_VENVS=1)")
 
 
 def install_version_set(session: nox.Session, version_set: str) -> None:
@@ -67,8 +88,9 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=TOOLS_PYTHON)
 def types(session: nox.Session) -> None:
     """``mypy`` on the package (``[tool.mypy]`` in pyproject.toml); it needs the dependencies' types."""
-    session.install("-q", *CONSTRAINTS, "-e", ".[test]", "mypy")
-    session.run("mypy", *(session.posargs or ["vt_lightning"]))
+    with discarded_afterwards(session):
+        session.install("-q", *CONSTRAINTS, "-e", ".[test]", "mypy")
+        session.run("mypy", *(session.posargs or ["vt_lightning"]))
 
 
 # The suite in two passes: every file but the serial ones (tests/conftest.py SERIAL_FILES) on all
@@ -83,12 +105,19 @@ SERIAL_PASS = ("-m", "serial", "--durations", "10")
 def tests(session: nox.Session) -> None:
     """The whole suite on this Python's version set; arguments after ``--`` go to one plain pytest
     run instead (``nox -s tests-3.12 -- -m integration``)."""
-    install_version_set(session, VERSION_SETS[str(session.python)])
-    if session.posargs:
-        session.run("python", "-m", "pytest", *session.posargs)
-        return
-    session.run("python", "-m", "pytest", *PARALLEL_PASS)
-    session.run("python", "-m", "pytest", *SERIAL_PASS)
+    with discarded_afterwards(session):
+        install_version_set(session, VERSION_SETS[str(session.python)])
+        if session.posargs:
+            session.run("python", "-m", "pytest", *session.posargs)
+            return
+        failed = []
+        for name, pass_args in (("parallel", PARALLEL_PASS), ("serial", SERIAL_PASS)):
+            try:  # the serial pass runs even when the parallel one failed: one log says all
+                session.run("python", "-m", "pytest", *pass_args)
+            except CommandFailed:
+                failed.append(name)
+        if failed:
+            session.error(f"pytest failed in the {' and '.join(failed)} pass")
 
 
 @nox.session(python=TOOLS_PYTHON)
