@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -21,6 +22,7 @@ from vt_lightning.analysis.clock import ClockPair
 from vt_lightning.analysis.lifecycle import TRANSITIONS, Action, Boundary, actions, phase_in
 from vt_lightning.analysis.schedule import Phase, Schedule
 from vt_lightning.controller.inbox import Dropped, Inbox, Notice, Outcomes
+from vt_lightning.controller.run import fit_end_batch
 from vt_lightning.export.job import WindowJob, WindowResult
 
 
@@ -155,3 +157,28 @@ def test_outcomes_warn_once_per_kind_and_keep_results_in_order():
     assert [key for key, _ in seen] == ["overflow", "spool:28"]
     assert "about 5000" in seen[0][1]
     assert [r.trace_path.name for r in outcomes.unlogged] == ["b.pt.trace.json.gz"]
+
+
+def _trainer(batch: int = 0, epoch: int = 0, **limits: object) -> SimpleNamespace:
+    return SimpleNamespace(fit_loop=SimpleNamespace(total_batch_idx=batch), current_epoch=epoch, **limits)
+
+
+@pytest.mark.parametrize(
+    ("limits", "end"),
+    [
+        (dict(max_steps=40, max_epochs=None), 40),
+        (dict(max_steps=40, accumulate_grad_batches=4, max_epochs=-1), 160),  # optimizer steps
+        (dict(max_steps=-1, max_epochs=3, num_training_batches=10), 30),
+        (dict(max_steps=25, max_epochs=3, num_training_batches=10), 25),  # whichever stops first
+        (dict(max_steps=-1, max_epochs=3, num_training_batches=float("inf")), None),  # no length
+        (dict(max_steps=-1, max_epochs=-1, num_training_batches=10), None),  # endless (max_time)
+        (dict(max_steps=-1, max_epochs=None), None),
+    ],
+)
+def test_fit_end_batch_is_the_batch_count_at_which_the_limits_stop_fit(limits, end):
+    assert fit_end_batch(_trainer(**limits)) == end
+
+
+def test_fit_end_batch_counts_the_remaining_epochs_of_a_resumed_run():
+    resumed = _trainer(batch=20, epoch=2, max_steps=-1, max_epochs=5, num_training_batches=10)
+    assert fit_end_batch(resumed) == 50

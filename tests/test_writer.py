@@ -188,3 +188,39 @@ def test_files_and_directories_follow_the_umask_in_force_when_written(tmp_path, 
     assert set(files.values()) == {0o666 & ~umask}, files
     assert set(directories.values()) == {0o777 & ~umask}, directories
     assert modes["after.bin"] == 0o666 & ~umask and modes["changed.bin"] == 0o644
+
+
+def _writer_starts(monkeypatch) -> tuple[list[int], Callback]:
+    """Spies on writer-process starts: the global batch in progress at each (-1: before the first
+    batch), and the callback that keeps that batch number (place it first)."""
+    starts: list[int] = []
+    batch = [-1]
+    init = WriterProcess.__init__
+
+    def spy(self, *args, **kwargs):
+        starts.append(batch[0])
+        init(self, *args, **kwargs)
+
+    class Batches(Callback):
+        def on_train_batch_start(self, trainer, pl_module, b, batch_idx):
+            batch[0] = trainer.fit_loop.total_batch_idx
+
+    monkeypatch.setattr(WriterProcess, "__init__", spy)
+    return starts, Batches()
+
+
+@pytest.mark.parametrize("limit", [dict(max_epochs=2), dict(max_steps=-1, max_epochs=3, accumulate_grad_batches=2)])
+def test_an_epoch_bounded_run_with_no_window_in_it_starts_no_writer_process(tmp_path, monkeypatch, limit):
+    # 16 batches an epoch; the first window warms up at batch 60, past the run's 32 or 48 batches.
+    starts, batches = _writer_starts(monkeypatch)
+    cb = VizTraceCallback(wait=60, warmup=1, active=1)
+    make_trainer(tmp_path, [batches, cb], **{"max_steps": -1, **limit}).fit(MarkerModel(), loader())
+    assert starts == [] and trace_files(tmp_path) == []
+
+
+def test_an_epoch_bounded_run_starts_its_writer_at_train_start_when_the_window_lies_ahead(tmp_path, monkeypatch):
+    starts, batches = _writer_starts(monkeypatch)
+    cb = VizTraceCallback(wait=20, warmup=1, active=1)  # batch 21 of 32: within the run, 20 batches ahead
+    make_trainer(tmp_path, [batches, cb], max_steps=-1, max_epochs=2).fit(MarkerModel(), loader())
+    assert len(starts) == 1 and starts[0] < 20, starts  # started in the background before the window
+    assert len(trace_files(tmp_path)) == 1

@@ -205,6 +205,9 @@ class VizTraceCallback(Callback):
         other = next((cb for cb in callbacks if isinstance(cb, VizTraceCallback) and cb is not self), None)
         return repr(other) if other is not None else None
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._controller.train_start(trainer)
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.end_stage("fit", batches_started(trainer))
 

@@ -113,8 +113,16 @@ class WindowController:
             )  # fmt: skip
             self.slow = self.triggers.watch.slow
         self._schedule_from(first)
-        self.writer.prestart(self.plan.next_boundary(first), first, getattr(trainer, "max_steps", None))
+        if stage != "fit":  # fit's length is known only at train start (train_start)
+            self.writer.prestart(self.plan.next_boundary(first), first, None)
         side_recorders.start_run(o, run, self.spool, trainer, self.plan, self.warn)  # DataLoader workers (workers.py)
+
+    def train_start(self, trainer: Any) -> None:
+        """Fit's data is set up: start the writer ahead of the first window only if that window lies
+        within the run, so a run with no window in it starts no process."""
+        if self.writer is not None and self.stage == "fit":
+            now = runs.global_batch(trainer)
+            self.writer.prestart(self.plan.next_boundary(now), now, runs.fit_end_batch(trainer))
 
     def end_stage(self, stage: str, batches: int | None = None) -> None:
         """A stage ran out of batches (or fit ended): close what is open, wait for the writer."""

@@ -44,8 +44,8 @@ from vt_lightning.recording.window import ClosedWindow
 # Finish windows in a separate writer process (see ``_writer.py``); False keeps everything on the
 # writer thread of the training process (tests that inject faults into ``finish`` use that).
 USE_WRITER_PROCESS = True
-# The writer process starts in the background at setup when the first window warms up at least this
-# many batches later (its start-up then overlaps quiet steps, not the window's); else at hand-off.
+# The writer process starts in the background at train start when the first window warms up at least
+# this many batches later (its start-up then overlaps quiet steps, not the window's); else at hand-off.
 PRESTART_LEAD_BATCHES = 8
 SAY_WAIT_S = 0.25  # an end-of-run wait for the writer at least this long is said on the console
 
@@ -118,8 +118,8 @@ class BackgroundWriter:
 
     # ------------------------------------------------------------------ the writer process
     def writer_process(self) -> Any:
-        """The writer process, started on the writer thread: at setup when the first window is far
-        enough ahead (``prestart``), else at the first window's hand-off, so a window's own steps
+        """The writer process, started on the writer thread: at train start when the first window is
+        far enough ahead (``prestart``), else at the first window's hand-off, so a window's own steps
         never share the CPU with its start-up; None when there is none (disabled, or it could not
         start: windows are then finished on this thread)."""
         if self.process is None and self.use_process and self.process_error is None:
@@ -129,14 +129,15 @@ class BackgroundWriter:
                 self.process_error = err
         return self.process
 
-    def prestart(self, first_warmup: float, now: int, run_end: Any) -> None:
+    def prestart(self, first_warmup: float, now: int, run_end: int | None) -> None:
         """Start the writer process in the background (on the writer thread) when the first window
         is far enough ahead for its start-up to end before the window, and within the run: its
         start-up and its first imports are then off the window's critical path and the end of fit.
-        With no window coming, nothing starts (a run with no window pays no writer)."""
+        With no window coming, or the first one past ``run_end`` (the batch count at which the run
+        stops by its limits, None if unknown), nothing starts: a run with no window pays no writer."""
         if math.isinf(first_warmup) or first_warmup - now < PRESTART_LEAD_BATCHES:
             return
-        if isinstance(run_end, int) and run_end > 0 and first_warmup >= run_end:
+        if run_end is not None and first_warmup >= run_end:
             return
         self.submit(self.writer_process)
 

@@ -77,6 +77,25 @@ def global_batch(trainer: Any) -> int:
     return int(trainer.fit_loop.total_batch_idx)
 
 
+def fit_end_batch(trainer: Any) -> int | None:
+    """The global batch count at which fit stops by its own limits: ``max_steps`` (optimizer
+    steps, so times ``accumulate_grad_batches``) or the remaining epochs of ``max_epochs`` times the
+    batches per epoch, whichever comes first. None when neither bounds it (an iterable without a
+    length, ``max_time`` alone, ``max_epochs=-1``). Known from ``on_train_start`` on, once fit's data
+    is set up; an early stop is never foreseen, so this is an upper bound."""
+    bounds = []
+    max_steps = getattr(trainer, "max_steps", -1)
+    if isinstance(max_steps, int) and max_steps > 0:
+        accumulate = getattr(trainer, "accumulate_grad_batches", 1)
+        bounds.append(max_steps * (accumulate if isinstance(accumulate, int) and accumulate > 0 else 1))
+    max_epochs = getattr(trainer, "max_epochs", None)
+    per_epoch = getattr(trainer, "num_training_batches", None)
+    if isinstance(max_epochs, int) and max_epochs > 0 and isinstance(per_epoch, int):
+        epochs_left = max(max_epochs - int(trainer.current_epoch), 0)
+        bounds.append(global_batch(trainer) + per_epoch * epochs_left)
+    return min(bounds, default=None)
+
+
 def batches_started(trainer: Any) -> int:
     """Training batches started so far; the one in progress included."""
     return int(trainer.fit_loop.epoch_loop.batch_progress.total.ready)

@@ -1,8 +1,9 @@
 """The writer process: finishes windows (parse, merge, encode, compress, write) outside the
 training process, so that work never competes with training for the GIL.
 
-Started outside any window (at setup when the first window is far enough ahead, else at the first
-window's hand-off; see ``controller/handoff.py``), so it inherits no hook, as
+Started outside any window (at train start, or setup for other stages, when the first window is far
+enough ahead and within the run; else at the first window's hand-off; see
+``controller/handoff.py``), so it inherits no hook, as
 ``python -I -c <boot>``: a fresh interpreter that imports neither torch nor Lightning and never
 re-runs the user's script (as ``multiprocessing``'s spawn would). Isolated mode (``-I``) keeps the
 working directory, ``PYTHONPATH`` and user site-packages off its import path, so a stray
