@@ -7,7 +7,9 @@ The four interpreters test three version sets, so the tested range is the declar
   TensorBoard, torch-tb-profiler, orjson and jsonargparse that pyproject.toml declares;
 * **3.11 and 3.12, pinned** (``ci/constraints.txt``): what the team develops with (torch 2.13.0: on
   the project's CPU-only machines the local CPU wheel for 3.11, PyPI's CUDA build, which runs on the
-  CPU, elsewhere); the lint and types sessions and their tools (ruff, mypy, nox) are pinned there too;
+  CPU, elsewhere), with Holistic Trace Analysis (the ``analysis`` extra, ~80 packages of Jupyter, so
+  only here) for tests/test_hta.py; the lint and types sessions and their tools (ruff, mypy, nox)
+  are pinned there too;
 * **3.13, newest**: no pins at all, upgraded eagerly at every run, as a user's fresh
   ``pip install vt-lightning`` gets it. Machines that cap pip through a site-wide constraints file
   (``/etc/xdg/pip``, torch<=2.14.1) would silently test an older torch, so this session points
@@ -60,8 +62,8 @@ def install_version_set(session: nox.Session, version_set: str) -> None:
     """The package with its test extra, at the versions of ``version_set`` (see the module doc)."""
     if version_set == "lower":
         session.install("-q", *LOWER_BOUNDS, "-e", ".[test]")
-    elif version_set == "pinned":
-        session.install("-q", *CONSTRAINTS, "-e", ".[test]")
+    elif version_set == "pinned":  # with HTA (the ``analysis`` extra): tests/test_hta.py runs here
+        session.install("-q", *CONSTRAINTS, "-e", ".[test,analysis]")
     else:  # newest: nothing pinned, not even by the machine's pip configuration
         session.install(
             "-q", "--upgrade", "--upgrade-strategy", "eager", "-e", ".[test]", env={"PIP_CONSTRAINT": os.devnull}
