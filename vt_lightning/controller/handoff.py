@@ -44,8 +44,9 @@ from vt_lightning.recording.window import ClosedWindow
 # Finish windows in a separate writer process (see ``_writer.py``); False keeps everything on the
 # writer thread of the training process (tests that inject faults into ``finish`` use that).
 USE_WRITER_PROCESS = True
-# The writer process starts in the background at train start when the first window warms up at least
-# this many batches later (its start-up then overlaps quiet steps, not the window's); else at hand-off.
+# The writer process starts in the background at train start (at setup outside fit) when the first
+# window warms up at least this many batches later (its start-up then overlaps quiet steps, not the
+# window's) and within the run; else at hand-off.
 PRESTART_LEAD_BATCHES = 8
 SAY_WAIT_S = 0.25  # an end-of-run wait for the writer at least this long is said on the console
 
@@ -118,10 +119,10 @@ class BackgroundWriter:
 
     # ------------------------------------------------------------------ the writer process
     def writer_process(self) -> Any:
-        """The writer process, started on the writer thread: at train start when the first window is
-        far enough ahead (``prestart``), else at the first window's hand-off, so a window's own steps
-        never share the CPU with its start-up; None when there is none (disabled, or it could not
-        start: windows are then finished on this thread)."""
+        """The writer process, started on the writer thread: at train start (at setup outside fit)
+        when the first window is far enough ahead (``prestart``), else at the first window's
+        hand-off, so a window's own steps never share the CPU with its start-up; None when there is
+        none (disabled, or it could not start: windows are then finished on this thread)."""
         if self.process is None and self.use_process and self.process_error is None:
             try:
                 self.process = WriterProcess()
