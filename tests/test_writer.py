@@ -75,6 +75,33 @@ def test_the_writer_process_reports_a_failed_window_and_keeps_serving(tmp_path):
     assert not writer.alive()
 
 
+def _autogroup_nice(pid: int) -> int | None:
+    """The nice of the process's scheduling group, or None where the kernel groups no sessions."""
+    try:
+        enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+        line = Path(f"/proc/{pid}/autogroup").read_text()  # "/autogroup-123 nice 19"
+    except OSError:
+        return None
+    return int(line.split()[-1]) if enabled else None
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="POSIX priorities")
+def test_the_writer_process_yields_the_cpu_to_training_even_in_its_own_session():
+    # Its own session (Ctrl-C stays with training) is its own scheduling group where Linux groups
+    # by session: there its nice alone is void and a busy writer slowed torch's threads 8x.
+    writer = WriterProcess()
+    try:
+        assert writer.call("ping") == "pong"  # past its boot code
+        assert os.getsid(writer.pid) != os.getsid(0)
+        assert os.getpriority(os.PRIO_PROCESS, writer.pid) >= 10
+        group = _autogroup_nice(writer.pid)
+        if group is not None:
+            assert group == 19
+            assert _autogroup_nice(os.getpid()) != 19  # training's own group is left alone
+    finally:
+        writer.close()
+
+
 _FORK_DURING_SPAWN = """
 import json, os, threading, time
 from vt_lightning.export import writer_process
