@@ -9,7 +9,7 @@ The four interpreters test three version sets, so the tested range is the declar
   the project's CPU-only machines the local CPU wheel for 3.11, PyPI's CUDA build, which runs on the
   CPU, elsewhere), with Holistic Trace Analysis (the ``analysis`` extra, ~80 packages of Jupyter, so
   only here) for tests/test_hta.py; the lint and types sessions and their tools (ruff, mypy, nox)
-  are pinned there too;
+  are pinned there too (3.12 runs the in-process tiers only: ``suite_passes``);
 * **3.13, newest**: no pins at all, upgraded eagerly at every run, as a user's fresh
   ``pip install vt-lightning`` gets it. Machines that cap pip through a site-wide constraints file
   (``/etc/xdg/pip``, torch<=2.14.1) would silently test an older torch, so this session points
@@ -99,21 +99,41 @@ def types(session: nox.Session) -> None:
 # cores, a file's tests together on one worker (its module fixtures run once); then the serial files
 # alone, since they time things across processes or race with the machine's load. On the 2-core CI
 # machine the two passes take ~10 min per Python where one serial pass took ~16.
-PARALLEL_PASS = ("-m", "not serial", "-n", "auto", "--maxprocesses", "4", "--dist", "loadfile", "--durations", "15")
-SERIAL_PASS = ("-m", "serial", "--durations", "10")
+PARALLEL_PASS = ("-n", "auto", "--maxprocesses", "4", "--dist", "loadfile", "--durations", "15")
+SERIAL_PASS = ("--durations", "10")
+
+# What each interpreter runs, to keep CI near 30 minutes without a version set losing a tier. The
+# whole suite runs where a version set is tested alone (3.10 lower bounds, 3.13 newest) and on the
+# first pinned interpreter; the second pinned one (3.12: the same packages on the next Python) runs
+# the in-process tiers (unit, integration), since the system tier (subprocesses, DDP, signals, the
+# TensorBoard server) exercises the OS and the packages rather than the interpreter, and 3.10,
+# 3.11 and 3.13 run it. The benchmarks' smoke tests (developer tools, ~2 min) run once, pinned.
+SYSTEM_TIER = {"3.10", "3.11", "3.13"}
+BENCHMARK_SMOKE = {"3.11"}
+
+
+def suite_passes(python: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The two pytest runs of ``tests`` on ``python``: (name, arguments)."""
+    tiers = "" if python in SYSTEM_TIER else " and not system"
+    skip = () if python in BENCHMARK_SMOKE else ("--ignore", "tests/test_benchmarks_smoke.py")
+    return [
+        ("parallel", ("-m", f"not serial{tiers}", *PARALLEL_PASS, *skip)),
+        ("serial", ("-m", f"serial{tiers}", *SERIAL_PASS, *skip)),
+    ]
 
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """The whole suite on this Python's version set; arguments after ``--`` go to one plain pytest
-    run instead (``nox -s tests-3.12 -- -m integration``)."""
+    """This Python's part of the suite (``suite_passes``) on its version set; arguments after
+    ``--`` go to one plain pytest run instead (``nox -s tests-3.12 -- -m integration``)."""
     with discarded_afterwards(session):
-        install_version_set(session, VERSION_SETS[str(session.python)])
+        python = str(session.python)
+        install_version_set(session, VERSION_SETS[python])
         if session.posargs:
             session.run("python", "-m", "pytest", *session.posargs)
             return
         failed = []
-        for name, pass_args in (("parallel", PARALLEL_PASS), ("serial", SERIAL_PASS)):
+        for name, pass_args in suite_passes(python):
             try:  # the serial pass runs even when the parallel one failed: one log says all
                 session.run("python", "-m", "pytest", *pass_args)
             except CommandFailed:
