@@ -3,6 +3,7 @@
     python benchmarks/short_run.py                 # 7 interleaved rounds (~3 min on 2 cores)
     python benchmarks/short_run.py --rounds 15     # steadier medians
     python benchmarks/short_run.py --cold          # every fit in a fresh interpreter (first-fit costs)
+    python benchmarks/short_run.py --threads 1     # torch on one core, the other left free (a GPU job's shape)
     python benchmarks/short_run.py --quick         # 1 round, proves it runs (no figures)
 
 Each round fits the same small CNN (40 steps of about 15 ms on a 2-core CPU) once per variant,
@@ -227,11 +228,10 @@ def fit_once(variant: str) -> dict[str, Any]:
         }
 
 
-def cold_fit(variant: str) -> dict[str, Any]:
+def cold_fit(variant: str, threads: int) -> dict[str, Any]:
     """One fit in a fresh interpreter: what a user's first (and in a sweep, every) short run pays."""
-    proc = subprocess.run(
-        [sys.executable, __file__, "--one", variant], capture_output=True, text=True, timeout=600, check=True
-    )
+    command = [sys.executable, __file__, "--one", variant, "--threads", str(threads)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     result["full_gcs"] = [tuple(g) for g in result["full_gcs"]]
     return result
@@ -282,6 +282,13 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> str:
         parts = [breakdown(r[v]["spent"], r[v]["steps_ms"], r["none"]["steps_ms"]) for r in rounds]
         for key in parts[0]:
             lines.append(f"  {key:<42} {med([p[key] for p in parts])}")
+        # The parts' sum: the window's cost without the other 36 steps' noise (each part is either
+        # time inside our hooks or one step's delta), against what pl_profiler added to the fit.
+        sums = [sum(p.values()) for p in parts]
+        lines.append(f"  {'sum of the parts':<42} {med(sums)}")
+        ratio = [total / pl for total, pl in zip(sums, added["pl_profiler"]) if pl > 0]
+        if ratio:
+            lines.append(f"  {'sum of the parts / pl_profiler added':<42} {statistics.median(ratio):8.2f}x")
     lines.append("worst quiet step vs none (step by step, same round)")
     for v in VARIANTS[1:]:
         worst = [quiet_worst(r[v]["steps_ms"], r["none"]["steps_ms"], v in WINDOWED) for r in rounds]
@@ -311,9 +318,17 @@ def main() -> None:
     parser.add_argument(
         "--cold", action="store_true", help="every fit in a fresh interpreter (a user's first fit: imports, first GC)"
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch's intra-op threads (0: its default, every core); 1 leaves a core free, as a GPU job does",
+    )
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # --cold's child: one fit, JSON out
     args = parser.parse_args()
     rounds = 1 if args.quick else args.rounds
+    if args.threads:
+        torch.set_num_threads(args.threads)
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
@@ -329,7 +344,7 @@ def main() -> None:
     results = []
     for n in range(rounds):
         order = VARIANTS[n % len(VARIANTS) :] + VARIANTS[: n % len(VARIANTS)]
-        results.append({v: cold_fit(v) if args.cold else fit_once(v) for v in order})
+        results.append({v: cold_fit(v, args.threads) if args.cold else fit_once(v) for v in order})
         print(f"round {n + 1}/{rounds}: " + ", ".join(f"{v} {results[-1][v]['fit_ms']:.0f} ms" for v in VARIANTS))
     print(summarize(results))
 
