@@ -238,10 +238,12 @@ def cold_fit(variant: str, threads: int) -> dict[str, Any]:
 
 
 def breakdown(spent: dict[str, float], steps: list[float], base: list[float]) -> dict[str, float]:
-    """The window's parts, ms: hooks' own time where the callback spends it, step deltas else."""
+    """The window's parts, ms: hooks' own time where the callback spends it, step deltas else
+    (batches 0-1 too: the writer process boots in the background at train start)."""
     warm, first, last = WAIT, WAIT + WARMUP, WAIT + WARMUP + ACTIVE - 1
     parts = {
         "setup (writer start incl.)": spent.get("setup", 0.0),
+        "batches 0-1, step delta (writer boots)": steps[0] + steps[1] - base[0] - base[1],
         "warmup batch (kineto start), hook": spent.get(f"start{warm}", 0.0),
         "warmup batch, step delta": steps[warm] - base[warm],
     }
@@ -282,9 +284,11 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> str:
         parts = [breakdown(r[v]["spent"], r[v]["steps_ms"], r["none"]["steps_ms"]) for r in rounds]
         for key in parts[0]:
             lines.append(f"  {key:<42} {med([p[key] for p in parts])}")
-        # The parts' sum: the window's cost without the other 36 steps' noise (each part is either
-        # time inside our hooks or one step's delta), against what pl_profiler added to the fit.
-        sums = [sum(p.values()) for p in parts]
+        # The parts' sum: the window's cost without the other 34 steps' noise, against what
+        # pl_profiler added to the fit. The warmup hook and the close are inside their batches'
+        # step deltas (a step runs from one batch start to the next), so they are not added twice.
+        inside_steps = ("warmup batch (kineto start), hook", "close (last active end hook)")
+        sums = [sum(v for k, v in p.items() if k not in inside_steps) for p in parts]
         lines.append(f"  {'sum of the parts':<42} {med(sums)}")
         ratio = [total / pl for total, pl in zip(sums, added["pl_profiler"]) if pl > 0]
         if ratio:
