@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from vt_lightning.analysis.clock import ClockPair
 from vt_lightning.analysis.lifecycle import TRANSITIONS, Action, Boundary, actions, phase_in
 from vt_lightning.analysis.schedule import Phase, Schedule
+from vt_lightning.controller.handoff import PRESTART_LEAD_BATCHES, BackgroundWriter
 from vt_lightning.controller.inbox import Dropped, Inbox, Notice, Outcomes
 from vt_lightning.controller.run import fit_end_batch
 from vt_lightning.export.job import WindowJob, WindowResult
@@ -182,3 +183,27 @@ def test_fit_end_batch_is_the_batch_count_at_which_the_limits_stop_fit(limits, e
 def test_fit_end_batch_counts_the_remaining_epochs_of_a_resumed_run():
     resumed = _trainer(batch=20, epoch=2, max_steps=-1, max_epochs=5, num_training_batches=10)
     assert fit_end_batch(resumed) == 50
+
+
+@pytest.mark.parametrize(
+    "first_warmup, run_end, cpu_bound, starts",
+    [
+        (20, 40, False, True),  # ahead, within the run, on an accelerator: in the background now
+        (20, None, False, True),  # the run's length unknown (iterable data, max_time): ahead all the same
+        (20, 40, True, False),  # training on the CPU: at the first hand-off, inside the window's cost
+        (50, 40, False, False),  # past the run: no window, no writer
+        (PRESTART_LEAD_BATCHES - 1, 40, False, False),  # too close: its start-up would overlap the window
+        (float("inf"), None, False, False),  # no window planned
+    ],
+)
+def test_the_writer_starts_ahead_only_for_a_window_within_the_run_and_off_the_cpu(
+    first_warmup, run_end, cpu_bound, starts
+):
+    writer = BackgroundWriter(use_process=False)
+    submitted = []
+    writer.submit = lambda fn, *args: submitted.append(fn)  # type: ignore[method-assign]
+    try:
+        writer.prestart(first_warmup, 0, run_end, cpu_bound=cpu_bound)
+    finally:
+        writer.close()
+    assert submitted == ([writer.writer_process] if starts else [])

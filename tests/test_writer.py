@@ -16,6 +16,7 @@ from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
 from lightning.pytorch.callbacks import Callback
 
 from vt_lightning import VizTraceCallback
+from vt_lightning.controller import run as runs
 from vt_lightning.export.writer_process import WriterError, WriterProcess
 
 
@@ -246,8 +247,18 @@ def test_an_epoch_bounded_run_with_no_window_in_it_starts_no_writer_process(tmp_
 
 
 def test_an_epoch_bounded_run_starts_its_writer_at_train_start_when_the_window_lies_ahead(tmp_path, monkeypatch):
+    # On an accelerator (faked: the decision alone), where a spare core hides the start-up.
+    monkeypatch.setattr(runs, "trains_on_cpu", lambda run: False)
     starts, batches = _writer_starts(monkeypatch)
     cb = VizTraceCallback(wait=20, warmup=1, active=1)  # batch 21 of 32: within the run, 20 batches ahead
     make_trainer(tmp_path, [batches, cb], max_steps=-1, max_epochs=2).fit(MarkerModel(), loader())
     assert len(starts) == 1 and starts[0] < 20, starts  # started in the background before the window
+    assert len(trace_files(tmp_path)) == 1
+
+
+def test_a_cpu_run_starts_its_writer_at_the_first_hand_off_not_in_a_quiet_step(tmp_path, monkeypatch):
+    starts, batches = _writer_starts(monkeypatch)
+    cb = VizTraceCallback(wait=20, warmup=1, active=1)  # warmup 20, active 21: handed off after batch 21
+    make_trainer(tmp_path, [batches, cb], max_steps=-1, max_epochs=2).fit(MarkerModel(), loader())
+    assert len(starts) == 1 and starts[0] >= 21, starts
     assert len(trace_files(tmp_path)) == 1

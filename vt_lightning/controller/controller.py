@@ -114,15 +114,17 @@ class WindowController:
             self.slow = self.triggers.watch.slow
         self._schedule_from(first)
         if stage != "fit":  # fit's length is known only at train start (train_start)
-            self.writer.prestart(self.plan.next_boundary(first), first, None)
+            self.writer.prestart(self.plan.next_boundary(first), first, None, cpu_bound=runs.trains_on_cpu(run))
         side_recorders.start_run(o, run, self.spool, trainer, self.plan, self.warn)  # DataLoader workers (workers.py)
 
     def train_start(self, trainer: Any) -> None:
         """Fit's data is set up: start the writer ahead of the first window only if that window lies
-        within the run, so a run with no window in it starts no process."""
-        if self.writer is not None and self.stage == "fit":
+        within the run, so a run with no window in it starts no process, and only off the CPU
+        (``BackgroundWriter.prestart``)."""
+        if self.writer is not None and self.stage == "fit" and self.run is not None:
             now = runs.global_batch(trainer)
-            self.writer.prestart(self.plan.next_boundary(now), now, runs.fit_end_batch(trainer))
+            cpu_bound = runs.trains_on_cpu(self.run)
+            self.writer.prestart(self.plan.next_boundary(now), now, runs.fit_end_batch(trainer), cpu_bound=cpu_bound)
 
     def end_stage(self, stage: str, batches: int | None = None) -> None:
         """A stage ran out of batches (or fit ended): close what is open, wait for the writer."""

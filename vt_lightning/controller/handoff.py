@@ -46,7 +46,7 @@ from vt_lightning.recording.window import ClosedWindow
 USE_WRITER_PROCESS = True
 # The writer process starts in the background at train start (at setup outside fit) when the first
 # window warms up at least this many batches later (its start-up then overlaps quiet steps, not the
-# window's) and within the run; else at hand-off.
+# window's) and within the run, on an accelerator; else at hand-off (``BackgroundWriter.prestart``).
 PRESTART_LEAD_BATCHES = 8
 SAY_WAIT_S = 0.25  # an end-of-run wait for the writer at least this long is said on the console
 
@@ -120,8 +120,9 @@ class BackgroundWriter:
     # ------------------------------------------------------------------ the writer process
     def writer_process(self) -> Any:
         """The writer process, started on the writer thread: at train start (at setup outside fit)
-        when the first window is far enough ahead (``prestart``), else at the first window's
-        hand-off, so a window's own steps never share the CPU with its start-up; None when there is
+        when the first window is far enough ahead and training is not on the CPU (``prestart``),
+        else at the first window's hand-off, so a window's own steps never share the CPU with its
+        start-up; None when there is
         none (disabled, or it could not start: windows are then finished on this thread)."""
         if self.process is None and self.use_process and self.process_error is None:
             try:
@@ -130,13 +131,19 @@ class BackgroundWriter:
                 self.process_error = err
         return self.process
 
-    def prestart(self, first_warmup: float, now: int, run_end: int | None) -> None:
+    def prestart(self, first_warmup: float, now: int, run_end: int | None, *, cpu_bound: bool = False) -> None:
         """Start the writer process in the background (on the writer thread) when the first window
         is far enough ahead for its start-up to end before the window, and within the run: its
         start-up and its first imports are then off the window's critical path and the end of fit.
         With no window coming, or the first one past ``run_end`` (the batch count at which the run
-        stops by its limits, None if unknown), nothing starts: a run with no window pays no writer."""
-        if math.isinf(first_warmup) or first_warmup - now < PRESTART_LEAD_BATCHES:
+        stops by its limits, None if unknown), nothing starts: a run with no window pays no writer.
+
+        ``cpu_bound`` (training on the CPU, whose intra-op threads take every core): nothing starts
+        ahead either. There the start-up (~50 ms of CPU) cannot hide on a spare core, whatever its
+        priority: started ahead it slowed a quiet step, the first, by 50-160 ms on 2 cores
+        (``benchmarks/short_run.py``), for the same total as a start at the first hand-off, where
+        it counts in the window's cost instead (outside windows, nothing)."""
+        if cpu_bound or math.isinf(first_warmup) or first_warmup - now < PRESTART_LEAD_BATCHES:
             return
         if run_end is not None and first_warmup >= run_end:
             return

@@ -67,6 +67,12 @@ def read_run(trainer: Any, stage: str, dirpath: str | None, spool_dir: str | Non
     return Run(stage, root, rank_info, cuda, user_hook_names(getattr(trainer, "lightning_module", None)), remote)
 
 
+def trains_on_cpu(run: Run) -> bool:
+    """Training's own threads take every core (no CUDA device): the writer then starts at the
+    first hand-off, not ahead of it (``BackgroundWriter.prestart``)."""
+    return not run.cuda
+
+
 def stage_name(stage: Any) -> str:
     """Lightning passes ``TrainerFn`` members (a str enum: ``TrainerFn.FITTING == "fit"``)."""
     return str(getattr(stage, "value", stage))
