@@ -23,7 +23,7 @@ from vt_lightning.analysis.lifecycle import TRANSITIONS, Action, Boundary, actio
 from vt_lightning.analysis.schedule import Phase, Schedule
 from vt_lightning.controller.handoff import PRESTART_LEAD_BATCHES, BackgroundWriter
 from vt_lightning.controller.inbox import Dropped, Inbox, Notice, Outcomes
-from vt_lightning.controller.run import fit_end_batch
+from vt_lightning.controller.run import Run, fit_end_batch, trains_on_cpu
 from vt_lightning.export.job import WindowJob, WindowResult
 
 
@@ -207,3 +207,9 @@ def test_the_writer_starts_ahead_only_for_a_window_within_the_run_and_off_the_cp
     finally:
         writer.close()
     assert submitted == ([writer.writer_process] if starts else [])
+
+
+@pytest.mark.parametrize("device, on_cpu", [("cpu", True), ("cuda", False), ("mps", False), ("xla", False)])
+def test_only_a_run_on_the_cpu_counts_as_training_on_the_cpu(device, on_cpu):
+    run = Run("fit", Path("."), {}, device == "cuda", device=device)
+    assert trains_on_cpu(run) is on_cpu

@@ -40,6 +40,7 @@ class Run:
     cuda: bool
     user_hooks: dict[str, str] = dataclasses.field(default_factory=dict)  # window metadata: the module's own hooks
     remote: URL | None = None  # a remote output root (``root`` is then local staging): controller/remote.py
+    device: str = "cpu"  # the root device's type: "cpu", "cuda", "mps", "xla", ...
 
     @property
     def output(self) -> Path | URL:
@@ -63,14 +64,15 @@ def read_run(trainer: Any, stage: str, dirpath: str | None, spool_dir: str | Non
         "host": socket.gethostname(),
         "pid": os.getpid(),
     }
-    cuda = trainer.strategy.root_device.type == "cuda"
-    return Run(stage, root, rank_info, cuda, user_hook_names(getattr(trainer, "lightning_module", None)), remote)
+    device = str(trainer.strategy.root_device.type)
+    hooks = user_hook_names(getattr(trainer, "lightning_module", None))
+    return Run(stage, root, rank_info, device == "cuda", hooks, remote, device)
 
 
 def trains_on_cpu(run: Run) -> bool:
-    """Training's own threads take every core (no CUDA device): the writer then starts at the
-    first hand-off, not ahead of it (``BackgroundWriter.prestart``)."""
-    return not run.cuda
+    """Training's own threads take every core (the root device is the CPU, not an accelerator):
+    the writer then starts at the first hand-off, not ahead of it (``BackgroundWriter.prestart``)."""
+    return run.device == "cpu"
 
 
 def stage_name(stage: Any) -> str:
