@@ -299,8 +299,8 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> str:
         sums = [sum(v for k, v in p.items() if k not in inside_steps) for p in parts]
         lines.append(f"  {'sum of the parts':<42} {med(sums)}")
         ratio = [total / pl for total, pl in zip(sums, added["pl_profiler"]) if pl > 0]
-        if ratio:
-            lines.append(f"  {'sum of the parts / pl_profiler added':<42} {statistics.median(ratio):8.2f}x")
+        shown = f"{statistics.median(ratio):8.2f}x" if ratio else "     n/a (pl_profiler added nothing)"
+        lines.append(f"  {'sum of the parts / pl_profiler added':<42} {shown}")
     lines.append("worst quiet step vs none (step by step, same round)")
     for v in VARIANTS[1:]:
         worst = [quiet_worst(r[v]["steps_ms"], r["none"]["steps_ms"], v in WINDOWED) for r in rounds]

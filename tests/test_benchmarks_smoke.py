@@ -51,3 +51,19 @@ def test_summary_cost_benchmark_completes() -> None:
     out = _quick("summary_cost.py")
     for text in ("writer job", "of which summary", "time to trace", "| off |", "| on |", "summary |"):
         assert text in out, text
+
+
+@pytest.mark.slow
+def test_short_run_benchmark_completes() -> None:
+    out = _quick("short_run.py")
+    for text in (
+        "fit added, pl_profiler",
+        "window breakdown (vt_window)",
+        "window breakdown (vt_ahead)",
+        "batches 0-1, step delta (writer boots)",
+        "sum of the parts / pl_profiler added",
+        "worst quiet step vs none",
+        "median quiet step / none's",
+        "noise: spread of `none` fit",
+    ):
+        assert text in out, text
