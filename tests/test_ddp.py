@@ -56,7 +56,22 @@ _FOREIGN_ENV = re.compile(
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not _FOREIGN_ENV.search(k)}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
+    env["PYTHONFAULTHANDLER"] = "1"  # a rank killed by SIGABRT or SIGSEGV prints its Python stacks
     return env
+
+
+# Lines that name a native crash (glibc, C++ terminate, gloo, Python's fault handler): a rank that
+# dies of SIGABRT says why once, early, and the other rank's traceback then fills the output's tail.
+_CRASH = re.compile(r"terminate called|what\(\):|Abort|Fatal Python error|Segmentation fault|free\(\)|gloo.*Enforce")
+
+
+def _failure_report(returncode: int, output: str) -> str:
+    """Why a DDP run failed: its exit status, the output from the first crash line on (with
+    PYTHONFAULTHANDLER, the crashed rank's Python stacks), then the output's tail."""
+    lines = output.splitlines()
+    first = next((i for i, line in enumerate(lines) if _CRASH.search(line)), None)
+    crash = "\n".join(lines[first : first + 60]) if first is not None else "no crash line"
+    return f"exit status {returncode}\n--- first crash line on:\n{crash}\n--- tail:\n{output[-4000:]}"
 
 
 def run_ddp(tmp: Path, *args: str, world: int = 2) -> dict[str, Any]:
@@ -80,7 +95,7 @@ def run_ddp(tmp: Path, *args: str, world: int = 2) -> dict[str, Any]:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         pytest.fail(f"DDP training did not finish within {RUN_TIMEOUT} s (hang?):\n{output[-4000:]}")
-    assert proc.returncode == 0, output[-4000:]
+    assert proc.returncode == 0, _failure_report(proc.returncode, output)
     # Lightning's launcher does not wait for rank 1: belt and braces, wait for every rank's report.
     deadline = time.monotonic() + 30
     paths = [report / f"rank_{r}.json" for r in range(world)]
