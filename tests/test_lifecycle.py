@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from vt_lightning.analysis.clock import ClockPair
 from vt_lightning.analysis.lifecycle import TRANSITIONS, Action, Boundary, actions, phase_in
 from vt_lightning.analysis.schedule import Phase, Schedule
+from vt_lightning.controller import handoff
 from vt_lightning.controller.handoff import PRESTART_LEAD_BATCHES, BackgroundWriter
 from vt_lightning.controller.inbox import Dropped, Inbox, Notice, Outcomes
 from vt_lightning.controller.run import Run, fit_end_batch, trains_on_cpu
@@ -197,8 +198,9 @@ def test_fit_end_batch_counts_the_remaining_epochs_of_a_resumed_run():
     ],
 )
 def test_the_writer_starts_ahead_only_for_a_window_within_the_run_and_off_the_cpu(
-    first_warmup, run_end, cpu_bound, starts
+    first_warmup, run_end, cpu_bound, starts, monkeypatch
 ):
+    monkeypatch.setattr(handoff, "HAND_OFF_START_ON_CPU", True)  # the CPU rule, off by default
     writer = BackgroundWriter(use_process=False)
     submitted = []
     writer.submit = lambda fn, *args: submitted.append(fn)  # type: ignore[method-assign]
@@ -213,3 +215,14 @@ def test_the_writer_starts_ahead_only_for_a_window_within_the_run_and_off_the_cp
 def test_only_a_run_on_the_cpu_counts_as_training_on_the_cpu(device, on_cpu):
     run = Run("fit", Path("."), {}, device == "cuda", device=device)
     assert trains_on_cpu(run) is on_cpu
+
+
+def test_by_default_a_cpu_run_starts_its_writer_ahead_too():
+    writer = BackgroundWriter(use_process=False)
+    submitted = []
+    writer.submit = lambda fn, *args: submitted.append(fn)  # type: ignore[method-assign]
+    try:
+        writer.prestart(20, 0, 40, cpu_bound=True)
+    finally:
+        writer.close()
+    assert submitted == [writer.writer_process]
