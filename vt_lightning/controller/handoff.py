@@ -46,7 +46,7 @@ from vt_lightning.recording.window import ClosedWindow
 USE_WRITER_PROCESS = True
 # The writer process starts in the background at train start (at setup outside fit) when the first
 # window warms up at least this many batches later (its start-up then overlaps quiet steps, not the
-# window's) and within the run, on an accelerator; else at hand-off (``BackgroundWriter.prestart``).
+# window's) and within the run; else at hand-off (``BackgroundWriter.prestart``).
 PRESTART_LEAD_BATCHES = 8
 # CPU training may start the writer at the first hand-off instead (``prestart(cpu_bound=True)``):
 # better for quiet steps on 2 busy cores (docs/performance.md, "Short runs"), but off until a
@@ -125,10 +125,10 @@ class BackgroundWriter:
     # ------------------------------------------------------------------ the writer process
     def writer_process(self) -> Any:
         """The writer process, started on the writer thread: at train start (at setup outside fit)
-        when the first window is far enough ahead and training is not on the CPU (``prestart``),
-        else at the first window's hand-off, so a window's own steps never share the CPU with its
-        start-up; None when there is
-        none (disabled, or it could not start: windows are then finished on this thread)."""
+        when the first window is far enough ahead (``prestart``; with ``HAND_OFF_START_ON_CPU``,
+        not when training is on the CPU), else at the first window's hand-off, so a window's own
+        steps never share the CPU with its start-up; None when there is none (disabled, or it could
+        not start: windows are then finished on this thread)."""
         if self.process is None and self.use_process and self.process_error is None:
             try:
                 self.process = WriterProcess()

@@ -147,16 +147,16 @@ class WriterProcess:
 
 # Lowered before its imports, not after: its start-up then yields to training's steps (it is started
 # in the background, possibly during quiet steps). The code is ``yield_cpu_to_training`` inlined.
+WRITER_NICE = 10
+AUTOGROUP_NICE = 19
+
 _BOOT = (
     "import os, sys\n"
-    "try: os.nice(10)\nexcept (AttributeError, OSError): pass\n"
-    "try:\n with open('/proc/self/autogroup', 'w') as f: f.write('19')\nexcept OSError: pass\n"
+    f"try: os.nice({WRITER_NICE})\nexcept (AttributeError, OSError): pass\n"
+    f"try:\n with open('/proc/self/autogroup', 'w') as f: f.write('{AUTOGROUP_NICE}')\nexcept OSError: pass\n"
     "sys.path.extend(p for p in sys.argv[1:] if p not in sys.path); "
     "from vt_lightning.export.writer_process import main; main()"
 )
-
-WRITER_NICE = 10
-AUTOGROUP_NICE = 19
 
 
 def yield_cpu_to_training() -> None:
