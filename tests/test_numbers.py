@@ -182,7 +182,7 @@ HEAVY = (
 
 
 class ShiftingOps(L.LightningModule):
-    """Batches 0-2 (window A) run a heavy ``cumsum``, later ones (window B) a tiny one."""
+    """Batches 0-3 (window A) run a heavy ``cumsum``, later ones (window B) a tiny one."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -193,7 +193,7 @@ class ShiftingOps(L.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         for op in HEAVY:
             op(self.big)
-        window_a = self.trainer.fit_loop.total_batch_idx < 3
+        window_a = self.trainer.fit_loop.total_batch_idx < 4
         torch.cumsum(self.long if window_a else self.long[:2, :2], dim=0)
         (x,) = batch
         return self.layer(x).pow(2).mean()
@@ -205,11 +205,17 @@ class ShiftingOps(L.LightningModule):
 @pytest.fixture(scope="module")
 def two_windows(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
     root = tmp_path_factory.mktemp("shifting")
-    callback = VizTraceCallback(wait=0, warmup=1, active=2, repeat=2)  # A: batches 1-2, B: 4-5
-    make_trainer(root, [callback], max_steps=6).fit(ShiftingOps(), loader())
+    # A: batches 1-3, B: 5-7. Two counted steps a window: the tiny cumsum is timed on the wall
+    # clock, and one preemption inside it on a loaded machine must not lift it into B's top 10.
+    callback = VizTraceCallback(wait=0, warmup=1, active=3, repeat=2)
+    make_trainer(root, [callback], max_steps=8).fit(ShiftingOps(), loader())
     a, b = _summaries(root)
-    assert a["steps"]["recorded"] == [1, 2] and b["steps"]["recorded"] == [4, 5]
+    assert a["steps"]["recorded"] == [1, 2, 3] and b["steps"]["recorded"] == [5, 6, 7]
     return a, b
+
+
+def _top_ops(summary: dict[str, Any]) -> dict[str, float]:
+    return {op["name"]: op["self_cpu_ms"] for op in summary["top_ops"]["by_cpu"]}
 
 
 def _op_row(result: dict[str, Any], name: str) -> dict[str, Any]:
@@ -222,8 +228,8 @@ def test_diff_of_an_op_that_fell_off_the_top_list_is_neither_new_nor_gone(
 ) -> None:
     a, b = two_windows
     # The situation: cumsum tops A's list and is not in B's top 10 (12 heavier ops are).
-    assert "aten::cumsum" in {op["name"] for op in a["top_ops"]["by_cpu"]}
-    assert "aten::cumsum" not in {op["name"] for op in b["top_ops"]["by_cpu"]}
+    assert "aten::cumsum" in _top_ops(a), _top_ops(a)
+    assert "aten::cumsum" not in _top_ops(b), _top_ops(b)
     assert len(b["top_ops"]["by_cpu"]) == 10
     for forward, (first, second) in (("A->B", (a, b)), ("B->A", (b, a))):
         result = diff([first], [second], limit=0)
@@ -252,7 +258,7 @@ def test_diff_of_schema_1_summaries_says_not_in_the_top_list(
         del copy["top_python"]["totals"], copy["top_ops"]["totals"]
         old.append(copy)
     row = _op_row(diff(old[:1], old[1:], limit=0), "aten::cumsum")
-    assert row["b_note"] == "not in top 10" and row["delta_percent"] is None
+    assert row["b_note"] == "not in top 10" and row["delta_percent"] is None, (row, _top_ops(two_windows[1]))
     assert change_text(row) == "B: not in top 10"
     row = _op_row(diff(old[1:], old[:1], limit=0), "aten::cumsum")
     assert row["a_note"] == "not in top 10" and change_text(row) == "A: not in top 10"

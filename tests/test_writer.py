@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -78,13 +79,18 @@ def test_the_writer_process_reports_a_failed_window_and_keeps_serving(tmp_path):
 
 
 def _autogroup_nice(pid: int) -> int | None:
-    """The nice of the process's scheduling group, or None where the kernel groups no sessions."""
+    """The nice of the process's scheduling group, or None where the kernel groups no sessions.
+
+    None too where the file is not the kernel's "/autogroup-123 nice 19": sandboxed kernels (CI's)
+    emulate /proc/<pid>/autogroup as a plain file that reads back what was written, or nothing.
+    """
     try:
         enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
-        line = Path(f"/proc/{pid}/autogroup").read_text()  # "/autogroup-123 nice 19"
+        line = Path(f"/proc/{pid}/autogroup").read_text()
     except OSError:
         return None
-    return int(line.split()[-1]) if enabled else None
+    kernel_format = re.fullmatch(r"/autogroup-\d+ nice (-?\d+)\s*", line)
+    return int(kernel_format.group(1)) if enabled and kernel_format else None
 
 
 @pytest.mark.skipif(not hasattr(os, "getpriority"), reason="POSIX priorities")

@@ -77,7 +77,12 @@ class UserTools(Callback):
         if step in config.get("stop_writer_at", []):
             writer = self.cb._controller.writer
             if writer is not None:
-                writer.drain(30)
+                # Wait for earlier windows outside the writer's allowance: drain() would count this
+                # wait against writer_timeout and, past it, abandon the writer (no process left to
+                # freeze) whenever window 0's write includes the writer's start-up under load.
+                deadline = time.monotonic() + 60
+                while writer.in_flight() and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 if writer.process is None:
                     writer.writer_process()
                 if writer.process is not None:
