@@ -59,7 +59,7 @@ def test_short_run_benchmark_completes() -> None:
     for text in (
         "fit added, pl_profiler",
         "window breakdown (vt_window)",
-        "window breakdown (vt_handoff)",
+        "window breakdown (vt_ahead)",
         "batches 0-1, step delta (writer boots)",
         "sum of the parts / pl_profiler added",
         "worst quiet step vs none",

@@ -17,7 +17,6 @@ from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
 from lightning.pytorch.callbacks import Callback
 
 from vt_lightning import VizTraceCallback
-from vt_lightning.controller import handoff
 from vt_lightning.controller import run as runs
 from vt_lightning.export.writer_process import WriterError, WriterProcess
 
@@ -187,7 +186,6 @@ from pathlib import Path
 sys.path.insert(0, {tests!r})
 from conftest import MarkerModel, loader, make_trainer
 from vt_lightning import VizTraceCallback
-from vt_lightning.controller import handoff
 from vt_lightning.export.atomic import atomic_write
 
 root = Path({root!r})
@@ -264,7 +262,6 @@ def test_an_epoch_bounded_run_starts_its_writer_at_train_start_when_the_window_l
 
 
 def test_a_cpu_run_starts_its_writer_at_the_first_hand_off_not_in_a_quiet_step(tmp_path, monkeypatch):
-    monkeypatch.setattr(handoff, "HAND_OFF_START_ON_CPU", True)  # off by default (handoff.py says why)
     starts, batches = _writer_starts(monkeypatch)
     cb = VizTraceCallback(wait=20, warmup=1, active=1)  # warmup 20, active 21: handed off after batch 21
     make_trainer(tmp_path, [batches, cb], max_steps=-1, max_epochs=2).fit(MarkerModel(), loader())

@@ -119,8 +119,8 @@ class WindowController:
 
     def train_start(self, trainer: Any) -> None:
         """Fit's data is set up: start the writer ahead of the first window only if that window lies
-        within the run, so a run with no window in it starts no process (and, with
-        ``handoff.HAND_OFF_START_ON_CPU``, not on the CPU: ``BackgroundWriter.prestart``)."""
+        within the run, so a run with no window in it starts no process (and not on the CPU, where
+        it starts at the first hand-off: ``BackgroundWriter.prestart``)."""
         if self.writer is not None and self.stage == "fit" and self.run is not None:
             now = runs.global_batch(trainer)
             cpu_bound = runs.trains_on_cpu(self.run)

@@ -48,11 +48,11 @@ USE_WRITER_PROCESS = True
 # window warms up at least this many batches later (its start-up then overlaps quiet steps, not the
 # window's) and within the run; else at hand-off (``BackgroundWriter.prestart``).
 PRESTART_LEAD_BATCHES = 8
-# CPU training may start the writer at the first hand-off instead (``prestart(cpu_bound=True)``):
-# better for quiet steps on 2 busy cores (docs/performance.md, "Short runs"), but off until a
-# load-dependent failure is understood: under xdist load, tests/test_faults.py's stuck-writer tests
-# once found no writer process to freeze after window 0 (Python 3.13, 2026-11-26).
-HAND_OFF_START_ON_CPU = False
+# CPU training starts the writer at the first hand-off instead (``prestart(cpu_bound=True)``): its
+# start-up cannot hide on a spare core there, and in a quiet step it cost batch 0 up to 170 ms on 2
+# busy cores (docs/performance.md, "Short runs"). False restores the start ahead (the benchmark's
+# ``vt_ahead``).
+HAND_OFF_START_ON_CPU = True
 SAY_WAIT_S = 0.25  # an end-of-run wait for the writer at least this long is said on the console
 
 
@@ -125,10 +125,10 @@ class BackgroundWriter:
     # ------------------------------------------------------------------ the writer process
     def writer_process(self) -> Any:
         """The writer process, started on the writer thread: at train start (at setup outside fit)
-        when the first window is far enough ahead (``prestart``; with ``HAND_OFF_START_ON_CPU``,
-        not when training is on the CPU), else at the first window's hand-off, so a window's own
-        steps never share the CPU with its start-up; None when there is none (disabled, or it could
-        not start: windows are then finished on this thread)."""
+        when the first window is far enough ahead (``prestart``; not when training is on the CPU),
+        else at the first window's hand-off, so a window's own steps never share the CPU with its
+        start-up; None when there is none (disabled, or it could not start: windows are then
+        finished on this thread)."""
         if self.process is None and self.use_process and self.process_error is None:
             try:
                 self.process = WriterProcess()
@@ -143,10 +143,10 @@ class BackgroundWriter:
         With no window coming, or the first one past ``run_end`` (the batch count at which the run
         stops by its limits, None if unknown), nothing starts: a run with no window pays no writer.
 
-        ``cpu_bound`` (training on the CPU, whose threads take every core) with
-        ``HAND_OFF_START_ON_CPU``: nothing starts ahead either. There the start-up (~50 ms of CPU)
-        cannot hide on a spare core: started ahead it slowed batch 0 by 50-160 ms on 2 cores
-        (``benchmarks/short_run.py``), for the same total as a start at the first hand-off."""
+        ``cpu_bound`` (training on the CPU, whose threads take every core; ``HAND_OFF_START_ON_CPU``):
+        nothing starts ahead either. There the start-up (~50 ms of CPU) cannot hide on a spare
+        core: started ahead it slowed batch 0 by 50-170 ms on 2 cores (``benchmarks/short_run.py``),
+        for the same fit total as a start at the first hand-off."""
         if cpu_bound and HAND_OFF_START_ON_CPU:
             return
         if math.isinf(first_warmup) or first_warmup - now < PRESTART_LEAD_BATCHES:

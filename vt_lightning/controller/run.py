@@ -71,8 +71,8 @@ def read_run(trainer: Any, stage: str, dirpath: str | None, spool_dir: str | Non
 
 def trains_on_cpu(run: Run) -> bool:
     """Training's own threads take every core (the root device is the CPU, not an accelerator):
-    with ``handoff.HAND_OFF_START_ON_CPU`` the writer then starts at the first hand-off, not ahead
-    of it (``BackgroundWriter.prestart``)."""
+    the writer then starts at the first hand-off, not ahead of it (``BackgroundWriter.prestart``,
+    ``handoff.HAND_OFF_START_ON_CPU``)."""
     return run.device == "cpu"
 
 
