@@ -186,6 +186,7 @@ from pathlib import Path
 sys.path.insert(0, {tests!r})
 from conftest import MarkerModel, loader, make_trainer
 from vt_lightning import VizTraceCallback
+from vt_lightning.controller import handoff
 from vt_lightning.export.atomic import atomic_write
 
 root = Path({root!r})
