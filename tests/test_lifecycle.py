@@ -187,19 +187,21 @@ def test_fit_end_batch_counts_the_remaining_epochs_of_a_resumed_run():
 
 
 @pytest.mark.parametrize(
-    "first_warmup, run_end, cpu_bound, starts",
+    "first_warmup, run_end, cpu_bound, hand_off_on_cpu, starts",
     [
-        (20, 40, False, True),  # ahead, within the run, on an accelerator: in the background now
-        (20, None, False, True),  # the run's length unknown (iterable data, max_time): ahead all the same
-        (20, 40, True, False),  # training on the CPU: at the first hand-off, inside the window's cost
-        (50, 40, False, False),  # past the run: no window, no writer
-        (PRESTART_LEAD_BATCHES - 1, 40, False, False),  # too close: its start-up would overlap the window
-        (float("inf"), None, False, False),  # no window planned
+        (20, 40, False, True, True),  # ahead, within the run, on an accelerator: in the background now
+        (20, None, False, True, True),  # the run's length unknown (iterable data, max_time): ahead all the same
+        (20, 40, True, True, False),  # training on the CPU: at the first hand-off, inside the window's cost
+        (20, 40, True, False, True),  # the CPU rule switched off (short_run.py's vt_ahead): as on an accelerator
+        (50, 40, False, True, False),  # past the run: no window, no writer
+        (PRESTART_LEAD_BATCHES - 1, 40, False, True, False),  # too close: its start-up would overlap the window
+        (float("inf"), None, False, True, False),  # no window planned
     ],
 )
 def test_the_writer_starts_ahead_only_for_a_window_within_the_run_and_off_the_cpu(
-    first_warmup, run_end, cpu_bound, starts, monkeypatch
+    first_warmup, run_end, cpu_bound, hand_off_on_cpu, starts, monkeypatch
 ):
+    monkeypatch.setattr(handoff, "HAND_OFF_START_ON_CPU", hand_off_on_cpu)
     writer = BackgroundWriter(use_process=False)
     submitted = []
     writer.submit = lambda fn, *args: submitted.append(fn)  # type: ignore[method-assign]
@@ -214,15 +216,3 @@ def test_the_writer_starts_ahead_only_for_a_window_within_the_run_and_off_the_cp
 def test_only_a_run_on_the_cpu_counts_as_training_on_the_cpu(device, on_cpu):
     run = Run("fit", Path("."), {}, device == "cuda", device=device)
     assert trains_on_cpu(run) is on_cpu
-
-
-def test_with_the_cpu_rule_switched_off_a_cpu_run_starts_its_writer_ahead_like_an_accelerator_run(monkeypatch):
-    monkeypatch.setattr(handoff, "HAND_OFF_START_ON_CPU", False)  # benchmarks/short_run.py's vt_ahead
-    writer = BackgroundWriter(use_process=False)
-    submitted = []
-    writer.submit = lambda fn, *args: submitted.append(fn)  # type: ignore[method-assign]
-    try:
-        writer.prestart(20, 0, 40, cpu_bound=True)
-    finally:
-        writer.close()
-    assert submitted == [writer.writer_process]

@@ -145,11 +145,11 @@ class WriterProcess:
             self._proc.wait()
 
 
-# Lowered before its imports, not after: its start-up then yields to training's steps (it is started
-# in the background, possibly during quiet steps). The code is ``yield_cpu_to_training`` inlined.
 WRITER_NICE = 10
 AUTOGROUP_NICE = 19
 
+# Lowered before its imports, not after: its start-up then yields to training's steps (it is started
+# in the background, possibly during quiet steps). The code is ``yield_cpu_to_training`` inlined.
 _BOOT = (
     "import os, sys\n"
     f"try: os.nice({WRITER_NICE})\nexcept (AttributeError, OSError): pass\n"
