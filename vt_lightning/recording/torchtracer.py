@@ -26,6 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity
 
 from vt_lightning.constants import KINETO_LOG_LEVEL
+from vt_lightning.recording.native_threads import collectives_on_gloo, wait_for_native_threads
 from vt_lightning.recording.rivals import RivalProfiler, own_calls
 
 _recording: weakref.WeakSet[TorchTracer] = weakref.WeakSet()
@@ -247,6 +248,9 @@ class TorchTracer:
                 if not self._starting:  # ended during warmup: kineto must be started before it stops
                     self._profile.start_trace()
                     self.started = True
+                elif collectives_on_gloo():
+                    # A gloo worker may still be ending a collective's range in this session.
+                    wait_for_native_threads()
                 self._profile.stop_trace()
                 # This window's results, for its export on the writer thread; the shared profile
                 # lets go of them, so the next window's prepare starts afresh.
