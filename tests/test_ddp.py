@@ -255,6 +255,17 @@ def test_forked_workers_do_not_inherit_a_recording_torch_profiler(ddp_run):
     assert not any(w["torch_profiler_enabled_c"] for w in during), during
 
 
+@pytest.mark.slow
+def test_every_window_waits_for_gloo_threads_before_torch_profiler_stops(ddp_run):
+    # gloo hands DDP a collective's result before its worker thread ends the collective's profiler
+    # range; stopping torch's profiler under that thread corrupted the heap (torch 2.4 and 2.5). On
+    # every rank, each window's close waits until the process's native threads sleep.
+    for rank, report in ddp_run["ranks"].items():
+        waits = report["native_waits"]
+        assert len(waits) == len(WINDOWS), (rank, waits)
+        assert any(w is not None for w in waits), (rank, waits)  # saw them asleep, not only its bound
+
+
 # ------------------------------------------------------------------- 3. no rank waits for another
 @pytest.mark.slow
 def test_no_rank_waits_for_another_to_write(ddp_run):

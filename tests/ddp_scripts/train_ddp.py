@@ -128,6 +128,22 @@ COLLECTIVES = (
 )
 WRITER_COLLECTIVES: list[str] = []  # collectives called from a vt_lightning writer thread
 WRITES: list[dict] = []  # one entry per finish_window call
+NATIVE_WAITS: list[float | None] = []  # each wait for gloo's threads before torch's profiler stopped
+
+
+def watch_native_waits() -> None:
+    """Note each wait for native threads before a window stops torch's profiler (its seconds, or
+    None where it gave up): gloo may still be ending a collective's range (recording/native_threads.py)."""
+    from vt_lightning.recording import torchtracer
+
+    wait = torchtracer.wait_for_native_threads
+
+    def noted(*args, **kwargs):
+        waited = wait(*args, **kwargs)
+        NATIVE_WAITS.append(waited)
+        return waited
+
+    torchtracer.wait_for_native_threads = noted
 
 
 def watch_collectives() -> None:
@@ -207,6 +223,7 @@ class Reporter(L.Callback):
             "batch_end_time": self.batch_end_time,
             "writes": WRITES,
             "writer_collectives": WRITER_COLLECTIVES,
+            "native_waits": NATIVE_WAITS,
             "main_after_fit": python_hook_in_this_process(),
         }
         (self.report / f"rank_{trainer.global_rank}.json").write_text(json.dumps(info))
@@ -237,6 +254,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     watch_collectives()
+    watch_native_waits()
     if args.slow_writer_rank >= 0:
         slow_down_writer(args.slow_writer_rank, args.slow_writer_seconds)
     report = Path(args.report)
