@@ -14,7 +14,8 @@ with ~12 windows, and none of 30 with this wait: docs/troubleshooting.md).
 After the step every collective's future has been waited on, so no collective is queued: what may
 still run is the tail of one. Once every native thread (not a Python thread, not ours) has been
 seen asleep, none is in a tail, and none can start one. Linux only (``/proc``); elsewhere, and in
-processes without gloo collectives (NCCL jobs, whose proxy threads may spin), nothing waits.
+processes without gloo collectives, nothing waits: NCCL ends a collective's range on the thread
+that launched it (its CUDA future completes at launch), and its proxy threads may spin.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-SETTLE_TIMEOUT_S = 0.02  # the most a window's close waits; a thread busy that long is no gloo tail
+SETTLE_TIMEOUT_S = 0.02  # the most a window's close waits (measured: 0.75 ms mean, 10 ms max under load)
 _POLL_S = 0.0002
 TASK_DIR = Path("/proc/self/task")
 
