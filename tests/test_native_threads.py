@@ -59,31 +59,37 @@ def test_the_wait_gives_up_after_its_timeout_when_a_thread_keeps_running(tmp_pat
 
 @needs_proc
 def test_the_wait_returns_only_once_a_busy_thread_has_stopped_running():
-    # hashlib releases the GIL on large buffers: the thread runs on its own core as a gloo worker does.
-    data = b"x" * (64 << 20)
-    done = threading.Event()
+    # One hashlib call on a large buffer runs with the GIL released, on its own core, as a gloo worker
+    # does: the thread is in state R from its start to its end. (After it, the thread must take the
+    # GIL back before it can note the time, so its own end time may come a little after the wait's.)
+    data = b"x" * (256 << 20)
+    span: dict[str, float] = {}
 
     def busy() -> None:
-        hashlib.sha256(data).hexdigest()
-        hashlib.sha256(data).hexdigest()
-        done.set()
+        span["start"] = time.perf_counter()
+        hashlib.sha256(data).digest()
+        span["end"] = time.perf_counter()
 
     thread = threading.Thread(target=busy)
     thread.start()
     try:
-        time.sleep(0.02)
-        assert not done.is_set(), "the busy thread ended before the wait began; the test proves nothing"
-        waited = wait_for_native_threads(timeout_s=30.0, skip={threading.get_native_id()})
-        assert waited is not None, "a thread still ran after 30 s"
-        assert done.is_set(), "the wait returned while the thread was still hashing"
+        time.sleep(0.02)  # lets it into the hash (this thread holds no GIL meanwhile)
+        assert "end" not in span, "the busy thread ended before the wait began; the test proves nothing"
+        waited = wait_for_native_threads(timeout_s=60.0, skip={threading.get_native_id()})
+        returned = time.perf_counter()
+        assert waited is not None, "a thread still ran after 60 s"
     finally:
         thread.join()
+    hashing = span["end"] - span["start"]
+    assert returned - span["start"] > 0.8 * hashing, (
+        f"the wait returned {returned - span['start']:.3f} s into a {hashing:.3f} s hash: it did not wait"
+    )
 
 
 @needs_proc
 def test_python_threads_are_not_waited_for_by_default():
-    data = b"x" * (256 << 20)
-    thread = threading.Thread(target=lambda: hashlib.sha256(data).hexdigest())
+    data = b"x" * (512 << 20)  # ~1 s of hashing: far longer than the wait for the native threads
+    thread = threading.Thread(target=lambda: hashlib.sha256(data).digest())
     thread.start()
     try:
         waited = wait_for_native_threads(timeout_s=5.0)
