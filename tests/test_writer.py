@@ -77,6 +77,22 @@ def test_the_writer_process_reports_a_failed_window_and_keeps_serving(tmp_path):
     assert not writer.alive()
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/<pid>/maps")
+def test_the_writer_process_loads_neither_torch_nor_site_packages_it_does_not_use():
+    # It starts on training's cores at the first window of a CPU run: no torch, no Lightning, and no
+    # ``site`` (an environment's .pth files were a third of its start-up CPU).
+    writer = WriterProcess()
+    try:
+        assert writer.call("ping") == "pong"
+        maps = Path(f"/proc/{writer.pid}/maps").read_text()
+        argv = Path(f"/proc/{writer.pid}/cmdline").read_bytes().split(b"\0")
+    finally:
+        writer.close()
+    assert "orjson" in maps  # what it needs was found on the explicit path
+    assert "libtorch" not in maps and "/torch/" not in maps
+    assert b"-S" in argv and b"-I" in argv
+
+
 def _autogroup_nice(pid: int) -> int | None:
     """The nice of the process's scheduling group, or None where the kernel groups no sessions.
 

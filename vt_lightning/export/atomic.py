@@ -19,7 +19,6 @@ import errno
 import gzip
 import os
 import re
-import secrets
 import stat
 import time
 from collections.abc import Callable
@@ -83,7 +82,7 @@ def _create_temporary(directory: str, name: str) -> tuple[int, str]:
     0o666 so the kernel applies the current umask (``mkstemp`` would make it 0600)."""
     prefix = f".{name}.{host_name()}-{os.getpid()}."
     for _ in range(100):
-        tmp = os.path.join(directory, f"{prefix}{secrets.token_hex(6)}.tmp")
+        tmp = os.path.join(directory, f"{prefix}{os.urandom(6).hex()}.tmp")
         try:
             return os.open(tmp, _NEW_FILE, 0o666), tmp
         except FileExistsError:

@@ -7,9 +7,8 @@ it finds traces by ``TRACE_PATTERN`` and compares spans as strings, hence the fi
 from __future__ import annotations
 
 import os
+import platform
 import re
-import secrets
-import socket
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 MEMORY_SUFFIX = ".memory_snapshot.pickle"
@@ -18,8 +17,10 @@ SPAN_WIDTH = 10  # spans compare as strings in the plugin: fixed width keeps the
 
 
 def host_name() -> str:
-    """Host part of the worker name; the plugin splits workers at the last ``_<digits>``."""
-    return re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
+    """Host part of the worker name; the plugin splits workers at the last ``_<digits>``.
+
+    ``platform.node()`` is ``gethostname()`` without importing ``socket`` in the writer process."""
+    return re.sub(r"[^A-Za-z0-9-]+", "-", platform.node()) or "host"
 
 
 def worker_name(global_rank: int, host: str | None = None) -> str:
@@ -52,7 +53,7 @@ def memory_file_name(worker: str, span: str) -> str:
 def new_job_id() -> str:
     """``<host>-<pid>.<random>`` of the training process that closed a window, decided once per
     window: the writer's retries of that window share it."""
-    return f"{host_name()}-{os.getpid()}.{secrets.token_hex(6)}"
+    return f"{host_name()}-{os.getpid()}.{os.urandom(6).hex()}"
 
 
 def claim_name(trace_name: str, job_id: str) -> str:
