@@ -61,6 +61,7 @@ FILE_TIERS = {
     "test_offsets.py": "unit",
     "test_option_limits.py": "integration",
     "test_papercuts.py": "system",
+    "test_proc_stat.py": "unit",
     "test_pytracer.py": "integration",
     "test_reliability.py": "integration",
     "test_remote_dirs.py": "integration",

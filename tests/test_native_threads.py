@@ -17,7 +17,6 @@ from vt_lightning.recording import torchtracer
 from vt_lightning.recording.native_threads import (
     collectives_on_gloo,
     running_threads,
-    state_of,
     wait_for_native_threads,
 )
 from vt_lightning.recording.torchtracer import TorchTracer, TorchTracerConfig
@@ -32,13 +31,6 @@ def fake_tasks(tmp_path: Path, states: dict[int, tuple[str, str]]) -> Path:
         (tmp_path / str(tid)).mkdir()
         (tmp_path / str(tid) / "stat").write_bytes(f"{tid} ({name}) {state} 1 2 3 4 5\n".encode())
     return tmp_path
-
-
-def test_the_state_is_read_after_the_last_parenthesis_of_the_thread_name():
-    assert state_of(b"12 (pt_main_thread) R 1 12 12 0") == "R"
-    assert state_of(b"13 (odd) S (name) R 1 12") == "R"  # a name may hold ") S ("
-    assert state_of(b"14 (gloo) S 1 12") == "S"
-    assert state_of(b"") == ""
 
 
 def test_running_threads_are_those_in_state_R_outside_skip(tmp_path):

@@ -267,20 +267,36 @@ def test_a_killed_worker_loses_only_its_own_events(tmp_path):
     assert len(missing) == 1 and str(dead) in missing[0] and "exited or was killed" in missing[0]
 
 
+def _zombie() -> subprocess.Popen:
+    """A child that has exited and is not reaped yet (a worker its DataLoader has not joined)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    stat = Path(f"/proc/{child.pid}/stat")
+    deadline = time.monotonic() + 30
+    while stat.exists() and b") Z " not in stat.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return child
+
+
 def test_the_writer_waits_for_live_workers_and_not_for_dead_ones(tmp_path):
-    """``wait_for_parts``: a complete part is taken, a dead worker's part is given up at once, a live
-    worker's unfinished part after the bounded wait."""
+    """``wait_for_parts``: a complete part is taken, a dead (or exited, unreaped) worker's part is
+    given up at once, a live worker's unfinished part after the bounded wait."""
     live = os.getpid()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stems = [str(tmp_path / f"b4-r0-w{i}-p{pid}-1") for i, pid in enumerate((live, dead.pid, live))]
-    Path(f"{stems[0]}.meta.json").write_text("{}")
-    started = time.monotonic()
-    complete, notes = wait_for_parts(stems, wait_s=0.5)
-    waited = time.monotonic() - started
+    zombie = _zombie()
+    try:
+        pids = (live, dead.pid, live, zombie.pid)
+        stems = [str(tmp_path / f"b4-r0-w{i}-p{pid}-1") for i, pid in enumerate(pids)]
+        Path(f"{stems[0]}.meta.json").write_text("{}")
+        started = time.monotonic()
+        complete, notes = wait_for_parts(stems, wait_s=0.5)
+        waited = time.monotonic() - started
+    finally:
+        zombie.wait()
     assert complete == [stems[0]]
     assert 0.4 < waited < 30
     assert any(str(dead.pid) in n and "exited or was killed" in n for n in notes)
+    assert any(str(zombie.pid) in n and "exited or was killed" in n for n in notes)
     assert any(str(live) in n and "still busy" in n for n in notes)
 
 

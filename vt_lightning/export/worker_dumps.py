@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from vt_lightning.analysis.proc_stat import scheduler_state
 from vt_lightning.analysis.schema import Workers
 from vt_lightning.analysis.workers import (
     lower_origin,
@@ -25,6 +26,7 @@ from vt_lightning.analysis.workers import (
     worker_to_main_us,
 )
 from vt_lightning.constants import TRACE_METADATA_KEY
+from vt_lightning.export.atomic import process_alive
 
 POLL_S = 0.02
 
@@ -43,17 +45,10 @@ def _alive(pid: int) -> bool:
     yet) is dead."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rpartition(b")")[2].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+            state = scheduler_state(f.read())
+    except OSError:  # no /proc (not Linux), or the process is gone
+        state = ""
+    return state not in ("Z", "X") if state else process_alive(pid)
 
 
 def _stem_pid(stem: str) -> int:
