@@ -195,9 +195,11 @@ def writer_command() -> list[str]:
     """The writer's command line: an isolated interpreter without ``site`` and an explicit import
     path (never the cwd).
 
-    ``site`` is skipped (``-S``) because it is a third of the writer's start-up CPU for nothing it
-    uses: 30-40 ms of an environment's ``.pth`` files (an editable install's finder alone is ~20 ms),
-    taken from training's cores on a CPU run, where the writer starts at the first window.
+    ``site`` is skipped (``-S``): the writer needs nothing it sets up, and an environment's ``.pth``
+    files may run any code (an editable install's finder, namespace-package hooks) on training's
+    cores (a CPU run starts the writer at its first window). Measured in the team's editable
+    environment: 1-6 ms of the ~110 ms the writer's imports take; ``site`` mostly imports what the
+    pipeline needs anyway, so the saving grows only with what the ``.pth`` files do.
     """
     return [sys.executable, "-I", "-S", "-c", _BOOT, *writer_import_path()]
 
