@@ -80,7 +80,7 @@ def test_the_writer_process_reports_a_failed_window_and_keeps_serving(tmp_path):
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/<pid>/maps")
 def test_the_writer_process_loads_neither_torch_nor_site_packages_it_does_not_use():
     # It starts on training's cores at the first window of a CPU run: no torch, no Lightning, and no
-    # ``site`` (an environment's .pth files were a third of its start-up CPU).
+    # ``site`` (an environment's .pth files may run any code there).
     writer = WriterProcess()
     try:
         assert writer.call("ping") == "pong"
