@@ -67,3 +67,10 @@ def test_short_run_benchmark_completes() -> None:
         "noise: spread of `none` fit",
     ):
         assert text in out, text
+
+
+@pytest.mark.slow
+def test_writer_start_benchmark_completes() -> None:
+    out = _quick("writer_start.py")
+    for text in ("CPU ms to its first answer", "without site (-S, the product)", "with site (before)", "saved by -S"):
+        assert text in out, text
