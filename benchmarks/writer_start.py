@@ -30,8 +30,6 @@ from vt_lightning.export.writer_process import WriterProcess
 
 WITHOUT_SITE = "without site (-S, the product)"
 WITH_SITE = "with site (before)"
-
-
 PRODUCT_COMMAND = writer_process.writer_command
 
 

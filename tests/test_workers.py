@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from vt_lightning.analysis.proc_stat import scheduler_state
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.workers import (
     global_batch,
@@ -272,7 +273,7 @@ def _zombie() -> subprocess.Popen:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     stat = Path(f"/proc/{child.pid}/stat")
     deadline = time.monotonic() + 30
-    while stat.exists() and b") Z " not in stat.read_bytes() and time.monotonic() < deadline:
+    while stat.exists() and scheduler_state(stat.read_bytes()) != "Z" and time.monotonic() < deadline:
         time.sleep(0.01)
     return child
 
