@@ -15,6 +15,9 @@ in one process, in a rotating order:
 * ``vt_ahead``    ``vt_window`` with the writer process started in the background at train start
                   instead of at the window's hand-off (``handoff.HAND_OFF_START_ON_CPU = False``,
                   what accelerator runs do): which costs the fit more, and where;
+* ``vt_process``  ``vt_window`` with the window handed to a writer process started at its hand-off
+                  (``handoff.FINISH_AT_END_WITHIN_S = 0``, the default before it was held and
+                  finished in the training process when fit ends): the hold's A/B;
 * ``vt_flight``   ``vt_idle`` plus the slow-step trigger armed after 10 steps (flight recorder on);
 * ``pl_profiler`` Lightning's ``PyTorchProfiler(with_stack=True)`` with the same torch schedule.
 
@@ -62,8 +65,10 @@ STEPS = 40
 BATCH = 96  # about 15 ms a step on the 2-core CPU when it is quiet (32: 5 ms, 128: 19 ms)
 WAIT, WARMUP, ACTIVE = 20, 1, 2
 WINDOW = range(WAIT, WAIT + WARMUP + ACTIVE + 1)  # warmup, active batches, and the batch after
-VARIANTS = ("none", "vt_idle", "vt_window", "vt_ahead", "vt_flight", "pl_profiler")
-WINDOWED = ("vt_window", "vt_ahead", "pl_profiler")
+VARIANTS = ("none", "vt_idle", "vt_window", "vt_process", "vt_ahead", "vt_flight", "pl_profiler")
+WINDOWED = ("vt_window", "vt_process", "vt_ahead", "pl_profiler")
+VT_WINDOWED = ("vt_window", "vt_process", "vt_ahead")
+FINISH_AT_END_WITHIN_S = handoff.FINISH_AT_END_WITHIN_S  # the default, restored after vt_process
 
 
 class SmallCNN(L.LightningModule):
@@ -179,7 +184,7 @@ def make_callbacks(variant: str, out: str) -> tuple[list[Callback], Any]:
         return [], None
     if variant == "vt_idle":
         cb = TimedVT(**{**common, "wait": 10 * STEPS})
-    elif variant in ("vt_window", "vt_ahead"):
+    elif variant in VT_WINDOWED:
         cb = TimedVT(**common)
     elif variant == "vt_flight":
         cb = TimedVT(**{**common, "wait": 10 * STEPS}, slow_step_factor=50.0, slow_step_baseline=10)
@@ -212,6 +217,7 @@ def fit_once(variant: str) -> dict[str, Any]:
         )
         sink = io.StringIO()
         handoff.HAND_OFF_START_ON_CPU = variant != "vt_ahead"
+        handoff.FINISH_AT_END_WITHIN_S = 0.0 if variant == "vt_process" else FINISH_AT_END_WITHIN_S
         gc.collect()
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             t0 = time.perf_counter_ns()
@@ -278,14 +284,14 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> str:
     added = {v: [r[v]["fit_ms"] - r["none"]["fit_ms"] for r in rounds] for v in VARIANTS if v != "none"}
     for v, values in added.items():
         lines.append(f"  fit added, {v:<32} {med(values)}")
-    for v in ("vt_window", "vt_ahead"):
+    for v in VT_WINDOWED:
         ratio = [a / p for a, p in zip(added[v], added["pl_profiler"]) if p > 0]
         if ratio:
             lines.append(f"  {v} added / pl_profiler added {'':<10} {statistics.median(ratio):8.2f}x")
     for v in ("vt_idle", "vt_flight"):
         share = [100 * r[v]["fit_ms"] / r["none"]["fit_ms"] - 100 for r in rounds]
         lines.append(f"  {v} fit vs none                       {med(share)} %")
-    for v in ("vt_window", "vt_ahead"):
+    for v in VT_WINDOWED:
         lines.append(f"window breakdown ({v})")
         parts = [breakdown(r[v]["spent"], r[v]["steps_ms"], r["none"]["steps_ms"]) for r in rounds]
         for key in parts[0]:

@@ -240,6 +240,15 @@ class VirtualClock:
 
 
 @pytest.fixture
+def writer_process_per_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests whose subject is the writer process: every window goes to it, none is held and
+    finished in the training process at the run's end (``handoff.FINISH_AT_END_WITHIN_S``)."""
+    from vt_lightning.controller import handoff
+
+    monkeypatch.setattr(handoff, "FINISH_AT_END_WITHIN_S", 0.0)
+
+
+@pytest.fixture
 def model() -> MarkerModel:
     return MarkerModel()
 

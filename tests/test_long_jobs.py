@@ -100,6 +100,7 @@ def test_a_few_hundred_windows_leave_the_training_side_no_bigger(tmp_path):
     vt = VizTraceCallback(
         wait=0, warmup=0, active=1, repeat=0, budget_windows=None, budget_output_mb=None, budget_time_share=None,
         memory_snapshot=False, lightning_view=False, keep_windows=5,
+        writer_timeout=900,  # a loaded machine makes training wait for room, never abandons the writer
     )  # fmt: skip
     probe = Probe(vt, at=40)
     with warnings.catch_warnings():

@@ -45,9 +45,9 @@ def _fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: str | None) -> t
     def side(options: Any, run: Any, python: Any, trainer: Any, target: Any) -> list[Any]:
         return [Probe("first", trainer, log, fail), Probe("second", trainer, log)]
 
-    def hand_off(self: BackgroundWriter, closed: Any) -> Any:
+    def hand_off(self: BackgroundWriter, closed: Any, **how: Any) -> Any:
         extras.append(dict(closed.job.extras))
-        return original_hand_off(self, closed)
+        return original_hand_off(self, closed, **how)
 
     monkeypatch.setattr(windows, "side_recorders", side)
     monkeypatch.setattr(BackgroundWriter, "hand_off", hand_off)

@@ -478,8 +478,11 @@ def _ours(logger: Any) -> list[tuple[int | None, dict[str, float], str, int]]:
 
 
 @pytest.mark.integration
-def test_summary_is_logged_on_the_training_thread_at_the_next_batch(tmp_path: Path) -> None:
-    """Not only at the end of fit: at the first batch start after the writer returned the window."""
+def test_summary_is_logged_on_the_training_thread_at_the_next_batch(
+    tmp_path: Path, writer_process_per_window: None
+) -> None:
+    """Not only at the end of fit: at the first batch start after the writer returned the window
+    (its process: a window held to the run's end, ``handoff.finishes_at_end``, is logged there)."""
     import threading
 
     from conftest import MarkerModel, loader
@@ -497,7 +500,7 @@ def test_summary_is_logged_on_the_training_thread_at_the_next_batch(tmp_path: Pa
 
 
 @pytest.mark.integration
-def test_a_summary_arriving_during_a_window_is_logged_after_it(tmp_path: Path) -> None:
+def test_a_summary_arriving_during_a_window_is_logged_after_it(tmp_path: Path, writer_process_per_window: None) -> None:
     """Logging inside a window would put the logger's own calls into that window's trace."""
     from conftest import MarkerModel, load_trace, loader
 

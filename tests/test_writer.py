@@ -29,7 +29,7 @@ def _no_zombies() -> None:
     assert pid == 0, f"an unreaped child process {pid} was left behind"
 
 
-def test_windows_are_finished_by_a_separate_writer_process(tmp_path, monkeypatch):
+def test_windows_are_finished_by_a_separate_writer_process(tmp_path, monkeypatch, writer_process_per_window):
     pids: list[int] = []
     call = WriterProcess.call
 
@@ -48,7 +48,7 @@ def test_windows_are_finished_by_a_separate_writer_process(tmp_path, monkeypatch
     _no_zombies()
 
 
-def test_a_writer_process_that_dies_is_replaced_by_the_writer_thread(tmp_path):
+def test_a_writer_process_that_dies_is_replaced_by_the_writer_thread(tmp_path, writer_process_per_window):
     cb = VizTraceCallback(wait=1, warmup=0, active=1, repeat=3)
 
     class KillWriter(Callback):
@@ -207,6 +207,7 @@ from vt_lightning.export.atomic import atomic_write
 
 root = Path({root!r})
 handoff.USE_WRITER_PROCESS = {use_process!r}
+handoff.FINISH_AT_END_WITHIN_S = 0.0  # the process itself writes (the fallback case: this process)
 os.umask({umask!r})  # set after the package was imported, as a user's script may
 cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2)
 make_trainer(root, [cb], max_steps=2).fit(MarkerModel(), loader())
@@ -278,7 +279,9 @@ def test_an_epoch_bounded_run_starts_its_writer_at_train_start_when_the_window_l
     assert len(trace_files(tmp_path)) == 1
 
 
-def test_a_cpu_run_starts_its_writer_at_the_first_hand_off_not_in_a_quiet_step(tmp_path, monkeypatch):
+def test_a_cpu_run_starts_its_writer_at_the_first_hand_off_not_in_a_quiet_step(
+    tmp_path, monkeypatch, writer_process_per_window
+):
     starts, batches = _writer_starts(monkeypatch)
     cb = VizTraceCallback(wait=20, warmup=1, active=1)  # warmup 20, active 21: handed off after batch 21
     make_trainer(tmp_path, [batches, cb], max_steps=-1, max_epochs=2).fit(MarkerModel(), loader())

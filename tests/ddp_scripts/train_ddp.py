@@ -169,7 +169,7 @@ def slow_down_writer(rank: int, seconds: float) -> None:
 
     run_job = BackgroundWriter.run  # the writer thread's step (it feeds the writer process)
 
-    def slow_run_job(self, closed):
+    def slow_run_job(self, closed, at_end=False):
         job = closed.job
         entry = {
             "rank": job.metadata["global_rank"],
@@ -180,7 +180,7 @@ def slow_down_writer(rank: int, seconds: float) -> None:
         if job.metadata["global_rank"] == rank and job.metadata["window"] == 0:
             time.sleep(seconds)
         try:
-            return run_job(self, closed)
+            return run_job(self, closed, at_end)
         finally:
             entry["end"] = time.time()
             WRITES.append(entry)

@@ -38,7 +38,11 @@ from conftest import MarkerModel, loader, make_trainer  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 from vt_lightning import VizTraceCallback  # noqa: E402
+from vt_lightning.controller import handoff  # noqa: E402
 from vt_lightning.recording.rivals import guard_installed  # noqa: E402
+
+if config.get("stop_writer_at"):  # the frozen writer process must be the one that has the windows
+    handoff.FINISH_AT_END_WITHIN_S = 0.0
 
 
 def step_of(trainer) -> int:

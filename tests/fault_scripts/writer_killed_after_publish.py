@@ -58,8 +58,10 @@ def training_role(root: str, point: str) -> None:
     from conftest import MarkerModel, loader, make_trainer
 
     from vt_lightning import VizTraceCallback
+    from vt_lightning.controller import handoff
     from vt_lightning.export import writer_process
 
+    handoff.FINISH_AT_END_WITHIN_S = 0.0  # every window to the writer process, the one killed here
     writer_process.writer_command = lambda: [sys.executable, "-I", str(Path(__file__).resolve()), "--writer"]
     cb = VizTraceCallback(wait=1, warmup=0, active=1, repeat=2)
     with warnings.catch_warnings(record=True) as caught:

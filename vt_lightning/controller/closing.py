@@ -6,9 +6,12 @@ what later features add there: retention, job files) grows here, not in ``Window
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from vt_lightning.controller import messages, windows
+from vt_lightning.controller import run as runs
+from vt_lightning.controller.handoff import finishes_at_end
 
 if TYPE_CHECKING:
     from vt_lightning.controller.controller import WindowController
@@ -36,5 +39,22 @@ def hand_off(ctl: WindowController, window: ProfilingWindow, reason: str | None,
     closed = window.close(ctl.spool, destination)
     if closed is not None:
         ctl.windows_recorded += 1
-        ctl.inbox.expect(ctl.writer.hand_off(closed))
+        at_end = finishes_at_end(runs.trains_on_cpu(ctl.run), ctl.writer.process_started, *_fit_remaining(ctl))
+        ctl.inbox.expect(ctl.writer.hand_off(closed, at_end=at_end))
         ctl._quiet_until(ctl.next_look)  # look at the next batch start for the answer
+
+
+def _fit_remaining(ctl: WindowController) -> tuple[int | None, float | None]:
+    """Batches left to fit's end by its own limits, and the mean batch since train start in seconds
+    (validation and the window's own steps included: an overestimate); None where unknown (another
+    stage, no limit, no batch run yet)."""
+    trainer = ctl.trainer()
+    if ctl.stage != "fit" or trainer is None or ctl.train_started is None:
+        return None, None
+    end = runs.fit_end_batch(trainer)
+    started_ns, first = ctl.train_started
+    now = runs.global_batch(trainer)
+    done = now + 1 - first
+    if end is None or done <= 0:
+        return None, None
+    return end - now - 1, (time.perf_counter_ns() - started_ns) / 1e9 / done

@@ -79,6 +79,7 @@ class WindowController:
         self.windows_recorded = 0
         self.batches_seen = 0
         self.eval_step = -1  # batch index within a validate / test / predict stage
+        self.train_started: tuple[int, int] | None = None  # (perf_counter_ns, global batch) at train start
 
     # ------------------------------------------------------------------ runs
     def setup(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
@@ -123,6 +124,7 @@ class WindowController:
         it starts at the first hand-off: ``BackgroundWriter.prestart``)."""
         if self.writer is not None and self.stage == "fit" and self.run is not None:
             now = runs.global_batch(trainer)
+            self.train_started = (time.perf_counter_ns(), now)
             cpu_bound = runs.trains_on_cpu(self.run)
             self.writer.prestart(self.plan.next_boundary(now), now, runs.fit_end_batch(trainer), cpu_bound=cpu_bound)
 

@@ -14,10 +14,17 @@ pending windows are dropped, its process is killed and reaped, and a fresh threa
 writes later windows itself (the fallback path) and is never waited for again once the allowance is
 spent. The thread is a daemon, so a thread stuck in a hung filesystem call can never keep the
 interpreter from exiting.
+
+One exception to "never in its process": on the CPU, a window that closes a few seconds of steps
+before the run's end is *held* and finished on this thread when training stops, with no writer
+process at all (``finishes_at_end``): training's threads then no longer need the cores, and the
+process's start-up (~150 ms of CPU, a third of what a window costs a short run on busy cores) is
+never paid. Any wait by training (for room, for the end, an abandon) releases the hold at once.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import queue
 import threading
@@ -53,7 +60,26 @@ PRESTART_LEAD_BATCHES = 8
 # busy cores (docs/performance.md, "Short runs"). False restores the start ahead (the benchmark's
 # ``vt_ahead``).
 HAND_OFF_START_ON_CPU = True
+# CPU training: a window that closes when the run's known end is at most this many seconds of steps
+# away is held and finished in this process when training stops (``finishes_at_end``); 0 turns it
+# off (tests whose subject is the writer process).
+FINISH_AT_END_WITHIN_S = 5.0
 SAY_WAIT_S = 0.25  # an end-of-run wait for the writer at least this long is said on the console
+
+
+def finishes_at_end(cpu_bound: bool, process_started: bool, batches_left: int | None, step_s: float | None) -> bool:
+    """Whether a closing window is held and finished in the training process at the run's end.
+
+    Only where the writer process would start for it (training on the CPU, none running yet:
+    ``HAND_OFF_START_ON_CPU``) and the run's end is known and near: ``batches_left`` (to the end by
+    the run's own limits) times ``step_s`` (the run's mean batch so far) within
+    ``FINISH_AT_END_WITHIN_S``. Further away, the window's files would come too late to be worth
+    the start-up saved."""
+    if not (cpu_bound and HAND_OFF_START_ON_CPU) or process_started:
+        return False
+    if batches_left is None or step_s is None or batches_left < 0 or step_s <= 0:
+        return False
+    return batches_left * step_s <= FINISH_AT_END_WITHIN_S
 
 
 class WriterAbandoned(RuntimeError):
@@ -87,6 +113,9 @@ class BackgroundWriter:
         self._lock = threading.Lock()
         self._generation = 0
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Held windows (``finishes_at_end``) wait for this; ``_ending``: released by the run's end.
+        self._released = threading.Event()
+        self._ending = False
         self._thread = self._start_thread()
 
     # ------------------------------------------------------------------ the worker thread
@@ -155,19 +184,28 @@ class BackgroundWriter:
             return
         self.submit(self.writer_process)
 
-    def hand_off(self, closed: ClosedWindow) -> Future[Outcome]:
-        """Queue a closed window; its future answers with exactly one outcome, never raises."""
-        future = self.submit(self._finish, closed)
+    @property
+    def process_started(self) -> bool:
+        """Whether a writer process is (being) started: a held window would save nothing."""
+        return self.process is not None or not self.use_process or self.process_error is not None
+
+    def hand_off(self, closed: ClosedWindow, *, at_end: bool = False) -> Future[Outcome]:
+        """Queue a closed window; its future answers with exactly one outcome, never raises.
+        ``at_end``: hold it until training stops or waits (``finishes_at_end``); a window handed
+        off without it releases the held ones first, to the writer process."""
+        if not at_end:
+            self._release(ending=False)
+        future = self.submit(self._finish, closed, at_end)
         window = closed.job.metadata.get("window")
         if isinstance(window, int):
             self._windows[future] = window
         return future
 
-    def _finish(self, closed: ClosedWindow) -> Outcome:
+    def _finish(self, closed: ClosedWindow, at_end: bool = False) -> Outcome:
         """On the writer thread: the window's result, or why it was dropped."""
         job = closed.job
         try:
-            return deliver(job, self.run(closed))  # claim released; a remote root gets its copy
+            return deliver(job, self.run(closed, at_end))  # claim released; a remote root gets its copy
         except WriterAbandoned:  # reported once, when the writer was given up
             return Dropped(None)
         except SpoolError as err:  # the raw dumps, not the output directory, are the problem
@@ -183,11 +221,20 @@ class BackgroundWriter:
                 )
             )
 
-    def run(self, closed: ClosedWindow) -> WindowResult:
+    def run(self, closed: ClosedWindow, at_end: bool = False) -> WindowResult:
         """Finish a closed window (on the writer thread): complete its raw dumps here, then write it
-        in the writer process if there is one, else on this thread."""
+        in the writer process if there is one, else on this thread. A held window (``at_end``)
+        waits for its release first and, released by the run's end with no process started, is
+        finished here."""
         job = closed.job
         generation = self._generation
+        if at_end:
+            self._released.wait()
+            if generation != self._generation:  # abandoned while held: its future is settled already
+                remove_raw(job)
+                raise WriterAbandoned("the writer was abandoned while this window was pending")
+            if self._ending and self.process is None:
+                return _finish_here(closed)
         process = self.writer_process()  # first: its start-up overlaps torch's export below
         try:
             closed.collect()
@@ -248,6 +295,7 @@ class BackgroundWriter:
             pending = self._pending()
             if len(pending) < self.max_in_flight:
                 return time.monotonic() - start, True
+            self._release(ending=False)  # training waits: a held window goes to the writer process now
             left = limit - (time.monotonic() - start)
             if self.abandoned or left <= 0:
                 break
@@ -267,6 +315,7 @@ class BackgroundWriter:
         the writer and return False if it did not finish."""
         start = time.monotonic()
         deadline = start + self._allowance(timeout)
+        self._release(ending=True)  # training has stopped: held windows are finished on the writer thread
         pending = self._pending()
         windows = sorted(self._windows.pop(f) for f in pending if f in self._windows)
         self._windows.clear()
@@ -296,6 +345,7 @@ class BackgroundWriter:
             futures, self._futures = self._futures, []
             old_queue, self._queue = self._queue, queue.SimpleQueue()
             process, self.process = self.process, None
+        self._release(ending=False)  # a held window's thread wakes, sees the new generation and drops it
         old_queue.put(None)
         for future in futures:
             if not future.cancel():
@@ -315,6 +365,32 @@ class BackgroundWriter:
         elif process is not None:
             process.close(timeout=5.0)
         return finished
+
+    def _release(self, *, ending: bool) -> None:
+        """End the hold of held windows (``hand_off(at_end=True)``); ``ending``: training stopped."""
+        if ending:
+            self._ending = True
+        self._released.set()
+
+
+def _finish_here(closed: ClosedWindow) -> WindowResult:
+    """A held window, finished on the writer thread once training stopped: with the collector
+    paused, as in the writer process (``writer_process._serve``): the window's events are acyclic,
+    and a full collection over training's heap, triggered by their allocations, cost a window there
+    half its time. The collector stays paused only while this runs; training's thread is waiting."""
+    job = closed.job
+    try:
+        closed.collect()
+    except BaseException:
+        remove_raw(job)
+        raise
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return finish_window(job)
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _say_waited(seconds: float, windows: list[int]) -> None:

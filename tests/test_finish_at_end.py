@@ -1,0 +1,191 @@
+"""A window that closes near the end of a CPU run is finished in the training process when training
+stops, with no writer process (``handoff.finishes_at_end``): on busy cores the process's start-up
+is a third of what the window costs. Any wait by training releases the hold."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import pytest
+from conftest import MarkerModel, load_trace, loader, make_trainer, marker_steps, overlaps_without_nesting, trace_files
+
+from vt_lightning import VizTraceCallback
+from vt_lightning.controller import handoff
+from vt_lightning.controller.handoff import BackgroundWriter, finishes_at_end
+from vt_lightning.export.job import WindowResult
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "cpu_bound, started, left, step_s, held",
+    [
+        (True, False, 16, 0.035, True),  # the short run of benchmarks/short_run.py: 0.6 s to its end
+        (True, False, 0, 0.035, True),  # the window's last batch is the run's last
+        (True, False, 200, 0.035, False),  # 7 s of steps to go: the window's files would come too late
+        (True, True, 16, 0.035, False),  # a writer process runs already: nothing to save
+        (False, False, 16, 0.035, False),  # an accelerator: the writer started ahead, on a spare core
+        (True, False, None, 0.035, False),  # the run's end unknown (max_time, an iterable without length)
+        (True, False, 16, None, False),  # no step measured yet
+    ],
+)
+def test_only_a_cpu_window_near_a_known_end_is_held(cpu_bound, started, left, step_s, held):
+    assert finishes_at_end(cpu_bound, started, left, step_s) is held
+
+
+@pytest.mark.unit
+def test_the_rule_follows_its_switches(monkeypatch):
+    monkeypatch.setattr(handoff, "FINISH_AT_END_WITHIN_S", 0.0)
+    assert not finishes_at_end(True, False, 16, 0.035)
+    monkeypatch.setattr(handoff, "FINISH_AT_END_WITHIN_S", 5.0)
+    monkeypatch.setattr(handoff, "HAND_OFF_START_ON_CPU", False)  # the writer starts ahead: none to skip
+    assert not finishes_at_end(True, False, 16, 0.035)
+
+
+# ---------------------------------------------------------------- the writer's side, with fakes
+
+
+class _FakeProcess:
+    """Stands in for ``WriterProcess``: records the jobs it was given."""
+
+    started: ClassVar[list[_FakeProcess]] = []
+
+    def __init__(self) -> None:
+        self.jobs: list[Any] = []
+        self.pid = -1
+        _FakeProcess.started.append(self)
+
+    def call(self, job: Any) -> WindowResult:
+        self.jobs.append(job)
+        return _result(job)
+
+    def kill(self) -> None:
+        pass
+
+    def close(self, timeout: float | None = None) -> None:
+        pass
+
+
+def _result(job: Any) -> WindowResult:
+    return WindowResult(Path(job.run_dir) / "w.pt.trace.json.gz", 1, 1, 0, 0, overflow=False)
+
+
+class _Closed:
+    """A closed window whose raw dumps are complete at once."""
+
+    def __init__(self, index: int) -> None:
+        self.job = SimpleNamespace(
+            run_dir=Path(f"run{index}"), metadata={"window": index}, publish_to=None, torch_raw=None, python_raw=None,
+            extras={}, claim=None,
+        )  # fmt: skip
+        self.collected = threading.Event()
+
+    def collect(self) -> None:
+        self.collected.set()
+
+
+@pytest.fixture
+def writer(monkeypatch):
+    _FakeProcess.started = []
+    here: list[tuple[str, bool]] = []  # (thread name, collector enabled) of each in-process finish
+
+    def finish_here(job):
+        here.append((threading.current_thread().name, gc.isenabled()))
+        return _result(job)
+
+    monkeypatch.setattr(handoff, "WriterProcess", _FakeProcess)
+    monkeypatch.setattr(handoff, "finish_window", finish_here)
+    monkeypatch.setattr(handoff, "deliver", lambda job, result: result)
+    created = BackgroundWriter(max_in_flight=2, use_process=True, timeout=10)
+    created.finished_here = here  # type: ignore[attr-defined]
+    yield created
+    created.close()
+
+
+def _settled(future: Future[Any], within: float = 0.3) -> bool:
+    try:
+        future.result(timeout=within)
+    except Exception:
+        return future.done()
+    return True
+
+
+@pytest.mark.unit
+def test_a_held_window_waits_for_the_end_and_is_finished_on_the_writer_thread_without_a_process(writer):
+    closed = _Closed(0)
+    answer = writer.hand_off(closed, at_end=True)
+    assert not _settled(answer) and not closed.collected.is_set()  # held: nothing done while training runs
+    assert writer.drain() is True  # fit ends
+    assert isinstance(answer.result(timeout=0), WindowResult)
+    assert closed.collected.is_set() and _FakeProcess.started == []  # no writer process, ever
+    assert [(name.startswith("vt_lightning-writer"), enabled) for name, enabled in writer.finished_here] == [
+        (True, False)  # on the writer thread, with the collector paused
+    ]
+    assert gc.isenabled()  # and running again afterwards
+
+
+@pytest.mark.unit
+def test_a_later_window_releases_the_held_one_to_the_writer_process(writer):
+    held = writer.hand_off(_Closed(0), at_end=True)
+    later = writer.hand_off(_Closed(1))  # further from the end (a repeat): this one starts the process
+    assert _settled(held, within=10) and _settled(later, within=10)
+    assert len(_FakeProcess.started) == 1
+    assert [job.metadata["window"] for job in _FakeProcess.started[0].jobs] == [0, 1]
+    assert writer.finished_here == []
+
+
+@pytest.mark.unit
+def test_training_waiting_for_room_releases_the_held_window(writer):
+    writer.max_in_flight = 1
+    held = writer.hand_off(_Closed(0), at_end=True)
+    waited, room = writer.wait_for_room()  # the next window opens: it may not wait for the run's end
+    assert room and waited < 5
+    assert held.done() and len(_FakeProcess.started) == 1 and writer.finished_here == []
+
+
+@pytest.mark.unit
+def test_an_abandoned_writer_drops_its_held_window_without_finishing_it(writer):
+    held = writer.hand_off(_Closed(0), at_end=True)
+    for _ in range(500):  # until the writer thread holds it (else the abandon merely cancels it)
+        if held.running():
+            break
+        time.sleep(0.01)
+    assert held.running() and not held.done()
+    writer.abandon()
+    with pytest.raises(handoff.WriterAbandoned):
+        held.result(timeout=10)
+    assert writer.finished_here == [] and _FakeProcess.started == []
+    assert writer.drain() is True
+
+
+# ---------------------------------------------------------------- a real fit
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("within_s, processes", [(5.0, 0), (0.0, 1)])
+def test_a_short_cpu_fit_writes_its_last_window_without_a_writer_process(tmp_path, monkeypatch, within_s, processes):
+    started: list[int] = []
+    real = handoff.WriterProcess
+
+    def counted() -> Any:
+        process = real()
+        started.append(process.pid)
+        return process
+
+    monkeypatch.setattr(handoff, "WriterProcess", counted)
+    monkeypatch.setattr(handoff, "FINISH_AT_END_WITHIN_S", within_s)
+    cb = VizTraceCallback(wait=4, warmup=1, active=2, repeat=1)
+    make_trainer(tmp_path, [cb], max_steps=12).fit(MarkerModel(), loader())
+    assert len(started) == processes
+    (trace_path,) = trace_files(tmp_path)
+    trace = load_trace(trace_path)
+    assert marker_steps(trace) == {5, 6}  # the window's active batches, and only those
+    assert overlaps_without_nesting(trace) == []
+    assert any(e.get("cat") == "cpu_op" for e in trace["traceEvents"])  # torch's ops merged in
+    assert gc.isenabled()
+    assert not list(Path(tmp_path).rglob("*.tmp"))  # nothing half-written left
