@@ -89,7 +89,14 @@ def stage_timers(stages: Stages) -> Iterator[None]:
 
 def time_writer_jobs(cb: Any, out: list[tuple[int, int]]) -> None:
     """Record (begin, end) perf_counter_ns of every background window job of ``cb``: its writer
-    exists from setup on, so the wrapper goes onto the writer right after the controller's setup."""
+    exists from setup on, so the wrapper goes onto the writer right after the controller's setup.
+
+    The jobs timed are the writer process's, while training goes on: a CPU run's window near the
+    run's end would otherwise be held until fit ends (``handoff.FINISH_AT_END_WITHIN_S``), and the
+    benchmarks that stop once a job is done would run on to their step limit."""
+    from vt_lightning.controller import handoff
+
+    handoff.FINISH_AT_END_WITHIN_S = 0.0
     controller = cb._controller
     setup = controller.setup
 
@@ -100,10 +107,10 @@ def time_writer_jobs(cb: Any, out: list[tuple[int, int]]) -> None:
             return
         original = writer._finish
 
-        def timed(closed: Any) -> Any:
+        def timed(closed: Any, *how: Any) -> Any:
             begin = time.perf_counter_ns()
             try:
-                return original(closed)
+                return original(closed, *how)
             finally:
                 out.append((begin, time.perf_counter_ns()))
 
