@@ -90,13 +90,13 @@ def install_version_set(session: nox.Session, version_set: str) -> None:
     # uv leaves bytecode to the first import unless asked; pip compiles at install. Where bytecode is
     # never written (PYTHONDONTWRITEBYTECODE, as on the CI machine), every test subprocess would then
     # compile torch and Lightning again: the 3.10 session's parallel pass took 629 s instead of 286.
-    links = [*pip_find_links(), "--compile-bytecode"] if uv else []
+    uv_options = [*pip_find_links(), "--compile-bytecode"] if uv else []
     if version_set == "lower":
-        session.install("-q", *links, *LOWER_BOUNDS, "-e", ".[test]")
+        session.install("-q", *uv_options, *LOWER_BOUNDS, "-e", ".[test]")
     elif version_set == "pinned":  # with HTA (the ``analysis`` extra): tests/test_hta.py runs here
-        session.install("-q", *links, *CONSTRAINTS, "-e", ".[test,analysis]")
+        session.install("-q", *uv_options, *CONSTRAINTS, "-e", ".[test,analysis]")
     elif uv:  # newest: nothing pinned (uv reads no pip configuration, so no site-wide cap either)
-        session.install("-q", *links, "--upgrade", "-e", ".[test]")
+        session.install("-q", *uv_options, "--upgrade", "-e", ".[test]")
     else:  # newest: nothing pinned, not even by the machine's pip configuration
         session.install(
             "-q", "--upgrade", "--upgrade-strategy", "eager", "-e", ".[test]", env={"PIP_CONSTRAINT": os.devnull}

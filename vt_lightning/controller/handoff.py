@@ -39,7 +39,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
 from vt_lightning.controller.remote import deliver
 from vt_lightning.export.atomic import remove_stale_temporaries
-from vt_lightning.export.job import WindowResult
+from vt_lightning.export.job import WindowJob, WindowResult
 from vt_lightning.export.pipeline import finish_window, remove_raw
 
 # Imported here, on the thread that imports the package, never first on the writer thread: its
@@ -228,19 +228,21 @@ class BackgroundWriter:
         finished here."""
         job = closed.job
         generation = self._generation
+        here = False  # released by the run's end with no writer process: finish it on this thread
         if at_end:
             self._released.wait()
             if generation != self._generation:  # abandoned while held: its future is settled already
                 remove_raw(job)
                 raise WriterAbandoned("the writer was abandoned while this window was pending")
-            if self._ending and self.process is None:
-                return _finish_here(closed)
-        process = self.writer_process()  # first: its start-up overlaps torch's export below
+            here = self._ending and self.process is None
+        process = None if here else self.writer_process()  # first: its start-up overlaps torch's export
         try:
             closed.collect()
         except BaseException:
             remove_raw(job)
             raise
+        if here:
+            return _finish_with_collector_paused(job)
         if process is None:
             return finish_window(job)
         try:
@@ -373,17 +375,11 @@ class BackgroundWriter:
         self._released.set()
 
 
-def _finish_here(closed: ClosedWindow) -> WindowResult:
-    """A held window, finished on the writer thread once training stopped: with the collector
-    paused, as in the writer process (``writer_process._serve``): the window's events are acyclic,
+def _finish_with_collector_paused(job: WindowJob) -> WindowResult:
+    """A held window, finished on the writer thread once training stopped, with the collector
+    paused as in the writer process (``writer_process._serve``): the window's events are acyclic,
     and a full collection over training's heap, triggered by their allocations, cost a window there
     half its time. The collector stays paused only while this runs; training's thread is waiting."""
-    job = closed.job
-    try:
-        closed.collect()
-    except BaseException:
-        remove_raw(job)
-        raise
     was_enabled = gc.isenabled()
     gc.disable()
     try:
