@@ -143,11 +143,15 @@ def build_cpu_snapshot(trace_events: Iterable[Mapping[str, Any]], *, include_ops
             cat = event.get("cat")
             if cat != PYTHON_CATEGORY and not (include_ops and cat in OP_CATEGORIES):
                 continue
-            ts = _number(event.get("ts"))
+            ts = event.get("ts")
+            if type(ts) is not float:  # a merged trace's are (snapped floats): skip the checks
+                ts = _number(ts)
             name = event.get("name")
             if ts is None or not isinstance(name, str):
                 continue
-            dur = _number(event.get("dur")) or 0.0
+            dur = event.get("dur")
+            if type(dur) is not float:
+                dur = _number(dur) or 0.0
             calls_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append((ts, ts + max(dur, 0.0), name))
         elif ph == "i" and event.get("name") == "[memory]":
             args = event.get("args") or {}

@@ -13,7 +13,7 @@ import json
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -27,12 +27,6 @@ _SPACED_KEYS = ("distributedInfo",)
 # may open in one Python call and close in another, so they are not held to nesting.
 NESTED_TORCH_CATEGORIES = ("cpu_op",)
 ANNOTATION_PREFIXES = ("[pl]", "ProfilerStep#")  # ranges written as cpu_op that are annotations
-
-
-def _is_nested_op(event: dict[str, Any]) -> bool:
-    return event.get("cat") in NESTED_TORCH_CATEGORIES and not str(event.get("name", "")).startswith(
-        ANNOTATION_PREFIXES
-    )
 
 
 # Beyond the calibration's uncertainty, each tracer stamps an event a little after or before the
@@ -189,46 +183,64 @@ def _crossing_fix(ps: float, pe: float, es: float, ee: float) -> tuple[float, fl
 Thread = tuple[Any, Any]
 
 
-def _by_thread(
-    events: list[dict[str, Any]], is_other: Callable[[dict[str, Any]], bool]
-) -> tuple[dict[Thread, list[dict[str, Any]]], dict[Thread, list[dict[str, Any]]]]:
-    """X events per (pid, tid): the Python calls, and the torch events ``is_other`` selects."""
-    python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-    other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-    for event in events:
-        if event.get("ph") != "X":
-            continue
-        key = (event.get("pid"), event.get("tid"))
-        if event.get("cat") == PYTHON_CATEGORY:
-            python[key].append(event)
-        elif is_other(event):
-            other[key].append(event)
-    return python, other
+class ThreadSpans:
+    """One window's X events per (pid, tid), in the three kinds the nesting passes read: Python
+    calls, torch ops (which nest in the call that issued them) and annotation ranges (which need
+    not). Grouped once for all passes: each grouping is a pass over every event of the window."""
+
+    __slots__ = ("annotations", "ops", "python")
+
+    def __init__(self, events: Iterable[dict[str, Any]]) -> None:
+        self.python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+        self.ops: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+        self.annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+        for event in events:
+            if event.get("ph") != "X":
+                continue
+            cat = event.get("cat")
+            key = (event.get("pid"), event.get("tid"))
+            if cat == PYTHON_CATEGORY:
+                self.python[key].append(event)
+            elif cat == "user_annotation" or str(event.get("name", "")).startswith(ANNOTATION_PREFIXES):
+                self.annotations[key].append(event)  # opened and closed by Python calls, not nested
+            elif cat in NESTED_TORCH_CATEGORIES:
+                self.ops[key].append(event)
 
 
-def repair_boundaries(events: list[dict[str, Any]], tolerance_us: float) -> tuple[int, int]:
+def repair_boundaries(
+    events: list[dict[str, Any]], tolerance_us: float, threads: ThreadSpans | None = None
+) -> tuple[int, int]:
     """Resolve Python/torch spans of one thread that cross by at most ``tolerance_us``.
 
     Torch's timestamps are authoritative; a Python span (placed with the calibration's uncertainty)
     that crosses a torch span is moved by the smallest amount that makes them nest or not overlap.
     Returns (repaired, crossings larger than the tolerance, left as they are). Nothing is dropped.
+    ``threads``: ``events`` already grouped (``merge_trace`` groups once for every pass).
     """
-    python, ops = _by_thread(events, _is_nested_op)
-    torch_spans = {
-        key: [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in thread_ops] for key, thread_ops in ops.items()
-    }
+    threads = threads if threads is not None else ThreadSpans(events)
     repaired = unrepaired = 0
-    for key, py_events in python.items():
-        spans = torch_spans.get(key)
-        if not spans:
+    for key, py_events in threads.python.items():
+        thread_ops = threads.ops.get(key)
+        if not thread_ops:
             continue
+        spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in thread_ops]
         by_start = sorted(spans)
         starts = [s for s, _ in by_start]
         by_end = sorted(spans, key=lambda span: span[1])
         ends = [e for _, e in by_end]
+        edges = sorted(starts + ends)
+        last = len(edges)
         for event in py_events:
             ps = float(event["ts"])
             pe = ps + float(event["dur"])
+            # Most calls have no torch boundary within the tolerance of either of their own: the
+            # candidates below would be empty, so two searches settle them.
+            near_start = bisect_left(edges, ps - tolerance_us)
+            near_end = bisect_left(edges, pe - tolerance_us)
+            if (near_start == last or edges[near_start] > ps + tolerance_us) and (
+                near_end == last or edges[near_end] > pe + tolerance_us
+            ):
+                continue
             # A crossing that tolerance can fix puts some torch boundary near a Python boundary;
             # larger crossings are counted from spans starting inside the Python span.
             candidates = set()
@@ -254,15 +266,16 @@ def repair_boundaries(events: list[dict[str, Any]], tolerance_us: float) -> tupl
     return repaired, unrepaired
 
 
-def count_crossings(events: list[dict[str, Any]]) -> int:
+def count_crossings(events: list[dict[str, Any]], threads: ThreadSpans | None = None) -> int:
     """Python calls and torch ops of one thread that overlap without nesting (any amount)."""
-    by_thread: dict[tuple[Any, Any], list[tuple[float, float, bool]]] = defaultdict(list)
-    for event in events:
-        if event.get("ph") == "X" and (event.get("cat") == PYTHON_CATEGORY or _is_nested_op(event)):
-            start = float(event["ts"])
-            by_thread[(event.get("pid"), event.get("tid"))].append(
-                (start, start + float(event["dur"]), event.get("cat") == PYTHON_CATEGORY)
-            )
+    threads = threads if threads is not None else ThreadSpans(events)
+    by_thread: dict[Thread, list[tuple[float, float, bool]]] = defaultdict(list)
+    for kind, is_python in ((threads.python, True), (threads.ops, False)):
+        for key, thread_events in kind.items():
+            spans = by_thread[key]
+            for event in thread_events:
+                start = float(event["ts"])
+                spans.append((start, start + float(event["dur"]), is_python))
     crossings = 0
     for spans in by_thread.values():
         spans.sort(key=lambda span: (span[0], -span[1]))
@@ -277,11 +290,7 @@ def count_crossings(events: list[dict[str, Any]]) -> int:
     return crossings
 
 
-def _is_annotation(event: dict[str, Any]) -> bool:
-    return event.get("cat") == "user_annotation" or str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
-
-
-def untangle_annotations(events: list[dict[str, Any]]) -> int:
+def untangle_annotations(events: list[dict[str, Any]], threads: ThreadSpans | None = None) -> int:
     """Make Python calls nest with the annotation ranges they open or close.
 
     A range (``ProfilerStep#N``, ``[pl][...]``, a ``record_function``) starts inside the Python call
@@ -291,7 +300,8 @@ def untangle_annotations(events: list[dict[str, Any]]) -> int:
     that began inside the range starts at the range's end. The cut keeps its original bounds in
     ``args`` (``vt_lightning.ts`` / ``vt_lightning.dur``). Returns how many calls were cut.
     """
-    python, ranges = _by_thread(events, _is_annotation)
+    threads = threads if threads is not None else ThreadSpans(events)
+    python, ranges = threads.python, threads.annotations
     cuts: dict[int, tuple[dict[str, Any], float, float]] = {}
     for key, thread_ranges in ranges.items():
         calls = python.get(key)
@@ -372,9 +382,10 @@ def merge_trace(
     if "steps" in vt_metadata:
         drop_unrun_steps(events, vt_metadata["steps"])
     tolerance = calibration.uncertainty_us + STAMP_JITTER_US
-    repaired, _ = repair_boundaries(events, tolerance)
-    crossings = count_crossings(events)
-    untangled = untangle_annotations(events)
+    threads = ThreadSpans(events)
+    repaired, _ = repair_boundaries(events, tolerance, threads)
+    crossings = count_crossings(events, threads)
+    untangled = untangle_annotations(events, threads)
     snap_to_nanoseconds(events)
 
     merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
