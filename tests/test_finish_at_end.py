@@ -84,9 +84,15 @@ class _Closed:
             extras={}, claim=None,
         )  # fmt: skip
         self.collected = threading.Event()
+        self.in_process: bool | None = None  # how VizTracer's held dump was written
+        self.dropped = False
 
-    def collect(self) -> None:
+    def collect(self, *, in_process: bool = False) -> None:
+        self.in_process = in_process
         self.collected.set()
+
+    def drop(self) -> None:
+        self.dropped = True
 
 
 @pytest.fixture
@@ -123,6 +129,7 @@ def test_a_held_window_waits_for_the_end_and_is_finished_on_the_writer_thread_wi
     assert writer.drain() is True  # fit ends
     assert isinstance(answer.result(timeout=0), WindowResult)
     assert closed.collected.is_set() and _FakeProcess.started == []  # no writer process, ever
+    assert closed.in_process is True  # VizTracer's dump written here too: no fork of the finished run
     assert [(name.startswith("vt_lightning-writer"), enabled) for name, enabled in writer.finished_here] == [
         (True, False)  # on the writer thread, with the collector paused
     ]
@@ -131,12 +138,14 @@ def test_a_held_window_waits_for_the_end_and_is_finished_on_the_writer_thread_wi
 
 @pytest.mark.unit
 def test_a_later_window_releases_the_held_one_to_the_writer_process(writer):
-    held = writer.hand_off(_Closed(0), at_end=True)
+    first = _Closed(0)
+    held = writer.hand_off(first, at_end=True)
     later = writer.hand_off(_Closed(1))  # further from the end (a repeat): this one starts the process
     assert _settled(held, within=10) and _settled(later, within=10)
     assert len(_FakeProcess.started) == 1
     assert [job.metadata["window"] for job in _FakeProcess.started[0].jobs] == [0, 1]
     assert writer.finished_here == []
+    assert first.in_process is False  # training goes on: its dump is forked, not written on a thread of it
 
 
 @pytest.mark.unit
@@ -150,7 +159,8 @@ def test_training_waiting_for_room_releases_the_held_window(writer):
 
 @pytest.mark.unit
 def test_an_abandoned_writer_drops_its_held_window_without_finishing_it(writer):
-    held = writer.hand_off(_Closed(0), at_end=True)
+    closed = _Closed(0)
+    held = writer.hand_off(closed, at_end=True)
     for _ in range(500):  # until the writer thread holds it (else the abandon merely cancels it)
         if held.running():
             break
@@ -160,7 +170,21 @@ def test_an_abandoned_writer_drops_its_held_window_without_finishing_it(writer):
     with pytest.raises(handoff.WriterAbandoned):
         held.result(timeout=10)
     assert writer.finished_here == [] and _FakeProcess.started == []
+    assert closed.dropped and not closed.collected.is_set()  # its calls leave VizTracer's buffer unwritten
     assert writer.drain() is True
+
+
+@pytest.mark.unit
+def test_an_abandoned_writer_drops_a_held_window_still_queued(writer):
+    busy = threading.Event()
+    stuck = writer.submit(busy.wait, 10)  # the writer thread is busy: the held window stays queued
+    queued = _Closed(1)
+    held = writer.hand_off(queued, at_end=True)
+    assert not held.running()
+    writer.abandon()
+    busy.set()
+    assert held.cancelled() and queued.dropped and not queued.collected.is_set()
+    assert _settled(stuck, within=10)
 
 
 # ---------------------------------------------------------------- a real fit

@@ -36,10 +36,10 @@ def hand_off(ctl: WindowController, window: ProfilingWindow, reason: str | None,
     if trigger is not None:
         ctl.triggered_runs.append((destination.run_dir.name, trigger))
         del ctl.triggered_runs[: -messages.TRIGGERED_SHOWN]  # the latest are named at the end
-    closed = window.close(ctl.spool, destination)
+    at_end = finishes_at_end(runs.trains_on_cpu(ctl.run), ctl.writer.process_started, *_fit_remaining(ctl))
+    closed = window.close(ctl.spool, destination, hold_dump=at_end)  # held: even VizTracer's dump waits
     if closed is not None:
         ctl.windows_recorded += 1
-        at_end = finishes_at_end(runs.trains_on_cpu(ctl.run), ctl.writer.process_started, *_fit_remaining(ctl))
         ctl.inbox.expect(ctl.writer.hand_off(closed, at_end=at_end))
         ctl._quiet_until(ctl.next_look)  # look at the next batch start for the answer
 

@@ -110,6 +110,7 @@ class BackgroundWriter:
         self.blocked = 0.0  # seconds training has waited for this writer, over the whole run
         self._futures: list[Future[Any]] = []
         self._windows: dict[Future[Any], int] = {}  # window index of each pending hand-off
+        self._held: dict[Future[Any], ClosedWindow] = {}  # held hand-offs not done (abandon drops queued ones)
         self._lock = threading.Lock()
         self._generation = 0
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -196,6 +197,9 @@ class BackgroundWriter:
         if not at_end:
             self._release(ending=False)
         future = self.submit(self._finish, closed, at_end)
+        if at_end:
+            with self._lock:
+                self._held[future] = closed
         window = closed.job.metadata.get("window")
         if isinstance(window, int):
             self._windows[future] = window
@@ -232,12 +236,13 @@ class BackgroundWriter:
         if at_end:
             self._released.wait()
             if generation != self._generation:  # abandoned while held: its future is settled already
+                closed.drop()
                 remove_raw(job)
                 raise WriterAbandoned("the writer was abandoned while this window was pending")
             here = self._ending and self.process is None
         process = None if here else self.writer_process()  # first: its start-up overlaps torch's export
         try:
-            closed.collect()
+            closed.collect(in_process=self._ending)  # a held dump: here once training has stopped
         except BaseException:
             remove_raw(job)
             raise
@@ -270,6 +275,7 @@ class BackgroundWriter:
             self._futures = [f for f in self._futures if not f.done()]
             for done in [f for f in self._windows if f.done()]:
                 del self._windows[done]
+            self._held = {f: c for f, c in self._held.items() if not f.done()}
             return list(self._futures)
 
     def in_flight(self) -> int:
@@ -347,10 +353,14 @@ class BackgroundWriter:
             futures, self._futures = self._futures, []
             old_queue, self._queue = self._queue, queue.SimpleQueue()
             process, self.process = self.process, None
+            held, self._held = self._held, {}
         self._release(ending=False)  # a held window's thread wakes, sees the new generation and drops it
         old_queue.put(None)
         for future in futures:
-            if not future.cancel():
+            if future.cancel():
+                if future in held:  # never ran: its calls leave VizTracer's buffer unwritten
+                    held[future].drop()
+            else:
                 _settle(future, error=WriterAbandoned("the writer was abandoned while this window was pending"))
         if process is not None:
             process.kill()

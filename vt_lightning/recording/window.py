@@ -21,7 +21,7 @@ from vt_lightning.analysis.clock import ClockPair
 from vt_lightning.analysis.schedule import Window
 from vt_lightning.export.job import Destination, WindowJob
 from vt_lightning.recording.clock_probes import emit_markers, sample_pair
-from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler, wait_for_dump
+from vt_lightning.recording.pytracer import HeldDump, PythonTracer, foreign_profiler, wait_for_dump
 from vt_lightning.recording.rivals import RivalGuard, RivalProfiler
 from vt_lightning.recording.side import SideRecorder
 from vt_lightning.recording.spool import SpoolError
@@ -170,8 +170,12 @@ class ProfilingWindow:
         """The ``kind`` ranges recorded: the step each fell in and how long it took."""
         return list(self._range_log.get(kind, []))
 
-    def close(self, spool: str | os.PathLike[str], destination: Destination) -> ClosedWindow | None:
+    def close(
+        self, spool: str | os.PathLike[str], destination: Destination, *, hold_dump: bool = False
+    ) -> ClosedWindow | None:
         """Stop everything; return the job that writes the window (None if nothing was recorded).
+        ``hold_dump``: VizTracer's buffer is written when the job is collected, not now (a window
+        held to the run's end: ``pytracer.HeldDump``).
 
         Whatever goes wrong (or interrupts) on the way, every tracer and hook is off afterwards."""
         self.closed = True
@@ -205,7 +209,7 @@ class ProfilingWindow:
                 check_room(self.python.config.tracer_entries)
             stem = os.path.join(spool, f"w{self.window.index}-{os.getpid()}")
             python_raw = Path(f"{stem}.python.json")
-            dump_pid = self.python.dump(str(python_raw))
+            python_dump = self.python.dump(str(python_raw), hold=hold_dump)
         except BaseException:
             self.abort()
             raise
@@ -229,7 +233,7 @@ class ProfilingWindow:
             publish_to=destination.publish_to,
             extras=extras,
         )
-        return ClosedWindow(job, self.torch.save, dump_pid)
+        return ClosedWindow(job, self.torch.save, python_dump)
 
     def abort(self) -> None:
         """Stop every tracer and hook and drop what was recorded. Every step runs even if an earlier
@@ -315,18 +319,21 @@ class ClosedWindow:
 
     job: WindowJob
     export_torch: Callable[[str], None] | None  # torch's exporter: its results live in this process
-    python_dump_pid: int | None  # the forked child writing VizTracer's dump, to be reaped
+    # VizTracer's dump: the forked child writing it, to be reaped; or, held, still to be written
+    python_dump: int | HeldDump | None
 
-    def collect(self) -> None:
-        """Run torch's exporter and reap the dump child (on the writer thread, once). A failure
-        names the spool directory: the output directory is not at fault."""
+    def collect(self, *, in_process: bool = False) -> None:
+        """Run torch's exporter and complete VizTracer's dump (on the writer thread, once): reap its
+        child, or write a held one (``in_process``: here, training has stopped; else forked). A
+        failure names the spool directory: the output directory is not at fault."""
         job = self.job
         try:
             try:
                 if self.export_torch is not None:
                     self.export_torch(str(job.torch_raw))
             finally:
-                wait_for_dump(self.python_dump_pid)
+                dump = self.python_dump
+                wait_for_dump(dump.write(in_process=in_process) if isinstance(dump, HeldDump) else dump)
         except RivalProfiler:
             raise
         except Exception as err:
@@ -336,3 +343,8 @@ class ClosedWindow:
                 f"the raw dumps could not be written to the spool directory {spool} ({type(err).__name__}: "
                 f"{err}); free space there, or set `spool_dir` (or $TMPDIR) to a roomier disk",
             ) from err
+
+    def drop(self) -> None:
+        """The job is given up before ``collect``: a held dump's calls leave VizTracer's buffer."""
+        if isinstance(self.python_dump, HeldDump):
+            self.python_dump.drop()
