@@ -167,6 +167,25 @@ def test_python_under_a_torch_op_or_sleeping_is_not_python_bound() -> None:
     assert "python_bound" not in kinds(window(busy_python(6_000, blocking=True)))
 
 
+def test_an_op_bound_window_settles_python_bound_without_building_a_timeline(monkeypatch) -> None:
+    """The bound from spans alone (steps outside waits and ops) ends the rule where it cannot fire;
+    where it can, the timeline still decides (the busy loop above)."""
+    from vt_lightning.analysis import verdicts
+
+    built: list[int] = []
+    real = verdicts.Timeline
+
+    def counted(calls: Any) -> Any:
+        built.append(1)
+        return real(calls)
+
+    monkeypatch.setattr(verdicts, "Timeline", counted)
+    assert "python_bound" not in kinds(window(busy_python(6_000, under_op=True), step_us=7_500))  # ops: 87 %
+    assert built == []
+    assert "python_bound" in kinds(window(busy_python(6_000)))
+    assert built != []
+
+
 def test_slow_fetch_is_input_bound_not_python_bound() -> None:
     assert kinds(window(fetching(6_000, 5_000))) == ["input_bound"]
 

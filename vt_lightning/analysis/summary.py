@@ -78,8 +78,10 @@ def find_steps(events: Iterable[Mapping[str, Any]]) -> tuple[dict[int, Span], An
     steps: dict[int, Span] = {}
     thread = None
     for event in events:
+        if event.get("cat") not in ("user_annotation", "cpu_op"):  # first: most events are Python calls
+            continue
         number = _step_number(str(event.get("name", "")))
-        if number is None or event.get("cat") not in ("user_annotation", "cpu_op"):
+        if number is None:
             continue
         steps[number] = _span(event)
         thread = (event.get("pid"), event.get("tid"))

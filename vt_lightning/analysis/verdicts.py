@@ -379,9 +379,16 @@ def python_bound(w: Window, summary: Summary) -> Verdict | None:
     if bound is not None and (bound < PYTHON_BOUND_SHARE * step_ms or bound < PYTHON_BOUND_MIN_MS):
         return None
     ops = union(w.ops)  # torch ops, and CUDA runtime calls (blocked in a sync, a launch): not Python
+    outside_waits = _difference(w.step_spans, w.data_waits())
+    # The time counted below lies in the steps outside the waits and outside every op (the
+    # timeline's segments are disjoint): when even all of that is too little, the timeline (the
+    # rules' costliest structure) is never built. An op-bound step ends here.
+    most_us = sum(hi - lo for lo, hi in _difference(outside_waits, ops))
+    if _share(most_us, w.total_us) < PYTHON_BOUND_SHARE or w.per_step_ms(most_us) < PYTHON_BOUND_MIN_MS:
+        return None
     starts = [s for s, _ in ops]
     per_owner: dict[str, float] = defaultdict(float)
-    for (lo, hi), seg in w.timeline(w.thread).within(_difference(w.step_spans, w.data_waits())):
+    for (lo, hi), seg in w.timeline(w.thread).within(outside_waits):
         owner = seg[5]
         if owner:
             per_owner[owner] += max((hi - lo) - _overlap((lo, hi), ops, starts), 0.0)
