@@ -95,6 +95,9 @@ SERIAL_FILES = {
 }
 
 
+BENCHMARK_SMOKE_FILE = "test_benchmarks_smoke.py"  # marked ``benchmarks``: nox runs it on one Python
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """A run started in the background by a non-interactive shell (``nox &``, ``nohup … &``) inherits
     SIGINT ignored, and so would every subprocess of the tests that press Ctrl-C (they would never
@@ -114,6 +117,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             own = {FILE_TIERS[item.path.name]}
         if item.path.name in SERIAL_FILES:
             item.add_marker("serial")
+        if item.path.name == BENCHMARK_SMOKE_FILE:
+            item.add_marker("benchmarks")
         if len(own) != 1:
             problems.append(f"{item.nodeid}: tiers {sorted(own) or 'none'}")
     if problems:
