@@ -623,7 +623,7 @@ class _FakeTracer:
     def __getattr__(self, method):
         if method.startswith("__"):
             raise AttributeError(method)
-        return lambda *args: self.log.append(f"{self.name}.{method}")
+        return lambda *args, **kwargs: self.log.append(f"{self.name}.{method}")
 
     def clock_us(self):
         return time.perf_counter() * 1e6
