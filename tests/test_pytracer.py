@@ -567,3 +567,81 @@ def test_a_forked_child_never_writes_its_parents_held_dump(tracer, tmp_path):
     assert "held_work" not in _names(tmp_path / "child.json") and "child_work" in _names(tmp_path / "child.json")
     assert held.write(in_process=True) is None
     assert "held_work" in _names(tmp_path / "held.json") and "child_work" not in _names(tmp_path / "held.json")
+
+
+# ---------------------------------------------------------------- VizTracer's thread key at exit (thread_keys)
+
+LINUX = sys.platform.startswith("linux")
+
+
+def _getspecific() -> Any:
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.pthread_getspecific.restype = ctypes.c_void_p
+    libc.pthread_getspecific.argtypes = [ctypes.c_uint]
+    return libc.pthread_getspecific
+
+
+@pytest.mark.skipif(not LINUX, reason="the key is found through glibc's pthread keys")
+def test_the_key_noted_at_construction_holds_viztracers_thread_state():
+    """Deleting the wrong key would break another library's thread state: the noted one is set in a
+    thread exactly when VizTracer traced it."""
+    from vt_lightning.recording import thread_keys
+
+    before = thread_keys.noted_keys()
+    own = PythonTracer(PythonTracerConfig(tracer_entries=123_457))  # a VizTracer of its own
+    own.clock_us()  # builds it
+    (key,) = [k for k in thread_keys.noted_keys() if k not in before]
+    getspecific = _getspecific()
+    seen: dict[str, Any] = {}
+    work = named("thread_work")
+
+    def record(label: str) -> None:
+        work(10)
+        seen[label] = getspecific(key)
+
+    outside = threading.Thread(target=record, args=("outside a window",))
+    outside.start()
+    outside.join()
+    own.start()
+    inside = threading.Thread(target=record, args=("in a window",))
+    inside.start()
+    inside.join()
+    own.stop()
+    own.discard()
+    assert seen == {"outside a window": None, "in a window": seen["in a window"]} and seen["in a window"]
+
+
+EXIT_SCRIPT = """
+import atexit, ctypes, sys
+libc = ctypes.CDLL(None)
+libc.pthread_getspecific.restype = ctypes.c_void_p
+libc.pthread_getspecific.argtypes = [ctypes.c_uint]
+found = {}
+atexit.register(lambda: print("after exit:", libc.pthread_getspecific(found["key"]), flush=True))  # runs last
+from vt_lightning.recording import thread_keys
+from vt_lightning.recording.pytracer import PythonTracer, PythonTracerConfig
+tracer = PythonTracer(PythonTracerConfig(tracer_entries=10_000))
+tracer.start()
+sum(range(10))
+tracer.stop()
+(found["key"],) = thread_keys.noted_keys()
+print("during the run:", libc.pthread_getspecific(found["key"]) is not None, flush=True)
+"""
+
+
+@pytest.mark.system
+@pytest.mark.skipif(not LINUX, reason="the key is found through glibc's pthread keys")
+def test_viztracers_thread_key_is_deleted_before_the_interpreter_finalizes():
+    """Its destructor takes the GIL: a thread that exits after finalization (torch's autograd device
+    thread after a compiled backward ran Python in a window) crashed the process (thread_keys.py)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["during the run: True", "after exit: None"], proc.stdout

@@ -43,7 +43,12 @@ def lingering_threads() -> list[str]:
 
 
 def child_processes() -> list[str]:
-    """This process's children, reaped or not (a zombie counts): ``pid state command``."""
+    """This process's Python children, reaped or not (a zombie counts): ``pid state command``.
+    Ours are Python (the writer process, VizTracer's dump children, forks of this one); others are
+    the environment's: Lightning's MPI detection starts Open MPI's ``orted`` where mpi4py is
+    installed, and torch keeps ``addr2line`` processes for the C++ frames of CUDA memory stacks."""
+    with open("/proc/self/comm") as f:
+        own = f.read().strip()
     children = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
@@ -54,7 +59,7 @@ def child_processes() -> list[str]:
         except OSError:
             continue
         command, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        if int(rest[1]) == os.getpid():  # rest: state, ppid, ...
+        if int(rest[1]) == os.getpid() and (command == own or command.startswith("python")):  # rest: state, ppid
             children.append(f"{entry} {rest[0]} {command}")
     return children
 

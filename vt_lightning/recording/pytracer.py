@@ -19,6 +19,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from vt_lightning.recording import thread_keys
 from vt_lightning.recording.rivals import own_calls
 from vt_lightning.recording.thread_hooks import (
     NEEDS_THREAD_CLEANUP,
@@ -265,6 +266,7 @@ def _release_tracers_at_exit() -> None:
         except Exception:  # pragma: no cover - best effort at exit
             pass
     _TRACERS.clear()
+    thread_keys.delete_keys()  # no thread-state destructor may run after finalization (thread_keys.py)
 
 
 atexit.register(_release_tracers_at_exit)
@@ -522,7 +524,7 @@ class PythonTracer:
             key = _config_key(self.config)
             self._tracer = _TRACERS.get(key)
             if self._tracer is None:
-                self._tracer = _TRACERS[key] = self._build_tracer()
+                self._tracer = _TRACERS[key] = thread_keys.build_noting_key(self._build_tracer)
         return self._tracer
 
     def _build_tracer(self) -> Any:

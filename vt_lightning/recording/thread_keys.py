@@ -1,0 +1,77 @@
+"""VizTracer's per-thread key, deleted before the interpreter finalizes.
+
+VizTracer keeps each traced thread's state under a pthread key whose destructor takes the GIL
+(``snaptrace_threaddestructor``: ``PyGILState_Ensure``) and is never deleted, not even with its
+tracer. A thread that is not Python's own but ran Python code in a window keeps that state until
+it exits, and torch's autograd device threads (``pt_autograd_0``: a compiled model's backward is
+Python) exit only when torch's engine is torn down, after ``Py_Finalize``. The destructor then
+crashed the process: a torch.compile'd CUDA job exited with SIGSEGV after writing every file
+(Python 3.12.3, torch 2.11, VizTracer 1.1.1, H200; backtrace in ``snaptrace_threaddestructor`` on
+``pt_autograd_0``). A deleted key's destructor never runs (POSIX), and the states it leaves are a
+few hundred bytes per thread at exit.
+
+VizTracer does not expose the key. Its constructor creates exactly one, so the key is found by
+bracketing the construction with two keys of our own: glibc and musl hand out the lowest free
+index, and when the two brackets are exactly two apart, the one between is VizTracer's. Anything
+else (another thread creating a key meanwhile, another platform) and nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_keys: list[int] = []  # VizTracer's keys, to delete at exit
+_libc: Any = None
+
+
+def _pthread() -> Any:
+    """libc's pthread key functions (Linux only), or None."""
+    global _libc
+    if _libc is None and sys.platform.startswith("linux"):
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _libc.pthread_key_create.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.c_void_p]
+            _libc.pthread_key_delete.argtypes = [ctypes.c_uint]
+        except (OSError, AttributeError):
+            _libc = False
+    return _libc or None
+
+
+def build_noting_key(build: Callable[[], T]) -> T:
+    """``build()`` (which constructs a VizTracer), noting the pthread key it created."""
+    libc = _pthread()
+    if libc is None:
+        return build()
+    before, after = ctypes.c_uint(), ctypes.c_uint()
+    if libc.pthread_key_create(ctypes.byref(before), None) != 0:
+        return build()
+    have_after = False
+    try:
+        built = build()
+    finally:
+        have_after = libc.pthread_key_create(ctypes.byref(after), None) == 0
+        libc.pthread_key_delete(before)
+        if have_after:
+            libc.pthread_key_delete(after)
+    if have_after and after.value - before.value == 2:
+        _keys.append(before.value + 1)
+    return built
+
+
+def noted_keys() -> list[int]:
+    return list(_keys)
+
+
+def delete_keys() -> None:
+    """Delete the noted keys (at exit, once every tracer is stopped: nothing reads them any more)."""
+    libc = _pthread()
+    if libc is None:
+        return
+    while _keys:
+        libc.pthread_key_delete(_keys.pop())
