@@ -143,7 +143,7 @@ SERIAL_PASS = ("--durations", "10")
 
 # What each interpreter runs: shorter CI (its target is about 30 minutes on the 2-core CI machine;
 # a fresh clone took 51 min with the whole suite everywhere, 38 with the system tier on three of the
-# four) without a version set losing a tier. Every tier runs at both ends of the declared range,
+# four, 33 with it on two) without a version set losing a tier. Every tier runs at both ends of the declared range,
 # where a version set is tested alone: 3.10 (lower bounds) and 3.13 (newest). The pinned set in
 # between runs the in-process tiers (unit, integration: the Trainer, the files, the real parsers,
 # HTA) on both its interpreters; the system tier (subprocesses, DDP, signals, the TensorBoard
