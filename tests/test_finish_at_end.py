@@ -85,14 +85,14 @@ class _Closed:
         )  # fmt: skip
         self.collected = threading.Event()
         self.in_process: bool | None = None  # how VizTracer's held dump was written
-        self.dropped = False
+        self.dropped = threading.Event()
 
     def collect(self, *, in_process: bool = False) -> None:
         self.in_process = in_process
         self.collected.set()
 
     def drop(self) -> None:
-        self.dropped = True
+        self.dropped.set()
 
 
 @pytest.fixture
@@ -170,7 +170,8 @@ def test_an_abandoned_writer_drops_its_held_window_without_finishing_it(writer):
     with pytest.raises(handoff.WriterAbandoned):
         held.result(timeout=10)
     assert writer.finished_here == [] and _FakeProcess.started == []
-    assert closed.dropped and not closed.collected.is_set()  # its calls leave VizTracer's buffer unwritten
+    # The future is settled at the abandon; the held thread wakes after it and drops the window.
+    assert closed.dropped.wait(10) and not closed.collected.is_set()  # its calls leave VizTracer's buffer unwritten
     assert writer.drain() is True
 
 
@@ -183,7 +184,7 @@ def test_an_abandoned_writer_drops_a_held_window_still_queued(writer):
     assert not held.running()
     writer.abandon()
     busy.set()
-    assert held.cancelled() and queued.dropped and not queued.collected.is_set()
+    assert held.cancelled() and queued.dropped.is_set() and not queued.collected.is_set()  # dropped by abandon itself
     assert _settled(stuck, within=10)
 
 
