@@ -493,32 +493,28 @@ def _names(path: Path) -> set[str]:
     return {e["name"].split(" ")[0] for e in calls(load(path))}
 
 
-def test_a_held_dump_writes_nothing_at_close_and_everything_when_written_in_process(tracer, tmp_path):
-    held_work = named("held_work")
+def _record(tracer: PythonTracer, name: str) -> None:
+    """One window in which a function called ``name`` runs."""
     tracer.start()
-    held_work(10)
+    named(name)(10)
     tracer.stop()
+
+
+def test_a_held_dump_writes_nothing_at_close_and_everything_when_written_in_process(tracer, tmp_path):
+    _record(tracer, "held_work")
     held = tracer.dump(str(tmp_path / "held.json"), hold=True)
     assert not (tmp_path / "held.json").exists()  # nothing written, nothing forked at the close
     assert held.write(in_process=True) is None  # written on this thread: no child to reap
     assert "held_work" in _names(tmp_path / "held.json")
-    later_work = named("later_work")
-    tracer.start()
-    later_work(10)
-    tracer.stop()
+    _record(tracer, "later_work")
     wait_for_dump(tracer.dump(str(tmp_path / "later.json")))
     assert "held_work" not in _names(tmp_path / "later.json")  # the buffer was emptied by the write
 
 
 def test_the_next_window_writes_a_held_dump_before_it_records(tracer, tmp_path):
-    held_work, next_work = named("held_work"), named("next_work")
-    tracer.start()
-    held_work(10)
-    tracer.stop()
+    _record(tracer, "held_work")
     held = tracer.dump(str(tmp_path / "held.json"), hold=True)
-    tracer.start()  # the buffer is needed again: the held calls are dumped (forked) first
-    next_work(10)
-    tracer.stop()
+    _record(tracer, "next_work")  # the buffer is needed again: the held calls are dumped (forked) first
     wait_for_dump(tracer.dump(str(tmp_path / "next.json")))
     pid = held.write(in_process=True)  # the job comes later: it reaps the child the start forked
     assert pid is not None
@@ -528,15 +524,10 @@ def test_the_next_window_writes_a_held_dump_before_it_records(tracer, tmp_path):
 
 
 def test_a_dropped_held_dump_is_never_written_and_leaves_the_buffer(tracer, tmp_path):
-    held_work, next_work = named("held_work"), named("next_work")
-    tracer.start()
-    held_work(10)
-    tracer.stop()
+    _record(tracer, "held_work")
     held = tracer.dump(str(tmp_path / "held.json"), hold=True)
     held.drop()
-    tracer.start()
-    next_work(10)
-    tracer.stop()
+    _record(tracer, "next_work")
     wait_for_dump(tracer.dump(str(tmp_path / "next.json")))
     assert not (tmp_path / "held.json").exists()
     assert _names(tmp_path / "next.json") >= {"next_work"} and "held_work" not in _names(tmp_path / "next.json")
@@ -546,18 +537,13 @@ def test_a_dropped_held_dump_is_never_written_and_leaves_the_buffer(tracer, tmp_
 def test_a_forked_child_never_writes_its_parents_held_dump(tracer, tmp_path):
     """A DataLoader worker forked while a window is held inherits the buffer: the calls are the
     parent's to write, so the child's copy is emptied and the child's own window holds only its own."""
-    held_work, child_work = named("held_work"), named("child_work")
-    tracer.start()
-    held_work(10)
-    tracer.stop()
+    _record(tracer, "held_work")
     held = tracer.dump(str(tmp_path / "held.json"), hold=True)
     pid = os.fork()
     if pid == 0:  # the child: record and dump its own window, as a worker does
         code = 1
         try:
-            tracer.start()
-            child_work(10)
-            tracer.stop()
+            _record(tracer, "child_work")
             wait_for_dump(tracer.dump(str(tmp_path / "child.json")))
             code = 0 if not (tmp_path / "held.json").exists() else 2
         finally:

@@ -159,10 +159,16 @@ class HeldDump:
         self._pid: int | None = None
         _held_dumps[id(self.viz)] = self
 
+    def _claim(self) -> bool:
+        """Whether the calls were still unwritten (then the caller writes or drops them); under the lock."""
+        if self._written:
+            return False
+        self._written = True
+        _held_dumps.pop(id(self.viz), None)
+        return True
+
     def _write(self, *, in_process: bool) -> None:
-        if not self._written:
-            self._written = True
-            _held_dumps.pop(id(self.viz), None)
+        if self._claim():
             self._pid = self._tracer._write_dump(self.path, fork=not in_process)
 
     def flush(self) -> None:
@@ -182,9 +188,7 @@ class HeldDump:
         """The window is given up: its calls leave the buffer unwritten (a child already forked
         for them is reaped; its file goes with the window's other raw dumps)."""
         with self._lock:
-            if not self._written:
-                self._written = True
-                _held_dumps.pop(id(self.viz), None)
+            if self._claim():
                 self.viz.clear()
             pid, self._pid = self._pid, None
         try:

@@ -51,7 +51,6 @@ def build_noting_key(build: Callable[[], T]) -> T:
     before, after = ctypes.c_uint(), ctypes.c_uint()
     if libc.pthread_key_create(ctypes.byref(before), None) != 0:
         return build()
-    have_after = False
     try:
         built = build()
     finally:
