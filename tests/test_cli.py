@@ -425,3 +425,30 @@ def test_env_switch_off_imports_nothing(tmp_path):
     )
     proc = _run(["-c", code], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------------------------
+# The `vt-lightning` command's arguments, on whichever jsonargparse this session installed (nox
+# installs 4.33.2 on 3.10, 4.41.0 on 3.12 — what `pip install litgpt` brings —, the newest on 3.13).
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["summary"], ["view", "--no-browser"]])
+def test_command_without_a_target_reads_the_current_directory(argv, tmp_path, monkeypatch, capsys):
+    """jsonargparse 4.38.0-4.46.0 refuse a positional argument with a default: the command must
+    still build its parser there, and an omitted target still means the current directory."""
+    from vt_lightning.cli.command import EXIT_NOT_FOUND, main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == EXIT_NOT_FOUND
+    err = capsys.readouterr().err
+    assert err.startswith(f"vt-lightning {argv[0]}: .: "), err
+    assert "Traceback" not in err
+
+
+def test_command_target_given_is_read(tmp_path, capsys):
+    from vt_lightning.cli.command import EXIT_NOT_FOUND, main
+
+    missing = tmp_path / "no_such_run"
+    assert main(["summary", str(missing), "--json"]) == EXIT_NOT_FOUND
+    assert f"vt-lightning summary: {missing}: no such file or directory" in capsys.readouterr().err

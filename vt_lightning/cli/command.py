@@ -61,6 +61,7 @@ from vt_lightning.export.terminal import json_for_terminal, printable, printable
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1  # nothing readable where the user pointed, or a file refused
 EXIT_INTERRUPTED = 130
+CURRENT_DIR = "."  # what `summary` and `view` read when no target is given
 
 Warn = Callable[[UnreadableFile], None]
 
@@ -82,7 +83,9 @@ def _parser() -> Any:
     )
 
     summary = ArgumentParser(description="Print every window's summary found under LOGDIR.")
-    summary.add_argument("logdir", nargs="?", default=".", help="a log dir, run dir, window dir, trace or summary file")
+    # Optional positionals carry no default: jsonargparse 4.38.0-4.46.0 refuse one ("Positional arguments not
+    # allowed to have a default value"), so an omitted one is None and ``main`` reads it as CURRENT_DIR.
+    summary.add_argument("logdir", nargs="?", help="a log dir, run dir, window dir, trace or summary file (default .)")
     summary.add_argument("--json", action="store_true", default=False, help="print the summaries as JSON (a list)")
     summary.add_argument("--max-memory-mb", type=PositiveInt, default=DEFAULT_MEMORY_BUDGET // MIB, help=memory_help)
     commands.add_subcommand("summary", summary, help="print every window's summary")
@@ -96,7 +99,7 @@ def _parser() -> Any:
     commands.add_subcommand("diff", diff, help="compare two windows or two runs")
 
     view = ArgumentParser(description="Open the latest (or the given) window in vizviewer's bundled Perfetto UI.")
-    view.add_argument("target", nargs="?", default=".", help="a log dir (its latest window) or a trace file")
+    view.add_argument("target", nargs="?", help="a log dir (its latest window) or a trace file (default .)")
     view.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default 0: a random free port)")
     view.add_argument("--no-browser", action="store_true", default=False, help="only serve; do not open a browser")
     commands.add_subcommand("view", view, help="open a window in the Perfetto UI (offline)")
@@ -387,11 +390,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     try:
         if command == "summary":
-            return run_summary(options.logdir, options.json, options.max_memory_mb)
+            return run_summary(options.logdir or CURRENT_DIR, options.json, options.max_memory_mb)
         if command == "diff":
             return run_diff(options.a, options.b, options.top, options.json, options.max_memory_mb)
         if command == "view":
-            return run_view(options.target, options.port, not options.no_browser)
+            return run_view(options.target or CURRENT_DIR, options.port, not options.no_browser)
     except SummaryNotFound as err:
         _err(f"vt-lightning {command}: {err}")
         return EXIT_NOT_FOUND
