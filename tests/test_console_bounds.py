@@ -109,3 +109,27 @@ def test_end_of_run_says_where_the_full_table_is_and_it_holds_every_window(tmp_p
         assert len(rows) == 2 + windows + 2  # title, header, a row per window, median and p90
         assert f"all {windows} windows" in rows[0]
     assert len(printed[10]) == len(printed[500]), printed
+
+
+def test_end_of_run_prints_normalised_paths(tmp_path, monkeypatch, caplog):
+    """`../.venv/bin/python train.py` with a log dir given as `../logs`: the printed commands name
+    plain absolute paths, with no `..` in them, that work when pasted from any directory."""
+    import sys
+
+    from vt_lightning.controller import messages
+
+    monkeypatch.setattr(report, "rich_available", lambda: False)
+    monkeypatch.setattr(sys, "executable", "/opt/project/examples/../.venv/bin/python")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "examples").mkdir()
+    monkeypatch.chdir(tmp_path / "examples")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    outcomes = Outcomes(lambda key, message: None, tracer_entries=1000)
+    outcomes.start(spool, lambda *args: None, keep_windows=None)
+    outcomes.receive([result(tmp_path, 0, 1.0)])
+    with caplog.at_level("INFO"):
+        messages.end_of_run(Path("../logs"), outcomes, [], "fit")
+    said = caplog.text
+    assert f"summary: /opt/project/.venv/bin/python -m vt_lightning summary {tmp_path / 'logs'}\n" in said, said
+    assert "/../" not in said and "/./" not in said, said

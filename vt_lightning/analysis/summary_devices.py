@@ -118,7 +118,7 @@ def memory_summary(
     devices: dict[str, DeviceMemory] = {}
     for label, p in ordered:
         device = DeviceMemory(peak_allocated_mb=round(p["allocated"] / 2**20, 3))
-        if p["reserved"]:
+        if p["reserved"] and not label.startswith(_DEVICE_NAMES[0]):  # only a caching allocator reserves
             device["peak_reserved_mb"] = round(p["reserved"] / 2**20, 3)
         devices[label] = device
     main = next(iter(devices.values()), DeviceMemory())

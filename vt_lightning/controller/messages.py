@@ -4,6 +4,7 @@ end-of-run table and the commands that open the files. Texts only; the controlle
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -96,7 +97,8 @@ TRIGGERED_SHOWN = 5  # triggered windows named at the end of a run (the latest)
 def print_end_of_run(root: Path | None, outcomes: Any, triggered: list[str], stage: str | None = None) -> None:
     """The windows' table (the same size for any number of windows), why the latest triggered
     windows opened, and commands that work without an activated venv."""
-    command = f"{sys.executable} -m vt_lightning"
+    python = os.path.normpath(sys.executable)  # `../.venv/bin/python train.py` gives a path with `..` in it
+    command = f"{python} -m vt_lightning"
     history = outcomes.history
     full_table = outcomes.table.write(root, stage, history) if outcomes.table is not None else None
     if history.step.count or history.first:
@@ -109,14 +111,14 @@ def print_end_of_run(root: Path | None, outcomes: Any, triggered: list[str], sta
     if len(triggered) > TRIGGERED_SHOWN:
         triggered = [f"... {len(triggered) - TRIGGERED_SHOWN} earlier triggered windows", *triggered[-TRIGGERED_SHOWN:]]
     deleted = f" ({history.deleted} older ones deleted by keep_windows)" if history.deleted else ""
-    where = root.absolute() if isinstance(root, Path) else root  # commands that work from any directory
+    where = Path(os.path.abspath(root)) if isinstance(root, Path) else root  # works from any directory
     rank_zero_info(
         f"vt_lightning: {history.count} window trace(s) in {where}{deleted}\n"
         + "".join(f"  {line}\n" for line in triggered)
         + (f"  table:   {full_table}  (every window)\n" if full_table else "")
         + f"  summary: {command} summary {where}\n"
         f"  view:    {command} view {where}   (Perfetto UI, offline)\n"
-        f"  or:      {sys.executable} -m tensorboard.main --logdir {where}  (PyTorch Profiler tab)"
+        f"  or:      {python} -m tensorboard.main --logdir {where}  (PyTorch Profiler tab)"
     )
 
 
