@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,8 @@ from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
 from vt_lightning import VizTraceCallback
 from vt_lightning.analysis.clock import Calibration, ClockPair
 from vt_lightning.analysis.merge import encode_trace, merge_trace
-from vt_lightning.export.report import hta_trace_files
+from vt_lightning.export.hta import gpu_breakdowns_missing
+from vt_lightning.export.report import hta_trace_files, summary_names
 
 hta = pytest.importorskip(
     "hta.trace_analysis", reason="HolisticTraceAnalysis is not installed (pip install 'vt-lightning[analysis]')"
@@ -36,6 +38,19 @@ def test_hta_reads_the_rank_of_a_window_without_ddp(tmp_path: Path, caplog: pyte
     assert list(analysis.t.get_ranks()) == [0]
     assert analysis.t.trace_files == {0: str(trace)}  # not the summary.json beside it
     _no_rank_guess(caplog)
+
+    # docs/viewing.md: on a CPU window HTA's GPU breakdowns raise a bare IndexError; we say why first.
+    with pytest.raises(IndexError):
+        analysis.get_temporal_breakdown(visualize=False)
+    said = gpu_breakdowns_missing(trace.parent)
+    assert said is not None and "no GPU kernels were recorded (a CPU run)" in said and "\n" not in said
+    summary_path = trace.parent / summary_names(trace.name)[0]
+    summary = json.loads(summary_path.read_text())
+    summary["gpu"] = {"devices": ["cuda:0"], "busy_percent": 50.0, "kernel_ms": 1.0, "wall_ms": 2.0, "idle_gaps": []}
+    summary_path.write_text(json.dumps(summary))
+    assert gpu_breakdowns_missing(trace.parent) is None
+    summary_path.unlink()
+    assert "no summary beside" in (gpu_breakdowns_missing(trace.parent) or "")
 
 
 def _cuda_window(rank: int) -> dict[str, Any]:
