@@ -1,7 +1,7 @@
 """Where did the step go? One window's summary, computed from its merged trace dict.
 
 Pure: a merged trace (and, optionally, its memory snapshot) in, a JSON-ready dict out. Runs in the
-writer process (``finish.finish_window``), never on the training thread. The dict's layout is the
+writer process (``export/pipeline.finish_window``), never on the training thread. The dict's layout is the
 stable, versioned schema documented in docs/files.md; ``SCHEMA_VERSION`` changes whenever a key
 changes meaning or disappears (new keys may be added within a version).
 
@@ -30,11 +30,11 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  # re-exported
-from vt_lightning.analysis.breakdown import attribute_step, reported, stage_ranges
+from vt_lightning.analysis.breakdown import attribute_step, reported
 from vt_lightning.analysis.compile import compile_summary
 from vt_lightning.analysis.schema import (
     SCHEMA_VERSION,
@@ -49,43 +49,21 @@ from vt_lightning.analysis.spans import Span
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.spans import percentile as _percentile
 from vt_lightning.analysis.spans import span_of as _span
-from vt_lightning.analysis.spans import x_events as _x_events
+from vt_lightning.analysis.steps import find_steps as find_steps  # re-exported
+from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
-from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.usercode import GENERATED, code_origin, parse_function
 from vt_lightning.analysis.verdicts import find_verdicts
-from vt_lightning.constants import PL_PREFIX, PYTHON_CATEGORY, STEP_PREFIX, TRACE_METADATA_KEY
+from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, PYTHON_CATEGORY
 
-ANNOTATION_PREFIXES = (PL_PREFIX, STEP_PREFIX, TRACE_METADATA_KEY)
 TOP_PYTHON = 10  # entries per list, user code first
 TOP_UNFOLDED = 3  # package functions this high in a ranking keep their own line
 TOP_OPS = 10
 TOTALS_MIN_US = 1.0  # per step: ``totals`` list everything at least this long...
 TOTALS_MAX = 200  # ...up to about this many entries (the threshold rises to keep the file small)
+FOLDED_ORIGINS = ("package", GENERATED)  # folded to one line per package in the rankings
+GENERATED_PACKAGE = "torch.compile generated code"  # the one line of every compiler-generated function
 COVERED_KEYS = ["step_ms", "breakdown_ms", "top_python", "top_ops"]
-
-
-def _step_number(name: str) -> int | None:
-    if not name.startswith(STEP_PREFIX):
-        return None
-    try:
-        return int(name[len(STEP_PREFIX) :])
-    except ValueError:
-        return None
-
-
-def find_steps(events: Iterable[Mapping[str, Any]]) -> tuple[dict[int, Span], Any]:
-    """``{step: (start, end)}`` from ``ProfilerStep#N`` ranges, and the (pid, tid) they are on."""
-    steps: dict[int, Span] = {}
-    thread = None
-    for event in events:
-        if event.get("cat") not in ("user_annotation", "cpu_op"):  # first: most events are Python calls
-            continue
-        number = _step_number(str(event.get("name", "")))
-        if number is None:
-            continue
-        steps[number] = _span(event)
-        thread = (event.get("pid"), event.get("tid"))
-    return dict(sorted(steps.items())), thread
 
 
 def _clipped(start: float, end: float, region: Span | None) -> Span | None:
@@ -179,8 +157,10 @@ def python_stats(
             if fstat is None:
                 function, path, line = parse_function(name)
                 origin, package = code_origin(path)
+                if origin == GENERATED:  # a compiler's modules fold to one line, like a package's
+                    package = GENERATED_PACKAGE
                 info[name] = {"function": function, "file": path, "line": line, "origin": origin, "package": package}
-                package_of[name] = f"package:{package}" if origin == "package" else ""
+                package_of[name] = f"package:{package}" if origin in FOLDED_ORIGINS else ""
                 fstat = functions[name] = _Stat()
             pkey = package_of[name]
             fstat.calls += 1
@@ -242,7 +222,7 @@ def top_python(
             meta = info[name]
             if meta["origin"] == "user":
                 user.append(_entry(name, functions[name], meta, steps))
-            elif meta["origin"] == "package" and name not in keep_whole:
+            elif meta["origin"] in FOLDED_ORIGINS and (name not in keep_whole or meta["origin"] == GENERATED):
                 folded_packages.add(meta["package"])
             else:
                 other.append(_entry(name, functions[name], meta, steps))
@@ -253,7 +233,7 @@ def top_python(
                     "function": f"{package} (folded)",
                     "file": None,
                     "line": None,
-                    "origin": "package",
+                    "origin": GENERATED if package == GENERATED_PACKAGE else "package",
                     "package": package,
                     "folded": len(stat.functions),
                     "calls": stat.calls,
@@ -281,7 +261,7 @@ def top_python(
 
 
 def _is_op(event: Mapping[str, Any]) -> bool:
-    return event.get("cat") == "cpu_op" and not str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
+    return event.get("cat") == CPU_OP_CATEGORY and not str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
 
 
 def top_ops(
@@ -385,13 +365,10 @@ def _ops_by_kernel(
 
 def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | None = None) -> Summary:
     """The summary of one merged window trace (see the module docstring and docs/files.md)."""
-    meta = trace.get(TRACE_METADATA_KEY) or {}
-    events = _x_events(trace)
-    steps, thread = find_steps(events)
+    data = read_window(trace)
+    meta, events, steps, thread, ranges = data.meta, data.events, data.steps, data.thread, data.ranges
     recorded = list(steps)
-    counted = recorded[1:] if len(recorded) > 1 else recorded  # the first step misses its fetch
-    user_hooks = meta.get("user_hooks")
-    ranges, source, hooks = stage_ranges(events, thread, user_hooks if isinstance(user_hooks, dict) else None)
+    counted = data.counted  # the first step misses its fetch
     per_step: dict[int, float] = {n: steps[n][1] - steps[n][0] for n in recorded}
     parts: dict[str, float] = defaultdict(float)
     for n in counted:
@@ -420,8 +397,8 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
             "recorded": recorded,
             "counted": counted,
             "ms": {str(n): _ms(per_step[n]) for n in recorded},
-            "breakdown_source": source,
-            "user_hooks": hooks,
+            "breakdown_source": data.breakdown_source,
+            "user_hooks": data.user_hooks,
         },
         "step_ms": {
             "mean": _ms(sum(durations) / count) if durations else None,
@@ -441,7 +418,5 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
         "memory": memory_summary(all_events, memory_snapshot),
         "compile": compile_summary(meta.get("compile"), events, steps),  # torch.compile (analysis/compile.py)
     }
-    summary["verdicts"] = find_verdicts(
-        trace, summary, memory_snapshot, events=events, steps=steps, thread=thread, ranges=ranges
-    )
+    summary["verdicts"] = find_verdicts(data, summary, memory_snapshot)
     return summary
