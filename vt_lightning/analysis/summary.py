@@ -45,14 +45,14 @@ from vt_lightning.analysis.schema import (
     TopPython,
     Totals,
 )
-from vt_lightning.analysis.spans import Span
+from vt_lightning.analysis.spans import Span, launches_by_correlation
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.spans import percentile as _percentile
 from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.steps import find_steps as find_steps  # re-exported
 from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
-from vt_lightning.analysis.usercode import GENERATED, code_origin, parse_function
+from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES, code_origin, parse_function
 from vt_lightning.analysis.verdicts import find_verdicts
 from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, PYTHON_CATEGORY
 
@@ -63,6 +63,9 @@ TOTALS_MIN_US = 1.0  # per step: ``totals`` list everything at least this long..
 TOTALS_MAX = 200  # ...up to about this many entries (the threshold rises to keep the file small)
 FOLDED_ORIGINS = ("package", GENERATED)  # folded to one line per package in the rankings
 GENERATED_PACKAGE = "torch.compile generated code"  # the one line of every compiler-generated function
+# Folded even when they rank in the top few: the frameworks' frames (Lightning's loop, torch's
+# module calls) sit around every step at ~100 % inclusive time and would push the user's out.
+ALWAYS_FOLDED = frozenset({*FRAMEWORKS, GENERATED_PACKAGE})
 COVERED_KEYS = ["step_ms", "breakdown_ms", "top_python", "top_ops"]
 
 
@@ -113,6 +116,24 @@ class _Stat:
         self.functions: set[str] = set()
 
 
+class _OpenCall:
+    """A call on ``python_stats``'s stack: its stats, and the time its children took so far."""
+
+    __slots__ = ("child_us", "end", "name", "package", "package_key", "start", "stat")
+
+    def __init__(self, end: float, stat: _Stat, package: _Stat | None, start: float, name: str, key: str) -> None:
+        self.end, self.stat, self.package, self.start = end, stat, package, start
+        self.name, self.package_key, self.child_us = name, key, 0.0
+
+    def close(self, end: float) -> None:
+        """Its self time (ended at ``end``) to its function's and its package's stats."""
+        own = end - self.start - self.child_us
+        if own > 0:
+            self.stat.self_us += own
+            if self.package is not None:
+                self.package.self_us += own
+
+
 def python_stats(
     events: Sequence[Mapping[str, Any]], region: Span | None = None
 ) -> tuple[dict[str, _Stat], dict[str, _Stat], dict[str, dict]]:
@@ -137,21 +158,17 @@ def python_stats(
     package_of: dict[str, str] = {}  # function name -> "package:<name>" or ""
     for calls in by_thread.values():
         calls.sort(key=lambda c: (c[0], -c[1]))
-        stack: list[list[Any]] = []  # [end, function stat, package stat or None, child time, start, name, pkey]
+        stack: list[_OpenCall] = []
         open_count: dict[str, int] = defaultdict(int)  # open calls per function name and per package key
         for start, end, name in calls:
-            while stack and stack[-1][0] <= start:
+            while stack and stack[-1].end <= start:
                 done = stack.pop()
-                own = done[0] - done[4] - done[3]
-                if own > 0:
-                    done[1].self_us += own
-                    if done[2] is not None:
-                        done[2].self_us += own
-                open_count[done[5]] -= 1
-                if done[6]:
-                    open_count[done[6]] -= 1
-            if stack and end > stack[-1][0]:
-                end = stack[-1][0]
+                done.close(done.end)
+                open_count[done.name] -= 1
+                if done.package_key:
+                    open_count[done.package_key] -= 1
+            if stack and end > stack[-1].end:
+                end = stack[-1].end
             dur = end - start
             fstat = functions.get(name)
             if fstat is None:
@@ -178,14 +195,10 @@ def python_stats(
                     pstat.inclusive_us += dur
                 open_count[pkey] += 1
             if stack:
-                stack[-1][3] += dur
-            stack.append([end, fstat, pstat, 0.0, start, name, pkey])
+                stack[-1].child_us += dur
+            stack.append(_OpenCall(end, fstat, pstat, start, name, pkey))
         for done in stack:
-            own = done[0] - done[4] - done[3]
-            if own > 0:
-                done[1].self_us += own
-                if done[2] is not None:
-                    done[2].self_us += own
+            done.close(done.end)
     return functions, packages, info
 
 
@@ -206,9 +219,11 @@ def _entry(name: str, stat: _Stat, meta: Mapping[str, Any], steps: int) -> Pytho
 def top_python(
     events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_PYTHON, region: Span | None = None
 ) -> TopPython:
-    """Top functions by self and by inclusive time, per step of ``region``; user code first, other
-    code under site-packages folded to one line per package unless it ranks in the top few; and
-    every function's self time above a threshold (``totals``)."""
+    """Top functions by self and by inclusive time, per step of ``region``: the user's code first,
+    then a model library's (litgpt, timm, transformers: the model the user built from), then the
+    rest, where the frameworks' frames and generated code are folded to one line per package
+    (other packages too, unless they rank in the top few); and every function's self time above a
+    threshold (``totals``: the full ranking)."""
     functions, packages, info = python_stats(events, region)
     steps = max(steps, 1)
 
@@ -216,13 +231,16 @@ def top_python(
         ranked = sorted(functions, key=lambda n: getattr(functions[n], metric), reverse=True)
         keep_whole = set(ranked[:TOP_UNFOLDED])
         user: list[PythonEntry] = []
+        model: list[PythonEntry] = []  # a model library's functions (usercode.MODEL_LIBRARIES)
         other: list[PythonEntry] = []
         folded_packages: set[str] = set()
         for name in ranked:
             meta = info[name]
             if meta["origin"] == "user":
                 user.append(_entry(name, functions[name], meta, steps))
-            elif meta["origin"] in FOLDED_ORIGINS and (name not in keep_whole or meta["origin"] == GENERATED):
+            elif meta["package"] in MODEL_LIBRARIES:
+                model.append(_entry(name, functions[name], meta, steps))
+            elif meta["origin"] in FOLDED_ORIGINS and (name not in keep_whole or meta["package"] in ALWAYS_FOLDED):
                 folded_packages.add(meta["package"])
             else:
                 other.append(_entry(name, functions[name], meta, steps))
@@ -243,7 +261,8 @@ def top_python(
             )
         other.sort(key=by, reverse=True)
         user = [e for e in user if by(e) > 0][: limit // 2]
-        return user + other[: limit - len(user)]
+        model = [e for e in model if by(e) > 0][: limit - len(user)]
+        return user + model + other[: limit - len(user) - len(model)]
 
     self_us: dict[str, float] = defaultdict(float)
     for name, stat in functions.items():
@@ -264,6 +283,15 @@ def _is_op(event: Mapping[str, Any]) -> bool:
     return event.get("cat") == CPU_OP_CATEGORY and not str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
 
 
+class _OpenOp:
+    """An op on ``top_ops``'s stack: its end, name, length and the time its children took so far."""
+
+    __slots__ = ("child_us", "dur", "end", "name")
+
+    def __init__(self, end: float, name: str, dur: float) -> None:
+        self.end, self.name, self.dur, self.child_us = end, name, dur, 0.0
+
+
 def top_ops(
     events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_OPS, region: Span | None = None
 ) -> TopOps:
@@ -281,21 +309,21 @@ def top_ops(
     op_spans: dict[Any, tuple[list[float], list[tuple[float, float, str]]]] = {}
     for thread, ops in by_thread.items():
         ops.sort(key=lambda o: (o[0], -o[1]))
-        stack: list[list[Any]] = []
+        stack: list[_OpenOp] = []
         for start, end, name in ops:
-            while stack and stack[-1][0] <= start:
+            while stack and stack[-1].end <= start:
                 done = stack.pop()
-                stats[done[1]][2] += max(done[3] - done[2], 0.0)
+                stats[done.name][2] += max(done.dur - done.child_us, 0.0)
             dur = end - start
             stat = stats[name]
             stat[0] += 1
             stat[1] += dur
             if stack:
-                stack[-1][2] += dur
-            stack.append([end, name, 0.0, dur])
+                stack[-1].child_us += dur
+            stack.append(_OpenOp(end, name, dur))
         while stack:
             done = stack.pop()
-            stats[done[1]][2] += max(done[3] - done[2], 0.0)
+            stats[done.name][2] += max(done.dur - done.child_us, 0.0)
         op_spans[thread] = ([o[0] for o in ops], ops)
     by_cpu = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:limit]
     out: TopOps = {
@@ -305,11 +333,7 @@ def top_ops(
         ],
         "totals": totals({name: s[2] for name, s in stats.items()}, steps),
     }
-    launches = {
-        (e.get("args") or {}).get("correlation"): e
-        for e in events
-        if e.get("cat") in RUNTIME_CATEGORIES and (e.get("args") or {}).get("correlation") is not None
-    }
+    launches = launches_by_correlation(events, RUNTIME_CATEGORIES)
     kernels = []
     for kernel in events:
         if kernel.get("cat") not in KERNEL_CATEGORIES:

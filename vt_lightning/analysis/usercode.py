@@ -37,8 +37,12 @@ _GENERATED_DIR = re.compile(r"/(torchinductor_[^/]*|\.triton/cache|triton_cache)
 _GENERATED_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 # FX and dynamo compile source held in memory: ``<eval_with_key>.3``, ``<fx_graph>``.
 _GENERATED_PSEUDO_FILES = ("<eval_with_key>", "<fx", "<torch_dynamo", "<dynamo")
-# Frameworks whose directories are never the user's, even when installed from a source checkout.
-_FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer")
+# Frameworks whose directories are never the user's, even when installed from a source checkout;
+# their frames are folded in the summary's tables.
+FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer")
+# Libraries whose code is a model the user built from (a litgpt GPT, a timm ResNet): "the model's",
+# listed below the user's own functions and above the frameworks' in the summary's tables.
+MODEL_LIBRARIES = ("litgpt", "timm", "transformers")
 
 
 def parse_function(name: str) -> tuple[str, str | None, int | None]:
@@ -103,7 +107,7 @@ def library_roots() -> tuple[str, ...]:
         path = sysconfig.get_paths().get(key)
         if path:
             roots.update({os.path.abspath(path) + os.sep, os.path.realpath(path) + os.sep})
-    for module in _imported(*_FRAMEWORKS):
+    for module in _imported(*FRAMEWORKS):
         roots.add(os.path.dirname(os.path.abspath(module.__file__)) + os.sep)
     return tuple(sorted(roots))
 
