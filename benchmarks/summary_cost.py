@@ -13,7 +13,7 @@ For each window size, real ``Trainer.fit`` runs with ``VizTraceCallback(summary=
   (``WindowResult.summary_seconds``, timed in the writer process);
 * time to trace: from the end of the window's last batch to the trace file's modification time;
 * time to files: from the end of the window's last batch to the job's end (every file on disk);
-* verdicts (analysis/verdicts.py, part of the summary): every rule over the same merged trace, in one
+* verdicts (analysis/verdicts/, part of the summary): every rule over the same merged trace, in one
   process, best of 5, beside the summary's other isolated costs.
 
 Each run records two windows and measures the second: the first also pays the writer process's start.
@@ -108,11 +108,10 @@ def isolated_costs(trace_path: Path) -> dict[str, float]:
 
     import orjson
 
-    from vt_lightning.analysis.breakdown import stage_ranges
     from vt_lightning.analysis.memory_snapshot import build_cpu_snapshot
     from vt_lightning.analysis.merge import encode_trace
-    from vt_lightning.analysis.spans import x_events
-    from vt_lightning.analysis.summary import find_steps, summarize
+    from vt_lightning.analysis.steps import read_window
+    from vt_lightning.analysis.summary import summarize
     from vt_lightning.analysis.verdicts import find_verdicts
     from vt_lightning.export.atomic import gzip_bytes
 
@@ -120,19 +119,15 @@ def isolated_costs(trace_path: Path) -> dict[str, float]:
     trace = orjson.loads(raw)
     snapshot = build_cpu_snapshot(trace["traceEvents"])
     summary = summarize(trace, snapshot)
-    # What summarize hands the verdicts (computed there anyway), so their cost here is their own.
-    events = x_events(trace)
-    steps, thread = find_steps(events)
-    hooks = trace["vt_lightning"].get("user_hooks")
-    shared = {"events": events, "steps": steps, "thread": thread}
-    shared["ranges"] = stage_ranges(events, thread, hooks if isinstance(hooks, dict) else None)[0]
+    # What summarize hands the verdicts (its one read of the window), so their cost here is their own.
+    data = read_window(trace)
     return {
         "iso_loads_s": _best(lambda: orjson.loads(raw)),
         "iso_encode_gzip_s": _best(lambda: gzip_bytes(encode_trace(trace), 3)),
         "iso_cpu_snapshot_s": _best(lambda: build_cpu_snapshot(trace["traceEvents"])),
         "iso_summary_s": _best(lambda: summarize(trace, snapshot)),
         # the verdicts alone (they are part of the summary above): every rule over the same trace
-        "iso_verdicts_s": _best(lambda: find_verdicts(trace, summary, snapshot, **shared)),
+        "iso_verdicts_s": _best(lambda: find_verdicts(data, summary, snapshot)),
     }
 
 

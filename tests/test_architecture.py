@@ -5,7 +5,14 @@
 * No torch, Lightning or VizTracer in ``constants``, ``analysis/`` and ``export/`` (the writer
   process and the CLI import them), nor at module level in the package's ``__init__``, which every
   import of a submodule runs.
-* No import cycle among module-level imports.
+* No import cycle, counting every import: module level, inside functions, and under
+  ``if TYPE_CHECKING:`` (a cycle hidden in a function or a type hint is still two modules that
+  cannot be understood, or moved, one without the other).
+* No module reaches another module's ``_private`` names (attributes, functions, imports).
+* One definition per name: no module assigns a name ``constants.py`` defines, nor writes one of
+  its string values as a literal.
+* docs/architecture.md names only modules that exist, and its "where to add a verdict kind" and
+  docs/verdicts.md's table of kinds match the verdict registry (analysis/verdicts/registry.py).
 * Sizes: no module over 600 lines, no class over 300, ``callback.py`` at most 350 lines, and
   ``VizTraceCallback`` a plain ``Callback`` with at most 15 attributes of its own.
 
@@ -15,6 +22,7 @@ Nothing here imports the package: a module that does not import yet is still che
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -70,6 +78,7 @@ class Import:
     target: str  # absolute name as written (``vt_lightning.analysis.summary``, ``torch.nn``)
     line: int
     module_level: bool  # runs when the importing module is imported (not inside a def)
+    type_checking: bool = False  # under ``if TYPE_CHECKING:`` (read by type checkers, never run)
 
     @property
     def top(self) -> str:
@@ -102,24 +111,27 @@ def _resolve_relative(module: str, is_package: bool, level: int, name: str | Non
     return ".".join([*base, name] if name else base)
 
 
-def imports_of(module: str, source: str, *, is_package: bool = False) -> Iterator[Import]:
+def imports_of(module: str, source: str, *, is_package: bool = False, type_checking: bool = False) -> Iterator[Import]:
     """Every import statement of ``module`` (and ``importlib.import_module("...")`` with a constant
-    name), except those under ``if TYPE_CHECKING:``. ``from a import b`` yields ``a.b``: the caller
-    decides whether that is a module or a name in ``a``."""
+    name); those under ``if TYPE_CHECKING:`` only with ``type_checking``. ``from a import b``
+    yields ``a.b``: the caller decides whether that is a module or a name in ``a``."""
 
-    def visit(node: ast.AST, module_level: bool) -> Iterator[Import]:
+    def visit(node: ast.AST, module_level: bool, hinted: bool = False) -> Iterator[Import]:
         if isinstance(node, ast.If) and _is_type_checking(node.test):
+            if type_checking:
+                for child in node.body:
+                    yield from visit(child, module_level, True)
             for child in node.orelse:
-                yield from visit(child, module_level)
+                yield from visit(child, module_level, hinted)
             return
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield Import(module, alias.name, node.lineno, module_level)
+                yield Import(module, alias.name, node.lineno, module_level, hinted)
         elif isinstance(node, ast.ImportFrom):
             base = _resolve_relative(module, is_package, node.level, node.module) if node.level else node.module or ""
             for alias in node.names:
                 target = base if alias.name == "*" else f"{base}.{alias.name}"
-                yield Import(module, target, node.lineno, module_level)
+                yield Import(module, target, node.lineno, module_level, hinted)
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, (ast.Attribute, ast.Name))
@@ -128,10 +140,10 @@ def imports_of(module: str, source: str, *, is_package: bool = False) -> Iterato
             and isinstance(node.args[0], ast.Constant)
             and isinstance(node.args[0].value, str)
         ):
-            yield Import(module, node.args[0].value, node.lineno, module_level)
+            yield Import(module, node.args[0].value, node.lineno, module_level, hinted)
         inner = module_level and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
         for child in ast.iter_child_nodes(node):
-            yield from visit(child, inner)
+            yield from visit(child, inner, hinted)
 
     yield from visit(ast.parse(source), True)
 
@@ -155,10 +167,10 @@ def layer(module: str) -> str | None:
 
 
 @cache
-def all_imports() -> tuple[Import, ...]:
+def all_imports(type_checking: bool = False) -> tuple[Import, ...]:
     out: list[Import] = []
     for module, (path, source) in package_sources().items():
-        out.extend(imports_of(module, source, is_package=path.name == "__init__.py"))
+        out.extend(imports_of(module, source, is_package=path.name == "__init__.py", type_checking=type_checking))
     return tuple(out)
 
 
@@ -195,6 +207,8 @@ def later():
     assert ("vt_lightning.cli.command", False) in found
     assert ("lightning.pytorch", False) in found
     assert not any("callback" in target for target, _ in found)
+    hinted = {(i.target, i.type_checking) for i in imports_of("vt_lightning.export.job", source, type_checking=True)}
+    assert ("vt_lightning.callback.VizTraceCallback", True) in hinted and ("json", False) in hinted
     modules = {"vt_lightning", "vt_lightning.controller", "vt_lightning.controller.run"}
     assert internal_target("vt_lightning.controller.WindowController", modules) == "vt_lightning.controller"
     assert internal_target("vt_lightning.controller.run", modules) == "vt_lightning.controller.run"
@@ -299,15 +313,39 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def test_no_import_cycles():
+def import_graph(imports: Iterator[Import] | tuple[Import, ...]) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (every kind of import given)."""
     modules = set(package_sources())
     graph: dict[str, set[str]] = {m: set() for m in modules}
-    for imp in all_imports():
+    for imp in imports:
         target = internal_target(imp.target, modules)
-        if imp.module_level and target is not None and target != imp.module:
+        if target is not None and target != imp.module:
             graph[imp.module].add(target)
-    cycles = find_cycles(graph)
-    assert not cycles, "module-level import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+    return graph
+
+
+def test_no_import_cycles_counting_function_level_and_type_checking_imports():
+    cycles = find_cycles(import_graph(all_imports(type_checking=True)))
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+HINTED_IMPORT = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from {} import X\n"
+
+
+def test_a_cycle_through_a_function_level_or_type_checking_import_is_found():
+    """The two hidden cycles this test once missed, reintroduced on copies of the sources."""
+    sources = dict(package_sources())
+    summary = "vt_lightning.analysis.summary"
+    verdicts = "vt_lightning.analysis.verdicts.registry"
+    closing, controller = "vt_lightning.controller.closing", "vt_lightning.controller.controller"
+    extra = [
+        *imports_of(verdicts, "def f():\n    from vt_lightning.analysis.summary import find_steps\n"),
+        *imports_of(closing, HINTED_IMPORT.format("vt_lightning.controller.controller"), type_checking=True),
+    ]
+    cycles = find_cycles(import_graph((*all_imports(type_checking=True), *extra)))
+    assert any(summary in c and verdicts in c for c in cycles), cycles
+    assert any(closing in c and controller in c for c in cycles), cycles
+    assert sources == package_sources()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -420,3 +458,206 @@ def test_the_callback_keeps_at_most_15_attributes():
         f"VizTraceCallback assigns {len(names)} distinct self attributes (at most {MAX_CALLBACK_ATTRIBUTES}): "
         f"{sorted(names)}"
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# No private reach across modules
+# --------------------------------------------------------------------------------------------------
+
+# Private names of the standard library or a dependency that a package module also happens to define.
+FOREIGN_PRIVATE = frozenset({"_exit"})
+
+
+def _private_definitions(tree: ast.AST) -> set[str]:
+    """The ``_names`` a module defines: functions, classes, module and class variables, and
+    attributes it assigns on ``self`` / ``cls``."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
+            names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def private_reaches(sources: dict[str, tuple[Path, str]]) -> list[str]:
+    """``module:line name`` for each use of another package module's ``_private`` name: an
+    attribute (``tracer._ensure_tracer()``, ``callback._source = …``) that the using module does
+    not define itself but another does, or a ``from … import _name`` of the package."""
+    trees = {module: ast.parse(source) for module, (_, source) in sources.items()}
+    defined = {module: _private_definitions(tree) for module, tree in trees.items()}
+    elsewhere: dict[str, set[str]] = {}
+    for module, names in defined.items():
+        for name in names:
+            elsewhere.setdefault(name, set()).add(module)
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    continue
+                owners = elsewhere.get(node.attr, set()) - {module}
+                if owners and node.attr not in defined[module] and node.attr not in FOREIGN_PRIVATE:
+                    found.append(f"{module}:{node.lineno} .{node.attr} (defined in {', '.join(sorted(owners))})")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{module}:{node.lineno} import {alias.name} from {node.module}")
+    return sorted(found)
+
+
+def test_no_module_reaches_another_modules_private_names():
+    found = private_reaches(package_sources())
+    assert not found, "private names used across modules:\n" + "\n".join(found)
+
+
+def test_a_reintroduced_private_reach_is_found():
+    sources = dict(package_sources())
+    path, source = sources["vt_lightning.recording.workers"]
+    sources["vt_lightning.recording.workers"] = (path, source + "\ndef _f(tracer):\n    tracer._build_tracer()\n")
+    assert any(".\u005fbuild_tracer" in line for line in private_reaches(sources))
+
+
+# --------------------------------------------------------------------------------------------------
+# One definition per name
+# --------------------------------------------------------------------------------------------------
+
+
+def _constants() -> dict[str, ast.expr]:
+    tree = ast.parse((ROOT / "constants.py").read_text(encoding="utf-8"))
+    out: dict[str, ast.expr] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            out.update({t.id: node.value for t in node.targets if isinstance(t, ast.Name)})
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            out[node.target.id] = node.value
+    return out
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def duplicated_constants(sources: dict[str, tuple[Path, str]]) -> list[str]:
+    """``module:line …`` for each assignment of a name ``constants.py`` defines, and each string
+    literal (f-string parts included, docstrings not) equal to one of its string values. The
+    package's own name is exempt: it is also a logger's name, a metric prefix and a metadata key."""
+    constants = _constants()
+    values = {
+        node.value: name
+        for name, node in constants.items()
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value != PACKAGE
+    }
+    found = []
+    for module, (_, source) in sources.items():
+        if module == f"{PACKAGE}.constants":
+            continue
+        tree = ast.parse(source)
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id in constants:
+                    found.append(f"{module}:{node.lineno} assigns {target.id}")
+            is_text = isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            if is_text and node.value in values:
+                found.append(f"{module}:{node.lineno} writes {node.value!r} (constants.{values[node.value]})")
+    return sorted(found)
+
+
+def test_no_module_redefines_a_constant_or_writes_its_value():
+    found = duplicated_constants(package_sources())
+    assert not found, "defined in constants.py, import it from there:\n" + "\n".join(found)
+
+
+def test_a_reintroduced_duplicate_constant_is_found():
+    sources = dict(package_sources())
+    path, source = sources["vt_lightning.export.layout"]
+    copied = source + '\nTRACE_SUFFIX = ".pt.trace.json.gz"\nNAME = f"[pl][profile]{1}"\n'
+    sources["vt_lightning.export.layout"] = (path, copied)
+    found = "\n".join(duplicated_constants(sources))
+    assert "assigns TRACE_SUFFIX" in found and "constants.TRACE_SUFFIX" in found and "PL_PROFILE_PREFIX" in found
+
+
+# --------------------------------------------------------------------------------------------------
+# The documents name what exists
+# --------------------------------------------------------------------------------------------------
+
+DOCS = ROOT.parent / "docs"
+# ``analysis/verdicts/registry.py``, ``controller/handoff.finishes_at_end``, ``options.py``
+MODULE_PATH = re.compile(
+    r"(?<![\w/.])((?:(?:analysis|export|recording|controller|cli|tensorboard)/)(?:[a-z_]+/)*[a-z_]+)(?:\.py|\.[A-Za-z_]+)?"
+    r"|(?<![\w/.])(constants|options|callback)\.py"
+)
+
+
+def named_modules(text: str) -> set[str]:
+    """Package paths a text names (``analysis/verdicts/registry.py`` -> ``analysis/verdicts/registry``)."""
+    return {a or b for a, b in MODULE_PATH.findall(text)}
+
+
+def _exists(name: str) -> bool:
+    return (ROOT / f"{name}.py").is_file() or (ROOT / name / "__init__.py").is_file()
+
+
+def test_architecture_doc_names_only_modules_that_exist():
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    names = named_modules(text)
+    assert {"analysis/verdicts/registry", "controller/watch", "options"} <= names, sorted(names)
+    missing = sorted(n for n in names if not _exists(n))
+    assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
+    assert not _exists("analysis/render")  # the check itself: a gone module is reported
+    assert "analysis/render" in named_modules("its rendering in `analysis/render.py`")
+
+
+def test_docstrings_name_only_modules_that_exist():
+    missing = []
+    for module, (_, source) in package_sources().items():
+        tree = ast.parse(source)
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) in docstrings:
+                missing += [f"{module}: {n}" for n in named_modules(node.value) if not _exists(n)]
+    assert not missing, "docstrings name modules that do not exist:\n" + "\n".join(sorted(set(missing)))
+
+
+def _verdict_registry() -> dict[str, str]:
+    """kind -> the module of its rule, read from the family modules' ``RULES`` (no import)."""
+    out = {}
+    for path in sorted((ROOT / "analysis" / "verdicts").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Rule":
+                kind = node.args[0]
+                assert isinstance(kind, ast.Constant), f"{path}: a Rule's kind is a literal"
+                out[str(kind.value)] = f"analysis/verdicts/{path.stem}.py"
+    return out
+
+
+def test_the_verdict_docs_match_the_registry():
+    registry = _verdict_registry()
+    assert "input_bound" in registry and "straggler" in registry and "recompile" in registry, registry
+    table = (DOCS / "verdicts.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(\w+)` \| `([\w/.]+)` \|", table, re.M))
+    assert rows == registry, f"docs/verdicts.md's table of kinds differs from the registry: {rows} vs {registry}"
+    architecture = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    section = architecture.split("- **a verdict kind**", 1)[1].split("\n- **", 1)[0]
+    for needed in ("analysis/verdicts/registry.py", "analysis/verdicts/base.py", "docs/verdicts.md"):
+        assert needed in section, f"docs/architecture.md's 'a verdict kind' does not name {needed}"
+    assert all(module in section or module.rsplit("/", 1)[-1] in section for module in set(registry.values()))

@@ -14,7 +14,7 @@ import orjson
 import pytest
 import torch
 import torch._dynamo
-from conftest import load_trace, make_trainer, overlaps_without_nesting, trace_files
+from conftest import load_trace, make_trainer, overlaps_without_nesting, recorded_name, trace_files
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -24,8 +24,9 @@ from vt_lightning.analysis.compile import (
     compile_record,
     compile_span_events,
     compile_summary,
-    compile_verdicts,
 )
+from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.verdicts.compile import compile_verdicts
 from vt_lightning.constants import SUMMARY_JSON_SUFFIX
 from vt_lightning.recording.compile_watch import GRAPH_BREAK_LOGGER
 
@@ -237,6 +238,40 @@ def test_a_user_who_logs_graph_breaks_keeps_seeing_them(tmp_path, capfd):
 # --------------------------------------------------------------------------------------------------
 
 
+class CompiledContainer(L.LightningModule):
+    """A torch.nn container compiled: dynamo compiles torch's wrapper frame around it
+    (``torch/_dynamo/external_utils.py``, ``inner``), not a function of the user's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+        self.fwd = torch.compile(self.net, backend="aot_eager", dynamic=False)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.fwd(batch).pow(2).sum()  # the user's call of the compiled callable
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_compile_verdicts_of_a_compiled_torch_module_point_at_the_users_call(tmp_path):
+    """A new batch length at every step recompiles a compiled ``nn.Sequential``; the compiled frame
+    is torch's own, so ``recompile`` and ``compile_time`` name the user's function that called it."""
+    callback = VizTraceCallback(wait=1, warmup=1, active=2, repeat=1, memory_snapshot=False)
+    data = DataLoader(GrowingBatches(), batch_size=None)
+    make_trainer(tmp_path, [callback], max_steps=5).fit(CompiledContainer(), data)
+    ((summary, _),) = _windows(tmp_path)
+    compiled = summary["compile"]
+    assert compiled["recompiles"], compiled
+    assert not any(r["file"] == THIS_FILE for r in compiled["recompiles"]), compiled["recompiles"]  # torch's frame
+    by_kind = {v["kind"]: v for v in summary["verdicts"]}
+    assert {"recompile", "compile_time"} <= set(by_kind), summary["verdicts"]
+    for kind in ("recompile", "compile_time"):
+        assert [(w["function"], w["file"]) for w in by_kind[kind]["where"]] == [
+            (recorded_name("CompiledContainer.training_step"), THIS_FILE)
+        ], by_kind[kind]
+
+
 def test_torch_2_4_records_give_places_phases_and_recompiles():
     """torch 2.4: callbacks without a compile id, phases in seconds, 'Reason:' graph-break lines."""
     info = {
@@ -301,9 +336,12 @@ def test_spans_end_where_the_calls_around_dynamos_callbacks_begin_and_a_healthy_
     "whole process (later tests' subnormal floats fail), and compiles the backward graph outside dynamo's "
     "compile callbacks (its calls are recorded in full); verified on torch 2.13 and 2.15, 2.5-2.12 not tried",
 )
-def test_inductor_compile_has_its_own_phase(tmp_path, monkeypatch):
-    """The one inductor compile of this file, in its own cache (a cold compile: tens of seconds)."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+def test_inductor_compile_has_its_own_phase_and_its_generated_code_is_nobodys(tmp_path, monkeypatch, capsys):
+    """The one inductor compile of this file, in its own cache (a cold compile: tens of seconds).
+    The modules inductor generates there (``Runner.call``) are never named as the user's code: not
+    in the summary's tables, not in a verdict, not on the console."""
+    cache = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
 
     class Inductor(LateCompiled):
         def __init__(self) -> None:
@@ -324,3 +362,17 @@ def test_inductor_compile_has_its_own_phase(tmp_path, monkeypatch):
     # The run's first compile falls in the window: only the calls that led to it are recorded.
     compiler = [e["name"] for e in _python_events(trace) if COMPILER_FILES.search(e["name"])]
     assert len(compiler) < 1000, sorted(set(compiler))[:20]  # unpaused: ~618,000 for one compile
+    # Generated code ran in the window's steps...
+    generated = [e["name"] for e in _python_events(trace) if str(cache.resolve()) in e["name"]]
+    assert generated, "no call of inductor's generated code in the trace"
+    # ...and is nobody's: every user entry and every verdict place is this file's code.
+    top = summary["top_python"]
+    user_files = {e["file"] for e in top["by_self"] + top["by_inclusive"] if e["origin"] == "user"}
+    assert user_files <= {THIS_FILE}, user_files
+    assert {code_origin(parse_function(name)[1])[0] for name in generated} == {"generated"}, generated[:3]
+    in_cache = [e for e in top["by_self"] + top["by_inclusive"] if str(cache) in str(e["file"])]
+    assert all(e["origin"] == "generated" for e in in_cache), in_cache
+    for verdict in summary["verdicts"]:
+        assert all(w["file"] == THIS_FILE for w in verdict["where"]), verdict
+    console = capsys.readouterr()
+    assert "Runner.call" not in console.out + console.err

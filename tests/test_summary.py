@@ -325,6 +325,41 @@ def test_top_python_is_the_training_threads() -> None:
     assert names == {"training_step"}
 
 
+def test_tables_rank_the_users_code_then_the_models_library_then_folded_frameworks(tmp_path) -> None:
+    """Lightning's and torch's frames around every step (~100 % inclusive) fold to one line each;
+    a litgpt model's functions are "the model's": listed, below the user's own, above the rest.
+    Generated code (inductor's cache) is folded too, and never the user's."""
+    site = "/v/lib/python3.11/site-packages"
+    generated = tmp_path / "torchinductor_me" / "ab" / "cab12.py"
+    user = "/home/me/train.py"
+    events = [
+        _x("ProfilerStep#1", 0.0, 1000.0, "user_annotation"),
+        _x(f"_run_stage ({site}/lightning/pytorch/trainer/trainer.py:1000)", 0.0, 1000.0, "FEE"),
+        _x(f"_call_lightning_module_hook ({site}/lightning/pytorch/trainer/call.py:160)", 1.0, 998.0, "FEE"),
+        _x(f"training_step ({user}:20)", 2.0, 990.0, "FEE"),
+        _x(f"Module._call_impl ({site}/torch/nn/modules/module.py:1750)", 3.0, 900.0, "FEE"),
+        _x(f"GPT.forward ({site}/litgpt/model.py:80)", 4.0, 800.0, "FEE"),
+        _x(f"Runner.call ({generated}:2071)", 5.0, 300.0, "FEE"),
+        _x(f"Block.forward ({site}/litgpt/model.py:300)", 400.0, 300.0, "FEE"),
+        _x(f"make_batch ({user}:5)", 950.0, 30.0, "FEE"),
+    ]
+    summary = summarize({"traceEvents": events})
+    for ranking in (summary["top_python"]["by_inclusive"], summary["top_python"]["by_self"]):
+        rows = [(e["function"], e["origin"], e["package"]) for e in ranking]
+        users = [r for r in rows if r[1] == "user"]
+        assert rows[: len(users)] == users and {r[0] for r in users} == {"training_step", "make_batch"}, rows
+        models = [r for r in rows if r[2] == "litgpt"]
+        assert rows[len(users) : len(users) + len(models)] == models, rows
+        assert {r[0] for r in models} == {"GPT.forward", "Block.forward"}, rows
+        listed = {r[0] for r in rows}
+        assert not {"_run_stage", "_call_lightning_module_hook", "Module._call_impl", "Runner.call"} & listed, rows
+    folded = {e["function"]: e for e in summary["top_python"]["by_inclusive"] if e["folded"]}
+    assert folded["lightning (folded)"]["inclusive_ms"] == pytest.approx(1.0)
+    assert folded["torch.compile generated code (folded)"]["origin"] == "generated"
+    # The full ranking stays in the file: every function's self time, the frameworks' included.
+    assert any("_call_lightning_module_hook" in key for key in summary["top_python"]["totals"]["ms"])
+
+
 def test_self_time_excludes_children_and_recursion_counts_once() -> None:
     user = "/home/me/model.py"
     events = [

@@ -1,6 +1,8 @@
 """Verdicts on real Trainer runs: one seeded slowness per kind that CPU can make (a slow
 ``__getitem__``, a Python busy loop in ``training_step``, forced garbage-collector pauses), each
-named with the seeded function, and a healthy model that gets none. Tiny models, one window each."""
+named with the seeded function, and a healthy model that gets none. Tiny models, one window each.
+Every ``where`` of every verdict is this directory's code: the user's, never torch's or Lightning's
+(the compile kinds: tests/test_compile_watch.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,13 @@ from vt_lightning.constants import SUMMARY_JSON_SUFFIX
 
 FETCH_S = 0.030
 BUSY_S = 0.030
+HERE = Path(__file__).resolve().parent
+
+
+def slow_fetch(seconds: float) -> torch.Tensor:
+    """The user's helper that makes ``__getitem__`` slow: input_bound names it under the dataset."""
+    time.sleep(seconds)
+    return torch.randn(4, 8)
 
 
 class SlowRows(Dataset):
@@ -33,8 +42,7 @@ class SlowRows(Dataset):
         return 64
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        time.sleep(FETCH_S)
-        return torch.randn(4, 8)
+        return slow_fetch(FETCH_S)
 
 
 def python_busy_loop(seconds: float) -> int:
@@ -81,6 +89,8 @@ def _verdicts(tmp_path: Path, model: L.LightningModule, data: DataLoader) -> lis
     markdown = path.with_name(path.name.replace(SUMMARY_JSON_SUFFIX, ".summary.md")).read_text()
     for verdict in summary["verdicts"]:
         assert f"`{verdict['kind']}`" in markdown
+        for place in verdict["where"]:  # the user's code: this directory's, never a library's
+            assert Path(place["file"]).resolve().parent == HERE, verdict
     return summary["verdicts"]
 
 
@@ -100,8 +110,9 @@ def test_slow_getitem_is_input_bound_at_the_dataset(
     kinds = [v["kind"] for v in verdicts]
     assert kinds[0] == "input_bound", verdicts
     top = verdicts[0]
-    assert _where_functions(top)[0] == recorded_name("SlowRows.__getitem__")
+    assert _where_functions(top)[:2] == [recorded_name("SlowRows.__getitem__"), "slow_fetch"]
     assert top["where"][0]["file"] == __file__
+    assert top["where"][1]["share"] > 0.9  # the helper took nearly all of __getitem__'s time
     assert top["evidence"]["share"] > 0.5
     assert top["evidence"]["data_wait_ms"] >= FETCH_S * 1000 * 0.9
     printed = caplog.text
@@ -124,7 +135,7 @@ def test_slow_getitem_in_dataloader_workers_is_input_bound_at_the_dataset(tmp_pa
     assert [v["kind"] for v in verdicts][:1] == ["input_bound"], verdicts
     top = verdicts[0]
     assert top["evidence"]["source"] == "worker processes"
-    assert _where_functions(top)[0] == recorded_name("SlowRows.__getitem__")
+    assert _where_functions(top)[:2] == [recorded_name("SlowRows.__getitem__"), "slow_fetch"]
     assert top["where"][0]["file"] == __file__
 
 

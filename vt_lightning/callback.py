@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Callback
 
 from vt_lightning.analysis.history import WindowNumbers
 from vt_lightning.analysis.schedule import Schedule
+from vt_lightning.constants import WRITER_TIMEOUT_S
 from vt_lightning.controller import WindowController, messages
 from vt_lightning.controller.run import batches_started, global_batch, stage_name
 from vt_lightning.export.job import URL, WindowResult
@@ -139,7 +140,7 @@ class VizTraceCallback(Callback):
         budget_windows: int | None = 1000,
         scheduled_windows: bool = True,
         spool_dir: str | None = None,
-        writer_timeout: float = 60.0,
+        writer_timeout: float = WRITER_TIMEOUT_S,
         budget_output_mb: float | None = 10_240.0,
         budget_time_share: float | None = 0.1,
         keep_windows: int | None = None,
@@ -151,7 +152,7 @@ class VizTraceCallback(Callback):
         self._controller = WindowController(self.options)
 
     # "env" when made by the VT_LIGHTNING switch (``cli.lightning.callbacks_from_env``).
-    _vt_lightning_source: str | None = None
+    vt_lightning_source: str | None = None
 
     def __repr__(self) -> str:
         s = self.options.schedule
@@ -164,7 +165,7 @@ class VizTraceCallback(Callback):
     def state_key(self) -> str:
         # The VT_LIGHTNING callback gets its own key: two stateful callbacks with the same key make
         # Trainer() raise, and the env switch may meet one given in code or on the CLI.
-        if self._vt_lightning_source == "env":
+        if self.vt_lightning_source == "env":
             return self._generate_state_key(source="env")
         return super().state_key
 
@@ -192,14 +193,14 @@ class VizTraceCallback(Callback):
     # ------------------------------------------------------------------ runs
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         callbacks = getattr(trainer, "callbacks", [])
-        given = [cb for cb in callbacks if isinstance(cb, VizTraceCallback) and cb._vt_lightning_source is None]
+        given = [cb for cb in callbacks if isinstance(cb, VizTraceCallback) and cb.vt_lightning_source is None]
         if len(given) > 1:  # one tracer per process: two callbacks would fight over it
             raise RuntimeError(messages.two_callbacks([repr(cb) for cb in given]))
         self._controller.setup(trainer, pl_module, stage_name(stage), self._superseded_by(trainer))
 
     def _superseded_by(self, trainer: pl.Trainer) -> str | None:
         """With VT_LIGHTNING set beside a callback given in code or on the CLI, that one profiles."""
-        if self._vt_lightning_source != "env":
+        if self.vt_lightning_source != "env":
             return None
         callbacks = getattr(trainer, "callbacks", [])
         other = next((cb for cb in callbacks if isinstance(cb, VizTraceCallback) and cb is not self), None)

@@ -38,6 +38,10 @@ CPU_OP_CATEGORY = "cpu_op"
 USER_ANNOTATION_CATEGORY = "user_annotation"
 CLOCK_MARKER_PREFIX = "vt_lightning::clock"  # torch ranges bracketing clock reads, removed at merge
 TRACE_METADATA_KEY = "vt_lightning"  # our metadata block in a merged trace
+# Ranges written as ``cpu_op`` that are annotations, not ops: not nested like ops at merge, never in
+# the op tables or the verdicts' op time.
+ANNOTATION_PREFIXES = (PL_PREFIX, STEP_PREFIX, CLOCK_MARKER_PREFIX)
+GC_SPAN_PREFIX = "[gc] "  # recording/gc_watch.py names its spans "[gc] generation N"
 
 # ---------------------------------------------------------------- environment and process names
 ENV_SWITCH = "VT_LIGHTNING"  # =1 adds the callback to every Trainer
@@ -46,6 +50,9 @@ ENV_COMMAND_PREFIX = "VT_LIGHTNING_CMD"  # options of the ``vt-lightning`` comma
 KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"
 THREAD_PREFIX = "vt_lightning"  # our own threads' names start with it (never traced)
 LOGGER_NAME = "vt_lightning"
+
+# ---------------------------------------------------------------- defaults several layers state
+WRITER_TIMEOUT_S = 60.0  # the ``writer_timeout`` option's default (options, callback, hand-off)
 
 # ---------------------------------------------------------------- stages
 STAGES = ("fit", "validate", "test", "predict")

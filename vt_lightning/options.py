@@ -19,7 +19,7 @@ from vt_lightning.analysis.budget import BudgetLimits
 from vt_lightning.analysis.filters import path_matches_anything
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.triggers import TriggerConfig, parse_trigger_signal
-from vt_lightning.constants import STAGES
+from vt_lightning.constants import STAGES, WRITER_TIMEOUT_S
 from vt_lightning.recording.probes import foreign_signal_handler
 from vt_lightning.recording.pytracer import PythonTracerConfig
 from vt_lightning.recording.spool import check_spool_dir
@@ -44,7 +44,7 @@ class Options:
     summary: bool = True
     scheduled_windows: bool = True
     spool_dir: str | None = None
-    writer_timeout: float = 60.0
+    writer_timeout: float = WRITER_TIMEOUT_S
     keep_windows: int | None = None  # newest windows kept on disk (None: all)
     trace_workers: bool = True  # DataLoader workers' Python calls for a window's batches (recording/workers.py)
     budget: BudgetLimits = field(default_factory=BudgetLimits)

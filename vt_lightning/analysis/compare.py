@@ -183,7 +183,7 @@ def diff(a: Sequence[Summary], b: Sequence[Summary], limit: int = 10) -> dict[st
         "user_python": _changes(pa["user_python"], pb["user_python"], limit),  # inclusive, user code only
         "python": _changes(pa["python"], pb["python"], limit),
         "ops": _changes(pa["ops"], pb["ops"], limit),
-        "verdicts": verdict_changes(a, b),  # kinds that appeared or went away (analysis/verdicts.py)
+        "verdicts": verdict_changes(a, b),  # kinds that appeared or went away (analysis/verdicts/)
     }
 
 

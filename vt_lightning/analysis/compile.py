@@ -9,9 +9,9 @@ Three steps, all on plain data:
   ``vt_lightning`` metadata (``compile``).
 * ``compile_summary``: the summary's ``compile`` key, from that record and the merged events
   (compile time inside the recorded steps; graph breaks also seen at run time, from the resume
-  functions dynamo makes at each break: ``torch_dynamo_resume_in_<function>_at_<line>``); and
-  ``compile_verdicts``: the ``compile_time``, ``recompile`` and ``graph_break`` verdicts
-  (docs/compile.md has the rules).
+  functions dynamo makes at each break: ``torch_dynamo_resume_in_<function>_at_<line>``). Its
+  verdicts (``compile_time``, ``recompile``, ``graph_break``) are the compile family of the rules
+  in analysis/verdicts/ (``verdicts/compile.py``; docs/compile.md has the rules).
 
 Phases: dynamo's ``CompilationMetrics`` time the whole frame compile, the backend's compile inside
 it (AOT autograd, which runs inductor inside it) and inductor's own part; each phase here is its
@@ -25,16 +25,14 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from vt_lightning.analysis.schema import CompileSummary, Verdict
-from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.schema import CompileSummary
+from vt_lightning.analysis.spans import ms as _ms
+from vt_lightning.analysis.spans import overlap_of_unions
+from vt_lightning.analysis.usercode import parse_function
 
 COMPILE_SPAN_PREFIX = "torch.compile: "
 PHASES = ("dynamo", "aot_autograd", "inductor")
 
-# Verdict thresholds (docs/compile.md).
-COMPILE_SHARE = 0.10  # compile_time: compile took at least this share of the window's step time...
-COMPILE_MIN_MS = 20.0  # ...and at least this long
-SHAPE_REASON = re.compile(r"\b(size|sizes|shape|shapes|stride|strides|dtype|dim|ndim|numel|rank)\b", re.I)
 MAX_LISTED = 50  # graph breaks / recompiles / functions listed in the summary
 REASON_CHARS = 300
 
@@ -45,10 +43,6 @@ _REASON_END = ("Hint:", "Developer debug context", "For more details", "User cod
 _LEGACY_BREAK = "Graph break: from user code at:"  # torch 2.4
 _LEGACY_REASON = re.compile(r"^torch\._dynamo\.exc\.\w+: (.*)$", re.M)
 _RESUME = re.compile(r"torch_dynamo_resume_in_(?P<function>\w+?)_at_(?P<line>\d+)$")
-
-
-def _ms(us: float) -> float:
-    return round(us / 1000.0, 3)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -333,21 +327,6 @@ def _is_recompile_id(compile_id: str) -> bool:
 # --------------------------------------------------------------------------------------------------
 
 
-def _union_overlap(spans: Sequence[tuple[float, float]], regions: Sequence[tuple[float, float]]) -> float:
-    """µs of the union of ``spans`` that lies inside the union of ``regions``."""
-    total = 0.0
-    merged: list[list[float]] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    for start, end in merged:
-        for lo, hi in regions:
-            total += max(0.0, min(end, hi) - max(start, lo))
-    return total
-
-
 def runtime_graph_breaks(events: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
     """Graph breaks the window's steps went through, compiled before the window or in it: calls of
     the resume functions dynamo makes at each break (file and line of the break)."""
@@ -387,7 +366,7 @@ def compile_summary(
     ]
     regions = list(steps.values())
     steps_us = sum(hi - lo for lo, hi in regions)
-    in_steps_us = _union_overlap(spans, regions)
+    in_steps_us = overlap_of_unions(spans, regions)
     phases = dict.fromkeys(PHASES, 0.0)
     functions: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
     for entry in compiles:
@@ -419,98 +398,6 @@ def compile_summary(
         "torch": record.get("torch"),
     }
     return cast(CompileSummary, out)
-
-
-# --------------------------------------------------------------------------------------------------
-# Verdicts
-# --------------------------------------------------------------------------------------------------
-
-
-def _where(item: Mapping[str, Any]) -> list[dict[str, Any]]:
-    if not item.get("file") and not item.get("function"):
-        return []
-    return [{"file": item.get("file"), "line": item.get("line"), "function": item.get("function")}]
-
-
-def _mean_step_ms(step_ms: float | Mapping[str, Any] | None) -> float | None:
-    if isinstance(step_ms, Mapping):
-        step_ms = step_ms.get("mean")
-    return float(step_ms) if isinstance(step_ms, (int, float)) else None
-
-
-def compile_verdicts(
-    compile_info: Mapping[str, Any] | None, step_ms: float | Mapping[str, Any] | None = None
-) -> list[Verdict]:
-    """``compile_time``, ``recompile`` and ``graph_break`` verdicts of one window (docs/compile.md).
-
-    ``compile_info`` is the summary's ``compile`` key; ``step_ms`` the summary's ``step_ms`` (or its
-    mean), given in the evidence. Shares are of the window's recorded step time."""
-    if not compile_info:
-        return []
-    verdicts: list[Any] = []
-    mean = _mean_step_ms(step_ms)
-    share = compile_info.get("share")
-    in_steps = float(compile_info.get("in_steps_ms") or 0.0)
-    if isinstance(share, (int, float)) and share >= COMPILE_SHARE and in_steps >= COMPILE_MIN_MS:
-        functions = [f for f in compile_info.get("functions") or () if isinstance(f, Mapping)]
-        verdicts.append(
-            {
-                "kind": "compile_time",
-                "where": [w for f in functions[:5] for w in _where(f) if _origin_is_user(f.get("file"))]
-                or [w for f in functions[:5] for w in _where(f)],
-                "evidence": {
-                    "compile_ms": in_steps,
-                    "steps_ms": compile_info.get("steps_ms"),
-                    "share": share,
-                    "compiles": compile_info.get("compiles"),
-                    "phases_ms": compile_info.get("phases_ms"),
-                    "step_ms": mean,
-                },
-                "advice": "torch.compile ran inside the measured steps: record after warm-up (a later "
-                "window), and remove the recompiles and graph breaks that make it compile again.",
-            }
-        )
-    by_function: dict[tuple[Any, Any, Any], list[Mapping[str, Any]]] = {}
-    for item in compile_info.get("recompiles") or ():
-        if isinstance(item, Mapping) and item.get("reason") and SHAPE_REASON.search(str(item["reason"])):
-            by_function.setdefault((item.get("function"), item.get("file"), item.get("line")), []).append(item)
-    for items in by_function.values():
-        verdicts.append(
-            {
-                "kind": "recompile",
-                "where": _where(items[0]),
-                "evidence": {
-                    "recompiles": len(items),
-                    "reason": items[-1]["reason"],
-                    "reasons": [str(i["reason"]) for i in items[:3]],
-                    # the window's compile share: what the recompiles cost (absent when unknown)
-                    **({"share": share} if isinstance(share, (int, float)) else {}),
-                },
-                "advice": "inputs change shape from step to step: mark the changing dimension dynamic "
-                "(torch._dynamo.mark_dynamic) or pad batches to a few fixed sizes.",
-            }
-        )
-    for item in compile_info.get("graph_breaks") or ():
-        if not isinstance(item, Mapping):
-            continue
-        verdicts.append(
-            {
-                "kind": "graph_break",
-                "where": _where(item),
-                "evidence": {
-                    "reason": item.get("reason"),
-                    "compiles": item.get("compiles", 0),
-                    "calls": item.get("calls", 0),
-                },
-                "advice": "this line splits the compiled graph in two and runs Python between them: "
-                "move it out of the compiled function, or rewrite it so dynamo can trace it.",
-            }
-        )
-    return cast("list[Verdict]", verdicts)
-
-
-def _origin_is_user(path: Any) -> bool:
-    return isinstance(path, str) and code_origin(path)[0] == "user"
 
 
 def compile_markdown(info: Mapping[str, Any], top: int = 5) -> list[str]:

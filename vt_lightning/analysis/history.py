@@ -5,7 +5,7 @@ training process by ~21 KiB per window and printed a table with a row per window
 window becomes one small ``WindowRow`` as its result arrives, and ``RunHistory`` keeps only the
 first and the latest few rows, the slowest few, and streaming aggregates (a bounded log-bucket
 histogram per column for the median and p90). The full table goes to a file, row by row, as the
-rows arrive (``controller/history.py``). Pure: no I/O.
+rows arrive (``controller/windows_table.py``). Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -19,14 +19,19 @@ from typing import Any
 import orjson
 
 from vt_lightning.analysis.clock import Calibration
+from vt_lightning.constants import (
+    ANNOTATION_PREFIXES,
+    CPU_OP_CATEGORY,
+    PYTHON_CATEGORY,
+    STEP_PREFIX,
+    USER_ANNOTATION_CATEGORY,
+)
 
-PYTHON_CATEGORY = "FEE"  # VizTracer's own; the plugin does not analyse it, so Python calls show in the Trace view only
 FALLBACK_CATEGORY = "unknown"
 _SPACED_KEYS = ("distributedInfo",)
 # Ops nest inside the Python call that issued them. Annotations (ProfilerStep#, record_function)
 # may open in one Python call and close in another, so they are not held to nesting.
-NESTED_TORCH_CATEGORIES = ("cpu_op",)
-ANNOTATION_PREFIXES = ("[pl]", "ProfilerStep#")  # ranges written as cpu_op that are annotations
+NESTED_TORCH_CATEGORIES = (CPU_OP_CATEGORY,)
 
 
 # Beyond the calibration's uncertainty, each tracer stamps an event a little after or before the
@@ -201,7 +206,7 @@ class ThreadSpans:
             key = (event.get("pid"), event.get("tid"))
             if cat == PYTHON_CATEGORY:
                 self.python[key].append(event)
-            elif cat == "user_annotation" or str(event.get("name", "")).startswith(ANNOTATION_PREFIXES):
+            elif cat == USER_ANNOTATION_CATEGORY or str(event.get("name", "")).startswith(ANNOTATION_PREFIXES):
                 self.annotations[key].append(event)  # opened and closed by Python calls, not nested
             elif cat in NESTED_TORCH_CATEGORIES:
                 self.ops[key].append(event)
@@ -357,8 +362,8 @@ def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
 
 def drop_unrun_steps(events: list[dict[str, Any]], steps: Iterable[int]) -> int:
     """Remove ``ProfilerStep#N`` ranges opened for a batch that never ran (training ended first)."""
-    ran = {f"ProfilerStep#{step}" for step in steps}
-    keep = [e for e in events if not (e.get("name", "").startswith("ProfilerStep#") and e["name"] not in ran)]
+    ran = {f"{STEP_PREFIX}{step}" for step in steps}
+    keep = [e for e in events if not (e.get("name", "").startswith(STEP_PREFIX) and e["name"] not in ran)]
     dropped = len(events) - len(keep)
     events[:] = keep
     return dropped

@@ -62,7 +62,7 @@ class PythonEntry(TypedDict):
     function: str
     file: str | None
     line: int | None
-    origin: str  # "user", "package", "stdlib", "builtin" or "vt_lightning"
+    origin: str  # "user", "package", "stdlib", "builtin", "generated" (a compiler's output) or "vt_lightning"
     package: str | None
     folded: int  # functions folded into this line (0: one function)
     calls: int
@@ -139,6 +139,7 @@ class Memory(TypedDict):
 
 class _WhereMs(TypedDict, total=False):
     ms: float  # this place's share of the evidence, ms per counted step
+    share: float  # a callee's part (0-1) of the place listed before it (input_bound: the dataset's slowest callee)
 
 
 class VerdictWhere(_WhereMs):
@@ -150,9 +151,9 @@ class VerdictWhere(_WhereMs):
 
 
 class Verdict(TypedDict):
-    """Why the step is slow (analysis/verdicts.py; the rules in docs/verdicts.md)."""
+    """Why the step is slow (analysis/verdicts/; the rules in docs/verdicts.md)."""
 
-    kind: str  # verdicts.KINDS
+    kind: str  # verdicts.KINDS (analysis/verdicts/registry.py)
     where: list[VerdictWhere]  # the user's code, most time first (may be empty)
     evidence: dict[str, Any]  # the rule's numbers; ``share``: of the counted steps' time
     advice: str  # one line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -49,3 +50,58 @@ def x_events(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
 def span_of(event: Mapping[str, Any]) -> Span:
     start = float(event["ts"])
     return start, start + float(event.get("dur", 0.0) or 0.0)
+
+
+def covered(span: Span, sorted_spans: Sequence[Span], starts: Sequence[float]) -> float:
+    """µs of ``span`` covered by the sorted, disjoint ``sorted_spans`` (``starts``: their starts)."""
+    lo, hi = span
+    total = 0.0
+    i = max(bisect_right(starts, lo) - 1, 0)
+    while i < len(sorted_spans) and sorted_spans[i][0] < hi:
+        s, e = sorted_spans[i]
+        total += max(0.0, min(e, hi) - max(s, lo))
+        i += 1
+    return total
+
+
+def difference(spans: Sequence[Span], minus: Sequence[Span]) -> list[Span]:
+    """The parts of the sorted, disjoint ``spans`` outside the sorted, disjoint ``minus``."""
+    out: list[Span] = []
+    for lo, hi in spans:
+        cursor = lo
+        for s, e in minus:
+            if e <= cursor or s >= hi:
+                continue
+            if s > cursor:
+                out.append((cursor, s))
+            cursor = max(cursor, e)
+        if cursor < hi:
+            out.append((cursor, hi))
+    return out
+
+
+def subtract(spans: Iterable[Span], minus: Iterable[Span]) -> float:
+    """µs of the union of ``spans`` not covered by the union of ``minus``."""
+    a, b = union(spans), union(minus)
+    starts = [s for s, _ in b]
+    return sum((e - s) - covered((s, e), b, starts) for s, e in a)
+
+
+def overlap_of_unions(spans: Iterable[Span], regions: Iterable[Span]) -> float:
+    """µs of the union of ``spans`` that lies inside the union of ``regions``."""
+    a, b = union(spans), union(regions)
+    starts = [s for s, _ in b]
+    return sum(covered(span, b, starts) for span in a)
+
+
+def launches_by_correlation(events: Iterable[Mapping[str, Any]], categories: Iterable[str]) -> dict[Any, Any]:
+    """``{correlation: runtime event}``: which CUDA runtime call launched each kernel (kernels
+    carry the same ``args.correlation``)."""
+    wanted = frozenset(categories)
+    out = {}
+    for e in events:
+        if e.get("cat") in wanted:
+            correlation = (e.get("args") or {}).get("correlation")
+            if correlation is not None:
+                out[correlation] = e
+    return out

@@ -288,28 +288,3 @@ def _where(
         return {"function": None, "file": None, "line": None, "excess_ms": 0.0}
     function, path, line = parse_function(label)
     return {"function": function, "file": path, "line": line, "excess_ms": round(excess[label] / 1000.0 / per_step, 3)}
-
-
-STRAGGLER_ADVICE = (
-    "One rank is late at the collectives: look at what it does between them (its data, its Python, "
-    "an uneven batch or a busy host), and balance the work."
-)
-
-
-def straggler_verdict(job: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The ``straggler`` verdict of rank 0's summary from its ``job`` block (None: balanced, or no
-    job file). Same shape as ``analysis/verdicts.py``'s; the thresholds are this module's."""
-    found = (job or {}).get("straggler")
-    if not found:
-        return None
-    where = []
-    if found.get("function"):
-        where.append({"function": found["function"], "file": found.get("file"), "line": found.get("line")})
-    evidence = {
-        "share": found.get("share_of_step"),
-        "rank": found.get("rank"),
-        "others_wait_ms": found.get("others_wait_ms"),
-        "step_ms": found.get("step_ms"),
-        "excess_ms": found.get("excess_ms"),
-    }
-    return {"kind": "straggler", "where": where, "evidence": evidence, "advice": STRAGGLER_ADVICE}

@@ -1,7 +1,7 @@
 """Where did the step go? One window's summary, computed from its merged trace dict.
 
 Pure: a merged trace (and, optionally, its memory snapshot) in, a JSON-ready dict out. Runs in the
-writer process (``finish.finish_window``), never on the training thread. The dict's layout is the
+writer process (``export/pipeline.finish_window``), never on the training thread. The dict's layout is the
 stable, versioned schema documented in docs/files.md; ``SCHEMA_VERSION`` changes whenever a key
 changes meaning or disappears (new keys may be added within a version).
 
@@ -30,11 +30,11 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  # re-exported
-from vt_lightning.analysis.breakdown import attribute_step, reported, stage_ranges
+from vt_lightning.analysis.breakdown import attribute_step, reported
 from vt_lightning.analysis.compile import compile_summary
 from vt_lightning.analysis.schema import (
     SCHEMA_VERSION,
@@ -45,47 +45,28 @@ from vt_lightning.analysis.schema import (
     TopPython,
     Totals,
 )
-from vt_lightning.analysis.spans import Span
+from vt_lightning.analysis.spans import Span, launches_by_correlation
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.spans import percentile as _percentile
 from vt_lightning.analysis.spans import span_of as _span
-from vt_lightning.analysis.spans import x_events as _x_events
+from vt_lightning.analysis.steps import find_steps as find_steps  # re-exported
+from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
-from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES, code_origin, parse_function
 from vt_lightning.analysis.verdicts import find_verdicts
-from vt_lightning.constants import PL_PREFIX, PYTHON_CATEGORY, STEP_PREFIX, TRACE_METADATA_KEY
+from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, PYTHON_CATEGORY
 
-ANNOTATION_PREFIXES = (PL_PREFIX, STEP_PREFIX, TRACE_METADATA_KEY)
 TOP_PYTHON = 10  # entries per list, user code first
 TOP_UNFOLDED = 3  # package functions this high in a ranking keep their own line
 TOP_OPS = 10
 TOTALS_MIN_US = 1.0  # per step: ``totals`` list everything at least this long...
 TOTALS_MAX = 200  # ...up to about this many entries (the threshold rises to keep the file small)
+FOLDED_ORIGINS = ("package", GENERATED)  # folded to one line per package in the rankings
+GENERATED_PACKAGE = "torch.compile generated code"  # the one line of every compiler-generated function
+# Folded even when they rank in the top few: the frameworks' frames (Lightning's loop, torch's
+# module calls) sit around every step at ~100 % inclusive time and would push the user's out.
+ALWAYS_FOLDED = frozenset({*FRAMEWORKS, GENERATED_PACKAGE})
 COVERED_KEYS = ["step_ms", "breakdown_ms", "top_python", "top_ops"]
-
-
-def _step_number(name: str) -> int | None:
-    if not name.startswith(STEP_PREFIX):
-        return None
-    try:
-        return int(name[len(STEP_PREFIX) :])
-    except ValueError:
-        return None
-
-
-def find_steps(events: Iterable[Mapping[str, Any]]) -> tuple[dict[int, Span], Any]:
-    """``{step: (start, end)}`` from ``ProfilerStep#N`` ranges, and the (pid, tid) they are on."""
-    steps: dict[int, Span] = {}
-    thread = None
-    for event in events:
-        if event.get("cat") not in ("user_annotation", "cpu_op"):  # first: most events are Python calls
-            continue
-        number = _step_number(str(event.get("name", "")))
-        if number is None:
-            continue
-        steps[number] = _span(event)
-        thread = (event.get("pid"), event.get("tid"))
-    return dict(sorted(steps.items())), thread
 
 
 def _clipped(start: float, end: float, region: Span | None) -> Span | None:
@@ -135,6 +116,24 @@ class _Stat:
         self.functions: set[str] = set()
 
 
+class _OpenCall:
+    """A call on ``python_stats``'s stack: its stats, and the time its children took so far."""
+
+    __slots__ = ("child_us", "end", "name", "package", "package_key", "start", "stat")
+
+    def __init__(self, end: float, stat: _Stat, package: _Stat | None, start: float, name: str, key: str) -> None:
+        self.end, self.stat, self.package, self.start = end, stat, package, start
+        self.name, self.package_key, self.child_us = name, key, 0.0
+
+    def close(self, end: float) -> None:
+        """Its self time (ended at ``end``) to its function's and its package's stats."""
+        own = end - self.start - self.child_us
+        if own > 0:
+            self.stat.self_us += own
+            if self.package is not None:
+                self.package.self_us += own
+
+
 def python_stats(
     events: Sequence[Mapping[str, Any]], region: Span | None = None
 ) -> tuple[dict[str, _Stat], dict[str, _Stat], dict[str, dict]]:
@@ -159,28 +158,26 @@ def python_stats(
     package_of: dict[str, str] = {}  # function name -> "package:<name>" or ""
     for calls in by_thread.values():
         calls.sort(key=lambda c: (c[0], -c[1]))
-        stack: list[list[Any]] = []  # [end, function stat, package stat or None, child time, start, name, pkey]
+        stack: list[_OpenCall] = []
         open_count: dict[str, int] = defaultdict(int)  # open calls per function name and per package key
         for start, end, name in calls:
-            while stack and stack[-1][0] <= start:
+            while stack and stack[-1].end <= start:
                 done = stack.pop()
-                own = done[0] - done[4] - done[3]
-                if own > 0:
-                    done[1].self_us += own
-                    if done[2] is not None:
-                        done[2].self_us += own
-                open_count[done[5]] -= 1
-                if done[6]:
-                    open_count[done[6]] -= 1
-            if stack and end > stack[-1][0]:
-                end = stack[-1][0]
+                done.close(done.end)
+                open_count[done.name] -= 1
+                if done.package_key:
+                    open_count[done.package_key] -= 1
+            if stack and end > stack[-1].end:
+                end = stack[-1].end
             dur = end - start
             fstat = functions.get(name)
             if fstat is None:
                 function, path, line = parse_function(name)
                 origin, package = code_origin(path)
+                if origin == GENERATED:  # a compiler's modules fold to one line, like a package's
+                    package = GENERATED_PACKAGE
                 info[name] = {"function": function, "file": path, "line": line, "origin": origin, "package": package}
-                package_of[name] = f"package:{package}" if origin == "package" else ""
+                package_of[name] = f"package:{package}" if origin in FOLDED_ORIGINS else ""
                 fstat = functions[name] = _Stat()
             pkey = package_of[name]
             fstat.calls += 1
@@ -198,14 +195,10 @@ def python_stats(
                     pstat.inclusive_us += dur
                 open_count[pkey] += 1
             if stack:
-                stack[-1][3] += dur
-            stack.append([end, fstat, pstat, 0.0, start, name, pkey])
+                stack[-1].child_us += dur
+            stack.append(_OpenCall(end, fstat, pstat, start, name, pkey))
         for done in stack:
-            own = done[0] - done[4] - done[3]
-            if own > 0:
-                done[1].self_us += own
-                if done[2] is not None:
-                    done[2].self_us += own
+            done.close(done.end)
     return functions, packages, info
 
 
@@ -226,9 +219,11 @@ def _entry(name: str, stat: _Stat, meta: Mapping[str, Any], steps: int) -> Pytho
 def top_python(
     events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_PYTHON, region: Span | None = None
 ) -> TopPython:
-    """Top functions by self and by inclusive time, per step of ``region``; user code first, other
-    code under site-packages folded to one line per package unless it ranks in the top few; and
-    every function's self time above a threshold (``totals``)."""
+    """Top functions by self and by inclusive time, per step of ``region``: the user's code first,
+    then a model library's (litgpt, timm, transformers: the model the user built from), then the
+    rest, where the frameworks' frames and generated code are folded to one line per package
+    (other packages too, unless they rank in the top few); and every function's self time above a
+    threshold (``totals``: the full ranking)."""
     functions, packages, info = python_stats(events, region)
     steps = max(steps, 1)
 
@@ -236,13 +231,16 @@ def top_python(
         ranked = sorted(functions, key=lambda n: getattr(functions[n], metric), reverse=True)
         keep_whole = set(ranked[:TOP_UNFOLDED])
         user: list[PythonEntry] = []
+        model: list[PythonEntry] = []  # a model library's functions (usercode.MODEL_LIBRARIES)
         other: list[PythonEntry] = []
         folded_packages: set[str] = set()
         for name in ranked:
             meta = info[name]
             if meta["origin"] == "user":
                 user.append(_entry(name, functions[name], meta, steps))
-            elif meta["origin"] == "package" and name not in keep_whole:
+            elif meta["package"] in MODEL_LIBRARIES:
+                model.append(_entry(name, functions[name], meta, steps))
+            elif meta["origin"] in FOLDED_ORIGINS and (name not in keep_whole or meta["package"] in ALWAYS_FOLDED):
                 folded_packages.add(meta["package"])
             else:
                 other.append(_entry(name, functions[name], meta, steps))
@@ -253,7 +251,7 @@ def top_python(
                     "function": f"{package} (folded)",
                     "file": None,
                     "line": None,
-                    "origin": "package",
+                    "origin": GENERATED if package == GENERATED_PACKAGE else "package",
                     "package": package,
                     "folded": len(stat.functions),
                     "calls": stat.calls,
@@ -263,7 +261,8 @@ def top_python(
             )
         other.sort(key=by, reverse=True)
         user = [e for e in user if by(e) > 0][: limit // 2]
-        return user + other[: limit - len(user)]
+        model = [e for e in model if by(e) > 0][: limit - len(user)]
+        return user + model + other[: limit - len(user) - len(model)]
 
     self_us: dict[str, float] = defaultdict(float)
     for name, stat in functions.items():
@@ -281,7 +280,16 @@ def top_python(
 
 
 def _is_op(event: Mapping[str, Any]) -> bool:
-    return event.get("cat") == "cpu_op" and not str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
+    return event.get("cat") == CPU_OP_CATEGORY and not str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
+
+
+class _OpenOp:
+    """An op on ``top_ops``'s stack: its end, name, length and the time its children took so far."""
+
+    __slots__ = ("child_us", "dur", "end", "name")
+
+    def __init__(self, end: float, name: str, dur: float) -> None:
+        self.end, self.name, self.dur, self.child_us = end, name, dur, 0.0
 
 
 def top_ops(
@@ -301,21 +309,21 @@ def top_ops(
     op_spans: dict[Any, tuple[list[float], list[tuple[float, float, str]]]] = {}
     for thread, ops in by_thread.items():
         ops.sort(key=lambda o: (o[0], -o[1]))
-        stack: list[list[Any]] = []
+        stack: list[_OpenOp] = []
         for start, end, name in ops:
-            while stack and stack[-1][0] <= start:
+            while stack and stack[-1].end <= start:
                 done = stack.pop()
-                stats[done[1]][2] += max(done[3] - done[2], 0.0)
+                stats[done.name][2] += max(done.dur - done.child_us, 0.0)
             dur = end - start
             stat = stats[name]
             stat[0] += 1
             stat[1] += dur
             if stack:
-                stack[-1][2] += dur
-            stack.append([end, name, 0.0, dur])
+                stack[-1].child_us += dur
+            stack.append(_OpenOp(end, name, dur))
         while stack:
             done = stack.pop()
-            stats[done[1]][2] += max(done[3] - done[2], 0.0)
+            stats[done.name][2] += max(done.dur - done.child_us, 0.0)
         op_spans[thread] = ([o[0] for o in ops], ops)
     by_cpu = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:limit]
     out: TopOps = {
@@ -325,11 +333,7 @@ def top_ops(
         ],
         "totals": totals({name: s[2] for name, s in stats.items()}, steps),
     }
-    launches = {
-        (e.get("args") or {}).get("correlation"): e
-        for e in events
-        if e.get("cat") in RUNTIME_CATEGORIES and (e.get("args") or {}).get("correlation") is not None
-    }
+    launches = launches_by_correlation(events, RUNTIME_CATEGORIES)
     kernels = []
     for kernel in events:
         if kernel.get("cat") not in KERNEL_CATEGORIES:
@@ -385,13 +389,10 @@ def _ops_by_kernel(
 
 def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | None = None) -> Summary:
     """The summary of one merged window trace (see the module docstring and docs/files.md)."""
-    meta = trace.get(TRACE_METADATA_KEY) or {}
-    events = _x_events(trace)
-    steps, thread = find_steps(events)
+    data = read_window(trace)
+    meta, events, steps, thread, ranges = data.meta, data.events, data.steps, data.thread, data.ranges
     recorded = list(steps)
-    counted = recorded[1:] if len(recorded) > 1 else recorded  # the first step misses its fetch
-    user_hooks = meta.get("user_hooks")
-    ranges, source, hooks = stage_ranges(events, thread, user_hooks if isinstance(user_hooks, dict) else None)
+    counted = data.counted  # the first step misses its fetch
     per_step: dict[int, float] = {n: steps[n][1] - steps[n][0] for n in recorded}
     parts: dict[str, float] = defaultdict(float)
     for n in counted:
@@ -420,8 +421,8 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
             "recorded": recorded,
             "counted": counted,
             "ms": {str(n): _ms(per_step[n]) for n in recorded},
-            "breakdown_source": source,
-            "user_hooks": hooks,
+            "breakdown_source": data.breakdown_source,
+            "user_hooks": data.user_hooks,
         },
         "step_ms": {
             "mean": _ms(sum(durations) / count) if durations else None,
@@ -441,7 +442,5 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
         "memory": memory_summary(all_events, memory_snapshot),
         "compile": compile_summary(meta.get("compile"), events, steps),  # torch.compile (analysis/compile.py)
     }
-    summary["verdicts"] = find_verdicts(
-        trace, summary, memory_snapshot, events=events, steps=steps, thread=thread, ranges=ranges
-    )
+    summary["verdicts"] = find_verdicts(data, summary, memory_snapshot)
     return summary

@@ -4,8 +4,12 @@ memory snapshot and the tracer.
 VizTracer names a Python call ``"<qualname> (<file>:<first line>)"``; C calls carry no location.
 A file is the user's unless it lies in the standard library, in an installed package
 (``site-packages`` / ``dist-packages``, or the directory of an imported torch / Lightning /
-VizTracer) or in vt_lightning itself. Pure: paths in, labels out (``realpath`` is the only system
-call, cached per file).
+VizTracer), in vt_lightning itself, or is code a compiler generated: inductor's and Triton's cache
+directories (``torchinductor_<user>`` under the temp dir, ``TORCHINDUCTOR_CACHE_DIR``,
+``TRITON_CACHE_DIR``, ``~/.triton/cache``) and FX / dynamo source with no file
+(``<eval_with_key>.N``). Generated code is nobody's: it defines ``Runner.call`` and ``forward``
+functions that would otherwise top the user's tables. Pure: paths in, labels out (``realpath`` is
+the only system call, cached per file).
 """
 
 from __future__ import annotations
@@ -20,14 +24,25 @@ from typing import Any
 # vt_lightning's own directory (the package, not this subpackage), wherever it is installed.
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE_NAME = "vt_lightning"
+GENERATED = "generated"  # code_origin's label for compiler output
 
 _VIZTRACER_NAME = re.compile(r"^(?P<name>\S.*?) \((?P<file>.*):(?P<line>\d+)\)$")
 _SITE_DIRS = ("site-packages", "dist-packages")
 _STDLIB_DIRS = tuple(
     {os.path.realpath(p) for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")) if p}
 )
-# Frameworks whose directories are never the user's, even when installed from a source checkout.
-_FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer")
+# Where compilers write the modules they generate: their default directories by name, and the
+# directories these variables name (read at each classification, so a test's setting counts).
+_GENERATED_DIR = re.compile(r"/(torchinductor_[^/]*|\.triton/cache|triton_cache)/")
+_GENERATED_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+# FX and dynamo compile source held in memory: ``<eval_with_key>.3``, ``<fx_graph>``.
+_GENERATED_PSEUDO_FILES = ("<eval_with_key>", "<fx", "<torch_dynamo", "<dynamo")
+# Frameworks whose directories are never the user's, even when installed from a source checkout;
+# their frames are folded in the summary's tables.
+FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer")
+# Libraries whose code is a model the user built from (a litgpt GPT, a timm ResNet): "the model's",
+# listed below the user's own functions and above the frameworks' in the summary's tables.
+MODEL_LIBRARIES = ("litgpt", "timm", "transformers")
 
 
 def parse_function(name: str) -> tuple[str, str | None, int | None]:
@@ -47,9 +62,12 @@ def is_own_file(path: str) -> bool:
 @functools.lru_cache(maxsize=65536)  # one answer per file: realpath costs a system call or more
 def code_origin(path: str | None) -> tuple[str, str | None]:
     """Where a function's code lives: ``("user", None)``, ``("package", "torch")``, ``("stdlib",
-    None)``, ``("builtin", None)`` (C functions), or ``("vt_lightning", None)`` (this profiler)."""
+    None)``, ``("builtin", None)`` (C functions), ``("generated", None)`` (a compiler's output, see
+    ``is_generated``) or ``("vt_lightning", None)`` (this profiler)."""
     if not path:
         return "builtin", None
+    if is_generated(path):
+        return GENERATED, None
     if path.startswith("<"):  # <frozen posixpath>, <string> (dataclass methods), <lambda>...
         return "stdlib", None
     norm = path.replace("\\", "/")
@@ -68,6 +86,19 @@ def code_origin(path: str | None) -> tuple[str, str | None]:
     return "user", None
 
 
+def is_generated(path: str) -> bool:
+    """Code a compiler wrote: inductor's / Triton's cache directories (by their directory names, or
+    the directories ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` name) and FX / dynamo source
+    held in memory (``<eval_with_key>.N``)."""
+    if path.startswith("<"):
+        return path.startswith(_GENERATED_PSEUDO_FILES)
+    norm = path.replace("\\", "/")
+    if _GENERATED_DIR.search(norm):
+        return True
+    roots = tuple(os.path.realpath(os.environ[k]) + os.sep for k in _GENERATED_ENV if os.environ.get(k))
+    return bool(roots) and any(p.startswith(roots) for p in (os.path.abspath(path), os.path.realpath(path)))
+
+
 def library_roots() -> tuple[str, ...]:
     """Directories of code that is not the user's: the standard library and installed packages
     (and the frameworks' own directories, which an editable install puts anywhere)."""
@@ -76,7 +107,7 @@ def library_roots() -> tuple[str, ...]:
         path = sysconfig.get_paths().get(key)
         if path:
             roots.update({os.path.abspath(path) + os.sep, os.path.realpath(path) + os.sep})
-    for module in _imported(*_FRAMEWORKS):
+    for module in _imported(*FRAMEWORKS):
         roots.add(os.path.dirname(os.path.abspath(module.__file__)) + os.sep)
     return tuple(sorted(roots))
 

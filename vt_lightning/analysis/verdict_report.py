@@ -1,5 +1,5 @@
 """Verdicts for people: the console line, the summary.md bullets, and what ``diff`` says about
-verdicts that appeared or went away between two windows or runs. Pure; the rules are verdicts.py."""
+verdicts that appeared or went away between two windows or runs. Pure; the rules are analysis/verdicts/."""
 
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ def callbacks_from_env(environ: Mapping[str, str] | None = None) -> list[Any]:
             f"(vt_lightning was switched on by {ENV_SWITCH}={env[ENV_SWITCH]!r}; "
             f"fix the variable or unset {ENV_SWITCH})"
         ) from err
-    callback._vt_lightning_source = "env"  # lets the callback tell itself apart from one given in code
+    callback.vt_lightning_source = "env"  # lets the callback tell itself apart from one given in code
     return [callback]
 
 

@@ -1,31 +1,63 @@
 """Handing a closed window to the writer: its destination, its bookkeeping, its place in the inbox.
 
-A function over the controller rather than a method so that what happens at a window's end (and
-what later features add there: retention, job files) grows here, not in ``WindowController``.
+Functions over the controller's state rather than methods, so that what happens at a window's end
+(and what later features add there: retention, job files) grows here, not in ``WindowController``.
+They read and write only the public state ``ClosingState`` names; the controller does its own
+scheduling around them (``WindowController._hand_off``), so this module never imports it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from vt_lightning.analysis.filters import PythonFilter
+from vt_lightning.analysis.history import WindowNumbers
+from vt_lightning.analysis.sources import Planned
 from vt_lightning.controller import messages, windows
 from vt_lightning.controller import run as runs
-from vt_lightning.controller.handoff import finishes_at_end
+from vt_lightning.controller.handoff import BackgroundWriter, finishes_at_end
+from vt_lightning.controller.inbox import Inbox
+from vt_lightning.controller.warn import WarnOnce
+from vt_lightning.options import Options
+from vt_lightning.recording.spool import Spool
+from vt_lightning.recording.window import ProfilingWindow
 
-if TYPE_CHECKING:
-    from vt_lightning.controller.controller import WindowController
-    from vt_lightning.recording.window import ProfilingWindow
+
+class ClosingState(Protocol):
+    """What a window's end reads and updates of the controller (``WindowController`` has it)."""
+
+    options: Options
+    stage: str | None
+    run: runs.Run | None
+    spool: Spool | None
+    writer: BackgroundWriter | None
+    planned: Planned | None
+    completed: WindowNumbers
+    warn: WarnOnce
+    inbox: Inbox
+    python_filter: PythonFilter | None
+    trainer: Callable[[], Any]
+    triggered_runs: list[tuple[str, Any]]
+    windows_recorded: int
+    train_started: tuple[int, int] | None
 
 
-def hand_off(ctl: WindowController, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
-    """Name the window's files, close its recording into the spool and give the job to the writer."""
+def mark_written(ctl: ClosingState) -> None:
+    """A scheduled window's cycle is done (checkpointed: never recorded twice), before the
+    controller schedules past it."""
+    planned = ctl.planned
+    if planned is not None and planned.trigger is None:
+        ctl.completed.add(planned.window.index)
+
+
+def hand_off(ctl: ClosingState, window: ProfilingWindow, reason: str | None, partial: bool) -> bool:
+    """Name the window's files, close its recording into the spool and give the job to the writer;
+    True when a job was handed off (an answer is owed)."""
     assert ctl.run is not None and ctl.spool is not None and ctl.writer is not None
     target, planned = window.window, ctl.planned
     trigger = planned.trigger if planned is not None else None
-    if planned is not None and trigger is None:
-        ctl.completed.add(planned.window.index)
-    ctl._schedule_from(target.end)
     incomplete = len(window.steps) < len(target.active_steps)
     if incomplete:
         why = reason or "the window was closed early"
@@ -38,13 +70,14 @@ def hand_off(ctl: WindowController, window: ProfilingWindow, reason: str | None,
         del ctl.triggered_runs[: -messages.TRIGGERED_SHOWN]  # the latest are named at the end
     at_end = finishes_at_end(runs.trains_on_cpu(ctl.run), ctl.writer.process_started, *_fit_remaining(ctl))
     closed = window.close(ctl.spool, destination, hold_dump=at_end)  # held: even VizTracer's dump waits
-    if closed is not None:
-        ctl.windows_recorded += 1
-        ctl.inbox.expect(ctl.writer.hand_off(closed, at_end=at_end))
-        ctl._quiet_until(ctl.next_look)  # look at the next batch start for the answer
+    if closed is None:
+        return False
+    ctl.windows_recorded += 1
+    ctl.inbox.expect(ctl.writer.hand_off(closed, at_end=at_end))
+    return True
 
 
-def _fit_remaining(ctl: WindowController) -> tuple[int | None, float | None]:
+def _fit_remaining(ctl: ClosingState) -> tuple[int | None, float | None]:
     """Batches left to fit's end by its own limits, and the mean batch since train start in seconds
     (validation and the window's own steps included: an overestimate); None where unknown (another
     stage, no limit, no batch run yet)."""

@@ -289,7 +289,10 @@ class WindowController:
             self.budget.closed(window)
 
     def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
-        closing.hand_off(self, window, reason, partial)
+        closing.mark_written(self)
+        self._schedule_from(window.window.end)
+        if closing.hand_off(self, window, reason, partial):
+            self._quiet_until(self.next_look)  # look at the next batch start for the answer
 
     def _fail(self, err: Exception) -> None:
         window, self.window, self.phase = self.window, None, Phase.NONE

@@ -1,5 +1,5 @@
 """The training process's side of the writer: one background thread that hands windows, in order,
-to the writer process (``_writer.py``), bounds how many are pending, and bounds how long training
+to the writer process (``export/writer_process.py``), bounds how many are pending, and bounds how long training
 ever waits for it.
 
 Parsing, merging, encoding and compression run in the writer process, never on the training thread
@@ -36,6 +36,7 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
+from vt_lightning.constants import WRITER_TIMEOUT_S
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
 from vt_lightning.controller.remote import deliver
 from vt_lightning.export.atomic import remove_stale_temporaries
@@ -48,7 +49,7 @@ from vt_lightning.export.writer_process import WriterProcess
 from vt_lightning.recording.spool import SpoolError
 from vt_lightning.recording.window import ClosedWindow
 
-# Finish windows in a separate writer process (see ``_writer.py``); False keeps everything on the
+# Finish windows in a separate writer process (see ``export/writer_process.py``); False keeps everything on the
 # writer thread of the training process (tests that inject faults into ``finish`` use that).
 USE_WRITER_PROCESS = True
 # The writer process starts in the background at train start (at setup outside fit) when the first
@@ -97,7 +98,7 @@ class BackgroundWriter:
         self,
         max_in_flight: int = 2,
         use_process: bool | None = None,
-        timeout: float = 60.0,
+        timeout: float = WRITER_TIMEOUT_S,
         on_problem: Callable[[str, str], Any] | None = None,
     ) -> None:
         self.max_in_flight = max_in_flight

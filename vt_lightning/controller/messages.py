@@ -124,7 +124,7 @@ def print_end_of_run(root: Path | None, outcomes: Any, triggered: list[str], sta
 
 @rank_zero_only
 def print_verdicts(summary: Summary) -> None:
-    """One line per verdict of a window (analysis/verdicts.py), when its result is read: never
+    """One line per verdict of a window (analysis/verdicts/), when its result is read: never
     inside a window, rank zero only."""
     from vt_lightning.analysis.verdict_report import verdict_line
 

@@ -10,10 +10,10 @@ import os
 import platform
 import re
 
-TRACE_SUFFIX = ".pt.trace.json.gz"
-MEMORY_SUFFIX = ".memory_snapshot.pickle"
-TRACE_PATTERN = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(\.gz)?$")  # the plugin's own
-SPAN_WIDTH = 10  # spans compare as strings in the plugin: fixed width keeps their order
+from vt_lightning.constants import MEMORY_SUFFIX as MEMORY_SUFFIX  # re-exported: names of a window's files
+from vt_lightning.constants import SPAN_WIDTH
+from vt_lightning.constants import TRACE_PATTERN as TRACE_PATTERN
+from vt_lightning.constants import TRACE_SUFFIX as TRACE_SUFFIX
 
 
 def host_name() -> str:

@@ -14,7 +14,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import orjson
 
@@ -23,17 +23,15 @@ from vt_lightning.analysis.compile import compile_record, compile_span_events
 from vt_lightning.analysis.filters import filter_python_events
 from vt_lightning.analysis.flight import add_flight_track
 from vt_lightning.analysis.merge import encode_trace, merge_trace
-from vt_lightning.analysis.schema import Verdict
-from vt_lightning.analysis.straggler import straggler_verdict
 from vt_lightning.analysis.summary import summarize
+from vt_lightning.analysis.verdicts import with_job_verdicts
+from vt_lightning.constants import CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY
 from vt_lightning.export.atomic import atomic_write, gzip_bytes, owns, release_claim
 from vt_lightning.export.job import WindowJob, WindowResult
 from vt_lightning.export.job_file import JOB_EXTRA, job_summary, write_job_file
 from vt_lightning.export.layout import claim_name
 from vt_lightning.export.report import encode_summary, render_markdown, summary_names
 from vt_lightning.export.worker_dumps import add_to_trace, collect_worker_dumps, remove_parts, summarize_workers
-
-BROWSER_LIMIT_BYTES = 300 * 1024 * 1024  # above this the trace viewer page tends to go blank
 
 
 def _read_json(path: Path) -> Any:
@@ -99,7 +97,7 @@ def suggest_tracer_entries(
         op_ends = [
             float(e["ts"]) + float(e.get("dur", 0.0))
             for e in torch_events
-            if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation") and "ts" in e
+            if e.get("ph") == "X" and e.get("cat") in (CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY) and "ts" in e
         ]
         in_tail = sum(1 for t in op_ends if t >= since)
         if in_tail:
@@ -308,9 +306,7 @@ def _write_summary(
             summary["workers"] = workers
         if result.job is not None:
             summary["job"] = job_summary(result.job)
-            straggler = straggler_verdict(summary["job"])
-            if straggler is not None:  # cross-rank: only rank 0, which merged the job file, knows it
-                summary["verdicts"] = [cast(Verdict, straggler), *summary.get("verdicts", [])]
+            summary["verdicts"] = with_job_verdicts(summary)  # straggler: only rank 0 merged the job file
         atomic_write(run_dir / json_name, encode_summary(summary))
         markdown = render_markdown(summary)
         atomic_write(run_dir / md_name, markdown.encode())

@@ -19,14 +19,16 @@ from vt_lightning.analysis.history import RunHistory, TableRow, WindowRow, histo
 from vt_lightning.analysis.schema import Summary
 from vt_lightning.analysis.verdict_report import verdicts_markdown
 from vt_lightning.analysis.workers import workers_markdown
+from vt_lightning.constants import (
+    LEGACY_SUMMARY_JSON_SUFFIX,
+    SUMMARY_JSON_SUFFIX,
+    SUMMARY_MD_SUFFIX,
+    TRACE_SUFFIX,
+)
 from vt_lightning.export.reading import MemoryBudget, SummaryNotFound, is_regular_file, read_summary
 from vt_lightning.export.terminal import printable, printable_lines
 
-TRACE_SUFFIX = ".pt.trace.json.gz"  # as output.TRACE_SUFFIX; kept here so readers import no writer code
-SUMMARY_JSON_SUFFIX = ".summary.jsonc"  # as constants.SUMMARY_JSON_SUFFIX: not *.json, which HTA takes for a trace
-LEGACY_SUMMARY_JSON_SUFFIX = ".summary.json"  # written up to 0.1.0; still read
-SUMMARY_JSON_SUFFIXES = (SUMMARY_JSON_SUFFIX, LEGACY_SUMMARY_JSON_SUFFIX)
-SUMMARY_MD_SUFFIX = ".summary.md"
+SUMMARY_JSON_SUFFIXES = (SUMMARY_JSON_SUFFIX, LEGACY_SUMMARY_JSON_SUFFIX)  # the current one first
 PART_LABELS = {
     "data_wait": "data wait",
     "forward": "forward",

@@ -4,7 +4,7 @@ A collection stops the thread that triggered it (and, holding the GIL, every oth
 VizTracer shows it only as a gap inside whatever call allocated. ``gc.callbacks`` tells the start
 and the end of every collection; the pauses are stamped with the Python tracer's own clock, so the
 writer places them on the merged timeline with the same calibration as the Python calls
-(``export/pipeline.py``), named ``"[gc] generation N"`` (``analysis/verdicts.GC_SPAN_PREFIX``), where
+(``export/pipeline.py``), named ``"[gc] generation N"`` (``constants.GC_SPAN_PREFIX``), where
 the ``gc`` verdict reads them.
 """
 
@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from vt_lightning.analysis.verdicts import GC_SPAN_PREFIX
+from vt_lightning.constants import GC_SPAN_PREFIX
 
 MAX_PAUSES = 100_000  # a window's worth at the most; more are counted, not kept
 

@@ -337,14 +337,14 @@ class PythonTracer:
 
     def clock_us(self) -> float:
         """VizTracer's own clock (µs), the one its events' ``ts`` use."""
-        return self._ensure_tracer().getts()
+        return self.ensure_tracer().getts()
 
     def base_time_ns(self) -> int:
         """Wall-clock time (ns) of VizTracer's clock zero, fixed once at import."""
-        return int(self._ensure_tracer().get_base_time())
+        return int(self.ensure_tracer().get_base_time())
 
     def start(self) -> None:
-        tracer = self._ensure_tracer()
+        tracer = self.ensure_tracer()
         _flush_held(tracer)  # a held window's calls still in the buffer are written first
         self._new_thread_names = {}
         self._previous_thread_hook = threading.getprofile()
@@ -455,7 +455,7 @@ class PythonTracer:
         function return"). An excluded file's call is skipped with its whole subtree, counted by
         depth, so VizTracer's stack stays in step with the interpreter's.
         """
-        tracer = self._ensure_tracer()
+        tracer = self.ensure_tracer()
         if tracer.include_files is not None:
             return False
         if not self._files_paused:
@@ -523,7 +523,9 @@ class PythonTracer:
             _flush_held(self._tracer)
             self._tracer.clear()
 
-    def _ensure_tracer(self) -> Any:
+    def ensure_tracer(self) -> Any:
+        """This configuration's one VizTracer (built on first use, kept for the process: deleting one
+        resets ``threading.setprofile``); DataLoader workers ask for it too (recording/workers.py)."""
         if self._tracer is None:
             key = _config_key(self.config)
             self._tracer = _TRACERS.get(key)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vt_lightning.constants import SPOOL_PREFIX as PREFIX  # re-exported: remote.py and the tests find spools by it
 from vt_lightning.export.atomic import process_alive
 from vt_lightning.export.layout import host_name
 
@@ -27,7 +28,6 @@ try:
 except ImportError:  # pragma: no cover - Windows: pid and age alone decide
     fcntl = None  # type: ignore[assignment]
 
-PREFIX = "vt_lightning-spool-"
 _SPOOL = re.compile(rf"^{re.escape(PREFIX)}(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+)-[^-]+$")
 LOCK_NAME = ".owner.lock"
 DEAD_AFTER_S = 60.0  # never remove a directory modified this recently, whatever the pid says

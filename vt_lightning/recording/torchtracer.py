@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity
 
-from vt_lightning.constants import KINETO_LOG_LEVEL
+from vt_lightning.constants import KINETO_LOG_LEVEL, STEP_PREFIX
 from vt_lightning.recording.native_threads import collectives_on_gloo, wait_for_native_threads
 from vt_lightning.recording.rivals import RivalProfiler, own_calls
 
@@ -198,7 +198,7 @@ class TorchTracer:
 
     def step_begin(self, batch_idx: int) -> None:
         self.check()
-        step = torch.autograd.profiler.record_function(f"ProfilerStep#{batch_idx}")
+        step = torch.autograd.profiler.record_function(f"{STEP_PREFIX}{batch_idx}")
         step.__enter__()
         self._step = step
         self.open_step = batch_idx

@@ -3,7 +3,7 @@
 Order matters for what the timeline shows: torch starts first and stops last, the clocks are read
 just outside the Python tracer's span (so calibration never depends on traced events), and the
 Python hook is installed as late and removed as early as possible. Closing a window only stops
-recording and dumps VizTracer's ring buffer; everything else happens in ``finish.finish_window``.
+recording and dumps VizTracer's ring buffer; everything else happens in the writer (``export/pipeline.finish_window``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from vt_lightning.analysis.clock import ClockPair
 from vt_lightning.analysis.schedule import Window
+from vt_lightning.constants import PL_PROFILE_PREFIX
 from vt_lightning.export.job import Destination, WindowJob
 from vt_lightning.recording.clock_probes import emit_markers, sample_pair
 from vt_lightning.recording.pytracer import HeldDump, PythonTracer, foreign_profiler, wait_for_dump
@@ -152,7 +153,7 @@ class ProfilingWindow:
         the step it inflates explains itself in the trace; no-op outside active batches."""
         if not self.active or self.closed or kind in self._open_ranges:
             return
-        marker = self.torch.make_range(f"[pl][profile]{kind}")
+        marker = self.torch.make_range(f"{PL_PROFILE_PREFIX}{kind}")
         marker.__enter__()
         self._open_ranges[kind] = (marker, time.perf_counter(), self.torch.open_step)
 

@@ -269,7 +269,7 @@ class _WorkerSide:
         try:
             pair = sample_pair(tracer.clock_us, time.monotonic_ns, rounds=CLOCK_ROUNDS)
             part.clock.append((pair.python_us, pair.wall_ns))
-            viz = tracer._ensure_tracer()
+            viz = tracer.ensure_tracer()
             viz.setpid()  # this process's pid, whatever a forked parent fixed
             try:
                 viz.dump(f"{part.stem}.json.tmp")

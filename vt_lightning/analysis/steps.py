@@ -1,0 +1,73 @@
+"""One window's trace, read once: its events, its steps, the training thread and the stage ranges.
+
+The summary builds a ``WindowData`` once (``read_window``) and hands the same object to every part
+that reads the window (the tables, the breakdown, the verdicts), so no part re-reads the events or
+finds the steps again. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vt_lightning.analysis.breakdown import Range, stage_ranges
+from vt_lightning.analysis.spans import Span, x_events
+from vt_lightning.analysis.spans import span_of as _span
+from vt_lightning.constants import CPU_OP_CATEGORY, STEP_PREFIX, TRACE_METADATA_KEY, USER_ANNOTATION_CATEGORY
+
+Thread = tuple[Any, Any]  # (pid, tid) as the trace has them
+
+
+def _step_number(name: str) -> int | None:
+    if not name.startswith(STEP_PREFIX):
+        return None
+    try:
+        return int(name[len(STEP_PREFIX) :])
+    except ValueError:
+        return None
+
+
+def find_steps(events: Iterable[Mapping[str, Any]]) -> tuple[dict[int, Span], Any]:
+    """``{step: (start, end)}`` from ``ProfilerStep#N`` ranges, and the (pid, tid) they are on."""
+    steps: dict[int, Span] = {}
+    thread = None
+    for event in events:
+        if event.get("cat") not in (USER_ANNOTATION_CATEGORY, CPU_OP_CATEGORY):  # most events are Python calls
+            continue
+        number = _step_number(str(event.get("name", "")))
+        if number is None:
+            continue
+        steps[number] = _span(event)
+        thread = (event.get("pid"), event.get("tid"))
+    return dict(sorted(steps.items())), thread
+
+
+@dataclass(frozen=True)
+class WindowData:
+    """What every part of the summary reads of one merged trace, computed once."""
+
+    trace: Mapping[str, Any]
+    meta: Mapping[str, Any]  # the trace's vt_lightning metadata block
+    events: list[dict[str, Any]]  # the complete (X) events
+    steps: dict[int, Span]  # every recorded step
+    thread: Thread | None  # the training thread (the steps' thread)
+    ranges: list[Range]  # breakdown.stage_ranges: (start, end, part) on the training thread
+    breakdown_source: str
+    user_hooks: dict[str, str]  # the user's hook overrides found, hook -> part
+
+    @property
+    def counted(self) -> list[int]:
+        """The steps every per-step number covers: all but the first, which misses its fetch."""
+        recorded = list(self.steps)
+        return recorded[1:] if len(recorded) > 1 else recorded
+
+
+def read_window(trace: Mapping[str, Any]) -> WindowData:
+    """The one read of a merged window trace."""
+    meta = trace.get(TRACE_METADATA_KEY) or {}
+    events = x_events(trace)
+    steps, thread = find_steps(events)
+    hooks = meta.get("user_hooks")
+    ranges, source, found_hooks = stage_ranges(events, thread, hooks if isinstance(hooks, dict) else None)
+    return WindowData(trace, meta, events, steps, thread, ranges, source, found_hooks)

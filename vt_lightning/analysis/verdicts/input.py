@@ -1,0 +1,104 @@
+"""The input family: ``input_bound``, the step waits for its batch. Pure.
+
+``where`` names the user's dataset or collate function (the user call that entered user code from
+torch's fetcher) and, under each, the user callee that took most of its time with its share, so a
+slow ``__getitem__`` points at the helper that made it slow."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterator
+
+from vt_lightning.analysis.schema import VerdictWhere
+from vt_lightning.analysis.verdicts.base import TOP_WHERE, Finding, Rule, where_of
+from vt_lightning.analysis.verdicts.window import WindowView
+
+INPUT_BOUND_SHARE = 0.25  # fetching the next batch (breakdown ``data_wait``), of the step
+INPUT_BOUND_MIN_MS = 1.0  # per step
+CALLEE_MIN_SHARE = 0.10  # a callee is named when it took at least this share of its entry's time
+
+Time = dict[str, float]
+
+
+def _entries_and_callees(
+    w: WindowView, thread: object, spans: list[tuple[float, float]]
+) -> tuple[Time, dict[str, Time]]:
+    """µs per entry call (``Segment.entry``, its callees included) inside ``spans``, and per entry,
+    µs per innermost user callee under it (the entry itself excluded)."""
+    entries: Time = defaultdict(float)
+    callees: dict[str, Time] = defaultdict(lambda: defaultdict(float))
+    for (lo, hi), seg in w.timeline(thread).within(spans):
+        if seg.entry:
+            entries[seg.entry] += hi - lo
+        if seg.entry and seg.user and seg.user != seg.entry:
+            callees[seg.entry][seg.user] += hi - lo
+    return entries, callees
+
+
+def _places(entries: Time, callees: dict[str, Time], steps: int) -> list[VerdictWhere]:
+    """The top entries, each followed by its heaviest user callee (with its share of the entry)."""
+    out: list[VerdictWhere] = []
+    for name, us in sorted(entries.items(), key=lambda kv: kv[1], reverse=True)[:TOP_WHERE]:
+        if us <= 0:
+            continue
+        out.append(where_of(name, us, steps))
+        under = callees.get(name) or {}
+        if under:
+            callee, callee_us = max(under.items(), key=lambda kv: kv[1])
+            if callee_us / us >= CALLEE_MIN_SHARE:  # ``us`` holds the callees' time too
+                place = where_of(callee, callee_us, steps)
+                place["share"] = round(callee_us / us, 3)
+                out.append(place)
+    return out
+
+
+def input_bound(w: WindowView) -> Iterator[Finding]:
+    """Fetching the next batch (the breakdown's ``data_wait``) is a large share of the step; where:
+    the user's dataset / collate code that ran meanwhile, on the training thread or in workers,
+    and the callee that took most of its time."""
+    wait_ms = float((w.summary.get("breakdown_ms") or {}).get("data_wait") or 0.0)
+    step_ms = w.step_ms
+    if not step_ms or wait_ms < INPUT_BOUND_MIN_MS or wait_ms / step_ms < INPUT_BOUND_SHARE:
+        return
+    # The typical step must wait too: one fetch the OS descheduled on a busy machine lifts the mean
+    # of a few steps past the threshold (a healthy model on a loaded CI box: 32 %), never the median.
+    per_step = w.data_wait_per_step_ms()
+    median_wait_ms = statistics.median(per_step) if per_step else None
+    if median_wait_ms is not None and (
+        median_wait_ms < INPUT_BOUND_MIN_MS or median_wait_ms / step_ms < INPUT_BOUND_SHARE
+    ):
+        return
+    entries, callees = _entries_and_callees(w, w.thread, w.data_waits())
+    source = "main process"
+    if not entries:
+        everything = [(-math.inf, math.inf)]  # workers fetch ahead: a window's batches were fetched before its steps
+        for thread in w.threads():
+            if thread[0] == w.pid:
+                continue
+            more, more_callees = _entries_and_callees(w, thread, everything)
+            for name, us in more.items():
+                entries[name] = entries.get(name, 0.0) + us
+            for name, under in more_callees.items():
+                for callee, us in under.items():
+                    callees[name][callee] += us
+        source = "worker processes" if entries else "no user code recorded"
+    evidence = {
+        "data_wait_ms": round(wait_ms, 3),
+        "median_step_data_wait_ms": None if median_wait_ms is None else round(median_wait_ms, 3),
+        "step_ms": round(step_ms, 3),
+        "source": source,
+    }
+    yield Finding(round(wait_ms / step_ms, 3), _places(entries, callees, w.steps), evidence)
+
+
+RULES = (
+    Rule(
+        "input_bound",
+        input_bound,
+        {"INPUT_BOUND_SHARE": INPUT_BOUND_SHARE, "INPUT_BOUND_MIN_MS": INPUT_BOUND_MIN_MS},
+        "Fetch batches in parallel: raise DataLoader num_workers (with persistent_workers=True, "
+        "pin_memory=True), or make the dataset code named here cheaper (precompute, cache).",
+    ),
+)

@@ -1,0 +1,108 @@
+"""The Python family: ``python_bound`` (the user's own Python holds the step) and ``gc`` (the
+garbage collector's pauses). Pure."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from vt_lightning.analysis.spans import Span, clip, covered, difference, span_of, union
+from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.verdicts.base import Finding, Rule, share_of, top_where
+from vt_lightning.analysis.verdicts.window import WindowView
+from vt_lightning.constants import GC_SPAN_PREFIX
+
+PYTHON_BOUND_SHARE = 0.30  # the user's own Python with no torch op under it, of the step
+PYTHON_BOUND_MIN_MS = 1.0  # per step
+GC_SHARE = 0.05  # the garbage collector's pauses, of the step
+GC_MIN_MS = 0.5  # per step
+PURE_ORIGINS = ("user", "builtin", "stdlib")
+
+
+def _python_upper_bound_ms(w: WindowView) -> float | None:
+    """Per step, the self time of every user, builtin and stdlib function (``top_python.totals``):
+    at least the pure-Python time, so a window under the threshold skips the timeline."""
+    totals = (w.summary.get("top_python") or {}).get("totals")
+    if not totals:
+        return None
+    own = sum(ms for key, ms in totals["ms"].items() if code_origin(parse_function(key)[1])[0] in PURE_ORIGINS)
+    return own + totals["other_ms"]
+
+
+def python_bound(w: WindowView) -> Iterator[Finding]:
+    """The user's own Python, with no torch op running under it, is a large share of the step
+    outside fetching the batch (that is ``input_bound``'s); where: the user functions with the most
+    such time."""
+    bound = _python_upper_bound_ms(w)
+    if bound is not None and (bound < PYTHON_BOUND_SHARE * w.step_ms or bound < PYTHON_BOUND_MIN_MS):
+        return
+    ops = union(w.ops)  # torch ops, and CUDA runtime calls (blocked in a sync, a launch): not Python
+    outside_waits = difference(w.step_spans, w.data_waits())
+    # The time counted below lies in the steps outside the waits and outside every op (the
+    # timeline's segments are disjoint): when even all of that is too little, the timeline (the
+    # rules' costliest structure) is never built. An op-bound step ends here.
+    most_us = sum(hi - lo for lo, hi in difference(outside_waits, ops))
+    if share_of(most_us, w.total_us) < PYTHON_BOUND_SHARE or w.per_step_ms(most_us) < PYTHON_BOUND_MIN_MS:
+        return
+    starts = [s for s, _ in ops]
+    per_owner: dict[str, float] = defaultdict(float)
+    for (lo, hi), seg in w.timeline(w.thread).within(outside_waits):
+        if seg.owner:
+            per_owner[seg.owner] += max((hi - lo) - covered((lo, hi), ops, starts), 0.0)
+    pure_us = sum(per_owner.values())
+    share = share_of(pure_us, w.total_us)
+    if share < PYTHON_BOUND_SHARE or w.per_step_ms(pure_us) < PYTHON_BOUND_MIN_MS:
+        return
+    evidence = {"user_python_ms": w.per_step_ms(pure_us), "step_ms": w.per_step_ms(w.total_us)}
+    yield Finding(share, top_where(per_owner, w.steps), evidence)
+
+
+def gc_pauses(w: WindowView) -> Iterator[Finding]:
+    """The garbage collector's pauses (recording/gc_watch.py's spans) inside the counted steps are
+    a share of the step; where: the user code that was running when each pause began."""
+    pauses: list[Span] = []
+    per_user: dict[str, float] = defaultdict(float)
+    generations: dict[str, int] = defaultdict(int)
+    longest = 0.0
+    for e in w.gc:
+        if e.get("pid") != w.pid:
+            continue
+        kept = clip([span_of(e)], *w.region)
+        if not kept or not w.in_steps(kept[0]):
+            continue
+        pauses.append(kept[0])
+        us = kept[0][1] - kept[0][0]
+        longest = max(longest, us)
+        generations[str(e.get("name", ""))[len(GC_SPAN_PREFIX) :]] += 1
+        user = w.user_at(e, kept[0][0] - 1e-3)
+        if user:
+            per_user[user] += us
+    paused = sum(e - s for s, e in union(pauses))
+    share = share_of(paused, w.total_us)
+    if share < GC_SHARE or w.per_step_ms(paused) < GC_MIN_MS:
+        return
+    evidence = {
+        "gc_ms": w.per_step_ms(paused),
+        "pauses": len(pauses),
+        "longest_ms": round(longest / 1000.0, 3),
+        "by_generation": dict(generations),
+        "step_ms": w.per_step_ms(w.total_us),
+    }
+    yield Finding(share, top_where(per_user, w.steps), evidence)
+
+
+RULES = (
+    Rule(
+        "python_bound",
+        python_bound,
+        {"PYTHON_BOUND_SHARE": PYTHON_BOUND_SHARE, "PYTHON_BOUND_MIN_MS": PYTHON_BOUND_MIN_MS},
+        "Move the per-step Python named here into tensor ops, precompute it once, or run it every N steps.",
+    ),
+    Rule(
+        "gc",
+        gc_pauses,
+        {"GC_SHARE": GC_SHARE, "GC_MIN_MS": GC_MIN_MS},
+        "Python's garbage collector paused the step: avoid reference cycles in per-step objects, call "
+        "gc.freeze() after setup, or raise gc.set_threshold().",
+    ),
+)

@@ -1,0 +1,209 @@
+"""The window as the rules read it: one typed view, built once from the summary's ``WindowData``.
+
+``WindowView`` holds the counted steps, the training thread, the events sorted by what the rules
+read (Python calls per thread, torch ops, CUDA runtime calls, kernels, gc pauses) and, built on
+first use, one ``Timeline`` per thread: which call, and which of the user's calls, each instant
+belongs to. Pure.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import pairwise
+from typing import Any, NamedTuple
+
+from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX
+from vt_lightning.analysis.schema import Summary
+from vt_lightning.analysis.spans import Span, clip, covered, launches_by_correlation, span_of, union
+from vt_lightning.analysis.steps import Thread, WindowData
+from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES
+from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, GC_SPAN_PREFIX, PYTHON_CATEGORY
+
+Call = tuple[float, float, str]  # start µs, end µs, VizTracer's function name
+# Builtins that wait rather than compute (``time.sleep``, lock and queue waits, I/O polling): time
+# in them is not "Python-bound", even when the user's code called them.
+BLOCKING_SUFFIXES = ("sleep", "acquire", "wait", "select", "poll", "recv", "recv_into", "join")
+
+
+class Segment(NamedTuple):
+    """A stretch of one thread's time owned by one innermost call."""
+
+    start: float
+    end: float
+    call: str  # the innermost call
+    user: str | None  # the innermost user-code call around it
+    entry: str | None  # the user call that entered user code from library code (``__getitem__``)
+    owner: str | None  # who owns it as pure Python: a user call, or a builtin / stdlib call made from one
+
+
+class _Open(NamedTuple):
+    end: float
+    call: str
+    user: str | None
+    entry: str | None
+    owner: str | None
+    is_user: bool
+
+
+class Timeline:
+    """One thread's Python calls cut into non-overlapping ``Segment``s."""
+
+    def __init__(self, calls: Iterable[Call]) -> None:
+        self.starts: list[float] = []
+        self.segments: list[Segment] = []
+        add_start, add_segment = self.starts.append, self.segments.append
+        origin: dict[str, str] = {}
+        stack: list[_Open] = []
+        cursor = 0.0
+        for start, negative_end, name in sorted((s, -e, n) for s, e, n in calls):  # outer call first
+            end = -negative_end
+            while stack and stack[-1].end <= start:
+                done = stack.pop()
+                if done.end > cursor:
+                    add_start(cursor)
+                    add_segment(Segment(cursor, done.end, done.call, done.user, done.entry, done.owner))
+                cursor = done.end
+            parent = stack[-1] if stack else None
+            if parent is not None:
+                if start > cursor:
+                    add_start(cursor)
+                    add_segment(Segment(cursor, start, parent.call, parent.user, parent.entry, parent.owner))
+                end = min(end, parent.end)
+            kind = origin.get(name)
+            if kind is None:
+                kind = origin[name] = (
+                    "gc" if name.startswith(GC_SPAN_PREFIX) else code_origin(parse_function(name)[1])[0]
+                )
+            if kind == "user":
+                # the user call that entered user code from library code is inherited down the stack
+                entry = parent.entry if parent is not None and parent.is_user else name
+                stack.append(_Open(end, name, name, entry, name, True))
+            elif parent is None:
+                stack.append(_Open(end, name, None, None, None, False))
+            else:
+                pure = kind in ("builtin", "stdlib") and not name.endswith(BLOCKING_SUFFIXES)
+                stack.append(_Open(end, name, parent.user, parent.entry, parent.owner if pure else None, False))
+            cursor = start
+        while stack:
+            done = stack.pop()
+            if done.end > cursor:
+                add_start(cursor)
+                add_segment(Segment(cursor, done.end, done.call, done.user, done.entry, done.owner))
+            cursor = done.end
+
+    def at(self, t: float) -> Segment | None:
+        """The segment at time ``t``; None outside every call."""
+        i = bisect_right(self.starts, t) - 1
+        if i >= 0:
+            segment = self.segments[i]
+            if segment.start <= t < segment.end:
+                return segment
+        return None
+
+    def within(self, spans: Sequence[Span]) -> Iterator[tuple[Span, Segment]]:
+        """(the part inside ``spans``, segment) for every segment overlapping the sorted, disjoint
+        ``spans``."""
+        for lo, hi in spans:
+            i = max(bisect_right(self.starts, lo) - 1, 0)
+            while i < len(self.segments) and self.segments[i].start < hi:
+                seg = self.segments[i]
+                part = (max(seg.start, lo), min(seg.end, hi))
+                if part[1] > part[0]:
+                    yield part, seg
+                i += 1
+
+
+class WindowView:
+    """What every rule reads: the summary, the counted steps, the training thread, the events by
+    kind, per-thread timelines (built on first use) and the memory snapshot."""
+
+    def __init__(self, data: WindowData, summary: Summary, snapshot: Any = None) -> None:
+        self.data = data
+        self.trace = data.trace
+        self.summary = summary
+        self.snapshot = snapshot
+        self.thread: Thread | None = data.thread
+        steps = data.steps
+        counted = [n for n in (summary.get("steps") or {}).get("counted") or [] if n in steps]
+        self.steps = len(counted)
+        self.step_starts = sorted(steps[n][0] for n in counted)
+        self.step_spans = union(steps[n] for n in counted)
+        self.total_us = sum(steps[n][1] - steps[n][0] for n in counted)
+        self.region: Span = (self.step_spans[0][0], self.step_spans[-1][1]) if self.step_spans else (0.0, 0.0)
+        self.pid = self.thread[0] if self.thread else None
+        # One pass over the events, by what the rules read.
+        self._calls: dict[Any, list[Call]] = defaultdict(list)
+        self.ops: list[Span] = []  # the training thread's torch ops and CUDA runtime calls
+        self.runtime: list[dict[str, Any]] = []
+        self.kernels: list[dict[str, Any]] = []
+        self.gc: list[dict[str, Any]] = []
+        self.compile_spans: list[dict[str, Any]] = []  # analysis/compile.py's ``torch.compile: …`` spans
+        for e in data.events:
+            cat = e.get("cat")
+            if cat == PYTHON_CATEGORY:
+                name = str(e.get("name", ""))
+                span = span_of(e)
+                self._calls[(e.get("pid"), e.get("tid"))].append((span[0], span[1], name))
+                if name.startswith(GC_SPAN_PREFIX):
+                    self.gc.append(e)
+                elif name.startswith(COMPILE_SPAN_PREFIX):
+                    self.compile_spans.append(e)
+            elif cat in KERNEL_CATEGORIES:
+                self.kernels.append(e)
+            elif cat in RUNTIME_CATEGORIES or cat == CPU_OP_CATEGORY:
+                if cat != CPU_OP_CATEGORY:
+                    self.runtime.append(e)
+                elif str(e.get("name", "")).startswith(ANNOTATION_PREFIXES):
+                    continue
+                if (e.get("pid"), e.get("tid")) == self.thread:
+                    self.ops.append(span_of(e))
+        self._timelines: dict[Any, Timeline] = {}
+        self._waits: list[Span] | None = None
+
+    @property
+    def step_ms(self) -> float:
+        """The mean counted step, ms."""
+        return self.total_us / 1000.0 / max(self.steps, 1)
+
+    def data_waits(self) -> list[Span]:
+        """The counted steps' ``data_wait`` ranges (fetching the batch), as the breakdown has them."""
+        if self._waits is None:
+            parts = [(s, e) for s, e, part in self.data.ranges if part == "data_wait"]
+            self._waits = union(clip(parts, *self.region))
+        return self._waits
+
+    def data_wait_per_step_ms(self) -> list[float]:
+        """ms of ``data_waits`` in each counted step's slot (from its start to the next one's, the
+        last to the region's end), so a fetch between two steps counts for the step it fed."""
+        waits = self.data_waits()
+        starts = [s for s, _ in waits]
+        edges = [*self.step_starts, self.region[1]]
+        return [covered((lo, hi), waits, starts) / 1000.0 for lo, hi in pairwise(edges)]
+
+    def timeline(self, thread: Any) -> Timeline:
+        found = self._timelines.get(thread)
+        if found is None:
+            found = self._timelines[thread] = Timeline(self._calls.get(thread, ()))
+        return found
+
+    def threads(self) -> list[Any]:
+        return list(self._calls)
+
+    def in_steps(self, span: Span) -> bool:
+        lo, hi = span
+        return any(s < hi and lo < e for s, e in self.step_spans)
+
+    def per_step_ms(self, us: float) -> float:
+        return round(us / 1000.0 / max(self.steps, 1), 3)
+
+    def user_at(self, event: Mapping[str, Any], t: float | None = None) -> str | None:
+        """The innermost user call on ``event``'s thread at ``t`` (its start by default)."""
+        here = self.timeline((event.get("pid"), event.get("tid"))).at(float(event["ts"]) if t is None else t)
+        return here.user if here is not None else None
+
+    def launches(self) -> dict[Any, Any]:
+        """``{correlation: runtime call}`` of the window's kernel launches."""
+        return launches_by_correlation(self.runtime, RUNTIME_CATEGORIES)
