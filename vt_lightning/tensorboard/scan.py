@@ -262,21 +262,22 @@ class LogIndex:
 
     @staticmethod
     def _state(workers: list[WorkerFiles], listing: Listing | None) -> str:
-        """complete; writing (a writer's temporaries are there, or a trace is younger than
-        ``WRITING_S`` without its summary); no summary; no trace; empty."""
+        """The writer publishes a window's trace, then its memory snapshot, then its summary, each
+        renamed into place from a dot-file; the trace keeps a hidden second name until training has
+        the answer. So: writing (a dot-file is there, or a trace younger than ``WRITING_S`` waits
+        for its summary); complete; no summary (``summary=False``, or the writer died); no trace
+        (deleted since); empty."""
         if listing is None or not workers:
             return "writing" if listing is not None and listing.hidden else "empty"
         if listing.hidden:
             return "writing"
-        lacking = [w for w in workers if not (w.trace and w.summary)]
-        if not lacking:
+        if all(w.trace and w.summary for w in workers):
             return "complete"
         now = time.time_ns()
-        for w in lacking:
-            name = w.trace or w.summary
-            if name and now - listing.files[name][1] < WRITING_S * 1e9:
-                return "writing"
-        return "no summary" if all(w.trace for w in lacking) else "no trace"
+        waiting = [w.trace for w in workers if w.trace and not w.summary]
+        if any(now - listing.files[name][1] < WRITING_S * 1e9 for name in waiting):
+            return "writing"
+        return "no summary" if waiting else "no trace"
 
     def page(self, run: str, offset: int, limit: int) -> dict[str, Any]:
         names = self.window_names(run)
