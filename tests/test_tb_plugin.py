@@ -265,3 +265,53 @@ def test_memory_stays_bounded_by_its_caches(logdir: Path, tmp_path: Path, monkey
         assert _get(client, "window", run="run", name=f"window_{i:03d}-batches_{i}-{i}")[0] == 200
     assert len(plugin.index.rows) == 8 and len(plugin.index.summaries) == 4
     assert all(w["state"] == "no trace" for w in page["windows"])  # summaries kept, traces left out
+
+
+def test_the_job_file_and_the_stragglers_line_are_served(logdir: Path, tmp_path: Path) -> None:
+    """A DDP window's rank-0 summary names its job file and the straggler's line (the job file's
+    format: docs/distributed.md); the tab offers the job file to Perfetto and shows that line."""
+    root = tmp_path / "logs"
+    shutil.copytree(logdir, root)
+    run = _run(root)
+    window = root / run / "window_000-batches_2-4"
+    (summary_path,) = window.glob(f"*{SUMMARY_JSON_SUFFIX}")
+    summary = orjson.loads(summary_path.read_bytes())
+    straggler_line = summary["verdicts"][0]["where"][0]["line"] + 1
+    summary["job"] = {
+        "file": "job/job.0000000002.json.gz",
+        "world_size": 2,
+        "ranks": [
+            {"rank": 0, "host": "vm", "offset_us": 0.0, "uncertainty_us": 0.0, "same_host": True},
+            {"rank": 1, "host": "vm", "offset_us": 12.5, "uncertainty_us": 40.0, "same_host": True},
+        ],
+        "max_exit_residual_us": 55.0,
+        "straggler": {
+            "rank": 1,
+            "others_wait_ms": 20.0,
+            "step_ms": 50.0,
+            "share_of_step": 0.4,
+            "function": "SlowRows.__getitem__",
+            "file": __file__,
+            "line": straggler_line,
+            "excess_ms": 19.0,
+        },
+        "reduced_ranks": [],
+    }
+    summary_path.write_bytes(orjson.dumps(summary))
+    (window / "job").mkdir()
+    job_bytes = gzip.compress(b'{"traceEvents": []}' + b" " * 4000)
+    (window / "job" / "job.0000000002.json.gz").write_bytes(job_bytes)
+    client, _ = _client(root)
+    _, detail = _get(client, "window", run=run, name=window.name)
+    (rank,) = detail["ranks"]
+    assert rank["job"] == {
+        "path": f"{run}/{window.name}/job/job.0000000002.json.gz",
+        "bytes": len(job_bytes),
+        "json_bytes": 4019,
+    }
+    assert client.get(f"{API}/file/{rank['job']['path']}").get_data() == job_bytes
+    assert client.get(f"{API}/file/{run}/{window.name}/job/job.0000000002.ranks.json").status_code == 404
+    status, source = _get(
+        client, "source", run=run, name=window.name, worker=rank["worker"], file=__file__, line=straggler_line
+    )
+    assert status == 200 and straggler_line in dict(source["lines"])

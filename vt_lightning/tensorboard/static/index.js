@@ -13,6 +13,8 @@ const VERDICT_COLORS = {
   recompile: '#c5221f', graph_break: '#a142f4', gc: '#5f6368', straggler: '#185abc', comm_bound: '#129eaf',
   memory_pressure: '#e52592',
 };
+const FIRST_PAGE = 200; // rows of the first answer: the tab shows them at once, then fetches the rest
+const MAX_ROWS = 20000; // rows the tab fetches on its own; past them, "Show more"
 const state = { runs: [], limit: 0, perfetto: false, run: null, windows: [], total: 0, selected: null, logdir: '' };
 
 function el(tag, attrs = {}, ...children) {
@@ -98,18 +100,26 @@ async function openRun(run) {
   const box = root.querySelector('#vt-run');
   box.replaceChildren(loading('windows'));
   try {
-    const page = await api('windows', { run });
+    const page = await api('windows', { run, limit: FIRST_PAGE });
     state.windows = page.windows;
     state.total = page.total;
   } catch (e) { box.replaceChildren(problem(`Cannot list the windows of ${run}: ${e.message}`)); return; }
   drawRun(box);
-  if (state.windows.length) await openWindow(state.windows[0].name);
+  const opened = state.windows.length ? openWindow(state.windows[0].name) : null;
+  while (state.run === run && state.windows.length < Math.min(state.total, MAX_ROWS)) {
+    if (!(await loadMore(box, run))) break;
+  }
+  await opened;
 }
 
-async function loadMore(box) {
-  const page = await api('windows', { run: state.run, offset: state.windows.length });
+async function loadMore(box, run = state.run) {
+  let page;
+  try { page = await api('windows', { run, offset: state.windows.length }); } catch (e) { return false; }
+  if (state.run !== run || !page.windows.length) return false;
   state.windows.push(...page.windows);
+  state.total = page.total;
   drawRun(box);
+  return true;
 }
 
 function drawRun(box) {
@@ -119,7 +129,7 @@ function drawRun(box) {
     el('td', {}, (w.verdicts || []).map((v) => el('span', { class: 'vt-badge', style: `background:${VERDICT_COLORS[v.kind] || '#5f6368'}` }, `${v.kind} ${pct(v.share)}`))),
     el('td', { class: `vt-state vt-state-${w.state.replace(' ', '-')}` }, w.error ? 'unreadable summary' : w.state)));
   const more = state.windows.length < state.total
-    ? el('button', { onclick: () => loadMore(box) }, `Show more (${state.windows.length} of ${state.total})`) : null;
+    ? el('button', { onclick: () => loadMore(box) }, `Show more (${state.windows.length} of ${state.total} shown)`) : null;
   box.replaceChildren(
     section('Whole run: step time per window (click to open)', strip()),
     section(`Windows (${state.total})`, table(['window', 'batches', 'stage', 'trigger', 'step mean', 'step median', 'verdicts', 'state'], rows, { id: 'vt-windows' }), more));
