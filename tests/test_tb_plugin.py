@@ -99,6 +99,16 @@ def test_registered_for_tensorboard_with_its_frontend_in_the_package() -> None:
     assert client.get(f"{API}/runs").status_code == 404  # no --logdir: said, not a traceback
 
 
+def test_an_empty_log_dir_lists_no_runs_and_keeps_the_tab_inactive(tmp_path: Path) -> None:
+    client, plugin = _client(tmp_path)
+    assert _get(client, "runs")[1]["runs"] == []
+    assert not plugin.is_active()
+    (tmp_path / "version_0" / "window_000-batches_2-4").mkdir(parents=True)
+    assert _get(client, "runs")[1]["runs"] == [{"run": "version_0", "windows": 1}]  # no restart
+    assert plugin.is_active()
+    assert _get(client, "windows", run="version_0")[1]["windows"][0]["state"] == "empty"
+
+
 def test_windows_of_the_run_with_the_verdict_and_the_users_line(logdir: Path) -> None:
     client, plugin = _client(logdir)
     status, runs = _get(client, "runs")

@@ -139,7 +139,7 @@ def _tab(session: Session, tb: tbcheck.TensorBoardServer) -> tuple[Any, Any]:
 
 
 def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(browser: Any, served: Any) -> None:
-    tb, _ = served
+    tb, root = served
     session = Session(browser)
     try:
         page, frame = _tab(session, tb)
@@ -156,6 +156,13 @@ def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(brows
         assert frame.query_selector_all("#vt-breakdown .vt-seg"), "the breakdown bar"
         frame.click("rect[data-window='window_001-batches_7-9']")  # the whole-run strip opens a window
         frame.wait_for_selector("#vt-window-title:has-text('window_001-batches_7-9')", timeout=WAIT_S * 1000)
+        (run,) = {w.parent.relative_to(root).as_posix() for w in root.rglob("window_000-batches_2-4")}
+        frame.fill("#vt-diff-a", f"{run}/window_000-batches_2-4")
+        frame.fill("#vt-diff-b", f"{run}/window_001-batches_7-9")
+        frame.click("#vt-diff-go")
+        frame.wait_for_selector("#vt-diff-out table", timeout=WAIT_S * 1000)
+        diff = frame.inner_text("#vt-diff-out")
+        assert "A: 1 window(s), B: 1 window(s). Step:" in diff and "data_wait" in diff
         if os.environ.get("VT_SCREENSHOTS"):
             frame.click("rect[data-window='window_000-batches_2-4']")
             frame.wait_for_selector("#vt-window-title:has-text('window_000-batches_2-4')", timeout=WAIT_S * 1000)
