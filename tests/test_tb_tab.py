@@ -198,15 +198,27 @@ def test_open_in_perfetto_loads_the_trace_from_the_tensorboard_host(browser: Any
     assert session.off_host() == ([], [])
 
 
-def test_a_new_window_shows_on_reload_without_a_restart(browser: Any, served: Any) -> None:
+def test_a_new_window_shows_on_reload_without_a_restart_and_a_huge_trace_is_announced(
+    browser: Any, served: Any
+) -> None:
+    """A window added while TensorBoard runs is listed on the next load; a trace past what a browser
+    loads (its gzip trailer says 400 MB of JSON) is announced with what to do instead."""
     tb, root = served
     (run_dir,) = {p.parent for p in root.rglob("window_000-batches_2-4")}
-    shutil.copytree(run_dir / "window_001-batches_7-9", run_dir / "window_002-slow_step-batches_12-14")
+    new = run_dir / "window_005-slow_step-batches_12-14"
+    shutil.copytree(run_dir / "window_001-batches_7-9", new)
+    (trace,) = new.glob("*.pt.trace.json.gz")
+    data = trace.read_bytes()
+    trace.write_bytes(data[:-4] + (400 << 20).to_bytes(4, "little"))
     session = Session(browser)
     try:
         _, frame = _tab(session, tb)
-        assert "window_002-slow_step-batches_12-14" in frame.inner_text("#vt-windows")
-        assert "slow_step" in frame.inner_text("#vt-windows")
+        assert "window_005-slow_step-batches_12-14" in frame.inner_text("#vt-windows")
+        frame.click("tr[data-window='window_005-slow_step-batches_12-14']")
+        frame.wait_for_selector("#vt-window-title:has-text('slow_step')", timeout=WAIT_S * 1000)
+        warning = frame.inner_text(".vt-too-big")
+        assert "more than a browser loads" in warning and f"vt-lightning view {root}" in warning
+        assert "400.0 MB of JSON to load" in frame.inner_text(".vt-trace")
     finally:
-        shutil.rmtree(run_dir / "window_002-slow_step-batches_12-14")
+        shutil.rmtree(new)
         session.context.close()
