@@ -70,6 +70,8 @@ FILE_TIERS = {
     "test_side_recorders.py": "integration",
     "test_straggler.py": "unit",
     "test_summary.py": "unit",
+    "test_tb_plugin.py": "integration",
+    "test_tb_tab.py": "system",
     "test_tensorboard.py": "integration",
     "test_time_grid.py": "unit",
     "test_trigger_windows.py": "integration",

@@ -1,10 +1,11 @@
 """The package's shape, read from its source with ``ast`` (docs/architecture.md).
 
 * Layers: every import (module level and inside functions; ``if TYPE_CHECKING:`` blocks are
-  exempt, they never run) points down the layer list, never up; only ``__main__`` imports ``cli``.
-* No torch, Lightning or VizTracer in ``constants``, ``analysis/`` and ``export/`` (the writer
-  process and the CLI import them), nor at module level in the package's ``__init__``, which every
-  import of a submodule runs.
+  exempt, they never run) points down the layer list, never up; only ``__main__`` and the
+  TensorBoard tab (``tensorboard/``, which shares ``cli/serve.py``) import ``cli``.
+* No torch, Lightning or VizTracer in ``constants``, ``analysis/``, ``export/`` and
+  ``tensorboard/`` (the writer process, the CLI and the TensorBoard server import them), nor at
+  module level in the package's ``__init__``, which every import of a submodule runs.
 * No import cycle, counting every import: module level, inside functions, and under
   ``if TYPE_CHECKING:`` (a cycle hidden in a function or a type hint is still two modules that
   cannot be understood, or moved, one without the other).
@@ -42,6 +43,7 @@ LAYER_OF = {
     "controller": "controller",
     "callback": "callback",
     "cli": "cli",
+    "tensorboard": "tensorboard",
     "__main__": "__main__",
     "": "package",  # vt_lightning/__init__.py
 }
@@ -56,9 +58,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     "callback": {"callback", *_BELOW_CALLBACK},
     "package": {"package", "callback", *_BELOW_CALLBACK},
     "cli": {"cli", "package", "callback", *_BELOW_CALLBACK},
+    # The TensorBoard tab reads files like the CLI and shares its Perfetto server (cli/serve.py).
+    "tensorboard": {"tensorboard", "cli", "export", "analysis", "constants"},
     "__main__": {"__main__", "cli", "package", "callback", *_BELOW_CALLBACK},
 }
-TORCH_FREE_LAYERS = ("constants", "analysis", "export")
+TORCH_FREE_LAYERS = ("constants", "analysis", "export", "tensorboard")
 HEAVY = frozenset({"torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer", "torch_tb_profiler"})
 
 MAX_MODULE_LINES = 600
@@ -250,7 +254,7 @@ def test_only_main_imports_the_cli():
     bad = [
         f"{_where(imp)}: {imp.module} imports {imp.target}"
         for imp in all_imports()
-        if layer(imp.module) not in ("cli", "__main__")
+        if layer(imp.module) not in ("cli", "__main__", "tensorboard")
         and (target := internal_target(imp.target, modules)) is not None
         and layer(target) == "cli"
     ]

