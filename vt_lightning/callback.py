@@ -30,7 +30,8 @@ class VizTraceCallback(Callback):
     For the training batches a schedule selects (``torch.profiler.schedule`` semantics, one step =
     one training batch, counted globally from 0), each window becomes one merged
     ``<host>_<rank>.<span>.pt.trace.json.gz`` in a run directory of its own under the logger's log
-    dir, which TensorBoard's PyTorch Profiler tab, Perfetto UI, chrome://tracing and vizviewer open.
+    dir, with its summary and verdicts. TensorBoard's VT_LIGHTNING tab shows them all (and opens the
+    trace in Perfetto offline); Perfetto UI, vizviewer, HTA and the legacy PyTorch Profiler tab open the trace.
     Outside windows no profiling hook is installed.
 
     Args:
@@ -102,7 +103,7 @@ class VizTraceCallback(Callback):
 
         trainer = Trainer(callbacks=[VizTraceCallback(wait=1, warmup=1, active=3, repeat=2)])
         trainer.fit(model)
-        # tensorboard --logdir lightning_logs  ->  PyTorch Profiler tab
+        # tensorboard --logdir lightning_logs  ->  the VT_LIGHTNING tab
     """
 
     def __init__(

@@ -118,7 +118,7 @@ def print_end_of_run(root: Path | None, outcomes: Any, triggered: list[str], sta
         + (f"  table:   {full_table}  (every window)\n" if full_table else "")
         + f"  summary: {command} summary {where}\n"
         f"  view:    {command} view {where}   (Perfetto UI, offline)\n"
-        f"  or:      {python} -m tensorboard.main --logdir {where}  (PyTorch Profiler tab)"
+        f"  or:      {python} -m tensorboard.main --logdir {where}  (the VT_LIGHTNING tab)"
     )
 
 
