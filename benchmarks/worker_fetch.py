@@ -13,6 +13,10 @@ written after its fetches, untimed, as a worker writes it after the window. Prin
 (median over repeats of each repeat's median, min-max of those) and the ratio to untraced, with the
 events each traced fetch recorded.
 
+``--pil``: the same with a PIL pipeline instead (``PIL.Image.fromarray``, a random rotation, a
+resize to 40 px and a random 32 px crop, a flip, back to NumPy), whose Python layer makes many more
+library calls per sample, as torchvision's transforms do (PIL is optional: not a dependency).
+
 ``--fits N``: then N interleaved Trainer fits of ``examples/vision.py`` per arm (2 workers, one
 window of 4 batches): ``trace_workers=False`` (the workers untraced), ``"user"`` and ``"all"``; the
 window's data wait as a share of its step time (the number ``input_bound`` reads) and whether
@@ -52,6 +56,25 @@ def load_vision() -> Any:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def pil_dataset(vision: Any, length: int) -> Any:
+    """``AugmentedImages`` whose augmentation runs through PIL (as torchvision's transforms do)."""
+    import numpy as np
+    from PIL import Image
+
+    class PilImages(vision.AugmentedImages):  # type: ignore[misc, name-defined]
+        def augment(self, image: np.ndarray) -> np.ndarray:
+            picture = Image.fromarray(np.ascontiguousarray(image.transpose(1, 2, 0)))
+            picture = picture.rotate(float(self.rng.uniform(-15, 15))).resize((40, 40))
+            left, top = (int(v) for v in self.rng.integers(0, 9, size=2))
+            picture = picture.crop((left, top, left + 32, top + 32))
+            if self.rng.random() < 0.5:
+                picture = picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            array = np.asarray(picture, dtype=np.float32).transpose(2, 0, 1) / 255.0
+            return (array - 0.5) / 0.25
+
+    return PilImages(length=length)
 
 
 def run_arm(arm: str, fetcher: Any, spool: str, first_batch: int, fetches: int, batch_size: int) -> tuple[float, int]:
@@ -136,6 +159,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--fetches", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--pil", action="store_true", help="augment through PIL instead of NumPy")
     parser.add_argument("--fits", type=int, default=0, help="also this many Trainer fits per arm")
     parser.add_argument("--quick", action="store_true", help="2 repeats of 2 fetches")
     parser.add_argument("--no-write", action="store_true", help="accepted for the suite's smoke run")
@@ -144,7 +168,7 @@ def main() -> None:
         args.repeats, args.fetches = 2, 2
     torch.set_num_threads(1)
     vision = load_vision()
-    dataset = vision.AugmentedImages(length=4096)
+    dataset = pil_dataset(vision, 4096) if args.pil else vision.AugmentedImages(length=4096)
     fetcher = _DatasetKind.create_fetcher(_DatasetKind.Map, dataset, True, default_collate, False)
     per_arm: dict[str, list[float]] = {arm: [] for arm in ARMS}
     events: dict[str, int] = {}
@@ -160,6 +184,7 @@ def main() -> None:
                 events[arm] = n
     base = statistics.median(per_arm["untraced"])
     print(
+        f"{'PIL' if args.pil else 'NumPy'} augmentation, "
         f"{args.repeats} repeats x {args.fetches} fetches of {args.batch_size} samples, "
         f"Python {sys.version.split()[0]}, torch {torch.__version__}\n"
     )
