@@ -220,16 +220,18 @@ Thread = tuple[Any, Any]
 
 
 class ThreadSpans:
-    """One window's X events per (pid, tid), in the three kinds the nesting passes read: Python
-    calls, torch ops (which nest in the call that issued them) and annotation ranges (which need
-    not). Grouped once for all passes: each grouping is a pass over every event of the window."""
+    """One window's X events per (pid, tid), in the kinds the nesting passes read: Python calls,
+    torch ops (which nest in the call that issued them), annotation ranges (which need not) and
+    the rest (which the last pass holds to nesting too). Grouped once for all passes: each
+    grouping is a pass over every event of the window."""
 
-    __slots__ = ("annotations", "ops", "python")
+    __slots__ = ("annotations", "ops", "other", "python")
 
     def __init__(self, events: Iterable[dict[str, Any]]) -> None:
         self.python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.ops: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+        self.other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         for event in events:
             if event.get("ph") != "X":
                 continue
@@ -241,6 +243,16 @@ class ThreadSpans:
                 self.annotations[key].append(event)  # opened and closed by Python calls, not nested
             elif cat in NESTED_TORCH_CATEGORIES:
                 self.ops[key].append(event)
+            else:
+                self.other[key].append(event)
+
+    def all_events(self) -> dict[Thread, list[dict[str, Any]]]:
+        """Every X event per thread, whatever its kind."""
+        out: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+        for kind in (self.python, self.ops, self.annotations, self.other):
+            for key, thread_events in kind.items():
+                out[key].extend(thread_events)
+        return out
 
 
 def repair_boundaries(
@@ -391,13 +403,7 @@ def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
     call["dur"] = max(math.floor((end - call["ts"]) * 1000) / 1000, 0.0)
 
 
-def _ns(event: dict[str, Any]) -> tuple[int, int]:
-    """(start, end) in integer ns, as Perfetto reads them: ``llround(ts*1000)``, ``llround(dur*1000)``."""
-    start = math.floor(float(event["ts"]) * 1000 + 0.5)
-    return start, start + math.floor(float(event.get("dur", 0.0)) * 1000 + 0.5)
-
-
-def separate_crossing_ranges(events: list[dict[str, Any]]) -> tuple[int, int]:
+def separate_crossing_ranges(events: list[dict[str, Any]], threads: ThreadSpans | None = None) -> tuple[int, int]:
     """The last nesting pass, on the nanosecond grid: nothing on a thread may overlap without nesting.
 
     What the earlier passes leave (a torch.compile range closed in a call that began inside it, a
@@ -405,12 +411,17 @@ def separate_crossing_ranges(events: list[dict[str, Any]]) -> tuple[int, int]:
     the same times, to a track of its own beside its thread (``<thread> · torch ranges``, one lane
     per level of overlap), so the compile time still shows where it happened and Perfetto drops
     nothing; a Python call that outlives its parent is cut at the parent's end (original bounds in
-    ``args``). Returns (moved, cut). Run after ``snap_to_nanoseconds``.
+    ``args``). Returns (moved, cut). Run after ``snap_to_nanoseconds``; ``threads``: ``events``
+    already grouped.
     """
-    by_thread: dict[Thread, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
-    for event in events:
-        if event.get("ph") == "X" and "ts" in event:
-            by_thread[(event.get("pid"), event.get("tid"))].append((*_ns(event), event))
+    grouped = (threads if threads is not None else ThreadSpans(events)).all_events()
+    by_thread: dict[Thread, list[tuple[int, int, dict[str, Any]]]] = {}
+    floor = math.floor
+    for key, thread_events in grouped.items():  # integer ns, as Perfetto reads them (llround of ts, dur)
+        spans = by_thread[key] = []
+        for event in thread_events:
+            start = floor(float(event["ts"]) * 1000 + 0.5)
+            spans.append((start, start + floor(float(event["dur"]) * 1000 + 0.5), event))
     moved: dict[Thread, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
     cut = 0
     for key, spans in by_thread.items():
@@ -509,7 +520,7 @@ def merge_trace(
     repaired, _ = repair_boundaries(events, tolerance, threads)
     untangled = untangle_annotations(events, threads)
     snap_to_nanoseconds(events)
-    moved, clamped = separate_crossing_ranges(events)
+    moved, clamped = separate_crossing_ranges(events, threads)
 
     merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
     if origin_us:
