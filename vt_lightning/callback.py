@@ -98,6 +98,9 @@ class VizTraceCallback(Callback):
             run wrote and finished are deleted (None: keep all). The end-of-run table counts all.
         trace_workers: trace the train DataLoader's worker processes while they fetch a window's
             batches (their own processes in the trace; docs/distributed.md).
+        worker_calls: what a traced worker records: ``"user"`` (the dataset's and collate
+            function's own code and the C calls it makes, not the library code under it: a fetch
+            costs about what it costs untraced) or ``"all"`` (every call, library code included).
 
     Example::
 
@@ -146,6 +149,7 @@ class VizTraceCallback(Callback):
         budget_time_share: float | None = 0.1,
         keep_windows: int | None = None,
         trace_workers: bool = True,
+        worker_calls: str = "user",
     ) -> None:
         super().__init__()
         arguments = locals()

@@ -47,6 +47,7 @@ class Options:
     writer_timeout: float = WRITER_TIMEOUT_S
     keep_windows: int | None = None  # newest windows kept on disk (None: all)
     trace_workers: bool = True  # DataLoader workers' Python calls for a window's batches (recording/workers.py)
+    worker_calls: str = "user"  # what a traced worker records: WORKER_CALLS (recording/workers.py)
     budget: BudgetLimits = field(default_factory=BudgetLimits)
 
     def settings(self) -> dict[str, Any]:
@@ -97,6 +98,10 @@ _FLAGS = (
     "scheduled_windows",
     "trace_workers",
 )
+# ``worker_calls``: "user" records the dataset's and collate function's own code and the C calls
+# it makes, skipping every Python call into the standard library, installed packages and torch
+# (with what they call); "all" records every call, as the training process does.
+WORKER_CALLS = ("user", "all")
 
 
 def make_options(arguments: Mapping[str, Any]) -> Options:
@@ -177,6 +182,7 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
         writer_timeout=writer_timeout,
         keep_windows=_check_keep_windows(a["keep_windows"]),
         trace_workers=a["trace_workers"],
+        worker_calls=_check_worker_calls(a["worker_calls"]),
         budget=_check_budget(a),
     )
 
@@ -287,6 +293,12 @@ def _check_ranks(ranks: Any) -> tuple[int, ...] | None:
     if len(set(ranks)) != len(ranks):
         raise ValueError(f"`ranks` lists a rank twice: {ranks!r}")
     return tuple(ranks)
+
+
+def _check_worker_calls(calls: Any) -> str:
+    if calls not in WORKER_CALLS:
+        raise ValueError(f"`worker_calls` must be one of {list(WORKER_CALLS)}, got {calls!r}")
+    return str(calls)
 
 
 def _check_stages(stages: Any) -> tuple[str, ...]:

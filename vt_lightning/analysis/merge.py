@@ -32,6 +32,27 @@ _SPACED_KEYS = ("distributedInfo",)
 # Ops nest inside the Python call that issued them. Annotations (ProfilerStep#, record_function)
 # may open in one Python call and close in another, so they are not held to nesting.
 NESTED_TORCH_CATEGORIES = (CPU_OP_CATEGORY,)
+# torch.compile's ranges, written as cpu_op: the compiled frame and AOT's runtime wrappers open them
+# in one Python call (``RecordFunctionFast.__enter__``, a ``record_function`` helper) and close them
+# in another, and dynamo's compile phases (``dynamo_timed``) span calls of their own. Measured on a
+# Trainer window (examples/vision.py, aot_eager): 7-8 crossings per window when held to nesting as ops.
+COMPILE_RANGE_PREFIXES = (
+    "Pregraph bytecode",
+    "AOTDispatcher Runtime Wrapper",
+    "## Call CompiledFxGraph",
+    "## ",
+    "Torch-Compiled Region",
+    "CompiledFunction",
+    "TorchDynamo Cache Lookup",
+    "entire_frame_compile",
+    "dynamo",
+)
+COMPILE_RANGE_SUFFIX = "(dynamo_timed)"
+# A torch range still crossing another event once all repairs are done moves to a track of its own
+# beside its thread: base + lane * LANE_STRIDE + tid (a Linux tid is below 2**22; flight.py's
+# sampled track uses 1e9 + tid).
+RANGE_TRACK_TID_BASE = 2_000_000_000
+RANGE_TRACK_LANE_STRIDE = 1 << 22
 
 
 # Beyond the calibration's uncertainty, each tracer stamps an event a little after or before the
@@ -173,6 +194,16 @@ def ensure_contract(events: list[dict[str, Any]]) -> int:
     return fixed
 
 
+def is_range_name(name: str) -> bool:
+    """A torch event written as ``cpu_op`` that is a range opened and closed by Python calls
+    (Lightning's, the profiler's steps, torch.compile's), not an op nested in its caller."""
+    return (
+        name.startswith(ANNOTATION_PREFIXES)
+        or name.startswith(COMPILE_RANGE_PREFIXES)
+        or name.endswith(COMPILE_RANGE_SUFFIX)
+    )
+
+
 def _crossing_fix(ps: float, pe: float, es: float, ee: float) -> tuple[float, float, float] | None:
     """If [ps, pe] and [es, ee] cross (neither contains the other, yet they overlap), return the
     cheapest (cost, new_ps, new_pe) that moves only the Python span into nesting or apart."""
@@ -189,16 +220,18 @@ Thread = tuple[Any, Any]
 
 
 class ThreadSpans:
-    """One window's X events per (pid, tid), in the three kinds the nesting passes read: Python
-    calls, torch ops (which nest in the call that issued them) and annotation ranges (which need
-    not). Grouped once for all passes: each grouping is a pass over every event of the window."""
+    """One window's X events per (pid, tid), in the kinds the nesting passes read: Python calls,
+    torch ops (which nest in the call that issued them), annotation ranges (which need not) and
+    the rest (which the last pass holds to nesting too). Grouped once for all passes: each
+    grouping is a pass over every event of the window."""
 
-    __slots__ = ("annotations", "ops", "python")
+    __slots__ = ("annotations", "ops", "other", "python")
 
     def __init__(self, events: Iterable[dict[str, Any]]) -> None:
         self.python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.ops: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+        self.other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         for event in events:
             if event.get("ph") != "X":
                 continue
@@ -206,10 +239,20 @@ class ThreadSpans:
             key = (event.get("pid"), event.get("tid"))
             if cat == PYTHON_CATEGORY:
                 self.python[key].append(event)
-            elif cat == USER_ANNOTATION_CATEGORY or str(event.get("name", "")).startswith(ANNOTATION_PREFIXES):
+            elif cat == USER_ANNOTATION_CATEGORY or is_range_name(str(event.get("name", ""))):
                 self.annotations[key].append(event)  # opened and closed by Python calls, not nested
             elif cat in NESTED_TORCH_CATEGORIES:
                 self.ops[key].append(event)
+            else:
+                self.other[key].append(event)
+
+    def all_events(self) -> dict[Thread, list[dict[str, Any]]]:
+        """Every X event per thread, whatever its kind."""
+        out: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+        for kind in (self.python, self.ops, self.annotations, self.other):
+            for key, thread_events in kind.items():
+                out[key].extend(thread_events)
+        return out
 
 
 def repair_boundaries(
@@ -360,6 +403,92 @@ def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
     call["dur"] = max(math.floor((end - call["ts"]) * 1000) / 1000, 0.0)
 
 
+def separate_crossing_ranges(events: list[dict[str, Any]], threads: ThreadSpans | None = None) -> tuple[int, int]:
+    """The last nesting pass, on the nanosecond grid: nothing on a thread may overlap without nesting.
+
+    What the earlier passes leave (a torch.compile range closed in a call that began inside it, a
+    range crossing an op or another range) is settled here: a torch event that crosses moves, at
+    the same times, to a track of its own beside its thread (``<thread> · torch ranges``, one lane
+    per level of overlap), so the compile time still shows where it happened and Perfetto drops
+    nothing; a Python call that outlives its parent is cut at the parent's end (original bounds in
+    ``args``). Returns (moved, cut). Run after ``snap_to_nanoseconds``; ``threads``: ``events``
+    already grouped.
+    """
+    grouped = (threads if threads is not None else ThreadSpans(events)).all_events()
+    by_thread: dict[Thread, list[tuple[int, int, dict[str, Any]]]] = {}
+    floor = math.floor
+    for key, thread_events in grouped.items():  # integer ns, as Perfetto reads them (llround of ts, dur)
+        spans = by_thread[key] = []
+        for event in thread_events:
+            start = floor(float(event["ts"]) * 1000 + 0.5)
+            spans.append((start, start + floor(float(event["dur"]) * 1000 + 0.5), event))
+    moved: dict[Thread, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
+    cut = 0
+    for key, spans in by_thread.items():
+        spans.sort(key=lambda span: (span[0], -span[1]))
+        stack: list[tuple[int, int, dict[str, Any]]] = []
+        for span in spans:
+            start, end, event = span
+            while True:
+                while stack and stack[-1][1] <= start:
+                    stack.pop()
+                if not stack or stack[-1][1] >= end:
+                    stack.append(span)
+                    break
+                top = stack[-1]
+                if event.get("cat") != PYTHON_CATEGORY:
+                    moved[key].append(span)
+                    break
+                if top[2].get("cat") != PYTHON_CATEGORY:
+                    moved[key].append(stack.pop())  # the range moves; the call may nest in the next one
+                    continue
+                _set_bounds(event, event["ts"], top[1] / 1000)  # a call outliving its parent call
+                span = (start, top[1], event)
+                end = top[1]
+                cut += 1
+    if moved:
+        events.extend(_range_tracks(events, moved))
+    return sum(len(spans) for spans in moved.values()), cut
+
+
+def _range_tracks(
+    events: list[dict[str, Any]], moved: Mapping[Thread, list[tuple[int, int, dict[str, Any]]]]
+) -> list[dict[str, Any]]:
+    """Put each thread's moved ranges on lanes where they nest; returns the lanes' metadata events."""
+    names = {
+        (e.get("pid"), e.get("tid")): str(e.get("args", {}).get("name", e.get("tid")))
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    meta: list[dict[str, Any]] = []
+    for (pid, tid), spans in moved.items():
+        lanes: list[list[tuple[int, int, dict[str, Any]]]] = []  # each lane: the stack of open spans
+        for start, end, event in sorted(spans, key=lambda span: (span[0], -span[1])):
+            for lane in lanes:
+                while lane and lane[-1][1] <= start:
+                    lane.pop()
+                if not lane or lane[-1][1] >= end:
+                    break
+            else:
+                lane = []
+                lanes.append(lane)
+            lane.append((start, end, event))
+            number = lanes.index(lane)
+            event["tid"] = _lane_tid(tid, number)
+            event.setdefault("args", {})["vt_lightning.thread"] = tid
+        for number in range(len(lanes)):
+            lane_tid = _lane_tid(tid, number)
+            label = f"{names.get((pid, tid), tid)} · torch ranges" + (f" {number + 1}" if number else "")
+            meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": lane_tid, "args": {"name": label}})
+    return meta
+
+
+def _lane_tid(tid: Any, number: int) -> Any:
+    if isinstance(tid, int) and 0 <= tid < RANGE_TRACK_LANE_STRIDE:
+        return RANGE_TRACK_TID_BASE + number * RANGE_TRACK_LANE_STRIDE + tid
+    return f"{tid} torch ranges {number + 1}"
+
+
 def drop_unrun_steps(events: list[dict[str, Any]], steps: Iterable[int]) -> int:
     """Remove ``ProfilerStep#N`` ranges opened for a batch that never ran (training ended first)."""
     ran = {f"{STEP_PREFIX}{step}" for step in steps}
@@ -389,9 +518,9 @@ def merge_trace(
     tolerance = calibration.uncertainty_us + STAMP_JITTER_US
     threads = ThreadSpans(events)
     repaired, _ = repair_boundaries(events, tolerance, threads)
-    crossings = count_crossings(events, threads)
     untangled = untangle_annotations(events, threads)
     snap_to_nanoseconds(events)
+    moved, clamped = separate_crossing_ranges(events, threads)
 
     merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
     if origin_us:
@@ -411,9 +540,11 @@ def merge_trace(
     meta["torch_events"] = len(torch_events)
     meta["nesting"] = {
         "repaired": repaired,
-        "crossings": crossings,
+        "crossings": moved + clamped,  # found by the last pass and settled there: none is left
         "tolerance_us": round(tolerance, 3),
         "cut_at_annotations": untangled,
+        "moved_to_range_tracks": moved,
+        "clamped_to_parent": clamped,
     }
     if fixed:
         meta["contract_fixes"] = fixed

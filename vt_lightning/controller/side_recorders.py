@@ -60,7 +60,12 @@ def start_run(
 
     try:
         tracing = WorkerTracing(
-            os.fspath(spool), run.global_rank, options.python, upcoming, lambda: batches_started(owner())
+            os.fspath(spool),
+            run.global_rank,
+            options.python,
+            upcoming,
+            lambda: batches_started(owner()),
+            calls=options.worker_calls,
         )
         tracing.install(trainer.fit_loop)
     except Exception as err:

@@ -17,6 +17,17 @@ thread that lives only while a part is open), or at exit; never right after a wi
 the window is measuring. VizTracer's dump first, then a small ``.meta.json`` that marks the part
 complete. The writer merges the complete parts; a worker that died or hung loses only its own part
 (``export/worker_dumps.py``).
+
+What a traced fetch records (``worker_calls``): by default the user's code only. An augmenting
+dataset makes tens of thousands of library calls per batch (PIL, torchvision, NumPy's Python
+layer), which traced in full cost 8-20x the fetch itself (issue 39). So every Python call into the
+standard library, installed packages, torch and vt_lightning is skipped with everything it calls
+(VizTracer's ``exclude_files``, set through ``PythonTracer.pause_files``), and the C calls the
+user's code makes are kept. A skipped frame drops its whole subtree, so the dataset must not be
+reached through torch's fetcher: for a map-style dataset the fetch is replayed in the frame that
+started the tracer (``_WorkerSide.fetch``: ``dataset[i]`` per index, or ``__getitems__``, then the
+collate function), exactly as ``_MapDatasetFetcher.fetch`` does it. Other fetchers (an
+``IterableDataset``) show their ``fetch batch N`` span only. ``worker_calls="all"``: every call.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from typing import Any
 import orjson
 
 from vt_lightning.analysis.schedule import Window
+from vt_lightning.analysis.usercode import PACKAGE_ROOT, library_roots
 from vt_lightning.analysis.workers import (
     NO_LIMIT,
     PLAN_SLOTS,
@@ -124,6 +136,7 @@ class WorkerSetup:
     out_dir: str
     rank: int
     config: PythonTracerConfig
+    calls: str = "user"  # ``worker_calls``: "user" or "all"
 
 
 class TracedWorkerInit:
@@ -186,6 +199,7 @@ class _WorkerSide:
             if self.part is not None:
                 self.finish()
             return original(index)
+        fetcher = _map_fetcher(original) if self.setup.calls == "user" else None
         with self.lock:
             tracer = self._arm(window)
             try:
@@ -197,7 +211,19 @@ class _WorkerSide:
                 self.broken = True
                 return original(index)
             try:
-                return original(index)
+                if fetcher is None:
+                    return original(index)
+                # _MapDatasetFetcher.fetch, replayed here: the user's code is called from the frame
+                # that started the tracer, not from torch's, whose skipped frame would hide it.
+                dataset = fetcher.dataset
+                if not fetcher.auto_collation:
+                    return fetcher.collate_fn(dataset[index])
+                if hasattr(dataset, "__getitems__") and dataset.__getitems__:
+                    return fetcher.collate_fn(dataset.__getitems__(index))
+                data = [None] * len(index)
+                for k, i in enumerate(index):
+                    data[k] = dataset[i]
+                return fetcher.collate_fn(data)
             finally:
                 self._fetched(tracer, batch, started)
 
@@ -223,6 +249,9 @@ class _WorkerSide:
                     self.setup.config, tracer_entries=min(self.setup.config.tracer_entries, WORKER_TRACER_ENTRIES)
                 )
                 self.tracer = PythonTracer(config)
+                if self.setup.calls == "user":
+                    # "<frozen abc>", "<string>"...: the standard library's, as usercode.py reads them.
+                    self.tracer.pause_files((*library_roots(), PACKAGE_ROOT + os.sep, "<"))
             if self.part is None:
                 self._begin(window, self.tracer)
             return self.tracer
@@ -347,6 +376,17 @@ def _watch_tasks(side: _WorkerSide) -> bool:
     return True
 
 
+def _map_fetcher(fetch: Callable[[Any], Any]) -> Any:
+    """The fetcher behind ``fetch`` when it is torch's map-style one (which the worker replays),
+    else None."""
+    fetcher = getattr(fetch, "__self__", None)
+    try:
+        from torch.utils.data._utils.fetch import _MapDatasetFetcher
+    except ImportError:
+        return None
+    return fetcher if type(fetcher) is _MapDatasetFetcher else None
+
+
 class _TracedFetch:
     """``fetcher.fetch`` in a worker: reads the task number ``idx`` from torch's worker loop."""
 
@@ -383,11 +423,12 @@ class WorkerTracing:
         config: PythonTracerConfig,
         upcoming: Callable[[int], list[Range]],
         next_batch: Callable[[], int],
+        calls: str = "user",
     ) -> None:
         self.out_dir = os.path.join(spool_dir, WORKERS_DIR)
         os.makedirs(self.out_dir, exist_ok=True)
         self.plan = SharedPlan(os.path.join(self.out_dir, "plan"), create=True)
-        self.setup = WorkerSetup(self.plan.path, self.out_dir, rank, config)
+        self.setup = WorkerSetup(self.plan.path, self.out_dir, rank, config, calls)
         self.upcoming = upcoming
         self.next_batch = next_batch
         self.fit_loop: Any = None

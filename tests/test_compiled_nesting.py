@@ -1,0 +1,124 @@
+"""Compiled windows nest strictly, as Perfetto requires (issue 39): ``examples/vision.py``'s CNN
+under ``torch.compile`` with ``aot_eager`` and with inductor, two DataLoader workers, on a real
+Trainer. Window 0 holds the first compile (forward and backward), window 1 runs warm.
+
+torch writes its compile ranges (``Pregraph bytecode``, ``AOTDispatcher Runtime Wrapper
+Prologue``, ``## Call CompiledFxGraph … ##``, ``Torch-Compiled Region``…) as ``cpu_op``, opened in
+one Python call and closed in another: held to nesting as ops, they crossed the calls around them
+(7-8 crossings per window, measured before the fix). One inductor run per module: a cold inductor
+compile takes ~20 s on a 2-core CPU, in a cache directory of the test's own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import lightning as L
+import pytest
+from conftest import load_trace, overlaps_without_nesting, trace_files
+
+from vt_lightning import VizTraceCallback
+from vt_lightning.analysis.merge import RANGE_TRACK_TID_BASE, separate_crossing_ranges
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vision.py"
+COMPILE_SPAN_PREFIX = "torch.compile: "
+
+
+def load_example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("vt_example_vision", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fresh_dynamo() -> None:
+    import torch
+
+    torch._dynamo.reset()
+
+
+def _fit_compiled(root: Path, backend: str) -> list[dict[str, Any]]:
+    """Two windows of two batches each: 0-1 (the first compile) and 2-3 (warm)."""
+    vision = load_example()
+    _fresh_dynamo()
+    L.seed_everything(0)
+    callback = VizTraceCallback(wait=0, warmup=0, active=2, repeat=2, budget_time_share=None, writer_timeout=300)
+    trainer = L.Trainer(
+        default_root_dir=root,
+        accelerator="cpu",
+        max_steps=4,
+        callbacks=[callback],
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        logger=True,
+    )
+    trainer.fit(vision.ImageClassifier(backend), vision.loader(batch_size=16, num_workers=2, length=128))
+    _fresh_dynamo()
+    return [load_trace(path) for path in trace_files(root)]
+
+
+def _check_nests_and_shows_the_compile(traces: list[dict[str, Any]], backend: str) -> None:
+    assert [t["vt_lightning"]["steps"] for t in traces] == [[0, 1], [2, 3]]
+    for trace in traces:
+        assert overlaps_without_nesting(trace) == [], (backend, trace["vt_lightning"]["nesting"])
+        nesting = trace["vt_lightning"]["nesting"]
+        assert nesting["crossings"] == nesting["moved_to_range_tracks"] + nesting["clamped_to_parent"], nesting
+        names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+        # The compiled code's ranges are still in the trace (on their thread or on a range track).
+        assert any(name.startswith("Torch-Compiled Region") for name in names), (backend, sorted(names)[:50])
+    first = traces[0]
+    spans = [e for e in first["traceEvents"] if str(e.get("name", "")).startswith(COMPILE_SPAN_PREFIX)]
+    assert spans and any(e["dur"] > 1000 for e in spans), spans  # the compile shows where it happened
+    steps = [e for e in first["traceEvents"] if e.get("name") == "ProfilerStep#0"]
+    assert steps and all(steps[0]["ts"] <= s["ts"] <= steps[0]["ts"] + steps[0]["dur"] for s in spans)
+    # A moved range keeps its time and names the thread it came from, beside which it is drawn.
+    for trace in traces:
+        threads = {e["tid"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+        for event in trace["traceEvents"]:
+            if event.get("ph") == "X" and isinstance(event["tid"], int) and event["tid"] >= RANGE_TRACK_TID_BASE:
+                assert event["args"]["vt_lightning.thread"] in threads, event
+
+
+@pytest.mark.integration
+def test_aot_eager_windows_nest_strictly_from_the_first_compile_on(tmp_path):
+    _check_nests_and_shows_the_compile(_fit_compiled(tmp_path, "aot_eager"), "aot_eager")
+
+
+@pytest.mark.integration
+def test_inductor_windows_nest_strictly_from_the_first_compile_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
+    _check_nests_and_shows_the_compile(_fit_compiled(tmp_path / "run", "inductor"), "inductor")
+
+
+def _x(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 7) -> dict[str, Any]:
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+
+
+@pytest.mark.unit
+def test_a_range_crossing_a_call_moves_beside_its_thread_and_a_call_outliving_its_parent_is_cut():
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "MainThread"}},
+        _x("caller", 0.0, 10.0, "FEE"),
+        _x("range", 5.0, 10.0),  # crosses the caller's end
+        _x("other range", 6.0, 20.0),  # crosses the caller's end and "range"
+        _x("child", 8.0, 4.0, "FEE"),  # a call outliving its parent call by 2 µs
+    ]
+    moved, cut = separate_crossing_ranges(events)
+    assert (moved, cut) == (2, 1)
+    assert overlaps_without_nesting({"traceEvents": events}) == []
+    by_name = {e["name"]: e for e in events if e.get("ph") == "X"}
+    assert (by_name["child"]["ts"], by_name["child"]["dur"]) == (8.0, 2.0)
+    assert by_name["child"]["args"]["vt_lightning.dur"] == 4.0
+    # The two ranges overlap without nesting each other: two lanes, each named after the thread.
+    lanes = {by_name["range"]["tid"], by_name["other range"]["tid"]}
+    assert len(lanes) == 2 and all(tid >= RANGE_TRACK_TID_BASE for tid in lanes)
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
+    assert {names[tid] for tid in lanes} == {"MainThread · torch ranges", "MainThread · torch ranges 2"}
+    assert (by_name["range"]["ts"], by_name["range"]["dur"]) == (5.0, 10.0)

@@ -1,0 +1,108 @@
+"""What a traced DataLoader worker records (issue 39, ``worker_calls``): by default the user's own
+dataset code and the C calls it makes, none of the library Python code under it; ``"all"``: every
+call. On ``examples/vision.py``'s augmenting dataset (NumPy crop/flip/noise, torch's default
+collate), two forked workers, a real Trainer.
+
+Before: a worker traced every call of the fetch (torch's fetcher, NumPy's ``pad`` internals, the
+collate), ~3,800 events per 32-sample batch here and 47,000 with PIL/torchvision, so a traced fetch
+cost several times an untraced one and inflated the window's data wait.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+from conftest import load_trace, trace_files
+
+from vt_lightning import VizTraceCallback
+from vt_lightning.analysis.usercode import code_origin, parse_function
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vision.py"
+USER_FUNCTIONS = {"AugmentedImages.__getitem__", "AugmentedImages.augment", "decode", "random_crop", "add_noise"}
+BATCH = 16
+WINDOW_BATCHES = 2
+
+
+def _vision() -> Any:
+    spec = importlib.util.spec_from_file_location("vt_example_vision", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _worker_calls(root: Path, **options: Any) -> tuple[Counter[str], Counter[str], int]:
+    """Fit with one window of two batches; the workers' Python calls by name and by origin
+    (user / package / stdlib / builtin for C calls), and how many batches they fetched traced."""
+    vision = _vision()
+    L.seed_everything(0)
+    callback = VizTraceCallback(
+        wait=1, warmup=1, active=WINDOW_BATCHES, repeat=1, budget_time_share=None, writer_timeout=300, **options
+    )
+    trainer = L.Trainer(
+        default_root_dir=root,
+        accelerator="cpu",
+        max_steps=5,
+        callbacks=[callback],
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        logger=False,
+    )
+    trainer.fit(vision.ImageClassifier(), vision.loader(batch_size=BATCH, num_workers=2, length=256))
+    (path,) = trace_files(root)
+    trace = load_trace(path)
+    workers = {
+        e["pid"]
+        for e in trace["traceEvents"]
+        if e.get("name") == "process_name" and "DataLoader worker" in e["args"]["name"]
+    }
+    names: Counter[str] = Counter()
+    origins: Counter[str] = Counter()
+    fetches = 0
+    for event in trace["traceEvents"]:
+        if event.get("ph") != "X" or event.get("pid") not in workers:
+            continue
+        if event["name"].startswith("fetch batch "):
+            fetches += 1
+            continue
+        name, file, _ = parse_function(event["name"])
+        names[name] += 1
+        origins[code_origin(file)[0]] += 1
+    return names, origins, fetches
+
+
+@pytest.mark.integration
+def test_a_worker_records_the_users_code_and_not_the_library_code_under_it(tmp_path):
+    names, origins, fetches = _worker_calls(tmp_path)
+    assert fetches == WINDOW_BATCHES, fetches
+    samples = fetches * BATCH
+    for function in USER_FUNCTIONS:  # every sample's user calls, in full
+        assert names[function] == samples, (function, names.most_common(20))
+    # No Python call into NumPy, torch (its fetcher, the collate) or the standard library...
+    assert origins["package"] == 0 and origins["stdlib"] == 0, (origins, names.most_common(20))
+    # ...only the user's calls and the C calls they make (astype, from_numpy...): a few per sample.
+    assert origins["builtin"] > 0 and sum(origins.values()) <= 20 * samples, (origins, names.most_common(20))
+
+
+@pytest.mark.integration
+def test_worker_calls_all_records_the_library_code_too(tmp_path):
+    names, origins, fetches = _worker_calls(tmp_path, worker_calls="all")
+    assert fetches == WINDOW_BATCHES, fetches
+    assert all(names[function] == fetches * BATCH for function in USER_FUNCTIONS), names.most_common(20)
+    assert names["default_collate"] >= fetches and names["pad"] >= fetches * BATCH, names.most_common(30)
+    assert origins["package"] > 10 * origins["user"], origins
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("value", ["some", None, True])
+def test_worker_calls_rejects_what_it_does_not_know_by_name(value):
+    with pytest.raises(ValueError, match="worker_calls"):
+        VizTraceCallback(worker_calls=value)
