@@ -32,6 +32,8 @@ def test_quickstart_shows_what_the_example_prints(tmp_path: Path) -> None:
     assert time.monotonic() - started < 300
     if "run budget reached" in proc.stdout:  # a machine so loaded that the windows outgrew their budget
         pytest.skip("the run budget stopped the example's second window on this loaded machine")
+    if "did not finish the last window(s) within writer_timeout" in proc.stdout:  # the writer runs niced
+        pytest.skip("the writer, starved by this loaded machine, dropped the example's last window")
     printed = docs.console_block(proc.stdout, tmp_path)
     shown = docs.doc_block((REPO / "docs" / "quickstart.md").read_text())
     assert docs.normalise(shown) == docs.normalise(printed), (

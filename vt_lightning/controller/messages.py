@@ -148,7 +148,8 @@ def writer_stuck(timeout: float, root: Path | str | None, index: int) -> str:
 def writer_unfinished(timeout: float, root: Path | None) -> str:
     return (
         f"vt_lightning: the writer did not finish the last window(s) within writer_timeout="
-        f"{timeout:g} s (a hung or very slow filesystem under {root}?); they are "
+        f"{timeout:g} s (a hung or very slow filesystem under {root}, or cores kept busy by other "
+        "processes: the writer runs at low priority?); they are "
         "dropped and the stuck writer was stopped, so fit is not held up."
     )
 
