@@ -68,9 +68,10 @@ def host_sync(w: WindowView) -> Iterator[Finding]:
         blocked_us += end - start
         here = timeline.at((start + end) / 2)
         if here is not None:
-            calls[parse_function(here.call)[0]] += 1
-            if here.user:
-                per_user[here.user] += idle
+            _, _, call, user, _, _ = here
+            calls[parse_function(call)[0]] += 1
+            if user:
+                per_user[user] += idle
     idle_us = sum(idle_after.values())
     share = share_of(idle_us, w.total_us)
     if share < HOST_SYNC_SHARE or w.per_step_ms(idle_us) < HOST_SYNC_MIN_MS:

@@ -29,11 +29,11 @@ def _entries_and_callees(
     µs per innermost user callee under it (the entry itself excluded)."""
     entries: Time = defaultdict(float)
     callees: dict[str, Time] = defaultdict(lambda: defaultdict(float))
-    for (lo, hi), seg in w.timeline(thread).within(spans):
-        if seg.entry:
-            entries[seg.entry] += hi - lo
-        if seg.entry and seg.user and seg.user != seg.entry:
-            callees[seg.entry][seg.user] += hi - lo
+    for (lo, hi), (_, _, _, user, entry, _) in w.timeline(thread).within(spans):
+        if entry:
+            entries[entry] += hi - lo
+            if user and user != entry:
+                callees[entry][user] += hi - lo
     return entries, callees
 
 

@@ -46,9 +46,9 @@ def python_bound(w: WindowView) -> Iterator[Finding]:
         return
     starts = [s for s, _ in ops]
     per_owner: dict[str, float] = defaultdict(float)
-    for (lo, hi), seg in w.timeline(w.thread).within(outside_waits):
-        if seg.owner:
-            per_owner[seg.owner] += max((hi - lo) - covered((lo, hi), ops, starts), 0.0)
+    for (lo, hi), (_, _, _, _, _, owner) in w.timeline(w.thread).within(outside_waits):
+        if owner:
+            per_owner[owner] += max((hi - lo) - covered((lo, hi), ops, starts), 0.0)
     pure_us = sum(per_owner.values())
     share = share_of(pure_us, w.total_us)
     if share < PYTHON_BOUND_SHARE or w.per_step_ms(pure_us) < PYTHON_BOUND_MIN_MS:

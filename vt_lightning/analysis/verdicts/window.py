@@ -12,7 +12,7 @@ from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import pairwise
-from typing import Any, NamedTuple
+from typing import Any
 
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX
 from vt_lightning.analysis.schema import Summary
@@ -28,24 +28,15 @@ Call = tuple[float, float, str]  # start µs, end µs, VizTracer's function name
 BLOCKING_SUFFIXES = ("sleep", "acquire", "wait", "select", "poll", "recv", "recv_into", "join")
 
 
-class Segment(NamedTuple):
-    """A stretch of one thread's time owned by one innermost call."""
-
-    start: float
-    end: float
-    call: str  # the innermost call
-    user: str | None  # the innermost user-code call around it
-    entry: str | None  # the user call that entered user code from library code (``__getitem__``)
-    owner: str | None  # who owns it as pure Python: a user call, or a builtin / stdlib call made from one
-
-
-class _Open(NamedTuple):
-    end: float
-    call: str
-    user: str | None
-    entry: str | None
-    owner: str | None
-    is_user: bool
+# A stretch of one thread's time owned by one innermost call, as a plain tuple (the timeline holds
+# one per call boundary: a NamedTuple costs several times a tuple to build). Read it by unpacking:
+# ``start, end, call, user, entry, owner = segment``:
+#   call: the innermost call; user: the innermost user-code call around it;
+#   entry: the user call that entered user code from library code (``__getitem__`` under torch's
+#   fetcher); owner: who owns it as pure Python (a user call, or a builtin / stdlib call made from one).
+Segment = tuple[float, float, str, str | None, str | None, str | None]
+# An open call on the sweep's stack: ``end, call, user, entry, owner, is_user``.
+_Open = tuple[float, str, str | None, str | None, str | None, bool]
 
 
 class Timeline:
@@ -60,18 +51,19 @@ class Timeline:
         cursor = 0.0
         for start, negative_end, name in sorted((s, -e, n) for s, e, n in calls):  # outer call first
             end = -negative_end
-            while stack and stack[-1].end <= start:
-                done = stack.pop()
-                if done.end > cursor:
+            while stack and stack[-1][0] <= start:
+                done_end, call, user, entry, owner, _ = stack.pop()
+                if done_end > cursor:
                     add_start(cursor)
-                    add_segment(Segment(cursor, done.end, done.call, done.user, done.entry, done.owner))
-                cursor = done.end
+                    add_segment((cursor, done_end, call, user, entry, owner))
+                cursor = done_end
             parent = stack[-1] if stack else None
             if parent is not None:
+                parent_end, call, user, entry, owner, parent_is_user = parent
                 if start > cursor:
                     add_start(cursor)
-                    add_segment(Segment(cursor, start, parent.call, parent.user, parent.entry, parent.owner))
-                end = min(end, parent.end)
+                    add_segment((cursor, start, call, user, entry, owner))
+                end = min(end, parent_end)
             kind = origin.get(name)
             if kind is None:
                 kind = origin[name] = (
@@ -79,38 +71,38 @@ class Timeline:
                 )
             if kind == "user":
                 # the user call that entered user code from library code is inherited down the stack
-                entry = parent.entry if parent is not None and parent.is_user else name
-                stack.append(_Open(end, name, name, entry, name, True))
+                stack.append((end, name, name, entry if parent is not None and parent_is_user else name, name, True))
             elif parent is None:
-                stack.append(_Open(end, name, None, None, None, False))
+                stack.append((end, name, None, None, None, False))
             else:
                 pure = kind in ("builtin", "stdlib") and not name.endswith(BLOCKING_SUFFIXES)
-                stack.append(_Open(end, name, parent.user, parent.entry, parent.owner if pure else None, False))
+                stack.append((end, name, user, entry, owner if pure else None, False))
             cursor = start
         while stack:
-            done = stack.pop()
-            if done.end > cursor:
+            done_end, call, user, entry, owner, _ = stack.pop()
+            if done_end > cursor:
                 add_start(cursor)
-                add_segment(Segment(cursor, done.end, done.call, done.user, done.entry, done.owner))
-            cursor = done.end
+                add_segment((cursor, done_end, call, user, entry, owner))
+            cursor = done_end
 
     def at(self, t: float) -> Segment | None:
         """The segment at time ``t``; None outside every call."""
         i = bisect_right(self.starts, t) - 1
         if i >= 0:
             segment = self.segments[i]
-            if segment.start <= t < segment.end:
+            if segment[0] <= t < segment[1]:
                 return segment
         return None
 
     def within(self, spans: Sequence[Span]) -> Iterator[tuple[Span, Segment]]:
         """(the part inside ``spans``, segment) for every segment overlapping the sorted, disjoint
         ``spans``."""
+        segments = self.segments
         for lo, hi in spans:
             i = max(bisect_right(self.starts, lo) - 1, 0)
-            while i < len(self.segments) and self.segments[i].start < hi:
-                seg = self.segments[i]
-                part = (max(seg.start, lo), min(seg.end, hi))
+            while i < len(segments) and segments[i][0] < hi:
+                seg = segments[i]
+                part = (max(seg[0], lo), min(seg[1], hi))
                 if part[1] > part[0]:
                     yield part, seg
                 i += 1
@@ -202,7 +194,10 @@ class WindowView:
     def user_at(self, event: Mapping[str, Any], t: float | None = None) -> str | None:
         """The innermost user call on ``event``'s thread at ``t`` (its start by default)."""
         here = self.timeline((event.get("pid"), event.get("tid"))).at(float(event["ts"]) if t is None else t)
-        return here.user if here is not None else None
+        if here is None:
+            return None
+        _, _, _, user, _, _ = here
+        return user
 
     def launches(self) -> dict[Any, Any]:
         """``{correlation: runtime call}`` of the window's kernel launches."""
