@@ -33,6 +33,7 @@ TIERS = ("unit", "integration", "system")
 FILE_TIERS = {
     "test_architecture.py": "unit",
     "test_benchmarks_smoke.py": "system",
+    "test_bounded_waits.py": "integration",
     "test_budget.py": "integration",
     "test_callback.py": "integration",
     "test_cli.py": "unit",
@@ -44,6 +45,7 @@ FILE_TIERS = {
     "test_ddp.py": "system",
     "test_docs_examples.py": "system",
     "test_exit.py": "system",
+    "test_end_of_fit_signals.py": "system",
     "test_faults.py": "system",
     "test_fidelity.py": "integration",
     "test_filters.py": "integration",
@@ -54,6 +56,7 @@ FILE_TIERS = {
     "test_job_timeline.py": "system",
     "test_lifecycle.py": "unit",
     "test_lightning_view.py": "integration",
+    "test_log_dir.py": "integration",
     "test_long_jobs.py": "integration",
     "test_memory.py": "unit",
     "test_native_threads.py": "integration",
