@@ -30,9 +30,10 @@ from vt_lightning.export.layout import (
 )
 from vt_lightning.export.memory_files import oom_file_name
 from vt_lightning.options import Options
+from vt_lightning.recording.children import reap_dump_children
 from vt_lightning.recording.lightning_hooks import LightningViewHooks
 from vt_lightning.recording.memory import CudaMemoryRecorder, dump_oom_snapshot
-from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler, reap_dump_children
+from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler
 from vt_lightning.recording.spool import Spool
 from vt_lightning.recording.torchtracer import TorchTracer, torch_profiler_active
 from vt_lightning.recording.window import ProfilingWindow
