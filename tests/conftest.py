@@ -52,6 +52,7 @@ FILE_TIERS = {
     "test_flight_recorder.py": "integration",
     "test_flight_samples.py": "unit",
     "test_fork_interrupt.py": "system",
+    "test_hostile_names.py": "system",
     "test_hta.py": "integration",
     "test_job_timeline.py": "system",
     "test_lifecycle.py": "unit",
