@@ -83,3 +83,22 @@ def test_a_signal_during_the_end_of_fit_finish_keeps_the_exit_status_of_the_scri
         while _alive(int(note)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(int(note))
+
+
+@pytest.mark.slow
+def test_a_run_with_a_writer_process_leaves_no_file_unclosed(tmp_path):
+    # Every run ended with "ResourceWarning: unclosed file <_io.BufferedWriter name=6>": the pipes
+    # to the writer process. Python's development mode shows every ResourceWarning.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [sys.executable, "-X", "dev", str(SCRIPT), str(tmp_path), "none", "default"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "fit returned" in output, output[-4000:]
+    assert "window trace(s) in" in output, output[-4000:]  # the window went through the writer process
+    assert "ResourceWarning" not in output and "unclosed" not in output, output[-4000:]

@@ -12,6 +12,7 @@ right after its signal). Phases (where the training thread is when the signal ar
   held      waiting for the held last window, finished on the writer thread (no writer process)
   writer    waiting for the writer process to finish the last window
   teardown  the writer stopped, the end-of-run message (``teardown``)
+  none      no pause, no signal: the last window goes to a writer process, and fit returns
 
 With ``--no-callback`` a plain callback waits in ``on_train_end`` (``teardown`` for that phase)
 instead. Handlers: ``lightning`` (Python's SIGINT handler: Lightning's Ctrl-C handling), ``user``
@@ -72,7 +73,7 @@ class Pause(Callback):
 
 
 if with_callback:
-    if phase in ("writer", "teardown"):
+    if phase in ("writer", "teardown", "none"):
         handoff.HAND_OFF_START_ON_CPU = False  # the last window is not held: it goes to a writer process
     if phase == "hand_off":
         closing.hand_off = pausing(closing.hand_off)
