@@ -27,7 +27,9 @@ def _is_our_child(pid: int) -> bool:
 
 
 def _stopping_dumps(monkeypatch) -> list[int]:
-    """Every dump child is stopped (SIGSTOP) as soon as it is forked; returns their pids."""
+    """Every dump child is stopped (SIGSTOP) as soon as it is forked; returns their pids. The dump
+    forks on every interpreter here (3.10 would otherwise dump in-process: FORK_CAN_DEADLOCK)."""
+    monkeypatch.setattr(children, "FORK_CAN_DEADLOCK", False)
     stopped: list[int] = []
     dump = PythonTracer.dump
 
