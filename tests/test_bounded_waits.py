@@ -15,7 +15,7 @@ from conftest import MarkerModel, loader, make_trainer, trace_files
 from vt_lightning import VizTraceCallback
 from vt_lightning.controller import handoff
 from vt_lightning.recording import children
-from vt_lightning.recording.children import DumpTimeout, wait_for_dump
+from vt_lightning.recording.children import DumpChildFailed, DumpTimeout, wait_for_dump
 from vt_lightning.recording.pytracer import PythonTracer, PythonTracerConfig
 
 
@@ -104,3 +104,20 @@ def test_where_a_fork_can_deadlock_the_window_is_dumped_in_process(tmp_path, mon
     make_trainer(tmp_path, [cb], max_steps=10).fit(MarkerModel(), loader())
     assert forks == []
     assert len(trace_files(tmp_path)) == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_dump_child_that_crashes_is_named_as_the_cause_not_the_spool(tmp_path, monkeypatch):
+    stopped = _stopping_dumps(monkeypatch)
+    tracer = PythonTracer(PythonTracerConfig(tracer_entries=10_000))
+    tracer.start()
+    sum(range(10))
+    tracer.stop()
+    pid = tracer.dump(str(tmp_path / "w.json"))
+    assert stopped == [pid]
+    os.kill(pid, signal.SIGSEGV)  # what VizTracer's C dump does on a function name that is not UTF-8
+    os.kill(pid, signal.SIGCONT)
+    with pytest.raises(DumpChildFailed, match="died of SIGSEGV") as caught:
+        wait_for_dump(pid, timeout=30)
+    assert not isinstance(caught.value, DumpTimeout)
+    assert not _is_our_child(pid)

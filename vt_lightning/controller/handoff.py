@@ -45,7 +45,7 @@ from vt_lightning.export.pipeline import finish_window, remove_raw
 # Imported here, on the thread that imports the package, never first on the writer thread: its
 # os.register_at_fork would then race a fork of the training thread (after_in_parent without before).
 from vt_lightning.export.writer_process import WriterProcess
-from vt_lightning.recording.children import DumpTimeout
+from vt_lightning.recording.children import DumpChildFailed
 from vt_lightning.recording.spool import SpoolError
 from vt_lightning.recording.window import ClosedWindow
 
@@ -214,8 +214,8 @@ class BackgroundWriter:
             return deliver(job, self.run(closed, at_end))  # claim released; a remote root gets its copy
         except WriterAbandoned:  # reported once, when the writer was given up
             return Dropped(None)
-        except DumpTimeout as err:  # a stuck dump child, killed and reaped
-            return Dropped(Notice("dump-timeout", f"vt_lightning: window dropped: {err}; {_GOES_ON}"))
+        except DumpChildFailed as err:  # a dump child stuck (killed and reaped) or crashed
+            return Dropped(Notice(f"dump:{type(err).__name__}", f"vt_lightning: window dropped: {err}; {_GOES_ON}"))
         except SpoolError as err:  # the raw dumps, not the output directory, are the problem
             return Dropped(
                 Notice(f"spool:{err.errno}", f"vt_lightning: window dropped: {err.strerror}; training goes on.")

@@ -26,7 +26,11 @@ DUMP_TIMEOUT_S = 60.0
 FORK_CAN_DEADLOCK = sys.version_info < (3, 11)
 
 
-class DumpTimeout(RuntimeError):
+class DumpChildFailed(RuntimeError):
+    """The dump child ended without its file for a reason of its own, not the spool's."""
+
+
+class DumpTimeout(DumpChildFailed):
     """The dump child did not finish within ``DUMP_TIMEOUT_S``; it was killed and reaped."""
 
 
@@ -43,6 +47,8 @@ def wait_for_dump(pid: int | None, timeout: float | None = None) -> None:
         dump_children.discard(pid)
     if status is None:
         raise DumpTimeout(f"the VizTracer dump process did not finish in {limit:g} s and was killed")
+    if os.WIFSIGNALED(status):  # a crash in VizTracer's C dump, e.g. on a name that is not UTF-8
+        raise DumpChildFailed(f"the VizTracer dump process died of {signal.Signals(os.WTERMSIG(status)).name}")
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"the VizTracer dump process exited with {os.waitstatus_to_exitcode(status)}")
 
