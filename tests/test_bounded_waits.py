@@ -26,17 +26,34 @@ def _is_our_child(pid: int) -> bool:
         return False
 
 
+# Set only while ``PythonTracer.dump`` runs: the child it forks stops itself (SIGSTOP) before it
+# writes a byte, so no dump can finish before the test acts on it.
+_stop_forked_child = [False]
+
+
+def _stop_self_if_asked() -> None:
+    if _stop_forked_child[0]:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_stop_self_if_asked)
+
+
 def _stopping_dumps(monkeypatch) -> list[int]:
-    """Every dump child is stopped (SIGSTOP) as soon as it is forked; returns their pids. The dump
-    forks on every interpreter here (3.10 would otherwise dump in-process: FORK_CAN_DEADLOCK)."""
+    """Every dump child stops itself as soon as it is forked; returns their pids. The dump forks on
+    every interpreter here (3.10 would otherwise dump in-process: FORK_CAN_DEADLOCK)."""
     monkeypatch.setattr(children, "FORK_CAN_DEADLOCK", False)
     stopped: list[int] = []
     dump = PythonTracer.dump
 
     def dump_and_stop(self, path, *, hold=False):
-        result = dump(self, path, hold=hold)
+        _stop_forked_child[0] = True
+        try:
+            result = dump(self, path, hold=hold)
+        finally:
+            _stop_forked_child[0] = False
         if isinstance(result, int):
-            os.kill(result, signal.SIGSTOP)
             stopped.append(result)
         return result
 
