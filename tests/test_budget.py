@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vt_lightning.analysis.budget import MIB, BudgetLimits, RunBudget
+from vt_lightning.analysis.budget import MIB, BudgetLimits, RunBudget, size_text
 
 
 @pytest.mark.unit
@@ -50,6 +50,23 @@ def test_bytes_written_stop_windows_at_the_limit():
     budget.wrote(1)
     reached = budget.exhausted(now=1.0, batch=1)
     assert reached is not None and reached.option == "budget_output_mb" and "budget_output_mb=1" in reached.message
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("nbytes", "text"),
+    [(0.05 * MIB, "51.2 KiB"), (900, "900 B"), (3 * MIB, "3 MiB"), (1536 * MIB, "1.5 GiB"), (1023.9 * MIB, "1024 MiB")],
+)
+def test_sizes_are_said_in_the_unit_that_fits(nbytes, text):
+    assert size_text(nbytes) == text
+
+
+@pytest.mark.unit
+def test_a_small_bytes_limit_is_reported_in_the_unit_that_fits():
+    budget = RunBudget(BudgetLimits(budget_output_mb=0.05, budget_time_share=None), started_at=0.0)
+    budget.wrote(int(0.06 * MIB))
+    reached = budget.exhausted(1.0, 10)
+    assert reached is not None and "reached 61.4 KiB" in reached.message, reached
 
 
 @pytest.mark.unit

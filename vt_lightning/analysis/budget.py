@@ -71,7 +71,7 @@ class RunBudget:
             return Exhausted(
                 "bytes",
                 "budget_output_mb",
-                f"the windows' files reached {self.output_bytes / MIB:,.0f} MiB, the run's limit "
+                f"the windows' files reached {size_text(self.output_bytes)}, the run's limit "
                 f"(budget_output_mb={lim.budget_output_mb:g})",
             )
         if lim.budget_time_share is not None:
@@ -86,3 +86,13 @@ class RunBudget:
                     f"(budget_time_share={lim.budget_time_share:g}, after the first {lim.grace_seconds:g} s)",
                 )
         return None
+
+
+def size_text(nbytes: float) -> str:
+    """``nbytes`` in the largest binary unit in which it is at least 1, to 3 significant digits:
+    a 0.05 MB budget reached reads "51.2 KiB", not "0 MiB"."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            value = nbytes / scale
+            return f"{value:.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
+    return f"{nbytes:.0f} B"

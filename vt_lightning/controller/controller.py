@@ -162,15 +162,13 @@ class WindowController:
 
     def shutdown(self) -> None:
         writer, self.writer = self.writer, None
-        if writer is not None:
-            if not writer.close():
-                self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
-            self._read_inbox(log=False)
-            messages.end_of_run(self._root(), self.outcomes, self.triggered_runs, self.stage)
-        side_recorders.end_run(self.trainer())
-        windows.release(self.spool, self.triggers)  # the triggers are kept for inspection until the next run
-        self.spool, self.slow, self.stage = None, None, None
-        self.next_look = self.next_check = math.inf
+        try:  # a signal's exception on the way (Ctrl-C while the writer stops) still releases the run
+            _stop_writer(self, writer)
+        finally:
+            side_recorders.end_run(self.trainer())
+            windows.release(self.spool, self.triggers)  # the triggers are kept for inspection until the next run
+            self.spool, self.slow, self.stage = None, None, None
+            self.next_look = self.next_check = math.inf
 
     # ------------------------------------------------------------------ batches
     def train_batch_start(self, trainer: Any, ready: int) -> None:
@@ -338,6 +336,16 @@ class WindowController:
 
     def _root(self) -> Any:
         return self.run.output if self.run is not None else None
+
+
+def _stop_writer(ctl: WindowController, writer: BackgroundWriter | None) -> None:
+    """Stop the writer (bounded), read its last answers and say where the run's files are."""
+    if writer is None:
+        return
+    if not writer.close():
+        ctl.warn("writer-stuck-end", messages.writer_unfinished(ctl.options.writer_timeout, ctl._root()))
+    ctl._read_inbox(log=False)
+    messages.end_of_run(ctl._root(), ctl.outcomes, ctl.triggered_runs, ctl.stage)
 
 
 def _python_filter(options: Options, pl_module: Any) -> PythonFilter:

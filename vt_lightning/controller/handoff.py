@@ -30,8 +30,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future, InvalidStateError, wait
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
@@ -46,6 +45,7 @@ from vt_lightning.export.pipeline import finish_window, remove_raw
 # Imported here, on the thread that imports the package, never first on the writer thread: its
 # os.register_at_fork would then race a fork of the training thread (after_in_parent without before).
 from vt_lightning.export.writer_process import WriterProcess
+from vt_lightning.recording.children import DumpChildFailed
 from vt_lightning.recording.spool import SpoolError
 from vt_lightning.recording.window import ClosedWindow
 
@@ -65,6 +65,7 @@ HAND_OFF_START_ON_CPU = True
 # away is held and finished in this process when training stops (``finishes_at_end``); 0 turns it
 # off (tests whose subject is the writer process).
 FINISH_AT_END_WITHIN_S = 5.0
+_GOES_ON = "training goes on, and later windows that fail the same way are not reported again."
 SAY_WAIT_S = 0.25  # an end-of-run wait for the writer at least this long is said on the console
 
 
@@ -213,6 +214,8 @@ class BackgroundWriter:
             return deliver(job, self.run(closed, at_end))  # claim released; a remote root gets its copy
         except WriterAbandoned:  # reported once, when the writer was given up
             return Dropped(None)
+        except DumpChildFailed as err:  # a dump child stuck (killed and reaped) or crashed
+            return Dropped(Notice(f"dump:{type(err).__name__}", f"vt_lightning: window dropped: {err}; {_GOES_ON}"))
         except SpoolError as err:  # the raw dumps, not the output directory, are the problem
             return Dropped(
                 Notice(f"spool:{err.errno}", f"vt_lightning: window dropped: {err.strerror}; training goes on.")
@@ -222,7 +225,7 @@ class BackgroundWriter:
                 Notice(
                     f"write:{type(err).__name__}:{job.run_dir.parent}",
                     f"vt_lightning: could not write the window to {job.run_dir} ({type(err).__name__}: {err}); "
-                    "training goes on, and later windows that fail the same way are not reported again.",
+                    + _GOES_ON,
                 )
             )
 
@@ -306,14 +309,8 @@ class BackgroundWriter:
                 return time.monotonic() - start, True
             self._release(ending=False)  # training waits: a held window goes to the writer process now
             left = limit - (time.monotonic() - start)
-            if self.abandoned or left <= 0:
+            if self.abandoned or left <= 0 or not _settles(pending[0], left):
                 break
-            try:
-                pending[0].result(timeout=left)
-            except FutureTimeout:
-                break
-            except BaseException:
-                pass
         waited = time.monotonic() - start
         if not self.abandoned or self._pending():
             self.abandon()
@@ -326,17 +323,12 @@ class BackgroundWriter:
         deadline = start + self._allowance(timeout)
         self._release(ending=True)  # training has stopped: held windows are finished on the writer thread
         pending = self._pending()
-        windows = sorted(self._windows.pop(f) for f in pending if f in self._windows)
-        self._windows.clear()
+        windows = sorted(self._windows[f] for f in pending if f in self._windows)
         try:
             for future in pending:
-                try:
-                    future.result(timeout=max(0.0, deadline - time.monotonic()))
-                except FutureTimeout:
+                if not _settles(future, deadline - time.monotonic()):
                     self.abandon()
                     return False
-                except BaseException:
-                    pass
             return True
         finally:
             waited = time.monotonic() - start
@@ -368,15 +360,22 @@ class BackgroundWriter:
         self._thread = self._start_thread()
 
     def close(self, timeout: float | None = None) -> bool:
-        """Drain (bounded), stop the thread and the process; True when nothing was abandoned."""
-        finished = self.drain(timeout)
-        self._queue.put(None)
-        self._thread.join(timeout=1.0)
-        process, self.process = self.process, None
-        if process is not None and finished and not self._pending():
-            process.kill()  # idle: every window answered and written. No wait for a niced exit
-        elif process is not None:
-            process.close(timeout=5.0)
+        """Drain (bounded), stop the thread and the process; True when nothing was abandoned.
+        Interrupted (a signal's KeyboardInterrupt or SystemExit), the thread and the process are
+        still stopped, within their bounds, before the interruption goes on."""
+        finished = False
+        try:
+            finished = self.drain(timeout)
+        finally:
+            self._queue.put(None)
+            try:
+                self._thread.join(timeout=1.0)
+            finally:
+                process, self.process = self.process, None
+                if process is not None and finished and not self._pending():
+                    process.kill()  # idle: every window answered and written. No wait for a niced exit
+                elif process is not None:
+                    process.close(timeout=5.0)
         return finished
 
     def _release(self, *, ending: bool) -> None:
@@ -404,6 +403,15 @@ def _say_waited(seconds: float, windows: list[int]) -> None:
     """One console line when the end of a run waited for the writer (rank 0 only)."""
     which = f"window {windows[0]}" if len(windows) == 1 else "windows " + ", ".join(str(w) for w in windows)
     rank_zero_info(f"vt_lightning: waited {seconds:.1f} s for the writer to finish {which}")
+
+
+def _settles(future: Future[Any], timeout: float) -> bool:
+    """Whether ``future`` is done within ``timeout`` seconds. Its own outcome is never raised here
+    (each hand-off's answers through the inbox), while whatever a signal handler raises in this
+    thread during the wait (KeyboardInterrupt, a handler's ``sys.exit``) goes on to the caller:
+    the exit status stays the user's."""
+    done, _ = wait([future], timeout=max(0.0, timeout))
+    return bool(done)
 
 
 def _settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:

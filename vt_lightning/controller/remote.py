@@ -41,7 +41,7 @@ class OutputRootError(ValueError):
 def output_root(
     dirpath: str | None, log_dir: str | None, default_root_dir: str, spool_dir: str | None = None
 ) -> tuple[Path, URL | None]:
-    """(local root this process writes window directories to, remote root or None).
+    """(local root this process writes window directories to, absolute; remote root or None).
 
     The root is ``dirpath``, else the logger's log dir, else ``default_root_dir``. A ``file://``
     URL is its local path. Any other URL gets a local staging root under the spool base and is
@@ -53,7 +53,9 @@ def output_root(
     else:
         where, source = str(default_root_dir), "the Trainer's `default_root_dir`"
     if "://" not in where and not _LOCAL_SCHEME.match(where):
-        return Path(where), None
+        # Absolute now, at setup: every file goes here whatever the working directory becomes later
+        # (an ``os.chdir`` in the user's code), as Lightning's own files do.
+        return Path(where).absolute(), None
     from lightning.fabric.utilities.cloud_io import get_filesystem
 
     try:
@@ -61,7 +63,7 @@ def output_root(
     except Exception as err:  # ImportError (s3fs missing), ValueError (unknown protocol)
         raise _unusable(where, source, err) from err
     if {"file", "local"} & set(_protocols(fs)):
-        return Path(fs._strip_protocol(where)), None
+        return Path(fs._strip_protocol(where)).absolute(), None
     remote = URL(where.rstrip("/"))
     _check_filesystem(fs, remote, source)
     base = Path(spool_dir) if spool_dir is not None else Path(default_spool_base())

@@ -30,11 +30,13 @@ from vt_lightning.export.layout import (
 )
 from vt_lightning.export.memory_files import oom_file_name
 from vt_lightning.options import Options
+from vt_lightning.recording.children import reap_dump_children
 from vt_lightning.recording.lightning_hooks import LightningViewHooks
 from vt_lightning.recording.memory import CudaMemoryRecorder, dump_oom_snapshot
-from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler, reap_dump_children
+from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler
 from vt_lightning.recording.spool import Spool
 from vt_lightning.recording.torchtracer import TorchTracer, torch_profiler_active
+from vt_lightning.recording.unsafe_names import unsafe_module_file
 from vt_lightning.recording.window import ProfilingWindow
 
 Warn = Callable[[str, str], Any]
@@ -57,6 +59,15 @@ def open_window(
             "conflict:" + conflict,
             f"vt_lightning: {conflict} is active, so window {target.index} (and any other window "
             "meeting it) is skipped; the other tool is left untouched.",
+        )
+        return None
+    unsafe = unsafe_module_file()
+    if unsafe is not None:
+        warn(
+            "unsafe-file",
+            f"vt_lightning: the loaded module {unsafe} has a file name that is not valid UTF-8, which "
+            f"crashes VizTracer (SIGSEGV) at its first traced call; window {target.index} and every later "
+            "one while it is loaded are skipped. Rename the file to UTF-8 to profile this run.",
         )
         return None
     waited, room = writer.wait_for_room()

@@ -16,8 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from vt_lightning.analysis.clock import MARKER_PREFIX, Calibration, ClockPair, best_marker_pair
 from vt_lightning.analysis.compile import compile_record, compile_span_events
 from vt_lightning.analysis.filters import filter_python_events
@@ -26,6 +24,7 @@ from vt_lightning.analysis.merge import encode_trace, merge_trace
 from vt_lightning.analysis.summary import summarize
 from vt_lightning.analysis.verdicts import with_job_verdicts
 from vt_lightning.constants import CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY
+from vt_lightning.export import raw_json
 from vt_lightning.export.atomic import atomic_write, gzip_bytes, owns, release_claim
 from vt_lightning.export.job import WindowJob, WindowResult
 from vt_lightning.export.job_file import JOB_EXTRA, job_summary, write_job_file
@@ -36,7 +35,7 @@ from vt_lightning.export.worker_dumps import add_to_trace, collect_worker_dumps,
 
 def _read_json(path: Path) -> Any:
     with open(path, "rb") as f:
-        return orjson.loads(f.read())
+        return raw_json.loads(f.read())  # names a tracer wrote unescaped: escaped, not refused
 
 
 def calibrate(job: WindowJob, torch_trace: dict[str, Any]) -> Calibration:

@@ -26,6 +26,7 @@ from vt_lightning.analysis.workers import (
     worker_to_main_us,
 )
 from vt_lightning.constants import TRACE_METADATA_KEY
+from vt_lightning.export import raw_json
 from vt_lightning.export.atomic import process_alive
 
 POLL_S = 0.02
@@ -112,7 +113,7 @@ def collect_worker_dumps(extras: dict[str, Any] | None) -> WorkerDumps | None:
             with open(f"{stem}.meta.json", "rb") as f:
                 meta = orjson.loads(f.read())
             with open(f"{stem}.json", "rb") as f:
-                dump = orjson.loads(f.read())
+                dump = raw_json.loads(f.read())  # VizTracer's raw dump: names unescaped
         except (OSError, ValueError) as err:
             out.missing.append(f"a DataLoader worker's events could not be read ({type(err).__name__}: {err})")
             continue

@@ -128,12 +128,13 @@ class WriterProcess:
         return payload
 
     def kill(self) -> None:
-        """Kill and reap at once (a writer stuck past its time limit)."""
+        """Kill and reap at once (a writer stuck past its time limit, or idle at the run's end)."""
         try:
             self._proc.kill()
         except OSError:
             pass
         self._proc.wait()
+        self._close_pipes()
 
     def close(self, timeout: float = 30.0) -> None:
         try:
@@ -143,6 +144,23 @@ class WriterProcess:
         except Exception:
             self._proc.kill()
             self._proc.wait()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        """Close our ends of its pipes (else each one is a ResourceWarning when collected), unless
+        a call still has them: a thread stuck reading a killed writer sees EOF and lets go, and
+        closing under it would wait for that thread."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                try:
+                    if pipe is not None:
+                        pipe.close()
+                except OSError:  # a request still buffered for a writer that is gone
+                    pass
+        finally:
+            self._lock.release()
 
 
 WRITER_NICE = 10

@@ -19,7 +19,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from vt_lightning.recording import thread_keys
+from vt_lightning.recording import children, thread_keys
+from vt_lightning.recording.children import wait_for_dump
 from vt_lightning.recording.rivals import own_calls
 from vt_lightning.recording.thread_hooks import (
     NEEDS_THREAD_CLEANUP,
@@ -40,7 +41,7 @@ def _stop_in_forked_child() -> None:
     a held window's calls (``HeldDump``) that are the parent's to write."""
     if _dump_child:
         return  # the dump child needs the buffer as it is
-    _dump_children.clear()  # the parent's children: the parent reaps them
+    children.dump_children.clear()  # the parent's children: the parent reaps them
     for tracer in list(_active):
         tracer._stop_after_fork()
     for held in _held_dumps.values():  # not through its methods: another thread may hold its lock
@@ -204,41 +205,7 @@ def _flush_held(viz: Any) -> None:
         held.flush()
 
 
-# Dump children not reaped yet. A job reaps its own (``wait_for_dump``); one whose window was
-# interrupted between the fork and the hand-off is reaped at the end of fit (``reap_dump_children``).
-_dump_children: set[int] = set()
 _TERMINAL_SIGNALS = {signal.SIGINT, signal.SIGQUIT}
-
-
-def wait_for_dump(pid: int | None) -> None:
-    """Reap the child ``PythonTracer.dump`` forked; raise if it did not write its file."""
-    if pid is None:
-        return
-    try:
-        _, status = os.waitpid(pid, 0)
-    finally:
-        _dump_children.discard(pid)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"the VizTracer dump process exited with {os.waitstatus_to_exitcode(status)}")
-
-
-def reap_dump_children(timeout: float = 5.0) -> None:
-    """Reap every dump child no job took (no zombie stays behind); one that is still writing after
-    ``timeout`` seconds (a hung spool filesystem) is killed first."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    for pid in list(_dump_children):
-        try:
-            while os.waitpid(pid, os.WNOHANG) == (0, 0):
-                if time.monotonic() > deadline:
-                    os.kill(pid, 9)
-                    os.waitpid(pid, 0)
-                    break
-                time.sleep(0.01)
-        except (ChildProcessError, ProcessLookupError):
-            pass
-        _dump_children.discard(pid)
 
 
 def _idle_viztracer_hook(hook: Any) -> bool:
@@ -476,7 +443,8 @@ class PythonTracer:
 
         On Linux the C ``dump`` runs in a forked child (copy-on-write: the training thread pays only
         the fork and ``clear()``); the caller must ``wait_for_dump(pid)`` before reading ``path``.
-        Elsewhere, or if fork fails, it dumps in this thread and returns None. ``hold``: nothing is
+        Elsewhere, on an interpreter whose fork can deadlock (``FORK_CAN_DEADLOCK``), or if fork
+        fails, it dumps in this thread and returns None. ``hold``: nothing is
         written now; the returned ``HeldDump`` writes it later.
         """
         if hold and self._tracer is not None:
@@ -485,7 +453,7 @@ class PythonTracer:
 
     def _write_dump(self, path: str, *, fork: bool) -> int | None:
         global _dump_child
-        if fork and sys.platform.startswith("linux"):
+        if fork and sys.platform.startswith("linux") and not children.FORK_CAN_DEADLOCK:
             pid: int | None = None
             _dump_child = True
             self._tracer.setpid()  # events keep this process's pid, not the child's (as fork_save does)
@@ -511,7 +479,7 @@ class PythonTracer:
                 finally:
                     os._exit(code)
             if pid is not None:
-                _dump_children.add(pid)
+                children.dump_children.add(pid)
                 self._tracer.clear()
                 return pid
         self._tracer.dump(path)

@@ -21,8 +21,9 @@ from vt_lightning.analysis.clock import ClockPair
 from vt_lightning.analysis.schedule import Window
 from vt_lightning.constants import PL_PROFILE_PREFIX
 from vt_lightning.export.job import Destination, WindowJob
+from vt_lightning.recording.children import DumpChildFailed, wait_for_dump
 from vt_lightning.recording.clock_probes import emit_markers, sample_pair
-from vt_lightning.recording.pytracer import HeldDump, PythonTracer, foreign_profiler, wait_for_dump
+from vt_lightning.recording.pytracer import HeldDump, PythonTracer, foreign_profiler
 from vt_lightning.recording.rivals import RivalGuard, RivalProfiler
 from vt_lightning.recording.side import SideRecorder
 from vt_lightning.recording.spool import SpoolError
@@ -335,7 +336,7 @@ class ClosedWindow:
             finally:
                 dump = self.python_dump
                 wait_for_dump(dump.write(in_process=in_process) if isinstance(dump, HeldDump) else dump)
-        except RivalProfiler:
+        except (RivalProfiler, DumpChildFailed):  # not the spool's fault
             raise
         except Exception as err:
             spool = job.torch_raw.parent

@@ -1,0 +1,84 @@
+"""A short fit whose training step calls code with names Python allows and tools may not; run by
+tests/test_hostile_names.py in a subprocess, whose exit status is part of the subject. Prints one
+JSON report as its last line.
+
+    python hostile_names.py <root> <case>
+
+Cases:
+  control    functions whose names and file names hold ESC, BEL, CR, a newline, a right-to-left
+             override, or 3,000 characters, and a module whose file name holds ESC
+  surrogate  a module whose file name holds a byte that is not UTF-8 (``caf\\xff_module.py``,
+             imported as ``caf\\udcff_module``), called in every step: VizTracer 1.1.1 alone dies of
+             SIGSEGV at its first traced call
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import types
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # conftest's MarkerModel
+
+from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files  # noqa: E402
+
+from vt_lightning import VizTraceCallback  # noqa: E402
+
+root, case = Path(sys.argv[1]), sys.argv[2]
+modules = root / "mods"
+modules.mkdir(parents=True, exist_ok=True)
+sys.path.insert(0, str(modules))
+NAMES = ["esc\x1bname", "bel\x07name", "cr\rname", "nl\nname", "bidi\u202ename", "long_" + "x" * 3000]
+
+
+def named(name: str):
+    """A fresh function called ``name``, defined in a file called ``name``.py."""
+
+    def template(n: int) -> int:
+        return sum(range(n))
+
+    code = template.__code__.replace(co_name=name, co_qualname=name, co_filename=f"/virtual/{name}.py")
+    return types.FunctionType(code, template.__globals__, name)
+
+
+def module_from(file_name: bytes, import_name: str):
+    with open(os.path.join(os.fsencode(modules), file_name), "wb") as f:
+        f.write(b"def work(n):\n    return sum(range(n))\n")
+    importlib.invalidate_caches()
+    return importlib.import_module(import_name)
+
+
+if case == "control":
+    calls = [named(name) for name in NAMES] + [module_from(b"esc\x1bmodule.py", "esc\x1bmodule").work]
+else:
+    calls = [module_from(b"caf\xff_module.py", "caf\udcff_module").work]
+
+
+class NamedModel(MarkerModel):
+    def training_step(self, batch, batch_idx):
+        for call in calls:
+            call(10)
+        return super().training_step(batch, batch_idx)
+
+
+model = NamedModel()
+callback = VizTraceCallback(wait=1, warmup=1, active=2, repeat=2, budget_time_share=None)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    make_trainer(root, [callback], max_steps=10, logger=False).fit(model, loader())
+names = set()
+for path in trace_files(root):
+    names.update(str(e.get("name")) for e in load_trace(path)["traceEvents"] if e.get("ph") == "X")
+report = {
+    "train_batches": model.train_batches,
+    "windows": len(trace_files(root)),
+    "warnings": [str(w.message) for w in caught if "vt_lightning" in str(w.message)],
+    "names_found": [name for name in NAMES if any(n.startswith(name) for n in names)],
+    "module_found": any("esc\x1bmodule.py" in n for n in names),
+}
+print(json.dumps(report))
