@@ -1,7 +1,7 @@
 """What the writer costs per event, against VizTracer's own ``save()`` of the same events (issue 39).
 
     python benchmarks/writer_cost.py                 # capture 4 windows, replay each, print the table
-    python benchmarks/writer_cost.py --quick         # 1e4 and the real-model window only, 2 repeats
+    python benchmarks/writer_cost.py --quick         # 1e4 and the real-model window only, 1 round
     python benchmarks/writer_cost.py --jobs DIR      # replay jobs captured before (``--keep DIR``)
     python benchmarks/writer_cost.py --profile real  # cProfile of one replay of that window, by function
 
@@ -245,8 +245,9 @@ def capture(name: str, into: Path) -> Path:
 def end_wait(into: Path) -> dict[str, Any]:
     """The end-of-fit wait on the real model: its window closes 2 batches before ``max_steps``, so
     a CPU run holds it and finishes it in this process when training stops (``handoff.finishes_at_end``).
-    Measured: from the last batch's end (a callback first in the list) to ``fit`` returning, and
-    the writer's answer; the console's "waited ... for the writer" line is that wait."""
+    Measured: from the last batch's end (a callback first in the list) to ``fit`` returning (the
+    console's "waited ... for the writer" line is most of it), and the CPU the held window's
+    finish took on its thread (what the wait is on an idle core)."""
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import Callback
@@ -264,6 +265,19 @@ def end_wait(into: Path) -> dict[str, Any]:
         def on_train_batch_end(self, *args: Any) -> None:
             self.at = time.perf_counter()
 
+    from vt_lightning.controller import handoff
+
+    held_cpu: list[float] = []
+    finish = handoff._finish_with_collector_paused
+
+    def timed(job: Any) -> Any:  # the held window, finished on the writer thread once training stopped
+        start = time.thread_time()
+        try:
+            return finish(job)
+        finally:
+            held_cpu.append(time.thread_time() - start)
+
+    handoff._finish_with_collector_paused = timed
     last = LastBatch()
     cb = VizTraceCallback(wait=WARMUP_BATCHES, warmup=1, active=ACTIVE, repeat=1, dirpath=str(into))
     trainer = L.Trainer(
@@ -282,7 +296,7 @@ def end_wait(into: Path) -> dict[str, Any]:
     trainer.fit(real_model())
     wait = time.perf_counter() - last.at
     result = cb.results[0]
-    return {"wait_s": wait, "events": result.python_events + result.torch_events}
+    return {"wait_s": wait, "held_cpu_s": sum(held_cpu), "events": result.python_events + result.torch_events}
 
 
 def _end_wait_in_fresh_process(code: Path) -> dict[str, Any]:
@@ -530,12 +544,14 @@ def render(results: dict[str, dict[str, Any]], waits: dict[str, list[dict[str, A
     if any(waits.values()):
         lines += [
             "",
-            "End-of-fit wait on the real model (its window held to the end of fit, wall seconds from the",
-            "last batch's end to `fit` returning), against the same window's `save()` estimated from the",
-            "replays above (its CPU per event times the window's events):",
+            "End-of-fit wait on the real model (its window held to the end of fit): wall seconds from the",
+            "last batch's end to `fit` returning, the CPU seconds the held window's finish took on its",
+            "thread, and the same window's `save()` estimated from the replays above (its CPU per event",
+            "times the window's events):",
             "",
-            "| code | rounds | events | wait (s) | save() estimate (s) | wait / save() |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| code | rounds | events | wait, wall (s) | held finish, CPU (s) | save() estimate, CPU (s) "
+            "| finish CPU / save() |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for label, runs in waits.items():
             if not runs:
@@ -544,11 +560,12 @@ def render(results: dict[str, dict[str, Any]], waits: dict[str, list[dict[str, A
             rows = results.get(key) or results.get(f"real [{label}]") or {"rows": []}
             per_event = statistics.median(r["save_s"] / r["events"] for r in rows["rows"]) if rows["rows"] else 0.0
             wait = [r["wait_s"] for r in runs]
+            held = [r["held_cpu_s"] for r in runs]
             save_s = [r["events"] * per_event for r in runs]
-            ratio = [w / s for w, s in zip(wait, save_s, strict=True) if s]
+            ratio = [h / s for h, s in zip(held, save_s, strict=True) if s]
             lines.append(
                 f"| {label} | {len(runs)} | {statistics.median(r['events'] for r in runs):,.0f} | {_spread(wait)} | "
-                f"{_spread(save_s)} | {_spread(ratio) if ratio else '–'} |"
+                f"{_spread(held)} | {_spread(save_s)} | {_spread(ratio) if ratio else '–'} |"
             )
     lines += ["", END]
     return "\n".join(lines)
@@ -556,9 +573,9 @@ def render(results: dict[str, dict[str, Any]], waits: dict[str, list[dict[str, A
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1e4 and the real window, 2 repeats")
+    parser.add_argument("--quick", action="store_true", help="1e4 and the real window, 1 round (unless --repeats)")
     parser.add_argument("--windows", default=None, help="comma-separated: 1e4,1e5,1e6,real")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=None, help="rounds (default 5, --quick 1)")
     parser.add_argument("--jobs", default=None, help="replay the jobs captured under this directory")
     parser.add_argument("--keep", default=None, help="capture into this directory and keep it")
     parser.add_argument("--profile", default=None, help="cProfile one replay of this window")
@@ -573,11 +590,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     names = args.windows.split(",") if args.windows else (["1e4", "real"] if args.quick else [*SIZES, "real"])
-    repeats = 2 if args.quick else args.repeats
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 5)
     for name in names:
         if name not in (*SIZES, "real"):
             parser.error(f"--windows: unknown window {name!r} (1e4, 1e5, 1e6, real)")
-    if args.repeats < 1:
+    if repeats < 1:
         parser.error("--repeats: at least 1")
     base = Path(args.jobs or args.keep or tempfile.mkdtemp(prefix="vt-bench-jobs-"))
     try:
