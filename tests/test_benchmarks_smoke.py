@@ -81,3 +81,18 @@ def test_tb_plugin_benchmark_completes() -> None:
     out = _quick("tb_plugin.py")
     for text in ("## The TensorBoard tab", "first load ms", "held MiB after all rows", "| 50 |", "| 200 |"):
         assert text in out, text
+
+
+@pytest.mark.slow
+def test_writer_cost_benchmark_completes_and_every_round_writes_the_same_trace() -> None:
+    """Captures the 1e4 and the real-model windows, replays each twice: one md5 per row (the
+    writer's output does not depend on the round, nor on a job finished before from the same
+    capture), and the end-of-fit wait against save()."""
+    out = _quick("writer_cost.py", "--repeats", "2", "--end-waits", "1")
+    for text in ("writer µs/event", "save() µs/event", "writer / save()", "by stage", "End-of-fit wait", "| this |"):
+        assert text in out, text
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith(("| 1e4 ", "| real "))}
+    assert set(rows) == {"1e4", "real"}, out
+    for name, row in rows.items():
+        md5s = row.rstrip(" |").rsplit("|", 1)[1].split()
+        assert len(md5s) == 1, (name, row)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -287,3 +289,51 @@ def test_a_cpu_run_starts_its_writer_at_the_first_hand_off_not_in_a_quiet_step(
     make_trainer(tmp_path, [batches, cb], max_steps=-1, max_epochs=2).fit(MarkerModel(), loader())
     assert len(starts) == 1 and starts[0] >= 21, starts
     assert len(trace_files(tmp_path)) == 1
+
+
+# ---------------------------------------------------------------- a job is finished as handed over
+class CollectingModel(MarkerModel):
+    """Forces a garbage collection in every step, so the window records a ``[gc]`` pause."""
+
+    def training_step(self, batch, batch_idx):
+        import gc
+
+        gc.collect()
+        return super().training_step(batch, batch_idx)
+
+
+def test_finishing_a_job_leaves_it_as_handed_over_so_a_retry_writes_the_same_trace(tmp_path, monkeypatch):
+    """The writer thread finishes a job again when the writer process died mid-window: the second
+    trace must place every event where the first did. The ``[gc]`` pauses travel inside the job
+    (``extras``), and merging them once moved them in place, so a retry moved them again, by the
+    calibration's whole offset."""
+    from vt_lightning.controller import handoff
+    from vt_lightning.export import pipeline
+
+    monkeypatch.setattr(handoff, "USE_WRITER_PROCESS", False)
+    monkeypatch.setattr(handoff, "FINISH_AT_END_WITHIN_S", 0.0)
+    jobs = []
+
+    def keep(job):
+        result = pipeline.finish_window(job)
+        kept = {}  # its raw dumps, removed once the result is delivered
+        for field in ("torch_raw", "python_raw"):
+            kept[field] = tmp_path / Path(getattr(job, field)).name
+            shutil.copyfile(getattr(job, field), kept[field])
+        jobs.append(dataclasses.replace(job, **kept))
+        return result
+
+    monkeypatch.setattr(handoff, "finish_window", keep)
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=1, dirpath=str(tmp_path / "logs"))
+    make_trainer(tmp_path, [cb], max_steps=2).fit(CollectingModel(), loader())
+    assert len(jobs) == 1 and len(cb.results) == 1
+    first = load_trace(cb.results[0].trace_path)
+    retry = pipeline.finish_window(dataclasses.replace(jobs[0], run_dir=tmp_path / "retry", job_id=""))
+    second = load_trace(retry.trace_path)
+
+    def pauses(trace):
+        return [(e["ts"], e["dur"]) for e in trace["traceEvents"] if str(e.get("name", "")).startswith("[gc]")]
+
+    assert pauses(first), "the window recorded no [gc] pause"
+    assert pauses(second) == pauses(first)
+    assert len(second["traceEvents"]) == len(first["traceEvents"])

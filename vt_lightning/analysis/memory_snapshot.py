@@ -134,26 +134,11 @@ def build_cpu_snapshot(trace_events: Iterable[Mapping[str, Any]], *, include_ops
     as a free. Returns None when there is no ``[memory]`` event.
     """
     frame_of = _FrameCache()
+    events = trace_events if isinstance(trace_events, (list, tuple)) else list(trace_events)
     memory_by_thread: dict[tuple[Any, Any], list[tuple[float, int]]] = {}
-    calls_by_thread: dict[tuple[Any, Any], list[tuple[float, float, str]]] = {}
     records: list[tuple[float, int, int, int, tuple[int, int]]] = []  # ts, index, addr, bytes, device
-    for event in trace_events:
-        ph = event.get("ph")
-        if ph == "X":
-            cat = event.get("cat")
-            if cat != PYTHON_CATEGORY and not (include_ops and cat in OP_CATEGORIES):
-                continue
-            ts = event.get("ts")
-            if type(ts) is not float:  # a merged trace's are (snapped floats): skip the checks
-                ts = _number(ts)
-            name = event.get("name")
-            if ts is None or not isinstance(name, str):
-                continue
-            dur = event.get("dur")
-            if type(dur) is not float:
-                dur = _number(dur) or 0.0
-            calls_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append((ts, ts + max(dur, 0.0), name))
-        elif ph == "i" and event.get("name") == "[memory]":
+    for event in events:
+        if event.get("ph") == "i" and event.get("name") == "[memory]":
             args = event.get("args") or {}
             ts = _number(event.get("ts"))
             addr = args.get("Addr")
@@ -166,10 +151,32 @@ def build_cpu_snapshot(trace_events: Iterable[Mapping[str, Any]], *, include_ops
             memory_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append((ts, index))
     if not records:
         return None
+    # Calls only of the threads that allocated: a DataLoader worker's (most of a window's events
+    # when workers are traced) or a helper thread's calls enclose no allocation of this trace.
+    calls_by_thread: dict[tuple[Any, Any], list[tuple[float, float, str]]] = {key: [] for key in memory_by_thread}
+    for event in events:
+        if event.get("ph") != "X":
+            continue
+        calls = calls_by_thread.get((event.get("pid"), event.get("tid")))
+        if calls is None:
+            continue
+        cat = event.get("cat")
+        if cat != PYTHON_CATEGORY and not (include_ops and cat in OP_CATEGORIES):
+            continue
+        ts = event.get("ts")
+        if type(ts) is not float:  # a merged trace's are (snapped floats): skip the checks
+            ts = _number(ts)
+        name = event.get("name")
+        if ts is None or not isinstance(name, str):
+            continue
+        dur = event.get("dur")
+        if type(dur) is not float:
+            dur = _number(dur) or 0.0
+        calls.append((ts, ts + max(dur, 0.0), name))
 
     frames_of: dict[int, list[dict[str, Any]]] = {}
     for thread, memory in memory_by_thread.items():
-        frames_of.update(_stack_frames(memory, calls_by_thread.get(thread, []), frame_of))
+        frames_of.update(_stack_frames(memory, calls_by_thread[thread], frame_of))
     del calls_by_thread, memory_by_thread
 
     devices = _device_order({record[4] for record in records})

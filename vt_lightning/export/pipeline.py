@@ -160,7 +160,9 @@ def finish_window(job: WindowJob) -> WindowResult:
                 )
         gc_pauses = job.extras.get("gc")
         if isinstance(gc_pauses, dict) and gc_pauses.get("events"):  # recording/gc_watch.py, on the Python clock
-            python_events = [*python_events, *gc_pauses["events"]]
+            # Copies: merging moves events in place, and the job stays as handed over (a retry of
+            # the same job on the writer thread would otherwise shift these a second time).
+            python_events = [*python_events, *(dict(event) for event in gc_pauses["events"])]
         compile_info = job.extras.get("compile")
         if isinstance(compile_info, dict):  # recording/compile_watch.py: a span per compile, Python clock
             python_events = [*python_events, *compile_span_events(compile_info, python_events)]
