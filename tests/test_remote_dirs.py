@@ -175,3 +175,55 @@ def test_a_url_as_spool_dir_is_refused_at_construction(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="`spool_dir` must be a local directory"):
         VizTraceCallback(spool_dir="memory://scratch")
     assert url_named_entries(tmp_path) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading a remote root back: vt-lightning summary | diff | view take the URL the callback wrote to
+# --------------------------------------------------------------------------------------------------
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """The command in this process: ``memory://`` lives in one process (a subprocess would see an
+    empty store). The S3 test below runs the real executable."""
+    from vt_lightning.cli.command import main
+
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_summary_and_diff_read_a_memory_root_the_callback_wrote(tmp_path, monkeypatch, memory_root, capsys):
+    monkeypatch.chdir(tmp_path)
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2, dirpath=memory_root)
+    make_trainer(tmp_path / "local", [cb], max_steps=3).fit(MarkerModel(), loader())
+    capsys.readouterr()
+    status, out, err = run_cli(capsys, "summary", memory_root, "--json")
+    assert (status, err) == (0, "")
+    summaries = json.loads(out)
+    assert [s["steps"]["recorded"] for s in summaries] == [[0], [1]]
+    assert [s["window"]["trace"] for s in summaries] == [r.trace_path.name for r in cb.results]
+    status, out, err = run_cli(capsys, "summary", str(cb.results[1].summary_path))  # one file, as a URL
+    assert (status, err) == (0, "") and f"({cb.results[1].summary_path})" in out
+    first, second = (str(r.trace_path.parent) for r in cb.results)
+    status, out, err = run_cli(capsys, "diff", first, second, "--json")
+    assert (status, err) == (0, "") and json.loads(out)["a_windows"] == json.loads(out)["b_windows"] == 1
+    assert url_named_entries(tmp_path) == []
+
+
+def test_a_remote_file_past_the_memory_budget_is_refused_as_a_local_one(tmp_path, memory_root, capsys):
+    fs = filesystem("memory")
+    big = f"{memory_root}/window_000-batches_0-0/h_0.0000000000.pt.trace.json.gz"
+    event = b'{"ph":"X","name":"f","ts":%d,"dur":1,"pid":1,"tid":1,"cat":"python"}'
+    events = b",".join(event % i for i in range(60000))
+    fs.pipe_file(big, gzip.compress(b'{"traceEvents":[' + events + b"]}"))
+    status, _, err = run_cli(capsys, "summary", memory_root, "--max-memory-mb", "8")
+    assert status == 1
+    assert f"{big}: refused after reading" in err and "8 MiB memory budget" in err and "--max-memory-mb" in err
+    status, _, err = run_cli(capsys, "summary", f"{memory_root}/nothing-here")
+    assert status == 1 and f"{memory_root}/nothing-here: no such file or directory" in err
+
+
+def test_a_url_whose_filesystem_is_missing_is_one_line(capsys):
+    status, _, err = run_cli(capsys, "summary", "nosuchfs://bucket/run")
+    assert status == 1 and err.count("\n") == 1
+    assert "nosuchfs://bucket/run: cannot read this URL here" in err and "Traceback" not in err
