@@ -12,6 +12,15 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -227,3 +236,133 @@ def test_a_url_whose_filesystem_is_missing_is_one_line(capsys):
     status, _, err = run_cli(capsys, "summary", "nosuchfs://bucket/run")
     assert status == 1 and err.count("\n") == 1
     assert "nosuchfs://bucket/run: cannot read this URL here" in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------------------------------
+# A real S3-compatible server (moto's standalone server, a separate process) and s3fs
+# --------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def s3_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """moto's S3 server on 127.0.0.1, and the environment that points s3fs at it (for this process
+    through fsspec's config, for subprocesses through ``FSSPEC_S3_*``): the environment of a user
+    whose store is not AWS."""
+    pytest.importorskip("s3fs", reason="s3fs is in the `test` extra; without it s3:// cannot be tested")
+    pytest.importorskip("moto.server", reason="moto[server] is in the `test` extra")
+    import fsspec.config
+
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "FSSPEC_S3_ENDPOINT_URL": endpoint,
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint})
+    with open(tmp_path / "moto.log", "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(endpoint + "/", timeout=2):
+                    break
+            except urllib.error.HTTPError:
+                break  # it answers
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's server did not start: {(tmp_path / 'moto.log').read_text()}") from None
+                time.sleep(0.2)
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3fs.S3FileSystem(endpoint_url=endpoint, key="x", secret="x").mkdir("vt-bucket")
+        yield {**os.environ, **env}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_a_trainer_writes_to_s3_and_the_command_reads_it_back(tmp_path, monkeypatch, s3_server):
+    monkeypatch.chdir(tmp_path)
+    root = "s3://vt-bucket/run"
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2, dirpath=root, spool_dir=str(tmp_path / "spool"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path / "local", [cb], max_steps=3).fit(MarkerModel(), loader())
+    assert caught_vt_warnings(caught) == []
+    assert [str(r.trace_path.parent) for r in cb.results] == [
+        f"{root}/window_000-batches_0-0",
+        f"{root}/window_001-batches_1-1",
+    ]
+    command = [sys.executable, "-m", "vt_lightning"]
+    done = subprocess.run([*command, "summary", root, "--json"], env=s3_server, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    summaries = json.loads(done.stdout)
+    assert [s["steps"]["recorded"] for s in summaries] == [[0], [1]]
+    first, second = (str(r.trace_path.parent) for r in cb.results)
+    done = subprocess.run([*command, "diff", first, second, "--json"], env=s3_server, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout)["a_windows"] == 1
+    # view: the newest window's trace, copied within its cap and served as a local one is.
+    viewer = subprocess.Popen(
+        [*command, "view", root, "--no-browser"], env=s3_server, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert viewer.stdout is not None
+        serving = viewer.stdout.readline().decode()
+        assert serving.strip() == f"vt-lightning: serving {cb.results[1].trace_path}", viewer.stderr
+        url = viewer.stdout.readline().decode().split()[1]
+        with urllib.request.urlopen(url, timeout=30) as page:
+            route = re.search(rb"location\.origin\+'(/[^']+)'", page.read())
+        assert route is not None
+        with urllib.request.urlopen(url.split("/", 3)[0] + "//" + url.split("/", 3)[2] + route[1].decode()) as got:
+            served = got.read()
+        assert gzip.decompress(served) == gzip.decompress(filesystem("s3").cat_file(cb.results[1].trace_path))
+    finally:
+        viewer.send_signal(signal.SIGTERM)
+        assert viewer.wait(timeout=60) == 0
+    assert url_named_entries(tmp_path) == []
+
+
+def test_two_runs_racing_for_one_s3_name_never_overwrite_each_other(tmp_path, monkeypatch, s3_server):
+    """The name check and the upload are one step on S3 (If-None-Match): a store whose listing lags
+    (here: it always says "absent") still refuses the second run's files, which go to ``.2``."""
+    import s3fs
+
+    monkeypatch.chdir(tmp_path)
+    root = "s3://vt-bucket/race"
+    first = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=root)
+    make_trainer(tmp_path / "a", [first], max_steps=1).fit(MarkerModel(), loader())
+    fs = filesystem("s3")
+    window = f"{root}/window_000-batches_0-0"
+    before = {path: fs.cat_file(path) for path in fs.find(window)}
+    assert len(before) == 4
+    monkeypatch.setattr(s3fs.S3FileSystem, "exists", lambda self, path, **kwargs: False)
+    second = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=root)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path / "b", [second], max_steps=1).fit(MarkerModel(), loader())
+    monkeypatch.undo()
+    (result,) = second.results
+    assert result.trace_path.parent == f"{window}.2"
+    assert {path: fs.cat_file(path) for path in fs.find(window)} == before  # untouched, byte for byte
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.find(f"{window}.2")) == sorted(p.rsplit("/", 1)[1] for p in before)
+    said = caught_vt_warnings(caught)
+    assert len([w for w in said if "run directory already taken" in w]) == 1
+    assert not [w for w in said if "not guaranteed" in w]
