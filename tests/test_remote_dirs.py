@@ -366,3 +366,28 @@ def test_two_runs_racing_for_one_s3_name_never_overwrite_each_other(tmp_path, mo
     said = caught_vt_warnings(caught)
     assert len([w for w in said if "run directory already taken" in w]) == 1
     assert not [w for w in said if "not guaranteed" in w]
+
+
+def test_a_trigger_file_on_a_url_root_is_looked_for_there(tmp_path, monkeypatch, memory_root):
+    """Not in local staging, where no user could drop it: in the remote root the run writes to."""
+    monkeypatch.chdir(tmp_path)
+    fs = filesystem("memory")
+    trigger = f"{memory_root}/vt_lightning.trigger"
+
+    class Model(MarkerModel):
+        def training_step(self, batch, batch_idx):
+            if self.trainer.fit_loop.total_batch_idx == 12:
+                fs.pipe_file(trigger, b"")
+            return super().training_step(batch, batch_idx)
+
+    cb = VizTraceCallback(
+        warmup=0, active=1, trigger_file=True, trigger_interval=0.0, skip_first=10**6, dirpath=memory_root,
+        spool_dir=str(tmp_path / "spool"),
+    )  # fmt: skip
+    make_trainer(tmp_path / "local", [cb], max_steps=20).fit(Model(), loader(n=80))
+    (result,) = cb.results
+    assert result.trace_path.parent == f"{memory_root}/window_000-trigger_file-batches_13-13"
+    meta = orjson.loads(gzip.decompress(fs.cat_file(result.trace_path)))["vt_lightning"]
+    assert meta["trigger"]["reason"] == "trigger_file" and meta["trigger"]["detail"] == trigger
+    assert not fs.exists(trigger)  # consumed
+    assert url_named_entries(tmp_path) == []

@@ -109,7 +109,7 @@ class WindowController:
         self.budget.start(runs.any_rank(trainer) if o.ranks is None else bool, first + (stage == "fit"))  # see budget
         if agreement is not None:
             self.triggers = arm(
-                trainer, o.triggers, agreement, group, run.root, run.cuda, self.warn, self.step_clock, first + 1,
+                trainer, o.triggers, agreement, group, run.output, run.cuda, self.warn, self.step_clock, first + 1,
                 self._look_now,
             )  # fmt: skip
             self.slow = self.triggers.watch.slow
