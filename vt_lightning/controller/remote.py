@@ -26,6 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from vt_lightning.controller.agreement import first_failure
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
 from vt_lightning.export.job import URL, WindowJob, WindowResult
 from vt_lightning.export.layout import host_name
@@ -60,14 +61,24 @@ def output_root(
         return Path(where).absolute(), None
     from lightning.fabric.utilities.cloud_io import get_filesystem
 
+    problem: OutputRootError | None = None
     try:
         fs = get_filesystem(where)
     except Exception as err:  # ImportError (s3fs missing), ValueError (unknown protocol)
-        raise _unusable(where, source, err) from err
-    if {"file", "local"} & set(_protocols(fs)):
-        return Path(fs._strip_protocol(where)).absolute(), None
+        problem = _unusable(where, source, err)
+    else:
+        if {"file", "local"} & set(_protocols(fs)):
+            return Path(fs._strip_protocol(where)).absolute(), None
+        try:
+            _check_filesystem(fs, URL(where.rstrip("/")), source)
+        except OutputRootError as err:
+            problem = err
+    failed = first_failure(str(problem) if problem is not None else None)  # collective under DDP
+    if failed is not None:
+        rank, message = failed
+        stop = OutputRootError(message if rank == 0 else f"{message} (found on rank {rank}; every rank stops)")
+        raise stop from problem
     remote = URL(where.rstrip("/"))
-    _check_filesystem(fs, remote, source)
     base = Path(spool_dir) if spool_dir is not None else Path(default_spool_base())
     # Made when the first window is written (a rank that records nothing leaves nothing behind);
     # the random part keeps the name unguessable in a shared temp directory.
@@ -81,7 +92,9 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 
 def _check_filesystem(fs: Any, remote: URL, source: str) -> None:
     """Ask the filesystem once for the root: a store that refuses us is an error now, at setup,
-    not a warning per window later."""
+    not a warning per window later. Under DDP every rank asks, and the first rank refused stops
+    them all with its error (``agreement.first_failure``): a rank that went on would wait forever in
+    the next collective for the rank that stopped."""
     from lightning.fabric.utilities.cloud_io import _is_object_storage
 
     try:
