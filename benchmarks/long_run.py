@@ -48,6 +48,20 @@ def rss_kib(pid: int | None = None) -> float | None:
         return None
 
 
+TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ms(pid: int | None = None) -> float | None:
+    """CPU time (user + system, all threads) a process has used so far, in ms: unlike wall time,
+    it does not move with the machine's load."""
+    try:
+        with open(f"/proc/{pid or 'self'}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * TICK_MS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def slope(points: list[tuple[int, float]]) -> float | None:
     """Least-squares slope of (window, KiB): KiB per window."""
     if len(points) < 3:
@@ -94,13 +108,18 @@ def fit_arm(windows: int, every: int, first: int) -> dict[str, Any]:
             self.training: list[tuple[int, float]] = []
             self.writer: list[tuple[int, float]] = []
             self.quiet: dict[int, list[float]] = {}  # window -> quiet step seconds after it
+            self.quiet_cpu: dict[int, list[float]] = {}  # window -> training CPU ms of those steps
+            self.writer_cpu: list[tuple[int, float]] = []  # (window, writer process CPU ms so far)
             self._start = 0.0
+            self._start_cpu: float | None = None
 
         def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            self._start_cpu = cpu_ms()
             self._start = time.perf_counter()
 
         def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
             took = time.perf_counter() - self._start
+            now_cpu = cpu_ms()
             batch = trainer.global_step - 1
             window, phase = divmod(batch, every)
             if phase == every - 1:  # the window's active batch just ended
@@ -111,8 +130,13 @@ def fit_arm(windows: int, every: int, first: int) -> dict[str, Any]:
                 writer = rss_kib(process.pid) if process is not None else None
                 if writer is not None:
                     self.writer.append((window, writer))
+                spent = cpu_ms(process.pid) if process is not None else None
+                if spent is not None:
+                    self.writer_cpu.append((window, spent))
             elif 1 <= phase < every - 3:  # quiet batches, away from the window and its close
                 self.quiet.setdefault(window, []).append(took)
+                if now_cpu is not None and self._start_cpu is not None:
+                    self.quiet_cpu.setdefault(window, []).append(now_cpu - self._start_cpu)
 
     sampler = Sampler()
     steps = windows * every
@@ -134,7 +158,16 @@ def fit_arm(windows: int, every: int, first: int) -> dict[str, Any]:
         values = [t for w in range(lo, hi) for t in sampler.quiet.get(w, [])]
         return statistics.median(values) if values else None
 
+    def mean_quiet_cpu(lo: int, hi: int) -> float | None:
+        values = [t for w in range(lo, hi) for t in sampler.quiet_cpu.get(w, [])]
+        return statistics.fmean(values) if values else None
+
+    def writer_cpu_per_window(lo: int, hi: int) -> float | None:
+        inside = [(w, ms) for w, ms in sampler.writer_cpu if lo <= w < hi]
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]) if len(inside) > 1 else None
+
     early, late = median_quiet(first, first + 100), median_quiet(windows - 100, windows)
+    tenths = [(i * windows // 10, (i + 1) * windows // 10) for i in range(10)]
     return {
         "windows": windows,
         "written": written,
@@ -146,11 +179,22 @@ def fit_arm(windows: int, every: int, first: int) -> dict[str, Any]:
         "step_ms_early": early * 1e3 if early else None,
         "step_ms_late": late * 1e3 if late else None,
         "late_over_early": late / early if early and late else None,
+        "quiet_step_ms_by_window": {
+            w: round(statistics.median(v) * 1e3, 3) for w, v in sorted(sampler.quiet.items()) if v
+        },
+        # CPU time, which the machine's load does not inflate as it does wall time (a tick is 10 ms:
+        # means over hundreds of steps)
+        "quiet_step_cpu_ms_by_tenth": [_round(mean_quiet_cpu(lo, hi)) for lo, hi in tenths],
+        "writer_cpu_ms_per_window_by_tenth": [_round(writer_cpu_per_window(lo, hi)) for lo, hi in tenths],
         "quiet_step_ms_by_tenth": [
             round(m * 1e3, 3) if (m := median_quiet(i * windows // 10, (i + 1) * windows // 10)) else None
             for i in range(10)
         ],
     }
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 2) if value is not None else None
 
 
 # ----------------------------------------------------------------------------- part 2: torch only
@@ -236,6 +280,10 @@ def main() -> None:
     print(f"| quiet step, late / early (ms) | {_fmt(f['late_over_early'], 2)} "
           f"({_fmt(f['step_ms_early'], 2)} -> {_fmt(f['step_ms_late'], 2)}) | <= 1.2 |")  # fmt: skip
     print(f"| quiet step by tenth of the run (ms) | {' '.join(_fmt(v, 2) for v in f['quiet_step_ms_by_tenth'])} | |")
+    print(f"| quiet step CPU by tenth (ms, training process) | "
+          f"{' '.join(_fmt(v, 2) for v in f['quiet_step_cpu_ms_by_tenth'])} | |")  # fmt: skip
+    print(f"| writer process CPU per window by tenth (ms) | "
+          f"{' '.join(_fmt(v, 1) for v in f['writer_cpu_ms_per_window_by_tenth'])} | |")  # fmt: skip
     for mode, kib in (result.get("torch_only") or {}).items():
         print(f"| torch.profiler only, {mode}, KiB per window | {_fmt(kib)} | |")
     if args.out is not None:
