@@ -109,7 +109,11 @@ class BackgroundWriter:
         self.process: Any = None
         self.process_error: BaseException | None = None
         self.abandoned = 0  # how many times a stuck writer was given up
-        self.blocked = 0.0  # seconds training has waited for this writer, over the whole run
+        # Seconds training has waited for this writer since it last finished a window (over the
+        # whole run once it was abandoned): a writer slower than the windows still finishes them,
+        # and only a stall as long as ``timeout`` is a stuck writer (``_progressed``).
+        self.blocked = 0.0
+        self._progress_at = -math.inf  # time.monotonic() when the writer last finished a window
         self._futures: list[Future[Any]] = []
         self._windows: dict[Future[Any], int] = {}  # window index of each pending hand-off
         self._held: dict[Future[Any], ClosedWindow] = {}  # held hand-offs not done (abandon drops queued ones)
@@ -146,6 +150,18 @@ class BackgroundWriter:
                 _settle(future, error=err)
             else:
                 _settle(future, result=result)
+            self._progressed()
+
+    def _progressed(self) -> None:
+        """A job ended on the writer thread: the writer is not stuck, so the waits before it no
+        longer count against ``timeout``. Before this, a long run whose windows came faster than the
+        writer finished them spent the allowance on that back-pressure alone (about 50 ms a window:
+        spent by window ~1,200 of 2,000), then had every window that found the writer busy dropped
+        and its writer killed and replaced. Once a writer was abandoned, the allowance stays spent:
+        a run waits for a stuck writer once in all."""
+        self._progress_at = time.monotonic()
+        if not self.abandoned:
+            self.blocked = 0.0
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         future: Future[Any] = Future()
@@ -287,7 +303,8 @@ class BackgroundWriter:
         return len(self._pending())
 
     def _allowance(self, timeout: float | None) -> float:
-        """Seconds a wait may take: ``timeout`` (default: the writer's), less what the run has waited."""
+        """Seconds a wait may take: ``timeout`` (default: the writer's), less what training has
+        waited since the writer last finished a window (since the run began, once abandoned)."""
         limit = self.timeout if timeout is None else timeout
         return max(0.0, min(limit, self.timeout - self.blocked))
 
@@ -300,7 +317,7 @@ class BackgroundWriter:
         try:
             return self._wait_for_room(limit, start)
         finally:
-            self.blocked += time.monotonic() - start
+            self.blocked += self._stalled_since(start)
 
     def _wait_for_room(self, limit: float, start: float) -> tuple[float, bool]:
         while True:
@@ -332,9 +349,15 @@ class BackgroundWriter:
             return True
         finally:
             waited = time.monotonic() - start
-            self.blocked += waited
+            self.blocked += self._stalled_since(start)
             if waited >= SAY_WAIT_S and windows:
                 _say_waited(waited, windows)
+
+    def _stalled_since(self, start: float) -> float:
+        """Seconds of a wait that began at ``start`` with no window finished (all of it once the
+        writer was abandoned)."""
+        now = time.monotonic()
+        return now - start if self.abandoned else now - max(start, min(self._progress_at, now))
 
     def abandon(self) -> None:
         """Give up on a stuck writer: drop its pending windows, kill and reap its process, and
