@@ -73,7 +73,7 @@ def slope(points: list[tuple[int, float]]) -> float | None:
 
 
 # ------------------------------------------------------------------------------------- part 1: fit
-def fit_arm(windows: int, every: int, first: int) -> dict[str, Any]:
+def fit_arm(windows: int, every: int, first: int, writer_timeout: float | None = None) -> dict[str, Any]:
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import Callback
@@ -99,8 +99,9 @@ def fit_arm(windows: int, every: int, first: int) -> dict[str, Any]:
     names = ("budget_windows", "budget_output_mb", "budget_time_share")
     if "budget_windows" not in inspect.signature(VizTraceCallback).parameters:  # "before": the old names
         names = ("max_windows", "max_output_mb", "max_time_share")
+    extra = {"writer_timeout": writer_timeout} if writer_timeout is not None else {}
     vt = VizTraceCallback(
-        wait=every - 2, warmup=1, active=1, repeat=0, memory_snapshot=False, **dict.fromkeys(names, None)
+        wait=every - 2, warmup=1, active=1, repeat=0, memory_snapshot=False, **dict.fromkeys(names, None), **extra
     )
 
     class Sampler(Callback):
@@ -171,6 +172,7 @@ def fit_arm(windows: int, every: int, first: int) -> dict[str, Any]:
     return {
         "windows": windows,
         "written": written,
+        "writers_abandoned": vt._controller.writer.abandoned if vt._controller.writer is not None else None,
         "seconds": seconds,
         "training_kib_per_window": slope([p for p in sampler.training if p[0] >= first]),
         "writer_kib_per_window": slope([p for p in sampler.writer if p[0] >= first]),
@@ -252,6 +254,9 @@ def main() -> None:
     parser.add_argument("--from-window", type=int, default=50)
     parser.add_argument("--torch-windows", type=int, default=1000, help="0: skip the torch.profiler-only part")
     parser.add_argument("--torch-only", action="store_true", help="only the torch.profiler-only part (any torch)")
+    parser.add_argument(
+        "--writer-timeout", type=float, default=None, help="the callback's writer_timeout (default: its own)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
     if args.every < 5 or args.windows < args.from_window + 3:
@@ -270,7 +275,7 @@ def main() -> None:
         if args.out is not None:
             args.out.write_text(json.dumps(result, indent=2) + "\n")
         return
-    result["fit"] = fit_arm(args.windows, args.every, args.from_window)
+    result["fit"] = fit_arm(args.windows, args.every, args.from_window, args.writer_timeout)
     f = result["fit"]
     print(f"torch {result['torch']}, Python {result['python']}: {f['written']} windows in {f['seconds']:.0f} s\n")
     print("| measure | value | goal |\n|---|---:|---:|")

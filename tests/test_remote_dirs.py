@@ -56,7 +56,24 @@ class FailingUploads(MemoryFileSystem):
         raise ConnectionError("the test store went away")
 
 
+class SecondUploadFails(MemoryFileSystem):
+    """A store that loses the second window's upload only (a blip mid-run)."""
+
+    protocol = "vtblip"
+
+    def open(self, path, mode="rb", *args, **kwargs):
+        if "w" in mode and path.endswith(".pt.trace.json.gz") and "/window_001-" in path:
+            raise ConnectionError("the test store dropped this upload")
+        return super().open(path, mode, *args, **kwargs)
+
+    def put_file(self, lpath, rpath, *args, **kwargs):
+        if rpath.endswith(".tmp") and "/window_001-" in rpath and ".pt.trace.json.gz" in rpath:
+            raise ConnectionError("the test store dropped this upload")
+        return super().put_file(lpath, rpath, *args, **kwargs)
+
+
 register_implementation("vtrefusing", RefusingFileSystem, clobber=True)
+register_implementation("vtblip", SecondUploadFails, clobber=True)
 register_implementation("vtfailing", FailingUploads, clobber=True)
 
 
@@ -467,3 +484,20 @@ def test_a_url_refused_on_one_rank_stops_every_rank_with_its_error(tmp_path):
     assert said["rank_0.txt"] == said["rank_1.txt"]
     assert "vtrankone://bucket/run" in said["rank_0.txt"] and "rank 1 has no credentials" in said["rank_0.txt"]
     assert "found on rank 1; every rank stops" in said["rank_0.txt"] and "set `dirpath`" in said["rank_0.txt"]
+
+
+def test_the_end_of_the_run_counts_the_windows_it_did_not_write(tmp_path, monkeypatch, caplog):
+    """Issue 40: every scheduled window is written or reported: a dropped one is warned about (once
+    per kind) as it happens, and counted in the end-of-run line."""
+    import logging
+
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO)
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=3, dirpath="vtblip://bucket/traces")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path / "local", [cb], max_steps=3).fit(MarkerModel(), loader())
+    assert [r.trace_path.parent.name for r in cb.results] == ["window_000-batches_0-0", "window_002-batches_2-2"]
+    assert len([w for w in caught_vt_warnings(caught) if "could not copy the window" in w]) == 1
+    said = "2 window trace(s) in vtblip://bucket/traces; 1 window(s) not written: 1 dropped by the writer"
+    assert said in caplog.text

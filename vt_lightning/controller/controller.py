@@ -345,6 +345,7 @@ def _stop_writer(ctl: WindowController, writer: BackgroundWriter | None) -> None
     if not writer.close():
         ctl.warn("writer-stuck-end", messages.writer_unfinished(ctl.options.writer_timeout, ctl._root()))
     ctl._read_inbox(log=False)
+    ctl.outcomes.skipped = ctl.windows_skipped
     messages.end_of_run(ctl._root(), ctl.outcomes, ctl.triggered_runs, ctl.stage)
 
 
