@@ -113,6 +113,7 @@ def fit_arm(windows: int, every: int, first: int, writer_timeout: float | None =
             self.writer_cpu: list[tuple[int, float]] = []  # (window, writer process CPU ms so far)
             self._start = 0.0
             self._start_cpu: float | None = None
+            self.writer_obj: Any = None
 
         def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
             self._start_cpu = cpu_ms()
@@ -127,6 +128,7 @@ def fit_arm(windows: int, every: int, first: int, writer_timeout: float | None =
                 own = rss_kib()
                 if own is not None:
                     self.training.append((window, own))
+                self.writer_obj = vt._controller.writer or self.writer_obj  # None once fit ended
                 process = getattr(vt._controller.writer, "process", None)
                 writer = rss_kib(process.pid) if process is not None else None
                 if writer is not None:
@@ -172,7 +174,8 @@ def fit_arm(windows: int, every: int, first: int, writer_timeout: float | None =
     return {
         "windows": windows,
         "written": written,
-        "writers_abandoned": vt._controller.writer.abandoned if vt._controller.writer is not None else None,
+        "writers_abandoned": getattr(sampler.writer_obj, "abandoned", None),
+        "reported_not_written": getattr(outcomes, "dropped", 0) + vt._controller.windows_skipped,
         "seconds": seconds,
         "training_kib_per_window": slope([p for p in sampler.training if p[0] >= first]),
         "writer_kib_per_window": slope([p for p in sampler.writer if p[0] >= first]),
@@ -277,7 +280,11 @@ def main() -> None:
         return
     result["fit"] = fit_arm(args.windows, args.every, args.from_window, args.writer_timeout)
     f = result["fit"]
-    print(f"torch {result['torch']}, Python {result['python']}: {f['written']} windows in {f['seconds']:.0f} s\n")
+    print(
+        f"torch {result['torch']}, Python {result['python']}: {f['written']} windows written and "
+        f"{f['reported_not_written']} reported not written, of {f['windows']}, in {f['seconds']:.0f} s; "
+        f"writers abandoned: {f['writers_abandoned']}\n"
+    )
     print("| measure | value | goal |\n|---|---:|---:|")
     print(f"| training process, KiB per window (windows {args.from_window}-{args.windows - 1}) | "
           f"{_fmt(f['training_kib_per_window'])} | <= 10 |")  # fmt: skip
