@@ -48,6 +48,20 @@ def rss_kib(pid: int | None = None) -> float | None:
         return None
 
 
+TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ms(pid: int | None = None) -> float | None:
+    """CPU time (user + system, all threads) a process has used so far, in ms: unlike wall time,
+    it does not move with the machine's load."""
+    try:
+        with open(f"/proc/{pid or 'self'}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * TICK_MS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def slope(points: list[tuple[int, float]]) -> float | None:
     """Least-squares slope of (window, KiB): KiB per window."""
     if len(points) < 3:
@@ -59,7 +73,7 @@ def slope(points: list[tuple[int, float]]) -> float | None:
 
 
 # ------------------------------------------------------------------------------------- part 1: fit
-def fit_arm(windows: int, every: int, first: int) -> dict[str, Any]:
+def fit_arm(windows: int, every: int, first: int, writer_timeout: float | None = None) -> dict[str, Any]:
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import Callback
@@ -85,8 +99,9 @@ def fit_arm(windows: int, every: int, first: int) -> dict[str, Any]:
     names = ("budget_windows", "budget_output_mb", "budget_time_share")
     if "budget_windows" not in inspect.signature(VizTraceCallback).parameters:  # "before": the old names
         names = ("max_windows", "max_output_mb", "max_time_share")
+    extra = {"writer_timeout": writer_timeout} if writer_timeout is not None else {}
     vt = VizTraceCallback(
-        wait=every - 2, warmup=1, active=1, repeat=0, memory_snapshot=False, **dict.fromkeys(names, None)
+        wait=every - 2, warmup=1, active=1, repeat=0, memory_snapshot=False, **dict.fromkeys(names, None), **extra
     )
 
     class Sampler(Callback):
@@ -94,25 +109,37 @@ def fit_arm(windows: int, every: int, first: int) -> dict[str, Any]:
             self.training: list[tuple[int, float]] = []
             self.writer: list[tuple[int, float]] = []
             self.quiet: dict[int, list[float]] = {}  # window -> quiet step seconds after it
+            self.quiet_cpu: dict[int, list[float]] = {}  # window -> training CPU ms of those steps
+            self.writer_cpu: list[tuple[int, float]] = []  # (window, writer process CPU ms so far)
             self._start = 0.0
+            self._start_cpu: float | None = None
+            self.writer_obj: Any = None
 
         def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            self._start_cpu = cpu_ms()
             self._start = time.perf_counter()
 
         def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
             took = time.perf_counter() - self._start
+            now_cpu = cpu_ms()
             batch = trainer.global_step - 1
             window, phase = divmod(batch, every)
             if phase == every - 1:  # the window's active batch just ended
                 own = rss_kib()
                 if own is not None:
                     self.training.append((window, own))
+                self.writer_obj = vt._controller.writer or self.writer_obj  # None once fit ended
                 process = getattr(vt._controller.writer, "process", None)
                 writer = rss_kib(process.pid) if process is not None else None
                 if writer is not None:
                     self.writer.append((window, writer))
+                spent = cpu_ms(process.pid) if process is not None else None
+                if spent is not None:
+                    self.writer_cpu.append((window, spent))
             elif 1 <= phase < every - 3:  # quiet batches, away from the window and its close
                 self.quiet.setdefault(window, []).append(took)
+                if now_cpu is not None and self._start_cpu is not None:
+                    self.quiet_cpu.setdefault(window, []).append(now_cpu - self._start_cpu)
 
     sampler = Sampler()
     steps = windows * every
@@ -134,10 +161,21 @@ def fit_arm(windows: int, every: int, first: int) -> dict[str, Any]:
         values = [t for w in range(lo, hi) for t in sampler.quiet.get(w, [])]
         return statistics.median(values) if values else None
 
+    def mean_quiet_cpu(lo: int, hi: int) -> float | None:
+        values = [t for w in range(lo, hi) for t in sampler.quiet_cpu.get(w, [])]
+        return statistics.fmean(values) if values else None
+
+    def writer_cpu_per_window(lo: int, hi: int) -> float | None:
+        inside = [(w, ms) for w, ms in sampler.writer_cpu if lo <= w < hi]
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]) if len(inside) > 1 else None
+
     early, late = median_quiet(first, first + 100), median_quiet(windows - 100, windows)
+    tenths = [(i * windows // 10, (i + 1) * windows // 10) for i in range(10)]
     return {
         "windows": windows,
         "written": written,
+        "writers_abandoned": getattr(sampler.writer_obj, "abandoned", None),
+        "reported_not_written": getattr(outcomes, "dropped", 0) + vt._controller.windows_skipped,
         "seconds": seconds,
         "training_kib_per_window": slope([p for p in sampler.training if p[0] >= first]),
         "writer_kib_per_window": slope([p for p in sampler.writer if p[0] >= first]),
@@ -146,11 +184,22 @@ def fit_arm(windows: int, every: int, first: int) -> dict[str, Any]:
         "step_ms_early": early * 1e3 if early else None,
         "step_ms_late": late * 1e3 if late else None,
         "late_over_early": late / early if early and late else None,
+        "quiet_step_ms_by_window": {
+            w: round(statistics.median(v) * 1e3, 3) for w, v in sorted(sampler.quiet.items()) if v
+        },
+        # CPU time, which the machine's load does not inflate as it does wall time (a tick is 10 ms:
+        # means over hundreds of steps)
+        "quiet_step_cpu_ms_by_tenth": [_round(mean_quiet_cpu(lo, hi)) for lo, hi in tenths],
+        "writer_cpu_ms_per_window_by_tenth": [_round(writer_cpu_per_window(lo, hi)) for lo, hi in tenths],
         "quiet_step_ms_by_tenth": [
             round(m * 1e3, 3) if (m := median_quiet(i * windows // 10, (i + 1) * windows // 10)) else None
             for i in range(10)
         ],
     }
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 2) if value is not None else None
 
 
 # ----------------------------------------------------------------------------- part 2: torch only
@@ -208,6 +257,9 @@ def main() -> None:
     parser.add_argument("--from-window", type=int, default=50)
     parser.add_argument("--torch-windows", type=int, default=1000, help="0: skip the torch.profiler-only part")
     parser.add_argument("--torch-only", action="store_true", help="only the torch.profiler-only part (any torch)")
+    parser.add_argument(
+        "--writer-timeout", type=float, default=None, help="the callback's writer_timeout (default: its own)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
     if args.every < 5 or args.windows < args.from_window + 3:
@@ -226,9 +278,13 @@ def main() -> None:
         if args.out is not None:
             args.out.write_text(json.dumps(result, indent=2) + "\n")
         return
-    result["fit"] = fit_arm(args.windows, args.every, args.from_window)
+    result["fit"] = fit_arm(args.windows, args.every, args.from_window, args.writer_timeout)
     f = result["fit"]
-    print(f"torch {result['torch']}, Python {result['python']}: {f['written']} windows in {f['seconds']:.0f} s\n")
+    print(
+        f"torch {result['torch']}, Python {result['python']}: {f['written']} windows written and "
+        f"{f['reported_not_written']} reported not written, of {f['windows']}, in {f['seconds']:.0f} s; "
+        f"writers abandoned: {f['writers_abandoned']}\n"
+    )
     print("| measure | value | goal |\n|---|---:|---:|")
     print(f"| training process, KiB per window (windows {args.from_window}-{args.windows - 1}) | "
           f"{_fmt(f['training_kib_per_window'])} | <= 10 |")  # fmt: skip
@@ -236,6 +292,10 @@ def main() -> None:
     print(f"| quiet step, late / early (ms) | {_fmt(f['late_over_early'], 2)} "
           f"({_fmt(f['step_ms_early'], 2)} -> {_fmt(f['step_ms_late'], 2)}) | <= 1.2 |")  # fmt: skip
     print(f"| quiet step by tenth of the run (ms) | {' '.join(_fmt(v, 2) for v in f['quiet_step_ms_by_tenth'])} | |")
+    print(f"| quiet step CPU by tenth (ms, training process) | "
+          f"{' '.join(_fmt(v, 2) for v in f['quiet_step_cpu_ms_by_tenth'])} | |")  # fmt: skip
+    print(f"| writer process CPU per window by tenth (ms) | "
+          f"{' '.join(_fmt(v, 1) for v in f['writer_cpu_ms_per_window_by_tenth'])} | |")  # fmt: skip
     for mode, kib in (result.get("torch_only") or {}).items():
         print(f"| torch.profiler only, {mode}, KiB per window | {_fmt(kib)} | |")
     if args.out is not None:

@@ -12,6 +12,15 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -47,7 +56,24 @@ class FailingUploads(MemoryFileSystem):
         raise ConnectionError("the test store went away")
 
 
+class SecondUploadFails(MemoryFileSystem):
+    """A store that loses the second window's upload only (a blip mid-run)."""
+
+    protocol = "vtblip"
+
+    def open(self, path, mode="rb", *args, **kwargs):
+        if "w" in mode and path.endswith(".pt.trace.json.gz") and "/window_001-" in path:
+            raise ConnectionError("the test store dropped this upload")
+        return super().open(path, mode, *args, **kwargs)
+
+    def put_file(self, lpath, rpath, *args, **kwargs):
+        if rpath.endswith(".tmp") and "/window_001-" in rpath and ".pt.trace.json.gz" in rpath:
+            raise ConnectionError("the test store dropped this upload")
+        return super().put_file(lpath, rpath, *args, **kwargs)
+
+
 register_implementation("vtrefusing", RefusingFileSystem, clobber=True)
+register_implementation("vtblip", SecondUploadFails, clobber=True)
 register_implementation("vtfailing", FailingUploads, clobber=True)
 
 
@@ -175,3 +201,303 @@ def test_a_url_as_spool_dir_is_refused_at_construction(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="`spool_dir` must be a local directory"):
         VizTraceCallback(spool_dir="memory://scratch")
     assert url_named_entries(tmp_path) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading a remote root back: vt-lightning summary | diff | view take the URL the callback wrote to
+# --------------------------------------------------------------------------------------------------
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """The command in this process: ``memory://`` lives in one process (a subprocess would see an
+    empty store). The S3 test below runs the real executable."""
+    from vt_lightning.cli.command import main
+
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_summary_and_diff_read_a_memory_root_the_callback_wrote(tmp_path, monkeypatch, memory_root, capsys):
+    monkeypatch.chdir(tmp_path)
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2, dirpath=memory_root)
+    make_trainer(tmp_path / "local", [cb], max_steps=3).fit(MarkerModel(), loader())
+    capsys.readouterr()
+    status, out, err = run_cli(capsys, "summary", memory_root, "--json")
+    assert (status, err) == (0, "")
+    summaries = json.loads(out)
+    assert [s["steps"]["recorded"] for s in summaries] == [[0], [1]]
+    assert [s["window"]["trace"] for s in summaries] == [r.trace_path.name for r in cb.results]
+    status, out, err = run_cli(capsys, "summary", str(cb.results[1].summary_path))  # one file, as a URL
+    assert (status, err) == (0, "") and f"({cb.results[1].summary_path})" in out
+    first, second = (str(r.trace_path.parent) for r in cb.results)
+    status, out, err = run_cli(capsys, "diff", first, second, "--json")
+    assert (status, err) == (0, "") and json.loads(out)["a_windows"] == json.loads(out)["b_windows"] == 1
+    assert url_named_entries(tmp_path) == []
+
+
+def test_a_remote_file_past_the_memory_budget_is_refused_as_a_local_one(tmp_path, memory_root, capsys):
+    fs = filesystem("memory")
+    big = f"{memory_root}/window_000-batches_0-0/h_0.0000000000.pt.trace.json.gz"
+    event = b'{"ph":"X","name":"f","ts":%d,"dur":1,"pid":1,"tid":1,"cat":"python"}'
+    events = b",".join(event % i for i in range(60000))
+    fs.pipe_file(big, gzip.compress(b'{"traceEvents":[' + events + b"]}"))
+    status, _, err = run_cli(capsys, "summary", memory_root, "--max-memory-mb", "8")
+    assert status == 1
+    assert f"{big}: refused after reading" in err and "8 MiB memory budget" in err and "--max-memory-mb" in err
+    status, _, err = run_cli(capsys, "summary", f"{memory_root}/nothing-here")
+    assert status == 1 and f"{memory_root}/nothing-here: no such file or directory" in err
+
+
+def test_a_url_whose_filesystem_is_missing_is_one_line(capsys):
+    status, _, err = run_cli(capsys, "summary", "nosuchfs://bucket/run")
+    assert status == 1 and err.count("\n") == 1
+    assert "nosuchfs://bucket/run: cannot read this URL here" in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------------------------------
+# A real S3-compatible server (moto's standalone server, a separate process) and s3fs
+# --------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def s3_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """moto's S3 server on 127.0.0.1, and the environment that points s3fs at it (for this process
+    through fsspec's config, for subprocesses through ``FSSPEC_S3_*``): the environment of a user
+    whose store is not AWS."""
+    pytest.importorskip("s3fs", reason="s3fs is in the `test` extra; without it s3:// cannot be tested")
+    pytest.importorskip("moto.server", reason="moto[server] is in the `test` extra")
+    import fsspec.config
+
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "FSSPEC_S3_ENDPOINT_URL": endpoint,
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint})
+    with open(tmp_path / "moto.log", "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(endpoint + "/", timeout=2):
+                    break
+            except urllib.error.HTTPError:
+                break  # it answers
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's server did not start: {(tmp_path / 'moto.log').read_text()}") from None
+                time.sleep(0.2)
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3fs.S3FileSystem(endpoint_url=endpoint, key="x", secret="x").mkdir("vt-bucket")
+        yield {**os.environ, **env}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_a_trainer_writes_to_s3_and_the_command_reads_it_back(tmp_path, monkeypatch, s3_server):
+    monkeypatch.chdir(tmp_path)
+    root = "s3://vt-bucket/run"
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2, dirpath=root, spool_dir=str(tmp_path / "spool"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path / "local", [cb], max_steps=3).fit(MarkerModel(), loader())
+    assert caught_vt_warnings(caught) == []
+    assert [str(r.trace_path.parent) for r in cb.results] == [
+        f"{root}/window_000-batches_0-0",
+        f"{root}/window_001-batches_1-1",
+    ]
+    command = [sys.executable, "-m", "vt_lightning"]
+    done = subprocess.run([*command, "summary", root, "--json"], env=s3_server, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    summaries = json.loads(done.stdout)
+    assert [s["steps"]["recorded"] for s in summaries] == [[0], [1]]
+    first, second = (str(r.trace_path.parent) for r in cb.results)
+    done = subprocess.run([*command, "diff", first, second, "--json"], env=s3_server, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout)["a_windows"] == 1
+    # view: the newest window's trace, copied within its cap and served as a local one is.
+    viewer = subprocess.Popen(
+        [*command, "view", root, "--no-browser"], env=s3_server, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert viewer.stdout is not None
+        serving = viewer.stdout.readline().decode()
+        assert serving.strip() == f"vt-lightning: serving {cb.results[1].trace_path}", viewer.stderr
+        url = viewer.stdout.readline().decode().split()[1]
+        with urllib.request.urlopen(url, timeout=30) as page:
+            route = re.search(rb"location\.origin\+'(/[^']+)'", page.read())
+        assert route is not None
+        with urllib.request.urlopen(url.split("/", 3)[0] + "//" + url.split("/", 3)[2] + route[1].decode()) as got:
+            served = got.read()
+        assert gzip.decompress(served) == gzip.decompress(filesystem("s3").cat_file(cb.results[1].trace_path))
+    finally:
+        viewer.send_signal(signal.SIGTERM)
+        assert viewer.wait(timeout=60) == 0
+    assert url_named_entries(tmp_path) == []
+
+
+def test_two_runs_racing_for_one_s3_name_never_overwrite_each_other(tmp_path, monkeypatch, s3_server):
+    """The name check and the upload are one step on S3 (If-None-Match): a store whose listing lags
+    (here: it always says "absent") still refuses the second run's files, which go to ``.2``."""
+    import s3fs
+
+    monkeypatch.chdir(tmp_path)
+    root = "s3://vt-bucket/race"
+    first = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=root)
+    make_trainer(tmp_path / "a", [first], max_steps=1).fit(MarkerModel(), loader())
+    fs = filesystem("s3")
+    window = f"{root}/window_000-batches_0-0"
+    before = {path: fs.cat_file(path) for path in fs.find(window)}
+    assert len(before) == 4
+    monkeypatch.setattr(s3fs.S3FileSystem, "exists", lambda self, path, **kwargs: False)
+    second = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=root)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path / "b", [second], max_steps=1).fit(MarkerModel(), loader())
+    monkeypatch.undo()
+    (result,) = second.results
+    assert result.trace_path.parent == f"{window}.2"
+    assert {path: fs.cat_file(path) for path in fs.find(window)} == before  # untouched, byte for byte
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.find(f"{window}.2")) == sorted(p.rsplit("/", 1)[1] for p in before)
+    said = caught_vt_warnings(caught)
+    assert len([w for w in said if "run directory already taken" in w]) == 1
+    assert not [w for w in said if "not guaranteed" in w]
+
+
+def test_a_trigger_file_on_a_url_root_is_looked_for_there(tmp_path, monkeypatch, memory_root):
+    """Not in local staging, where no user could drop it: in the remote root the run writes to."""
+    monkeypatch.chdir(tmp_path)
+    fs = filesystem("memory")
+    trigger = f"{memory_root}/vt_lightning.trigger"
+
+    class Model(MarkerModel):
+        def training_step(self, batch, batch_idx):
+            if self.trainer.fit_loop.total_batch_idx == 12:
+                fs.pipe_file(trigger, b"")
+            return super().training_step(batch, batch_idx)
+
+    cb = VizTraceCallback(
+        warmup=0, active=1, trigger_file=True, trigger_interval=0.0, skip_first=10**6, dirpath=memory_root,
+        spool_dir=str(tmp_path / "spool"),
+    )  # fmt: skip
+    make_trainer(tmp_path / "local", [cb], max_steps=20).fit(Model(), loader(n=80))
+    (result,) = cb.results
+    assert result.trace_path.parent == f"{memory_root}/window_000-trigger_file-batches_13-13"
+    meta = orjson.loads(gzip.decompress(fs.cat_file(result.trace_path)))["vt_lightning"]
+    assert meta["trigger"]["reason"] == "trigger_file" and meta["trigger"]["detail"] == trigger
+    assert not fs.exists(trigger)  # consumed
+    assert url_named_entries(tmp_path) == []
+
+
+DDP_REFUSED_ON_RANK_1 = r"""
+import os, sys
+from pathlib import Path
+import lightning as L
+import torch
+from fsspec import register_implementation
+from fsspec.implementations.memory import MemoryFileSystem
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from vt_lightning import VizTraceCallback
+from vt_lightning.controller.remote import OutputRootError
+
+class RefusesRankOne(MemoryFileSystem):
+    protocol = "vtrankone"
+    def makedirs(self, path, exist_ok=False):
+        if os.environ.get("LOCAL_RANK", "0") == "1":
+            raise PermissionError("rank 1 has no credentials for this store")
+        return super().makedirs(path, exist_ok=exist_ok)
+
+register_implementation("vtrankone", RefusesRankOne, clobber=True)
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).sum()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+report = Path(sys.argv[1])
+trainer = L.Trainer(
+    accelerator="cpu", devices=2, strategy="ddp", max_steps=2, logger=False, enable_checkpointing=False,
+    enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(report.parent / "local"),
+    callbacks=[VizTraceCallback(wait=0, warmup=0, active=1, dirpath="vtrankone://bucket/run")],
+)
+try:
+    trainer.fit(Model(), DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4))
+except OutputRootError as err:
+    (report / f"rank_{trainer.global_rank}.txt").write_text(str(err))
+    sys.stdout.flush()
+    os._exit(3)
+(report / f"rank_{trainer.global_rank}.txt").write_text("trained")
+"""
+
+
+@pytest.mark.system
+def test_a_url_refused_on_one_rank_stops_every_rank_with_its_error(tmp_path):
+    script = tmp_path / "refused.py"
+    script.write_text(DDP_REFUSED_ON_RANK_1)
+    report = tmp_path / "report"
+    report.mkdir()
+    foreign = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in foreign and not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(report)], cwd=tmp_path, env=env, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"a rank hung after rank 1 failed the URL check:\n{output[-3000:]}")
+    deadline = time.monotonic() + 30
+    while len(list(report.glob("rank_*.txt"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    said = {p.name: p.read_text() for p in sorted(report.glob("rank_*.txt"))}
+    assert proc.returncode == 3, output[-3000:]
+    assert sorted(said) == ["rank_0.txt", "rank_1.txt"], output[-3000:]
+    assert said["rank_0.txt"] == said["rank_1.txt"]
+    assert "vtrankone://bucket/run" in said["rank_0.txt"] and "rank 1 has no credentials" in said["rank_0.txt"]
+    assert "found on rank 1; every rank stops" in said["rank_0.txt"] and "set `dirpath`" in said["rank_0.txt"]
+
+
+def test_the_end_of_the_run_counts_the_windows_it_did_not_write(tmp_path, monkeypatch, caplog):
+    """Issue 40: every scheduled window is written or reported: a dropped one is warned about (once
+    per kind) as it happens, and counted in the end-of-run line."""
+    import logging
+
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO)
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=3, dirpath="vtblip://bucket/traces")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path / "local", [cb], max_steps=3).fit(MarkerModel(), loader())
+    assert [r.trace_path.parent.name for r in cb.results] == ["window_000-batches_0-0", "window_002-batches_2-2"]
+    assert len([w for w in caught_vt_warnings(caught) if "could not copy the window" in w]) == 1
+    said = "2 window trace(s) in vtblip://bucket/traces; 1 window(s) not written: 1 dropped by the writer"
+    assert said in caplog.text

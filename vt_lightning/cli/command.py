@@ -30,7 +30,8 @@ import orjson
 
 from vt_lightning.analysis.schema import Summary
 from vt_lightning.constants import ENV_COMMAND_PREFIX
-from vt_lightning.export.job_file import job_file_of
+from vt_lightning.export.job import URL, Location
+from vt_lightning.export.job_file import JOB_DIR, job_file_of, job_names
 from vt_lightning.export.reading import (
     DEFAULT_MEMORY_BUDGET,
     MIB,
@@ -38,9 +39,13 @@ from vt_lightning.export.reading import (
     UnreadableFile,
     check_summary,
     check_trace_stream,
+    download,
     is_regular_file,
+    is_url,
+    local_path,
     parsed_size_bound,
     read_trace,
+    remote_files,
 )
 from vt_lightning.export.report import (
     LEGACY_SUMMARY_JSON_SUFFIX,
@@ -143,7 +148,7 @@ class Refusals:
 # --------------------------------------------------------------------------------------------------
 
 
-def _summary_of_trace(trace: Path, budget: MemoryBudget, refused: Warn | None, beside_first: bool) -> Summary:
+def _summary_of_trace(trace: Location, budget: MemoryBudget, refused: Warn | None, beside_first: bool) -> Summary:
     """The summary beside the trace if it reads (else, with ``refused``, a warning), or the trace's
     own, computed now."""
     beside = trace.with_name(summary_names(trace.name)[0])
@@ -176,7 +181,7 @@ def _summary_of_trace(trace: Path, budget: MemoryBudget, refused: Warn | None, b
     return summary
 
 
-def _load_file(path: Path, budget: MemoryBudget, refused: Warn | None = None, beside_first: bool = True) -> Summary:
+def _load_file(path: Location, budget: MemoryBudget, refused: Warn | None = None, beside_first: bool = True) -> Summary:
     if path.name.endswith(SUMMARY_JSON_SUFFIXES):
         return load_summary(path, budget)
     if path.name.endswith((".json", ".json.gz")):
@@ -188,37 +193,59 @@ def load_windows(target: str, budget: MemoryBudget | None = None, refused: Warn 
     """Summaries of every window at ``target``, in (directory, name) order. In a directory, a file
     that cannot be read goes to ``refused`` and is skipped (without ``refused``: it raises)."""
     budget = budget or MemoryBudget()
-    path = Path(target)
-    if not path.exists():
-        raise SummaryNotFound(f"{path}: no such file or directory")
-    if not path.is_dir():
-        return [_load_file(path, budget, refused)]
+    found_summaries, found_traces = _window_files(target)
+    if found_summaries is None:
+        return [_load_file(found_traces[0], budget, refused)]
     windows: dict[str, Summary] = {}
+    covered: set[str] = set()  # the windows read, as "<directory>/<stem>"
 
-    def attempt(found: Path) -> None:
+    def attempt(found: Location, stem: str) -> None:
         try:  # a trace is reached only when its summary was not read: summarise the trace itself
             windows[str(found)] = _load_file(found, budget, refused, beside_first=False)
+            covered.add(stem)
         except UnreadableFile as problem:
             if refused is None:
                 raise
             refused(problem)
 
     stems: set[str] = set()
-    for summary_path in sorted({*path.rglob(f"*{SUMMARY_JSON_SUFFIX}"), *path.rglob(f"*{LEGACY_SUMMARY_JSON_SUFFIX}")}):
+    for summary_path in found_summaries:
         stem = str(summary_path.parent / str(summary_stem(summary_path.name)))
         if stem not in stems:  # a window with both names (rewritten by a newer version): read once
             stems.add(stem)
-            attempt(summary_path)
-    covered = {str(Path(p).parent / str(summary_stem(Path(p).name))) for p in windows}
-    for trace in sorted(path.rglob(f"*{TRACE_SUFFIX}")):  # older windows, summary=False, or a refused summary
+            attempt(summary_path, stem)
+    for trace in found_traces:  # older windows, summary=False, or a refused summary
         stem = str(trace.parent / trace.name[: -len(TRACE_SUFFIX)])
         if stem not in covered:
-            attempt(trace)
+            attempt(trace, stem)
     if not windows:
         raise SummaryNotFound(
-            f"{path}: no readable vt_lightning windows (*{TRACE_SUFFIX}, *{SUMMARY_JSON_SUFFIX}) under it"
+            f"{target}: no readable vt_lightning windows (*{TRACE_SUFFIX}, *{SUMMARY_JSON_SUFFIX}) under it"
         )
-    return [windows[k] for k in sorted(windows, key=lambda k: (str(Path(k).parent), Path(k).name))]
+    return [windows[k] for k in sorted(windows, key=lambda k: k.rpartition("/")[::2])]
+
+
+def _window_files(target: str) -> tuple[list[Location] | None, list[Location]]:
+    """(summary files, trace files) under the directory ``target``, each sorted; (None, [target])
+    when ``target`` is a file. A URL is listed through its filesystem (export/reading.py)."""
+    if is_url(target):
+        url = URL(target.rstrip("/"))
+        suffixes = (SUMMARY_JSON_SUFFIX, LEGACY_SUMMARY_JSON_SUFFIX, TRACE_SUFFIX)
+        listed = remote_files(url, suffixes)
+        if listed is None:
+            return None, [url]
+        files: list[Location] = [found for found, _ in listed]
+        return (
+            sorted(f for f in files if f.name.endswith(SUMMARY_JSON_SUFFIXES)),
+            sorted(f for f in files if f.name.endswith(TRACE_SUFFIX)),
+        )
+    path = Path(local_path(target))
+    if not path.exists():
+        raise SummaryNotFound(f"{path}: no such file or directory")
+    if not path.is_dir():
+        return None, [path]
+    summaries = sorted({*path.rglob(f"*{SUMMARY_JSON_SUFFIX}"), *path.rglob(f"*{LEGACY_SUMMARY_JSON_SUFFIX}")})
+    return list(summaries), list(sorted(path.rglob(f"*{TRACE_SUFFIX}")))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -329,36 +356,79 @@ def _percent(value: float | None) -> str:
     return "new" if value is None else f"{value:+.1f}%"
 
 
-def latest_trace(target: str, refused: Warn | None = None) -> Path:
+def latest_trace(target: str, refused: Warn | None = None) -> Location:
     """The trace itself, the trace beside a summary file, or the newest regular trace under a
-    directory (entries that are not regular files go to ``refused``)."""
-    path = Path(target)
+    directory (entries that are not regular files go to ``refused``). A URL is listed through its
+    filesystem."""
+    if is_url(target):
+        return _latest_remote_trace(URL(target.rstrip("/")))
+    path = Path(local_path(target))
     if path.name.endswith(SUMMARY_JSON_SUFFIXES) and path.exists() and not path.is_dir():
         trace = path.with_name(str(summary_stem(path.name)) + TRACE_SUFFIX)
         if not trace.exists():
             raise SummaryNotFound(f"{path}: no trace beside this summary ({trace.name})")
         return trace
     skipped: list[str] = []
-    traces = find_traces(target, skipped)
+    traces = find_traces(path, skipped)
     for problem in skipped:
         if refused is not None:
             refused(UnreadableFile(problem))
     return traces[-1]
 
 
+def _latest_remote_trace(url: URL) -> URL:
+    """As ``latest_trace``, under a URL: the newest trace by the store's modification time (by name
+    where the store keeps none)."""
+    if url.name.endswith(SUMMARY_JSON_SUFFIXES):
+        trace = url.with_name(str(summary_stem(url.name)) + TRACE_SUFFIX)
+        if not is_regular_file(trace):
+            raise SummaryNotFound(f"{url}: no trace beside this summary ({trace.name})")
+        return trace
+    listed = remote_files(url, (TRACE_SUFFIX,))
+    if listed is None:
+        if not url.name.endswith((TRACE_SUFFIX, ".json", ".json.gz")):
+            raise SummaryNotFound(f"{url}: not a trace file (*{TRACE_SUFFIX})")
+        return url
+    if not listed:
+        raise SummaryNotFound(f"{url}: no vt_lightning traces (*{TRACE_SUFFIX}) under it")
+    return max(listed, key=lambda found: (found[1], str(found[0])))[0]
+
+
+def _local_copy(trace: Location, scratch: str) -> Path:
+    """The trace to serve: itself when local; a remote one copied into ``scratch`` (removed when
+    the command ends), within the size ``view`` serves, and the job file of its window instead
+    when there is one (export/job_file.py)."""
+    if not isinstance(trace, URL):
+        return Path(trace).resolve()
+    if trace.name.endswith(TRACE_SUFFIX):
+        span = trace.name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1]
+        job = trace.parent / JOB_DIR / job_names(span)[0]
+        if is_regular_file(job):
+            trace = job
+    return download(trace, Path(scratch))
+
+
 def run_view(target: str, port: int, open_browser: bool) -> int:
     """Serve one trace with vizviewer's bundled Perfetto UI on 127.0.0.1 until Ctrl-C (cli/serve.py:
-    a random path, no cross-origin header)."""
-    from vt_lightning.cli.serve import TraceServer
+    a random path, no cross-origin header). A trace under a URL is served from a local copy."""
+    import tempfile
 
     refused = Refusals("view")
-    trace = latest_trace(target, refused).resolve()
-    if Path(target).is_dir():  # a window of a DDP job: its job file holds every rank (export/job_file.py)
-        trace = job_file_of(trace) or trace
-    check_trace_stream(trace)  # one line now rather than a blank Perfetto tab later
+    found = latest_trace(target, refused)
+    with tempfile.TemporaryDirectory(prefix="vt-lightning-view-") as scratch:
+        trace = _local_copy(found, scratch)
+        if not is_url(target) and Path(local_path(target)).is_dir():  # a DDP window: its job file holds every rank
+            trace = job_file_of(trace) or trace
+        check_trace_stream(trace)  # one line now rather than a blank Perfetto tab later
+        return _serve(trace, found if isinstance(found, URL) else trace, port, open_browser, refused)
+
+
+def _serve(trace: Path, shown: Location, port: int, open_browser: bool, refused: Refusals) -> int:
+    from vt_lightning.cli.serve import TraceServer
+
     server = TraceServer(trace, port)
     server.start()
-    _out(f"vt-lightning: serving {trace}")
+    _out(f"vt-lightning: serving {shown}")
     _out(f"  open {server.url}  (Perfetto UI, works offline; only this URL works; Ctrl-C to stop)")
     sys.stdout.flush()
     if open_browser:

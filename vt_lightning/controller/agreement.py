@@ -99,6 +99,20 @@ def _with_rank(firing: Firing, rank: int) -> Firing:
     return Firing(firing.reason, firing.batch, firing.value, firing.baseline, firing.unit, rank, firing.detail)
 
 
+def first_failure(problem: str | None) -> tuple[int, str] | None:
+    """(rank, problem) of the lowest rank whose ``problem`` is not None, on every rank; None when no
+    rank has one. Collective once ``torch.distributed`` is initialised: every rank calls it, those
+    that failed and those that did not, so a check that fails on one rank stops all of them with the
+    same error instead of leaving the others waiting in their next collective."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return (0, problem) if problem is not None else None
+    gathered: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, problem)
+    return next(((rank, found) for rank, found in enumerate(gathered) if found is not None), None)
+
+
 def gloo_agreement(rank: int, ranks: Sequence[int] | None) -> tuple[Agreement, Any]:
     """An Agreement over a new gloo group of ``ranks`` (None: all). Every rank of the job must call
     this (``new_group`` is collective), members or not; returns (agreement, group)."""

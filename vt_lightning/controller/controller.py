@@ -109,7 +109,7 @@ class WindowController:
         self.budget.start(runs.any_rank(trainer) if o.ranks is None else bool, first + (stage == "fit"))  # see budget
         if agreement is not None:
             self.triggers = arm(
-                trainer, o.triggers, agreement, group, run.root, run.cuda, self.warn, self.step_clock, first + 1,
+                trainer, o.triggers, agreement, group, run.output, run.cuda, self.warn, self.step_clock, first + 1,
                 self._look_now,
             )  # fmt: skip
             self.slow = self.triggers.watch.slow
@@ -345,6 +345,7 @@ def _stop_writer(ctl: WindowController, writer: BackgroundWriter | None) -> None
     if not writer.close():
         ctl.warn("writer-stuck-end", messages.writer_unfinished(ctl.options.writer_timeout, ctl._root()))
     ctl._read_inbox(log=False)
+    ctl.outcomes.skipped = ctl.windows_skipped
     messages.end_of_run(ctl._root(), ctl.outcomes, ctl.triggered_runs, ctl.stage)
 
 

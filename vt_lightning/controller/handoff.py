@@ -88,6 +88,41 @@ class WriterAbandoned(RuntimeError):
     """The window was pending when its writer was abandoned for taking too long."""
 
 
+class StallAllowance:
+    """How long training may still wait for the writer: ``timeout`` less the waits since the writer
+    last finished a window, or since the run began once a writer was abandoned.
+
+    A finished window proves the writer is not stuck, so the waits before it stop counting. Before
+    this, every wait of a run added up: a long run whose windows came faster than the writer
+    finished them spent the allowance on that back-pressure alone (about 50 ms a window: spent by
+    window ~1,200 of 2,000 in benchmarks/long_run.py), then dropped every window that found the
+    writer busy, killed the writer each time and wrote later windows on the fallback thread, in the
+    training process. Once a writer was abandoned, nothing refills it: a run waits for a stuck
+    writer once in all."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.blocked = 0.0  # seconds waited that count
+        self.for_good = False  # a writer was abandoned: every wait counts from now on
+        self._progress_at = -math.inf  # time.monotonic() when the writer last finished a window
+
+    def progressed(self) -> None:
+        """On the writer thread: a job ended."""
+        self._progress_at = time.monotonic()
+        if not self.for_good:
+            self.blocked = 0.0
+
+    def left(self, timeout: float | None = None) -> float:
+        """Seconds the next wait may take: ``timeout`` (default: the writer's) within what is left."""
+        limit = self.timeout if timeout is None else timeout
+        return max(0.0, min(limit, self.timeout - self.blocked))
+
+    def waited(self, start: float) -> None:
+        """A wait that began at ``start`` ended: the part of it after the last finished window counts."""
+        now = time.monotonic()
+        self.blocked += now - start if self.for_good else now - max(start, min(self._progress_at, now))
+
+
 class BackgroundWriter:
     """One worker thread that finishes windows in order, handing the heavy part to a writer process.
 
@@ -109,7 +144,7 @@ class BackgroundWriter:
         self.process: Any = None
         self.process_error: BaseException | None = None
         self.abandoned = 0  # how many times a stuck writer was given up
-        self.blocked = 0.0  # seconds training has waited for this writer, over the whole run
+        self.allowance = StallAllowance(timeout)  # how long training may still wait for it
         self._futures: list[Future[Any]] = []
         self._windows: dict[Future[Any], int] = {}  # window index of each pending hand-off
         self._held: dict[Future[Any], ClosedWindow] = {}  # held hand-offs not done (abandon drops queued ones)
@@ -146,6 +181,7 @@ class BackgroundWriter:
                 _settle(future, error=err)
             else:
                 _settle(future, result=result)
+            self.allowance.progressed()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         future: Future[Any] = Future()
@@ -286,21 +322,16 @@ class BackgroundWriter:
         """Windows submitted and not finished (nor dropped)."""
         return len(self._pending())
 
-    def _allowance(self, timeout: float | None) -> float:
-        """Seconds a wait may take: ``timeout`` (default: the writer's), less what the run has waited."""
-        limit = self.timeout if timeout is None else timeout
-        return max(0.0, min(limit, self.timeout - self.blocked))
-
     def wait_for_room(self, timeout: float | None = None) -> tuple[float, bool]:
         """Wait until fewer than ``max_in_flight`` windows are pending, within the allowance.
         Returns (seconds waited, whether there is room). After a timeout the writer is abandoned;
         once one has been, no later window waits at all."""
-        limit = self._allowance(timeout)
+        limit = self.allowance.left(timeout)
         start = time.monotonic()
         try:
             return self._wait_for_room(limit, start)
         finally:
-            self.blocked += time.monotonic() - start
+            self.allowance.waited(start)
 
     def _wait_for_room(self, limit: float, start: float) -> tuple[float, bool]:
         while True:
@@ -320,7 +351,7 @@ class BackgroundWriter:
         """Wait until every submitted window is on disk (or failed), within the allowance; abandon
         the writer and return False if it did not finish."""
         start = time.monotonic()
-        deadline = start + self._allowance(timeout)
+        deadline = start + self.allowance.left(timeout)
         self._release(ending=True)  # training has stopped: held windows are finished on the writer thread
         pending = self._pending()
         windows = sorted(self._windows[f] for f in pending if f in self._windows)
@@ -332,7 +363,7 @@ class BackgroundWriter:
             return True
         finally:
             waited = time.monotonic() - start
-            self.blocked += waited
+            self.allowance.waited(start)
             if waited >= SAY_WAIT_S and windows:
                 _say_waited(waited, windows)
 
@@ -341,6 +372,7 @@ class BackgroundWriter:
         start a fresh thread (the stuck one is a daemon and dies with the interpreter)."""
         with self._lock:
             self.abandoned += 1
+            self.allowance.for_good = True
             self._generation += 1
             self.use_process = False  # the fallback: later windows are written by the fresh thread
             futures, self._futures = self._futures, []

@@ -110,6 +110,19 @@ class Outcomes:
         self.table: Any = None  # windows_table.WindowsTable: every row, on disk (set at setup)
         self.retention: Any = None  # retention.Retention: deletes windows past ``keep_windows``
         self._verdicts_shown = 0
+        self.dropped = 0  # windows the writer answered for without writing them (each kind warned once)
+        self.skipped = 0  # windows skipped at their start (set by the controller at the end of a run)
+
+    def not_written(self) -> str | None:
+        """The end of a run's line for the windows it opened or scheduled and did not write, each
+        reported once per kind of problem as it happened; None when every one was written."""
+        if not (self.dropped or self.skipped):
+            return None
+        parts = [
+            *([f"{self.skipped} skipped at their start"] if self.skipped else []),
+            *([f"{self.dropped} dropped by the writer"] if self.dropped else []),
+        ]
+        return f"{self.dropped + self.skipped} window(s) not written: {', '.join(parts)} (the warnings above say why)"
 
     def start(self, spool: Any, submit: Callable[..., Any], keep_windows: int | None) -> None:
         """At setup, once the run has a spool and a writer (whose thread deletes old windows)."""
@@ -124,6 +137,7 @@ class Outcomes:
             if isinstance(outcome, Notice):
                 self.warn(outcome.key, outcome.message)
             elif isinstance(outcome, Dropped):
+                self.dropped += 1
                 if outcome.notice is not None:
                     self.warn(outcome.notice.key, outcome.notice.message)
             else:

@@ -111,6 +111,8 @@ def print_end_of_run(root: Path | None, outcomes: Any, triggered: list[str], sta
     if len(triggered) > TRIGGERED_SHOWN:
         triggered = [f"... {len(triggered) - TRIGGERED_SHOWN} earlier triggered windows", *triggered[-TRIGGERED_SHOWN:]]
     deleted = f" ({history.deleted} older ones deleted by keep_windows)" if history.deleted else ""
+    lost = outcomes.not_written() if hasattr(outcomes, "not_written") else None
+    deleted += f"; {lost}" if lost else ""
     where = Path(os.path.abspath(root)) if isinstance(root, Path) else root  # works from any directory
     rank_zero_info(
         f"vt_lightning: {history.count} window trace(s) in {where}{deleted}\n"

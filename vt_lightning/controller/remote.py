@@ -18,6 +18,7 @@ no local directory named ``s3:`` appears.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import secrets
@@ -25,12 +26,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from vt_lightning.controller.agreement import first_failure
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
 from vt_lightning.export.job import URL, WindowJob, WindowResult
 from vt_lightning.export.layout import host_name
 from vt_lightning.export.pipeline import delivered, run_dir_candidates
 from vt_lightning.recording.spool import PREFIX, default_spool_base
 
+CHUNK_BYTES = 8 << 20  # an object store's multipart uploads take parts of at least 5 MiB
 _LOCAL_SCHEME = re.compile(r"^(file|local):", re.IGNORECASE)  # fsspec's names of the local filesystem
 
 
@@ -58,14 +61,24 @@ def output_root(
         return Path(where).absolute(), None
     from lightning.fabric.utilities.cloud_io import get_filesystem
 
+    problem: OutputRootError | None = None
     try:
         fs = get_filesystem(where)
     except Exception as err:  # ImportError (s3fs missing), ValueError (unknown protocol)
-        raise _unusable(where, source, err) from err
-    if {"file", "local"} & set(_protocols(fs)):
-        return Path(fs._strip_protocol(where)).absolute(), None
+        problem = _unusable(where, source, err)
+    else:
+        if {"file", "local"} & set(_protocols(fs)):
+            return Path(fs._strip_protocol(where)).absolute(), None
+        try:
+            _check_filesystem(fs, URL(where.rstrip("/")), source)
+        except OutputRootError as err:
+            problem = err
+    failed = first_failure(str(problem) if problem is not None else None)  # collective under DDP
+    if failed is not None:
+        rank, message = failed
+        stop = OutputRootError(message if rank == 0 else f"{message} (found on rank {rank}; every rank stops)")
+        raise stop from problem
     remote = URL(where.rstrip("/"))
-    _check_filesystem(fs, remote, source)
     base = Path(spool_dir) if spool_dir is not None else Path(default_spool_base())
     # Made when the first window is written (a rank that records nothing leaves nothing behind);
     # the random part keeps the name unguessable in a shared temp directory.
@@ -79,7 +92,9 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 
 def _check_filesystem(fs: Any, remote: URL, source: str) -> None:
     """Ask the filesystem once for the root: a store that refuses us is an error now, at setup,
-    not a warning per window later."""
+    not a warning per window later. Under DDP every rank asks, and the first rank refused stops
+    them all with its error (``agreement.first_failure``): a rank that went on would wait forever in
+    the next collective for the rank that stopped."""
     from lightning.fabric.utilities.cloud_io import _is_object_storage
 
     try:
@@ -130,20 +145,36 @@ def deliver(job: WindowJob, result: WindowResult) -> Outcome:
 def publish(job: WindowJob, result: WindowResult, staged: Path) -> WindowResult:
     """Copy ``staged``'s files (not the hidden claims and temporaries) to the first remote run
     directory that does not hold this window's trace name; the trace goes last, so a reader that
-    sees it finds the rest. Returns the result with the files' URLs."""
+    sees it finds the rest. Returns the result with the files' URLs.
+
+    Never over another run's file: on an object store each file is created only if its name is free
+    (fsspec's ``"xb"`` mode, S3's ``If-None-Match: *``), so two runs racing for one name cannot both
+    win; the loser removes what it wrote there and takes the next name. An object store (or an s3fs)
+    without that mode gets a check of the names just before the upload, and one note that says so.
+    Other filesystems (``memory://``, sftp, HDFS) have no exclusive move: the name is checked just
+    before the temporary is moved to it (docs/files.md)."""
     from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
 
     assert job.publish_to is not None
     first = URL(job.publish_to)
     fs = get_filesystem(first)
-    target = _free_run_dir(fs, first, job.trace_name)
     names = sorted(
         (e.name for e in os.scandir(staged) if e.is_file(follow_symlinks=False) and not e.name.startswith(".")),
         key=lambda name: name == job.trace_name,
     )
-    whole_objects = _is_object_storage(fs)
-    for name in names:
-        _upload(fs, staged / name, target / name, whole_objects, job.job_id)
+    upload = Upload(fs, _is_object_storage(fs), job.job_id)
+    for candidate in run_dir_candidates(first):
+        target = URL(candidate)
+        if fs.exists(target / job.trace_name) or fs.isfile(target):
+            continue
+        fs.makedirs(target, exist_ok=True)
+        try:
+            upload.all(staged, names, target)
+        except FileExistsError:  # another run took this name after the check: the next name
+            continue
+        break
+    else:
+        raise FileExistsError(f"every run directory named {first.name}[.N] holds a {job.trace_name}")
     notes = result.notes
     if target != first:
         notes = (
@@ -151,6 +182,8 @@ def publish(job: WindowJob, result: WindowResult, staged: Path) -> WindowResult:
             f"run directory already taken ({first} holds another run's {job.trace_name}); this window "
             f"went to {target.name}",
         )
+    if upload.whole_objects and not upload.exclusive:
+        notes = (*notes, no_exclusive_create(first.parent))
 
     def moved(path: Any) -> URL | None:
         return target / Path(path).name if path is not None else None
@@ -164,28 +197,66 @@ def publish(job: WindowJob, result: WindowResult, staged: Path) -> WindowResult:
     )
 
 
-def _free_run_dir(fs: Any, first: URL, trace_name: str) -> URL:
-    for candidate in run_dir_candidates(first):
-        if fs.exists(candidate / trace_name) or fs.isfile(candidate):
-            continue
-        fs.makedirs(candidate, exist_ok=True)
-        return URL(candidate)
-    raise FileExistsError(f"every run directory named {first.name}[.N] holds a {trace_name}")
+def no_exclusive_create(root: URL) -> str:
+    """The note of a window uploaded where "no overwrite" could only be checked (warned once a run)."""
+    return (
+        f"no overwrite is checked, not guaranteed, under {root}: its filesystem cannot create a file only "
+        'if its name is free (fsspec\'s "xb" mode; for s3:// an s3fs >= 2024.12 and a store that honours '
+        "If-None-Match), so two runs writing the same window name there at the same moment could overwrite "
+        "each other's files. Give each run its own directory to be sure"
+    )
 
 
-def _upload(fs: Any, local: Path, remote: URL, whole_objects: bool, job_id: str) -> None:
-    """An object store shows an object only once its upload completed; elsewhere the file is
-    uploaded under a hidden temporary name and renamed, so no reader sees half a file."""
-    if whole_objects:
-        fs.put_file(str(local), remote)
-        return
-    temporary = remote.with_name(f".{remote.name}.{job_id or 'upload'}.tmp")
-    fs.put_file(str(local), temporary)
-    try:
-        fs.mv(temporary, remote)
-    except BaseException:
+class Upload:
+    """One window's files into one remote run directory, never over a file already there."""
+
+    def __init__(self, fs: Any, whole_objects: bool, job_id: str) -> None:
+        self.fs = fs
+        self.whole_objects = whole_objects
+        self.job_id = job_id
+        self.exclusive = whole_objects  # until the store refuses "xb"; elsewhere a checked move
+
+    def all(self, staged: Path, names: list[str], target: URL) -> None:
+        """Every name, in order; on a name taken meanwhile, what this call created there is removed
+        and FileExistsError raised."""
+        created: list[URL] = []
         try:
-            fs.rm(temporary)
-        except Exception:
-            pass
-        raise
+            for name in names:
+                self.one(staged / name, target / name)
+                created.append(target / name)
+        except FileExistsError:
+            for url in created:
+                try:
+                    self.fs.rm_file(url)
+                except Exception:
+                    pass
+            raise
+
+    def one(self, local: Path, remote: URL) -> None:
+        """An object store shows an object only once its upload completed; elsewhere the file is
+        uploaded under a hidden temporary name and moved, so no reader sees half a file."""
+        fs = self.fs
+        if self.whole_objects and self.exclusive:
+            try:
+                with open(local, "rb") as source, fs.open(remote, "xb") as out:
+                    shutil.copyfileobj(source, out, CHUNK_BYTES)
+                return
+            except (NotImplementedError, ValueError, TypeError):  # an fsspec/s3fs without "xb"
+                self.exclusive = False
+        if fs.exists(remote):
+            raise FileExistsError(errno.EEXIST, "File exists", str(remote))
+        if self.whole_objects:
+            fs.put_file(str(local), remote)
+            return
+        temporary = remote.with_name(f".{remote.name}.{self.job_id or 'upload'}.tmp")
+        fs.put_file(str(local), temporary)
+        try:
+            if fs.exists(remote):
+                raise FileExistsError(errno.EEXIST, "File exists", str(remote))
+            fs.mv(temporary, remote)
+        except BaseException:
+            try:
+                fs.rm(temporary)
+            except Exception:
+                pass
+            raise

@@ -20,6 +20,7 @@ from vt_lightning.constants import TRIGGER_FILE_NAME
 from vt_lightning.controller import messages
 from vt_lightning.controller.agreement import Agreement, gloo_agreement
 from vt_lightning.controller.watch import TriggerWatch
+from vt_lightning.export.job import URL
 from vt_lightning.recording.flight import flight_for
 from vt_lightning.recording.probes import SignalTrigger, memory_reader
 
@@ -168,7 +169,7 @@ def arm(
     config: TriggerConfig,
     agreement: Agreement,
     group: Any,
-    root: Path,
+    root: Path | URL,
     cuda: bool,
     warn: Warn,
     clock: Callable[[], int],
@@ -178,9 +179,10 @@ def arm(
     """Install this run's probes and build the watch that checks them; say when each can act."""
     trigger_path = None
     if config.trigger_file:
-        trigger_path = root / TRIGGER_FILE_NAME
+        trigger_path = root / TRIGGER_FILE_NAME  # a URL root: looked for there, not in local staging
         try:
-            root.mkdir(parents=True, exist_ok=True)  # so the user can drop the file at once
+            if isinstance(root, Path):
+                root.mkdir(parents=True, exist_ok=True)  # so the user can drop the file at once
         except OSError as err:
             warn("trigger-dir", f"vt_lightning: cannot create {root} for the trigger file ({err}).")
     signal_trigger = None

@@ -40,7 +40,7 @@ class TriggerWatch:
         config: TriggerConfig,
         agreement: Agreement,
         clock: Callable[[], int],
-        trigger_path: Path | None,
+        trigger_path: Path | str | None,  # a URL's (export/job.URL) on a remote root
         signal_trigger: SignalTrigger | None,
         read_memory: Callable[[], int] | None,
         memory_kind: str | None,

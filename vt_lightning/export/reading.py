@@ -14,6 +14,11 @@ So:
   ``analysis/schema.py``: a missing field or a wrong type is one message naming the file and the
   field (``steps.recorded.1``), never a traceback further on.
 
+* **Remote roots the same way.** A URL (``s3://bucket/run``, ``memory://x``) is read through fsspec,
+  the library Lightning's ``get_filesystem`` wraps, as a stream of the same chunks: the same budget,
+  the same checks; only "a regular file" becomes "what the store calls a file". ``Path()`` never
+  sees a URL (it would turn ``s3://b`` into ``s3:/b``).
+
 Caps (docs/cli.md): ``DEFAULT_MEMORY_BUDGET`` for everything a command parses,
 ``SUMMARY_MAX_BYTES`` per summary file, ``VIEW_MAX_INFLATED_BYTES`` for a trace ``view`` serves.
 """
@@ -35,6 +40,7 @@ from typing import IO, Any, cast
 import orjson
 
 from vt_lightning.analysis.schema import SCHEMA_VERSION, Summary
+from vt_lightning.export.job import URL
 from vt_lightning.export.terminal import printable
 
 MIB = 1 << 20
@@ -57,6 +63,86 @@ class UnreadableFile(SummaryNotFound):
 # --------------------------------------------------------------------------------------------------
 
 
+def is_url(target: str | os.PathLike[str]) -> bool:
+    """Whether ``target`` names a remote file or directory (``s3://…``, ``memory://…``); a
+    ``file://`` URL is a local path."""
+    text = os.fspath(target)
+    return isinstance(text, str) and "://" in text and not text.lower().startswith(("file://", "local://"))
+
+
+def local_path(target: str) -> str:
+    """``file:///x`` as ``/x``; anything else as given."""
+    lowered = target.lower()
+    for scheme in ("file://", "local://"):
+        if lowered.startswith(scheme):
+            return target[len(scheme) :]
+    return target
+
+
+def remote_filesystem(url: str) -> Any:
+    """The fsspec filesystem of ``url`` (what Lightning's ``get_filesystem`` returns); one line
+    naming the URL and what is missing when it cannot be had (s3fs not installed, a protocol fsspec
+    does not know)."""
+    import fsspec
+
+    try:
+        return fsspec.core.url_to_fs(url)[0]
+    except Exception as err:  # ImportError (s3fs missing), ValueError (unknown protocol)
+        raise SummaryNotFound(
+            f"{url}: cannot read this URL here ({type(err).__name__}: {err}); install what its filesystem "
+            "needs (s3fs for s3://, gcsfs for gs://, adlfs for az://)"
+        ) from None
+
+
+def remote_files(url: URL, suffixes: tuple[str, ...]) -> list[tuple[URL, float]] | None:
+    """(URL, modification time or 0) of every file under the directory ``url`` whose name ends with
+    one of ``suffixes``, in name order; None when ``url`` is a file. Raises SummaryNotFound when
+    nothing is there."""
+    fs = remote_filesystem(url)
+    try:
+        info = fs.info(url)
+    except FileNotFoundError:
+        raise SummaryNotFound(f"{url}: no such file or directory") from None
+    except Exception as err:  # a store that refuses us: credentials, permissions, network
+        raise SummaryNotFound(f"{url}: cannot read it ({type(err).__name__}: {err})") from None
+    if info.get("type") != "directory":
+        return None
+    root = fs._strip_protocol(url).rstrip("/")
+    found = []
+    for path, details in sorted(fs.find(url, detail=True).items()):
+        relative = fs._strip_protocol(path)[len(root) :].lstrip("/")
+        if details.get("type", "file") == "file" and relative.endswith(suffixes):
+            found.append((url / relative, _modified(details)))
+    return found
+
+
+def _modified(info: dict[str, Any]) -> float:
+    """A store's modification time, whatever it calls it (0 when it keeps none)."""
+    for key in ("mtime", "LastModified", "last_modified", "created"):
+        value = info.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+        timestamp = getattr(value, "timestamp", None)  # a datetime
+        if callable(timestamp):
+            return float(timestamp())
+    return 0.0
+
+
+def _open_remote(url: URL) -> IO[bytes]:
+    """A remote file opened for reading if the store calls it a file; anything else (a directory, a
+    missing key, a refusal) is an ``UnreadableFile``."""
+    fs = remote_filesystem(url)
+    try:
+        info = fs.info(url)
+        if info.get("type") != "file":
+            raise UnreadableFile(f"{url}: not a file; vt-lightning reads only files")
+        return cast(IO[bytes], fs.open(url, "rb", block_size=CHUNK_BYTES))
+    except UnreadableFile:
+        raise
+    except Exception as err:
+        raise UnreadableFile(f"{url}: cannot open it ({type(err).__name__}: {err})") from None
+
+
 def _kind(mode: int) -> str:
     for test, name in (
         (stat.S_ISDIR, "a directory"),
@@ -71,7 +157,12 @@ def _kind(mode: int) -> str:
 
 
 def is_regular_file(path: str | os.PathLike[str]) -> bool:
-    """Follows symlinks, never opens: safe on a FIFO."""
+    """Follows symlinks, never opens: safe on a FIFO. A URL: what its store calls a file."""
+    if isinstance(path, URL):
+        try:
+            return bool(remote_filesystem(path).isfile(path))
+        except Exception:
+            return False
     try:
         return stat.S_ISREG(os.stat(path).st_mode)
     except (OSError, ValueError):
@@ -81,6 +172,8 @@ def is_regular_file(path: str | os.PathLike[str]) -> bool:
 def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
     """Open ``path`` for reading if it is a regular file (following symlinks); anything else is an
     ``UnreadableFile``, raised before anything could block or have side effects."""
+    if isinstance(path, URL):
+        return _open_remote(path)
     try:
         mode = os.stat(path).st_mode
         if not stat.S_ISREG(mode):
@@ -96,7 +189,7 @@ def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
     return os.fdopen(fd, "rb")
 
 
-def _chunks(path: Path) -> Iterator[bytes]:
+def _chunks(path: Path | URL) -> Iterator[bytes]:
     """The file's bytes in chunks of at most ``CHUNK_BYTES``, inflated if it is gzip (by name)."""
     with open_regular(path) as raw:
         stream: IO[bytes] = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb")) if path.name.endswith(".gz") else raw
@@ -119,7 +212,7 @@ def _first_byte_is_brace(chunk: bytes) -> bool:
     return chunk.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"")
 
 
-def check_trace_stream(path: Path, max_inflated: int = VIEW_MAX_INFLATED_BYTES) -> int:
+def check_trace_stream(path: Path | URL, max_inflated: int = VIEW_MAX_INFLATED_BYTES) -> int:
     """Read the whole trace as a stream, keeping nothing: is it complete gzip (if named .gz), a JSON
     object by its first byte, and at most ``max_inflated`` bytes inflated? Returns that size."""
     total = 0
@@ -135,6 +228,20 @@ def check_trace_stream(path: Path, max_inflated: int = VIEW_MAX_INFLATED_BYTES) 
     if total == 0:
         raise UnreadableFile(f"{path}: empty file")
     return total
+
+
+def download(url: URL, directory: Path, max_bytes: int = VIEW_MAX_INFLATED_BYTES) -> Path:
+    """A remote file copied into ``directory`` under its own name, as a stream, refused past
+    ``max_bytes`` (for a trace, the inflated cap bounds its compressed bytes too)."""
+    target = directory / url.name
+    written = 0
+    with open_regular(url) as source, open(target, "xb") as out:
+        while chunk := source.read(CHUNK_BYTES):
+            written += len(chunk)
+            if written > max_bytes:
+                raise UnreadableFile(f"{url}: refused, larger than {max_bytes // MIB} MiB")
+            out.write(chunk)
+    return target
 
 
 # --------------------------------------------------------------------------------------------------
@@ -168,7 +275,7 @@ class MemoryBudget:
         self.used = 0
         self.option = option
 
-    def require(self, path: Path, need: int, read: int) -> None:
+    def require(self, path: Path | URL, need: int, read: int) -> None:
         """``need``: bytes the file takes once parsed, by what ``read`` bytes of it show so far."""
         if self.used + need > self.limit:
             spent = f" ({self.used // MIB} MiB already taken by earlier files)" if self.used else ""
@@ -181,7 +288,7 @@ class MemoryBudget:
         self.used += amount
 
 
-def read_json(path: Path, budget: MemoryBudget, max_bytes: int | None = None) -> tuple[Any, int]:
+def read_json(path: Path | URL, budget: MemoryBudget, max_bytes: int | None = None) -> tuple[Any, int]:
     """Parse ``path`` (gzip-inflated as a stream if named .gz), refusing it as soon as its bytes
     plus their parsed size would pass the budget. Returns (value, its parsed size bound)."""
     buffer = bytearray()
@@ -350,14 +457,14 @@ def read_summary(path: str | os.PathLike[str], budget: MemoryBudget | None = Non
     """One ``summary.json``, bounded and schema-checked, with ``_path`` (where it was read; the
     CLI's tables name it, it is never written back) added."""
     budget = budget or MemoryBudget()
-    data, size = read_json(Path(path), budget, max_bytes=SUMMARY_MAX_BYTES)
+    data, size = read_json(path if isinstance(path, URL) else Path(path), budget, max_bytes=SUMMARY_MAX_BYTES)
     summary = check_summary(data, str(path))
     budget.charge(size)  # kept for the whole command
     cast(dict[str, Any], summary)["_path"] = str(path)
     return summary
 
 
-def read_trace(path: Path, budget: MemoryBudget) -> dict[str, Any]:
+def read_trace(path: Path | URL, budget: MemoryBudget) -> dict[str, Any]:
     """A whole trace, parsed within the budget (not charged: the caller keeps only its summary)."""
     data, _ = read_json(path, budget)
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):

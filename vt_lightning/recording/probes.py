@@ -22,26 +22,32 @@ class TriggerFile:
 
     If it cannot be deleted (a read-only directory), it is still seen once: the file's identity
     (inode, size, mtime) is remembered and ignored until it changes, and a warning says so once.
+    On a URL root (``s3://bucket/run``) the file is looked for there, where the user's run is,
+    through fsspec (Lightning's ``get_filesystem``): one metadata request per coarse check.
     """
 
-    def __init__(self, path: Path, on_problem: Problem) -> None:
+    def __init__(self, path: Path | str, on_problem: Problem) -> None:
         self.path = path
         self.on_problem = on_problem
-        self._kept: tuple[int, int, int] | None = None  # identity of a file we could not delete
+        self._kept: tuple[Any, ...] | None = None  # identity of a file we could not delete
+        self._fs: Any = None
+        if not isinstance(path, Path):
+            from lightning.fabric.utilities.cloud_io import get_filesystem
+
+            self._fs = get_filesystem(path)
 
     def seen(self) -> bool:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return False
-        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if identity == self._kept:
+        identity = self._identity()
+        if identity is None or identity == self._kept:
             return False
         try:
-            os.unlink(self.path)
+            if self._fs is not None:
+                self._fs.rm_file(self.path)
+            else:
+                os.unlink(self.path)
         except FileNotFoundError:
             pass  # another rank on the same file system consumed it first
-        except OSError as err:
+        except Exception as err:  # OSError locally; a store's own errors remotely
             self._kept = identity
             self.on_problem(
                 "trigger-file",
@@ -49,6 +55,22 @@ class TriggerFile:
                 "window and is ignored until it changes. Make its directory writable to use it again.",
             )
         return True
+
+    def _identity(self) -> tuple[Any, ...] | None:
+        """What tells this file from a later one of the same name; None when there is none."""
+        if self._fs is None:
+            try:
+                st = os.stat(self.path)
+            except OSError:
+                return None
+            return (st.st_ino, st.st_size, st.st_mtime_ns)
+        try:
+            info = self._fs.info(self.path)
+        except Exception:  # absent, or the store did not answer: looked for again at the next check
+            return None
+        if info.get("type", "file") != "file":
+            return None
+        return tuple(str(info.get(key)) for key in ("size", "ETag", "mtime", "LastModified", "created"))
 
 
 class SignalTrigger:
