@@ -13,22 +13,18 @@ import json
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import orjson
 import pytest
-import torch
-from conftest import make_trainer, recorded_name
+import tab_run
+from conftest import recorded_name
+from tab_run import input_bound_run
 from tensorboard.backend.application import TensorBoardWSGI
 from tensorboard.plugins import base_plugin
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
 from werkzeug.test import Client
 
-from vt_lightning import VizTraceCallback
 from vt_lightning.cli.command import main
 from vt_lightning.constants import SUMMARY_JSON_SUFFIX
 from vt_lightning.tensorboard import scan
@@ -37,35 +33,11 @@ from vt_lightning.tensorboard.plugin import PLUGIN_NAME, VtLightningPlugin
 API = f"/data/plugin/{PLUGIN_NAME}"
 
 
-class SlowRows(Dataset):
-    """30 ms per ``__getitem__`` (``batch_size=None``: one call per batch): an input_bound window."""
-
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        time.sleep(0.03)
-        return torch.randn(4, 8)
-
-
-class Tiny(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.Linear(8, 1)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.layer(batch).pow(2).mean()
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two windows of one real run, under ``lightning_logs/version_0``."""
     root = tmp_path_factory.mktemp("tb_plugin")
-    callback = VizTraceCallback(wait=1, warmup=1, active=3, repeat=2)
-    make_trainer(root, [callback], max_steps=12).fit(Tiny(), DataLoader(SlowRows(), batch_size=None))
+    input_bound_run(root)
     return root
 
 
@@ -130,7 +102,7 @@ def test_windows_of_the_run_with_the_verdict_and_the_users_line(logdir: Path) ->
     assert (verdict["kind"], where["function"], where["file"]) == (
         "input_bound",
         recorded_name("SlowRows.__getitem__"),
-        __file__,
+        tab_run.SOURCE,
     )
     assert rank["trace"]["bytes"] == (logdir / rank["trace"]["path"]).stat().st_size
     inflated = len(gzip.decompress((logdir / rank["trace"]["path"]).read_bytes()))
@@ -301,7 +273,7 @@ def test_the_job_file_and_the_stragglers_line_are_served(logdir: Path, tmp_path:
             "step_ms": 50.0,
             "share_of_step": 0.4,
             "function": "SlowRows.__getitem__",
-            "file": __file__,
+            "file": tab_run.SOURCE,
             "line": straggler_line,
             "excess_ms": 19.0,
         },
@@ -322,6 +294,6 @@ def test_the_job_file_and_the_stragglers_line_are_served(logdir: Path, tmp_path:
     assert client.get(f"{API}/file/{rank['job']['path']}").get_data() == job_bytes
     assert client.get(f"{API}/file/{run}/{window.name}/job/job.0000000002.ranks.json").status_code == 404
     status, source = _get(
-        client, "source", run=run, name=window.name, worker=rank["worker"], file=__file__, line=straggler_line
+        client, "source", run=run, name=window.name, worker=rank["worker"], file=tab_run.SOURCE, line=straggler_line
     )
     assert status == 200 and straggler_line in dict(source["lines"])

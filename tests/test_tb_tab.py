@@ -15,15 +15,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import lightning as L
 import pytest
+import tab_run
 import tbcheck
-import torch
-from conftest import make_trainer, recorded_name
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
-
-from vt_lightning import VizTraceCallback
+from conftest import recorded_name
+from tab_run import input_bound_run
 
 pytestmark = pytest.mark.slow
 
@@ -49,29 +45,6 @@ def _need(what: str) -> None:
     pytest.skip(f"{what} is not installed (apt-get install chromium; pip install playwright)")
 
 
-class SlowRows(Dataset):
-    """30 ms per ``__getitem__`` (``batch_size=None``: one call per batch): an input_bound window."""
-
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        time.sleep(0.03)
-        return torch.randn(4, 8)
-
-
-class Tiny(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.Linear(8, 1)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.layer(batch).pow(2).mean()
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     try:
@@ -91,8 +64,7 @@ def browser() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[tuple[tbcheck.TensorBoardServer, Path]]:
     root = tmp_path_factory.mktemp("tb_tab")
-    callback = VizTraceCallback(wait=1, warmup=1, active=3, repeat=2)
-    make_trainer(root, [callback], max_steps=12).fit(Tiny(), DataLoader(SlowRows(), batch_size=None))
+    input_bound_run(root)
     with tbcheck.TensorBoardServer(root) as tb:
         yield tb, root
 
@@ -149,8 +121,8 @@ def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(brows
         verdicts = frame.inner_text("#vt-verdicts")
         assert "input_bound" in verdicts
         place = frame.inner_text("#vt-verdicts .vt-place")
-        line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "def __getitem__" in text)
-        assert place == f"{recorded_name('SlowRows.__getitem__')} at {__file__}:{line}"
+        line = tab_run.getitem_line()
+        assert place == f"{recorded_name('SlowRows.__getitem__')} at {tab_run.SOURCE}:{line}"
         shown = frame.inner_text("#vt-verdicts .vt-hit").strip()
         assert shown == f"{line}      def __getitem__(self, index: int) -> torch.Tensor:"  # the source line
         assert frame.query_selector_all("#vt-breakdown .vt-seg"), "the breakdown bar"
