@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from vt_lightning.recording import children
 from vt_lightning.recording.pytracer import PythonTracer, PythonTracerConfig, foreign_profiler, wait_for_dump
 
 MONITORING = sys.version_info >= (3, 12)
@@ -514,11 +515,14 @@ def test_a_held_dump_writes_nothing_at_close_and_everything_when_written_in_proc
 def test_the_next_window_writes_a_held_dump_before_it_records(tracer, tmp_path):
     _record(tracer, "held_work")
     held = tracer.dump(str(tmp_path / "held.json"), hold=True)
-    _record(tracer, "next_work")  # the buffer is needed again: the held calls are dumped (forked) first
+    _record(tracer, "next_work")  # the buffer is needed again: the held calls are dumped first
     wait_for_dump(tracer.dump(str(tmp_path / "next.json")))
     pid = held.write(in_process=True)  # the job comes later: it reaps the child the start forked
-    assert pid is not None
-    wait_for_dump(pid)
+    if children.FORK_CAN_DEADLOCK:  # 3.10: the start wrote the held calls in process, no child
+        assert pid is None
+    else:
+        assert pid is not None
+        wait_for_dump(pid)
     assert "held_work" in _names(tmp_path / "held.json") and "next_work" not in _names(tmp_path / "held.json")
     assert "next_work" in _names(tmp_path / "next.json") and "held_work" not in _names(tmp_path / "next.json")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # conftest's MarkerModel
 
-from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files  # noqa: E402
+from conftest import MarkerModel, load_trace, loader, make_trainer, renamed, trace_files  # noqa: E402
 
 from vt_lightning import VizTraceCallback  # noqa: E402
 
@@ -42,7 +42,8 @@ def named(name: str):
     def template(n: int) -> int:
         return sum(range(n))
 
-    code = template.__code__.replace(co_name=name, co_qualname=name, co_filename=f"/virtual/{name}.py")
+    function = renamed(template, name)  # co_qualname too where the interpreter has one (3.11+)
+    code = function.__code__.replace(co_filename=f"/virtual/{name}.py")
     return types.FunctionType(code, template.__globals__, name)
 
 
