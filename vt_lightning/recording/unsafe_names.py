@@ -84,7 +84,8 @@ class ImportGuard:
     """A ``sys.meta_path`` finder, first in line while a window records: it asks the finders after it
     for the spec (as the import system would, so nothing is searched twice) and hands ``on_unsafe``
     the ``module (file)`` of one whose file name VizTracer cannot take, before the module's code is
-    loaded. Finds nothing itself, raises nothing of its own, and in a forked child does nothing."""
+    loaded. Finds nothing itself, raises nothing of its own, and in a forked child (or behind a
+    legacy finder with no ``find_spec``) leaves the search to the import system."""
 
     def __init__(self, on_unsafe: Callable[[str], None]) -> None:
         self._on_unsafe = on_unsafe
@@ -102,8 +103,12 @@ class ImportGuard:
         if os.getpid() != self._pid:
             return None
         for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None) if finder is not self else None
-            spec = find(fullname, path, target) if find is not None else None
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is None:  # a legacy finder: the import system's own search keeps its precedence
+                return None
+            spec = find(fullname, path, target)
             if spec is not None:
                 file = _unsafe_file_of(spec)
                 if file is not None:
