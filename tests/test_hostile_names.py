@@ -55,3 +55,19 @@ def test_raw_control_bytes_inside_strings_are_escaped_and_whitespace_between_tok
     raw = b'{\n  "name": "a\x1bb\rc\nd\\q",\n  "file": "\xff.py", "ok": "\\"\\\\"}\n'
     assert loads(raw) == {"name": "a\x1bb\rc\nd\\q", "file": "\ufffd.py", "ok": '"\\'}
     assert escape_raw_strings(b'{"a": "x"}\n') == b'{"a": "x"}\n'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["imported", "threaded"])
+def test_a_module_file_name_that_is_not_utf8_imported_during_a_window_drops_only_that_window(tmp_path, where):
+    """Before the import guard, the module's first traced call killed training with SIGSEGV (exit
+    -11), from the training thread and from a thread it started alike."""
+    _, report = run(tmp_path, where)
+    assert report["train_batches"] == list(range(10))
+    (warning,) = [w for w in report["warnings"] if "not valid UTF-8" in w]
+    assert "'caf\\udcff_module'" in warning and "imported during window 0" in warning
+    assert "window 0 is dropped" in warning
+    assert [w for w in report["warnings"] if w != warning] == []
+    assert report["window_dirs"] == ["window_001"]  # the next window is written
+    assert "ImportGuard" not in report["meta_path"]  # no finder left behind
+    assert report["profile_hook"] is None  # stopped from another thread: the training thread's hook is off too

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import logging
 import os
 import re
 import signal
@@ -132,6 +133,34 @@ def test_a_logger_on_a_url_gets_the_windows_there_with_the_same_layout(tmp_path,
     assert url_named_entries(tmp_path) == []
     assert not trace_files(tmp_path)
     assert [p for p in spool.rglob("*") if p.is_file()] == []
+
+
+def test_a_root_with_no_exclusive_move_says_once_at_setup_that_no_overwrite_is_only_checked(
+    tmp_path, monkeypatch, caplog, memory_root
+):
+    """``memory://`` (like sftp or HDFS) has no atomic create-if-absent: said once, before any step."""
+    monkeypatch.chdir(tmp_path)
+    model = MarkerModel()
+    batches_when_said: list[list[int]] = []
+
+    class Batches(logging.Handler):
+        def emit(self, record):
+            if "no overwrite is checked" in record.getMessage():
+                batches_when_said.append(list(model.train_batches))
+
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=3, dirpath=memory_root)
+    watch = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    watch.addHandler(handler := Batches())
+    try:
+        with caplog.at_level("INFO"):
+            make_trainer(tmp_path / "local", [cb], max_steps=3).fit(model, loader())
+    finally:
+        watch.removeHandler(handler)
+    notes = [r.getMessage() for r in caplog.records if "no overwrite is checked, not guaranteed" in r.getMessage()]
+    assert len(notes) == 1 and len(cb.results) == 3
+    assert notes[0].startswith(f"vt_lightning: no overwrite is checked, not guaranteed, under {memory_root}:")
+    assert "\n" not in notes[0]
+    assert batches_when_said == [[]]  # at setup, before the first step
 
 
 def test_a_file_url_is_a_local_directory(tmp_path, monkeypatch):

@@ -10,6 +10,9 @@ Cases:
   surrogate  a module whose file name holds a byte that is not UTF-8 (``caf\\xff_module.py``,
              imported as ``caf\\udcff_module``), called in every step: VizTracer 1.1.1 alone dies of
              SIGSEGV at its first traced call
+  imported   the same module, imported for the first time in the middle of window 0 (its second
+             active step), on the training thread, called, then unloaded at that step's end
+  threaded   the same, imported and called by a thread started in that step
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import importlib
 import json
 import os
 import sys
+import threading
 import types
 import warnings
 from pathlib import Path
@@ -56,14 +60,29 @@ def module_from(file_name: bytes, import_name: str):
 
 if case == "control":
     calls = [named(name) for name in NAMES] + [module_from(b"esc\x1bmodule.py", "esc\x1bmodule").work]
-else:
+elif case == "surrogate":
     calls = [module_from(b"caf\xff_module.py", "caf\udcff_module").work]
+else:
+    calls = []
+IMPORT_AT = 3  # window 0 (wait=1, warmup=1, active=2) records batches 2 and 3
+
+
+def import_and_call() -> None:
+    """First import of the non-UTF-8 module, during a window; unloaded again at once."""
+    module_from(b"caf\xff_module.py", "caf\udcff_module").work(10)
+    del sys.modules["caf\udcff_module"]
 
 
 class NamedModel(MarkerModel):
     def training_step(self, batch, batch_idx):
         for call in calls:
             call(10)
+        if case == "imported" and batch_idx == IMPORT_AT:
+            import_and_call()
+        elif case == "threaded" and batch_idx == IMPORT_AT:
+            thread = threading.Thread(target=import_and_call)
+            thread.start()
+            thread.join()
         return super().training_step(batch, batch_idx)
 
 
@@ -81,5 +100,8 @@ report = {
     "warnings": [str(w.message) for w in caught if "vt_lightning" in str(w.message)],
     "names_found": [name for name in NAMES if any(n.startswith(name) for n in names)],
     "module_found": any("esc\x1bmodule.py" in n for n in names),
+    "window_dirs": sorted(p.parent.name[:10] for p in trace_files(root)),
+    "meta_path": [type(finder).__name__ for finder in sys.meta_path],
+    "profile_hook": None if sys.getprofile() is None else repr(sys.getprofile()),
 }
 print(json.dumps(report))

@@ -159,7 +159,10 @@ def writer_unfinished(timeout: float, root: Path | None) -> str:
 def fault(err: Exception) -> tuple[str, str]:
     """The (key, message) of a profiling failure that dropped a window."""
     from vt_lightning.recording.rivals import RivalProfiler
+    from vt_lightning.recording.unsafe_names import UnsafeImport
 
+    if isinstance(err, UnsafeImport):  # one warning with the windows skipped while it is loaded
+        return "unsafe-file", str(err)
     if isinstance(err, RivalProfiler):
         return (
             f"rival:{err}",

@@ -59,7 +59,8 @@ def output_root(
         # Absolute now, at setup: every file goes here whatever the working directory becomes later
         # (an ``os.chdir`` in the user's code), as Lightning's own files do.
         return Path(where).absolute(), None
-    from lightning.fabric.utilities.cloud_io import get_filesystem
+    from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
+    from lightning.pytorch.utilities import rank_zero_info
 
     problem: OutputRootError | None = None
     try:
@@ -79,6 +80,8 @@ def output_root(
         stop = OutputRootError(message if rank == 0 else f"{message} (found on rank {rank}; every rank stops)")
         raise stop from problem
     remote = URL(where.rstrip("/"))
+    if not _is_object_storage(fs):
+        rank_zero_info(f"vt_lightning: {no_exclusive_move(remote)}.")
     base = Path(spool_dir) if spool_dir is not None else Path(default_spool_base())
     # Made when the first window is written (a rank that records nothing leaves nothing behind);
     # the random part keeps the name unguessable in a shared temp directory.
@@ -152,7 +155,7 @@ def publish(job: WindowJob, result: WindowResult, staged: Path) -> WindowResult:
     win; the loser removes what it wrote there and takes the next name. An object store (or an s3fs)
     without that mode gets a check of the names just before the upload, and one note that says so.
     Other filesystems (``memory://``, sftp, HDFS) have no exclusive move: the name is checked just
-    before the temporary is moved to it (docs/files.md)."""
+    before the temporary is moved to it (docs/files.md), as ``output_root`` says once at setup."""
     from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
 
     assert job.publish_to is not None
@@ -204,6 +207,17 @@ def no_exclusive_create(root: URL) -> str:
         'if its name is free (fsspec\'s "xb" mode; for s3:// an s3fs >= 2024.12 and a store that honours '
         "If-None-Match), so two runs writing the same window name there at the same moment could overwrite "
         "each other's files. Give each run its own directory to be sure"
+    )
+
+
+def no_exclusive_move(root: URL) -> str:
+    """The note, said once at setup, of a remote root on a filesystem that is no object store
+    (``memory://``, sftp, HDFS): fsspec offers no atomic exclusive create or move there."""
+    return (
+        f"no overwrite is checked, not guaranteed, under {root}: its filesystem has no atomic "
+        "create-if-absent or exclusive move, so each window's files are moved to their names after a "
+        "check that the names are free, and two runs writing the same window name there at the same "
+        "moment could overwrite each other's files. Give each run its own directory to be sure"
     )
 
 

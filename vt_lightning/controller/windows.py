@@ -36,7 +36,7 @@ from vt_lightning.recording.memory import CudaMemoryRecorder, dump_oom_snapshot
 from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler
 from vt_lightning.recording.spool import Spool
 from vt_lightning.recording.torchtracer import TorchTracer, torch_profiler_active
-from vt_lightning.recording.unsafe_names import unsafe_module_file
+from vt_lightning.recording.unsafe_names import skipped_message, unsafe_module_file
 from vt_lightning.recording.window import ProfilingWindow
 
 Warn = Callable[[str, str], Any]
@@ -63,12 +63,7 @@ def open_window(
         return None
     unsafe = unsafe_module_file()
     if unsafe is not None:
-        warn(
-            "unsafe-file",
-            f"vt_lightning: the loaded module {unsafe} has a file name that is not valid UTF-8, which "
-            f"crashes VizTracer (SIGSEGV) at its first traced call; window {target.index} and every later "
-            "one while it is loaded are skipped. Rename the file to UTF-8 to profile this run.",
-        )
+        warn("unsafe-file", skipped_message(unsafe, target.index))  # one key with UnsafeImport's
         return None
     waited, room = writer.wait_for_room()
     if not room:

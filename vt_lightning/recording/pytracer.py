@@ -260,6 +260,7 @@ class PythonTracer:
         self._lock = threading.Lock()
         self._own_profiler: Any = None
         self._hooked_threads: dict[int, int] = {}  # thread state -> its id, to unhook at stop()
+        self._starter: dict[int, int] = {}  # the thread state that ran start() -> its id (<= 3.11)
         self._new_thread_names: dict[int, str] = {}  # native id -> name of threads started in a window
         self._files_paused = False  # pause_files in effect
         self._files_before: list[str] | None = None
@@ -325,6 +326,8 @@ class PythonTracer:
         with self._lock:
             if NEEDS_THREAD_CLEANUP:
                 self._hooked_threads.update(hook_existing_threads(tracer))
+                state = current_thread_state()
+                self._starter = {state: c_api().PyThreadState_GetID(state)} if state else {}
             with own_calls():
                 tracer.start()
             self._running = True
@@ -395,6 +398,11 @@ class PythonTracer:
             _active.discard(self)
             self._release_thread_hook()
             hooked, self._hooked_threads = self._hooked_threads, {}
+            starter, self._starter = self._starter, {}
+            if starter and current_thread_state() not in starter:
+                # Stopped from another thread (``unsafe_names.ImportGuard``): VizTracer's stop took
+                # only that thread's hook off; the starting thread's goes too.
+                hooked.update(starter)
             remove_profile_hooks(hooked)
             if held and sys.version_info >= (3, 12):
                 # Only after our own session: swapping the callbacks of a VizTracer the user started

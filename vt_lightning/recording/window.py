@@ -28,6 +28,7 @@ from vt_lightning.recording.rivals import RivalGuard, RivalProfiler
 from vt_lightning.recording.side import SideRecorder
 from vt_lightning.recording.spool import SpoolError
 from vt_lightning.recording.torchtracer import TorchTracer
+from vt_lightning.recording.unsafe_names import ImportGuard, UnsafeImport
 
 
 class MemoryRecorder(Protocol):
@@ -64,6 +65,8 @@ class ProfilingWindow:
         self.steps: list[int] = []
         self.yielded: str | None = None  # the other profiler this window stopped for
         self._guard = RivalGuard(self._yield_to)
+        self.unsafe_import: UnsafeImport | None = None  # set from any thread by ``_imports``
+        self._imports = ImportGuard(self._unsafe_import)  # on sys.meta_path only while recording
         self.active = False
         self.closed = False
         self._clock_start: ClockPair | None = None
@@ -105,12 +108,16 @@ class ProfilingWindow:
         self._start_side_recorders()
         self._clock_start = sample_pair(self.python.clock_us)
         self._markers_start = emit_markers(self.python.clock_us, self.torch.make_range, "start")
+        self._imports.install()  # before the tracer, so no thread imports unseen while it records
         self.python.start()
         self.active = True
 
     def check_rivals(self) -> None:
         """Raise ``RivalProfiler`` (after yielding) if another profiler took over since the last
-        check: at every step boundary and at close, on top of ``RivalGuard``'s interception."""
+        check: at every step boundary and at close, on top of ``RivalGuard``'s interception. Raise
+        ``UnsafeImport`` once a module VizTracer cannot take was imported: the window is dropped."""
+        if self.unsafe_import is not None:
+            raise self.unsafe_import
         if self.yielded is None:
             try:
                 self.torch.check()
@@ -122,6 +129,16 @@ class ProfilingWindow:
                     self._yield_to(rival)
         if self.yielded is not None:
             raise RivalProfiler(self.yielded)
+
+    def _unsafe_import(self, unsafe: str) -> None:
+        """From ``ImportGuard``, on the importing thread, before the module's code exists: stop the
+        Python tracer for the rest of the window (never the import: nothing is raised into it)."""
+        if self.unsafe_import is None:
+            self.unsafe_import = UnsafeImport(unsafe, self.window.index)
+        try:
+            self.python.stop()
+        except Exception:  # pragma: no cover - stop() is best effort and raises nothing of its own
+            pass
 
     def _yield_to(self, rival: str) -> None:
         """Another profiler starts: stop everything now (before it does), keep nothing."""
@@ -184,6 +201,7 @@ class ProfilingWindow:
         try:
             self.check_rivals()
             self.python.stop()
+            self._imports.remove()
             # Threads alive now, and those started in the window that have ended since.
             thread_names = {
                 **self.python.new_thread_names,
@@ -244,6 +262,7 @@ class ProfilingWindow:
         interrupted: BaseException | None = None
         for action in (
             self.python.stop,
+            self._imports.remove,
             self._stop_side_tools,
             self.torch.stop,
             self._guard.remove,
