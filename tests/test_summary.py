@@ -3,6 +3,7 @@ known (a Dataset that sleeps 40 ms per batch, a training_step that spends its ti
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from vt_lightning import VizTraceCallback
+from vt_lightning.analysis.phases import phase_segments
 from vt_lightning.analysis.summary import (
     BREAKDOWN_PARTS,
     SCHEMA_VERSION,
@@ -306,9 +308,11 @@ def test_breakdown_falls_back_on_lightning_methods_without_stage_ranges() -> Non
         "optimizer": 0.015,
         "other": 0.01,
     }
-    # Both fetcher calls are lightning: folded into one package line with inclusive counted once.
-    folded = [e for e in summary["top_python"]["by_inclusive"] if e["function"] == "lightning (folded)"]
-    assert not folded or folded[0]["inclusive_ms"] <= 0.1
+    # Both fetcher calls are lightning's and start in the data wait: one folded line, with their
+    # inclusive time counted once (30 µs, not 30 + 28).
+    folded = {e["function"]: e for e in summary["top_python"]["by_inclusive"] if e["folded"]}
+    assert folded["lightning · data wait (folded)"]["inclusive_ms"] == pytest.approx(0.03)
+    assert folded["lightning · data wait (folded)"]["calls"] == 2
 
 
 def test_top_python_is_the_training_threads() -> None:
@@ -354,10 +358,81 @@ def test_tables_rank_the_users_code_then_the_models_library_then_folded_framewor
         listed = {r[0] for r in rows}
         assert not {"_run_stage", "_call_lightning_module_hook", "Module._call_impl", "Runner.call"} & listed, rows
     folded = {e["function"]: e for e in summary["top_python"]["by_inclusive"] if e["folded"]}
+    # No stage range, no Lightning method nor user hook that marks one: no phases, one line per package.
+    assert summary["steps"]["breakdown_source"] == "none"
     assert folded["lightning (folded)"]["inclusive_ms"] == pytest.approx(1.0)
+    assert not [name for name in folded if "·" in name], folded
     assert folded["torch.compile generated code (folded)"]["origin"] == "generated"
     # The full ranking stays in the file: every function's self time, the frameworks' included.
     assert any("_call_lightning_module_hook" in key for key in summary["top_python"]["totals"]["ms"])
+
+
+def test_framework_frames_fold_into_the_phase_their_call_started_in() -> None:
+    """Lightning's frames in the forward and in the optimizer are two folded lines, each with the
+    time of its own frames; the loop's frame that began before the step is ``other``; torch's frame
+    in the backward pass is ``torch · backward``. The user's function still comes first."""
+    site = "/v/lib/python3.11/site-packages"
+    user = "/home/me/train.py"
+    events = [
+        _x("ProfilerStep#1", 0.0, 1000.0, "user_annotation"),
+        _x("[pl][profile][LightningModule]LitModel.optimizer_step", 50.0, 850.0, "cpu_op"),
+        _x("[pl][profile][Strategy]SingleDeviceStrategy.training_step", 100.0, 400.0, "cpu_op"),
+        _x("[pl][profile][Strategy]SingleDeviceStrategy.backward", 500.0, 80.0, "cpu_op"),
+        _x(f"_run_stage ({site}/lightning/pytorch/trainer/trainer.py:1000)", -10.0, 1020.0, "FEE"),
+        _x(f"LightningModule.optimizer_step ({site}/lightning/pytorch/core/module.py:1300)", 50.0, 850.0, "FEE"),
+        _x(f"Strategy.training_step ({site}/lightning/pytorch/strategies/strategy.py:380)", 100.0, 400.0, "FEE"),
+        _x(f"_call_lightning_module_hook ({site}/lightning/pytorch/trainer/call.py:160)", 110.0, 380.0, "FEE"),
+        _x(f"training_step ({user}:20)", 120.0, 360.0, "FEE"),
+        _x(f"Tensor.backward ({site}/torch/_tensor.py:600)", 510.0, 60.0, "FEE"),
+        _x(f"Optimizer.step ({site}/torch/optim/optimizer.py:480)", 600.0, 200.0, "FEE"),
+        _x(f"_call_callback_hooks ({site}/lightning/pytorch/trainer/call.py:200)", 810.0, 40.0, "FEE"),
+    ]
+    summary = summarize({"traceEvents": events})
+    assert summary["breakdown_ms"]["optimizer"] == pytest.approx(0.37)  # 850 - 400 - 80 µs
+    for ranking in (summary["top_python"]["by_inclusive"], summary["top_python"]["by_self"]):
+        assert ranking[0]["function"] == "training_step", ranking
+    rows = {e["function"]: e for e in summary["top_python"]["by_inclusive"] if e["folded"]}
+    row = {k: tuple(r[x] for x in ("inclusive_ms", "self_ms", "calls", "folded")) for k, r in rows.items()}
+    assert row == {
+        # optimizer_step (850 µs) with the callback hooks under it, counted once; self: 850 - 400
+        # (training_step) - 60 (torch's backward) - 200 (torch's step) - 40 (the hooks) + 40 (theirs).
+        "lightning · optimizer (folded)": (0.85, 0.19, 2, 2),
+        # Strategy.training_step with the hook call under it; self 10 + 20 around the user's 360 µs.
+        "lightning · forward (folded)": (0.4, 0.04, 2, 2),
+        "lightning · other (folded)": (1.0, 0.15, 1, 1),  # clipped to the step; began before it
+        "torch · backward (folded)": (0.06, 0.06, 1, 1),
+        "torch · optimizer (folded)": (0.2, 0.2, 1, 1),
+    }
+    # The full ranking is unfolded, one entry per function, whatever its phases.
+    assert sum("optimizer_step" in key for key in summary["top_python"]["totals"]["ms"]) == 1
+
+
+def test_phase_segments_tile_the_steps_as_the_breakdown_does() -> None:
+    """The phases a frame is folded into are the breakdown's: summed per part, the segments give
+    ``attribute_step``'s microseconds, step by step; without ranges there are no phases."""
+    ranges = [
+        (0.0, 10.0, "data_wait"),
+        (12.0, 100.0, "optimizer"),
+        (15.0, 45.0, "forward"),
+        (50.0, 90.0, "backward"),
+        (60.0, 70.0, "validation"),
+        (95.0, 130.0, "hooks"),
+    ]
+    steps = [(0.0, 110.0), (110.0, 200.0)]
+    segments = phase_segments(steps, ranges)
+    assert segments is not None
+    bounds = [*segments.starts, steps[-1][1]]
+    per_part: dict[str, float] = {}
+    for (a, b), part in zip(itertools.pairwise(bounds), segments.parts, strict=True):
+        per_part[part] = per_part.get(part, 0.0) + b - a
+    expected: dict[str, float] = {}
+    for step in steps:
+        for part, us in attribute_step(step, ranges).items():
+            expected[part] = expected.get(part, 0.0) + us
+    assert {p: us for p, us in per_part.items() if us} == {p: us for p, us in expected.items() if us}
+    assert segments.at(-1.0) == "other" and segments.at(200.0) == "other" and segments.at(65.0) == "validation"
+    assert phase_segments(steps, []) is None
+    assert phase_segments(steps, [(300.0, 400.0, "forward")]) is None
 
 
 def test_self_time_excludes_children_and_recursion_counts_once() -> None:

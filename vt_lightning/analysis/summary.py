@@ -36,6 +36,7 @@ from typing import Any
 from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  # re-exported
 from vt_lightning.analysis.breakdown import attribute_step, reported
 from vt_lightning.analysis.compile import compile_summary
+from vt_lightning.analysis.phases import PhaseSegments, phase_segments
 from vt_lightning.analysis.schema import (
     SCHEMA_VERSION,
     KernelsByOp,
@@ -61,7 +62,7 @@ TOP_UNFOLDED = 3  # package functions this high in a ranking keep their own line
 TOP_OPS = 10
 TOTALS_MIN_US = 1.0  # per step: ``totals`` list everything at least this long...
 TOTALS_MAX = 200  # ...up to about this many entries (the threshold rises to keep the file small)
-FOLDED_ORIGINS = ("package", GENERATED)  # folded to one line per package in the rankings
+FOLDED_ORIGINS = ("package", GENERATED)  # folded to one line per package and phase in the rankings
 GENERATED_PACKAGE = "torch.compile generated code"  # the one line of every compiler-generated function
 # Folded even when they rank in the top few: the frameworks' frames (Lightning's loop, torch's
 # module calls) sit around every step at ~100 % inclusive time and would push the user's out.
@@ -116,14 +117,19 @@ class _Stat:
         self.functions: set[str] = set()
 
 
+FoldKey = tuple[str, str]  # (package, phase): one folded line; phase "" in a window without phases
+
+
 class _OpenCall:
     """A call on ``python_stats``'s stack: its stats, and the time its children took so far."""
 
-    __slots__ = ("child_us", "end", "name", "package", "package_key", "start", "stat")
+    __slots__ = ("child_us", "end", "fold_key", "name", "package", "start", "stat")
 
-    def __init__(self, end: float, stat: _Stat, package: _Stat | None, start: float, name: str, key: str) -> None:
+    def __init__(
+        self, end: float, stat: _Stat, package: _Stat | None, start: float, name: str, key: FoldKey | None
+    ) -> None:
         self.end, self.stat, self.package, self.start = end, stat, package, start
-        self.name, self.package_key, self.child_us = name, key, 0.0
+        self.name, self.fold_key, self.child_us = name, key, 0.0
 
     def close(self, end: float) -> None:
         """Its self time (ended at ``end``) to its function's and its package's stats."""
@@ -135,13 +141,14 @@ class _OpenCall:
 
 
 def python_stats(
-    events: Sequence[Mapping[str, Any]], region: Span | None = None
-) -> tuple[dict[str, _Stat], dict[str, _Stat], dict[str, dict]]:
-    """Per function and per package: calls, self time, inclusive time (a recursive call or a call
-    under another call of the same package is counted once), of the calls within ``region`` (each
-    clipped to it). One sort and one stack sweep per thread; runs once per Python event, so it is
-    written for speed."""
-    by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
+    events: Sequence[Mapping[str, Any]], region: Span | None = None, phases: PhaseSegments | None = None
+) -> tuple[dict[str, _Stat], dict[FoldKey, _Stat], dict[str, dict]]:
+    """Per function, and per package and phase (the breakdown part its call started in, from
+    ``phases``; "" without them): calls, self time, inclusive time (a recursive call or a call under
+    another call of the same package and phase is counted once), of the calls within ``region``
+    (each clipped to it; a call that started before it is in phase ``other``). One sort and one
+    stack sweep per thread; runs once per Python event, so it is written for speed."""
+    by_thread: dict[Any, list[tuple[float, float, str, float]]] = defaultdict(list)
     lo, hi = region if region is not None else (float("-inf"), float("inf"))
     for event in events:
         if event.get("cat") == PYTHON_CATEGORY:
@@ -150,23 +157,24 @@ def python_stats(
             if end <= lo or start >= hi:
                 continue
             by_thread[(event.get("pid"), event.get("tid"))].append(
-                (max(start, lo), min(end, hi), event.get("name", ""))
+                (max(start, lo), min(end, hi), event.get("name", ""), start)
             )
     functions: dict[str, _Stat] = {}
-    packages: dict[str, _Stat] = {}
+    packages: dict[FoldKey, _Stat] = {}
     info: dict[str, dict] = {}
-    package_of: dict[str, str] = {}  # function name -> "package:<name>" or ""
+    package_of: dict[str, str] = {}  # function name -> its package when folded, else ""
     for calls in by_thread.values():
         calls.sort(key=lambda c: (c[0], -c[1]))
         stack: list[_OpenCall] = []
-        open_count: dict[str, int] = defaultdict(int)  # open calls per function name and per package key
-        for start, end, name in calls:
+        open_count: dict[str, int] = defaultdict(int)  # open calls per function name
+        open_folds: dict[FoldKey, int] = defaultdict(int)  # open calls per fold key
+        for start, end, name, began in calls:
             while stack and stack[-1].end <= start:
                 done = stack.pop()
                 done.close(done.end)
                 open_count[done.name] -= 1
-                if done.package_key:
-                    open_count[done.package_key] -= 1
+                if done.fold_key is not None:
+                    open_folds[done.fold_key] -= 1
             if stack and end > stack[-1].end:
                 end = stack[-1].end
             dur = end - start
@@ -177,26 +185,28 @@ def python_stats(
                 if origin == GENERATED:  # a compiler's modules fold to one line, like a package's
                     package = GENERATED_PACKAGE
                 info[name] = {"function": function, "file": path, "line": line, "origin": origin, "package": package}
-                package_of[name] = f"package:{package}" if origin in FOLDED_ORIGINS else ""
+                package_of[name] = (package or "") if origin in FOLDED_ORIGINS else ""
                 fstat = functions[name] = _Stat()
-            pkey = package_of[name]
             fstat.calls += 1
             if not open_count[name]:
                 fstat.inclusive_us += dur
             open_count[name] += 1
             pstat = None
-            if pkey:
-                pstat = packages.get(pkey)
+            fkey = None
+            package = package_of[name]
+            if package:
+                fkey = (package, phases.at(began) if phases is not None else "")
+                pstat = packages.get(fkey)
                 if pstat is None:
-                    pstat = packages[pkey] = _Stat()
+                    pstat = packages[fkey] = _Stat()
                 pstat.calls += 1
                 pstat.functions.add(name)
-                if not open_count[pkey]:
+                if not open_folds[fkey]:
                     pstat.inclusive_us += dur
-                open_count[pkey] += 1
+                open_folds[fkey] += 1
             if stack:
                 stack[-1].child_us += dur
-            stack.append(_OpenCall(end, fstat, pstat, start, name, pkey))
+            stack.append(_OpenCall(end, fstat, pstat, start, name, fkey))
         for done in stack:
             done.close(done.end)
     return functions, packages, info
@@ -216,15 +226,25 @@ def _entry(name: str, stat: _Stat, meta: Mapping[str, Any], steps: int) -> Pytho
     }
 
 
+def folded_name(package: str, phase: str) -> str:
+    """A folded line's name: ``"lightning · optimizer (folded)"``, ``"torch (folded)"`` without phases."""
+    return f"{package} · {phase.replace('_', ' ')} (folded)" if phase else f"{package} (folded)"
+
+
 def top_python(
-    events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_PYTHON, region: Span | None = None
+    events: Sequence[Mapping[str, Any]],
+    steps: int,
+    limit: int = TOP_PYTHON,
+    region: Span | None = None,
+    phases: PhaseSegments | None = None,
 ) -> TopPython:
     """Top functions by self and by inclusive time, per step of ``region``: the user's code first,
     then a model library's (litgpt, timm, transformers: the model the user built from), then the
-    rest, where the frameworks' frames and generated code are folded to one line per package
-    (other packages too, unless they rank in the top few); and every function's self time above a
-    threshold (``totals``: the full ranking)."""
-    functions, packages, info = python_stats(events, region)
+    rest, where the frameworks' frames and generated code are folded to one line per package and
+    breakdown phase their calls started in (``phases``; one line per package without them), other
+    packages too unless they rank in the top few; and every function's self time above a threshold
+    (``totals``: the full ranking, unfolded)."""
+    functions, packages, info = python_stats(events, region, phases)
     steps = max(steps, 1)
 
     def ranking(metric: str, by: Callable[[PythonEntry], float]) -> list[PythonEntry]:
@@ -244,11 +264,12 @@ def top_python(
                 folded_packages.add(meta["package"])
             else:
                 other.append(_entry(name, functions[name], meta, steps))
-        for package in folded_packages:
-            stat = packages[f"package:{package}"]
+        for (package, phase), stat in packages.items():
+            if package not in folded_packages:
+                continue
             other.append(
                 {
-                    "function": f"{package} (folded)",
+                    "function": folded_name(package, phase),
                     "file": None,
                     "line": None,
                     "origin": GENERATED if package == GENERATED_PACKAGE else "package",
@@ -436,6 +457,7 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
             [e for e in events if thread is None or (e.get("pid"), e.get("tid")) == thread],
             len(counted),
             region=region,
+            phases=phase_segments([steps[n] for n in counted], ranges),
         ),
         "top_ops": top_ops(events, len(counted), region=region),
         "gpu": gpu_summary(events, span, thread) if recorded else None,

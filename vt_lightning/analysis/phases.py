@@ -1,0 +1,63 @@
+"""Which breakdown part ran at an instant: a window's phase segments, computed once. Pure.
+
+The summary's Python tables fold the frameworks' frames into the phase their call started in
+(``lightning · optimizer (folded)``), so the phases must be the breakdown's own: each piece between
+two range ends is attributed by ``breakdown.attribute_step``, the one rule that tiles the step.
+Built once per window (cost: that of the breakdown again); a lookup is one ``bisect``, cheap
+enough for the per-call loop of ``summary.python_stats``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_right
+from collections.abc import Sequence
+
+from vt_lightning.analysis.breakdown import Range, attribute_step
+from vt_lightning.analysis.spans import Span
+
+OUTSIDE = "other"  # the phase of an instant outside the covered steps (the loop between them)
+
+
+class PhaseSegments:
+    """Contiguous segments ``[starts[i], starts[i + 1])`` of part ``parts[i]``; before the first and
+    from the last boundary on, ``OUTSIDE``."""
+
+    __slots__ = ("parts", "starts")
+
+    def __init__(self, starts: list[float], parts: list[str]) -> None:
+        self.starts, self.parts = starts, parts
+
+    def at(self, ts: float) -> str:
+        """The part running at ``ts``."""
+        i = bisect_right(self.starts, ts) - 1
+        return self.parts[i] if i >= 0 else OUTSIDE
+
+
+def phase_segments(steps: Sequence[Span], ranges: Sequence[Range]) -> PhaseSegments | None:
+    """The phases over ``steps`` (the covered steps), as the breakdown attributes them; None when
+    no range overlaps them (every instant would be ``other``: there are no phases to tell apart)."""
+    starts: list[float] = []
+    parts: list[str] = []
+    found = False
+
+    def add(start: float, part: str) -> None:
+        if parts and parts[-1] == part:
+            return
+        if starts and starts[-1] == start:  # an empty piece: the later one replaces it
+            starts.pop()
+            parts.pop()
+            if parts and parts[-1] == part:
+                return
+        starts.append(start)
+        parts.append(part)
+
+    for lo, hi in sorted(steps):
+        inside = [r for r in ranges if r[1] > lo and r[0] < hi]
+        found = found or bool(inside)
+        cuts = sorted({lo, hi, *(max(r[0], lo) for r in inside), *(min(r[1], hi) for r in inside)})
+        for a, b in itertools.pairwise(cuts):
+            us = attribute_step((a, b), inside)
+            add(a, max(us, key=us.__getitem__))  # the one part the piece went to
+        add(hi, OUTSIDE)
+    return PhaseSegments(starts, parts) if found else None
