@@ -265,8 +265,13 @@ def test_compile_verdicts_of_a_compiled_torch_module_point_at_the_users_call(tmp
     assert compiled["recompiles"], compiled
     assert not any(r["file"] == THIS_FILE for r in compiled["recompiles"]), compiled["recompiles"]  # torch's frame
     by_kind = {v["kind"]: v for v in summary["verdicts"]}
-    assert {"recompile", "compile_time"} <= set(by_kind), summary["verdicts"]
-    for kind in ("recompile", "compile_time"):
+    # torch 2.4 keeps no recompile reasons (one note says so): no recompile verdict to point anywhere
+    reasons = not any("no recompile reasons" in note for note in compiled["notes"])
+    kinds = ("recompile", "compile_time") if reasons else ("compile_time",)
+    if not reasons:
+        assert tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5), compiled["notes"]
+    assert set(kinds) <= set(by_kind), [v["kind"] for v in summary["verdicts"]]
+    for kind in kinds:
         assert [(w["function"], w["file"]) for w in by_kind[kind]["where"]] == [
             (recorded_name("CompiledContainer.training_step"), THIS_FILE)
         ], by_kind[kind]
