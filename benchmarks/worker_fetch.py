@@ -44,7 +44,8 @@ from torch.utils.data import _DatasetKind
 from torch.utils.data._utils.collate import default_collate
 
 from vt_lightning.recording.pytracer import PythonTracerConfig
-from vt_lightning.recording.workers import SharedPlan, WorkerSetup, _WorkerSide
+from vt_lightning.recording.worker_plan import SharedPlan, WorkerSetup
+from vt_lightning.recording.worker_side import _WorkerSide
 
 ARMS = ("untraced", "user", "all")
 

@@ -33,7 +33,7 @@ from vt_lightning.analysis.workers import (
 )
 from vt_lightning.constants import SUMMARY_JSON_SUFFIX
 from vt_lightning.export.worker_dumps import wait_for_parts
-from vt_lightning.recording.workers import SharedPlan
+from vt_lightning.recording.worker_plan import SharedPlan
 
 RUN_TIMEOUT = 180  # s: a run takes ~5 s with forked workers, ~25 s spawned, on a loaded 2-core box
 WINDOW_BATCHES = [4, 5, 6, 7]  # skip_first=0: inside epoch 0

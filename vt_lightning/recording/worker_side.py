@@ -1,0 +1,310 @@
+"""The worker side of DataLoader worker tracing: in each worker, trace the fetches that fall in a
+window (``recording/worker_plan.py``'s plan) and write them to the spool as a "part".
+
+The training process (``recording/workers.py``) wraps each train DataLoader's ``worker_init_fn``
+with ``TracedWorkerInit``; the user's (or Lightning's ``pl_worker_init_function`` under
+``seed_everything(workers=True)``) runs first, unchanged. A worker writes its events (a part) to
+the spool at its first fetch past the window, when the window closes (a helper thread that lives
+only while a part is open), or at exit; never right after a window batch, which the window is
+measuring. VizTracer's dump first, then a small ``.meta.json`` that marks the part complete. The
+writer merges the complete parts; a worker that died or hung loses only its own part
+(``export/worker_dumps.py``).
+
+What a traced fetch records (``worker_calls``): by default the user's code only. An augmenting
+dataset makes tens of thousands of library calls per batch (PIL, torchvision, NumPy's Python
+layer), which traced in full cost 8-20x the fetch itself (issue 39). So every Python call into the
+standard library, installed packages, torch and vt_lightning is skipped with everything it calls
+(VizTracer's ``exclude_files``, set through ``PythonTracer.pause_files``), and the C calls the
+user's code makes are kept. A skipped frame drops its whole subtree, so the dataset must not be
+reached through torch's fetcher: for a map-style dataset the fetch is replayed in the frame that
+started the tracer (``_WorkerSide.fetch``: ``dataset[i]`` per index, or ``__getitems__``, then the
+collate function), exactly as ``_MapDatasetFetcher.fetch`` does it. Other fetchers (an
+``IterableDataset``) show their ``fetch batch N`` span only. ``worker_calls="all"``: every call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from vt_lightning.analysis.usercode import PACKAGE_ROOT, library_roots
+from vt_lightning.analysis.workers import Range, global_batch, range_of
+from vt_lightning.constants import THREAD_PREFIX
+from vt_lightning.recording.clock_probes import sample_pair
+from vt_lightning.recording.pytracer import PythonTracer
+from vt_lightning.recording.worker_plan import CLOCK_ROUNDS, SharedPlan, WorkerSetup
+
+WORKER_TRACER_ENTRIES = 250_000  # per worker: a few batches' fetches; each worker allocates its own
+WATCH_INTERVAL_S = 0.05
+
+
+class TracedWorkerInit:
+    """The train DataLoader's ``worker_init_fn``: the one it had first (the user's, or Lightning's
+    seeding), then worker tracing. Picklable, so spawn and forkserver workers get it too."""
+
+    def __init__(self, inner: Callable[[int], Any] | None, setup: WorkerSetup) -> None:
+        self.inner = inner
+        self.setup = setup
+
+    def __call__(self, worker_id: int) -> None:
+        if self.inner is not None:
+            self.inner(worker_id)
+        try:
+            _install_in_worker(self.setup, worker_id)
+        except Exception:  # never the user's DataLoader: this worker goes untraced
+            pass
+
+
+@dataclass
+class _Part:
+    window: Range
+    stem: str
+    clock: list[tuple[float, int]]
+    fetches: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
+    stop_watch: threading.Event = dataclasses.field(default_factory=threading.Event)
+    watcher: threading.Thread | None = None
+
+
+class _WorkerSide:
+    """One worker's tracing: idle (one plan read per fetch) until a fetch falls in a window."""
+
+    def __init__(self, setup: WorkerSetup, worker_id: int, num_workers: int) -> None:
+        self.setup = setup
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        self.plan = SharedPlan(setup.plan_path, create=False)
+        self.lock = threading.Lock()
+        self.part: _Part | None = None
+        self.parts = 0
+        self.tracer: PythonTracer | None = None
+        self.broken = False
+        self.task: int | None = None  # the task number of the fetch in progress (see ``_watch_tasks``)
+        self.tasks_seen = False  # ``task`` is kept by the wrapped index queue (else: read the frame)
+
+    def fetch(self, original: Callable[[Any], Any], index: Any, idx: Any) -> Any:
+        if self.broken:
+            return original(index)
+        epoch_base, epoch_limit, ranges = self.plan.read()
+        if not ranges and self.part is None:
+            return original(index)
+        batch = global_batch(epoch_base, epoch_limit, idx)
+        window = range_of(ranges, batch)
+        if window is None or batch is None:
+            if self.part is not None:
+                self.finish()
+            return original(index)
+        fetcher = _map_fetcher(original) if self.setup.calls == "user" else None
+        with self.lock:
+            tracer = self._arm(window)
+            try:
+                if tracer is None:
+                    return original(index)
+                tracer.start()
+                started = tracer.clock_us()
+            except Exception:  # another profiler in this worker, say: its fetches go on untraced
+                self.broken = True
+                return original(index)
+            try:
+                if fetcher is None:
+                    return original(index)
+                # _MapDatasetFetcher.fetch, replayed here: the user's code is called from the frame
+                # that started the tracer, not from torch's, whose skipped frame would hide it.
+                dataset = fetcher.dataset
+                if not fetcher.auto_collation:
+                    return fetcher.collate_fn(dataset[index])
+                if hasattr(dataset, "__getitems__") and dataset.__getitems__:
+                    return fetcher.collate_fn(dataset.__getitems__(index))
+                data = [None] * len(index)
+                for k, i in enumerate(index):
+                    data[k] = dataset[i]
+                return fetcher.collate_fn(data)
+            finally:
+                self._fetched(tracer, batch, started)
+
+    def _fetched(self, tracer: PythonTracer, batch: int, started: float) -> None:
+        """Stop tracing and note the fetch. The part is written later (the next fetch outside the
+        window, the window's close, the worker's exit): writing it now would delay this batch,
+        which the window is measuring."""
+        try:
+            ended = tracer.clock_us()
+            tracer.stop()
+            if self.part is not None:
+                self.part.fetches.append((batch, started, ended))
+        except Exception:
+            self.broken = True
+
+    def _arm(self, window: Range) -> PythonTracer | None:
+        """The tracer, with a part open for ``window`` (an older window's part written first)."""
+        try:
+            if self.part is not None and self.part.window != window:
+                self._dump()
+            if self.tracer is None:
+                config = dataclasses.replace(
+                    self.setup.config, tracer_entries=min(self.setup.config.tracer_entries, WORKER_TRACER_ENTRIES)
+                )
+                self.tracer = PythonTracer(config)
+                if self.setup.calls == "user":
+                    # "<frozen abc>", "<string>"...: the standard library's, as usercode.py reads them.
+                    self.tracer.pause_files((*library_roots(), PACKAGE_ROOT + os.sep, "<"))
+            if self.part is None:
+                self._begin(window, self.tracer)
+            return self.tracer
+        except Exception:
+            self.broken = True
+            return None
+
+    def _begin(self, window: Range, tracer: PythonTracer) -> None:
+        self.parts += 1
+        stem = os.path.join(
+            self.setup.out_dir,
+            f"b{window[0]}-r{self.setup.rank}-w{self.worker_id}-p{os.getpid()}-{self.parts}",
+        )
+        with open(f"{stem}.started", "w") as f:
+            f.write(str(os.getpid()))
+        pair = sample_pair(tracer.clock_us, time.monotonic_ns, rounds=CLOCK_ROUNDS)
+        part = self.part = _Part(window, stem, [(pair.python_us, pair.wall_ns)])
+        part.watcher = threading.Thread(
+            target=self._watch, args=(part,), name=f"{THREAD_PREFIX}-worker-watch", daemon=True
+        )
+        part.watcher.start()
+
+    def _watch(self, part: _Part) -> None:
+        """Write the part once the training process has closed its window (no fetch may come)."""
+        while not part.stop_watch.wait(WATCH_INTERVAL_S):
+            _, _, ranges = self.plan.read()
+            if part.window not in ranges:
+                with self.lock:
+                    if self.part is part:
+                        self._dump()
+                return
+
+    def finish(self) -> None:
+        with self.lock:
+            self._dump()
+
+    def _dump(self) -> None:
+        """Write the open part: VizTracer's dump, then the meta file that marks it complete."""
+        part, self.part = self.part, None
+        tracer = self.tracer
+        if part is None or tracer is None:
+            return
+        part.stop_watch.set()
+        try:
+            pair = sample_pair(tracer.clock_us, time.monotonic_ns, rounds=CLOCK_ROUNDS)
+            part.clock.append((pair.python_us, pair.wall_ns))
+            viz = tracer.ensure_tracer()
+            viz.setpid()  # this process's pid, whatever a forked parent fixed
+            try:
+                viz.dump(f"{part.stem}.json.tmp")
+            finally:
+                viz.setpid(0)
+                viz.clear()
+            os.replace(f"{part.stem}.json.tmp", f"{part.stem}.json")
+            watcher = part.watcher.native_id if part.watcher is not None else None
+            meta = {
+                "pid": os.getpid(),
+                "worker": self.worker_id,
+                "rank": self.setup.rank,
+                "window": list(part.window),
+                "fetches": [list(f) for f in part.fetches],
+                "clock": [list(c) for c in part.clock],
+                "helper_tids": [watcher] if watcher is not None else [],
+            }
+            with open(f"{part.stem}.meta.json.tmp", "wb") as f:
+                f.write(orjson.dumps(meta))
+            os.replace(f"{part.stem}.meta.json.tmp", f"{part.stem}.meta.json")
+        except Exception:
+            self.broken = True  # a full disk, say: this worker stops tracing, its fetches go on
+
+    def at_exit(self) -> None:
+        """The worker is leaving (end of epoch, end of fit): write what it holds."""
+        if self.lock.acquire(timeout=5.0):
+            try:
+                self._dump()
+            finally:
+                self.lock.release()
+
+
+_worker_side: _WorkerSide | None = None
+
+
+def _install_in_worker(setup: WorkerSetup, worker_id: int) -> None:
+    """Wrap the fetcher torch's worker loop builds next (and rebuilds at each epoch of a
+    persistent worker); write the open part at the worker's exit."""
+    global _worker_side
+    from multiprocessing import util
+
+    from torch.utils.data import _DatasetKind, get_worker_info
+
+    info = get_worker_info()
+    side = _worker_side = _WorkerSide(setup, worker_id, info.num_workers if info is not None else 1)
+    side.tasks_seen = _watch_tasks(side)
+    create = _DatasetKind.create_fetcher
+
+    def create_fetcher(*args: Any, **kwargs: Any) -> Any:
+        fetcher = create(*args, **kwargs)
+        fetcher.fetch = _TracedFetch(side, fetcher.fetch)
+        return fetcher
+
+    _DatasetKind.create_fetcher = staticmethod(create_fetcher)  # type: ignore[method-assign]
+    util.Finalize(None, side.at_exit, exitpriority=100)
+
+
+def _watch_tasks(side: _WorkerSide) -> bool:
+    """Note each task's number as torch's worker loop takes it from its index queue: ``(idx,
+    index)``. Cheaper per fetch than reading the loop's frame (its locals, ~2 µs on 3.11)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "_worker_loop":
+        frame = frame.f_back  # type: ignore[assignment]
+    queue = frame.f_locals.get("index_queue") if frame is not None else None
+    get = getattr(queue, "get", None)
+    if get is None:
+        return False
+
+    def taking(*args: Any, **kwargs: Any) -> Any:
+        task = get(*args, **kwargs)
+        side.task = task[0] if type(task) is tuple else None
+        return task
+
+    queue.get = taking  # type: ignore[union-attr]
+    return True
+
+
+def _map_fetcher(fetch: Callable[[Any], Any]) -> Any:
+    """The fetcher behind ``fetch`` when it is torch's map-style one (which the worker replays),
+    else None."""
+    fetcher = getattr(fetch, "__self__", None)
+    try:
+        from torch.utils.data._utils.fetch import _MapDatasetFetcher
+    except ImportError:
+        return None
+    return fetcher if type(fetcher) is _MapDatasetFetcher else None
+
+
+class _TracedFetch:
+    """``fetcher.fetch`` in a worker: reads the task number ``idx`` from torch's worker loop."""
+
+    __slots__ = ("original", "side")
+
+    def __init__(self, side: _WorkerSide, original: Callable[[Any], Any]) -> None:
+        self.side = side
+        self.original = original
+
+    def __call__(self, index: Any) -> Any:
+        side = self.side
+        if side.tasks_seen:
+            idx = side.task
+        else:
+            try:
+                idx = sys._getframe(1).f_locals.get("idx")
+            except Exception:
+                idx = None
+        return side.fetch(self.original, index, idx)
