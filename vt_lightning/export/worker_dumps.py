@@ -1,5 +1,5 @@
 """The writer's side of DataLoader worker tracing: collect the parts the workers wrote to the spool
-for one window (``recording/workers.py``), wait a bounded time for those still being written, and
+for one window (``recording/worker_side.py``), wait a bounded time for those still being written, and
 put their events on the window's timeline. A worker that died or hung loses only its own part: the
 window is written without it, with a note.
 """

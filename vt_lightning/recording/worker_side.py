@@ -16,10 +16,16 @@ layer), which traced in full cost 8-20x the fetch itself (issue 39). So every Py
 standard library, installed packages, torch and vt_lightning is skipped with everything it calls
 (VizTracer's ``exclude_files``, set through ``PythonTracer.pause_files``), and the C calls the
 user's code makes are kept. A skipped frame drops its whole subtree, so the dataset must not be
-reached through torch's fetcher: for a map-style dataset the fetch is replayed in the frame that
-started the tracer (``_WorkerSide.fetch``: ``dataset[i]`` per index, or ``__getitems__``, then the
-collate function), exactly as ``_MapDatasetFetcher.fetch`` does it. Other fetchers (an
-``IterableDataset``) show their ``fetch batch N`` span only. ``worker_calls="all"``: every call.
+reached through torch's fetcher: the fetch is replayed in the frame that started the tracer, as
+torch's two fetchers do it (``_WorkerSide._replay_map``: ``dataset[i]`` per index, or
+``__getitems__``, then the collate function; ``_replay_iterable``: ``next()`` of the dataset's
+iterator per sample, then the collate function). Where one of those callables is library code (a
+torchvision dataset's ``__getitem__``, ``default_collate``), each call of it is one span of its
+own, named after it, with nothing under it: VizTracer's C tracer has no "this call but not its
+subtree" filter (it skips an excluded frame with everything under it), so the span is added with
+its ``add_raw`` (VizTracer 1.0.1 on). A library call made by the user's own code (PIL's
+``Image.open`` inside ``__getitem__``) is skipped with its subtree; its C calls are kept.
+``worker_calls="all"``: every call, through torch's own fetcher.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import orjson
 
 from vt_lightning.analysis.usercode import PACKAGE_ROOT, library_roots
 from vt_lightning.analysis.workers import Range, global_batch, range_of
-from vt_lightning.constants import THREAD_PREFIX
+from vt_lightning.constants import PYTHON_CATEGORY, THREAD_PREFIX
 from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.pytracer import PythonTracer
 from vt_lightning.recording.worker_plan import CLOCK_ROUNDS, SharedPlan, WorkerSetup
@@ -88,6 +94,10 @@ class _WorkerSide:
         self.broken = False
         self.task: int | None = None  # the task number of the fetch in progress (see ``_watch_tasks``)
         self.tasks_seen = False  # ``task`` is kept by the wrapped index queue (else: read the frame)
+        # What ``worker_calls="user"`` skips. "<frozen abc>", "<string>"...: the standard library's,
+        # as usercode.py reads them.
+        self.skipped = (*library_roots(), PACKAGE_ROOT + os.sep, "<")
+        self.names: tuple[Any, _Names] | None = None  # (fetcher, its library callables)
 
     def fetch(self, original: Callable[[Any], Any], index: Any, idx: Any) -> Any:
         if self.broken:
@@ -101,33 +111,101 @@ class _WorkerSide:
             if self.part is not None:
                 self.finish()
             return original(index)
-        fetcher = _map_fetcher(original) if self.setup.calls == "user" else None
+        replayed = _replayed_fetcher(original) if self.setup.calls == "user" else None
         with self.lock:
             tracer = self._arm(window)
-            try:
-                if tracer is None:
-                    return original(index)
-                tracer.start()
-                started = tracer.clock_us()
-            except Exception:  # another profiler in this worker, say: its fetches go on untraced
-                self.broken = True
+            if tracer is None:
                 return original(index)
-            try:
-                if fetcher is None:
-                    return original(index)
-                # _MapDatasetFetcher.fetch, replayed here: the user's code is called from the frame
-                # that started the tracer, not from torch's, whose skipped frame would hide it.
-                dataset = fetcher.dataset
-                if not fetcher.auto_collation:
-                    return fetcher.collate_fn(dataset[index])
-                if hasattr(dataset, "__getitems__") and dataset.__getitems__:
-                    return fetcher.collate_fn(dataset.__getitems__(index))
+            if replayed is None:
+                return self._traced(tracer, original, index, batch)
+            if hasattr(replayed, "dataset_iter"):
+                return self._replay_iterable(tracer, replayed, index, batch)
+            return self._replay_map(tracer, replayed, index, batch)
+
+    def _start(self, tracer: PythonTracer) -> float | None:
+        """Start tracing; the tracer's clock at the start, or None (this worker stops tracing)."""
+        try:
+            tracer.start()
+            return tracer.clock_us()
+        except Exception:  # another profiler in this worker, say: its fetches go on untraced
+            self.broken = True
+            return None
+
+    def _traced(self, tracer: PythonTracer, original: Callable[[Any], Any], index: Any, batch: int) -> Any:
+        """torch's own fetch, traced (``worker_calls="all"``, or a fetcher the worker does not replay)."""
+        started = self._start(tracer)
+        if started is None:
+            return original(index)
+        try:
+            return original(index)
+        finally:
+            self._fetched(tracer, batch, started)
+
+    # The two replays below call the user's code from the frame that started the tracer, not from
+    # torch's fetcher, whose skipped frame would hide it: ``_MapDatasetFetcher.fetch`` and
+    # ``_IterableDatasetFetcher.fetch``, step for step. A library callable among the dataset's item
+    # access, its iterator and the collate function is skipped by the tracer with its subtree; each
+    # call of it gets one span named as VizTracer names the function (``_Names``), so a library
+    # dataset or ``default_collate`` still shows what it cost.
+
+    def _replay_map(self, tracer: PythonTracer, fetcher: Any, index: Any, batch: int) -> Any:
+        names = self._names_of(fetcher)
+        started = self._start(tracer)
+        if started is None:
+            return fetcher.fetch(index)
+        viz = tracer.ensure_tracer()
+        dataset, collate = fetcher.dataset, fetcher.collate_fn
+        try:
+            if not fetcher.auto_collation:
+                data = dataset[index] if names.item is None else _spanned(viz, names.item, dataset.__getitem__, index)
+            elif hasattr(dataset, "__getitems__") and dataset.__getitems__:
+                if names.items is None:
+                    data = dataset.__getitems__(index)
+                else:
+                    data = _spanned(viz, names.items, dataset.__getitems__, index)
+            else:
                 data = [None] * len(index)
-                for k, i in enumerate(index):
-                    data[k] = dataset[i]
-                return fetcher.collate_fn(data)
-            finally:
-                self._fetched(tracer, batch, started)
+                if names.item is None:
+                    for k, i in enumerate(index):
+                        data[k] = dataset[i]
+                else:
+                    for k, i in enumerate(index):
+                        data[k] = _spanned(viz, names.item, dataset.__getitem__, i)
+            return collate(data) if names.collate is None else _spanned(viz, names.collate, collate, data)
+        finally:
+            self._fetched(tracer, batch, started)
+
+    def _replay_iterable(self, tracer: PythonTracer, fetcher: Any, index: Any, batch: int) -> Any:
+        if fetcher.ended:
+            raise StopIteration
+        names = self._names_of(fetcher)
+        started = self._start(tracer)
+        if started is None:
+            return fetcher.fetch(index)
+        viz = tracer.ensure_tracer()
+        iterator, collate = fetcher.dataset_iter, fetcher.collate_fn
+        try:
+            if fetcher.auto_collation:
+                data = []
+                for _ in index:
+                    try:
+                        data.append(next(iterator) if names.item is None else _spanned(viz, names.item, next, iterator))
+                    except StopIteration:
+                        fetcher.ended = True
+                        break
+                if len(data) == 0 or (fetcher.drop_last and len(data) < len(index)):
+                    raise StopIteration
+            else:
+                data = next(iterator) if names.item is None else _spanned(viz, names.item, next, iterator)
+            return collate(data) if names.collate is None else _spanned(viz, names.collate, collate, data)
+        finally:
+            self._fetched(tracer, batch, started)
+
+    def _names_of(self, fetcher: Any) -> _Names:
+        """The library callables of ``fetcher`` (worked out once per fetcher: one per epoch)."""
+        if self.names is None or self.names[0] is not fetcher:
+            self.names = (fetcher, _Names.of(fetcher, self.skipped))
+        return self.names[1]
 
     def _fetched(self, tracer: PythonTracer, batch: int, started: float) -> None:
         """Stop tracing and note the fetch. The part is written later (the next fetch outside the
@@ -153,7 +231,7 @@ class _WorkerSide:
                 self.tracer = PythonTracer(config)
                 if self.setup.calls == "user":
                     # "<frozen abc>", "<string>"...: the standard library's, as usercode.py reads them.
-                    self.tracer.pause_files((*library_roots(), PACKAGE_ROOT + os.sep, "<"))
+                    self.tracer.pause_files(self.skipped)
             if self.part is None:
                 self._begin(window, self.tracer)
             return self.tracer
@@ -278,15 +356,59 @@ def _watch_tasks(side: _WorkerSide) -> bool:
     return True
 
 
-def _map_fetcher(fetch: Callable[[Any], Any]) -> Any:
-    """The fetcher behind ``fetch`` when it is torch's map-style one (which the worker replays),
-    else None."""
+def _replayed_fetcher(fetch: Callable[[Any], Any]) -> Any:
+    """The fetcher behind ``fetch`` when it is one of torch's two (which the worker replays), else
+    None."""
     fetcher = getattr(fetch, "__self__", None)
     try:
-        from torch.utils.data._utils.fetch import _MapDatasetFetcher
+        from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
     except ImportError:
         return None
-    return fetcher if type(fetcher) is _MapDatasetFetcher else None
+    return fetcher if type(fetcher) in (_MapDatasetFetcher, _IterableDatasetFetcher) else None
+
+
+def library_name(function: Any, skipped: tuple[str, ...]) -> str | None:
+    """VizTracer's name for ``function`` (``qualname (file:line)``) when its code is in a file the
+    tracer skips (library code); None for the user's code (traced in full) and for callables with
+    no Python code (C functions: the tracer records those itself)."""
+    code = getattr(function, "__code__", None) or getattr(function, "gi_code", None)
+    if code is None and callable(function):  # an instance of a class with ``__call__``
+        code = getattr(type(function).__call__, "__code__", None)
+    if code is None or not code.co_filename.startswith(skipped):
+        return None
+    qualname = getattr(function, "__qualname__", None) or getattr(code, "co_qualname", code.co_name)
+    return f"{qualname} ({code.co_filename}:{code.co_firstlineno})"
+
+
+@dataclass(frozen=True)
+class _Names:
+    """Span names of a fetcher's library callables; None where the callable is the user's."""
+
+    item: str | None  # ``__getitem__`` (map-style) or the iterator's ``__next__`` (iterable)
+    items: str | None  # ``__getitems__``
+    collate: str | None
+
+    @staticmethod
+    def of(fetcher: Any, skipped: tuple[str, ...]) -> _Names:
+        dataset = fetcher.dataset
+        iterator = getattr(fetcher, "dataset_iter", None)
+        if iterator is None:
+            item = library_name(getattr(type(dataset), "__getitem__", None), skipped)
+        elif hasattr(iterator, "gi_code"):  # a generator: its code runs at each next()
+            item = library_name(iterator, skipped)
+        else:
+            item = library_name(getattr(type(iterator), "__next__", None), skipped)
+        items = library_name(getattr(type(dataset), "__getitems__", None), skipped)
+        return _Names(item, items, library_name(fetcher.collate_fn, skipped))
+
+
+def _spanned(viz: Any, name: str, function: Callable[[Any], Any], arg: Any) -> Any:
+    """``function(arg)``, a library call the tracer skips, recorded as one span of its own. Called
+    from a skipped file itself, so the tracer ignores this frame and everything under it."""
+    start = viz.getts()
+    result = function(arg)
+    viz.add_raw({"ph": "X", "name": name, "ts": start, "dur": viz.getts() - start, "cat": PYTHON_CATEGORY})
+    return result
 
 
 class _TracedFetch:
