@@ -1,0 +1,67 @@
+"""The data wait of the training steps no Python tracer records (outside windows, and a window's
+warmup), kept on every batch for a few clock reads, so that a window's ``input_bound`` verdict can
+tell the loader's own wait from what tracing the fetch added to it (``analysis/verdicts/input.py``).
+
+A step's wait is the time from one batch's ``on_train_batch_end`` to the next batch's
+``on_train_batch_start``: Lightning fetches the batch (and moves it to the device) in between. It
+holds a little more than the fetch (other callbacks' hooks, logging), so it errs towards a verdict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vt_lightning.analysis.verdicts.input import untraced_reading
+
+UNTRACED_STEPS_KEPT = 32  # the last untraced steps the reading covers
+
+
+class UntracedWaits:
+    """A ring of the last untraced steps' (wait, busy) in ns. A step counts when neither its wait
+    nor its own time ran under the Python tracer; vt_lightning's own work in the batch hooks
+    (opening or closing a window) is in neither."""
+
+    __slots__ = ("busy", "busy_last", "count", "ended", "started", "wait", "waits")
+
+    def __init__(self) -> None:
+        self.started = 0  # perf_counter_ns when the running step's own time began (0: none)
+        self.ended = 0  # perf_counter_ns when the last step ended (0: the next wait is no fetch)
+        self.wait = -1  # ns the running step waited for its batch (-1: unknown or traced)
+        self.waits = [0] * UNTRACED_STEPS_KEPT
+        self.busy = [0] * UNTRACED_STEPS_KEPT
+        self.count = 0
+        self.busy_last = 0  # ns of the last counted step's own time
+
+    def batch_start(self, now: int, traced: bool) -> None:
+        """At the batch hook's entry; ``traced``: the Python tracer ran while the batch was fetched."""
+        self.wait = now - self.ended if self.ended and not traced else -1
+        self.started = now
+
+    def resume(self, now: int) -> None:
+        """vt_lightning's own work at this batch start is done: the step's own time begins."""
+        self.started = now
+
+    def batch_end(self, now: int, traced: bool) -> None:
+        """At the batch-end hook's entry; ``traced``: the step ran under the Python tracer. A window's
+        first traced step still waited untraced: its wait counts, with the last untraced step's own
+        time (with the default schedule, ``wait=1, warmup=1``, the first window has two steps so)."""
+        busy = self.busy_last if traced else now - self.started
+        if self.wait >= 0 and self.started and busy > 0:
+            slot = self.count % UNTRACED_STEPS_KEPT
+            self.waits[slot] = self.wait
+            self.busy[slot] = busy
+            self.count += 1
+            self.busy_last = busy
+        self.wait = -1
+
+    def ended_at(self, now: int) -> None:
+        """vt_lightning's own work at this batch end is done: the next batch's wait begins."""
+        self.ended = now
+
+    def not_a_step(self) -> None:
+        """The interval to the next batch start is no fetch (epoch edge, validation)."""
+        self.ended = 0
+
+    def reading(self) -> dict[str, Any] | None:
+        kept = min(self.count, UNTRACED_STEPS_KEPT)
+        return untraced_reading(self.waits[:kept], self.busy[:kept])
