@@ -258,13 +258,12 @@ class VizTraceCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         controller = self._controller
-        window, now = controller.window, time.perf_counter_ns()
-        controller.untraced.batch_end(now, window is not None and window.active)
+        window = controller.window
+        controller.untraced.batch_end(time.perf_counter_ns(), window is not None and window.active)
         if window is not None:
             with worker_failures_deferred():
                 controller.batch_end(global_batch(trainer))
-            now = time.perf_counter_ns()
-        controller.untraced.ended_at(now)
+            controller.untraced.ended_at(time.perf_counter_ns())
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.not_a_step()  # the interval across an epoch boundary is no training step

@@ -53,6 +53,7 @@ class UntracedWaits:
             self.count += 1
             self.busy_last = busy
         self.wait = -1
+        self.ended = now  # ``ended_at`` moves it past vt_lightning's own work, where there is some
 
     def ended_at(self, now: int) -> None:
         """vt_lightning's own work at this batch end is done: the next batch's wait begins."""
