@@ -180,9 +180,9 @@ def test_the_untraced_meter_counts_only_steps_no_tracer_recorded() -> None:
 
     step(1, end=4)  # the first batch: no wait before it is known
     step(5, own_ms=10, end=18)  # 1 ms wait, 3 ms busy: the 10 ms of opening a window is neither
-    step(20, end=30, traced=True)  # a window's first traced step: its 2 ms wait, with the last 3 ms busy
-    step(32, end=40, traced_wait=True, traced=True)  # the tracer ran during its wait and itself
-    step(42, end=45, traced_wait=True)  # its wait was traced: not counted
+    step(20, end=30, traced=True)  # a window (warmup=0) opened at its start: its 2 ms wait, the last 3 ms busy
+    step(32, end=40, traced_wait=True, traced=True)  # a window was open during its wait: not counted
+    step(42, end=45, traced_wait=True)  # (the window's last step, then its close)
     meter.not_a_step()  # validation ran: the interval is no fetch
     step(60, end=63)
     step(63.5, end=66.5)  # 0.5 ms wait, 3 ms busy

@@ -246,7 +246,7 @@ class VizTraceCallback(Callback):
         # comparison. ``ready`` counts the batch in progress, so the global batch index is ``ready - 1``.
         controller = self._controller
         window, untraced = controller.window, controller.untraced
-        untraced.batch_start(time.perf_counter_ns(), window is not None and window.active)
+        untraced.batch_start(time.perf_counter_ns(), window is not None)  # a warmup's torch.profiler too
         ready = trainer.fit_loop.epoch_loop.batch_progress.total.ready
         if ready <= controller.next_look:
             return

@@ -1,6 +1,8 @@
-"""The data wait of the training steps no Python tracer records (outside windows, and a window's
-warmup), kept on every batch for a few clock reads, so that a window's ``input_bound`` verdict can
-tell the loader's own wait from what tracing the fetch added to it (``analysis/verdicts/input.py``).
+"""The data wait of the training steps outside windows, kept on every batch for a few clock reads,
+so that a window's ``input_bound`` verdict can tell the loader's own wait from what tracing the fetch
+added to it (``analysis/verdicts/input.py``). A wait counts when no window was open while the batch
+was fetched: torch.profiler in a window's warmup already lengthens an in-process fetch (by 2-4 ms
+on torch 2.4, measured).
 
 A step's wait is the time from one batch's ``on_train_batch_end`` to the next batch's
 ``on_train_batch_start``: Lightning fetches the batch (and moves it to the device) in between. It
@@ -17,9 +19,8 @@ UNTRACED_STEPS_KEPT = 32  # the last untraced steps the reading covers
 
 
 class UntracedWaits:
-    """A ring of the last untraced steps' (wait, busy) in ns. A step counts when neither its wait
-    nor its own time ran under the Python tracer; vt_lightning's own work in the batch hooks
-    (opening or closing a window) is in neither."""
+    """A ring of the last untraced steps' (wait, busy) in ns; vt_lightning's own work in the batch
+    hooks (opening or closing a window) is in neither."""
 
     __slots__ = ("busy", "busy_last", "count", "ended", "started", "wait", "waits")
 
@@ -33,7 +34,7 @@ class UntracedWaits:
         self.busy_last = 0  # ns of the last counted step's own time
 
     def batch_start(self, now: int, traced: bool) -> None:
-        """At the batch hook's entry; ``traced``: the Python tracer ran while the batch was fetched."""
+        """At the batch hook's entry; ``traced``: a window was open while the batch was fetched."""
         self.wait = now - self.ended if self.ended and not traced else -1
         self.started = now
 
@@ -42,9 +43,9 @@ class UntracedWaits:
         self.started = now
 
     def batch_end(self, now: int, traced: bool) -> None:
-        """At the batch-end hook's entry; ``traced``: the step ran under the Python tracer. A window's
-        first traced step still waited untraced: its wait counts, with the last untraced step's own
-        time (with the default schedule, ``wait=1, warmup=1``, the first window has two steps so)."""
+        """At the batch-end hook's entry; ``traced``: the step ran under the Python tracer. A step
+        whose window opened at its start (a warmup step: torch.profiler only) counts with its own
+        time; one whose Python tracer started there (``warmup=0``) with the last untraced step's."""
         busy = self.busy_last if traced else now - self.started
         if self.wait >= 0 and self.started and busy > 0:
             slot = self.count % UNTRACED_STEPS_KEPT
