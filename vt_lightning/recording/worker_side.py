@@ -50,6 +50,7 @@ from vt_lightning.recording.worker_plan import CLOCK_ROUNDS, SharedPlan, WorkerS
 
 WORKER_TRACER_ENTRIES = 250_000  # per worker: a few batches' fetches; each worker allocates its own
 WATCH_INTERVAL_S = 0.05
+PAUSE_FOR_SPANS = sys.version_info < (3, 12)  # see ``_spanned``
 
 
 class TracedWorkerInit:
@@ -404,9 +405,19 @@ class _Names:
 
 def _spanned(viz: Any, name: str, function: Callable[[Any], Any], arg: Any) -> Any:
     """``function(arg)``, a library call the tracer skips, recorded as one span of its own. Called
-    from a skipped file itself, so the tracer ignores this frame and everything under it."""
+    from a skipped file itself, so the tracer ignores this frame and everything under it. On Python
+    <= 3.11 the tracer is paused for the call (VizTracer's ``pause``: its profile hook off on this
+    thread), so the library code runs at full speed instead of calling the hook for every function
+    only to skip it; 3.12+ (sys.monitoring, where ``pause`` is process-wide) keeps the hook on."""
     start = viz.getts()
-    result = function(arg)
+    if PAUSE_FOR_SPANS:
+        viz.pause()
+        try:
+            result = function(arg)
+        finally:
+            viz.resume()
+    else:
+        result = function(arg)
     viz.add_raw({"ph": "X", "name": name, "ts": start, "dur": viz.getts() - start, "cat": PYTHON_CATEGORY})
     return result
 
