@@ -157,10 +157,10 @@ def test_input_bound_needs_the_untraced_steps_to_wait_too(untraced: Any, fires: 
 
 def test_the_untraced_reading_is_the_median_steps_wait_and_share() -> None:
     # One fetch the OS descheduled (20 ms) among 0.5 ms ones does not make the loader slow...
-    waits = [500_000, 20_000_000, 500_000, 500_000]
-    assert untraced_reading(waits, [1_500_000] * 4) == {"steps": 4, "data_wait_ms": 0.5, "share": 0.25}
+    waits = [0.0005, 0.020, 0.0005, 0.0005]
+    assert untraced_reading(waits, [0.0015] * 4) == {"steps": 4, "data_wait_ms": 0.5, "share": 0.25}
     # ...while a loader that makes most steps wait does.
-    assert untraced_reading([3_000_000, 3_000_000, 0], [1_000_000] * 3) == {
+    assert untraced_reading([0.003, 0.003, 0.0], [0.001] * 3) == {
         "steps": 3,
         "data_wait_ms": 3.0,
         "share": 0.75,
@@ -170,13 +170,13 @@ def test_the_untraced_reading_is_the_median_steps_wait_and_share() -> None:
 
 def test_the_untraced_meter_counts_only_steps_no_tracer_recorded() -> None:
     meter = UntracedWaits()
-    ms = 1_000_000
+    ms = 0.001
 
     def step(start: float, own_ms: float = 0.0, end: float = 0.0, traced_wait: bool = False, traced: bool = False):
-        meter.batch_start(int(start * ms), traced_wait)
-        meter.resume(int((start + own_ms) * ms))  # after vt_lightning's own work (a window opening)
-        meter.batch_end(int(end * ms), traced)
-        meter.ended_at(int(end * ms) + (ms if traced else 0))  # a window closing: 1 ms of our own
+        meter.batch_start(start * ms, traced_wait)
+        meter.resume((start + own_ms) * ms)  # after vt_lightning's own work (a window opening)
+        meter.batch_end(end * ms, traced)
+        meter.ended_at((end + (1 if traced else 0)) * ms)  # a window closing: 1 ms of our own
 
     step(1, end=4)  # the first batch: no wait before it is known
     step(5, own_ms=10, end=18)  # 1 ms wait, 3 ms busy: the 10 ms of opening a window is neither

@@ -63,17 +63,18 @@ def _places(entries: Time, callees: dict[str, Time], steps: int) -> list[Verdict
     return out
 
 
-def untraced_reading(waits_ns: Sequence[int], busy_ns: Sequence[int]) -> dict[str, Any] | None:
-    """The untraced steps' data wait: in the median step, ms and share of the step (wait plus the
-    step's own time); None without a step. The median, as ``input_bound`` reads the window's
-    steps: one fetch the OS descheduled on a busy machine does not make the loader slow."""
-    steps = len(waits_ns)
+def untraced_reading(waits_s: Sequence[float], busy_s: Sequence[float]) -> dict[str, Any] | None:
+    """The untraced steps' data wait (seconds of waiting and of the step's own time, per step): in
+    the median step, ms and share of the step (wait plus own time); None without a step. The
+    median, as ``input_bound`` reads the window's steps: one fetch the OS descheduled on a busy
+    machine does not make the loader slow."""
+    steps = len(waits_s)
     if not steps:
         return None
-    shares = [wait / (wait + busy) if wait + busy > 0 else 0.0 for wait, busy in zip(waits_ns, busy_ns)]
+    shares = [wait / (wait + busy) if wait + busy > 0 else 0.0 for wait, busy in zip(waits_s, busy_s)]
     return {
         "steps": steps,
-        "data_wait_ms": round(statistics.median(waits_ns) / 1e6, 3),
+        "data_wait_ms": round(statistics.median(waits_s) * 1e3, 3),
         "share": round(statistics.median(shares), 3),
     }
 
