@@ -16,14 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vt_lightning.analysis.clock import MARKER_PREFIX, Calibration, ClockPair, best_marker_pair
+from vt_lightning.analysis.clock import Calibration, ClockPair, best_marker_pair
 from vt_lightning.analysis.compile import compile_record, compile_span_events
 from vt_lightning.analysis.filters import filter_python_events
 from vt_lightning.analysis.flight import add_flight_track
 from vt_lightning.analysis.merge import encode_trace, merge_trace
 from vt_lightning.analysis.summary import summarize
 from vt_lightning.analysis.verdicts import with_job_verdicts
-from vt_lightning.constants import CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY
+from vt_lightning.constants import CLOCK_MARKER_PREFIX, CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY
 from vt_lightning.export import raw_json
 from vt_lightning.export.atomic import atomic_write, gzip_bytes, owns, release_claim
 from vt_lightning.export.job import WindowJob, WindowResult
@@ -46,10 +46,10 @@ def calibrate(job: WindowJob, torch_trace: dict[str, Any]) -> Calibration:
     spans = {
         e["name"]: (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
         for e in events
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith(MARKER_PREFIX)
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith(CLOCK_MARKER_PREFIX)
     }
     if spans:
-        torch_trace["traceEvents"] = [e for e in events if not str(e.get("name", "")).startswith(MARKER_PREFIX)]
+        torch_trace["traceEvents"] = [e for e in events if not str(e.get("name", "")).startswith(CLOCK_MARKER_PREFIX)]
     start = best_marker_pair(job.clock_markers.get("start", []), spans)
     end = best_marker_pair(job.clock_markers.get("end", []), spans)
     if start is not None and end is not None:
