@@ -98,15 +98,23 @@ def test_code_compiled_or_run_by_hand_under_a_non_utf8_file_name_during_a_window
 
 
 @pytest.mark.slow
-def test_a_dataloader_worker_importing_a_non_utf8_module_in_a_traced_fetch_stops_its_tracing_and_lives(tmp_path):
-    """Before, the worker died of SIGSEGV inside VizTracer and took training with it ("DataLoader
-    worker exited unexpectedly", exit 1)."""
-    proc, report = run(tmp_path, "worker")
+@pytest.mark.parametrize("case", ["worker", "worker_co_name"])
+def test_a_dataloader_worker_meeting_a_name_viztracer_cannot_take_lives_and_says_so_once(tmp_path, case):
+    """``worker``: a worker imports a module whose file name is not UTF-8 in a traced fetch;
+    ``worker_co_name``: it calls code whose name is not UTF-8, which the worker's own dump of its
+    part cannot write. Before, the worker died of SIGSEGV inside VizTracer and took training with
+    it ("DataLoader worker exited unexpectedly", exit 1)."""
+    proc, report = run(tmp_path, case)
     assert report["train_batches"] == list(range(10))
     assert report["window_dirs"] == ["window_000", "window_001"]  # the main process's windows
     (line,) = [line for line in proc.stderr.splitlines() if "not valid UTF-8" in line]
-    assert "DataLoader worker pid" in line and "'caf\\udcff_worker'" in line
-    assert "imported during a traced fetch" in line and "tracing stopped before that code ran" in line
+    assert "DataLoader worker pid" in line
+    if case == "worker":
+        assert "'caf\\udcff_worker'" in line and "imported during a traced fetch" in line
+        assert "tracing stopped before that code ran" in line
+    else:
+        assert "code named 'bad\\udcffname'" in line and "they were discarded, not written" in line
+    assert "wrote no events" not in proc.stderr  # the part is complete: nothing waits for it
 
 
 @pytest.mark.slow
@@ -114,7 +122,7 @@ def test_code_whose_name_is_not_utf8_drops_its_window_and_training_lives(tmp_pat
     """``code.replace(co_name="bad\\udcffname")`` called in window 0: VizTracer's dump crashes on the
     name. Forked (3.11+), the dump child dies and the window is dropped; in the training process
     (3.10: ``FORK_CAN_DEADLOCK``, or a window held to the end of fit) it killed training (exit -11)
-    before ``refuse_unsafe_dump``."""
+    before ``unsafe_names.dump_in_process``."""
     _, report = run(tmp_path, "co_name")
     assert report["train_batches"] == list(range(10))
     (warning,) = report["warnings"]

@@ -23,6 +23,8 @@ Cases:
              called in window 0's steps only: VizTracer's dump crashes on it
   worker     a DataLoader worker imports the non-UTF-8 module (and calls it) in its first traced fetch
              of window 0; warnings go to stderr (a forked worker's cannot be recorded here)
+  worker_co_name  the function of ``co_name``, called by a DataLoader worker in that fetch: the
+             worker dumps in its own process, where VizTracer's crash killed the worker (and training)
 """
 
 from __future__ import annotations
@@ -145,14 +147,16 @@ class ImportingDataset(torch.utils.data.Dataset):
         return 64
 
     def __getitem__(self, index: int):
-        if index == IMPORT_AT * 4:
+        if index == IMPORT_AT * 4 and case == "worker":
             module_from(b"caf\xff_worker.py", "caf\udcff_worker").work(10)
+        elif index == IMPORT_AT * 4:
+            badly_named(10)
         return (torch.full((8,), float(index)),)
 
 
 model = NamedModel()
 callback = VizTraceCallback(wait=1, warmup=1, active=2, repeat=2, budget_time_share=None)
-if case == "worker":
+if case.startswith("worker"):
     data = torch.utils.data.DataLoader(ImportingDataset(), batch_size=4, num_workers=1)
     make_trainer(root, [callback], max_steps=10, logger=False).fit(model, data)
     caught = []

@@ -31,7 +31,7 @@ from vt_lightning.recording.thread_hooks import (
     remove_profile_hooks,
     stop_adopting,
 )
-from vt_lightning.recording.unsafe_names import UnsafeDumpName, refuse_unsafe_dump
+from vt_lightning.recording.unsafe_names import UnsafeDumpName, dump_in_process
 
 _active: weakref.WeakSet[PythonTracer] = weakref.WeakSet()
 _dump_child = False  # True only in the child PythonTracer.dump forks to write the buffer
@@ -497,8 +497,7 @@ class PythonTracer:
                 children.dump_children.add(pid)
                 self._tracer.clear()
                 return pid
-        refuse_unsafe_dump(self._tracer, self.config.tracer_entries)  # a crash here would end training
-        self._tracer.dump(path)
+        dump_in_process(self._tracer, self.config.tracer_entries, path)  # refused where it would crash
         return None
 
     def discard(self) -> None:

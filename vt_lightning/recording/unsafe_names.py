@@ -19,17 +19,18 @@ Such a name cannot be excluded either, as VizTracer's own file filter does the s
   looks at each new code object's ``co_filename`` before anything can run it; the same callback,
   and the window is dropped (``UnsafeCode``). Such code is remembered (weakly, with the code nested
   in it), and later windows are skipped while any of it lives (``unsafe_code_alive``).
-
 - In a DataLoader worker's traced fetch: the same guards (``TracingGuard``); the worker's tracing
   stops for good, with one warning of its own.
 - A code object whose *name* is not UTF-8 (``code.replace(co_name=...)``) runs fine traced, but
   VizTracer's C dump crashes on it. Forked, the dump child dies and the window is dropped
   (``children.DumpChildFailed``); before a dump in the training process (``FORK_CAN_DEADLOCK``, a
-  held window) ``refuse_unsafe_dump`` reads the ring buffer in place and drops the window instead.
+  held window; a DataLoader worker's part) ``dump_in_process`` reads the ring buffer in place and
+  drops the window (the worker's part) instead.
 
-Not an audit hook: one can never be removed, and would run for the whole process. So code that was
-compiled under such a name *before* any window (or built by ``code.replace(co_filename=...)``),
-and run during one, is not seen: that still ends the process inside VizTracer.
+Not covered, as only an audit hook would see it (and one can never be removed, so it would run for
+the whole process): code compiled under such a name *before* any window (or given one by
+``code.replace(co_filename=...)``), and run during one. That still ends the process inside
+VizTracer (the report for upstream: docs/upstream.md).
 """
 
 from __future__ import annotations
@@ -478,13 +479,30 @@ def _viztracer_version() -> str | None:
     return str(__version__)
 
 
-def refuse_unsafe_dump(viz: Any, entries: int) -> None:
-    """Before an in-process dump: raise ``UnsafeDumpName`` (the buffer emptied) rather than let
-    VizTracer's dump crash the training process on a name it cannot write."""
+def dump_in_process(viz: Any, entries: int, path: str, *, in_worker: bool = False) -> None:
+    """VizTracer ``viz``'s C dump to ``path``, in this process; but not of a buffer that holds a name
+    that dump would crash on (``unsafe_name_in_buffer``): the training process, or a DataLoader
+    worker, must not die of it. The buffer is emptied, and ``UnsafeDumpName`` raised; in a worker
+    (``in_worker``), an empty dump written instead (its part stays complete) and one warning given."""
     unsafe = unsafe_name_in_buffer(viz, entries)
     if unsafe is not None:
         viz.clear()
-        raise UnsafeDumpName(
+        message = (
             f"the window's calls include {unsafe}, a name that is not valid UTF-8, which crashes "
             "VizTracer's dump (SIGSEGV); they were discarded, not written. Give that code a UTF-8 name"
         )
+        if not in_worker:
+            raise UnsafeDumpName(message)
+        global _worker_warned
+        if not _worker_warned:
+            _worker_warned = True
+            try:
+                warnings.warn(
+                    f"vt_lightning: DataLoader worker pid {os.getpid()}: {message}.", RuntimeWarning, stacklevel=2
+                )
+            except Exception:  # warnings made errors (-W error): the dump goes on
+                pass
+    viz.dump(path)
+
+
+_worker_warned = False  # ``dump_in_process`` warned in this worker

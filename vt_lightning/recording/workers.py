@@ -59,7 +59,7 @@ from vt_lightning.analysis.workers import (
 from vt_lightning.constants import THREAD_PREFIX
 from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.pytracer import PythonTracer, PythonTracerConfig
-from vt_lightning.recording.unsafe_names import TracingGuard
+from vt_lightning.recording.unsafe_names import TracingGuard, dump_in_process
 
 WORKER_TRACER_ENTRIES = 250_000  # per worker: a few batches' fetches; each worker allocates its own
 WAIT_FOR_WORKERS_S = 10.0  # the most the writer waits for a live worker's part (dead ones: not at all)
@@ -303,7 +303,7 @@ class _WorkerSide:
             viz = tracer.ensure_tracer()
             viz.setpid()  # this process's pid, whatever a forked parent fixed
             try:
-                viz.dump(f"{part.stem}.json.tmp")
+                dump_in_process(viz, tracer.config.tracer_entries, f"{part.stem}.json.tmp", in_worker=True)
             finally:
                 viz.setpid(0)
                 viz.clear()
