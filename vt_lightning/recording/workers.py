@@ -59,6 +59,7 @@ from vt_lightning.analysis.workers import (
 from vt_lightning.constants import THREAD_PREFIX
 from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.pytracer import PythonTracer, PythonTracerConfig
+from vt_lightning.recording.unsafe_names import TracingGuard, dump_in_process
 
 WORKER_TRACER_ENTRIES = 250_000  # per worker: a few batches' fetches; each worker allocates its own
 WAIT_FOR_WORKERS_S = 10.0  # the most the writer waits for a live worker's part (dead ones: not at all)
@@ -186,6 +187,7 @@ class _WorkerSide:
         self.broken = False
         self.task: int | None = None  # the task number of the fetch in progress (see ``_watch_tasks``)
         self.tasks_seen = False  # ``task`` is kept by the wrapped index queue (else: read the frame)
+        self.names = TracingGuard()  # file names VizTracer cannot take, met while a fetch is traced
 
     def fetch(self, original: Callable[[Any], Any], index: Any, idx: Any) -> Any:
         if self.broken:
@@ -203,11 +205,11 @@ class _WorkerSide:
         with self.lock:
             tracer = self._arm(window)
             try:
-                if tracer is None:
+                if tracer is None or not self.names.start(tracer):  # starts it
                     return original(index)
-                tracer.start()
                 started = tracer.clock_us()
             except Exception:  # another profiler in this worker, say: its fetches go on untraced
+                self.names.stop()
                 self.broken = True
                 return original(index)
             try:
@@ -233,7 +235,7 @@ class _WorkerSide:
         which the window is measuring."""
         try:
             ended = tracer.clock_us()
-            tracer.stop()
+            self.broken = self.names.stop(tracer) or self.broken  # such a name met: no more tracing here
             if self.part is not None:
                 self.part.fetches.append((batch, started, ended))
         except Exception:
@@ -301,7 +303,7 @@ class _WorkerSide:
             viz = tracer.ensure_tracer()
             viz.setpid()  # this process's pid, whatever a forked parent fixed
             try:
-                viz.dump(f"{part.stem}.json.tmp")
+                dump_in_process(viz, tracer.config.tracer_entries, f"{part.stem}.json.tmp", in_worker=True)
             finally:
                 viz.setpid(0)
                 viz.clear()
