@@ -16,6 +16,9 @@ from typing import Any
 Interval = tuple[Any, ...]
 
 
+_FOREVER = float("inf")
+
+
 def _outer_first(interval: Interval) -> tuple[float, float]:
     return interval[0], -interval[1]
 
@@ -32,18 +35,18 @@ def nest(intervals: Iterable[Interval], clip: bool = True) -> tuple[list[Interva
     ends: list[float] = []
     parents: list[int] = []
     add_end, add_parent = ends.append, parents.append
-    stack: list[int] = []
+    stack: list[tuple[float, int]] = [(_FOREVER, -1)]  # (end, index) of the open calls; a sentinel at the bottom
+    push, pop = stack.append, stack.pop
+    top_end, parent = _FOREVER, -1
     for i, interval in enumerate(ordered):
         start, end = interval[0], interval[1]
-        while stack and ends[stack[-1]] <= start:
-            stack.pop()
-        if stack:
-            parent = stack[-1]
-            if clip and end > ends[parent]:
-                end = ends[parent]
-            add_parent(parent)
-        else:
-            add_parent(-1)
+        while top_end <= start:
+            pop()
+            top_end, parent = stack[-1]
+        if clip and end > top_end:
+            end = top_end
+        add_parent(parent)
         add_end(end)
-        stack.append(i)
+        push((end, i))
+        top_end, parent = end, i
     return ordered, ends, parents

@@ -59,8 +59,9 @@ class Timeline:
                 done = stack.pop()
                 done_end = ends[done]
                 if done_end > cursor:
+                    call, user, entry, owner, _ = opened[done]
                     add_start(cursor)
-                    add_segment((cursor, done_end, *opened[done][:4]))
+                    add_segment((cursor, done_end, call, user, entry, owner))
                 cursor = done_end
             kind = origin.get(name)
             if kind is None:
@@ -86,8 +87,9 @@ class Timeline:
             done = stack.pop()
             done_end = ends[done]
             if done_end > cursor:
+                call, user, entry, owner, _ = opened[done]
                 add_start(cursor)
-                add_segment((cursor, done_end, *opened[done][:4]))
+                add_segment((cursor, done_end, call, user, entry, owner))
             cursor = done_end
 
     def at(self, t: float) -> Segment | None:
