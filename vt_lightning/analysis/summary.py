@@ -362,11 +362,15 @@ def _is_op(event: Mapping[str, Any]) -> bool:
 
 
 def top_ops(
-    events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_OPS, region: Span | None = None
+    events: Sequence[Mapping[str, Any]],
+    steps: int,
+    limit: int = TOP_OPS,
+    region: Span | None = None,
+    launches: Mapping[Any, Any] | None = None,
 ) -> TopOps:
     """Ops by CPU time (self and total) per step of ``region`` (each op clipped to it), every op's
     self time above a threshold (``totals``), and on CUDA the kernel time they launched (kernels
-    launched in ``region``)."""
+    launched in ``region``; ``launches``: ``WindowData.launches``, found here when not given)."""
     steps = max(steps, 1)
     by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
     for event in events:
@@ -403,7 +407,8 @@ def top_ops(
         ],
         "totals": totals({name: s[2] for name, s in stats.items()}, steps),
     }
-    launches = launches_by_correlation(events, RUNTIME_CATEGORIES)
+    if launches is None:
+        launches = launches_by_correlation(events, RUNTIME_CATEGORIES)
     kernels = []
     for kernel in events:
         if kernel.get("cat") not in KERNEL_CATEGORIES:
@@ -508,7 +513,7 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
             region=region,
             phases=phase_segments([steps[n] for n in counted], ranges),
         ),
-        "top_ops": top_ops(events, len(counted), region=region),
+        "top_ops": top_ops(events, len(counted), region=region, launches=data.launches),
         "gpu": gpu_summary(events, span, thread) if recorded else None,
         "memory": memory_summary(all_events, memory_snapshot),
         "compile": compile_summary(meta.get("compile"), events, steps),  # torch.compile (analysis/compile.py)

@@ -16,7 +16,7 @@ from typing import Any
 
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX
 from vt_lightning.analysis.schema import Summary
-from vt_lightning.analysis.spans import Span, clip, covered, launches_by_correlation, span_of, union
+from vt_lightning.analysis.spans import Span, clip, covered, span_of, union
 from vt_lightning.analysis.steps import Thread, WindowData
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES
 from vt_lightning.analysis.sweep import nest
@@ -207,5 +207,5 @@ class WindowView:
         return user
 
     def launches(self) -> dict[Any, Any]:
-        """``{correlation: runtime call}`` of the window's kernel launches."""
-        return launches_by_correlation(self.runtime, RUNTIME_CATEGORIES)
+        """``{correlation: runtime call}`` of the window's kernel launches (the summary's map)."""
+        return self.data.launches
