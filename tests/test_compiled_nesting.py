@@ -23,7 +23,7 @@ import torch
 from conftest import load_trace, overlaps_without_nesting, trace_files
 
 from vt_lightning import VizTraceCallback
-from vt_lightning.analysis.merge import RANGE_TRACK_TID_BASE, separate_crossing_ranges
+from vt_lightning.analysis.nesting import RANGE_TRACK_TID_BASE, separate_crossing_ranges
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vision.py"
 COMPILE_SPAN_PREFIX = "torch.compile: "
