@@ -27,11 +27,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))
 
-import lightning as L
 import lightning.pytorch as lp
+from _common import cpu_trainer, writer_in_process
 from workload import PyHeavyModel, python_work
 
-import vt_lightning.controller.handoff as background
 import vt_lightning.export.pipeline as finish
 from vt_lightning import VizTraceCallback
 from vt_lightning.analysis.filters import PythonFilter, filter_python_events, path_prefixes
@@ -42,35 +41,20 @@ HEAVY_CALLS = 60_000  # Python calls in each of the window's 2 active steps
 def capture_window_events(root: str) -> tuple[list[dict], PythonFilter]:
     """Run one window and keep a copy of the VizTracer events the writer is about to filter."""
     captured: dict[str, object] = {}
-    original = finish.filter_python_events
 
-    def spy(events, rules):
-        captured["events"], captured["rules"] = copy.deepcopy(events), rules
-        return original(events, rules)
+    def spy(original):
+        def take(events, rules):
+            captured["events"], captured["rules"] = copy.deepcopy(events), rules
+            return original(events, rules)
 
-    background.USE_WRITER_PROCESS = False  # finish in this process, so the spy sees the events
-    finish.filter_python_events = spy
-    try:
-        model = PyHeavyModel(calls=200, heavy_calls=HEAVY_CALLS, heavy_steps=(2, 3))
-        cb = VizTraceCallback(
-            wait=1, warmup=1, active=2, memory_snapshot=False, lightning_view=False, tracer_entries=2_000_000
-        )
-        trainer = L.Trainer(
-            accelerator="cpu",
-            devices=1,
-            max_steps=5,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-            default_root_dir=root,
-            callbacks=[cb],
-        )
-        trainer.fit(model)
-    finally:
-        finish.filter_python_events = original
+        return take
+
+    model = PyHeavyModel(calls=200, heavy_calls=HEAVY_CALLS, heavy_steps=(2, 3))
+    cb = VizTraceCallback(
+        wait=1, warmup=1, active=2, memory_snapshot=False, lightning_view=False, tracer_entries=2_000_000
+    )
+    with writer_in_process(finish, "filter_python_events", spy):  # finish in this process: the spy sees the events
+        cpu_trainer(root, [cb], 5).fit(model)
     return captured["events"], captured["rules"]  # type: ignore[return-value]
 
 

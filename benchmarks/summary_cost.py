@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +40,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(ROOT))
 
 import instrument
-import torch
+from _common import quiet, write_block
 from run import ACTIVE, QUIET_CALLS, WAIT, fit
 from workload import PyHeavyModel, StepClock, StopWhen
 
@@ -137,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--doc", default=str(ROOT / "docs" / "performance.md"))
     args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "vt_lightning"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    torch.set_num_threads(1)
+    quiet()
     plan = [(10_000, 1)] if args.quick else [(10_000, 3), (100_000, 3)]
     root = tempfile.mkdtemp(prefix="vt-bench-summary-")
     rows = []
@@ -161,15 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     block = render(rows, args.quick)
     print(block)
     if not args.no_write:
-        doc = Path(args.doc)
-        text = doc.read_text() if doc.exists() else "# Performance\n"
-        if START in text and END in text:
-            head, rest = text.split(START, 1)
-            text = head + block + rest.split(END, 1)[1]
-        else:
-            text = text.rstrip() + "\n\n" + block + "\n"
-        doc.write_text(text)
-        print(f"wrote {doc}")
+        write_block(Path(args.doc), START, END, block)
+        print(f"wrote {args.doc}")
     return 0
 
 

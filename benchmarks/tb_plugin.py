@@ -4,10 +4,10 @@
     python benchmarks/tb_plugin.py --quick     # 50 and 200 windows, 1 round
     python benchmarks/tb_plugin.py --no-write  # print only
 
-One real ``Trainer.fit`` with ``VizTraceCallback`` writes one window (a slow ``__getitem__``: an
-input_bound verdict). Its files are then copied into N window directories of one run: each gets its
-own summary file (the real summary with its window index changed), and hard links to the real trace
-and memory snapshot. Measured in process, through TensorBoard's own WSGI routing, with a fresh
+One real ``Trainer.fit`` with ``VizTraceCallback`` writes one window (tests/tab_run.py's slow
+``__getitem__``: an input_bound verdict). Its files are then copied into N window directories of
+one run: each gets its own summary file (the real summary with its window index changed), and hard
+links to the real trace and memory snapshot. Measured in process, through TensorBoard's own WSGI routing, with a fresh
 plugin each time (cold caches, warm OS page cache):
 
 * **first load**: the requests the tab makes before it shows anything: ``runs``, the first page of
@@ -45,47 +45,12 @@ FIRST_PAGE = 200  # static/index.js's FIRST_PAGE
 
 
 def one_window(root: Path) -> Path:
-    """A real window directory, written by the callback."""
-    import lightning as L
-    import torch
-    from torch import nn
-    from torch.utils.data import DataLoader, Dataset
+    """A real window directory, written by the callback: the TensorBoard tab tests' run
+    (tests/tab_run.py), one window of it."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tab_run import input_bound_run
 
-    from vt_lightning import VizTraceCallback
-
-    class SlowRows(Dataset):
-        def __len__(self) -> int:
-            return 64
-
-        def __getitem__(self, index: int) -> torch.Tensor:
-            time.sleep(0.01)
-            return torch.randn(4, 8)
-
-    class Tiny(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = nn.Linear(8, 1)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return self.layer(batch).pow(2).mean()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    trainer = L.Trainer(
-        default_root_dir=str(root),
-        accelerator="cpu",
-        devices=1,
-        max_steps=6,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        logger=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        callbacks=[VizTraceCallback(wait=1, warmup=1, active=3, repeat=1)],
-    )
-    trainer.fit(Tiny(), DataLoader(SlowRows(), batch_size=None))
+    input_bound_run(root, repeat=1)
     (summary,) = root.rglob(f"*{SUMMARY}")
     return summary.parent
 

@@ -34,7 +34,6 @@ import gc
 import gzip
 import hashlib
 import json
-import logging
 import os
 import pickle
 import pstats
@@ -45,7 +44,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +51,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(ROOT))
+
+from _common import cpu_trainer, quiet, write_block, writer_in_process
 
 
 def _clock() -> float:
@@ -175,29 +175,24 @@ def _copy_job(job: Any, into: Path) -> Any:
 def capture(name: str, into: Path) -> Path:
     """One fit that records one window; returns the pickled job's path."""
     import lightning  # noqa: F401  (imported before vt_lightning, as a user's script does)
-    import torch
 
     from vt_lightning import VizTraceCallback
     from vt_lightning.controller import handoff
 
-    warnings.filterwarnings("ignore")
-    for logger in ("lightning", "lightning.pytorch", "lightning.fabric", "vt_lightning"):
-        logging.getLogger(logger).setLevel(logging.ERROR)
-    torch.set_num_threads(1)
-    handoff.USE_WRITER_PROCESS = False  # finish on the writer thread, where the job is taken
-    handoff.FINISH_AT_END_WITHIN_S = 0.0
+    quiet()
     out = into / name
     path = out / "job.pkl"
-    original = handoff.finish_window
 
-    def take(job: Any) -> Any:
-        pristine = pickle.loads(pickle.dumps(job))  # as the writer process receives it
-        result = original(job)  # the raw dumps stay until the result is delivered; the parts are complete
-        if not path.exists():
-            path.write_bytes(pickle.dumps(_copy_job(pristine, out / "raw"), protocol=pickle.HIGHEST_PROTOCOL))
-        return result
+    def spy(original: Any) -> Any:
+        def take(job: Any) -> Any:
+            pristine = pickle.loads(pickle.dumps(job))  # as the writer process receives it
+            result = original(job)  # the raw dumps stay until the result is delivered; the parts are complete
+            if not path.exists():
+                path.write_bytes(pickle.dumps(_copy_job(pristine, out / "raw"), protocol=pickle.HIGHEST_PROTOCOL))
+            return result
 
-    handoff.finish_window = take
+        return take
+
     root = tempfile.mkdtemp(prefix="vt-bench-writer-")
     try:
         if name == "real":
@@ -218,26 +213,11 @@ def capture(name: str, into: Path) -> Path:
             dirpath=root,
             tracer_entries=entries,
         )
-        import lightning as L
-
-        trainer = L.Trainer(
-            accelerator="cpu",
-            devices=1,
-            max_steps=WARMUP_BATCHES + ACTIVE + 3,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-            default_root_dir=root,
-            callbacks=[cb],
-        )
-        trainer.fit(model)
+        with writer_in_process(handoff, "finish_window", spy):  # finish on the writer thread, where the job is taken
+            cpu_trainer(root, [cb], WARMUP_BATCHES + ACTIVE + 3).fit(model)
         if not path.exists():
             raise RuntimeError(f"window {name}: no job reached the writer")
     finally:
-        handoff.finish_window = original
         shutil.rmtree(root, ignore_errors=True)
     return path
 
@@ -248,16 +228,11 @@ def end_wait(into: Path) -> dict[str, Any]:
     Measured: from the last batch's end (a callback first in the list) to ``fit`` returning (the
     console's "waited ... for the writer" line is most of it), and the CPU the held window's
     finish took on its thread (what the wait is on an idle core)."""
-    import lightning as L
-    import torch
     from lightning.pytorch.callbacks import Callback
 
     from vt_lightning import VizTraceCallback
 
-    warnings.filterwarnings("ignore")
-    for logger in ("lightning", "lightning.pytorch", "lightning.fabric", "vt_lightning"):
-        logging.getLogger(logger).setLevel(logging.ERROR)
-    torch.set_num_threads(1)
+    quiet()
 
     class LastBatch(Callback):
         at = 0.0
@@ -280,19 +255,7 @@ def end_wait(into: Path) -> dict[str, Any]:
     handoff._finish_with_collector_paused = timed
     last = LastBatch()
     cb = VizTraceCallback(wait=WARMUP_BATCHES, warmup=1, active=ACTIVE, repeat=1, dirpath=str(into))
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=WARMUP_BATCHES + 1 + ACTIVE + 2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        default_root_dir=str(into),
-        callbacks=[last, cb],
-    )
+    trainer = cpu_trainer(str(into), [last, cb], WARMUP_BATCHES + 1 + ACTIVE + 2)
     trainer.fit(real_model())
     wait = time.perf_counter() - last.at
     result = cb.results[0]
@@ -624,15 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     block = render(results, waits, " ".join(sys.argv[1:]) if argv is None else " ".join(argv))
     print(block)
     if not args.no_write:
-        doc = Path(args.doc)
-        text = doc.read_text() if doc.exists() else "# Performance\n"
-        if START in text and END in text:
-            head, rest = text.split(START, 1)
-            text = head + block + rest.split(END, 1)[1]
-        else:
-            text = text.rstrip() + "\n\n" + block + "\n"
-        doc.write_text(text)
-        print(f"wrote {doc}")
+        write_block(Path(args.doc), START, END, block)
+        print(f"wrote {args.doc}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """The run both TensorBoard-tab test files read: one real Trainer whose ``Dataset.__getitem__``
-sleeps 30 ms, so both windows are ``input_bound`` at this file's ``SlowRows.__getitem__``."""
+sleeps 30 ms, so both windows are ``input_bound`` at this file's ``SlowRows.__getitem__``.
+``benchmarks/tb_plugin.py`` writes its one real window with the same run (``repeat=1``)."""
 
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def getitem_line() -> int:
     return next(i for i, text in enumerate(Path(SOURCE).read_text().splitlines(), 1) if "def __getitem__" in text)
 
 
-def input_bound_run(root: Path) -> Path:
-    """Two windows (batches 2-4 and 7-9) under ``root/lightning_logs/version_0``."""
-    callback = VizTraceCallback(wait=1, warmup=1, active=3, repeat=2)
-    make_trainer(root, [callback], max_steps=12).fit(Tiny(), DataLoader(SlowRows(), batch_size=None))
+def input_bound_run(root: Path, repeat: int = 2) -> Path:
+    """``repeat`` windows (batches 2-4, 7-9, …) under ``root/lightning_logs/version_0``."""
+    callback = VizTraceCallback(wait=1, warmup=1, active=3, repeat=repeat)
+    make_trainer(root, [callback], max_steps=5 * repeat + 2).fit(Tiny(), DataLoader(SlowRows(), batch_size=None))
     return root

@@ -555,8 +555,19 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return found
 
 
+def _is_constants_module(value: ast.expr | None) -> bool:
+    """``constants.X`` or ``vt_lightning.constants.X``."""
+    if not isinstance(value, ast.Attribute):
+        return False
+    owner = value.value
+    return (isinstance(owner, ast.Name) and owner.id == "constants") or (
+        isinstance(owner, ast.Attribute) and owner.attr == "constants"
+    )
+
+
 def duplicated_constants(sources: dict[str, tuple[Path, str]]) -> list[str]:
-    """``module:line …`` for each assignment of a name ``constants.py`` defines, and each string
+    """``module:line …`` for each assignment of a name ``constants.py`` defines, each alias of one
+    (``MARKER_PREFIX = CLOCK_MARKER_PREFIX``: a second name to keep in step), and each string
     literal (f-string parts included, docstrings not) equal to one of its string values. The
     package's own name is exempt: it is also a logger's name, a metric prefix and a metadata key."""
     constants = _constants()
@@ -571,6 +582,7 @@ def duplicated_constants(sources: dict[str, tuple[Path, str]]) -> list[str]:
             continue
         tree = ast.parse(source)
         docstrings = _docstrings(tree)
+        module_level = [node for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))]
         for node in ast.walk(tree):
             targets: list[ast.expr] = []
             if isinstance(node, ast.Assign):
@@ -580,6 +592,10 @@ def duplicated_constants(sources: dict[str, tuple[Path, str]]) -> list[str]:
             for target in targets:
                 if isinstance(target, ast.Name) and target.id in constants:
                     found.append(f"{module}:{node.lineno} assigns {target.id}")
+            value = getattr(node, "value", None) if node in module_level else None
+            aliased = value.id if isinstance(value, ast.Name) else getattr(value, "attr", None)
+            if aliased in constants and (isinstance(value, ast.Name) or _is_constants_module(value)):
+                found.append(f"{module}:{node.lineno} aliases {aliased} (use constants.{aliased} itself)")
             is_text = isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
             if is_text and node.value in values:
                 found.append(f"{module}:{node.lineno} writes {node.value!r} (constants.{values[node.value]})")
@@ -595,9 +611,11 @@ def test_a_reintroduced_duplicate_constant_is_found():
     sources = dict(package_sources())
     path, source = sources["vt_lightning.export.layout"]
     copied = source + '\nTRACE_SUFFIX = ".pt.trace.json.gz"\nNAME = f"[pl][profile]{1}"\n'
+    copied += "SUFFIX = MEMORY_SUFFIX\nPREFIX: str = constants.CLOCK_MARKER_PREFIX\n"
     sources["vt_lightning.export.layout"] = (path, copied)
     found = "\n".join(duplicated_constants(sources))
     assert "assigns TRACE_SUFFIX" in found and "constants.TRACE_SUFFIX" in found and "PL_PROFILE_PREFIX" in found
+    assert "aliases MEMORY_SUFFIX" in found and "aliases CLOCK_MARKER_PREFIX" in found
 
 
 # --------------------------------------------------------------------------------------------------

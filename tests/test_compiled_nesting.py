@@ -19,7 +19,7 @@ import torch
 from conftest import overlaps_without_nesting
 from vision_fit import fit_vision
 
-from vt_lightning.analysis.merge import RANGE_TRACK_TID_BASE, separate_crossing_ranges
+from vt_lightning.analysis.nesting import RANGE_TRACK_TID_BASE, separate_crossing_ranges
 
 COMPILE_SPAN_PREFIX = "torch.compile: "
 

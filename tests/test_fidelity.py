@@ -25,7 +25,8 @@ from lightning.pytorch.callbacks import Callback
 import vt_lightning.recording.clock_probes as clock_probes
 from vt_lightning import VizTraceCallback
 from vt_lightning.analysis.clock import Calibration, ClockPair
-from vt_lightning.analysis.merge import PYTHON_CATEGORY, count_crossings, repair_boundaries
+from vt_lightning.analysis.merge import PYTHON_CATEGORY
+from vt_lightning.analysis.nesting import count_crossings, repair_boundaries
 from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.torchtracer import TorchTracer
 
@@ -302,7 +303,7 @@ def test_crossings_within_tolerance_are_clamped_and_counted():
 
 @pytest.mark.unit
 def test_calls_that_open_or_close_a_range_are_cut_at_its_edges():
-    from vt_lightning.analysis.merge import untangle_annotations
+    from vt_lightning.analysis.nesting import untangle_annotations
 
     step = {
         "ph": "X",

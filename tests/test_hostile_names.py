@@ -6,15 +6,19 @@ checked, not only its files."""
 
 from __future__ import annotations
 
+import ast
+import builtins
 import json
 import os
 import subprocess
 import sys
+from importlib.machinery import SourceFileLoader, SourcelessFileLoader
 from pathlib import Path
 
 import pytest
 
 from vt_lightning.export.raw_json import escape_raw_strings, loads
+from vt_lightning.recording.unsafe_names import CodeGuard
 
 SCRIPT = Path(__file__).resolve().parent / "fault_scripts" / "hostile_names.py"
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +26,7 @@ NAMES = ["esc\x1bname", "bel\x07name", "cr\rname", "nl\nname", "bidi\u202ename",
 
 
 def run(root: Path, case: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run ``case`` of the fault script; its exit status must be 0 (before the guards: -11, SIGSEGV)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     proc = subprocess.run(
@@ -71,3 +76,105 @@ def test_a_module_file_name_that_is_not_utf8_imported_during_a_window_drops_only
     assert report["window_dirs"] == ["window_001"]  # the next window is written
     assert "ImportGuard" not in report["meta_path"]  # no finder left behind
     assert report["profile_hook"] is None  # stopped from another thread: the training thread's hook is off too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["compiled", "by_hand", "by_hand_pyc"])
+def test_code_compiled_or_run_by_hand_under_a_non_utf8_file_name_during_a_window_drops_only_that_window(tmp_path, case):
+    """``compile(src, "caf\\udcff.py", "exec")`` + ``exec``, and ``spec_from_file_location`` +
+    ``exec_module`` (from source, or from its cached bytecode), during window 0: before
+    ``CodeGuard``, training died of SIGSEGV inside VizTracer (exit -11)."""
+    _, report = run(tmp_path, case)
+    assert report["train_batches"] == list(range(10))
+    (warning,) = [w for w in report["warnings"] if "not valid UTF-8" in w]
+    assert "during window 0" in warning and "window 0 is dropped" in warning
+    if case == "compiled":
+        assert warning.startswith("vt_lightning: code compiled during window 0") and "caf\\udcff_compiled.py" in warning
+    else:
+        assert "the module 'by_hand' run by its loader" in warning and "caf\\udcff_by_hand.py" in warning
+    assert [w for w in report["warnings"] if w != warning] == []
+    assert report["window_dirs"] == ["window_001"]  # that code is gone: the next window is written
+    assert report["profile_hook"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["worker", "worker_co_name"])
+def test_a_dataloader_worker_meeting_a_name_viztracer_cannot_take_lives_and_says_so_once(tmp_path, case):
+    """``worker``: a worker imports a module whose file name is not UTF-8 in a traced fetch;
+    ``worker_co_name``: it calls code whose name is not UTF-8, which the worker's own dump of its
+    part cannot write. Before, the worker died of SIGSEGV inside VizTracer and took training with
+    it ("DataLoader worker exited unexpectedly", exit 1)."""
+    proc, report = run(tmp_path, case)
+    assert report["train_batches"] == list(range(10))
+    assert report["window_dirs"] == ["window_000", "window_001"]  # the main process's windows
+    (line,) = [line for line in proc.stderr.splitlines() if "not valid UTF-8" in line]
+    assert "DataLoader worker pid" in line
+    if case == "worker":
+        assert "'caf\\udcff_worker'" in line and "imported during a traced fetch" in line
+        assert "tracing stopped before that code ran" in line
+    else:
+        assert "code named 'bad\\udcffname'" in line and "they were discarded, not written" in line
+    assert "wrote no events" not in proc.stderr  # the part is complete: nothing waits for it
+
+
+@pytest.mark.slow
+def test_code_whose_name_is_not_utf8_drops_its_window_and_training_lives(tmp_path):
+    """``code.replace(co_name="bad\\udcffname")`` called in window 0: VizTracer's dump crashes on the
+    name. Forked (3.11+), the dump child dies and the window is dropped; in the training process
+    (3.10: ``FORK_CAN_DEADLOCK``, or a window held to the end of fit) it killed training (exit -11)
+    before ``unsafe_names.dump_in_process``."""
+    _, report = run(tmp_path, "co_name")
+    assert report["train_batches"] == list(range(10))
+    (warning,) = report["warnings"]
+    assert warning.startswith("vt_lightning: window dropped: ")
+    assert "died of SIGSEGV" in warning or "code named 'bad\\udcffname'" in warning
+    assert report["window_dirs"] == ["window_001"]
+
+
+def _compiled_by(compile_function, *args, **kwargs):
+    """What ``compile_function(*args, **kwargs)`` gives, called from code with no ``__future__``
+    flags of its own (this module has ``annotations``): (the code's flags, or the error)."""
+    namespace = {"c": compile_function, "args": args, "kwargs": kwargs}
+    caller = builtins.compile("result = c(*args, **kwargs)", "caller.py", "exec", dont_inherit=True)
+    try:
+        exec(caller, namespace)
+    except Exception as err:
+        return type(err).__name__, str(err)
+    result = namespace["result"]
+    return result.co_flags if hasattr(result, "co_flags") else ast.dump(result)
+
+
+@pytest.mark.unit
+def test_the_code_guard_compiles_exactly_as_compile_and_is_gone_once_removed():
+    """``compile`` takes ``__future__`` flags from the calling frame: a wrapper must neither lose the
+    caller's (this module's ``annotations``) nor add its own (``unsafe_names`` has ``annotations``
+    too, which code compiled by a caller without it must not get)."""
+    original = builtins.compile
+    loaders = {cls: dict(cls.__dict__).get("get_code") for cls in (SourceFileLoader, SourcelessFileLoader)}
+    cases = [
+        (("def f(x: y): pass", "a.py", "exec"), {}),
+        (("def f(x: y): pass", "a.py", "exec"), {"dont_inherit": True}),
+        (("1 + 1", "a.py", "eval"), {"flags": ast.PyCF_ONLY_AST}),
+        ((ast.parse("1 + 1", mode="eval"), "a.py", "eval"), {"optimize": 2}),
+        ((), {"source": "x = 1", "filename": b"a.py", "mode": "exec", "_feature_version": (3, 8)}),
+        (("1 +", "a.py", "eval"), {}),  # a SyntaxError, the same
+        (("1", "a.py", "eval"), {"flags": 1.5}),  # a TypeError, the same
+    ]
+    expected = [_compiled_by(original, *args, **kwargs) for args, kwargs in cases]
+    met = []
+    guard = CodeGuard(lambda subject, file: met.append((subject, file)))
+    guard.install()
+    try:
+        assert builtins.compile is not original
+        assert [_compiled_by(builtins.compile, *args, **kwargs) for args, kwargs in cases] == expected
+        # here, this module's ``annotations`` is inherited: the annotation stays a string
+        namespace: dict = {}
+        exec(compile("def f(x: undefined_name): pass", "a.py", "exec"), namespace)
+        assert namespace["f"].__annotations__ == {"x": "undefined_name"}
+        assert met == []
+        compile("pass", b"caf\xff.py", "exec")  # bytes: decoded with surrogates, as co_filename is
+        assert met == [("code compiled", "caf\udcff.py")]
+    finally:
+        guard.remove()
+    assert builtins.compile is original
+    assert {cls: dict(cls.__dict__).get("get_code") for cls in loaders} == loaders

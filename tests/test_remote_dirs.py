@@ -163,13 +163,78 @@ def test_a_root_with_no_exclusive_move_says_once_at_setup_that_no_overwrite_is_o
     assert batches_when_said == [[]]  # at setup, before the first step
 
 
-def test_a_file_url_is_a_local_directory(tmp_path, monkeypatch):
+@pytest.mark.parametrize("spelling", ["file://{}", "file:{}", "local://{}"])
+def test_a_file_url_is_a_local_directory_and_the_command_reads_it_so(tmp_path, monkeypatch, capsys, spelling):
+    """``file:/x`` as the callback's root and as the command's argument is the same local ``/x``."""
     monkeypatch.chdir(tmp_path)
-    cb = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=f"file://{tmp_path / 'traces'}")
+    root = spelling.format(tmp_path / "traces")
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=root)
     make_trainer(tmp_path / "local", [cb], max_steps=1).fit(MarkerModel(), loader())
     (trace,) = trace_files(tmp_path / "traces")
     assert trace.parent.name == "window_000-batches_0-0"
     assert cb.results[0].trace_path == trace and cb.output_dir == tmp_path / "traces"
+    assert url_named_entries(tmp_path) == []
+    capsys.readouterr()
+    status, out, err = run_cli(capsys, "summary", root, "--json")
+    assert (status, err) == (0, "")
+    assert [s["window"]["trace"] for s in json.loads(out)] == [trace.name]
+
+
+ROOT_SPELLINGS = [
+    # (argument, what both read it as: a local path relative to the working directory, a URL, or an error)
+    ("{tmp}/abs", ("local", "abs")),
+    ("rel/dir", ("local", "rel/dir")),
+    ("file://{tmp}/x", ("local", "x")),
+    ("file:{tmp}/x", ("local", "x")),
+    ("local://{tmp}/x", ("local", "x")),
+    ("file:~/x", ("local", "home/x")),
+    ("~/x", ("local", "home/x")),
+    ("C:\\x", ("local", "C:\\x")),  # a Windows drive: a name with a colon here, never a protocol
+    ("C://x", ("local", "C:/x")),
+    ("memory://vt-spelling/x", ("url", "memory://vt-spelling/x")),
+    ("memory://vt-spelling/x/", ("url", "memory://vt-spelling/x")),
+    ("s3://vt-bucket/k", ("url", "s3://vt-bucket/k")),
+    ("nosuchfs://bucket/run", ("error", "Protocol not known: nosuchfs")),
+    ("FILE:///x", ("error", "Protocol not known: FILE")),
+]
+
+
+@pytest.mark.parametrize(("argument", "expected"), ROOT_SPELLINGS)
+def test_the_callback_and_the_command_read_a_root_the_same_way(tmp_path, monkeypatch, request, argument, expected):
+    """One rule (``export.job.locate``) for the callback's output root and the command's argument:
+    the same local directory, the same URL, or an error from both that names the argument."""
+    from vt_lightning.controller.remote import output_root
+    from vt_lightning.export.reading import SummaryNotFound, locate_target
+
+    if argument.startswith("s3://"):
+        request.getfixturevalue("s3_server")  # a real store answers the callback's setup check
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    argument = argument.format(tmp=tmp_path)
+    kind, value = expected
+
+    def callback() -> tuple[Path, URL | None]:
+        return output_root(argument, None, str(tmp_path / "default"), spool_dir=str(tmp_path / "spool"))
+
+    if kind == "error":
+        with pytest.raises(OutputRootError) as stopped:
+            callback()
+        with pytest.raises(SummaryNotFound) as refused:
+            locate_target(argument)
+        for message in (str(stopped.value), str(refused.value)):
+            assert argument in message and value in message
+        assert "`dirpath`" in str(stopped.value)
+        return
+    local, remote = callback()
+    place = locate_target(argument)
+    if kind == "local":
+        assert remote is None and local == tmp_path / value
+        assert isinstance(place, Path) and place.absolute() == local
+    else:
+        assert remote == value and local.is_relative_to(tmp_path / "spool")
+        assert isinstance(place, URL) and place == value
+        if value.startswith("memory://"):
+            filesystem("memory").rm(value, recursive=True)  # the setup check made it; the store is process-wide
     assert url_named_entries(tmp_path) == []
 
 

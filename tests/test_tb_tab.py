@@ -141,7 +141,8 @@ def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(brows
             frame.wait_for_selector("#vt-verdicts .vt-hit", timeout=WAIT_S * 1000)
             page.mouse.move(1300, 1000)  # no bar of the strip under the pointer (hover dims it)
             page.screenshot(path=str(SCREENSHOT))
-        assert tb.runs()["runs"], "torch-tb-profiler's tab still lists the windows beside ours"
+        # torch-tb-profiler loads its runs on a background thread: poll until it has read them
+        assert tb.wait_for_runs(1, timeout=WAIT_S), "torch-tb-profiler's tab still lists the windows beside ours"
     finally:
         session.context.close()
     assert session.off_host() == ([], [])

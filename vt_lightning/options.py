@@ -112,24 +112,11 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
     )
     for name in ("skip_first", "wait", "warmup", "active", "repeat"):
         _check_int(name, a[name], minimum=1 if name == "active" else 0, maximum=MAX_BATCHES)
-    _check_int("tracer_entries", a["tracer_entries"], minimum=1, maximum=MAX_EVENTS)
-    _check_int("max_stack_depth", a["max_stack_depth"], minimum=-1, maximum=MAX_STACK_DEPTH)
+    python = _python_config(a)
     _check_int("memory_max_entries", a["memory_max_entries"], minimum=1, maximum=MAX_EVENTS)
     _check_int("compression_level", a["compression_level"], minimum=1, maximum=9)
-    min_duration = _check_number("min_duration", a["min_duration"], 0, MAX_MIN_DURATION_US, "a number of microseconds")
     for name in ("dirpath", "spool_dir"):
         _check_no_nul(name, a[name])
-    for name in ("include_files", "exclude_files"):
-        for path in a[name] if isinstance(a[name], (list, tuple)) else ():
-            _check_no_nul(name, path)
-    if a["include_files"] is not None and a["exclude_files"] is not None:
-        raise ValueError("`include_files` and `exclude_files` cannot both be set; choose one")
-    include = _check_paths("include_files", a["include_files"])
-    exclude = _check_paths("exclude_files", a["exclude_files"])
-    for name, paths in (("include_files", include), ("exclude_files", exclude)):
-        for path in paths or ():
-            if not path_matches_anything(path):
-                rank_zero_warn(f"`{name}` entry {path!r} matches no file or directory; it filters nothing.")
     spool_dir = check_spool_dir(a["spool_dir"])
     writer_timeout = _check_number(
         "writer_timeout", a["writer_timeout"], 0, MAX_SECONDS, "a number of seconds", above=True
@@ -157,14 +144,7 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
             )
     return Options(
         schedule=schedule,
-        python=PythonTracerConfig(
-            tracer_entries=a["tracer_entries"],
-            max_stack_depth=a["max_stack_depth"],
-            min_duration=min_duration,
-            include_files=include,
-            exclude_files=exclude,
-            ignore_c_function=a["ignore_c_function"],
-        ),
+        python=python,
         torch=TorchTracerConfig(
             record_shapes=a["record_shapes"], profile_memory=a["profile_memory"], with_flops=a["with_flops"]
         ),
@@ -184,6 +164,32 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
         trace_workers=a["trace_workers"],
         worker_calls=_check_worker_calls(a["worker_calls"]),
         budget=_check_budget(a),
+    )
+
+
+def _python_config(a: Mapping[str, Any]) -> PythonTracerConfig:
+    """The Python tracer's options, checked: buffer, depth, minimum duration and file filters."""
+    _check_int("tracer_entries", a["tracer_entries"], minimum=1, maximum=MAX_EVENTS)
+    _check_int("max_stack_depth", a["max_stack_depth"], minimum=-1, maximum=MAX_STACK_DEPTH)
+    min_duration = _check_number("min_duration", a["min_duration"], 0, MAX_MIN_DURATION_US, "a number of microseconds")
+    for name in ("include_files", "exclude_files"):
+        for path in a[name] if isinstance(a[name], (list, tuple)) else ():
+            _check_no_nul(name, path)
+    if a["include_files"] is not None and a["exclude_files"] is not None:
+        raise ValueError("`include_files` and `exclude_files` cannot both be set; choose one")
+    include = _check_paths("include_files", a["include_files"])
+    exclude = _check_paths("exclude_files", a["exclude_files"])
+    for name, paths in (("include_files", include), ("exclude_files", exclude)):
+        for path in paths or ():
+            if not path_matches_anything(path):
+                rank_zero_warn(f"`{name}` entry {path!r} matches no file or directory; it filters nothing.")
+    return PythonTracerConfig(
+        tracer_entries=a["tracer_entries"],
+        max_stack_depth=a["max_stack_depth"],
+        min_duration=min_duration,
+        include_files=include,
+        exclude_files=exclude,
+        ignore_c_function=a["ignore_c_function"],
     )
 
 

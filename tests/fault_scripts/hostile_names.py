@@ -13,11 +13,24 @@ Cases:
   imported   the same module, imported for the first time in the middle of window 0 (its second
              active step), on the training thread, called, then unloaded at that step's end
   threaded   the same, imported and called by a thread started in that step
+  compiled   at that step, source compiled under the file name ``caf\udcff_compiled.py`` and run
+             (``compile`` + ``exec``); the code is gone at once
+  by_hand    at that step, the non-UTF-8 module run by hand: ``spec_from_file_location`` +
+             ``module_from_spec`` + ``spec.loader.exec_module`` (no finder is asked), then called;
+             gone by the next window
+  by_hand_pyc  the same, from a ``__pycache__`` file written before the fit (no source compiled)
+  co_name    a function whose code object's name is not UTF-8 (``code.replace(co_name=...)``),
+             called in window 0's steps only: VizTracer's dump crashes on it
+  worker     a DataLoader worker imports the non-UTF-8 module (and calls it) in its first traced fetch
+             of window 0; warnings go to stderr (a forked worker's cannot be recorded here)
+  worker_co_name  the function of ``co_name``, called by a DataLoader worker in that fetch: the
+             worker dumps in its own process, where VizTracer's crash killed the worker (and training)
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -25,6 +38,8 @@ import threading
 import types
 import warnings
 from pathlib import Path
+
+import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # conftest's MarkerModel
@@ -73,6 +88,39 @@ def import_and_call() -> None:
     del sys.modules["caf\udcff_module"]
 
 
+def _badly_named(n: int) -> int:
+    return sum(range(n))
+
+
+BAD_NAME = {"co_name": "bad\udcffname", **({"co_qualname": "bad\udcffname"} if sys.version_info >= (3, 11) else {})}
+badly_named = types.FunctionType(_badly_named.__code__.replace(**BAD_NAME), globals(), "bad")
+
+
+def compile_and_run() -> None:
+    exec(compile("total = sum(range(10))\n", "caf\udcff_compiled.py", "exec"), {})
+
+
+BY_HAND = os.path.join(os.fsencode(modules), b"caf\xff_by_hand.py")
+
+
+def run_by_hand() -> None:
+    """The module executed by its loader, as ``runpy`` or a plugin system would: no finder asked."""
+    spec = importlib.util.spec_from_file_location("by_hand", os.fsdecode(BY_HAND))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.work(10)
+    del module  # unreachable, but kept by a cycle (its function's globals): the guard collects it
+
+
+if case.startswith("by_hand"):
+    with open(BY_HAND, "wb") as f:
+        f.write(b"def work(n):\n    return sum(range(n))\n")
+    if case == "by_hand_pyc":  # its bytecode cached now: the fit's run reads it, compiles nothing
+        import py_compile
+
+        py_compile.compile(os.fsdecode(BY_HAND))
+
+
 class NamedModel(MarkerModel):
     def training_step(self, batch, batch_idx):
         for call in calls:
@@ -83,14 +131,39 @@ class NamedModel(MarkerModel):
             thread = threading.Thread(target=import_and_call)
             thread.start()
             thread.join()
+        elif case == "co_name" and batch_idx == IMPORT_AT:
+            badly_named(10)
+        elif case == "compiled" and batch_idx == IMPORT_AT:
+            compile_and_run()
+        elif case.startswith("by_hand") and batch_idx == IMPORT_AT:
+            run_by_hand()
         return super().training_step(batch, batch_idx)
+
+
+class ImportingDataset(torch.utils.data.Dataset):
+    """Sample ``IMPORT_AT * 4`` (the first of batch ``IMPORT_AT``, traced in its worker) imports it."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int):
+        if index == IMPORT_AT * 4 and case == "worker":
+            module_from(b"caf\xff_worker.py", "caf\udcff_worker").work(10)
+        elif index == IMPORT_AT * 4:
+            badly_named(10)
+        return (torch.full((8,), float(index)),)
 
 
 model = NamedModel()
 callback = VizTraceCallback(wait=1, warmup=1, active=2, repeat=2, budget_time_share=None)
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    make_trainer(root, [callback], max_steps=10, logger=False).fit(model, loader())
+if case.startswith("worker"):
+    data = torch.utils.data.DataLoader(ImportingDataset(), batch_size=4, num_workers=1)
+    make_trainer(root, [callback], max_steps=10, logger=False).fit(model, data)
+    caught = []
+else:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(root, [callback], max_steps=10, logger=False).fit(model, loader())
 names = set()
 for path in trace_files(root):
     names.update(str(e.get("name")) for e in load_trace(path)["traceEvents"] if e.get("ph") == "X")

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vt_lightning.constants import CLOCK_MARKER_PREFIX
-
 DEFAULT_ROUNDS = 64  # clock pairs read per window edge (the tightest round trip is kept)
 
 
@@ -36,7 +34,6 @@ class ClockPair:
         return self.round_trip_us / 2.0
 
 
-MARKER_PREFIX = CLOCK_MARKER_PREFIX  # torch ranges bracketing clock reads, removed at merge
 MARKER_ROUNDS = 16  # marker ranges recorded per window edge
 
 

@@ -168,8 +168,15 @@ def filter_python_events(events: list[dict[str, Any]], rules: PythonFilter) -> t
         )
 
     kept = own_count = filtered = 0
+    select = include is not None or exclude is not None or max_depth >= 0
     for calls in by_thread.values():
         calls.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
+        if not select:  # only vt_lightning's own calls go: a thread with none of them is kept whole
+            names = {event.get("name", "") for event in calls}
+            if not any((facts.get(n) or facts.setdefault(n, name_facts(n)))[1] for n in names):
+                kept += len(calls)
+                out.extend(calls)
+                continue
         # open calls: (start, end, ours, depth or -1, under include_files, under exclude_files)
         stack: list[tuple[float, float, bool, int, bool, bool]] = []
         for event in calls:

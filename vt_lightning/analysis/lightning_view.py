@@ -38,6 +38,7 @@ from vt_lightning.constants import (
     FRAMEWORK_LIGHTNING,
     PL_MODULE_PREFIX,
     PL_PROFILE_PREFIX,
+    PYTHON_CATEGORY,
     STEP_PREFIX,
     TRACE_METADATA_KEY,
     USER_ANNOTATION_CATEGORY,
@@ -175,13 +176,24 @@ def apply_lightning_view(trace: dict[str, Any]) -> dict[str, int]:
     events = trace.get("traceEvents")
     if not isinstance(events, list):
         events = []
-    modules = [e for e in events if isinstance(e, dict) and _is_pl_candidate(e, PL_MODULE_PREFIX)]
-    stages = [e for e in events if isinstance(e, dict) and _is_pl_candidate(e, PL_PROFILE_PREFIX)]
+    # One pass, skipping VizTracer's calls (most of a window): never a module, stage or tree event.
+    modules: list[dict[str, Any]] = []
+    stages: list[dict[str, Any]] = []
+    tree_events: list[dict[str, Any]] = []
+    for e in events:
+        if not isinstance(e, dict) or e.get("cat") == PYTHON_CATEGORY:
+            continue
+        module = _is_pl_candidate(e, PL_MODULE_PREFIX)
+        if module:
+            modules.append(e)
+        elif _is_pl_candidate(e, PL_PROFILE_PREFIX):
+            stages.append(e)
+        if "ts" in e and (module or _in_plugin_tree(e)):
+            tree_events.append(e)
     summary = {"modules": 0, "stages": 0, "demoted": 0, "synthesized_stages": 0, "framework": 0}
 
     kept = {id(e) for e in modules}
     if kept:
-        tree_events = [e for e in events if isinstance(e, dict) and "ts" in e and (id(e) in kept or _in_plugin_tree(e))]
         for _ in range(16):
             bad = _rejected_module_events(tree_events, kept)
             if not bad:

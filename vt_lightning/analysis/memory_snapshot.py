@@ -25,7 +25,7 @@ What memory_viz needs from a snapshot (torch 2.4 ... 2.13, ``torch/cuda/_memory_
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vt_lightning.analysis.usercode import parse_function
@@ -133,10 +133,53 @@ def build_cpu_snapshot(trace_events: Iterable[Mapping[str, Any]], *, include_ops
     range ``inactive``. A free with no allocation in the window (memory allocated before it) is kept
     as a free. Returns None when there is no ``[memory]`` event.
     """
-    frame_of = _FrameCache()
     events = trace_events if isinstance(trace_events, (list, tuple)) else list(trace_events)
-    memory_by_thread: dict[tuple[Any, Any], list[tuple[float, int]]] = {}
-    records: list[tuple[float, int, int, int, tuple[int, int]]] = []  # ts, index, addr, bytes, device
+    records, memory_by_thread = _memory_records(events)
+    if not records:
+        return None
+    calls_by_thread = _calls_of_threads(events, memory_by_thread.keys(), include_ops)
+    frame_of = _FrameCache()
+    frames_of: dict[int, list[dict[str, Any]]] = {}
+    for thread, memory in memory_by_thread.items():
+        frames_of.update(_stack_frames(memory, calls_by_thread[thread], frame_of))
+    del calls_by_thread, memory_by_thread
+
+    devices = _device_order({record[4] for record in records})
+    replay = _Replay(len(devices))
+    device_index = {device: i for i, device in enumerate(devices)}
+    records.sort(key=lambda r: (r[0], r[1]))  # by time; equal times keep the trace's order
+    for ts, index, addr, size, device in records:
+        replay.add(device_index[device], round(ts), addr, size, frames_of.get(index, []))
+
+    segments: list[dict[str, Any]] = []
+    for d in range(len(devices)):
+        segments.extend(_segments(d, replay.ranges[d], replay.live[d].values()))
+
+    return {
+        "segments": segments,
+        "device_traces": replay.traces,
+        "vt_lightning": {
+            "source": "cpu-profiler-memory-events",
+            "devices": [_device_label(device) for device in devices],
+            "events": len(records),
+            "frees_without_alloc": replay.frees_before_window,
+            "allocs_without_free": replay.unmatched_allocs,
+            "frames": "viztracer+torch-ops" if include_ops else "viztracer",
+            "time": "trace ts (torch timeline, us)",
+        },
+    }
+
+
+_Thread = tuple[Any, Any]  # (pid, tid)
+_Record = tuple[float, int, int, int, tuple[int, int]]  # ts, index, addr, bytes, device
+
+
+def _memory_records(
+    events: Sequence[Mapping[str, Any]],
+) -> tuple[list[_Record], dict[_Thread, list[tuple[float, int]]]]:
+    """torch's ``[memory]`` events as records in trace order, and per thread their (ts, index)."""
+    memory_by_thread: dict[_Thread, list[tuple[float, int]]] = {}
+    records: list[_Record] = []
     for event in events:
         if event.get("ph") == "i" and event.get("name") == "[memory]":
             args = event.get("args") or {}
@@ -149,11 +192,16 @@ def build_cpu_snapshot(trace_events: Iterable[Mapping[str, Any]], *, include_ops
             index = len(records)
             records.append((ts, index, addr, size, device))
             memory_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append((ts, index))
-    if not records:
-        return None
-    # Calls only of the threads that allocated: a DataLoader worker's (most of a window's events
-    # when workers are traced) or a helper thread's calls enclose no allocation of this trace.
-    calls_by_thread: dict[tuple[Any, Any], list[tuple[float, float, str]]] = {key: [] for key in memory_by_thread}
+    return records, memory_by_thread
+
+
+def _calls_of_threads(
+    events: Sequence[Mapping[str, Any]], threads: Iterable[_Thread], include_ops: bool
+) -> dict[_Thread, list[tuple[float, float, str]]]:
+    """(start, end, name) of the calls (and, with ``include_ops``, the ops) of the threads that
+    allocated only: a DataLoader worker's (most of a window's events when workers are traced) or a
+    helper thread's calls enclose no allocation of this trace."""
+    calls_by_thread: dict[_Thread, list[tuple[float, float, str]]] = {key: [] for key in threads}
     for event in events:
         if event.get("ph") != "X":
             continue
@@ -173,30 +221,26 @@ def build_cpu_snapshot(trace_events: Iterable[Mapping[str, Any]], *, include_ops
         if type(dur) is not float:
             dur = _number(dur) or 0.0
         calls.append((ts, ts + max(dur, 0.0), name))
+    return calls_by_thread
 
-    frames_of: dict[int, list[dict[str, Any]]] = {}
-    for thread, memory in memory_by_thread.items():
-        frames_of.update(_stack_frames(memory, calls_by_thread[thread], frame_of))
-    del calls_by_thread, memory_by_thread
 
-    devices = _device_order({record[4] for record in records})
-    device_index = {device: i for i, device in enumerate(devices)}
-    traces: list[list[dict[str, Any]]] = [[] for _ in devices]
-    live: list[dict[int, dict[str, Any]]] = [{} for _ in devices]  # addr -> its alloc entry
-    ranges: list[list[tuple[int, int]]] = [[] for _ in devices]
-    unmatched_allocs = 0
-    frees_before_window = 0
+class _Replay:
+    """The allocator's trace per device, replayed from the window's allocations and frees in time
+    order: what is live at the end, the address ranges used, and what could not be matched."""
 
-    records.sort(key=lambda r: (r[0], r[1]))  # by time; equal times keep the trace's order
-    for ts, index, addr, size, device in records:
-        d = device_index[device]
-        trace, alive = traces[d], live[d]
-        time_us = round(ts)
-        frames = frames_of.get(index, [])
+    def __init__(self, devices: int) -> None:
+        self.traces: list[list[dict[str, Any]]] = [[] for _ in range(devices)]
+        self.live: list[dict[int, dict[str, Any]]] = [{} for _ in range(devices)]  # addr -> its alloc entry
+        self.ranges: list[list[tuple[int, int]]] = [[] for _ in range(devices)]
+        self.unmatched_allocs = 0
+        self.frees_before_window = 0
+
+    def add(self, d: int, time_us: int, addr: int, size: int, frames: list[dict[str, Any]]) -> None:
+        trace, alive = self.traces[d], self.live[d]
         if size > 0:
             previous = alive.pop(addr, None)
             if previous is not None:  # its free was lost: close it here so the replay stays sane
-                unmatched_allocs += 1
+                self.unmatched_allocs += 1
                 _append_free(trace, addr, previous["size"], time_us, previous["frames"])
             entry = {
                 "action": "alloc",
@@ -208,34 +252,16 @@ def build_cpu_snapshot(trace_events: Iterable[Mapping[str, Any]], *, include_ops
             }
             trace.append(entry)
             alive[addr] = entry
-            ranges[d].append((addr, addr + size))
+            self.ranges[d].append((addr, addr + size))
+            return
+        allocated = alive.pop(addr, None)
+        if allocated is None:
+            self.frees_before_window += 1
+            freed = -size
+            self.ranges[d].append((addr, addr + freed))
         else:
-            allocated = alive.pop(addr, None)
-            if allocated is None:
-                frees_before_window += 1
-                freed = -size
-                ranges[d].append((addr, addr + freed))
-            else:
-                freed = allocated["size"]
-            _append_free(trace, addr, freed, time_us, frames)
-
-    segments: list[dict[str, Any]] = []
-    for d in range(len(devices)):
-        segments.extend(_segments(d, ranges[d], live[d].values()))
-
-    return {
-        "segments": segments,
-        "device_traces": traces,
-        "vt_lightning": {
-            "source": "cpu-profiler-memory-events",
-            "devices": [_device_label(device) for device in devices],
-            "events": len(records),
-            "frees_without_alloc": frees_before_window,
-            "allocs_without_free": unmatched_allocs,
-            "frames": "viztracer+torch-ops" if include_ops else "viztracer",
-            "time": "trace ts (torch timeline, us)",
-        },
-    }
+            freed = allocated["size"]
+        _append_free(trace, addr, freed, time_us, frames)
 
 
 def _append_free(trace: list[dict[str, Any]], addr: int, size: int, time_us: int, frames: list[dict[str, Any]]) -> None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from vt_lightning.analysis.breakdown import Range, stage_ranges
-from vt_lightning.analysis.spans import Span, x_events
+from vt_lightning.analysis.spans import Span, launches_by_correlation, x_events
 from vt_lightning.analysis.spans import span_of as _span
+from vt_lightning.analysis.summary_devices import RUNTIME_CATEGORIES
 from vt_lightning.constants import CPU_OP_CATEGORY, STEP_PREFIX, TRACE_METADATA_KEY, USER_ANNOTATION_CATEGORY
 
 Thread = tuple[Any, Any]  # (pid, tid) as the trace has them
@@ -55,6 +57,12 @@ class WindowData:
     ranges: list[Range]  # breakdown.stage_ranges: (start, end, part) on the training thread
     breakdown_source: str
     user_hooks: dict[str, str]  # the user's hook overrides found, hook -> part
+
+    @cached_property
+    def launches(self) -> dict[Any, Any]:
+        """``{correlation: CUDA runtime call}``: which call launched each kernel (the one map the
+        op table and the verdicts read; empty on the CPU)."""
+        return launches_by_correlation(self.events, RUNTIME_CATEGORIES)
 
     @property
     def counted(self) -> list[int]:

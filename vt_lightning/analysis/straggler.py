@@ -192,29 +192,9 @@ def analyze_straggler(
         n: statistics.fmean(e - s for r in ranks for s, e, m in steps[r] if m == n) / 1000.0
         for n in sorted({m for r in ranks for _, _, m in steps[r]})
     }
-    caused: dict[int | None, dict[int, float]] = defaultdict(lambda: defaultdict(float))  # step -> rank -> µs
-    waited: dict[int, float] = defaultdict(float)
-    late_at: dict[int, list[Key]] = defaultdict(list)
-    for key in common:
-        arrivals = {r: keyed[r][key][0] for r in ranks}
-        last = max(arrivals, key=lambda r: (arrivals[r], -r))
-        waits = {r: arrivals[last] - t for r, t in arrivals.items() if r != last}
-        for r, w in waits.items():
-            waited[r] += w
-        caused[key[0]][last] += statistics.fmean(waits.values())
-        late_at[last].append(key)
+    caused, waited, late_at = _waits(common, keyed)
     counted_steps = [n for n in step_ms if n in caused] or list(step_ms)
-    for n in step_ms:
-        by_rank = caused.get(n, {})
-        late = max(by_rank, key=lambda r: by_rank[r]) if by_rank else None
-        out["steps"].append(
-            {
-                "step": n,
-                "step_ms": round(step_ms[n], 3),
-                "late_rank": late,
-                "others_wait_ms": round(by_rank[late] / 1000.0, 3) if late is not None else 0.0,
-            }
-        )
+    out["steps"] = _step_rows(step_ms, caused)
     per_step = max(len(counted_steps), 1)
     out["wait_ms_per_step"] = [
         {"rank": r, "wait_ms": round(waited.get(r, 0.0) / 1000.0 / per_step, 3)} for r in sorted(ranks)
@@ -251,6 +231,43 @@ def analyze_straggler(
     verdict.update(_where(ranks, keyed, steps, candidate, late_at[candidate], per_step))
     out["straggler"] = verdict
     return out
+
+
+def _waits(
+    common: Sequence[Key], keyed: Mapping[int, Mapping[Key, tuple[float, float]]]
+) -> tuple[dict[int | None, dict[int, float]], dict[int, float], dict[int, list[Key]]]:
+    """Per collective the rank that arrived last and what the others waited for it: (per step,
+    per late rank, the others' mean wait in µs; per rank, its own total wait in µs; per rank, the
+    collectives it was last at)."""
+    caused: dict[int | None, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    waited: dict[int, float] = defaultdict(float)
+    late_at: dict[int, list[Key]] = defaultdict(list)
+    for key in common:
+        arrivals = {r: keyed[r][key][0] for r in keyed}
+        last = max(arrivals, key=lambda r: (arrivals[r], -r))
+        waits = {r: arrivals[last] - t for r, t in arrivals.items() if r != last}
+        for r, w in waits.items():
+            waited[r] += w
+        caused[key[0]][last] += statistics.fmean(waits.values())
+        late_at[last].append(key)
+    return caused, waited, late_at
+
+
+def _step_rows(step_ms: Mapping[int, float], caused: Mapping[int | None, Mapping[int, float]]) -> list[dict[str, Any]]:
+    """The ``steps`` rows: each step's time, the rank the others waited for most, and how long."""
+    rows: list[dict[str, Any]] = []
+    for n in step_ms:
+        by_rank = caused.get(n, {})
+        late = max(by_rank, key=lambda r: by_rank[r]) if by_rank else None
+        rows.append(
+            {
+                "step": n,
+                "step_ms": round(step_ms[n], 3),
+                "late_rank": late,
+                "others_wait_ms": round(by_rank[late] / 1000.0, 3) if late is not None else 0.0,
+            }
+        )
+    return rows
 
 
 def _interval(

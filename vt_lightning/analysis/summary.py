@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  # re-exported
 from vt_lightning.analysis.breakdown import attribute_step, reported
@@ -53,6 +53,7 @@ from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.steps import find_steps as find_steps  # re-exported
 from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
+from vt_lightning.analysis.sweep import nest
 from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES, code_origin, parse_function
 from vt_lightning.analysis.verdicts import find_verdicts
 from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, PYTHON_CATEGORY
@@ -107,6 +108,9 @@ def function_key(entry: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+Key = TypeVar("Key")
+
+
 class _Stat:
     __slots__ = ("calls", "functions", "inclusive_us", "self_us")
 
@@ -116,38 +120,131 @@ class _Stat:
         self.inclusive_us = 0.0
         self.functions: set[str] = set()
 
+    def add(self, other: _Stat) -> None:
+        self.calls += other.calls
+        self.self_us += other.self_us
+        self.inclusive_us += other.inclusive_us
+        self.functions |= other.functions
+
+
+def _add_into(into: dict[Key, _Stat], part: Mapping[Key, _Stat]) -> None:
+    for key, stat in part.items():
+        found = into.get(key)
+        if found is None:
+            found = into[key] = _Stat()
+        found.add(stat)
+
 
 FoldKey = tuple[str, str]  # (package, phase): one folded line; phase "" in a window without phases
+Thread = tuple[Any, Any]  # (pid, tid)
+# One thread's tables: per function, and per package and phase.
+ThreadStats = tuple[dict[str, _Stat], dict[FoldKey, _Stat]]
 
 
-class _OpenCall:
-    """A call on ``python_stats``'s stack: its stats, and the time its children took so far."""
+class PythonStats:
+    """``python_stats``'s result: every thread's tables (``threads``) and what each function is
+    (``info``); ``merged`` adds up any threads, so one sweep per thread feeds every table that
+    reads them (the window's, each DataLoader worker's, all workers')."""
 
-    __slots__ = ("child_us", "end", "fold_key", "name", "package", "start", "stat")
+    def __init__(self) -> None:
+        self.threads: dict[Thread, ThreadStats] = {}
+        self.info: dict[str, dict] = {}
+        self.package_of: dict[str, str] = {}  # function name -> its package when folded, else ""
 
-    def __init__(
-        self, end: float, stat: _Stat, package: _Stat | None, start: float, name: str, key: FoldKey | None
-    ) -> None:
-        self.end, self.stat, self.package, self.start = end, stat, package, start
-        self.name, self.fold_key, self.child_us = name, key, 0.0
+    def merged(self, threads: Iterable[Thread] | None = None) -> ThreadStats:
+        """The tables of ``threads`` (all by default) added up, in their order."""
+        chosen = [self.threads[t] for t in (self.threads if threads is None else threads) if t in self.threads]
+        if len(chosen) == 1:
+            return chosen[0]
+        functions: dict[str, _Stat] = {}
+        packages: dict[FoldKey, _Stat] = {}
+        for thread_functions, thread_packages in chosen:
+            _add_into(functions, thread_functions)
+            _add_into(packages, thread_packages)
+        return functions, packages
 
-    def close(self, end: float) -> None:
-        """Its self time (ended at ``end``) to its function's and its package's stats."""
-        own = end - self.start - self.child_us
-        if own > 0:
-            self.stat.self_us += own
-            if self.package is not None:
-                self.package.self_us += own
+    def _describe(self, name: str) -> str:
+        function, path, line = parse_function(name)
+        origin, package = code_origin(path)
+        if origin == GENERATED:  # a compiler's modules fold to one line, like a package's
+            package = GENERATED_PACKAGE
+        self.info[name] = {"function": function, "file": path, "line": line, "origin": origin, "package": package}
+        folded = self.package_of[name] = (package or "") if origin in FOLDED_ORIGINS else ""
+        return folded
+
+    def sweep(self, thread: Thread, calls: list[tuple[float, float, str, float]], phases: PhaseSegments | None) -> None:
+        """One thread's calls ``(start, end, name, began)`` (``began``: before clipping to the region)
+        into its tables; runs once per Python event, so it is written for speed."""
+        functions: dict[str, _Stat] = {}
+        packages: dict[FoldKey, _Stat] = {}
+        package_of = self.package_of
+        ordered, ends, parents = nest(calls)
+        count = len(ordered)
+        child_us = [0.0] * count
+        stats: list[_Stat] = [None] * count  # type: ignore[list-item]
+        folds: list[_Stat | None] = [None] * count
+        fold_keys: list[FoldKey | None] = [None] * count
+        stack: list[int] = []
+        open_count: dict[str, int] = defaultdict(int)  # open calls per function name
+        open_folds: dict[FoldKey, int] = defaultdict(int)  # open calls per fold key
+
+        for i, (start, _, name, began) in enumerate(ordered):
+            parent = parents[i]
+            while stack and stack[-1] != parent:
+                done = stack.pop()
+                own = ends[done] - ordered[done][0] - child_us[done]  # its self time
+                if own > 0:
+                    stats[done].self_us += own
+                    if folds[done] is not None:
+                        folds[done].self_us += own  # type: ignore[union-attr]
+                open_count[ordered[done][2]] -= 1
+                if fold_keys[done] is not None:
+                    open_folds[fold_keys[done]] -= 1  # type: ignore[index]
+            dur = ends[i] - start
+            fstat = functions.get(name)
+            if fstat is None:
+                package = package_of.get(name)
+                if package is None:
+                    package = self._describe(name)
+                fstat = functions[name] = _Stat()
+            else:
+                package = package_of[name]
+            stats[i] = fstat
+            fstat.calls += 1
+            if not open_count[name]:
+                fstat.inclusive_us += dur
+            open_count[name] += 1
+            if package:
+                fkey = (package, phases.at(began) if phases is not None else "")
+                pstat = packages.get(fkey)
+                if pstat is None:
+                    pstat = packages[fkey] = _Stat()
+                pstat.calls += 1
+                pstat.functions.add(name)
+                if not open_folds[fkey]:
+                    pstat.inclusive_us += dur
+                open_folds[fkey] += 1
+                folds[i], fold_keys[i] = pstat, fkey
+            if parent >= 0:
+                child_us[parent] += dur
+            stack.append(i)
+        for done in stack:
+            own = ends[done] - ordered[done][0] - child_us[done]
+            if own > 0:
+                stats[done].self_us += own
+                if folds[done] is not None:
+                    folds[done].self_us += own  # type: ignore[union-attr]
+        self.threads[thread] = (functions, packages)
 
 
 def python_stats(
     events: Sequence[Mapping[str, Any]], region: Span | None = None, phases: PhaseSegments | None = None
-) -> tuple[dict[str, _Stat], dict[FoldKey, _Stat], dict[str, dict]]:
-    """Per function, and per package and phase (the breakdown part its call started in, from
-    ``phases``; "" without them): calls, self time, inclusive time (a recursive call or a call under
-    another call of the same package and phase is counted once), of the calls within ``region``
-    (each clipped to it; a call that started before it is in phase ``other``). One sort and one
-    stack sweep per thread; runs once per Python event, so it is written for speed."""
+) -> PythonStats:
+    """Per thread, per function and per package and phase (the breakdown part its call started in,
+    from ``phases``; "" without them): calls, self time, inclusive time (a recursive call or a call
+    under another call of the same package and phase is counted once), of the calls within
+    ``region`` (each clipped to it; a call that started before it is in phase ``other``). One pass
+    over the events, then one ``sweep.nest`` and one stack walk per thread."""
     by_thread: dict[Any, list[tuple[float, float, str, float]]] = defaultdict(list)
     lo, hi = region if region is not None else (float("-inf"), float("inf"))
     for event in events:
@@ -159,57 +256,10 @@ def python_stats(
             by_thread[(event.get("pid"), event.get("tid"))].append(
                 (max(start, lo), min(end, hi), event.get("name", ""), start)
             )
-    functions: dict[str, _Stat] = {}
-    packages: dict[FoldKey, _Stat] = {}
-    info: dict[str, dict] = {}
-    package_of: dict[str, str] = {}  # function name -> its package when folded, else ""
-    for calls in by_thread.values():
-        calls.sort(key=lambda c: (c[0], -c[1]))
-        stack: list[_OpenCall] = []
-        open_count: dict[str, int] = defaultdict(int)  # open calls per function name
-        open_folds: dict[FoldKey, int] = defaultdict(int)  # open calls per fold key
-        for start, end, name, began in calls:
-            while stack and stack[-1].end <= start:
-                done = stack.pop()
-                done.close(done.end)
-                open_count[done.name] -= 1
-                if done.fold_key is not None:
-                    open_folds[done.fold_key] -= 1
-            if stack and end > stack[-1].end:
-                end = stack[-1].end
-            dur = end - start
-            fstat = functions.get(name)
-            if fstat is None:
-                function, path, line = parse_function(name)
-                origin, package = code_origin(path)
-                if origin == GENERATED:  # a compiler's modules fold to one line, like a package's
-                    package = GENERATED_PACKAGE
-                info[name] = {"function": function, "file": path, "line": line, "origin": origin, "package": package}
-                package_of[name] = (package or "") if origin in FOLDED_ORIGINS else ""
-                fstat = functions[name] = _Stat()
-            fstat.calls += 1
-            if not open_count[name]:
-                fstat.inclusive_us += dur
-            open_count[name] += 1
-            pstat = None
-            fkey = None
-            package = package_of[name]
-            if package:
-                fkey = (package, phases.at(began) if phases is not None else "")
-                pstat = packages.get(fkey)
-                if pstat is None:
-                    pstat = packages[fkey] = _Stat()
-                pstat.calls += 1
-                pstat.functions.add(name)
-                if not open_folds[fkey]:
-                    pstat.inclusive_us += dur
-                open_folds[fkey] += 1
-            if stack:
-                stack[-1].child_us += dur
-            stack.append(_OpenCall(end, fstat, pstat, start, name, fkey))
-        for done in stack:
-            done.close(done.end)
-    return functions, packages, info
+    out = PythonStats()
+    for thread, calls in by_thread.items():
+        out.sweep(thread, calls, phases)
+    return out
 
 
 def _entry(name: str, stat: _Stat, meta: Mapping[str, Any], steps: int) -> PythonEntry:
@@ -244,7 +294,14 @@ def top_python(
     breakdown phase their calls started in (``phases``; one line per package without them), other
     packages too unless they rank in the top few; and every function's self time above a threshold
     (``totals``: the full ranking, unfolded)."""
-    functions, packages, info = python_stats(events, region, phases)
+    stats = python_stats(events, region, phases)
+    return rank_python(stats, stats.merged(), steps, limit)
+
+
+def rank_python(stats: PythonStats, tables: ThreadStats, steps: int, limit: int = TOP_PYTHON) -> TopPython:
+    """``top_python``'s rankings of ``tables`` (``stats.merged`` of some of its threads)."""
+    functions, packages = tables
+    info = stats.info
     steps = max(steps, 1)
 
     def ranking(metric: str, by: Callable[[PythonEntry], float]) -> list[PythonEntry]:
@@ -304,21 +361,16 @@ def _is_op(event: Mapping[str, Any]) -> bool:
     return event.get("cat") == CPU_OP_CATEGORY and not str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
 
 
-class _OpenOp:
-    """An op on ``top_ops``'s stack: its end, name, length and the time its children took so far."""
-
-    __slots__ = ("child_us", "dur", "end", "name")
-
-    def __init__(self, end: float, name: str, dur: float) -> None:
-        self.end, self.name, self.dur, self.child_us = end, name, dur, 0.0
-
-
 def top_ops(
-    events: Sequence[Mapping[str, Any]], steps: int, limit: int = TOP_OPS, region: Span | None = None
+    events: Sequence[Mapping[str, Any]],
+    steps: int,
+    limit: int = TOP_OPS,
+    region: Span | None = None,
+    launches: Mapping[Any, Any] | None = None,
 ) -> TopOps:
     """Ops by CPU time (self and total) per step of ``region`` (each op clipped to it), every op's
     self time above a threshold (``totals``), and on CUDA the kernel time they launched (kernels
-    launched in ``region``)."""
+    launched in ``region``; ``launches``: ``WindowData.launches``, found here when not given)."""
     steps = max(steps, 1)
     by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
     for event in events:
@@ -328,23 +380,24 @@ def top_ops(
                 by_thread[(event.get("pid"), event.get("tid"))].append((*kept, str(event["name"])))
     stats: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, total, self
     op_spans: dict[Any, tuple[list[float], list[tuple[float, float, str]]]] = {}
-    for thread, ops in by_thread.items():
-        ops.sort(key=lambda o: (o[0], -o[1]))
-        stack: list[_OpenOp] = []
-        for start, end, name in ops:
-            while stack and stack[-1].end <= start:
+    for thread, found in by_thread.items():
+        ops, _, parents = nest(found, clip=False)  # an op's time is its own, even past its parent's end
+        child_us = [0.0] * len(ops)
+        stack: list[int] = []
+        for i, (start, end, name) in enumerate(ops):
+            while stack and stack[-1] != parents[i]:
                 done = stack.pop()
-                stats[done.name][2] += max(done.dur - done.child_us, 0.0)
+                stats[ops[done][2]][2] += max(ops[done][1] - ops[done][0] - child_us[done], 0.0)
             dur = end - start
             stat = stats[name]
             stat[0] += 1
             stat[1] += dur
             if stack:
-                stack[-1].child_us += dur
-            stack.append(_OpenOp(end, name, dur))
+                child_us[stack[-1]] += dur
+            stack.append(i)
         while stack:
             done = stack.pop()
-            stats[done.name][2] += max(done.dur - done.child_us, 0.0)
+            stats[ops[done][2]][2] += max(ops[done][1] - ops[done][0] - child_us[done], 0.0)
         op_spans[thread] = ([o[0] for o in ops], ops)
     by_cpu = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:limit]
     out: TopOps = {
@@ -354,7 +407,8 @@ def top_ops(
         ],
         "totals": totals({name: s[2] for name, s in stats.items()}, steps),
     }
-    launches = launches_by_correlation(events, RUNTIME_CATEGORIES)
+    if launches is None:
+        launches = launches_by_correlation(events, RUNTIME_CATEGORIES)
     kernels = []
     for kernel in events:
         if kernel.get("cat") not in KERNEL_CATEGORIES:
@@ -459,7 +513,7 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
             region=region,
             phases=phase_segments([steps[n] for n in counted], ranges),
         ),
-        "top_ops": top_ops(events, len(counted), region=region),
+        "top_ops": top_ops(events, len(counted), region=region, launches=data.launches),
         "gpu": gpu_summary(events, span, thread) if recorded else None,
         "memory": memory_summary(all_events, memory_snapshot),
         "compile": compile_summary(meta.get("compile"), events, steps),  # torch.compile (analysis/compile.py)

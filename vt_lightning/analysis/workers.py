@@ -196,7 +196,7 @@ def worker_summary(
     top user functions; and the top functions over all workers (an input-bound verdict's ``where``).
 
     ``workers``: ``{"pid", "worker", "rank"}`` of each worker whose events were merged."""
-    from vt_lightning.analysis.summary import top_python
+    from vt_lightning.analysis.summary import python_stats, rank_python
 
     pids = {int(w["pid"]) for w in workers}
     python_by_pid: dict[int, list[Mapping[str, Any]]] = {pid: [] for pid in pids}
@@ -209,11 +209,16 @@ def worker_summary(
             python_by_pid[pid].append(event)
         elif event.get("cat") == FETCH_CATEGORY:
             fetches[pid].append((int(event.get("args", {}).get("batch", -1)), float(event.get("dur", 0.0))))
+    everything = [e for pid in pids for e in python_by_pid[pid]]
+    stats = python_stats(everything)  # one sweep per thread feeds each worker's table and the overall one
+    threads_of: dict[Any, list[Any]] = {pid: [] for pid in pids}
+    for thread in stats.threads:
+        threads_of[thread[0]].append(thread)
     per_worker: list[WorkerEntry] = []
     for info in sorted(workers, key=lambda w: (int(w["worker"]), int(w["pid"]))):
         pid = int(info["pid"])
         done = sorted(fetches[pid])
-        top = top_python(python_by_pid[pid], 1, limit=2 * TOP_WORKER_PYTHON)
+        top = rank_python(stats, stats.merged(threads_of[pid]), 1, limit=2 * TOP_WORKER_PYTHON)
         per_worker.append(
             {
                 "worker": int(info["worker"]),
@@ -224,8 +229,7 @@ def worker_summary(
                 "top_python": [e for e in top["by_self"] if e["origin"] == "user"][:TOP_WORKER_PYTHON],
             }
         )
-    everything = [e for pid in pids for e in python_by_pid[pid]]
-    overall = top_python(everything, 1, limit=2 * TOP_WORKER_PYTHON)["by_self"] if everything else []
+    overall = rank_python(stats, stats.merged(), 1, limit=2 * TOP_WORKER_PYTHON)["by_self"] if everything else []
     return {
         "workers": per_worker,
         "top_python": overall[: 2 * TOP_WORKER_PYTHON],

@@ -41,8 +41,7 @@ from vt_lightning.export.reading import (
     check_trace_stream,
     download,
     is_regular_file,
-    is_url,
-    local_path,
+    locate_target,
     parsed_size_bound,
     read_trace,
     remote_files,
@@ -228,8 +227,9 @@ def load_windows(target: str, budget: MemoryBudget | None = None, refused: Warn 
 def _window_files(target: str) -> tuple[list[Location] | None, list[Location]]:
     """(summary files, trace files) under the directory ``target``, each sorted; (None, [target])
     when ``target`` is a file. A URL is listed through its filesystem (export/reading.py)."""
-    if is_url(target):
-        url = URL(target.rstrip("/"))
+    place = locate_target(target)
+    if isinstance(place, URL):
+        url = place
         suffixes = (SUMMARY_JSON_SUFFIX, LEGACY_SUMMARY_JSON_SUFFIX, TRACE_SUFFIX)
         listed = remote_files(url, suffixes)
         if listed is None:
@@ -239,7 +239,7 @@ def _window_files(target: str) -> tuple[list[Location] | None, list[Location]]:
             sorted(f for f in files if f.name.endswith(SUMMARY_JSON_SUFFIXES)),
             sorted(f for f in files if f.name.endswith(TRACE_SUFFIX)),
         )
-    path = Path(local_path(target))
+    path = place
     if not path.exists():
         raise SummaryNotFound(f"{path}: no such file or directory")
     if not path.is_dir():
@@ -360,9 +360,9 @@ def latest_trace(target: str, refused: Warn | None = None) -> Location:
     """The trace itself, the trace beside a summary file, or the newest regular trace under a
     directory (entries that are not regular files go to ``refused``). A URL is listed through its
     filesystem."""
-    if is_url(target):
-        return _latest_remote_trace(URL(target.rstrip("/")))
-    path = Path(local_path(target))
+    path = locate_target(target)
+    if isinstance(path, URL):
+        return _latest_remote_trace(path)
     if path.name.endswith(SUMMARY_JSON_SUFFIXES) and path.exists() and not path.is_dir():
         trace = path.with_name(str(summary_stem(path.name)) + TRACE_SUFFIX)
         if not trace.exists():
@@ -415,9 +415,10 @@ def run_view(target: str, port: int, open_browser: bool) -> int:
 
     refused = Refusals("view")
     found = latest_trace(target, refused)
+    place = locate_target(target)
     with tempfile.TemporaryDirectory(prefix="vt-lightning-view-") as scratch:
         trace = _local_copy(found, scratch)
-        if not is_url(target) and Path(local_path(target)).is_dir():  # a DDP window: its job file holds every rank
+        if not isinstance(place, URL) and place.is_dir():  # a DDP window: its job file holds every rank
             trace = job_file_of(trace) or trace
         check_trace_stream(trace)  # one line now rather than a blank Perfetto tab later
         return _serve(trace, found if isinstance(found, URL) else trace, port, open_browser, refused)

@@ -127,7 +127,7 @@ class BackgroundWriter:
     """One worker thread that finishes windows in order, handing the heavy part to a writer process.
 
     The thread is started outside any window, so it never inherits a tracer hook; the process is a
-    fresh interpreter (see ``_writer.writer_command``), which inherits none either.
+    fresh interpreter (see ``export/writer_process.writer_command``), which inherits none either.
     """
 
     def __init__(

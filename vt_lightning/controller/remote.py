@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-import re
 import secrets
 import shutil
 from pathlib import Path
@@ -28,13 +27,12 @@ from typing import Any
 
 from vt_lightning.controller.agreement import first_failure
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
-from vt_lightning.export.job import URL, WindowJob, WindowResult
+from vt_lightning.export.job import URL, UnusableURL, WindowJob, WindowResult, locate
 from vt_lightning.export.layout import host_name
 from vt_lightning.export.pipeline import delivered, run_dir_candidates
 from vt_lightning.recording.spool import PREFIX, default_spool_base
 
 CHUNK_BYTES = 8 << 20  # an object store's multipart uploads take parts of at least 5 MiB
-_LOCAL_SCHEME = re.compile(r"^(file|local):", re.IGNORECASE)  # fsspec's names of the local filesystem
 
 
 class OutputRootError(ValueError):
@@ -46,8 +44,9 @@ def output_root(
 ) -> tuple[Path, URL | None]:
     """(local root this process writes window directories to, absolute; remote root or None).
 
-    The root is ``dirpath``, else the logger's log dir, else ``default_root_dir``. A ``file://``
-    URL is its local path. Any other URL gets a local staging root under the spool base and is
+    The root is ``dirpath``, else the logger's log dir, else ``default_root_dir``, read by
+    ``export.job.locate`` as the ``vt-lightning`` command reads its arguments: a ``file:`` URL is
+    its local path, ``~`` is expanded. Any other URL gets a local staging root under the spool base and is
     returned as the remote root, once its filesystem has answered (``OutputRootError`` if not)."""
     if dirpath is not None:
         where, source = str(dirpath), "`dirpath`"
@@ -55,23 +54,21 @@ def output_root(
         where, source = str(log_dir), "the logger's log dir"
     else:
         where, source = str(default_root_dir), "the Trainer's `default_root_dir`"
-    if "://" not in where and not _LOCAL_SCHEME.match(where):
-        # Absolute now, at setup: every file goes here whatever the working directory becomes later
-        # (an ``os.chdir`` in the user's code), as Lightning's own files do.
-        return Path(where).absolute(), None
     from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
     from lightning.pytorch.utilities import rank_zero_info
 
     problem: OutputRootError | None = None
     try:
-        fs = get_filesystem(where)
-    except Exception as err:  # ImportError (s3fs missing), ValueError (unknown protocol)
-        problem = _unusable(where, source, err)
+        place = locate(where)  # the rule the vt-lightning command reads its arguments by
+    except UnusableURL as err:
+        problem = _unusable(where, source, err.cause)
     else:
-        if {"file", "local"} & set(_protocols(fs)):
-            return Path(fs._strip_protocol(where)).absolute(), None
+        if isinstance(place, Path):
+            # Absolute now, at setup: every file goes here whatever the working directory becomes
+            # later (an ``os.chdir`` in the user's code), as Lightning's own files do.
+            return place.absolute(), None
         try:
-            _check_filesystem(fs, URL(where.rstrip("/")), source)
+            _check_filesystem(get_filesystem(place), place, source)
         except OutputRootError as err:
             problem = err
     failed = first_failure(str(problem) if problem is not None else None)  # collective under DDP
@@ -79,18 +76,13 @@ def output_root(
         rank, message = failed
         stop = OutputRootError(message if rank == 0 else f"{message} (found on rank {rank}; every rank stops)")
         raise stop from problem
-    remote = URL(where.rstrip("/"))
-    if not _is_object_storage(fs):
+    remote = URL(place)
+    if not _is_object_storage(get_filesystem(remote)):
         rank_zero_info(f"vt_lightning: {no_exclusive_move(remote)}.")
     base = Path(spool_dir) if spool_dir is not None else Path(default_spool_base())
     # Made when the first window is written (a rank that records nothing leaves nothing behind);
     # the random part keeps the name unguessable in a shared temp directory.
     return base / f"{PREFIX}{host_name()}-{os.getpid()}-{secrets.token_hex(8)}", remote
-
-
-def _protocols(fs: Any) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 def _check_filesystem(fs: Any, remote: URL, source: str) -> None:

@@ -8,6 +8,7 @@ its inbox at step boundaries. Neither side ever writes into the other's state.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,45 @@ class URL(str):
 
 
 Location = Path | URL  # where a result's file is: a local path, or a remote file's URL
+
+_LOCAL_PROTOCOLS = ("file", "local")  # fsspec's names of the local filesystem
+
+
+class UnusableURL(ValueError):
+    """A URL whose filesystem cannot be had here (an unknown protocol, s3fs not installed); the
+    caller words the message for its argument, with ``cause`` as the reason."""
+
+    def __init__(self, url: str, cause: Exception) -> None:
+        super().__init__(f"{url}: {type(cause).__name__}: {cause}")
+        self.url = url
+        self.cause = cause
+
+
+def locate(where: str | os.PathLike[str]) -> Location:
+    """Where a user's path or URL points: the one rule for the callback's output root and the
+    ``vt-lightning`` command's arguments, so both read ``file:/x`` and ``~/x`` alike.
+
+    A URL is anything with a protocol of two or more characters before ``://`` (fsspec's rule:
+    ``C://x`` stays a Windows path), or a ``file:``/``local:`` prefix. A local-filesystem URL is
+    its path (``file:/x``, ``file:///x`` and ``local:///x`` are ``/x``); any other URL is a ``URL``
+    once fsspec knows its filesystem (``UnusableURL`` if not). A plain path has ``~`` expanded, as
+    Lightning does for its own directories, and stays relative if it was."""
+    text = os.fspath(where)
+    if not isinstance(text, str):
+        raise TypeError(f"expected a path or URL as text, got {type(text).__name__}")
+    protocol, separator, _ = text.partition("://")
+    if not (separator and len(protocol) > 1) and text.partition(":")[0].lower() not in _LOCAL_PROTOCOLS:
+        return Path(text).expanduser()
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, stripped = url_to_fs(text)
+    except Exception as err:  # ValueError (unknown protocol), ImportError (s3fs missing)
+        raise UnusableURL(text, err) from err
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if set(_LOCAL_PROTOCOLS) & set(protocols):
+        return Path(stripped)  # fsspec made it absolute
+    return URL(text.rstrip("/"))
 
 
 @dataclass(frozen=True)

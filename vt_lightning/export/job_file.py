@@ -33,7 +33,7 @@ from vt_lightning.analysis.job_merge import (
     ranks_to_reduce,
     slowest_and_fastest,
 )
-from vt_lightning.analysis.offsets import collective_residuals, rank_offsets
+from vt_lightning.analysis.offsets import CollectiveCheck, collective_residuals, rank_offsets
 from vt_lightning.analysis.schema import JobInfo
 from vt_lightning.analysis.straggler import analyze_straggler, choose_family, is_collective
 from vt_lightning.constants import TRACE_METADATA_KEY, TRACE_SUFFIX
@@ -115,26 +115,9 @@ def _write_job_file(
     meta = merged.get(TRACE_METADATA_KEY) or {}
     world = int(sync.get("world_size") or meta.get("world_size") or 1)
     span = str(meta.get("span") or job.trace_name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1])
-    host_ids: dict[int, int] = {int(k): int(v) for k, v in (sync.get("host_ids") or {}).items()}
-    remote_ranks = {r for r, h in host_ids.items() if h != host_ids.get(0)}
-    root = str(run_dir.parent)
-    wait_s = min(float(sync.get("job_wait_s", MAX_JOB_WAIT_S)), MAX_JOB_WAIT_S)
-    if root in _UNSHARED and remote_ranks:
-        wait_s = 0.0
-    elif root in _TIMED_OUT:  # a rank that stopped writing must not cost every later window the full wait
-        wait_s = min(wait_s, WAIT_AFTER_TIMEOUT_S)
-    files = wait_for_ranks(run_dir, span, world, wait_s)
-    missing = sorted(set(range(1, world)) - set(files))
-    if missing:
-        if remote_ranks & set(missing):
-            _UNSHARED.add(root)
-            return None, [
-                "no job file: the log dir is not shared between hosts (ranks on other hosts wrote no "
-                f"trace into {run_dir} within {wait_s:.0f} s; ranks {missing} missing); copy their window "
-                "directories together and run `vt-lightning summary` there"
-            ]
-        _TIMED_OUT.add(root)
-        return None, [f"no job file for {run_dir.name} (rank(s) {missing} wrote no trace of it within {wait_s:.0f} s)"]
+    files, missing_note = _rank_traces(sync, run_dir, span, world)
+    if missing_note is not None:
+        return None, [missing_note]
     traces: dict[int, dict[str, Any]] = {0: merged}
     sizes = {0: json_bytes}
     for rank in range(1, world):
@@ -152,20 +135,7 @@ def _write_job_file(
     offset_us = {r: (o.offset_us if (o := offsets.get(r)) else 0.0) for r in traces}
     aligned = aligned_events(traces, offset_us)
     straggler = analyze_straggler(aligned)
-    family = choose_family(aligned)
-    exits = (
-        {
-            r: [
-                (str(e["name"]), float(e["ts"]) + float(e.get("dur", 0.0)))
-                for e in events
-                if is_collective(str(e.get("name", "")), family)
-            ]
-            for r, events in aligned.items()
-        }
-        if family
-        else {}
-    )
-    check = collective_residuals(exits, {}) if exits else None
+    check = _collective_check(aligned)
     del aligned
     budget = int(sync.get("budget_bytes") or JOB_BUDGET_BYTES)
     reduced = ranks_to_reduce(sizes, slowest_and_fastest(straggler["wait_ms_per_step"]), budget)
@@ -184,10 +154,9 @@ def _write_job_file(
         if reduced
         else []
     )
-    job_name, summary_name = job_names(span)
     info: dict[str, Any] = {
-        "file": f"{JOB_DIR}/{job_name}",
-        "summary": f"{JOB_DIR}/{summary_name}",
+        "file": f"{JOB_DIR}/{job_names(span)[0]}",
+        "summary": f"{JOB_DIR}/{job_names(span)[1]}",
         "world_size": world,
         "ranks": ranks_info,
         "alignment": "one host: the ranks' shared clock, no shift (offset 0, bound: the ping-pong's half round trip)"
@@ -205,16 +174,67 @@ def _write_job_file(
     raw = orjson.dumps(trace)
     del trace
     info["json_bytes"] = len(raw)
-    directory = run_dir / JOB_DIR
-    directory.mkdir(exist_ok=True)
-    try:
-        atomic_write(directory / job_name, gzip_bytes(raw, job.gzip_level), overwrite=False)
-    except FileExistsError:
-        notes.append(f"job file {job_name} already there (a retried window); kept")
-    atomic_write(directory / summary_name, orjson.dumps(info, option=orjson.OPT_INDENT_2) + b"\n")
+    notes.extend(_write_files(run_dir, span, raw, info, job.gzip_level))
     if reduced:
         notes.append(f"job file over its budget ({budget} bytes of JSON): {left_out[0]}")
     return info, notes
+
+
+def _rank_traces(sync: dict[str, Any], run_dir: Path, span: str, world: int) -> tuple[dict[int, Path], str | None]:
+    """The other ranks' traces of the window, waited for within the run's wait; with the note that
+    says why there is no job file when a rank's never came."""
+    host_ids: dict[int, int] = {int(k): int(v) for k, v in (sync.get("host_ids") or {}).items()}
+    remote_ranks = {r for r, h in host_ids.items() if h != host_ids.get(0)}
+    root = str(run_dir.parent)
+    wait_s = min(float(sync.get("job_wait_s", MAX_JOB_WAIT_S)), MAX_JOB_WAIT_S)
+    if root in _UNSHARED and remote_ranks:
+        wait_s = 0.0
+    elif root in _TIMED_OUT:  # a rank that stopped writing must not cost every later window the full wait
+        wait_s = min(wait_s, WAIT_AFTER_TIMEOUT_S)
+    files = wait_for_ranks(run_dir, span, world, wait_s)
+    missing = sorted(set(range(1, world)) - set(files))
+    if not missing:
+        return files, None
+    if remote_ranks & set(missing):
+        _UNSHARED.add(root)
+        return files, (
+            "no job file: the log dir is not shared between hosts (ranks on other hosts wrote no "
+            f"trace into {run_dir} within {wait_s:.0f} s; ranks {missing} missing); copy their window "
+            "directories together and run `vt-lightning summary` there"
+        )
+    _TIMED_OUT.add(root)
+    return files, f"no job file for {run_dir.name} (rank(s) {missing} wrote no trace of it within {wait_s:.0f} s)"
+
+
+def _collective_check(aligned: dict[int, list[dict[str, Any]]]) -> CollectiveCheck | None:
+    """How well the ranks' collectives line up after the shift (``offsets.collective_residuals``),
+    or None when the window has no collective of a known family."""
+    family = choose_family(aligned)
+    if not family:
+        return None
+    exits = {
+        r: [
+            (str(e["name"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+            for e in events
+            if is_collective(str(e.get("name", "")), family)
+        ]
+        for r, events in aligned.items()
+    }
+    return collective_residuals(exits, {}) if exits else None
+
+
+def _write_files(run_dir: Path, span: str, raw: bytes, info: dict[str, Any], gzip_level: int) -> list[str]:
+    """The job file (never over one already there) and its ``.ranks.json``. Returns the notes."""
+    job_name, summary_name = job_names(span)
+    directory = run_dir / JOB_DIR
+    directory.mkdir(exist_ok=True)
+    notes: list[str] = []
+    try:
+        atomic_write(directory / job_name, gzip_bytes(raw, gzip_level), overwrite=False)
+    except FileExistsError:
+        notes.append(f"job file {job_name} already there (a retried window); kept")
+    atomic_write(directory / summary_name, orjson.dumps(info, option=orjson.OPT_INDENT_2) + b"\n")
+    return notes
 
 
 def job_summary(info: dict[str, Any]) -> JobInfo:

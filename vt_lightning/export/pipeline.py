@@ -16,21 +16,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vt_lightning.analysis.clock import MARKER_PREFIX, Calibration, ClockPair, best_marker_pair
+from vt_lightning.analysis.clock import Calibration, ClockPair, best_marker_pair
 from vt_lightning.analysis.compile import compile_record, compile_span_events
 from vt_lightning.analysis.filters import filter_python_events
 from vt_lightning.analysis.flight import add_flight_track
 from vt_lightning.analysis.merge import encode_trace, merge_trace
 from vt_lightning.analysis.summary import summarize
 from vt_lightning.analysis.verdicts import with_job_verdicts
-from vt_lightning.constants import CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY
+from vt_lightning.constants import CLOCK_MARKER_PREFIX, CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY
 from vt_lightning.export import raw_json
 from vt_lightning.export.atomic import atomic_write, gzip_bytes, owns, release_claim
 from vt_lightning.export.job import WindowJob, WindowResult
 from vt_lightning.export.job_file import JOB_EXTRA, job_summary, write_job_file
 from vt_lightning.export.layout import claim_name
 from vt_lightning.export.report import encode_summary, render_markdown, summary_names
-from vt_lightning.export.worker_dumps import add_to_trace, collect_worker_dumps, remove_parts, summarize_workers
+from vt_lightning.export.worker_dumps import (
+    WorkerDumps,
+    add_to_trace,
+    collect_worker_dumps,
+    remove_parts,
+    summarize_workers,
+)
 
 
 def _read_json(path: Path) -> Any:
@@ -46,10 +52,10 @@ def calibrate(job: WindowJob, torch_trace: dict[str, Any]) -> Calibration:
     spans = {
         e["name"]: (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
         for e in events
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith(MARKER_PREFIX)
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith(CLOCK_MARKER_PREFIX)
     }
     if spans:
-        torch_trace["traceEvents"] = [e for e in events if not str(e.get("name", "")).startswith(MARKER_PREFIX)]
+        torch_trace["traceEvents"] = [e for e in events if not str(e.get("name", "")).startswith(CLOCK_MARKER_PREFIX)]
     start = best_marker_pair(job.clock_markers.get("start", []), spans)
     end = best_marker_pair(job.clock_markers.get("end", []), spans)
     if start is not None and end is not None:
@@ -145,28 +151,8 @@ def finish_window(job: WindowJob) -> WindowResult:
                 to_torch_us=calibration.python_to_torch_us,
             )
             metadata["overflow_suggested_tracer_entries"] = suggested
-        python_events = python.get("traceEvents", [])
-        workers = collect_worker_dumps(job.extras.get("workers"))  # DataLoader workers' parts (worker_dumps.py)
-        if workers is not None:
-            python_events = [*python_events, *workers.events]
         notes: list[str] = []
-        if job.python_filter is not None:
-            python_events, filter_stats = filter_python_events(python_events, job.python_filter)
-            metadata["python_filter"] = filter_stats.as_dict()
-            if job.python_filter.user_filters and filter_stats.kept == 0 and filter_stats.filtered:
-                notes.append(
-                    f"include_files / exclude_files / max_stack_depth kept none of the "
-                    f"{filter_stats.filtered} Python calls recorded; check the paths"
-                )
-        gc_pauses = job.extras.get("gc")
-        if isinstance(gc_pauses, dict) and gc_pauses.get("events"):  # recording/gc_watch.py, on the Python clock
-            # Copies: merging moves events in place, and the job stays as handed over (a retry of
-            # the same job on the writer thread would otherwise shift these a second time).
-            python_events = [*python_events, *(dict(event) for event in gc_pauses["events"])]
-        compile_info = job.extras.get("compile")
-        if isinstance(compile_info, dict):  # recording/compile_watch.py: a span per compile, Python clock
-            python_events = [*python_events, *compile_span_events(compile_info, python_events)]
-            metadata["compile"] = compile_record(compile_info)
+        python_events, workers = _python_events(job, python, metadata, notes)
         merged = merge_trace(
             torch_trace,
             python_events,
@@ -217,6 +203,37 @@ def finish_window(job: WindowJob) -> WindowResult:
     except BaseException:
         remove_raw(job)
         raise
+
+
+def _python_events(
+    job: WindowJob, python: dict[str, Any], metadata: dict[str, Any], notes: list[str]
+) -> tuple[list[dict[str, Any]], WorkerDumps | None]:
+    """The window's Python-clock events, before the merge: VizTracer's calls with the DataLoader
+    workers' parts (``worker_dumps.py``), filtered, then the gc pauses and compile spans the side
+    recorders took. Returns them with the workers' parts (or None); ``metadata`` and ``notes``
+    get what the filter and the compile watch report."""
+    python_events = python.get("traceEvents", [])
+    workers = collect_worker_dumps(job.extras.get("workers"))
+    if workers is not None:
+        python_events = [*python_events, *workers.events]
+    if job.python_filter is not None:
+        python_events, filter_stats = filter_python_events(python_events, job.python_filter)
+        metadata["python_filter"] = filter_stats.as_dict()
+        if job.python_filter.user_filters and filter_stats.kept == 0 and filter_stats.filtered:
+            notes.append(
+                f"include_files / exclude_files / max_stack_depth kept none of the "
+                f"{filter_stats.filtered} Python calls recorded; check the paths"
+            )
+    gc_pauses = job.extras.get("gc")
+    if isinstance(gc_pauses, dict) and gc_pauses.get("events"):  # recording/gc_watch.py, on the Python clock
+        # Copies: merging moves events in place, and the job stays as handed over (a retry of
+        # the same job on the writer thread would otherwise shift these a second time).
+        python_events = [*python_events, *(dict(event) for event in gc_pauses["events"])]
+    compile_info = job.extras.get("compile")
+    if isinstance(compile_info, dict):  # recording/compile_watch.py: a span per compile, Python clock
+        python_events = [*python_events, *compile_span_events(compile_info, python_events)]
+        metadata["compile"] = compile_record(compile_info)
+    return python_events, workers
 
 
 MAX_CLASHES = 1000

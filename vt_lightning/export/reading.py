@@ -40,7 +40,7 @@ from typing import IO, Any, cast
 import orjson
 
 from vt_lightning.analysis.schema import SCHEMA_VERSION, Summary
-from vt_lightning.export.job import URL
+from vt_lightning.export.job import URL, Location, UnusableURL, locate
 from vt_lightning.export.terminal import printable
 
 MIB = 1 << 20
@@ -63,54 +63,59 @@ class UnreadableFile(SummaryNotFound):
 # --------------------------------------------------------------------------------------------------
 
 
-def is_url(target: str | os.PathLike[str]) -> bool:
-    """Whether ``target`` names a remote file or directory (``s3://…``, ``memory://…``); a
-    ``file://`` URL is a local path."""
-    text = os.fspath(target)
-    return isinstance(text, str) and "://" in text and not text.lower().startswith(("file://", "local://"))
+def locate_target(target: str | os.PathLike[str]) -> Location:
+    """Where a command's argument points, by the rule the callback reads its output root with
+    (``export.job.locate``): a local ``Path`` (``file:/x`` is ``/x``, ``~`` expanded) or a ``URL``.
+    A URL whose filesystem cannot be had here is one line naming it."""
+    try:
+        return locate(target)
+    except UnusableURL as err:
+        raise SummaryNotFound(_cannot_read(err.url, err.cause)) from None
 
 
-def local_path(target: str) -> str:
-    """``file:///x`` as ``/x``; anything else as given."""
-    lowered = target.lower()
-    for scheme in ("file://", "local://"):
-        if lowered.startswith(scheme):
-            return target[len(scheme) :]
-    return target
+def _cannot_read(url: str, err: Exception) -> str:
+    return (
+        f"{url}: cannot read this URL here ({type(err).__name__}: {err}); install what its filesystem "
+        "needs (s3fs for s3://, gcsfs for gs://, adlfs for az://)"
+    )
 
 
 def remote_filesystem(url: str) -> Any:
     """The fsspec filesystem of ``url`` (what Lightning's ``get_filesystem`` returns); one line
     naming the URL and what is missing when it cannot be had (s3fs not installed, a protocol fsspec
     does not know)."""
-    import fsspec
+    return _filesystem_and_path(url)[0]
+
+
+def _filesystem_and_path(url: str) -> tuple[Any, str]:
+    """(filesystem, the URL's path as that filesystem's listings name it: no protocol)."""
+    from fsspec.core import url_to_fs
 
     try:
-        return fsspec.core.url_to_fs(url)[0]
+        return url_to_fs(url)
     except Exception as err:  # ImportError (s3fs missing), ValueError (unknown protocol)
-        raise SummaryNotFound(
-            f"{url}: cannot read this URL here ({type(err).__name__}: {err}); install what its filesystem "
-            "needs (s3fs for s3://, gcsfs for gs://, adlfs for az://)"
-        ) from None
+        raise SummaryNotFound(_cannot_read(url, err)) from None
 
 
 def remote_files(url: URL, suffixes: tuple[str, ...]) -> list[tuple[URL, float]] | None:
     """(URL, modification time or 0) of every file under the directory ``url`` whose name ends with
     one of ``suffixes``, in name order; None when ``url`` is a file. Raises SummaryNotFound when
     nothing is there."""
-    fs = remote_filesystem(url)
+    fs, root = _filesystem_and_path(url)
+    root = root.rstrip("/")
     try:
-        info = fs.info(url)
+        info = fs.info(root)
     except FileNotFoundError:
         raise SummaryNotFound(f"{url}: no such file or directory") from None
     except Exception as err:  # a store that refuses us: credentials, permissions, network
         raise SummaryNotFound(f"{url}: cannot read it ({type(err).__name__}: {err})") from None
     if info.get("type") != "directory":
         return None
-    root = fs._strip_protocol(url).rstrip("/")
     found = []
-    for path, details in sorted(fs.find(url, detail=True).items()):
-        relative = fs._strip_protocol(path)[len(root) :].lstrip("/")
+    for path, details in sorted(fs.find(root, detail=True).items()):
+        if "://" in path:  # a filesystem whose listings keep the protocol
+            path = _filesystem_and_path(path)[1]
+        relative = path[len(root) :].lstrip("/")
         if details.get("type", "file") == "file" and relative.endswith(suffixes):
             found.append((url / relative, _modified(details)))
     return found

@@ -1,6 +1,6 @@
 """Summaries for people and scripts: file names, markdown, console tables, finding them on disk.
 
-Pure rendering and reading; computing a summary is ``summary.py``, writing it is ``finish.py``.
+Pure rendering and reading; computing a summary is ``analysis/summary.py``, writing it is ``export/pipeline.py``.
 Console tables use rich when it is installed and plain text otherwise (see ``print_table``).
 """
 

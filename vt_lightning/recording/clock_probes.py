@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from vt_lightning.analysis.clock import DEFAULT_ROUNDS, MARKER_PREFIX, MARKER_ROUNDS, ClockPair
+from vt_lightning.analysis.clock import DEFAULT_ROUNDS, MARKER_ROUNDS, ClockPair
+from vt_lightning.constants import CLOCK_MARKER_PREFIX
 
 # The wall clock torch.profiler's timestamps follow. A module attribute so tests can inject a step.
 wall_clock_ns: Callable[[], int] = time.time_ns
@@ -44,7 +45,7 @@ def emit_markers(
     """
     samples = []
     for i in range(rounds):
-        name = f"{MARKER_PREFIX}/{edge}#{i}"
+        name = f"{CLOCK_MARKER_PREFIX}/{edge}#{i}"
         marker = make_range(name)
         enter, leave = marker.__enter__, marker.__exit__
         before = python_clock_us()

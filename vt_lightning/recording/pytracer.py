@@ -31,6 +31,7 @@ from vt_lightning.recording.thread_hooks import (
     remove_profile_hooks,
     stop_adopting,
 )
+from vt_lightning.recording.unsafe_names import UnsafeDumpName, dump_in_process
 
 _active: weakref.WeakSet[PythonTracer] = weakref.WeakSet()
 _dump_child = False  # True only in the child PythonTracer.dump forks to write the buffer
@@ -158,6 +159,7 @@ class HeldDump:
         self._lock = threading.Lock()
         self._written = False
         self._pid: int | None = None
+        self._refused: UnsafeDumpName | None = None  # for the window's job, whoever wrote
         _held_dumps[id(self.viz)] = self
 
     def _claim(self) -> bool:
@@ -170,7 +172,10 @@ class HeldDump:
 
     def _write(self, *, in_process: bool) -> None:
         if self._claim():
-            self._pid = self._tracer._write_dump(self.path, fork=not in_process)
+            try:
+                self._pid = self._tracer._write_dump(self.path, fork=not in_process)
+            except UnsafeDumpName as err:  # the window's, not the next recording's: its job says so
+                self._refused = err
 
     def flush(self) -> None:
         """The buffer is needed for new calls: fork the dump now (the job reaps the child)."""
@@ -182,6 +187,8 @@ class HeldDump:
         stopped and waits), else by a forked child. Returns the child to reap (None: done)."""
         with self._lock:
             self._write(in_process=in_process)
+            if self._refused is not None:
+                raise self._refused
             pid, self._pid = self._pid, None
             return pid
 
@@ -490,7 +497,7 @@ class PythonTracer:
                 children.dump_children.add(pid)
                 self._tracer.clear()
                 return pid
-        self._tracer.dump(path)
+        dump_in_process(self._tracer, self.config.tracer_entries, path)  # refused where it would crash
         return None
 
     def discard(self) -> None:

@@ -28,7 +28,7 @@ from vt_lightning.recording.rivals import RivalGuard, RivalProfiler
 from vt_lightning.recording.side import SideRecorder
 from vt_lightning.recording.spool import SpoolError
 from vt_lightning.recording.torchtracer import TorchTracer
-from vt_lightning.recording.unsafe_names import ImportGuard, UnsafeImport
+from vt_lightning.recording.unsafe_names import CodeGuard, ImportGuard, UnsafeCode, UnsafeImport
 
 
 class MemoryRecorder(Protocol):
@@ -67,6 +67,8 @@ class ProfilingWindow:
         self._guard = RivalGuard(self._yield_to)
         self.unsafe_import: UnsafeImport | None = None  # set from any thread by ``_imports``
         self._imports = ImportGuard(self._unsafe_import)  # on sys.meta_path only while recording
+        # compile / the loaders' get_code wrapped only then; it calls on the compiling thread, as above
+        self._code = CodeGuard(lambda subject, file: self._unsafe(UnsafeCode(subject, file, window.index)))
         self.active = False
         self.closed = False
         self._clock_start: ClockPair | None = None
@@ -109,6 +111,7 @@ class ProfilingWindow:
         self._clock_start = sample_pair(self.python.clock_us)
         self._markers_start = emit_markers(self.python.clock_us, self.torch.make_range, "start")
         self._imports.install()  # before the tracer, so no thread imports unseen while it records
+        self._code.install()
         self.python.start()
         self.active = True
 
@@ -133,8 +136,11 @@ class ProfilingWindow:
     def _unsafe_import(self, unsafe: str) -> None:
         """From ``ImportGuard``, on the importing thread, before the module's code exists: stop the
         Python tracer for the rest of the window (never the import: nothing is raised into it)."""
+        self._unsafe(UnsafeImport(unsafe, self.window.index))
+
+    def _unsafe(self, err: UnsafeImport) -> None:
         if self.unsafe_import is None:
-            self.unsafe_import = UnsafeImport(unsafe, self.window.index)
+            self.unsafe_import = err
         try:
             self.python.stop()
         except Exception:  # pragma: no cover - stop() is best effort and raises nothing of its own
@@ -202,6 +208,7 @@ class ProfilingWindow:
             self.check_rivals()
             self.python.stop()
             self._imports.remove()
+            self._code.remove()
             # Threads alive now, and those started in the window that have ended since.
             thread_names = {
                 **self.python.new_thread_names,
@@ -263,6 +270,7 @@ class ProfilingWindow:
         for action in (
             self.python.stop,
             self._imports.remove,
+            self._code.remove,
             self._stop_side_tools,
             self.torch.stop,
             self._guard.remove,

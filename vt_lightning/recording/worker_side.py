@@ -43,9 +43,10 @@ import orjson
 
 from vt_lightning.analysis.usercode import PACKAGE_ROOT, library_roots
 from vt_lightning.analysis.workers import Range, global_batch, range_of
-from vt_lightning.constants import PYTHON_CATEGORY, THREAD_PREFIX
+from vt_lightning.constants import THREAD_PREFIX
 from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.pytracer import PythonTracer
+from vt_lightning.recording.unsafe_names import TracingGuard, dump_in_process
 from vt_lightning.recording.worker_plan import CLOCK_ROUNDS, SharedPlan, WorkerSetup
 
 WORKER_TRACER_ENTRIES = 250_000  # per worker: a few batches' fetches; each worker allocates its own
@@ -76,6 +77,8 @@ class _Part:
     stem: str
     clock: list[tuple[float, int]]
     fetches: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
+    spans: list[tuple[str, float, float]] = dataclasses.field(default_factory=list)  # library calls (``_spanned``)
+    tid: int = 0  # the fetching thread's native id
     stop_watch: threading.Event = dataclasses.field(default_factory=threading.Event)
     watcher: threading.Thread | None = None
 
@@ -98,7 +101,8 @@ class _WorkerSide:
         # What ``worker_calls="user"`` skips. "<frozen abc>", "<string>"...: the standard library's,
         # as usercode.py reads them.
         self.skipped = (*library_roots(), PACKAGE_ROOT + os.sep, "<")
-        self.names: tuple[Any, _Names] | None = None  # (fetcher, its library callables)
+        self.library: tuple[Any, _Names] | None = None  # (fetcher, its library callables)
+        self.names = TracingGuard()  # file names VizTracer cannot take, met while a fetch is traced
 
     def fetch(self, original: Callable[[Any], Any], index: Any, idx: Any) -> Any:
         if self.broken:
@@ -126,9 +130,11 @@ class _WorkerSide:
     def _start(self, tracer: PythonTracer) -> float | None:
         """Start tracing; the tracer's clock at the start, or None (this worker stops tracing)."""
         try:
-            tracer.start()
+            if not self.names.start(tracer):  # starts it
+                return None
             return tracer.clock_us()
         except Exception:  # another profiler in this worker, say: its fetches go on untraced
+            self.names.stop()
             self.broken = True
             return None
 
@@ -155,15 +161,19 @@ class _WorkerSide:
         if started is None:
             return fetcher.fetch(index)
         viz = tracer.ensure_tracer()
+        spans = self.part.spans if self.part is not None else []
         dataset, collate = fetcher.dataset, fetcher.collate_fn
         try:
             if not fetcher.auto_collation:
-                data = dataset[index] if names.item is None else _spanned(viz, names.item, dataset.__getitem__, index)
+                if names.item is None:
+                    data = dataset[index]
+                else:
+                    data = _spanned(spans, viz, names.item, dataset.__getitem__, index)
             elif hasattr(dataset, "__getitems__") and dataset.__getitems__:
                 if names.items is None:
                     data = dataset.__getitems__(index)
                 else:
-                    data = _spanned(viz, names.items, dataset.__getitems__, index)
+                    data = _spanned(spans, viz, names.items, dataset.__getitems__, index)
             else:
                 data = [None] * len(index)
                 if names.item is None:
@@ -171,8 +181,8 @@ class _WorkerSide:
                         data[k] = dataset[i]
                 else:
                     for k, i in enumerate(index):
-                        data[k] = _spanned(viz, names.item, dataset.__getitem__, i)
-            return collate(data) if names.collate is None else _spanned(viz, names.collate, collate, data)
+                        data[k] = _spanned(spans, viz, names.item, dataset.__getitem__, i)
+            return collate(data) if names.collate is None else _spanned(spans, viz, names.collate, collate, data)
         finally:
             self._fetched(tracer, batch, started)
 
@@ -184,29 +194,33 @@ class _WorkerSide:
         if started is None:
             return fetcher.fetch(index)
         viz = tracer.ensure_tracer()
+        spans = self.part.spans if self.part is not None else []
         iterator, collate = fetcher.dataset_iter, fetcher.collate_fn
         try:
             if fetcher.auto_collation:
                 data = []
                 for _ in index:
                     try:
-                        data.append(next(iterator) if names.item is None else _spanned(viz, names.item, next, iterator))
+                        if names.item is None:
+                            data.append(next(iterator))
+                        else:
+                            data.append(_spanned(spans, viz, names.item, next, iterator))
                     except StopIteration:
                         fetcher.ended = True
                         break
                 if len(data) == 0 or (fetcher.drop_last and len(data) < len(index)):
                     raise StopIteration
             else:
-                data = next(iterator) if names.item is None else _spanned(viz, names.item, next, iterator)
-            return collate(data) if names.collate is None else _spanned(viz, names.collate, collate, data)
+                data = next(iterator) if names.item is None else _spanned(spans, viz, names.item, next, iterator)
+            return collate(data) if names.collate is None else _spanned(spans, viz, names.collate, collate, data)
         finally:
             self._fetched(tracer, batch, started)
 
     def _names_of(self, fetcher: Any) -> _Names:
         """The library callables of ``fetcher`` (worked out once per fetcher: one per epoch)."""
-        if self.names is None or self.names[0] is not fetcher:
-            self.names = (fetcher, _Names.of(fetcher, self.skipped))
-        return self.names[1]
+        if self.library is None or self.library[0] is not fetcher:
+            self.library = (fetcher, _Names.of(fetcher, self.skipped))
+        return self.library[1]
 
     def _fetched(self, tracer: PythonTracer, batch: int, started: float) -> None:
         """Stop tracing and note the fetch. The part is written later (the next fetch outside the
@@ -214,7 +228,7 @@ class _WorkerSide:
         which the window is measuring."""
         try:
             ended = tracer.clock_us()
-            tracer.stop()
+            self.broken = self.names.stop(tracer) or self.broken  # such a name met: no more tracing here
             if self.part is not None:
                 self.part.fetches.append((batch, started, ended))
         except Exception:
@@ -249,7 +263,7 @@ class _WorkerSide:
         with open(f"{stem}.started", "w") as f:
             f.write(str(os.getpid()))
         pair = sample_pair(tracer.clock_us, time.monotonic_ns, rounds=CLOCK_ROUNDS)
-        part = self.part = _Part(window, stem, [(pair.python_us, pair.wall_ns)])
+        part = self.part = _Part(window, stem, [(pair.python_us, pair.wall_ns)], tid=threading.get_native_id())
         part.watcher = threading.Thread(
             target=self._watch, args=(part,), name=f"{THREAD_PREFIX}-worker-watch", daemon=True
         )
@@ -282,7 +296,7 @@ class _WorkerSide:
             viz = tracer.ensure_tracer()
             viz.setpid()  # this process's pid, whatever a forked parent fixed
             try:
-                viz.dump(f"{part.stem}.json.tmp")
+                dump_in_process(viz, tracer.config.tracer_entries, f"{part.stem}.json.tmp", in_worker=True)
             finally:
                 viz.setpid(0)
                 viz.clear()
@@ -296,6 +310,8 @@ class _WorkerSide:
                 "fetches": [list(f) for f in part.fetches],
                 "clock": [list(c) for c in part.clock],
                 "helper_tids": [watcher] if watcher is not None else [],
+                "spans": [list(span) for span in part.spans],
+                "tid": part.tid,
             }
             with open(f"{part.stem}.meta.json.tmp", "wb") as f:
                 f.write(orjson.dumps(meta))
@@ -403,12 +419,17 @@ class _Names:
         return _Names(item, items, library_name(fetcher.collate_fn, skipped))
 
 
-def _spanned(viz: Any, name: str, function: Callable[[Any], Any], arg: Any) -> Any:
-    """``function(arg)``, a library call the tracer skips, recorded as one span of its own. Called
-    from a skipped file itself, so the tracer ignores this frame and everything under it. On Python
-    <= 3.11 the tracer is paused for the call (VizTracer's ``pause``: its profile hook off on this
-    thread), so the library code runs at full speed instead of calling the hook for every function
-    only to skip it; 3.12+ (sys.monitoring, where ``pause`` is process-wide) keeps the hook on."""
+def _spanned(
+    spans: list[tuple[str, float, float]], viz: Any, name: str, function: Callable[[Any], Any], arg: Any
+) -> Any:
+    """``function(arg)``, a library call the tracer skips, noted in ``spans`` as (name, start, end)
+    on the tracer's clock: the writer adds it as one call of its own (``export/worker_dumps.py``).
+    Not an event in VizTracer's buffer: the check before its dump reads buffers of calls only
+    (``unsafe_names.unsafe_name_in_buffer``). Called from a skipped file itself, so the tracer ignores
+    this frame and everything under it. On Python <= 3.11 the tracer is paused for the call
+    (VizTracer's ``pause``: its profile hook off on this thread), so the library code runs at full
+    speed instead of calling the hook for every function only to skip it; 3.12+ (sys.monitoring,
+    where ``pause`` is process-wide) keeps the hook on."""
     start = viz.getts()
     if PAUSE_FOR_SPANS:
         viz.pause()
@@ -418,7 +439,7 @@ def _spanned(viz: Any, name: str, function: Callable[[Any], Any], arg: Any) -> A
             viz.resume()
     else:
         result = function(arg)
-    viz.add_raw({"ph": "X", "name": name, "ts": start, "dur": viz.getts() - start, "cat": PYTHON_CATEGORY})
+    spans.append((name, start, viz.getts()))
     return result
 
 

@@ -16,9 +16,10 @@ from typing import Any
 
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX
 from vt_lightning.analysis.schema import Summary
-from vt_lightning.analysis.spans import Span, clip, covered, launches_by_correlation, span_of, union
+from vt_lightning.analysis.spans import Span, clip, covered, span_of, union
 from vt_lightning.analysis.steps import Thread, WindowData
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES
+from vt_lightning.analysis.sweep import nest
 from vt_lightning.analysis.usercode import code_origin, parse_function
 from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, GC_SPAN_PREFIX, PYTHON_CATEGORY
 
@@ -35,8 +36,8 @@ BLOCKING_SUFFIXES = ("sleep", "acquire", "wait", "select", "poll", "recv", "recv
 #   entry: the user call that entered user code from library code (``__getitem__`` under torch's
 #   fetcher); owner: who owns it as pure Python (a user call, or a builtin / stdlib call made from one).
 Segment = tuple[float, float, str, str | None, str | None, str | None]
-# An open call on the sweep's stack: ``end, call, user, entry, owner, is_user``.
-_Open = tuple[float, str, str | None, str | None, str | None, bool]
+# What a call passes to the calls under it: ``call, user, entry, owner, is_user``.
+_Open = tuple[str, str | None, str | None, str | None, bool]
 
 
 class Timeline:
@@ -47,40 +48,46 @@ class Timeline:
         self.segments: list[Segment] = []
         add_start, add_segment = self.starts.append, self.segments.append
         origin: dict[str, str] = {}
-        stack: list[_Open] = []
+        ordered, ends, parents = nest(calls)  # outer call first, each clipped to its parent
+        opened: list[_Open] = []  # per call, in ``ordered``'s order
+        add_open = opened.append
+        stack: list[int] = []
         cursor = 0.0
-        for start, negative_end, name in sorted((s, -e, n) for s, e, n in calls):  # outer call first
-            end = -negative_end
-            while stack and stack[-1][0] <= start:
-                done_end, call, user, entry, owner, _ = stack.pop()
+        for i, (start, _, name) in enumerate(ordered):
+            parent = parents[i]
+            while stack and stack[-1] != parent:
+                done = stack.pop()
+                done_end = ends[done]
                 if done_end > cursor:
+                    call, user, entry, owner, _ = opened[done]
                     add_start(cursor)
                     add_segment((cursor, done_end, call, user, entry, owner))
                 cursor = done_end
-            parent = stack[-1] if stack else None
-            if parent is not None:
-                parent_end, call, user, entry, owner, parent_is_user = parent
-                if start > cursor:
-                    add_start(cursor)
-                    add_segment((cursor, start, call, user, entry, owner))
-                end = min(end, parent_end)
             kind = origin.get(name)
             if kind is None:
                 kind = origin[name] = (
                     "gc" if name.startswith(GC_SPAN_PREFIX) else code_origin(parse_function(name)[1])[0]
                 )
-            if kind == "user":
-                # the user call that entered user code from library code is inherited down the stack
-                stack.append((end, name, name, entry if parent is not None and parent_is_user else name, name, True))
-            elif parent is None:
-                stack.append((end, name, None, None, None, False))
+            if parent < 0:
+                add_open((name, name, name, name, True) if kind == "user" else (name, None, None, None, False))
             else:
-                pure = kind in ("builtin", "stdlib") and not name.endswith(BLOCKING_SUFFIXES)
-                stack.append((end, name, user, entry, owner if pure else None, False))
+                call, user, entry, owner, parent_is_user = opened[parent]
+                if start > cursor:
+                    add_start(cursor)
+                    add_segment((cursor, start, call, user, entry, owner))
+                if kind == "user":
+                    # the user call that entered user code from library code is inherited down the stack
+                    add_open((name, name, entry if parent_is_user else name, name, True))
+                else:
+                    pure = kind in ("builtin", "stdlib") and not name.endswith(BLOCKING_SUFFIXES)
+                    add_open((name, user, entry, owner if pure else None, False))
+            stack.append(i)
             cursor = start
         while stack:
-            done_end, call, user, entry, owner, _ = stack.pop()
+            done = stack.pop()
+            done_end = ends[done]
             if done_end > cursor:
+                call, user, entry, owner, _ = opened[done]
                 add_start(cursor)
                 add_segment((cursor, done_end, call, user, entry, owner))
             cursor = done_end
@@ -200,5 +207,5 @@ class WindowView:
         return user
 
     def launches(self) -> dict[Any, Any]:
-        """``{correlation: runtime call}`` of the window's kernel launches."""
-        return launches_by_correlation(self.runtime, RUNTIME_CATEGORIES)
+        """``{correlation: runtime call}`` of the window's kernel launches (the summary's map)."""
+        return self.data.launches

@@ -1,0 +1,79 @@
+"""The one interval sweep (analysis/sweep.py) and the Python tables it feeds: every per-thread table
+(python stats, top ops, the verdicts' timeline) reads the same nesting, and the workers' tables
+come from one sweep per thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vt_lightning.analysis.summary import top_python
+from vt_lightning.analysis.sweep import nest
+from vt_lightning.analysis.verdicts.window import Timeline
+from vt_lightning.analysis.workers import worker_summary
+from vt_lightning.constants import PYTHON_CATEGORY
+
+USER = "/home/me/project/data.py"
+LIB = "/usr/lib/python3.11/site-packages/PIL/Image.py"
+
+pytestmark = pytest.mark.unit
+
+
+def test_nest_orders_outer_first_clips_to_the_parent_and_names_it() -> None:
+    calls = [
+        (5.0, 20.0, "child sticking out"),  # starts inside "outer", ends after it
+        (0.0, 10.0, "outer"),
+        (0.0, 3.0, "first child"),
+        (12.0, 14.0, "after"),
+        (0.0, 10.0, "outer twin"),  # same span as "outer": after it, in the order given
+    ]
+    ordered, ends, parents = nest(calls)
+    names = [c[2] for c in ordered]
+    assert names == ["outer", "outer twin", "first child", "child sticking out", "after"]
+    assert ends == [10.0, 10.0, 3.0, 10.0, 14.0]  # clipped to the call it started in
+    assert parents == [-1, 0, 1, 1, -1]
+    _, raw_ends, _ = nest(calls, clip=False)  # torch's ops keep their own ends
+    assert raw_ends == [10.0, 10.0, 3.0, 20.0, 14.0]
+
+
+def test_timeline_segments_belong_to_the_innermost_call() -> None:
+    fetch = f"__getitem__ ({USER}:10)"
+    crop = f"crop ({LIB}:99)"
+    timeline = Timeline([(0.0, 10.0, fetch), (2.0, 6.0, crop)])
+    owners = [(start, end, call, entry) for start, end, call, _, entry, _ in timeline.segments]
+    assert owners == [(0.0, 2.0, fetch, fetch), (2.0, 6.0, crop, fetch), (6.0, 10.0, fetch, fetch)]
+
+
+def _call(name: str, ts: float, dur: float, pid: int, tid: int) -> dict[str, Any]:
+    return {"ph": "X", "cat": PYTHON_CATEGORY, "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": tid}
+
+
+def _worker_events() -> list[dict[str, Any]]:
+    """Two workers, the second with two threads; the same user functions in each."""
+    events = []
+    for pid, tids, scale in ((101, (1,), 1.0), (202, (2, 3), 2.5)):
+        for tid in tids:
+            for i in range(4):
+                base = 100.0 * i
+                events.append(_call(f"__getitem__ ({USER}:10)", base, 50.0 * scale, pid, tid))
+                events.append(_call(f"augment ({USER}:20)", base + 1, 30.0 * scale, pid, tid))
+                events.append(_call(f"resize ({LIB}:5)", base + 2, 10.0 * scale, pid, tid))
+    return events
+
+
+def test_worker_tables_from_one_sweep_equal_a_pass_per_table() -> None:
+    """Each worker's table and the all-workers table, taken from the per-thread sweep, are what
+    ranking that worker's (or every worker's) calls on their own gives."""
+    events = _worker_events()
+    workers = [{"pid": 101, "worker": 0, "rank": 0}, {"pid": 202, "worker": 1, "rank": 0}]
+    summary = worker_summary(events, workers, [])
+    for entry in summary["workers"]:
+        own = [e for e in events if e["pid"] == entry["pid"]]
+        expected = [e for e in top_python(own, 1, limit=10)["by_self"] if e["origin"] == "user"]
+        assert entry["top_python"] == expected[: len(entry["top_python"])]
+        assert entry["top_python"], entry
+    overall = top_python(events, 1, limit=10)["by_self"]
+    assert summary["top_python"] == overall[: len(summary["top_python"])]
+    augment = next(e for e in summary["top_python"] if e["function"] == "augment")
+    assert augment["calls"] == 12  # 4 calls on each of the three threads, added up

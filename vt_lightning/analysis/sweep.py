@@ -1,0 +1,52 @@
+"""The one interval sweep: one thread's calls (or ops) nested by time. Pure.
+
+Every per-thread table reads the same structure: ``summary.python_stats`` (self and inclusive time
+per function), ``summary.top_ops`` (self time per op) and the verdicts' ``Timeline`` (which call
+owns each instant). ``nest`` sorts a thread's intervals once, outer call first, and gives each the
+call it started in; the readers then walk the result with a stack of indices, on plain tuples and
+lists (a NamedTuple or an object per call costs several times as much in these loops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+# An interval as the readers pass it: ``(start µs, end µs, *fields)``; nest keeps the tuple as is.
+Interval = tuple[Any, ...]
+
+
+_FOREVER = float("inf")
+
+
+def _outer_first(interval: Interval) -> tuple[float, float]:
+    return interval[0], -interval[1]
+
+
+def nest(intervals: Iterable[Interval], clip: bool = True) -> tuple[list[Interval], list[float], list[int]]:
+    """``(ordered, ends, parents)``: ``intervals`` sorted by start, the longer first on a tie (then
+    in the order given), each one's end (``clip``: cut to the end of the call it started in, as a
+    trace viewer nests them; else as recorded) and the index in ``ordered`` of that call (-1: at
+    the top). A call starts inside another when it starts before that one ends.
+
+    Readers walk ``ordered`` keeping a stack of open indices: before call ``i``, pop while the top
+    is not ``parents[i]``; the popped calls are those that ended, innermost first."""
+    ordered = sorted(intervals, key=_outer_first)
+    ends: list[float] = []
+    parents: list[int] = []
+    add_end, add_parent = ends.append, parents.append
+    stack: list[tuple[float, int]] = [(_FOREVER, -1)]  # (end, index) of the open calls; a sentinel at the bottom
+    push, pop = stack.append, stack.pop
+    top_end, parent = _FOREVER, -1
+    for i, interval in enumerate(ordered):
+        start, end = interval[0], interval[1]
+        while top_end <= start:
+            pop()
+            top_end, parent = stack[-1]
+        if clip and end > top_end:
+            end = top_end
+        add_parent(parent)
+        add_end(end)
+        push((end, i))
+        top_end, parent = end, i
+    return ordered, ends, parents
