@@ -22,8 +22,9 @@ torch's two fetchers do it (``_WorkerSide._replay_map``: ``dataset[i]`` per inde
 iterator per sample, then the collate function). Where one of those callables is library code (a
 torchvision dataset's ``__getitem__``, ``default_collate``), each call of it is one span of its
 own, named after it, with nothing under it: VizTracer's C tracer has no "this call but not its
-subtree" filter (it skips an excluded frame with everything under it), so the span is added with
-its ``add_raw`` (VizTracer 1.0.1 on). A library call made by the user's own code (PIL's
+subtree" filter (it skips an excluded frame with everything under it), so the worker times the
+call on the tracer's clock (paused for it on Python <= 3.11) and the writer adds the span
+(``_spanned``). A library call made by the user's own code (PIL's
 ``Image.open`` inside ``__getitem__``) is skipped with its subtree; its C calls are kept.
 ``worker_calls="all"``: every call, through torch's own fetcher.
 """
