@@ -38,7 +38,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.recording.pytracer import PythonTracerConfig
-from vt_lightning.recording.workers import SharedPlan, WorkerSetup, _TracedFetch, _watch_tasks, _WorkerSide
+from vt_lightning.recording.worker_plan import SharedPlan, WorkerSetup
+from vt_lightning.recording.worker_side import _TracedFetch, _watch_tasks, _WorkerSide
 
 
 class MLP(L.LightningModule):

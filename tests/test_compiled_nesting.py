@@ -11,58 +11,41 @@ compile takes ~20 s on a 2-core CPU, in a cache directory of the test's own.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
-from conftest import load_trace, overlaps_without_nesting, trace_files
+from conftest import overlaps_without_nesting
+from vision_fit import fit_vision
 
-from vt_lightning import VizTraceCallback
 from vt_lightning.analysis.nesting import RANGE_TRACK_TID_BASE, separate_crossing_ranges
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vision.py"
 COMPILE_SPAN_PREFIX = "torch.compile: "
 
 
-def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vt_example_vision", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _fresh_dynamo() -> None:
-    import torch
-
     torch._dynamo.reset()
 
 
 def _fit_compiled(root: Path, backend: str) -> list[dict[str, Any]]:
     """Two windows of two batches each: 0-1 (the first compile) and 2-3 (warm)."""
-    vision = load_example()
     _fresh_dynamo()
-    L.seed_everything(0)
-    callback = VizTraceCallback(wait=0, warmup=0, active=2, repeat=2, budget_time_share=None, writer_timeout=300)
-    trainer = L.Trainer(
-        default_root_dir=root,
-        accelerator="cpu",
-        max_steps=4,
-        callbacks=[callback],
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-        logger=True,
-    )
-    trainer.fit(vision.ImageClassifier(backend), vision.loader(batch_size=16, num_workers=2, length=128))
-    _fresh_dynamo()
-    return [load_trace(path) for path in trace_files(root)]
+    try:
+        return fit_vision(
+            root,
+            max_steps=4,
+            batch_size=16,
+            length=128,
+            backend=backend,
+            logger=True,
+            wait=0,
+            warmup=0,
+            active=2,
+            repeat=2,
+        )
+    finally:
+        _fresh_dynamo()
 
 
 def _check_nests_and_shows_the_compile(traces: list[dict[str, Any]], backend: str) -> None:

@@ -14,6 +14,9 @@ import pytest
 from vt_lightning.analysis.compare import diff
 from vt_lightning.analysis.summary import summarize
 from vt_lightning.analysis.verdict_report import verdict_change_lines, verdict_line
+from vt_lightning.analysis.verdicts.input import untraced_reading
+from vt_lightning.constants import UNTRACED_WAIT_KEY
+from vt_lightning.controller.data_wait import UNTRACED_STEPS_KEPT, UntracedWaits
 from vt_lightning.controller.loggers import summary_scalars
 from vt_lightning.export.reading import check_summary
 from vt_lightning.export.report import render_markdown
@@ -127,6 +130,66 @@ def test_input_bound_names_worker_code_when_the_main_thread_only_waits() -> None
     found = only(window(step), "input_bound")
     assert [w["function"] for w in found["where"]] == ["Rows.__getitem__", "collate_rows"]
     assert found["evidence"]["source"] == "worker processes"
+
+
+@pytest.mark.parametrize(
+    ("untraced", "fires"),
+    [
+        ({"steps": 8, "data_wait_ms": 0.3, "share": 0.05}, False),  # the loader alone barely waits
+        ({"steps": 8, "data_wait_ms": 6.0, "share": 0.05}, False),  # long steps: a small share of them
+        ({"steps": 8, "data_wait_ms": 0.9, "share": 0.5}, False),  # under a millisecond per step
+        ({"steps": 8, "data_wait_ms": 6.0, "share": 0.4}, True),  # the untraced steps wait too
+        ({"steps": 1, "data_wait_ms": 0.3, "share": 0.05}, True),  # one step is too few to overrule the window
+        (None, True),  # no untraced step before the window (or an older trace): the window decides
+        ({"steps": "?"}, True),
+    ],
+)
+def test_input_bound_needs_the_untraced_steps_to_wait_too(untraced: Any, fires: bool) -> None:
+    """Tracing an in-process fetch (or a worker's) lengthens the window's wait; the steps no tracer
+    recorded tell the loader's own wait (issue 39: a 3 ms step whose traced collate took 2 ms)."""
+    trace = window(fetching(6_000, 5_000))
+    trace["vt_lightning"][UNTRACED_WAIT_KEY] = untraced
+    found = [v for v in summarize(trace)["verdicts"] if v["kind"] == "input_bound"]
+    assert bool(found) is fires
+    if found:
+        assert found[0]["evidence"][UNTRACED_WAIT_KEY] == untraced
+
+
+def test_the_untraced_reading_is_the_median_steps_wait_and_share() -> None:
+    # One fetch the OS descheduled (20 ms) among 0.5 ms ones does not make the loader slow...
+    waits = [0.0005, 0.020, 0.0005, 0.0005]
+    assert untraced_reading(waits, [0.0015] * 4) == {"steps": 4, "data_wait_ms": 0.5, "share": 0.25}
+    # ...while a loader that makes most steps wait does.
+    assert untraced_reading([0.003, 0.003, 0.0], [0.001] * 3) == {
+        "steps": 3,
+        "data_wait_ms": 3.0,
+        "share": 0.75,
+    }
+    assert untraced_reading([], []) is None
+
+
+def test_the_untraced_meter_counts_only_steps_no_tracer_recorded() -> None:
+    meter = UntracedWaits()
+    ms = 0.001
+
+    def step(start: float, own_ms: float = 0.0, end: float = 0.0, traced_wait: bool = False, traced: bool = False):
+        meter.batch_start(start * ms, traced_wait)
+        meter.resume((start + own_ms) * ms)  # after vt_lightning's own work (a window opening)
+        meter.batch_end(end * ms, traced)
+        meter.ended_at((end + (1 if traced else 0)) * ms)  # a window closing: 1 ms of our own
+
+    step(1, end=4)  # the first batch: no wait before it is known
+    step(5, own_ms=10, end=18)  # 1 ms wait, 3 ms busy: the 10 ms of opening a window is neither
+    step(20, end=30, traced=True)  # a window (warmup=0) opened at its start: its 2 ms wait, the last 3 ms busy
+    step(32, end=40, traced_wait=True, traced=True)  # a window was open during its wait: not counted
+    step(42, end=45, traced_wait=True)  # (the window's last step, then its close)
+    meter.not_a_step()  # validation ran: the interval is no fetch
+    step(60, end=63)
+    step(63.5, end=66.5)  # 0.5 ms wait, 3 ms busy
+    assert meter.reading() == {"steps": 3, "data_wait_ms": 1.0, "share": round(1 / 4, 3)}
+    for n in range(100):  # a long run keeps the last steps only
+        step(100 + n * 2, end=101 + n * 2)
+    assert meter.reading()["steps"] == UNTRACED_STEPS_KEPT
 
 
 # --------------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from vt_lightning.analysis.workers import (
 )
 from vt_lightning.constants import SUMMARY_JSON_SUFFIX
 from vt_lightning.export.worker_dumps import wait_for_parts
-from vt_lightning.recording.workers import SharedPlan
+from vt_lightning.recording.worker_plan import SharedPlan
 
 RUN_TIMEOUT = 180  # s: a run takes ~5 s with forked workers, ~25 s spawned, on a loaded 2-core box
 WINDOW_BATCHES = [4, 5, 6, 7]  # skip_first=0: inside epoch 0
@@ -74,6 +74,13 @@ class RecognisableDataset(Dataset):
     def vt_recognisable_getitem(self, index):
         entered = time.time_ns()
         if index == CFG["kill_at"]:
+            # Die only once training has entered the batch named by "die_after" (its marker file):
+            # a worker prefetches up to 4 batches ahead, so on a loaded machine it reached this one
+            # before the window opened, and no window was written.
+            deadline = time.monotonic() + 60
+            marker = os.path.join(OUT, "training-reached")
+            while CFG["die_after"] >= 0 and not os.path.exists(marker) and time.monotonic() < deadline:
+                time.sleep(0.01)
             os._exit(3)
         profiled = int(_profile_hook_installed())
         seeded = int(torch.initial_seed() != get_worker_info().seed)  # Lightning's pl_worker_init_function
@@ -88,6 +95,8 @@ class Model(pl.LightningModule):
         self.layer = torch.nn.Linear(4, 1)
 
     def training_step(self, batch, batch_idx):
+        if batch_idx == CFG["die_after"]:
+            open(os.path.join(OUT, "training-reached"), "w").close()
         return self.layer(batch).sum()
 
     def configure_optimizers(self):
@@ -121,7 +130,15 @@ if __name__ == "__main__":
 
 def run_fit(tmp: Path, **overrides: Any) -> dict[str, Any]:
     """Run the script; its exit status, output, wall time and the fetch records."""
-    config = {"persistent": False, "method": "fork", "kill_at": -1, "trace": True, "seed": False, "skip_first": 0}
+    config = {
+        "persistent": False,
+        "method": "fork",
+        "kill_at": -1,
+        "die_after": -1,
+        "trace": True,
+        "seed": False,
+        "skip_first": 0,
+    }
     config.update(overrides)
     out = tmp / "out"
     out.mkdir(parents=True)
@@ -250,9 +267,10 @@ def test_no_worker_tracer_outside_windows(tmp_path):
 
 
 def test_a_killed_worker_loses_only_its_own_events(tmp_path):
-    """Worker 1 dies (``os._exit``) fetching batch 7, after it traced batch 5; worker 0 traced 4 and 6."""
-    baseline = run_fit(tmp_path / "without", trace=False, kill_at=15)
-    traced = run_fit(tmp_path / "with", kill_at=15)
+    """Worker 1 dies (``os._exit``) fetching batch 7, after it traced batch 5 and once training
+    has reached the window's batch 5; worker 0 traced 4 and 6."""
+    baseline = run_fit(tmp_path / "without", trace=False, kill_at=15, die_after=5)
+    traced = run_fit(tmp_path / "with", kill_at=15, die_after=5)
     assert baseline["code"] != 0  # the DataLoader reports the dead worker: training fails...
     assert traced["code"] == baseline["code"], traced["output"][-3000:]  # ...the same way with the callback
     assert traced["seconds"] < 120

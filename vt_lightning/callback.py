@@ -8,6 +8,7 @@ The typed ``__init__`` is the public face: LightningCLI and YAML configs read it
 from __future__ import annotations
 
 import inspect
+import time
 from pathlib import Path
 from typing import Any
 
@@ -241,21 +242,28 @@ class VizTraceCallback(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        # Quiet batches: one attribute chain and one comparison, no allocation. ``ready`` counts the
-        # batch in progress, so the global batch index is ``ready - 1``.
+        # Quiet batches: a clock read for the untraced data wait, one attribute chain and one
+        # comparison. ``ready`` counts the batch in progress, so the global batch index is ``ready - 1``.
         controller = self._controller
+        window, untraced = controller.window, controller.untraced
+        untraced.batch_start(time.perf_counter(), window is not None)  # a warmup's torch.profiler too
         ready = trainer.fit_loop.epoch_loop.batch_progress.total.ready
         if ready <= controller.next_look:
             return
         with worker_failures_deferred():  # see on_exception
             controller.train_batch_start(trainer, ready)
+        untraced.resume(time.perf_counter())
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._controller.window is not None:
+        controller = self._controller
+        window = controller.window
+        controller.untraced.batch_end(time.perf_counter(), window is not None and window.active)
+        if window is not None:
             with worker_failures_deferred():
-                self._controller.batch_end(global_batch(trainer))
+                controller.batch_end(global_batch(trainer))
+            controller.untraced.ended_at(time.perf_counter())
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.not_a_step()  # the interval across an epoch boundary is no training step

@@ -15,8 +15,10 @@ from typing import Any, Protocol
 from vt_lightning.analysis.filters import PythonFilter
 from vt_lightning.analysis.history import WindowNumbers
 from vt_lightning.analysis.sources import Planned
+from vt_lightning.constants import UNTRACED_WAIT_KEY
 from vt_lightning.controller import messages, windows
 from vt_lightning.controller import run as runs
+from vt_lightning.controller.data_wait import UntracedWaits
 from vt_lightning.controller.handoff import BackgroundWriter, finishes_at_end
 from vt_lightning.controller.inbox import Inbox
 from vt_lightning.controller.warn import WarnOnce
@@ -42,6 +44,7 @@ class ClosingState(Protocol):
     triggered_runs: list[tuple[str, Any]]
     windows_recorded: int
     train_started: tuple[int, int] | None
+    untraced: UntracedWaits
 
 
 def mark_written(ctl: ClosingState) -> None:
@@ -65,6 +68,7 @@ def hand_off(ctl: ClosingState, window: ProfilingWindow, reason: str | None, par
     destination = windows.destination(
         ctl.options, ctl.run, window, planned, partial or incomplete, reason, ctl.trainer(), ctl.python_filter
     )
+    destination.metadata[UNTRACED_WAIT_KEY] = ctl.untraced.reading()  # input_bound reads it
     if trigger is not None:
         ctl.triggered_runs.append((destination.run_dir.name, trigger))
         del ctl.triggered_runs[: -messages.TRIGGERED_SHOWN]  # the latest are named at the end

@@ -24,6 +24,7 @@ from vt_lightning.analysis.usercode import library_roots
 from vt_lightning.controller import closing, forks, messages, side_recorders, windows
 from vt_lightning.controller import run as runs
 from vt_lightning.controller.budget import BudgetGuard
+from vt_lightning.controller.data_wait import UntracedWaits
 from vt_lightning.controller.handoff import BackgroundWriter
 from vt_lightning.controller.inbox import Inbox, Outcomes
 from vt_lightning.controller.triggers import ArmedTriggers, agree, arm
@@ -69,6 +70,7 @@ class WindowController:
         self.triggers: ArmedTriggers | None = None
         self.slow: Any = None  # the watch's SlowStep, read on every batch when armed
         self.next_check: float = math.inf  # with the slow-step trigger: batches up to here only read the clock
+        self.untraced = UntracedWaits()  # the data wait of untraced steps, fed by the callback on every batch
         self.inbox = Inbox()
         self.budget = BudgetGuard(o.budget, self.warn)
         self.outcomes = Outcomes(self.warn, o.python.tracer_entries)
@@ -209,6 +211,7 @@ class WindowController:
 
     def not_a_step(self) -> None:
         """The interval to the next batch start is no training step (epoch edge, validation)."""
+        self.untraced.not_a_step()
         if self.slow is not None:
             self.slow.skip_next()
 

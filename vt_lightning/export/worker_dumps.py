@@ -1,5 +1,5 @@
 """The writer's side of DataLoader worker tracing: collect the parts the workers wrote to the spool
-for one window (``recording/workers.py``), wait a bounded time for those still being written, and
+for one window (``recording/worker_side.py``), wait a bounded time for those still being written, and
 put their events on the window's timeline. A worker that died or hung loses only its own part: the
 window is written without it, with a note.
 """
@@ -25,7 +25,7 @@ from vt_lightning.analysis.workers import (
     worker_summary,
     worker_to_main_us,
 )
-from vt_lightning.constants import TRACE_METADATA_KEY
+from vt_lightning.constants import PYTHON_CATEGORY, TRACE_METADATA_KEY
 from vt_lightning.export import raw_json
 from vt_lightning.export.atomic import process_alive
 
@@ -121,6 +121,7 @@ def collect_worker_dumps(extras: dict[str, Any] | None) -> WorkerDumps | None:
         events = [
             e for e in dump.get("traceEvents", []) if not (e.get("ph") == "M" and e.get("name") == "process_name")
         ]
+        events += library_spans(meta)
         place_events(events, to_main, {int(t) for t in meta.get("helper_tids", [])})
         out.events.extend(events)
         if dump.get("viztracer_metadata", {}).get("overflow"):
@@ -136,6 +137,24 @@ def collect_worker_dumps(extras: dict[str, Any] | None) -> WorkerDumps | None:
             }
         )
     return out
+
+
+def library_spans(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The library calls a worker noted as spans (``recording/worker_side.py``), as complete events
+    on its fetching thread, on the worker's VizTracer clock like its dump's."""
+    pid, tid = int(meta["pid"]), int(meta.get("tid") or meta["pid"])
+    return [
+        {
+            "ph": "X",
+            "name": str(name),
+            "ts": float(start),
+            "dur": float(end) - float(start),
+            "cat": PYTHON_CATEGORY,
+            "pid": pid,
+            "tid": tid,
+        }
+        for name, start, end in meta.get("spans", [])
+    ]
 
 
 def remove_files(paths: list[str]) -> None:

@@ -2,22 +2,31 @@
 
 ``where`` names the user's dataset or collate function (the user call that entered user code from
 torch's fetcher) and, under each, the user callee that took most of its time with its share, so a
-slow ``__getitem__`` points at the helper that made it slow."""
+slow ``__getitem__`` points at the helper that made it slow.
+
+Tracing the fetch costs time (every Python call of an in-process fetch, a worker's user code), so a
+window's wait can exceed the loader's own. The training process measures the wait of the steps no
+Python tracer records (``controller/data_wait.py``) and puts it in the window's metadata
+(``UNTRACED_WAIT_KEY``): the verdict is raised only when those steps waited too
+(``untraced_clears``)."""
 
 from __future__ import annotations
 
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from vt_lightning.analysis.schema import VerdictWhere
 from vt_lightning.analysis.verdicts.base import TOP_WHERE, Finding, Rule, where_of
 from vt_lightning.analysis.verdicts.window import WindowView
+from vt_lightning.constants import UNTRACED_WAIT_KEY
 
 INPUT_BOUND_SHARE = 0.25  # fetching the next batch (breakdown ``data_wait``), of the step
 INPUT_BOUND_MIN_MS = 1.0  # per step
 CALLEE_MIN_SHARE = 0.10  # a callee is named when it took at least this share of its entry's time
+UNTRACED_MIN_STEPS = 2  # untraced steps a reading needs to overrule the window's wait
 
 Time = dict[str, float]
 
@@ -54,6 +63,34 @@ def _places(entries: Time, callees: dict[str, Time], steps: int) -> list[Verdict
     return out
 
 
+def untraced_reading(waits_s: Sequence[float], busy_s: Sequence[float]) -> dict[str, Any] | None:
+    """The untraced steps' data wait (seconds of waiting and of the step's own time, per step): in
+    the median step, ms and share of the step (wait plus own time); None without a step. The
+    median, as ``input_bound`` reads the window's steps: one fetch the OS descheduled on a busy
+    machine does not make the loader slow."""
+    steps = len(waits_s)
+    if not steps:
+        return None
+    shares = [wait / (wait + busy) if wait + busy > 0 else 0.0 for wait, busy in zip(waits_s, busy_s)]
+    return {
+        "steps": steps,
+        "data_wait_ms": round(statistics.median(waits_s) * 1e3, 3),
+        "share": round(statistics.median(shares), 3),
+    }
+
+
+def untraced_clears(reading: Mapping[str, Any] | None) -> bool:
+    """Whether the untraced steps' reading says the loader itself does not hold the step up: enough
+    steps, and their wait under either threshold. Then a window's wait past them is the tracing's."""
+    if not isinstance(reading, Mapping):
+        return False
+    try:
+        steps, wait_ms, share = int(reading["steps"]), float(reading["data_wait_ms"]), float(reading["share"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return steps >= UNTRACED_MIN_STEPS and (wait_ms < INPUT_BOUND_MIN_MS or share < INPUT_BOUND_SHARE)
+
+
 def input_bound(w: WindowView) -> Iterator[Finding]:
     """Fetching the next batch (the breakdown's ``data_wait``) is a large share of the step; where:
     the user's dataset / collate code that ran meanwhile, on the training thread or in workers,
@@ -69,6 +106,9 @@ def input_bound(w: WindowView) -> Iterator[Finding]:
     if median_wait_ms is not None and (
         median_wait_ms < INPUT_BOUND_MIN_MS or median_wait_ms / step_ms < INPUT_BOUND_SHARE
     ):
+        return
+    untraced = w.data.meta.get(UNTRACED_WAIT_KEY)
+    if untraced_clears(untraced):  # the steps no tracer slowed did not wait: the tracing did
         return
     entries, callees = _entries_and_callees(w, w.thread, w.data_waits())
     source = "main process"
@@ -89,6 +129,7 @@ def input_bound(w: WindowView) -> Iterator[Finding]:
         "median_step_data_wait_ms": None if median_wait_ms is None else round(median_wait_ms, 3),
         "step_ms": round(step_ms, 3),
         "source": source,
+        UNTRACED_WAIT_KEY: dict(untraced) if isinstance(untraced, Mapping) else None,  # as the metadata has it
     }
     yield Finding(round(wait_ms / step_ms, 3), _places(entries, callees, w.steps), evidence)
 

@@ -1,0 +1,465 @@
+"""The worker side of DataLoader worker tracing: in each worker, trace the fetches that fall in a
+window (``recording/worker_plan.py``'s plan) and write them to the spool as a "part".
+
+The training process (``recording/workers.py``) wraps each train DataLoader's ``worker_init_fn``
+with ``TracedWorkerInit``; the user's (or Lightning's ``pl_worker_init_function`` under
+``seed_everything(workers=True)``) runs first, unchanged. A worker writes its events (a part) to
+the spool at its first fetch past the window, when the window closes (a helper thread that lives
+only while a part is open), or at exit; never right after a window batch, which the window is
+measuring. VizTracer's dump first, then a small ``.meta.json`` that marks the part complete. The
+writer merges the complete parts; a worker that died or hung loses only its own part
+(``export/worker_dumps.py``).
+
+What a traced fetch records (``worker_calls``): by default the user's code only. An augmenting
+dataset makes tens of thousands of library calls per batch (PIL, torchvision, NumPy's Python
+layer), which traced in full cost 8-20x the fetch itself (issue 39). So every Python call into the
+standard library, installed packages, torch and vt_lightning is skipped with everything it calls
+(VizTracer's ``exclude_files``, set through ``PythonTracer.pause_files``), and the C calls the
+user's code makes are kept. A skipped frame drops its whole subtree, so the dataset must not be
+reached through torch's fetcher: the fetch is replayed in the frame that started the tracer, as
+torch's two fetchers do it (``_WorkerSide._replay_map``: ``dataset[i]`` per index, or
+``__getitems__``, then the collate function; ``_replay_iterable``: ``next()`` of the dataset's
+iterator per sample, then the collate function). Where one of those callables is library code (a
+torchvision dataset's ``__getitem__``, ``default_collate``), each call of it is one span of its
+own, named after it, with nothing under it: VizTracer's C tracer has no "this call but not its
+subtree" filter (it skips an excluded frame with everything under it), so the worker times the
+call on the tracer's clock (paused for it on Python <= 3.11) and the writer adds the span
+(``_spanned``). A library call made by the user's own code (PIL's
+``Image.open`` inside ``__getitem__``) is skipped with its subtree; its C calls are kept.
+``worker_calls="all"``: every call, through torch's own fetcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from vt_lightning.analysis.usercode import PACKAGE_ROOT, library_roots
+from vt_lightning.analysis.workers import Range, global_batch, range_of
+from vt_lightning.constants import THREAD_PREFIX
+from vt_lightning.recording.clock_probes import sample_pair
+from vt_lightning.recording.pytracer import PythonTracer
+from vt_lightning.recording.unsafe_names import TracingGuard, dump_in_process
+from vt_lightning.recording.worker_plan import CLOCK_ROUNDS, SharedPlan, WorkerSetup
+
+WORKER_TRACER_ENTRIES = 250_000  # per worker: a few batches' fetches; each worker allocates its own
+WATCH_INTERVAL_S = 0.05
+PAUSE_FOR_SPANS = sys.version_info < (3, 12)  # see ``_spanned``
+
+
+class TracedWorkerInit:
+    """The train DataLoader's ``worker_init_fn``: the one it had first (the user's, or Lightning's
+    seeding), then worker tracing. Picklable, so spawn and forkserver workers get it too."""
+
+    def __init__(self, inner: Callable[[int], Any] | None, setup: WorkerSetup) -> None:
+        self.inner = inner
+        self.setup = setup
+
+    def __call__(self, worker_id: int) -> None:
+        if self.inner is not None:
+            self.inner(worker_id)
+        try:
+            _install_in_worker(self.setup, worker_id)
+        except Exception:  # never the user's DataLoader: this worker goes untraced
+            pass
+
+
+@dataclass
+class _Part:
+    window: Range
+    stem: str
+    clock: list[tuple[float, int]]
+    fetches: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
+    spans: list[tuple[str, float, float]] = dataclasses.field(default_factory=list)  # library calls (``_spanned``)
+    tid: int = 0  # the fetching thread's native id
+    stop_watch: threading.Event = dataclasses.field(default_factory=threading.Event)
+    watcher: threading.Thread | None = None
+
+
+class _WorkerSide:
+    """One worker's tracing: idle (one plan read per fetch) until a fetch falls in a window."""
+
+    def __init__(self, setup: WorkerSetup, worker_id: int, num_workers: int) -> None:
+        self.setup = setup
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        self.plan = SharedPlan(setup.plan_path, create=False)
+        self.lock = threading.Lock()
+        self.part: _Part | None = None
+        self.parts = 0
+        self.tracer: PythonTracer | None = None
+        self.broken = False
+        self.task: int | None = None  # the task number of the fetch in progress (see ``_watch_tasks``)
+        self.tasks_seen = False  # ``task`` is kept by the wrapped index queue (else: read the frame)
+        # What ``worker_calls="user"`` skips. "<frozen abc>", "<string>"...: the standard library's,
+        # as usercode.py reads them.
+        self.skipped = (*library_roots(), PACKAGE_ROOT + os.sep, "<")
+        self.library: tuple[Any, _Names] | None = None  # (fetcher, its library callables)
+        self.names = TracingGuard()  # file names VizTracer cannot take, met while a fetch is traced
+
+    def fetch(self, original: Callable[[Any], Any], index: Any, idx: Any) -> Any:
+        if self.broken:
+            return original(index)
+        epoch_base, epoch_limit, ranges = self.plan.read()
+        if not ranges and self.part is None:
+            return original(index)
+        batch = global_batch(epoch_base, epoch_limit, idx)
+        window = range_of(ranges, batch)
+        if window is None or batch is None:
+            if self.part is not None:
+                self.finish()
+            return original(index)
+        replayed = _replayed_fetcher(original) if self.setup.calls == "user" else None
+        with self.lock:
+            tracer = self._arm(window)
+            if tracer is None:
+                return original(index)
+            if replayed is None:
+                return self._traced(tracer, original, index, batch)
+            if hasattr(replayed, "dataset_iter"):
+                return self._replay_iterable(tracer, replayed, index, batch)
+            return self._replay_map(tracer, replayed, index, batch)
+
+    def _start(self, tracer: PythonTracer) -> float | None:
+        """Start tracing; the tracer's clock at the start, or None (this worker stops tracing)."""
+        try:
+            if not self.names.start(tracer):  # starts it
+                return None
+            return tracer.clock_us()
+        except Exception:  # another profiler in this worker, say: its fetches go on untraced
+            self.names.stop()
+            self.broken = True
+            return None
+
+    def _traced(self, tracer: PythonTracer, original: Callable[[Any], Any], index: Any, batch: int) -> Any:
+        """torch's own fetch, traced (``worker_calls="all"``, or a fetcher the worker does not replay)."""
+        started = self._start(tracer)
+        if started is None:
+            return original(index)
+        try:
+            return original(index)
+        finally:
+            self._fetched(tracer, batch, started)
+
+    # The two replays below call the user's code from the frame that started the tracer, not from
+    # torch's fetcher, whose skipped frame would hide it: ``_MapDatasetFetcher.fetch`` and
+    # ``_IterableDatasetFetcher.fetch``, step for step. A library callable among the dataset's item
+    # access, its iterator and the collate function is skipped by the tracer with its subtree; each
+    # call of it gets one span named as VizTracer names the function (``_Names``), so a library
+    # dataset or ``default_collate`` still shows what it cost.
+
+    def _replay_map(self, tracer: PythonTracer, fetcher: Any, index: Any, batch: int) -> Any:
+        names = self._names_of(fetcher)
+        started = self._start(tracer)
+        if started is None:
+            return fetcher.fetch(index)
+        viz = tracer.ensure_tracer()
+        spans = self.part.spans if self.part is not None else []
+        dataset, collate = fetcher.dataset, fetcher.collate_fn
+        try:
+            if not fetcher.auto_collation:
+                if names.item is None:
+                    data = dataset[index]
+                else:
+                    data = _spanned(spans, viz, names.item, dataset.__getitem__, index)
+            elif hasattr(dataset, "__getitems__") and dataset.__getitems__:
+                if names.items is None:
+                    data = dataset.__getitems__(index)
+                else:
+                    data = _spanned(spans, viz, names.items, dataset.__getitems__, index)
+            else:
+                data = [None] * len(index)
+                if names.item is None:
+                    for k, i in enumerate(index):
+                        data[k] = dataset[i]
+                else:
+                    for k, i in enumerate(index):
+                        data[k] = _spanned(spans, viz, names.item, dataset.__getitem__, i)
+            return collate(data) if names.collate is None else _spanned(spans, viz, names.collate, collate, data)
+        finally:
+            self._fetched(tracer, batch, started)
+
+    def _replay_iterable(self, tracer: PythonTracer, fetcher: Any, index: Any, batch: int) -> Any:
+        if fetcher.ended:
+            raise StopIteration
+        names = self._names_of(fetcher)
+        started = self._start(tracer)
+        if started is None:
+            return fetcher.fetch(index)
+        viz = tracer.ensure_tracer()
+        spans = self.part.spans if self.part is not None else []
+        iterator, collate = fetcher.dataset_iter, fetcher.collate_fn
+        try:
+            if fetcher.auto_collation:
+                data = []
+                for _ in index:
+                    try:
+                        if names.item is None:
+                            data.append(next(iterator))
+                        else:
+                            data.append(_spanned(spans, viz, names.item, next, iterator))
+                    except StopIteration:
+                        fetcher.ended = True
+                        break
+                if len(data) == 0 or (fetcher.drop_last and len(data) < len(index)):
+                    raise StopIteration
+            else:
+                data = next(iterator) if names.item is None else _spanned(spans, viz, names.item, next, iterator)
+            return collate(data) if names.collate is None else _spanned(spans, viz, names.collate, collate, data)
+        finally:
+            self._fetched(tracer, batch, started)
+
+    def _names_of(self, fetcher: Any) -> _Names:
+        """The library callables of ``fetcher`` (worked out once per fetcher: one per epoch)."""
+        if self.library is None or self.library[0] is not fetcher:
+            self.library = (fetcher, _Names.of(fetcher, self.skipped))
+        return self.library[1]
+
+    def _fetched(self, tracer: PythonTracer, batch: int, started: float) -> None:
+        """Stop tracing and note the fetch. The part is written later (the next fetch outside the
+        window, the window's close, the worker's exit): writing it now would delay this batch,
+        which the window is measuring."""
+        try:
+            ended = tracer.clock_us()
+            self.broken = self.names.stop(tracer) or self.broken  # such a name met: no more tracing here
+            if self.part is not None:
+                self.part.fetches.append((batch, started, ended))
+        except Exception:
+            self.broken = True
+
+    def _arm(self, window: Range) -> PythonTracer | None:
+        """The tracer, with a part open for ``window`` (an older window's part written first)."""
+        try:
+            if self.part is not None and self.part.window != window:
+                self._dump()
+            if self.tracer is None:
+                config = dataclasses.replace(
+                    self.setup.config, tracer_entries=min(self.setup.config.tracer_entries, WORKER_TRACER_ENTRIES)
+                )
+                self.tracer = PythonTracer(config)
+                if self.setup.calls == "user":
+                    # "<frozen abc>", "<string>"...: the standard library's, as usercode.py reads them.
+                    self.tracer.pause_files(self.skipped)
+            if self.part is None:
+                self._begin(window, self.tracer)
+            return self.tracer
+        except Exception:
+            self.broken = True
+            return None
+
+    def _begin(self, window: Range, tracer: PythonTracer) -> None:
+        self.parts += 1
+        stem = os.path.join(
+            self.setup.out_dir,
+            f"b{window[0]}-r{self.setup.rank}-w{self.worker_id}-p{os.getpid()}-{self.parts}",
+        )
+        with open(f"{stem}.started", "w") as f:
+            f.write(str(os.getpid()))
+        pair = sample_pair(tracer.clock_us, time.monotonic_ns, rounds=CLOCK_ROUNDS)
+        part = self.part = _Part(window, stem, [(pair.python_us, pair.wall_ns)], tid=threading.get_native_id())
+        part.watcher = threading.Thread(
+            target=self._watch, args=(part,), name=f"{THREAD_PREFIX}-worker-watch", daemon=True
+        )
+        part.watcher.start()
+
+    def _watch(self, part: _Part) -> None:
+        """Write the part once the training process has closed its window (no fetch may come)."""
+        while not part.stop_watch.wait(WATCH_INTERVAL_S):
+            _, _, ranges = self.plan.read()
+            if part.window not in ranges:
+                with self.lock:
+                    if self.part is part:
+                        self._dump()
+                return
+
+    def finish(self) -> None:
+        with self.lock:
+            self._dump()
+
+    def _dump(self) -> None:
+        """Write the open part: VizTracer's dump, then the meta file that marks it complete."""
+        part, self.part = self.part, None
+        tracer = self.tracer
+        if part is None or tracer is None:
+            return
+        part.stop_watch.set()
+        try:
+            pair = sample_pair(tracer.clock_us, time.monotonic_ns, rounds=CLOCK_ROUNDS)
+            part.clock.append((pair.python_us, pair.wall_ns))
+            viz = tracer.ensure_tracer()
+            viz.setpid()  # this process's pid, whatever a forked parent fixed
+            try:
+                dump_in_process(viz, tracer.config.tracer_entries, f"{part.stem}.json.tmp", in_worker=True)
+            finally:
+                viz.setpid(0)
+                viz.clear()
+            os.replace(f"{part.stem}.json.tmp", f"{part.stem}.json")
+            watcher = part.watcher.native_id if part.watcher is not None else None
+            meta = {
+                "pid": os.getpid(),
+                "worker": self.worker_id,
+                "rank": self.setup.rank,
+                "window": list(part.window),
+                "fetches": [list(f) for f in part.fetches],
+                "clock": [list(c) for c in part.clock],
+                "helper_tids": [watcher] if watcher is not None else [],
+                "spans": [list(span) for span in part.spans],
+                "tid": part.tid,
+            }
+            with open(f"{part.stem}.meta.json.tmp", "wb") as f:
+                f.write(orjson.dumps(meta))
+            os.replace(f"{part.stem}.meta.json.tmp", f"{part.stem}.meta.json")
+        except Exception:
+            self.broken = True  # a full disk, say: this worker stops tracing, its fetches go on
+
+    def at_exit(self) -> None:
+        """The worker is leaving (end of epoch, end of fit): write what it holds."""
+        if self.lock.acquire(timeout=5.0):
+            try:
+                self._dump()
+            finally:
+                self.lock.release()
+
+
+_worker_side: _WorkerSide | None = None
+
+
+def _install_in_worker(setup: WorkerSetup, worker_id: int) -> None:
+    """Wrap the fetcher torch's worker loop builds next (and rebuilds at each epoch of a
+    persistent worker); write the open part at the worker's exit."""
+    global _worker_side
+    from multiprocessing import util
+
+    from torch.utils.data import _DatasetKind, get_worker_info
+
+    info = get_worker_info()
+    side = _worker_side = _WorkerSide(setup, worker_id, info.num_workers if info is not None else 1)
+    side.tasks_seen = _watch_tasks(side)
+    create = _DatasetKind.create_fetcher
+
+    def create_fetcher(*args: Any, **kwargs: Any) -> Any:
+        fetcher = create(*args, **kwargs)
+        fetcher.fetch = _TracedFetch(side, fetcher.fetch)
+        return fetcher
+
+    _DatasetKind.create_fetcher = staticmethod(create_fetcher)  # type: ignore[method-assign]
+    util.Finalize(None, side.at_exit, exitpriority=100)
+
+
+def _watch_tasks(side: _WorkerSide) -> bool:
+    """Note each task's number as torch's worker loop takes it from its index queue: ``(idx,
+    index)``. Cheaper per fetch than reading the loop's frame (its locals, ~2 µs on 3.11)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "_worker_loop":
+        frame = frame.f_back  # type: ignore[assignment]
+    queue = frame.f_locals.get("index_queue") if frame is not None else None
+    get = getattr(queue, "get", None)
+    if get is None:
+        return False
+
+    def taking(*args: Any, **kwargs: Any) -> Any:
+        task = get(*args, **kwargs)
+        side.task = task[0] if type(task) is tuple else None
+        return task
+
+    queue.get = taking  # type: ignore[union-attr]
+    return True
+
+
+def _replayed_fetcher(fetch: Callable[[Any], Any]) -> Any:
+    """The fetcher behind ``fetch`` when it is one of torch's two (which the worker replays), else
+    None."""
+    fetcher = getattr(fetch, "__self__", None)
+    try:
+        from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
+    except ImportError:
+        return None
+    return fetcher if type(fetcher) in (_MapDatasetFetcher, _IterableDatasetFetcher) else None
+
+
+def library_name(function: Any, skipped: tuple[str, ...]) -> str | None:
+    """VizTracer's name for ``function`` (``qualname (file:line)``) when its code is in a file the
+    tracer skips (library code); None for the user's code (traced in full) and for callables with
+    no Python code (C functions: the tracer records those itself)."""
+    code = getattr(function, "__code__", None) or getattr(function, "gi_code", None)
+    if code is None and callable(function):  # an instance of a class with ``__call__``
+        code = getattr(type(function).__call__, "__code__", None)
+    if code is None or not code.co_filename.startswith(skipped):
+        return None
+    qualname = getattr(function, "__qualname__", None) or getattr(code, "co_qualname", code.co_name)
+    return f"{qualname} ({code.co_filename}:{code.co_firstlineno})"
+
+
+@dataclass(frozen=True)
+class _Names:
+    """Span names of a fetcher's library callables; None where the callable is the user's."""
+
+    item: str | None  # ``__getitem__`` (map-style) or the iterator's ``__next__`` (iterable)
+    items: str | None  # ``__getitems__``
+    collate: str | None
+
+    @staticmethod
+    def of(fetcher: Any, skipped: tuple[str, ...]) -> _Names:
+        dataset = fetcher.dataset
+        iterator = getattr(fetcher, "dataset_iter", None)
+        if iterator is None:
+            item = library_name(getattr(type(dataset), "__getitem__", None), skipped)
+        elif hasattr(iterator, "gi_code"):  # a generator: its code runs at each next()
+            item = library_name(iterator, skipped)
+        else:
+            item = library_name(getattr(type(iterator), "__next__", None), skipped)
+        items = library_name(getattr(type(dataset), "__getitems__", None), skipped)
+        return _Names(item, items, library_name(fetcher.collate_fn, skipped))
+
+
+def _spanned(
+    spans: list[tuple[str, float, float]], viz: Any, name: str, function: Callable[[Any], Any], arg: Any
+) -> Any:
+    """``function(arg)``, a library call the tracer skips, noted in ``spans`` as (name, start, end)
+    on the tracer's clock: the writer adds it as one call of its own (``export/worker_dumps.py``).
+    Not an event in VizTracer's buffer: the check before its dump reads buffers of calls only
+    (``unsafe_names.unsafe_name_in_buffer``). Called from a skipped file itself, so the tracer ignores
+    this frame and everything under it. On Python <= 3.11 the tracer is paused for the call
+    (VizTracer's ``pause``: its profile hook off on this thread), so the library code runs at full
+    speed instead of calling the hook for every function only to skip it; 3.12+ (sys.monitoring,
+    where ``pause`` is process-wide) keeps the hook on."""
+    start = viz.getts()
+    if PAUSE_FOR_SPANS:
+        viz.pause()
+        try:
+            result = function(arg)
+        finally:
+            viz.resume()
+    else:
+        result = function(arg)
+    spans.append((name, start, viz.getts()))
+    return result
+
+
+class _TracedFetch:
+    """``fetcher.fetch`` in a worker: reads the task number ``idx`` from torch's worker loop."""
+
+    __slots__ = ("original", "side")
+
+    def __init__(self, side: _WorkerSide, original: Callable[[Any], Any]) -> None:
+        self.side = side
+        self.original = original
+
+    def __call__(self, index: Any) -> Any:
+        side = self.side
+        if side.tasks_seen:
+            idx = side.task
+        else:
+            try:
+                idx = sys._getframe(1).f_locals.get("idx")
+            except Exception:
+                idx = None
+        return side.fetch(self.original, index, idx)
