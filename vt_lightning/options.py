@@ -47,7 +47,7 @@ class Options:
     writer_timeout: float = WRITER_TIMEOUT_S
     keep_windows: int | None = None  # newest windows kept on disk (None: all)
     trace_workers: bool = True  # DataLoader workers' Python calls for a window's batches (recording/workers.py)
-    worker_calls: str = "user"  # what a traced worker records: WORKER_CALLS (recording/workers.py)
+    worker_calls: str = "user"  # what a traced worker records: WORKER_CALLS (recording/worker_side.py)
     budget: BudgetLimits = field(default_factory=BudgetLimits)
 
     def settings(self) -> dict[str, Any]:

@@ -508,7 +508,7 @@ class PythonTracer:
 
     def ensure_tracer(self) -> Any:
         """This configuration's one VizTracer (built on first use, kept for the process: deleting one
-        resets ``threading.setprofile``); DataLoader workers ask for it too (recording/workers.py)."""
+        resets ``threading.setprofile``); DataLoader workers ask for it too (recording/worker_side.py)."""
         if self._tracer is None:
             key = _config_key(self.config)
             self._tracer = _TRACERS.get(key)

@@ -340,7 +340,7 @@ if hasattr(os, "register_at_fork"):
 
 class TracingGuard:
     """``ImportGuard`` and ``CodeGuard`` around a tracer run outside a ``ProfilingWindow``: a
-    DataLoader worker's traced fetch (``recording/workers.py``), whose worker runs VizTracer itself.
+    DataLoader worker's traced fetch (``recording/worker_side.py``), whose worker runs VizTracer itself.
 
     ``start(tracer)``: False (nothing started) once such a name was met in this process or while
     one is loaded; else the guards go in and the tracer starts, and the thread that meets such a
