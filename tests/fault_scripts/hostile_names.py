@@ -21,6 +21,9 @@ Cases:
   by_hand_pyc  the same, from a ``__pycache__`` file written before the fit (no source compiled)
   co_name    a function whose code object's name is not UTF-8 (``code.replace(co_name=...)``),
              called in window 0's steps only: VizTracer's dump crashes on it
+  thread_name  a thread named with a lone surrogate (``"bad\udcffthread"``) runs in window 0:
+             VizTracer keeps every thread's name for the tracer's life, and its dump crashes on it
+             (forked: the child; in process, 3.10 or the window held to the end of fit: training)
   worker     a DataLoader worker imports the non-UTF-8 module (and calls it) in its first traced fetch
              of window 0; warnings go to stderr (a forked worker's cannot be recorded here)
   worker_co_name  the function of ``co_name``, called by a DataLoader worker in that fetch: the
@@ -133,6 +136,10 @@ class NamedModel(MarkerModel):
             thread.join()
         elif case == "co_name" and batch_idx == IMPORT_AT:
             badly_named(10)
+        elif case == "thread_name" and batch_idx == IMPORT_AT:
+            thread = threading.Thread(target=sum, args=(range(10),), name="bad\udcffthread")
+            thread.start()
+            thread.join()
         elif case == "compiled" and batch_idx == IMPORT_AT:
             compile_and_run()
         elif case.startswith("by_hand") and batch_idx == IMPORT_AT:

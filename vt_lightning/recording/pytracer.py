@@ -31,7 +31,7 @@ from vt_lightning.recording.thread_hooks import (
     remove_profile_hooks,
     stop_adopting,
 )
-from vt_lightning.recording.unsafe_names import UnsafeDumpName, dump_in_process
+from vt_lightning.recording.unsafe_names import UnsafeDumpName, dump_in_process, unsafe_thread_name
 
 _active: weakref.WeakSet[PythonTracer] = weakref.WeakSet()
 _dump_child = False  # True only in the child PythonTracer.dump forks to write the buffer
@@ -468,7 +468,10 @@ class PythonTracer:
 
     def _write_dump(self, path: str, *, fork: bool) -> int | None:
         global _dump_child
-        if fork and sys.platform.startswith("linux") and not children.FORK_CAN_DEADLOCK:
+        # A thread name the dump cannot write stays with the tracer: ``dump_in_process`` refuses it
+        # here, instead of a child dying of it at every window.
+        forkable = fork and sys.platform.startswith("linux") and not children.FORK_CAN_DEADLOCK
+        if forkable and unsafe_thread_name(self._tracer) is None:
             pid: int | None = None
             _dump_child = True
             self._tracer.setpid()  # events keep this process's pid, not the child's (as fork_save does)

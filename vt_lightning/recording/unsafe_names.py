@@ -26,6 +26,9 @@ Such a name cannot be excluded either, as VizTracer's own file filter does the s
   (``children.DumpChildFailed``); before a dump in the training process (``FORK_CAN_DEADLOCK``, a
   held window; a DataLoader worker's part) ``dump_in_process`` reads the ring buffer in place and
   drops the window (the worker's part) instead.
+- A thread whose name is not UTF-8: VizTracer keeps every thread's name for the tracer's life and
+  its dump crashes on it, forked or not. ``unsafe_thread_name`` reads those names before every dump
+  (``PythonTracer``'s fork included), and the window is dropped instead, as every later one is.
 
 Not covered, as only an audit hook would see it (and one can never be removed, so it would run for
 the whole process): code compiled under such a name *before* any window (or given one by
@@ -429,6 +432,42 @@ _NODE_BYTES = 88
 _KIND_BYTE, _TYPE_BYTE, _OBJECT_WORD = 0, 64, 5
 _FEE_NODE, _PY_TYPES, _C_TYPES = 1, frozenset((0, 3)), frozenset((4, 6))
 _LAYOUT_VERSIONS = frozenset(("1.0.1", "1.1.1"))
+# The tracer object's word holding its list of threads met (``metadata_head``: a ``MetadataNode``
+# is next, tid, name, thread info), kept for the tracer's life: ``clear()`` and dumps keep it.
+_THREADS_WORD, _THREAD_NAME_WORD, _MAX_THREADS = 18, 2, 1 << 16
+
+
+def _layout_known() -> bool:
+    return (
+        sys.byteorder == "little" and ctypes.sizeof(ctypes.c_void_p) == 8 and _viztracer_version() in _LAYOUT_VERSIONS
+    )
+
+
+def unsafe_thread_name(viz: Any) -> str | None:
+    """A thread name VizTracer ``viz`` holds that its C dump cannot write (not UTF-8: a thread named
+    with a lone surrogate), described; None when there is none or the layout is not one known.
+
+    VizTracer keeps the name of every thread it has met, for the tracer's life, and its dump
+    converts each with the same unchecked ``PyUnicode_AsUTF8``. Every pointer is checked before it
+    is followed: aligned, and a name's type ``str``; anything else concludes nothing."""
+    if not _layout_known():
+        return None
+    node = (ctypes.c_int64 * (_THREADS_WORD + 1)).from_address(id(viz))[_THREADS_WORD]
+    str_type = id(str)
+    for _ in range(_MAX_THREADS):
+        if not node:
+            return None
+        if node % 8:
+            return None
+        fields = (ctypes.c_int64 * 4).from_address(node)
+        name = fields[_THREAD_NAME_WORD]
+        if not name or name % 8 or (ctypes.c_int64 * 2).from_address(name)[1] != str_type:
+            return None
+        text = ctypes.cast(name, ctypes.py_object).value
+        if unsafe_file_name(text):
+            return f"a thread named {text!a}"
+        node = fields[0]
+    return None
 
 
 def unsafe_name_in_buffer(viz: Any, entries: int) -> str | None:
@@ -441,7 +480,7 @@ def unsafe_name_in_buffer(viz: Any, entries: int) -> str | None:
     training. Reads the buffer's nodes in place (their kinds and types must be the known ones, or
     nothing is concluded), and each distinct object once: about 0.05 µs per recorded call, a fifth
     of the dump's own time (docs/upstream.md)."""
-    if sys.byteorder != "little" or ctypes.sizeof(ctypes.c_void_p) != 8 or _viztracer_version() not in _LAYOUT_VERSIONS:
+    if not _layout_known():
         return None
     words = (ctypes.c_int64 * (_BUFFER_WORDS[-1] + 1)).from_address(id(viz))
     address, size, head, tail = (words[i] for i in _BUFFER_WORDS)
@@ -480,16 +519,17 @@ def _viztracer_version() -> str | None:
 
 
 def dump_in_process(viz: Any, entries: int, path: str, *, in_worker: bool = False) -> None:
-    """VizTracer ``viz``'s C dump to ``path``, in this process; but not of a buffer that holds a name
-    that dump would crash on (``unsafe_name_in_buffer``): the training process, or a DataLoader
-    worker, must not die of it. The buffer is emptied, and ``UnsafeDumpName`` raised; in a worker
-    (``in_worker``), an empty dump written instead (its part stays complete) and one warning given."""
-    unsafe = unsafe_name_in_buffer(viz, entries)
+    """VizTracer ``viz``'s C dump to ``path``, in this process; but not when it holds a name that dump
+    would crash on (``unsafe_name_in_buffer``, ``unsafe_thread_name``): the training process, or a
+    DataLoader worker, must not die of it. The buffer is emptied, and ``UnsafeDumpName`` raised; in a
+    worker (``in_worker``), an empty part written instead (it stays complete) and one warning given.
+    A thread's name stays with the tracer, so every later dump of it is refused the same way."""
+    unsafe = unsafe_name_in_buffer(viz, entries) or unsafe_thread_name(viz)
     if unsafe is not None:
         viz.clear()
         message = (
             f"the window's calls include {unsafe}, a name that is not valid UTF-8, which crashes "
-            "VizTracer's dump (SIGSEGV); they were discarded, not written. Give that code a UTF-8 name"
+            "VizTracer's dump (SIGSEGV); they were discarded, not written. Give that code (or thread) a UTF-8 name"
         )
         if not in_worker:
             raise UnsafeDumpName(message)
@@ -502,6 +542,10 @@ def dump_in_process(viz: Any, entries: int, path: str, *, in_worker: bool = Fals
                 )
             except Exception:  # warnings made errors (-W error): the dump goes on
                 pass
+        # Written here, not by VizTracer: its dump writes the threads' names even of an empty buffer.
+        with open(path, "wb") as f:
+            f.write(b'{"traceEvents": []}')
+        return
     viz.dump(path)
 
 
