@@ -158,9 +158,12 @@ def test_slow_getitem_is_input_bound_at_the_dataset(
 
 def test_slow_getitem_in_dataloader_workers_is_input_bound_at_the_dataset(tmp_path: Path) -> None:
     """With workers the training thread only waits; ``where`` comes from the workers' traces, whose
-    fetches for a window's batches happen before its steps (prefetch)."""
+    fetches for a window's batches happen before its steps (prefetch). The window opens after the
+    batches the workers prefetched at the start (2 workers x 2) are used up: before that no step
+    waits, however slow the loader (and the untraced steps, which did not wait, overrule nothing
+    with workers)."""
     data = DataLoader(SlowRows(), batch_size=None, num_workers=2, persistent_workers=True)
-    verdicts = _verdicts(tmp_path, Tiny(), data)
+    verdicts = _verdicts(tmp_path, Tiny(), data, wait=6)
     assert [v["kind"] for v in verdicts][:1] == ["input_bound"], verdicts
     top = verdicts[0]
     assert top["evidence"]["source"] == "worker processes"

@@ -145,14 +145,31 @@ def test_input_bound_names_worker_code_when_the_main_thread_only_waits() -> None
     ],
 )
 def test_input_bound_needs_the_untraced_steps_to_wait_too(untraced: Any, fires: bool) -> None:
-    """Tracing an in-process fetch (or a worker's) lengthens the window's wait; the steps no tracer
-    recorded tell the loader's own wait (issue 39: a 3 ms step whose traced collate took 2 ms)."""
+    """Tracing an in-process fetch lengthens the window's wait; the steps no tracer recorded tell
+    the loader's own wait (issue 39: a 3 ms step whose traced collate took 2 ms)."""
     trace = window(fetching(6_000, 5_000))
     trace["vt_lightning"][UNTRACED_WAIT_KEY] = untraced
     found = [v for v in summarize(trace)["verdicts"] if v["kind"] == "input_bound"]
     assert bool(found) is fires
     if found:
         assert found[0]["evidence"][UNTRACED_WAIT_KEY] == untraced
+
+
+def test_with_workers_untraced_steps_that_did_not_wait_overrule_nothing() -> None:
+    """Workers prefetch a buffer at each epoch's start: the untraced steps before a window may all
+    have come from it (no wait) while the loader cannot keep up; the window's wait decides."""
+
+    def step(t0: float) -> list[dict]:
+        return [
+            stage("train_dataloader_next", t0 + 10, 7_000),
+            py("Queue.get", t0 + 15, 6_900, path=queue.__file__, line=154),
+            py("Rows.__getitem__", t0 + 100, 6_000, pid=200, tid=201),
+        ]
+
+    trace = window(step)
+    trace["vt_lightning"][UNTRACED_WAIT_KEY] = {"steps": 8, "data_wait_ms": 0.3, "share": 0.05}
+    found = only(trace, "input_bound")
+    assert found["evidence"]["source"] == "worker processes"
 
 
 def test_the_untraced_reading_is_the_median_steps_wait_and_share() -> None:

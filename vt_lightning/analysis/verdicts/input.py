@@ -108,7 +108,12 @@ def input_bound(w: WindowView) -> Iterator[Finding]:
     ):
         return
     untraced = w.data.meta.get(UNTRACED_WAIT_KEY)
-    if untraced_clears(untraced):  # the steps no tracer slowed did not wait: the tracing did
+    # Where the fetch ran in the training process (no worker's calls in the window), the tracer
+    # recorded all of it: if the steps no tracer slowed did not wait, the tracing made this wait.
+    # Not with workers: their prefetch fills a buffer at each epoch's start, so the first untraced
+    # steps do not wait even when the loader cannot keep up, and their tracing costs little.
+    in_process = all(thread[0] == w.pid for thread in w.threads())
+    if in_process and untraced_clears(untraced):
         return
     entries, callees = _entries_and_callees(w, w.thread, w.data_waits())
     source = "main process"
