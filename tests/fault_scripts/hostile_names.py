@@ -13,7 +13,7 @@ Cases:
   imported   the same module, imported for the first time in the middle of window 0 (its second
              active step), on the training thread, called, then unloaded at that step's end
   threaded   the same, imported and called by a thread started in that step
-  compiled   at that step, source compiled under the file name ``caf\udcff_compiled.py`` and run
+  compiled   at that step, source compiled under the file name ``caf\\udcff_compiled.py`` and run
              (``compile`` + ``exec``); the code is gone at once
   by_hand    at that step, the non-UTF-8 module run by hand: ``spec_from_file_location`` +
              ``module_from_spec`` + ``spec.loader.exec_module`` (no finder is asked), then called;
@@ -21,7 +21,7 @@ Cases:
   by_hand_pyc  the same, from a ``__pycache__`` file written before the fit (no source compiled)
   co_name    a function whose code object's name is not UTF-8 (``code.replace(co_name=...)``),
              called in window 0's steps only: VizTracer's dump crashes on it
-  thread_name  a thread named with a lone surrogate (``"bad\udcffthread"``) runs in window 0:
+  thread_name  a thread named with a lone surrogate (``"bad\\udcffthread"``) runs in window 0:
              VizTracer keeps every thread's name for the tracer's life, and its dump crashes on it
              (forked: the child; in process, 3.10 or the window held to the end of fit: training)
   worker     a DataLoader worker imports the non-UTF-8 module (and calls it) in its first traced fetch

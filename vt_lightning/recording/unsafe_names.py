@@ -443,6 +443,12 @@ def _layout_known() -> bool:
     )
 
 
+def _heap_pointer(value: int) -> bool:
+    """Whether ``value`` can be a pointer into this process's memory: 8-aligned, above the pages
+    Linux never maps (``mmap_min_addr``, 64 KiB) and in the 47-bit user space; 0 (the list's end) is not."""
+    return 0x10000 <= value < 1 << 47 and not value % 8
+
+
 def unsafe_thread_name(viz: Any) -> str | None:
     """A thread name VizTracer ``viz`` holds that its C dump cannot write (not UTF-8: a thread named
     with a lone surrogate), described; None when there is none or the layout is not one known.
@@ -455,13 +461,11 @@ def unsafe_thread_name(viz: Any) -> str | None:
     node = (ctypes.c_int64 * (_THREADS_WORD + 1)).from_address(id(viz))[_THREADS_WORD]
     str_type = id(str)
     for _ in range(_MAX_THREADS):
-        if not node:
-            return None
-        if node % 8:
+        if not _heap_pointer(node):
             return None
         fields = (ctypes.c_int64 * 4).from_address(node)
         name = fields[_THREAD_NAME_WORD]
-        if not name or name % 8 or (ctypes.c_int64 * 2).from_address(name)[1] != str_type:
+        if not _heap_pointer(name) or (ctypes.c_int64 * 2).from_address(name)[1] != str_type:
             return None
         text = ctypes.cast(name, ctypes.py_object).value
         if unsafe_file_name(text):
