@@ -133,16 +133,20 @@ def test_code_whose_name_is_not_utf8_drops_its_window_and_training_lives(tmp_pat
 
 @pytest.mark.slow
 def test_a_thread_name_that_is_not_utf8_drops_the_windows_and_training_lives(tmp_path):
-    """A thread named ``"bad\\udcffthread"`` runs in window 0. VizTracer keeps every thread's name
-    for the tracer's life and its dump crashes on this one: the window held to the end of fit (and
-    every window on 3.10) was dumped in the training process, which died (exit -11)."""
+    """A thread named ``"bad\\udcffthread"`` runs in window 0, and VizTracer's dump crashes on its
+    name: the window held to the end of fit (and every window on 3.10) was dumped in the training
+    process, which died (exit -11). Now the window the thread ran in is dropped, saying why, and
+    training lives. VizTracer keeps the name for the tracer's life on 3.10 and 3.11 (every
+    later window is dropped too); on 3.13 (CI) the next window was written."""
     _, report = run(tmp_path, "thread_name")
     assert report["train_batches"] == list(range(10))
-    assert report["window_dirs"] == []  # the name stays with the tracer: no later dump can write it
+    assert "window_000" not in report["window_dirs"]  # the window the thread ran in
+    if sys.version_info < (3, 12):
+        assert report["window_dirs"] == []  # the name stays with the tracer: no later dump can write it
     assert report["warnings"], "each window dropped says why"
     for warning in report["warnings"]:
         assert warning.startswith("vt_lightning: window dropped: ")
-        assert "a thread named 'bad\\udcffthread'" in warning
+        assert "a thread named 'bad\\udcffthread'" in warning or "died of SIGSEGV" in warning
 
 
 def _compiled_by(compile_function, *args, **kwargs):
