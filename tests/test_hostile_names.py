@@ -144,7 +144,10 @@ def test_a_thread_name_that_is_not_utf8_drops_the_windows_and_training_lives(tmp
     if sys.version_info < (3, 12):
         assert report["window_dirs"] == []  # the name stays with the tracer: no later dump can write it
     assert report["warnings"], "each window dropped says why"
-    for warning in report["warnings"]:
+    for warning in report["warnings"]:  # on 3.13 VizTracer writes the name and the writer refuses it
+        if warning.startswith("vt_lightning: could not write the window"):
+            assert "surrogates not allowed" in warning and "training goes on" in warning
+            continue
         assert warning.startswith("vt_lightning: window dropped: ")
         assert "a thread named 'bad\\udcffthread'" in warning or "died of SIGSEGV" in warning
 
