@@ -14,6 +14,8 @@ from typing import Any
 
 # An interval as the readers pass it: ``(start µs, end µs, *fields)``; nest keeps the tuple as is.
 Interval = tuple[Any, ...]
+# ``nest``'s result: ``(ordered, ends, parents)``.
+Nested = tuple[list[Interval], list[float], list[int]]
 
 
 _FOREVER = float("inf")
@@ -23,7 +25,7 @@ def _outer_first(interval: Interval) -> tuple[float, float]:
     return interval[0], -interval[1]
 
 
-def nest(intervals: Iterable[Interval], clip: bool = True) -> tuple[list[Interval], list[float], list[int]]:
+def nest(intervals: Iterable[Interval], clip: bool = True) -> Nested:
     """``(ordered, ends, parents)``: ``intervals`` sorted by start, the longer first on a tie (then
     in the order given), each one's end (``clip``: cut to the end of the call it started in, as a
     trace viewer nests them; else as recorded) and the index in ``ordered`` of that call (-1: at

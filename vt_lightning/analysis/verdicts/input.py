@@ -29,6 +29,7 @@ CALLEE_MIN_SHARE = 0.10  # a callee is named when it took at least this share of
 UNTRACED_MIN_STEPS = 2  # untraced steps a reading needs to overrule the window's wait
 
 Time = dict[str, float]
+_EVERYTHING = [(-math.inf, math.inf)]  # workers fetch ahead: a window's batches were fetched before its steps
 
 
 def _entries_and_callees(
@@ -38,7 +39,16 @@ def _entries_and_callees(
     µs per innermost user callee under it (the entry itself excluded)."""
     entries: Time = defaultdict(float)
     callees: dict[str, Time] = defaultdict(lambda: defaultdict(float))
-    for (lo, hi), (_, _, _, user, entry, _) in w.timeline(thread).within(spans):
+    timeline = w.timeline(thread)
+    if spans is _EVERYTHING:  # the whole thread (a worker's): every segment as it is, none cut to a span
+        for start, end, _, user, entry, _ in timeline.segments:
+            if entry:
+                us = end - start
+                entries[entry] += us
+                if user and user != entry:
+                    callees[entry][user] += us
+        return entries, callees
+    for (lo, hi), (_, _, _, user, entry, _) in timeline.within(spans):
         if entry:
             entries[entry] += hi - lo
             if user and user != entry:
@@ -118,11 +128,10 @@ def input_bound(w: WindowView) -> Iterator[Finding]:
     entries, callees = _entries_and_callees(w, w.thread, w.data_waits())
     source = "main process"
     if not entries:
-        everything = [(-math.inf, math.inf)]  # workers fetch ahead: a window's batches were fetched before its steps
         for thread in w.threads():
             if thread[0] == w.pid:
                 continue
-            more, more_callees = _entries_and_callees(w, thread, everything)
+            more, more_callees = _entries_and_callees(w, thread, _EVERYTHING)
             for name, us in more.items():
                 entries[name] = entries.get(name, 0.0) + us
             for name, under in more_callees.items():

@@ -9,7 +9,6 @@ belongs to. Pure.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import pairwise
 from typing import Any
@@ -19,7 +18,7 @@ from vt_lightning.analysis.schema import Summary
 from vt_lightning.analysis.spans import Span, clip, covered, span_of, union
 from vt_lightning.analysis.steps import Thread, WindowData
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES
-from vt_lightning.analysis.sweep import nest
+from vt_lightning.analysis.sweep import Nested, nest
 from vt_lightning.analysis.usercode import code_origin, parse_function
 from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, GC_SPAN_PREFIX, PYTHON_CATEGORY
 
@@ -43,17 +42,20 @@ _Open = tuple[str, str | None, str | None, str | None, bool]
 class Timeline:
     """One thread's Python calls cut into non-overlapping ``Segment``s."""
 
-    def __init__(self, calls: Iterable[Call]) -> None:
+    def __init__(self, calls: Iterable[Call] = (), nested: Nested | None = None) -> None:
+        """From ``calls``, or from their ``sweep.nest`` when already made (``WindowData.nested``)."""
         self.starts: list[float] = []
         self.segments: list[Segment] = []
         add_start, add_segment = self.starts.append, self.segments.append
         origin: dict[str, str] = {}
-        ordered, ends, parents = nest(calls)  # outer call first, each clipped to its parent
+        # outer call first, each clipped to its parent
+        ordered, ends, parents = nest(calls) if nested is None else nested
         opened: list[_Open] = []  # per call, in ``ordered``'s order
         add_open = opened.append
         stack: list[int] = []
         cursor = 0.0
-        for i, (start, _, name) in enumerate(ordered):
+        for i, interval in enumerate(ordered):
+            start, name = interval[0], interval[2]
             parent = parents[i]
             while stack and stack[-1] != parent:
                 done = stack.pop()
@@ -133,8 +135,7 @@ class WindowView:
         self.total_us = sum(steps[n][1] - steps[n][0] for n in counted)
         self.region: Span = (self.step_spans[0][0], self.step_spans[-1][1]) if self.step_spans else (0.0, 0.0)
         self.pid = self.thread[0] if self.thread else None
-        # One pass over the events, by what the rules read.
-        self._calls: dict[Any, list[Call]] = defaultdict(list)
+        # One pass over the events, by what the rules read (the Python calls: ``data.python_calls``).
         self.ops: list[Span] = []  # the training thread's torch ops and CUDA runtime calls
         self.runtime: list[dict[str, Any]] = []
         self.kernels: list[dict[str, Any]] = []
@@ -144,8 +145,6 @@ class WindowView:
             cat = e.get("cat")
             if cat == PYTHON_CATEGORY:
                 name = str(e.get("name", ""))
-                span = span_of(e)
-                self._calls[(e.get("pid"), e.get("tid"))].append((span[0], span[1], name))
                 if name.startswith(GC_SPAN_PREFIX):
                     self.gc.append(e)
                 elif name.startswith(COMPILE_SPAN_PREFIX):
@@ -185,11 +184,11 @@ class WindowView:
     def timeline(self, thread: Any) -> Timeline:
         found = self._timelines.get(thread)
         if found is None:
-            found = self._timelines[thread] = Timeline(self._calls.get(thread, ()))
+            found = self._timelines[thread] = Timeline(nested=self.data.nested(thread))
         return found
 
     def threads(self) -> list[Any]:
-        return list(self._calls)
+        return list(self.data.python_calls)
 
     def in_steps(self, span: Span) -> bool:
         lo, hi = span
