@@ -396,7 +396,7 @@ def top_ops(
     steps = max(steps, 1)
     by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
     for event in events:
-        if _is_op(event):
+        if event.get("cat") == CPU_OP_CATEGORY and _is_op(event):  # the category first: most events are calls
             kept = _clipped(*_span(event), region)
             if kept is not None:
                 by_thread[(event.get("pid"), event.get("tid"))].append((*kept, str(event["name"])))

@@ -37,18 +37,11 @@ def _entries_and_callees(
 ) -> tuple[Time, dict[str, Time]]:
     """µs per entry call (``Segment.entry``, its callees included) inside ``spans``, and per entry,
     µs per innermost user callee under it (the entry itself excluded)."""
+    if spans is _EVERYTHING:  # the whole thread (a worker's): the timeline's sums, without its segments
+        return w.entry_times(thread)
     entries: Time = defaultdict(float)
     callees: dict[str, Time] = defaultdict(lambda: defaultdict(float))
-    timeline = w.timeline(thread)
-    if spans is _EVERYTHING:  # the whole thread (a worker's): every segment as it is, none cut to a span
-        for start, end, _, user, entry, _ in timeline.segments:
-            if entry:
-                us = end - start
-                entries[entry] += us
-                if user and user != entry:
-                    callees[entry][user] += us
-        return entries, callees
-    for (lo, hi), (_, _, _, user, entry, _) in timeline.within(spans):
+    for (lo, hi), (_, _, _, user, entry, _) in w.timeline(thread).within(spans):
         if entry:
             entries[entry] += hi - lo
             if user and user != entry:

@@ -9,6 +9,7 @@ belongs to. Pure.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import pairwise
 from typing import Any
@@ -39,6 +40,64 @@ Segment = tuple[float, float, str, str | None, str | None, str | None]
 _Open = tuple[str, str | None, str | None, str | None, bool]
 
 
+def _kind(name: str) -> str:
+    """What a call is, as the timeline tells the user's code from the rest (``"gc"``: a gc pause)."""
+    return "gc" if name.startswith(GC_SPAN_PREFIX) else code_origin(parse_function(name)[1])[0]
+
+
+def entry_times(nested: Nested) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Over a whole thread (``sweep.nest`` of its calls): µs per ``entry`` and, per entry, µs per
+    innermost ``user`` call other than the entry, exactly as summing ``Timeline(nested=nested)``'s
+    segments in time order gives them (the same walk, the same subtractions, the same order),
+    without building the segments: ``input_bound`` reads a worker's calls only this way."""
+    entries: dict[str, float] = defaultdict(float)
+    callees: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    origin: dict[str, str] = {}
+    ordered, ends, parents = nested
+    opened: list[tuple[str | None, str | None, bool]] = []  # per call: user, entry, is_user
+    add_open = opened.append
+    stack: list[int] = []
+    cursor = 0.0
+    for i, interval in enumerate(ordered):
+        start, name = interval[0], interval[2]
+        parent = parents[i]
+        while stack and stack[-1] != parent:
+            done = stack.pop()
+            done_end = ends[done]
+            if done_end > cursor:
+                user, entry, _ = opened[done]
+                if entry:
+                    entries[entry] += done_end - cursor
+                    if user and user != entry:
+                        callees[entry][user] += done_end - cursor
+            cursor = done_end
+        kind = origin.get(name)
+        if kind is None:
+            kind = origin[name] = _kind(name)
+        if parent < 0:
+            add_open((name, name, True) if kind == "user" else (None, None, False))
+        else:
+            user, entry, parent_is_user = opened[parent]
+            if start > cursor and entry:
+                entries[entry] += start - cursor
+                if user and user != entry:
+                    callees[entry][user] += start - cursor
+            add_open((name, entry if parent_is_user else name, True) if kind == "user" else (user, entry, False))
+        stack.append(i)
+        cursor = start
+    while stack:
+        done = stack.pop()
+        done_end = ends[done]
+        if done_end > cursor:
+            user, entry, _ = opened[done]
+            if entry:
+                entries[entry] += done_end - cursor
+                if user and user != entry:
+                    callees[entry][user] += done_end - cursor
+        cursor = done_end
+    return entries, callees
+
+
 class Timeline:
     """One thread's Python calls cut into non-overlapping ``Segment``s."""
 
@@ -67,9 +126,7 @@ class Timeline:
                 cursor = done_end
             kind = origin.get(name)
             if kind is None:
-                kind = origin[name] = (
-                    "gc" if name.startswith(GC_SPAN_PREFIX) else code_origin(parse_function(name)[1])[0]
-                )
+                kind = origin[name] = _kind(name)
             if parent < 0:
                 add_open((name, name, name, name, True) if kind == "user" else (name, None, None, None, False))
             else:
@@ -186,6 +243,10 @@ class WindowView:
         if found is None:
             found = self._timelines[thread] = Timeline(nested=self.data.nested(thread))
         return found
+
+    def entry_times(self, thread: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """``entry_times`` of ``thread``'s calls, from the window's one nesting of them."""
+        return entry_times(self.data.nested(thread))
 
     def threads(self) -> list[Any]:
         return list(self.data.python_calls)
