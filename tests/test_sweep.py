@@ -4,14 +4,17 @@ come from one sweep per thread."""
 
 from __future__ import annotations
 
+import random
+from collections import defaultdict
 from typing import Any
 
 import pytest
 
+from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary import top_python
 from vt_lightning.analysis.sweep import nest
-from vt_lightning.analysis.verdicts.window import Timeline
-from vt_lightning.analysis.workers import worker_summary
+from vt_lightning.analysis.verdicts.window import Timeline, entry_times
+from vt_lightning.analysis.workers import FETCH_CATEGORY, worker_summary
 from vt_lightning.constants import PYTHON_CATEGORY
 
 USER = "/home/me/project/data.py"
@@ -77,3 +80,74 @@ def test_worker_tables_from_one_sweep_equal_a_pass_per_table() -> None:
     assert summary["top_python"] == overall[: len(summary["top_python"])]
     augment = next(e for e in summary["top_python"] if e["function"] == "augment")
     assert augment["calls"] == 12  # 4 calls on each of the three threads, added up
+
+
+def _random_calls(seed: int, count: int = 400) -> list[tuple[float, float, str]]:
+    """Calls of user and library functions (a gc pause among them), nested, overlapping, tied and
+    crossing at random, with float times that do not add up exactly."""
+    rng = random.Random(seed)
+    names = [
+        f"__getitem__ ({USER}:10)",
+        f"augment ({USER}:20)",
+        f"jitter ({USER}:30)",
+        f"resize ({LIB}:5)",
+        f"crop ({LIB}:9)",
+        "<built-in method sleep>",
+        "[gc] generation 0",
+    ]
+    calls = []
+    for _ in range(count):
+        start = round(rng.uniform(0.0, 1000.0), rng.choice((0, 1, 3)))
+        calls.append((start, start + rng.uniform(0.01, 80.0) * rng.random(), rng.choice(names)))
+    return calls
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_entry_times_are_the_timelines_sums(seed: int) -> None:
+    """``input_bound`` reads a worker's whole thread through ``entry_times``, which skips building
+    the timeline: it must give what summing the timeline's segments gives, to the last bit (the
+    summary is compared byte for byte before and after)."""
+    calls = _random_calls(seed)
+    entries: dict[str, float] = defaultdict(float)
+    callees: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for start, end, _, user, entry, _ in Timeline(calls).segments:
+        if entry:
+            entries[entry] += end - start
+            if user and user != entry:
+                callees[entry][user] += end - start
+    assert entries, "the random calls should enter user code"
+    found_entries, found_callees = entry_times(nest(calls))
+    assert dict(found_entries) == dict(entries)
+    assert {k: dict(v) for k, v in found_callees.items()} == {k: dict(v) for k, v in callees.items()}
+
+
+def test_worker_tables_from_the_windows_nesting_equal_the_events_path() -> None:
+    """The summary hands ``worker_summary`` its ``WindowData`` (whose per-thread nesting the
+    verdicts share): the tables are those read from the events alone."""
+    events = _worker_events()
+    events += [  # and a fetch span per worker: the busy time and batches come from them
+        {
+            "ph": "X",
+            "cat": FETCH_CATEGORY,
+            "name": "fetch batch 3",
+            "ts": 0.0,
+            "dur": 70.0,
+            "pid": 101,
+            "tid": 1,
+            "args": {"batch": 3},
+        },
+        {
+            "ph": "X",
+            "cat": FETCH_CATEGORY,
+            "name": "fetch batch 4",
+            "ts": 5.0,
+            "dur": 90.0,
+            "pid": 202,
+            "tid": 2,
+            "args": {"batch": 4},
+        },
+    ]
+    workers = [{"pid": 202, "worker": 1, "rank": 0}, {"pid": 101, "worker": 0, "rank": 0}]
+    window = read_window({"traceEvents": events})
+    assert worker_summary(events, workers, [], window) == worker_summary(events, workers, [])
+    assert [w["batches"] for w in worker_summary(events, workers, [], window)["workers"]] == [[3], [4]]

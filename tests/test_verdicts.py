@@ -259,9 +259,9 @@ def test_an_op_bound_window_settles_python_bound_without_building_a_timeline(mon
     built: list[int] = []
     real = verdicts.Timeline
 
-    def counted(calls: Any) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         built.append(1)
-        return real(calls)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(verdicts, "Timeline", counted)
     assert "python_bound" not in kinds(window(busy_python(6_000, under_op=True), step_us=7_500))  # ops: 87 %

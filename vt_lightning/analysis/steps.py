@@ -7,6 +7,7 @@ finds the steps again. Pure.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -16,9 +17,17 @@ from vt_lightning.analysis.breakdown import Range, stage_ranges
 from vt_lightning.analysis.spans import Span, launches_by_correlation, x_events
 from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.summary_devices import RUNTIME_CATEGORIES
-from vt_lightning.constants import CPU_OP_CATEGORY, STEP_PREFIX, TRACE_METADATA_KEY, USER_ANNOTATION_CATEGORY
+from vt_lightning.analysis.sweep import Nested, nest
+from vt_lightning.constants import (
+    CPU_OP_CATEGORY,
+    PYTHON_CATEGORY,
+    STEP_PREFIX,
+    TRACE_METADATA_KEY,
+    USER_ANNOTATION_CATEGORY,
+)
 
 Thread = tuple[Any, Any]  # (pid, tid) as the trace has them
+Call = tuple[float, float, str]  # a Python call: start µs, end µs, VizTracer's function name
 
 
 def _step_number(name: str) -> int | None:
@@ -63,6 +72,31 @@ class WindowData:
         """``{correlation: CUDA runtime call}``: which call launched each kernel (the one map the
         op table and the verdicts read; empty on the CPU)."""
         return launches_by_correlation(self.events, RUNTIME_CATEGORIES)
+
+    @cached_property
+    def python_calls(self) -> dict[Thread, list[Call]]:
+        """Each thread's Python calls, in the trace's order, read from the events once: the
+        summary's Python tables, the workers' tables and the verdicts' timelines all start here."""
+        calls: dict[Thread, list[Call]] = defaultdict(list)
+        for event in self.events:
+            if event.get("cat") == PYTHON_CATEGORY:
+                start = float(event["ts"])
+                calls[(event.get("pid"), event.get("tid"))].append(
+                    (start, start + float(event.get("dur", 0.0) or 0.0), str(event.get("name", "")))
+                )
+        return dict(calls)
+
+    @cached_property
+    def _nested(self) -> dict[Thread, Nested]:
+        return {}
+
+    def nested(self, thread: Thread) -> Nested:
+        """``sweep.nest`` of ``thread``'s whole ``python_calls``, computed once per thread: the
+        workers' tables and the verdicts' timelines of the same thread share one sort."""
+        found = self._nested.get(thread)
+        if found is None:
+            found = self._nested[thread] = nest(self.python_calls.get(thread, ()))
+        return found
 
     @property
     def counted(self) -> list[int]:

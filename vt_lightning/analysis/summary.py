@@ -50,10 +50,10 @@ from vt_lightning.analysis.spans import Span, launches_by_correlation
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.spans import percentile as _percentile
 from vt_lightning.analysis.spans import span_of as _span
+from vt_lightning.analysis.steps import WindowData, read_window
 from vt_lightning.analysis.steps import find_steps as find_steps  # re-exported
-from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
-from vt_lightning.analysis.sweep import nest
+from vt_lightning.analysis.sweep import Nested, nest
 from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES, code_origin, parse_function
 from vt_lightning.analysis.verdicts import find_verdicts
 from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, PYTHON_CATEGORY
@@ -172,13 +172,15 @@ class PythonStats:
         folded = self.package_of[name] = (package or "") if origin in FOLDED_ORIGINS else ""
         return folded
 
-    def sweep(self, thread: Thread, calls: list[tuple[float, float, str, float]], phases: PhaseSegments | None) -> None:
-        """One thread's calls ``(start, end, name, began)`` (``began``: before clipping to the region)
-        into its tables; runs once per Python event, so it is written for speed."""
+    def sweep(self, thread: Thread, nested: Nested, phases: PhaseSegments | None) -> None:
+        """One thread's calls, ``sweep.nest``-ed, into its tables: each call ``(start, end, name,
+        began)`` (``began``: before clipping to the region; read only with ``phases``, so a window's
+        unclipped ``(start, end, name)`` calls do too); runs once per Python event, so it is written
+        for speed."""
         functions: dict[str, _Stat] = {}
         packages: dict[FoldKey, _Stat] = {}
         package_of = self.package_of
-        ordered, ends, parents = nest(calls)
+        ordered, ends, parents = nested
         count = len(ordered)
         child_us = [0.0] * count
         stats: list[_Stat] = [None] * count  # type: ignore[list-item]
@@ -188,7 +190,8 @@ class PythonStats:
         open_count: dict[str, int] = defaultdict(int)  # open calls per function name
         open_folds: dict[FoldKey, int] = defaultdict(int)  # open calls per fold key
 
-        for i, (start, _, name, began) in enumerate(ordered):
+        for i, call in enumerate(ordered):
+            start, name = call[0], call[2]
             parent = parents[i]
             while stack and stack[-1] != parent:
                 done = stack.pop()
@@ -215,7 +218,7 @@ class PythonStats:
                 fstat.inclusive_us += dur
             open_count[name] += 1
             if package:
-                fkey = (package, phases.at(began) if phases is not None else "")
+                fkey = (package, phases.at(call[3]) if phases is not None else "")
                 pstat = packages.get(fkey)
                 if pstat is None:
                     pstat = packages[fkey] = _Stat()
@@ -245,20 +248,28 @@ def python_stats(
     under another call of the same package and phase is counted once), of the calls within
     ``region`` (each clipped to it; a call that started before it is in phase ``other``). One pass
     over the events, then one ``sweep.nest`` and one stack walk per thread."""
-    by_thread: dict[Any, list[tuple[float, float, str, float]]] = defaultdict(list)
-    lo, hi = region if region is not None else (float("-inf"), float("inf"))
+    by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
     for event in events:
         if event.get("cat") == PYTHON_CATEGORY:
             start = float(event["ts"])
-            end = start + float(event.get("dur", 0.0) or 0.0)
-            if end <= lo or start >= hi:
-                continue
             by_thread[(event.get("pid"), event.get("tid"))].append(
-                (max(start, lo), min(end, hi), event.get("name", ""), start)
+                (start, start + float(event.get("dur", 0.0) or 0.0), event.get("name", ""))
             )
+    return python_stats_of(by_thread, region, phases)
+
+
+def python_stats_of(
+    calls: Mapping[Thread, Sequence[tuple[float, float, str]]],
+    region: Span | None = None,
+    phases: PhaseSegments | None = None,
+) -> PythonStats:
+    """``python_stats`` of calls already read per thread (``WindowData.python_calls``)."""
+    lo, hi = region if region is not None else (float("-inf"), float("inf"))
     out = PythonStats()
-    for thread, calls in by_thread.items():
-        out.sweep(thread, calls, phases)
+    for thread, found in calls.items():
+        kept = [(max(s, lo), min(e, hi), name, s) for s, e, name in found if e > lo and s < hi]
+        if kept:
+            out.sweep(thread, nest(kept), phases)
     return out
 
 
@@ -296,6 +307,17 @@ def top_python(
     (``totals``: the full ranking, unfolded)."""
     stats = python_stats(events, region, phases)
     return rank_python(stats, stats.merged(), steps, limit)
+
+
+def _top_python_of(
+    calls: Mapping[Thread, Sequence[tuple[float, float, str]]],
+    steps: int,
+    region: Span | None,
+    phases: PhaseSegments | None,
+) -> TopPython:
+    """``top_python`` of calls already read per thread."""
+    stats = python_stats_of(calls, region, phases)
+    return rank_python(stats, stats.merged(), steps)
 
 
 def rank_python(stats: PythonStats, tables: ThreadStats, steps: int, limit: int = TOP_PYTHON) -> TopPython:
@@ -374,7 +396,7 @@ def top_ops(
     steps = max(steps, 1)
     by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
     for event in events:
-        if _is_op(event):
+        if event.get("cat") == CPU_OP_CATEGORY and _is_op(event):  # the category first: most events are calls
             kept = _clipped(*_span(event), region)
             if kept is not None:
                 by_thread[(event.get("pid"), event.get("tid"))].append((*kept, str(event["name"])))
@@ -462,9 +484,12 @@ def _ops_by_kernel(
 # --------------------------------------------------------------------------------------------------
 
 
-def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | None = None) -> Summary:
-    """The summary of one merged window trace (see the module docstring and docs/files.md)."""
-    data = read_window(trace)
+def summarize(
+    trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | None = None, window: WindowData | None = None
+) -> Summary:
+    """The summary of one merged window trace (see the module docstring and docs/files.md);
+    ``window``: its ``read_window``, when the caller reads it for more tables (the workers')."""
+    data = read_window(trace) if window is None else window
     meta, events, steps, thread, ranges = data.meta, data.events, data.steps, data.thread, data.ranges
     recorded = list(steps)
     counted = data.counted  # the first step misses its fetch
@@ -507,11 +532,11 @@ def summarize(trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | Non
         "breakdown_ms": {part: _ms(us / count) for part, us in reported(parts).items()},
         # The training thread's calls: a background thread that waits (a logger's flush loop
         # sleeping, a queue get) would otherwise top the list with time no step spent.
-        "top_python": top_python(
-            [e for e in events if thread is None or (e.get("pid"), e.get("tid")) == thread],
+        "top_python": _top_python_of(
+            {t: c for t, c in data.python_calls.items() if thread is None or t == thread},
             len(counted),
-            region=region,
-            phases=phase_segments([steps[n] for n in counted], ranges),
+            region,
+            phase_segments([steps[n] for n in counted], ranges),
         ),
         "top_ops": top_ops(events, len(counted), region=region, launches=data.launches),
         "gpu": gpu_summary(events, span, thread) if recorded else None,

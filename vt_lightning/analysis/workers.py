@@ -16,6 +16,7 @@ from typing import Any
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.schema import WorkerEntry, Workers
 from vt_lightning.analysis.spans import ms as _ms
+from vt_lightning.analysis.steps import WindowData
 from vt_lightning.constants import PYTHON_CATEGORY
 
 PLAN_SLOTS = 4  # window ranges a plan holds: back-to-back windows closer than the prefetch depth
@@ -190,27 +191,44 @@ def lower_origin(trace: dict[str, Any], seconds: int, metadata_key: str) -> None
 
 
 def worker_summary(
-    events: Sequence[Mapping[str, Any]], workers: Sequence[Mapping[str, Any]], missing: list[str]
+    events: Sequence[Mapping[str, Any]],
+    workers: Sequence[Mapping[str, Any]],
+    missing: list[str],
+    window: WindowData | None = None,
 ) -> Workers:
     """Per worker: the batches it fetched in the window, its busy time (its fetches' total) and its
     top user functions; and the top functions over all workers (an input-bound verdict's ``where``).
 
-    ``workers``: ``{"pid", "worker", "rank"}`` of each worker whose events were merged."""
-    from vt_lightning.analysis.summary import python_stats, rank_python
+    ``workers``: ``{"pid", "worker", "rank"}`` of each worker whose events were merged. ``window``:
+    the summary's ``WindowData`` of the same trace, whose per-thread nesting the verdicts' timelines
+    share (else the events are read and nested here)."""
+    from vt_lightning.analysis.summary import PythonStats, python_stats, rank_python
 
     pids = {int(w["pid"]) for w in workers}
-    python_by_pid: dict[int, list[Mapping[str, Any]]] = {pid: [] for pid in pids}
     fetches: dict[int, list[tuple[int, float]]] = {pid: [] for pid in pids}
-    for event in events:
-        pid = event.get("pid")
-        if pid not in pids or event.get("ph") != "X":
-            continue
-        if event.get("cat") == PYTHON_CATEGORY:
-            python_by_pid[pid].append(event)
-        elif event.get("cat") == FETCH_CATEGORY:
-            fetches[pid].append((int(event.get("args", {}).get("batch", -1)), float(event.get("dur", 0.0))))
-    everything = [e for pid in pids for e in python_by_pid[pid]]
-    stats = python_stats(everything)  # one sweep per thread feeds each worker's table and the overall one
+    if window is not None:
+        for x in window.events:
+            if x.get("cat") == FETCH_CATEGORY and x.get("pid") in pids:
+                fetches[x["pid"]].append((int(x.get("args", {}).get("batch", -1)), float(x.get("dur", 0.0))))
+        calls = window.python_calls
+        stats = PythonStats()
+        for worker_pid in pids:  # the threads in the order the events-based path below sweeps them
+            for thread in calls:
+                if thread[0] == worker_pid:
+                    stats.sweep(thread, window.nested(thread), None)
+        everything: Sequence[Any] = list(stats.threads)
+    else:
+        python_by_pid: dict[int, list[Mapping[str, Any]]] = {pid: [] for pid in pids}
+        for event in events:
+            pid = event.get("pid")
+            if pid not in pids or event.get("ph") != "X":
+                continue
+            if event.get("cat") == PYTHON_CATEGORY:
+                python_by_pid[pid].append(event)
+            elif event.get("cat") == FETCH_CATEGORY:
+                fetches[pid].append((int(event.get("args", {}).get("batch", -1)), float(event.get("dur", 0.0))))
+        everything = [e for pid in pids for e in python_by_pid[pid]]
+        stats = python_stats(everything)  # one sweep per thread feeds each worker's table and the overall one
     threads_of: dict[Any, list[Any]] = {pid: [] for pid in pids}
     for thread in stats.threads:
         threads_of[thread[0]].append(thread)

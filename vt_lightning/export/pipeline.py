@@ -21,6 +21,7 @@ from vt_lightning.analysis.compile import compile_record, compile_span_events
 from vt_lightning.analysis.filters import filter_python_events
 from vt_lightning.analysis.flight import add_flight_track
 from vt_lightning.analysis.merge import encode_trace, merge_trace
+from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary import summarize
 from vt_lightning.analysis.verdicts import with_job_verdicts
 from vt_lightning.constants import CLOCK_MARKER_PREFIX, CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY
@@ -316,10 +317,11 @@ def _write_summary(
     lost window."""
     start = time.perf_counter()
     try:
-        summary = summarize(merged, snapshot)
+        window = read_window(merged)  # read once: the workers' tables share its per-thread nesting
+        summary = summarize(merged, snapshot, window)
         json_name, md_name = summary_names(job.trace_name)
         summary["window"]["trace"] = job.trace_name
-        workers = summarize_workers(merged)
+        workers = summarize_workers(merged, window)
         if workers is not None:
             summary["workers"] = workers
         if result.job is not None:

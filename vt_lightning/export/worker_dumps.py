@@ -16,6 +16,7 @@ import orjson
 
 from vt_lightning.analysis.proc_stat import scheduler_state
 from vt_lightning.analysis.schema import Workers
+from vt_lightning.analysis.steps import WindowData
 from vt_lightning.analysis.workers import (
     lower_origin,
     main_sort_index,
@@ -189,12 +190,13 @@ def add_to_trace(merged: dict[str, Any], dumps: WorkerDumps, to_torch_us: Callab
     return list(dumps.missing)
 
 
-def summarize_workers(merged: dict[str, Any]) -> Workers | None:
-    """The summary's ``workers`` key, for a trace that recorded workers (None otherwise)."""
+def summarize_workers(merged: dict[str, Any], window: WindowData | None = None) -> Workers | None:
+    """The summary's ``workers`` key, for a trace that recorded workers (None otherwise);
+    ``window``: the summary's ``read_window`` of ``merged``, whose nesting the verdicts share."""
     info = (merged.get(TRACE_METADATA_KEY) or {}).get("workers")
     if not isinstance(info, dict):
         return None
-    return worker_summary(merged.get("traceEvents", []), info.get("processes", []), info.get("missing", []))
+    return worker_summary(merged.get("traceEvents", []), info.get("processes", []), info.get("missing", []), window)
 
 
 def remove_parts(extras: dict[str, Any] | None) -> None:

@@ -29,6 +29,7 @@ CALLEE_MIN_SHARE = 0.10  # a callee is named when it took at least this share of
 UNTRACED_MIN_STEPS = 2  # untraced steps a reading needs to overrule the window's wait
 
 Time = dict[str, float]
+_EVERYTHING = [(-math.inf, math.inf)]  # workers fetch ahead: a window's batches were fetched before its steps
 
 
 def _entries_and_callees(
@@ -36,6 +37,8 @@ def _entries_and_callees(
 ) -> tuple[Time, dict[str, Time]]:
     """µs per entry call (``Segment.entry``, its callees included) inside ``spans``, and per entry,
     µs per innermost user callee under it (the entry itself excluded)."""
+    if spans is _EVERYTHING:  # the whole thread (a worker's): the timeline's sums, without its segments
+        return w.entry_times(thread)
     entries: Time = defaultdict(float)
     callees: dict[str, Time] = defaultdict(lambda: defaultdict(float))
     for (lo, hi), (_, _, _, user, entry, _) in w.timeline(thread).within(spans):
@@ -118,11 +121,10 @@ def input_bound(w: WindowView) -> Iterator[Finding]:
     entries, callees = _entries_and_callees(w, w.thread, w.data_waits())
     source = "main process"
     if not entries:
-        everything = [(-math.inf, math.inf)]  # workers fetch ahead: a window's batches were fetched before its steps
         for thread in w.threads():
             if thread[0] == w.pid:
                 continue
-            more, more_callees = _entries_and_callees(w, thread, everything)
+            more, more_callees = _entries_and_callees(w, thread, _EVERYTHING)
             for name, us in more.items():
                 entries[name] = entries.get(name, 0.0) + us
             for name, under in more_callees.items():

@@ -19,7 +19,7 @@ from vt_lightning.analysis.schema import Summary
 from vt_lightning.analysis.spans import Span, clip, covered, span_of, union
 from vt_lightning.analysis.steps import Thread, WindowData
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES
-from vt_lightning.analysis.sweep import nest
+from vt_lightning.analysis.sweep import Nested, nest
 from vt_lightning.analysis.usercode import code_origin, parse_function
 from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, GC_SPAN_PREFIX, PYTHON_CATEGORY
 
@@ -40,20 +40,81 @@ Segment = tuple[float, float, str, str | None, str | None, str | None]
 _Open = tuple[str, str | None, str | None, str | None, bool]
 
 
+def _kind(name: str) -> str:
+    """What a call is, as the timeline tells the user's code from the rest (``"gc"``: a gc pause)."""
+    return "gc" if name.startswith(GC_SPAN_PREFIX) else code_origin(parse_function(name)[1])[0]
+
+
+def entry_times(nested: Nested) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Over a whole thread (``sweep.nest`` of its calls): µs per ``entry`` and, per entry, µs per
+    innermost ``user`` call other than the entry, exactly as summing ``Timeline(nested=nested)``'s
+    segments in time order gives them (the same walk, the same subtractions, the same order),
+    without building the segments: ``input_bound`` reads a worker's calls only this way."""
+    entries: dict[str, float] = defaultdict(float)
+    callees: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    origin: dict[str, str] = {}
+    ordered, ends, parents = nested
+    opened: list[tuple[str | None, str | None, bool]] = []  # per call: user, entry, is_user
+    add_open = opened.append
+    stack: list[int] = []
+    cursor = 0.0
+    for i, interval in enumerate(ordered):
+        start, name = interval[0], interval[2]
+        parent = parents[i]
+        while stack and stack[-1] != parent:
+            done = stack.pop()
+            done_end = ends[done]
+            if done_end > cursor:
+                user, entry, _ = opened[done]
+                if entry:
+                    entries[entry] += done_end - cursor
+                    if user and user != entry:
+                        callees[entry][user] += done_end - cursor
+            cursor = done_end
+        kind = origin.get(name)
+        if kind is None:
+            kind = origin[name] = _kind(name)
+        if parent < 0:
+            add_open((name, name, True) if kind == "user" else (None, None, False))
+        else:
+            user, entry, parent_is_user = opened[parent]
+            if start > cursor and entry:
+                entries[entry] += start - cursor
+                if user and user != entry:
+                    callees[entry][user] += start - cursor
+            add_open((name, entry if parent_is_user else name, True) if kind == "user" else (user, entry, False))
+        stack.append(i)
+        cursor = start
+    while stack:
+        done = stack.pop()
+        done_end = ends[done]
+        if done_end > cursor:
+            user, entry, _ = opened[done]
+            if entry:
+                entries[entry] += done_end - cursor
+                if user and user != entry:
+                    callees[entry][user] += done_end - cursor
+        cursor = done_end
+    return entries, callees
+
+
 class Timeline:
     """One thread's Python calls cut into non-overlapping ``Segment``s."""
 
-    def __init__(self, calls: Iterable[Call]) -> None:
+    def __init__(self, calls: Iterable[Call] = (), nested: Nested | None = None) -> None:
+        """From ``calls``, or from their ``sweep.nest`` when already made (``WindowData.nested``)."""
         self.starts: list[float] = []
         self.segments: list[Segment] = []
         add_start, add_segment = self.starts.append, self.segments.append
         origin: dict[str, str] = {}
-        ordered, ends, parents = nest(calls)  # outer call first, each clipped to its parent
+        # outer call first, each clipped to its parent
+        ordered, ends, parents = nest(calls) if nested is None else nested
         opened: list[_Open] = []  # per call, in ``ordered``'s order
         add_open = opened.append
         stack: list[int] = []
         cursor = 0.0
-        for i, (start, _, name) in enumerate(ordered):
+        for i, interval in enumerate(ordered):
+            start, name = interval[0], interval[2]
             parent = parents[i]
             while stack and stack[-1] != parent:
                 done = stack.pop()
@@ -65,9 +126,7 @@ class Timeline:
                 cursor = done_end
             kind = origin.get(name)
             if kind is None:
-                kind = origin[name] = (
-                    "gc" if name.startswith(GC_SPAN_PREFIX) else code_origin(parse_function(name)[1])[0]
-                )
+                kind = origin[name] = _kind(name)
             if parent < 0:
                 add_open((name, name, name, name, True) if kind == "user" else (name, None, None, None, False))
             else:
@@ -133,8 +192,7 @@ class WindowView:
         self.total_us = sum(steps[n][1] - steps[n][0] for n in counted)
         self.region: Span = (self.step_spans[0][0], self.step_spans[-1][1]) if self.step_spans else (0.0, 0.0)
         self.pid = self.thread[0] if self.thread else None
-        # One pass over the events, by what the rules read.
-        self._calls: dict[Any, list[Call]] = defaultdict(list)
+        # One pass over the events, by what the rules read (the Python calls: ``data.python_calls``).
         self.ops: list[Span] = []  # the training thread's torch ops and CUDA runtime calls
         self.runtime: list[dict[str, Any]] = []
         self.kernels: list[dict[str, Any]] = []
@@ -144,8 +202,6 @@ class WindowView:
             cat = e.get("cat")
             if cat == PYTHON_CATEGORY:
                 name = str(e.get("name", ""))
-                span = span_of(e)
-                self._calls[(e.get("pid"), e.get("tid"))].append((span[0], span[1], name))
                 if name.startswith(GC_SPAN_PREFIX):
                     self.gc.append(e)
                 elif name.startswith(COMPILE_SPAN_PREFIX):
@@ -185,11 +241,15 @@ class WindowView:
     def timeline(self, thread: Any) -> Timeline:
         found = self._timelines.get(thread)
         if found is None:
-            found = self._timelines[thread] = Timeline(self._calls.get(thread, ()))
+            found = self._timelines[thread] = Timeline(nested=self.data.nested(thread))
         return found
 
+    def entry_times(self, thread: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """``entry_times`` of ``thread``'s calls, from the window's one nesting of them."""
+        return entry_times(self.data.nested(thread))
+
     def threads(self) -> list[Any]:
-        return list(self._calls)
+        return list(self.data.python_calls)
 
     def in_steps(self, span: Span) -> bool:
         lo, hi = span
