@@ -165,7 +165,7 @@ def test_code_whose_name_is_not_utf8_drops_its_window_and_training_lives(tmp_pat
     """``code.replace(co_name="bad\\udcffname")`` called in window 0: VizTracer's dump crashes on the
     name. Forked (3.11+), the dump child dies and the window is dropped; in the training process
     (3.10: ``FORK_CAN_DEADLOCK``, or a window held to the end of fit) it killed training (exit -11)
-    before ``unsafe_names.dump_in_process``."""
+    before ``viztracer_layout.dump_in_process``."""
     _, report = run(tmp_path, "co_name")
     assert report["train_batches"] == list(range(10))
     (warning,) = report["warnings"]

@@ -209,7 +209,7 @@ class ProfilingWindow:
     ) -> ClosedWindow | None:
         """Stop everything; return the job that writes the window (None if nothing was recorded).
         ``hold_dump``: VizTracer's buffer is written when the job is collected, not now (a window
-        held to the run's end: ``pytracer.HeldDump``).
+        held to the run's end: ``viztracer_dump.HeldDump``).
 
         Whatever goes wrong (or interrupts) on the way, every tracer and hook is off afterwards."""
         self.closed = True

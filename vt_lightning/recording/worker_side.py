@@ -47,7 +47,8 @@ from vt_lightning.analysis.workers import Range, global_batch, range_of
 from vt_lightning.constants import THREAD_PREFIX
 from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.pytracer import PythonTracer
-from vt_lightning.recording.unsafe_names import TracingGuard, dump_in_process
+from vt_lightning.recording.unsafe_names import TracingGuard
+from vt_lightning.recording.viztracer_layout import dump_in_process
 from vt_lightning.recording.worker_plan import CLOCK_ROUNDS, SharedPlan, WorkerSetup
 
 WORKER_TRACER_ENTRIES = 250_000  # per worker: a few batches' fetches; each worker allocates its own
@@ -426,7 +427,7 @@ def _spanned(
     """``function(arg)``, a library call the tracer skips, noted in ``spans`` as (name, start, end)
     on the tracer's clock: the writer adds it as one call of its own (``export/worker_dumps.py``).
     Not an event in VizTracer's buffer: the check before its dump reads buffers of calls only
-    (``unsafe_names.unsafe_name_in_buffer``). Called from a skipped file itself, so the tracer ignores
+    (``viztracer_layout.unsafe_name_in_buffer``). Called from a skipped file itself, so the tracer ignores
     this frame and everything under it. On Python <= 3.11 the tracer is paused for the call
     (VizTracer's ``pause``: its profile hook off on this thread), so the library code runs at full
     speed instead of calling the hook for every function only to skip it; 3.12+ (sys.monitoring,
