@@ -2,7 +2,7 @@
 training process) against VizTracer's own C ``dump`` of the same full buffer, 7 rounds interleaved:
 2,000 distinct functions, each call with two C calls. Not a test; prints one line.
 
-    python tests/fault_scripts/unsafe_dump_check_cost.py [tracer_entries, default 200000]
+    python benchmarks/unsafe_dump_check_cost.py [tracer_entries, default 200000]
 """
 
 import os
