@@ -180,15 +180,20 @@ def test_a_thread_name_that_is_not_utf8_drops_the_windows_and_training_lives(tmp
     name: the window held to the end of fit (and every window on 3.10) was dumped in the training
     process, which died (exit -11). Now the window the thread ran in is dropped, saying why, and
     training lives. VizTracer keeps the name for the tracer's life on 3.10 and 3.11 (every
-    later window is dropped too); on 3.13 (CI) the next window was written."""
+    later window is dropped too). On 3.13 (CI) VizTracer's dump wrote window 0 and only the
+    writer refused it ("could not write the window ... surrogates not allowed"), the next window
+    written; the writer now writes that name readable (see the unit test above), so there window
+    0 may be written. Not run here on 3.13 (no such environment): both outcomes are accepted."""
     _, report = run(tmp_path, "thread_name")
     assert report["train_batches"] == list(range(10))
-    assert "window_000" not in report["window_dirs"]  # the window the thread ran in
     if sys.version_info < (3, 12):
         assert report["window_dirs"] == []  # the name stays with the tracer: no later dump can write it
-    assert report["warnings"], "each window dropped says why"
-    for warning in report["warnings"]:  # on 3.13 VizTracer writes the name and the writer refuses it
-        if warning.startswith("vt_lightning: could not write the window"):
+    if "window_000" in report["window_dirs"]:  # the window the thread ran in: 3.12+ only
+        assert report["warnings"] == []  # written, the name readable
+    else:
+        assert report["warnings"], "each window dropped says why"
+    for warning in report["warnings"]:
+        if warning.startswith("vt_lightning: could not write the window"):  # 3.13 before the fix
             assert "surrogates not allowed" in warning and "training goes on" in warning
             continue
         assert warning.startswith("vt_lightning: window dropped: ")
