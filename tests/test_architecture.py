@@ -683,3 +683,33 @@ def test_the_verdict_docs_match_the_registry():
     for needed in ("analysis/verdicts/registry.py", "analysis/verdicts/base.py", "docs/verdicts.md"):
         assert needed in section, f"docs/architecture.md's 'a verdict kind' does not name {needed}"
     assert all(module in section or module.rsplit("/", 1)[-1] in section for module in set(registry.values()))
+
+
+def test_the_verdict_docs_examples_name_the_lines_the_seeded_runs_have():
+    """docs/verdicts.md quotes verdicts of ``tests/test_verdict_runs.py``'s seeded runs: each
+    ``test_verdict_runs.py:N (function)`` (or ``"function": ..., "line": N``) must be where that
+    function is defined now, as a verdict would name it."""
+    source = ROOT.parent / "tests" / "test_verdict_runs.py"
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    lines: dict[str, int] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            lines[node.name] = node.lineno
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    lines[f"{node.name}.{item.name}"] = item.lineno
+    doc = (DOCS / "verdicts.md").read_text(encoding="utf-8")
+    quoted = re.findall(r"test_verdict_runs\.py:(\d+) \(([\w.]+)\)", doc)
+    quoted += [(n, f) for f, n in re.findall(r"`(\w[\w.]*)` \(test_verdict_runs\.py:(\d+),", doc)]
+    quoted += [
+        (n, f)
+        for f, n in re.findall(r'"function": "([\w.]+)", "file": "[^"]*test_verdict_runs\.py", "line": (\d+)', doc)
+    ]
+    assert len(quoted) >= 5, quoted
+    wrong = [
+        f"{function}: the docs say line {line}, it is {lines.get(function)}"
+        for line, function in quoted
+        if lines.get(function) != int(line)
+    ]
+    assert not wrong, "docs/verdicts.md's example lines are stale:\n" + "\n".join(wrong)

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from vt_lightning.recording import children
-from vt_lightning.recording.pytracer import PythonTracer, PythonTracerConfig, foreign_profiler, wait_for_dump
+from vt_lightning.recording.children import wait_for_dump
+from vt_lightning.recording.pytracer import PythonTracer, PythonTracerConfig, foreign_profiler
 
 MONITORING = sys.version_info >= (3, 12)
 

@@ -6,7 +6,10 @@ object's name) makes the whole dump invalid JSON, and a name that is not valid U
 invalid UTF-8. ``loads`` parses the dump as it is, and only when that fails escapes what a JSON
 string may not hold raw and parses it again: the names reach the trace escaped, the window is
 written, and a valid dump pays nothing. (``escape_raw_strings`` is the whole repair, for callers
-that read dumps their own way.)
+that read dumps their own way.) A name Python decoded from bytes that are not UTF-8 (a thread's,
+a file's) holds lone surrogates, which JSON cannot carry either: ``readable`` writes each as
+U+FFFD, as ``loads`` reads such bytes, and ``loads`` does the same to a lone surrogate's ``\\u``
+escape (what ``json.dumps`` writes for such a name).
 """
 
 from __future__ import annotations
@@ -24,18 +27,24 @@ _CONTROL = re.compile(rb"[\x00-\x1f]")
 _NOT_WHITESPACE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 _ESCAPE = re.compile(rb"\\(.)", re.DOTALL)  # a backslash and the byte it escapes
 _ESCAPABLE = frozenset(b'"\\/bfnrtu')
+# Escapes in order from a string's start: a surrogate pair (kept), a lone surrogate (group 1), or
+# any other escape (kept), so that an escaped backslash is never read as starting a ``\u``.
+_SURROGATE_ESCAPE = re.compile(
+    rb"\\(?:u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|(u[dD][89a-fA-F][0-9a-fA-F]{2})|.)", re.DOTALL
+)
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def loads(data: bytes) -> Any:
     """``orjson.loads(data)``; on a decode error, once more after each repair in turn: the cheap
     one (``escape_unambiguous``: ESC, BEL and the like, and bytes that are not UTF-8), then the
     string-aware one (``escape_raw_strings``: a raw CR, newline or tab inside a name, a stray
-    backslash). Raises the first error when no repair helps."""
+    backslash), then ``escape_lone_surrogates``. Raises the first error when no repair helps."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as err:
         error = err
-    for repair in (escape_unambiguous, escape_raw_strings):
+    for repair in (escape_unambiguous, escape_raw_strings, escape_lone_surrogates):
         repaired = repair(data)
         if repaired == data:
             continue
@@ -85,3 +94,29 @@ def _escape_string(match: re.Match[bytes]) -> bytes:
 def _escape_backslash(match: re.Match[bytes]) -> bytes:
     escaped = match.group(1)
     return match.group() if escaped[0] in _ESCAPABLE else b"\\\\" + escaped
+
+
+def readable(text: str) -> str:
+    """``text`` with each lone surrogate written as U+FFFD. Python decodes a name that is not UTF-8
+    (``threading.Thread(name=...)``, a file name) with surrogates, which no JSON encoder writes:
+    the name reaches the trace as ``loads`` reads the same bytes in a raw dump."""
+    if text.isascii():
+        return text
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def escape_lone_surrogates(data: bytes) -> bytes:
+    """``data`` with every ``\\uD800``-``\\uDFFF`` escape that is not half of a pair written as
+    ``\\ufffd`` (orjson refuses a lone one: "invalid high surrogate"); pairs are kept."""
+    if b"\\u" not in data:
+        return data
+    return _STRING.sub(_escape_surrogates_in, data)
+
+
+def _escape_surrogates_in(match: re.Match[bytes]) -> bytes:
+    text = match.group()
+    return _SURROGATE_ESCAPE.sub(_lone_surrogate, text) if b"\\u" in text else text
+
+
+def _lone_surrogate(match: re.Match[bytes]) -> bytes:
+    return match.group() if match.group(1) is None else b"\\ufffd"

@@ -4,23 +4,21 @@ VizTracer installs its profile hook when it is *constructed* (Python <= 3.11) an
 first ``stop()``, so the tracer is built only at the first window's start, right before ``start()``;
 between windows it exists with no hook installed. Events leave the ring buffer through VizTracer's C
 ``dump`` (a tenth of the cost of ``load()`` into Python objects): the training thread pays only that.
-Hooking threads that already run, and unhooking them all at ``stop()``: ``thread_hooks``.
+Hooking threads that already run, and unhooking them all at ``stop()``: ``thread_hooks``; the
+dump itself (forked, held, or refused): ``viztracer_dump``.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import signal
 import sys
 import threading
-import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from vt_lightning.recording import children, thread_keys
-from vt_lightning.recording.children import wait_for_dump
 from vt_lightning.recording.rivals import own_calls
 from vt_lightning.recording.thread_hooks import (
     NEEDS_THREAD_CLEANUP,
@@ -31,23 +29,20 @@ from vt_lightning.recording.thread_hooks import (
     remove_profile_hooks,
     stop_adopting,
 )
-from vt_lightning.recording.unsafe_names import UnsafeDumpName, dump_in_process, unsafe_thread_name
+from vt_lightning.recording.viztracer_dump import HeldDump, flush_held, forget_held_dumps, in_dump_child, write_dump
 
 _active: weakref.WeakSet[PythonTracer] = weakref.WeakSet()
-_dump_child = False  # True only in the child PythonTracer.dump forks to write the buffer
 
 
 def _stop_in_forked_child() -> None:
     """A forked child (DataLoader worker) inherits a running tracer that would never be saved, and
     a held window's calls (``HeldDump``) that are the parent's to write."""
-    if _dump_child:
+    if in_dump_child():
         return  # the dump child needs the buffer as it is
     children.dump_children.clear()  # the parent's children: the parent reaps them
     for tracer in list(_active):
         tracer._stop_after_fork()
-    for held in _held_dumps.values():  # not through its methods: another thread may hold its lock
-        held.viz.clear()
-    _held_dumps.clear()
+    forget_held_dumps()
 
 
 if hasattr(os, "register_at_fork"):
@@ -134,85 +129,6 @@ def _reinstall(hook: Any) -> None:
             sys.setprofile(hook)
     except Exception:
         pass
-
-
-# The held dumps (``HeldDump``) not written yet, by ``id`` of the VizTracer whose buffer holds them.
-_held_dumps: dict[int, HeldDump] = {}
-
-
-class HeldDump:
-    """A closed window's calls, left in VizTracer's buffer: their dump waits.
-
-    For a window held to the end of fit (``handoff.finishes_at_end``), so that nothing of it runs
-    while training steps: not the fork of the dump child (16-28 ms on the training thread in a
-    short CPU fit, its whole heap's page tables copied) nor the child's CPU beside the next steps.
-    Written once, by whichever comes first: the window's job (``write``; in this thread once
-    training has stopped: ~10 ms for that fit's 4,000 calls), or the next recording into the same
-    buffer (``PythonTracer.start`` / ``discard``: the fork, as at any close; the job reaps it).
-    ``drop``: the window was abandoned, its calls go.
-    """
-
-    def __init__(self, tracer: PythonTracer, path: str) -> None:
-        self.path = path
-        self._tracer = tracer
-        self.viz = tracer._tracer
-        self._lock = threading.Lock()
-        self._written = False
-        self._pid: int | None = None
-        self._refused: UnsafeDumpName | None = None  # for the window's job, whoever wrote
-        _held_dumps[id(self.viz)] = self
-
-    def _claim(self) -> bool:
-        """Whether the calls were still unwritten (then the caller writes or drops them); under the lock."""
-        if self._written:
-            return False
-        self._written = True
-        _held_dumps.pop(id(self.viz), None)
-        return True
-
-    def _write(self, *, in_process: bool) -> None:
-        if self._claim():
-            try:
-                self._pid = self._tracer._write_dump(self.path, fork=not in_process)
-            except UnsafeDumpName as err:  # the window's, not the next recording's: its job says so
-                self._refused = err
-
-    def flush(self) -> None:
-        """The buffer is needed for new calls: fork the dump now (the job reaps the child)."""
-        with self._lock:
-            self._write(in_process=False)
-
-    def write(self, *, in_process: bool) -> int | None:
-        """Complete the dump for the window's job: in this thread (``in_process``: training has
-        stopped and waits), else by a forked child. Returns the child to reap (None: done)."""
-        with self._lock:
-            self._write(in_process=in_process)
-            if self._refused is not None:
-                raise self._refused
-            pid, self._pid = self._pid, None
-            return pid
-
-    def drop(self) -> None:
-        """The window is given up: its calls leave the buffer unwritten (a child already forked
-        for them is reaped; its file goes with the window's other raw dumps)."""
-        with self._lock:
-            if self._claim():
-                self.viz.clear()
-            pid, self._pid = self._pid, None
-        try:
-            wait_for_dump(pid)
-        except (OSError, RuntimeError):
-            pass
-
-
-def _flush_held(viz: Any) -> None:
-    """Write a held window's calls out of ``viz`` before it records anything else."""
-    held = _held_dumps.get(id(viz))
-    if held is not None:
-        held.flush()
-
-
-_TERMINAL_SIGNALS = {signal.SIGINT, signal.SIGQUIT}
 
 
 def _idle_viztracer_hook(hook: Any) -> bool:
@@ -320,7 +236,7 @@ class PythonTracer:
 
     def start(self) -> None:
         tracer = self.ensure_tracer()
-        _flush_held(tracer)  # a held window's calls still in the buffer are written first
+        flush_held(tracer)  # a held window's calls still in the buffer are written first
         self._new_thread_names = {}
         self._previous_thread_hook = threading.getprofile()
         if sys.version_info < (3, 12):
@@ -463,50 +379,13 @@ class PythonTracer:
         written now; the returned ``HeldDump`` writes it later.
         """
         if hold and self._tracer is not None:
-            return HeldDump(self, path)
-        return self._write_dump(path, fork=True)
-
-    def _write_dump(self, path: str, *, fork: bool) -> int | None:
-        global _dump_child
-        # A thread name the dump cannot write stays with the tracer: ``dump_in_process`` refuses it
-        # here, instead of a child dying of it at every window.
-        forkable = fork and sys.platform.startswith("linux") and not children.FORK_CAN_DEADLOCK
-        if forkable and unsafe_thread_name(self._tracer) is None:
-            pid: int | None = None
-            _dump_child = True
-            self._tracer.setpid()  # events keep this process's pid, not the child's (as fork_save does)
-            # Ctrl-C reaches the whole process group: the child writes on with them blocked for its
-            # short life (the parent gets them back at once), so the window recorded is not lost.
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINAL_SIGNALS)
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
-                    pid = os.fork()
-            except OSError:
-                pid = None
-            finally:
-                if pid != 0:
-                    _dump_child = False
-                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                    self._tracer.setpid(0)
-            if pid == 0:  # the child: write, and leave without running any exit handler
-                code = 1
-                try:
-                    self._tracer.dump(path)
-                    code = 0
-                finally:
-                    os._exit(code)
-            if pid is not None:
-                children.dump_children.add(pid)
-                self._tracer.clear()
-                return pid
-        dump_in_process(self._tracer, self.config.tracer_entries, path)  # refused where it would crash
-        return None
+            return HeldDump(self._tracer, self.config.tracer_entries, path)
+        return write_dump(self._tracer, self.config.tracer_entries, path, fork=True)
 
     def discard(self) -> None:
         """Drop whatever the buffer holds (an aborted window), a held window's calls written first."""
         if self._tracer is not None:
-            _flush_held(self._tracer)
+            flush_held(self._tracer)
             self._tracer.clear()
 
     def ensure_tracer(self) -> Any:

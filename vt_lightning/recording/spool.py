@@ -21,6 +21,7 @@ from typing import Any
 
 from vt_lightning.constants import SPOOL_PREFIX as PREFIX  # re-exported: remote.py and the tests find spools by it
 from vt_lightning.export.atomic import process_alive
+from vt_lightning.export.job import UnusableURL, locate
 from vt_lightning.export.layout import host_name
 
 try:
@@ -46,11 +47,15 @@ def check_spool_dir(spool_dir: Any) -> str | None:
         return None
     if not isinstance(spool_dir, (str, os.PathLike)) or not os.fspath(spool_dir):
         raise ValueError(f"`spool_dir` must be a non-empty path or None, got {spool_dir!r}")
-    if "://" in os.fspath(spool_dir):  # Path() would make a local directory named "s3:"
+    try:
+        where = locate(spool_dir)  # the output root's rule: ``file:/x`` is /x, ``~`` expanded
+    except UnusableURL:
+        where = None
+    if not isinstance(where, Path):  # Path() would make a local directory named "s3:"
         raise ValueError(
             f"`spool_dir` must be a local directory (scratch space for raw dumps), got the URL {spool_dir!r}"
         )
-    path = Path(os.fspath(spool_dir)).expanduser().absolute()
+    path = where.absolute()
     existing = path
     while not existing.exists():
         if existing.parent == existing:

@@ -21,6 +21,7 @@ from vt_lightning.analysis.clock import ClockPair
 from vt_lightning.analysis.schedule import Window
 from vt_lightning.constants import PL_PROFILE_PREFIX
 from vt_lightning.export.job import Destination, WindowJob
+from vt_lightning.export.raw_json import readable
 from vt_lightning.recording.children import DumpChildFailed, wait_for_dump
 from vt_lightning.recording.clock_probes import emit_markers, sample_pair
 from vt_lightning.recording.pytracer import HeldDump, PythonTracer, foreign_profiler
@@ -39,6 +40,14 @@ class MemoryRecorder(Protocol):
     def snapshot(self) -> Any: ...
 
     def stop(self) -> None: ...
+
+
+def thread_names_now(started: dict[int, str]) -> dict[int, str]:
+    """Native id -> name of the threads alive now and of ``started`` (those started in the window,
+    some ended since). A name that is not UTF-8 (lone surrogates) is made ``readable``: the
+    writer's JSON could not hold it, and the whole window would be refused."""
+    names = {**started, **{t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}}
+    return {tid: readable(name) for tid, name in names.items()}
 
 
 class ProfilingWindow:
@@ -200,7 +209,7 @@ class ProfilingWindow:
     ) -> ClosedWindow | None:
         """Stop everything; return the job that writes the window (None if nothing was recorded).
         ``hold_dump``: VizTracer's buffer is written when the job is collected, not now (a window
-        held to the run's end: ``pytracer.HeldDump``).
+        held to the run's end: ``viztracer_dump.HeldDump``).
 
         Whatever goes wrong (or interrupts) on the way, every tracer and hook is off afterwards."""
         self.closed = True
@@ -210,10 +219,7 @@ class ProfilingWindow:
             self._imports.remove()
             self._code.remove()
             # Threads alive now, and those started in the window that have ended since.
-            thread_names = {
-                **self.python.new_thread_names,
-                **{t.native_id: t.name for t in threading.enumerate() if t.native_id is not None},
-            }
+            thread_names = thread_names_now(self.python.new_thread_names)
             clock_end = sample_pair(self.python.clock_us) if self.active else None
             markers_end = emit_markers(self.python.clock_us, self.torch.make_range, "end") if self.active else []
             memory_snapshot = None

@@ -47,7 +47,8 @@ from vt_lightning.analysis.workers import Range, global_batch, range_of
 from vt_lightning.constants import THREAD_PREFIX
 from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.pytracer import PythonTracer
-from vt_lightning.recording.unsafe_names import TracingGuard, dump_in_process
+from vt_lightning.recording.unsafe_names import TracingGuard
+from vt_lightning.recording.viztracer_layout import dump_in_process
 from vt_lightning.recording.worker_plan import CLOCK_ROUNDS, SharedPlan, WorkerSetup
 
 WORKER_TRACER_ENTRIES = 250_000  # per worker: a few batches' fetches; each worker allocates its own
@@ -141,81 +142,58 @@ class _WorkerSide:
 
     def _traced(self, tracer: PythonTracer, original: Callable[[Any], Any], index: Any, batch: int) -> Any:
         """torch's own fetch, traced (``worker_calls="all"``, or a fetcher the worker does not replay)."""
-        started = self._start(tracer)
-        if started is None:
+        with _Fetch(self, tracer, batch):  # untraced where the tracer could not start
             return original(index)
-        try:
-            return original(index)
-        finally:
-            self._fetched(tracer, batch, started)
 
     # The two replays below call the user's code from the frame that started the tracer, not from
     # torch's fetcher, whose skipped frame would hide it: ``_MapDatasetFetcher.fetch`` and
     # ``_IterableDatasetFetcher.fetch``, step for step. A library callable among the dataset's item
     # access, its iterator and the collate function is skipped by the tracer with its subtree; each
     # call of it gets one span named as VizTracer names the function (``_Names``), so a library
-    # dataset or ``default_collate`` still shows what it cost.
+    # dataset or ``default_collate`` still shows what it cost. The user's callables are called
+    # right here, never through a helper: a helper's frame is in this (skipped) file, and the
+    # tracer would drop the user's call with it. Hence ``f(x) if name is None else fetch.span(...)``.
 
     def _replay_map(self, tracer: PythonTracer, fetcher: Any, index: Any, batch: int) -> Any:
         names = self._names_of(fetcher)
-        started = self._start(tracer)
-        if started is None:
-            return fetcher.fetch(index)
-        viz = tracer.ensure_tracer()
-        spans = self.part.spans if self.part is not None else []
         dataset, collate = fetcher.dataset, fetcher.collate_fn
-        try:
+        with _Fetch(self, tracer, batch) as fetch:
+            if fetch.started is None:
+                return fetcher.fetch(index)
             if not fetcher.auto_collation:
-                if names.item is None:
-                    data = dataset[index]
-                else:
-                    data = _spanned(spans, viz, names.item, dataset.__getitem__, index)
+                data = dataset[index] if names.item is None else fetch.span(names.item, dataset.__getitem__, index)
             elif hasattr(dataset, "__getitems__") and dataset.__getitems__:
                 if names.items is None:
                     data = dataset.__getitems__(index)
                 else:
-                    data = _spanned(spans, viz, names.items, dataset.__getitems__, index)
+                    data = fetch.span(names.items, dataset.__getitems__, index)
             else:
                 data = [None] * len(index)
-                if names.item is None:
-                    for k, i in enumerate(index):
-                        data[k] = dataset[i]
-                else:
-                    for k, i in enumerate(index):
-                        data[k] = _spanned(spans, viz, names.item, dataset.__getitem__, i)
-            return collate(data) if names.collate is None else _spanned(spans, viz, names.collate, collate, data)
-        finally:
-            self._fetched(tracer, batch, started)
+                for k, i in enumerate(index):
+                    data[k] = dataset[i] if names.item is None else fetch.span(names.item, dataset.__getitem__, i)
+            return collate(data) if names.collate is None else fetch.span(names.collate, collate, data)
 
     def _replay_iterable(self, tracer: PythonTracer, fetcher: Any, index: Any, batch: int) -> Any:
         if fetcher.ended:
             raise StopIteration
         names = self._names_of(fetcher)
-        started = self._start(tracer)
-        if started is None:
-            return fetcher.fetch(index)
-        viz = tracer.ensure_tracer()
-        spans = self.part.spans if self.part is not None else []
         iterator, collate = fetcher.dataset_iter, fetcher.collate_fn
-        try:
+        with _Fetch(self, tracer, batch) as fetch:
+            if fetch.started is None:
+                return fetcher.fetch(index)
             if fetcher.auto_collation:
                 data = []
                 for _ in index:
                     try:
-                        if names.item is None:
-                            data.append(next(iterator))
-                        else:
-                            data.append(_spanned(spans, viz, names.item, next, iterator))
+                        data.append(next(iterator) if names.item is None else fetch.span(names.item, next, iterator))
                     except StopIteration:
                         fetcher.ended = True
                         break
                 if len(data) == 0 or (fetcher.drop_last and len(data) < len(index)):
                     raise StopIteration
             else:
-                data = next(iterator) if names.item is None else _spanned(spans, viz, names.item, next, iterator)
-            return collate(data) if names.collate is None else _spanned(spans, viz, names.collate, collate, data)
-        finally:
-            self._fetched(tracer, batch, started)
+                data = next(iterator) if names.item is None else fetch.span(names.item, next, iterator)
+            return collate(data) if names.collate is None else fetch.span(names.collate, collate, data)
 
     def _names_of(self, fetcher: Any) -> _Names:
         """The library callables of ``fetcher`` (worked out once per fetcher: one per epoch)."""
@@ -398,6 +376,36 @@ def library_name(function: Any, skipped: tuple[str, ...]) -> str | None:
     return f"{qualname} ({code.co_filename}:{code.co_firstlineno})"
 
 
+class _Fetch:
+    """One traced fetch (a ``with`` block): the tracer started on entry (``started``: its clock then,
+    or None when this worker cannot trace, and nothing is noted), stopped and the fetch noted on
+    exit (``_WorkerSide._fetched``), exception or not. ``span``: a library call, timed as one
+    span of the open part."""
+
+    __slots__ = ("batch", "side", "spans", "started", "tracer", "viz")
+
+    def __init__(self, side: _WorkerSide, tracer: PythonTracer, batch: int) -> None:
+        self.side, self.tracer, self.batch = side, tracer, batch
+        self.started: float | None = None
+        self.viz: Any = None
+        self.spans: list[tuple[str, float, float]] = []
+
+    def __enter__(self) -> _Fetch:
+        self.started = self.side._start(self.tracer)
+        if self.started is not None:
+            self.viz = self.tracer.ensure_tracer()
+            if self.side.part is not None:
+                self.spans = self.side.part.spans
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.started is not None:
+            self.side._fetched(self.tracer, self.batch, self.started)
+
+    def span(self, name: str, function: Callable[[Any], Any], arg: Any) -> Any:
+        return _spanned(self.spans, self.viz, name, function, arg)
+
+
 @dataclass(frozen=True)
 class _Names:
     """Span names of a fetcher's library callables; None where the callable is the user's."""
@@ -426,7 +434,7 @@ def _spanned(
     """``function(arg)``, a library call the tracer skips, noted in ``spans`` as (name, start, end)
     on the tracer's clock: the writer adds it as one call of its own (``export/worker_dumps.py``).
     Not an event in VizTracer's buffer: the check before its dump reads buffers of calls only
-    (``unsafe_names.unsafe_name_in_buffer``). Called from a skipped file itself, so the tracer ignores
+    (``viztracer_layout.unsafe_name_in_buffer``). Called from a skipped file itself, so the tracer ignores
     this frame and everything under it. On Python <= 3.11 the tracer is paused for the call
     (VizTracer's ``pause``: its profile hook off on this thread), so the library code runs at full
     speed instead of calling the hook for every function only to skip it; 3.12+ (sys.monitoring,

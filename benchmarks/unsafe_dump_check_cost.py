@@ -1,8 +1,8 @@
-"""The cost of ``unsafe_names.unsafe_name_in_buffer`` (run before every VizTracer dump made in the
+"""The cost of ``viztracer_layout.unsafe_name_in_buffer`` (run before every VizTracer dump made in the
 training process) against VizTracer's own C ``dump`` of the same full buffer, 7 rounds interleaved:
 2,000 distinct functions, each call with two C calls. Not a test; prints one line.
 
-    python tests/fault_scripts/unsafe_dump_check_cost.py [tracer_entries, default 200000]
+    python benchmarks/unsafe_dump_check_cost.py [tracer_entries, default 200000]
 """
 
 import os
@@ -13,7 +13,7 @@ import time
 
 from viztracer import VizTracer
 
-from vt_lightning.recording.unsafe_names import unsafe_name_in_buffer
+from vt_lightning.recording.viztracer_layout import unsafe_name_in_buffer
 
 ENTRIES = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
 ns = {}

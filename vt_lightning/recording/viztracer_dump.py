@@ -1,0 +1,152 @@
+"""VizTracer's C dump of a window's calls: forked, held for later (``HeldDump``), or in process.
+
+On Linux the dump runs in a forked child (copy-on-write: the training thread pays the fork and
+``clear()``); a window held to the end of fit leaves its calls in the buffer until its job or the
+next recording writes them. A dump in this process first reads the buffer for a name VizTracer
+would crash on (``viztracer_layout.dump_in_process``), as does the fork when a thread's name is one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import warnings
+from typing import Any
+
+from vt_lightning.recording import children
+from vt_lightning.recording.children import wait_for_dump
+from vt_lightning.recording.viztracer_layout import UnsafeDumpName, dump_in_process, unsafe_thread_name
+
+_dump_child = False  # True only in the child ``write_dump`` forks to write the buffer
+_TERMINAL_SIGNALS = {signal.SIGINT, signal.SIGQUIT}
+
+
+def in_dump_child() -> bool:
+    """Whether this process is the child ``write_dump`` forked (it needs the buffer as it is)."""
+    return _dump_child
+
+
+def write_dump(viz: Any, entries: int, path: str, *, fork: bool) -> int | None:
+    """Write VizTracer ``viz``'s buffer (``entries`` long) as JSON to ``path`` and empty it: by a
+    forked child where ``fork`` allows (returns its pid, to reap with ``wait_for_dump``), else in
+    this thread (None); refused (``UnsafeDumpName``) where it would crash this process."""
+    global _dump_child
+    # A thread name the dump cannot write stays with the tracer: ``dump_in_process`` refuses it
+    # here, instead of a child dying of it at every window.
+    forkable = fork and sys.platform.startswith("linux") and not children.FORK_CAN_DEADLOCK
+    if forkable and unsafe_thread_name(viz) is None:
+        pid: int | None = None
+        _dump_child = True
+        viz.setpid()  # events keep this process's pid, not the child's (as fork_save does)
+        # Ctrl-C reaches the whole process group: the child writes on with them blocked for its
+        # short life (the parent gets them back at once), so the window recorded is not lost.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINAL_SIGNALS)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+                pid = os.fork()
+        except OSError:
+            pid = None
+        finally:
+            if pid != 0:
+                _dump_child = False
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                viz.setpid(0)
+        if pid == 0:  # the child: write, and leave without running any exit handler
+            code = 1
+            try:
+                viz.dump(path)
+                code = 0
+            finally:
+                os._exit(code)
+        if pid is not None:
+            children.dump_children.add(pid)
+            viz.clear()
+            return pid
+    dump_in_process(viz, entries, path)  # refused where it would crash
+    return None
+
+
+# The held dumps (``HeldDump``) not written yet, by ``id`` of the VizTracer whose buffer holds them.
+_held_dumps: dict[int, HeldDump] = {}
+
+
+class HeldDump:
+    """A closed window's calls, left in VizTracer's buffer: their dump waits.
+
+    For a window held to the end of fit (``handoff.finishes_at_end``), so that nothing of it runs
+    while training steps: not the fork of the dump child (16-28 ms on the training thread in a
+    short CPU fit, its whole heap's page tables copied) nor the child's CPU beside the next steps.
+    Written once, by whichever comes first: the window's job (``write``; in this thread once
+    training has stopped: ~10 ms for that fit's 4,000 calls), or the next recording into the same
+    buffer (``PythonTracer.start`` / ``discard``: the fork, as at any close; the job reaps it).
+    ``drop``: the window was abandoned, its calls go.
+    """
+
+    def __init__(self, viz: Any, entries: int, path: str) -> None:
+        self.path = path
+        self.viz = viz
+        self._entries = entries
+        self._lock = threading.Lock()
+        self._written = False
+        self._pid: int | None = None
+        self._refused: UnsafeDumpName | None = None  # for the window's job, whoever wrote
+        _held_dumps[id(self.viz)] = self
+
+    def _claim(self) -> bool:
+        """Whether the calls were still unwritten (then the caller writes or drops them); under the lock."""
+        if self._written:
+            return False
+        self._written = True
+        _held_dumps.pop(id(self.viz), None)
+        return True
+
+    def _write(self, *, in_process: bool) -> None:
+        if self._claim():
+            try:
+                self._pid = write_dump(self.viz, self._entries, self.path, fork=not in_process)
+            except UnsafeDumpName as err:  # the window's, not the next recording's: its job says so
+                self._refused = err
+
+    def flush(self) -> None:
+        """The buffer is needed for new calls: fork the dump now (the job reaps the child)."""
+        with self._lock:
+            self._write(in_process=False)
+
+    def write(self, *, in_process: bool) -> int | None:
+        """Complete the dump for the window's job: in this thread (``in_process``: training has
+        stopped and waits), else by a forked child. Returns the child to reap (None: done)."""
+        with self._lock:
+            self._write(in_process=in_process)
+            if self._refused is not None:
+                raise self._refused
+            pid, self._pid = self._pid, None
+            return pid
+
+    def drop(self) -> None:
+        """The window is given up: its calls leave the buffer unwritten (a child already forked
+        for them is reaped; its file goes with the window's other raw dumps)."""
+        with self._lock:
+            if self._claim():
+                self.viz.clear()
+            pid, self._pid = self._pid, None
+        try:
+            wait_for_dump(pid)
+        except (OSError, RuntimeError):
+            pass
+
+
+def flush_held(viz: Any) -> None:
+    """Write a held window's calls out of ``viz`` before it records anything else."""
+    held = _held_dumps.get(id(viz))
+    if held is not None:
+        held.flush()
+
+
+def forget_held_dumps() -> None:
+    """In a forked child: the held windows' calls are the parent's to write."""
+    for held in _held_dumps.values():  # not through its methods: another thread may hold its lock
+        held.viz.clear()
+    _held_dumps.clear()
