@@ -16,6 +16,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from operator import itemgetter
 from typing import Any
 
 from vt_lightning.constants import (
@@ -49,6 +50,8 @@ COMPILE_RANGE_SUFFIX = "(dynamo_timed)"
 # sampled track uses 1e9 + tid).
 RANGE_TRACK_TID_BASE = 2_000_000_000
 RANGE_TRACK_LANE_STRIDE = 1 << 22
+_TS, _DUR = itemgetter("ts"), itemgetter("dur")
+_START, _END = itemgetter(0), itemgetter(1)
 
 
 def is_range_name(name: str) -> bool:
@@ -102,6 +105,20 @@ class ThreadSpans:
                 self.ops[key].append(event)
             else:
                 self.other[key].append(event)
+
+    @classmethod
+    def of_groups(
+        cls,
+        python: dict[Thread, list[dict[str, Any]]],
+        ops: dict[Thread, list[dict[str, Any]]],
+        annotations: dict[Thread, list[dict[str, Any]]],
+        other: dict[Thread, list[dict[str, Any]]],
+    ) -> ThreadSpans:
+        """Groups made by the caller's own pass over the events (``merge.settle_contract``), sorted
+        into the kinds as ``__init__`` sorts them: one pass over the window fewer."""
+        spans = cls.__new__(cls)
+        spans.python, spans.ops, spans.annotations, spans.other = python, ops, annotations, other
+        return spans
 
     def all_events(self) -> dict[Thread, list[dict[str, Any]]]:
         """Every X event per thread, whatever its kind."""
@@ -217,7 +234,7 @@ def untangle_annotations(events: list[dict[str, Any]], threads: ThreadSpans | No
         calls = python.get(key)
         if not calls:
             continue
-        calls.sort(key=lambda e: (e["ts"], -e["dur"]))
+        calls[:] = outer_first(calls)
         # (time, is_end, range start, range end): sweep the Python calls open at every range edge.
         points = sorted(
             (t, is_end, a["ts"], a["ts"] + a["dur"])
@@ -246,15 +263,27 @@ def untangle_annotations(events: list[dict[str, Any]], threads: ThreadSpans | No
         _set_bounds(call, new_start, new_end)
     # A cut parent can leave a child (placed within the calibration's uncertainty) sticking out.
     for calls in python.values():
-        stack = []
-        for call in sorted(calls, key=lambda e: (e["ts"], -e["dur"])):
-            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= call["ts"]:
-                stack.pop()
-            if stack and call["ts"] + call["dur"] > stack[-1]["ts"] + stack[-1]["dur"]:
-                _set_bounds(call, call["ts"], stack[-1]["ts"] + stack[-1]["dur"])
+        ends: list[float] = []  # the open calls' ends, innermost last
+        for call in outer_first(calls):
+            ts = call["ts"]
+            end = ts + call["dur"]
+            while ends and ends[-1] <= ts:
+                ends.pop()
+            if ends and end > ends[-1]:
+                _set_bounds(call, ts, ends[-1])
                 cuts[id(call)] = (call, 0.0, 0.0)
-            stack.append(call)
+                end = call["ts"] + call["dur"]
+            ends.append(end)
     return len(cuts)
+
+
+def outer_first(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``calls`` by start, the longer first at equal starts (equal ones in their order): what
+    ``sorted(key=lambda e: (e["ts"], -e["dur"]))`` gives, as two stable sorts on C-level keys,
+    about twice as fast on a window's hundred thousand calls."""
+    ordered = sorted(calls, key=_DUR, reverse=True)  # reverse=True keeps equal ones in order
+    ordered.sort(key=_TS)
+    return ordered
 
 
 def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
@@ -287,7 +316,8 @@ def separate_crossing_ranges(events: list[dict[str, Any]], threads: ThreadSpans 
     moved: dict[Thread, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
     cut = 0
     for key, spans in by_thread.items():
-        spans.sort(key=lambda span: (span[0], -span[1]))
+        spans.sort(key=_END, reverse=True)  # then by start: (start, -end), equal ones in order
+        spans.sort(key=_START)
         stack: list[tuple[int, int, dict[str, Any]]] = []
         for span in spans:
             start, end, event = span
