@@ -259,7 +259,7 @@ def merge_trace(
     repaired, _ = repair_boundaries(events, tolerance, threads)
     untangled = untangle_annotations(events, threads)
     snap_to_nanoseconds(events)
-    moved, clamped = separate_crossing_ranges(events, threads)
+    moved, clamped = separate_crossing_ranges(events, threads, calls_nest=True)
 
     merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
     if origin_us:

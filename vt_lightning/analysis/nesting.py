@@ -294,7 +294,9 @@ def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
     call["dur"] = max(math.floor((end - call["ts"]) * 1000) / 1000, 0.0)
 
 
-def separate_crossing_ranges(events: list[dict[str, Any]], threads: ThreadSpans | None = None) -> tuple[int, int]:
+def separate_crossing_ranges(
+    events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, calls_nest: bool = False
+) -> tuple[int, int]:
     """The last nesting pass, on the nanosecond grid: nothing on a thread may overlap without nesting.
 
     What the earlier passes leave (a torch.compile range closed in a call that began inside it, a
@@ -303,9 +305,15 @@ def separate_crossing_ranges(events: list[dict[str, Any]], threads: ThreadSpans 
     per level of overlap), so the compile time still shows where it happened and Perfetto drops
     nothing; a Python call that outlives its parent is cut at the parent's end (original bounds in
     ``args``). Returns (moved, cut). Run after ``snap_to_nanoseconds``; ``threads``: ``events``
-    already grouped.
+    already grouped. ``calls_nest``: each thread's Python calls already nest (``untangle_annotations``
+    ran, and snapping since then kept the order of every start and end), so a thread with nothing
+    but calls (a DataLoader worker's, most of a window's events) has nothing to settle and is skipped.
     """
-    grouped = (threads if threads is not None else ThreadSpans(events)).all_events()
+    threads = threads if threads is not None else ThreadSpans(events)
+    grouped = threads.all_events()
+    if calls_nest:
+        for key in threads.python.keys() - threads.ops.keys() - threads.annotations.keys() - threads.other.keys():
+            del grouped[key]
     by_thread: dict[Thread, list[tuple[int, int, dict[str, Any]]]] = {}
     floor = math.floor
     for key, thread_events in grouped.items():  # integer ns, as Perfetto reads them (llround of ts, dur)
