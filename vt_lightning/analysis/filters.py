@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
+from vt_lightning.analysis.nesting import outer_first
 from vt_lightning.analysis.usercode import PACKAGE_ROOT, framework_dirs, library_roots
 
 # VizTracer names a Python call "<qualname> (<file>:<first line>)"; C calls have no location.
-_TS, _DUR = itemgetter("ts"), itemgetter("dur")
+_TS = itemgetter("ts")
 _LOCATION = re.compile(r" \((.*):(\d+)\)$")
 _EPSILON_US = 1e-4  # VizTracer writes ns-resolution µs; sums of two such floats differ by less
 
@@ -105,15 +106,8 @@ def _under(file: str, prefixes: tuple[str, ...]) -> bool:
     return False
 
 
-def _outer_first(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``calls`` sorted by ``(ts, -dur)``, equal ones in their order, as two stable sorts on keys
-    read in C where it can (no tuple and no lambda per call): a sort of every call of the window."""
-    try:
-        ordered = sorted(calls, key=_DUR, reverse=True)  # reverse=True keeps equal ones in order
-    except KeyError:  # a "B" event has no dur: it counts as 0
-        ordered = sorted(calls, key=lambda e: e.get("dur", 0.0), reverse=True)
-    ordered.sort(key=_TS)
-    return ordered
+def _DUR_OR_ZERO(event: dict[str, Any]) -> Any:
+    return event.get("dur", 0.0)  # a "B" event has none
 
 
 @dataclass(frozen=True)
@@ -183,7 +177,7 @@ def filter_python_events(events: list[dict[str, Any]], rules: PythonFilter) -> t
     kept = own_count = filtered = 0
     select = include is not None or exclude is not None or max_depth >= 0
     for unordered in by_thread.values():
-        calls = _outer_first(unordered)
+        calls = outer_first(unordered, _TS, _DUR_OR_ZERO)  # by (ts, -dur)
         if not select:  # only vt_lightning's own calls go: a thread with none of them is kept whole
             names = {event.get("name", "") for event in calls}
             if not any((facts.get(n) or facts.setdefault(n, name_facts(n)))[1] for n in names):
