@@ -86,13 +86,14 @@ class ThreadSpans:
     the rest (which the last pass holds to nesting too). Grouped once for all passes: each
     grouping is a pass over every event of the window."""
 
-    __slots__ = ("annotations", "ops", "other", "python")
+    __slots__ = ("annotations", "cut", "ops", "other", "python")
 
     def __init__(self, events: Iterable[dict[str, Any]]) -> None:
         self.python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.ops: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+        self.cut: set[Thread] = set()  # threads where untangle_annotations moved a call's bounds
         for event in events:
             if event.get("ph") != "X":
                 continue
@@ -119,6 +120,7 @@ class ThreadSpans:
         into the kinds as ``__init__`` sorts them: one pass over the window fewer."""
         spans = cls.__new__(cls)
         spans.python, spans.ops, spans.annotations, spans.other = python, ops, annotations, other
+        spans.cut = set()
         return spans
 
     def all_events(self) -> dict[Thread, list[dict[str, Any]]]:
@@ -263,7 +265,8 @@ def untangle_annotations(events: list[dict[str, Any]], threads: ThreadSpans | No
     for call, new_start, new_end in cuts.values():
         _set_bounds(call, new_start, new_end)
     # A cut parent can leave a child (placed within the calibration's uncertainty) sticking out.
-    for calls in python.values():
+    threads.cut.update(call_key(call) for call, _, _ in cuts.values())
+    for key, calls in python.items():
         ends: list[float] = []  # the open calls' ends, innermost last
         for call in outer_first(calls):
             ts = call["ts"]
@@ -273,6 +276,7 @@ def untangle_annotations(events: list[dict[str, Any]], threads: ThreadSpans | No
             if ends and end > ends[-1]:
                 _set_bounds(call, ts, ends[-1])
                 cuts[id(call)] = (call, 0.0, 0.0)
+                threads.cut.add(key)
                 end = call["ts"] + call["dur"]
             ends.append(end)
     return len(cuts)
@@ -297,6 +301,10 @@ def outer_first(items: list[Any], start: Callable[[Any], Any] = _TS, length: Cal
     return ordered
 
 
+def call_key(event: Mapping[str, Any]) -> Thread:
+    return (event.get("pid"), event.get("tid"))
+
+
 def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
     args = call.setdefault("args", {})
     args.setdefault("vt_lightning.ts", call["ts"])
@@ -316,14 +324,16 @@ def separate_crossing_ranges(
     per level of overlap), so the compile time still shows where it happened and Perfetto drops
     nothing; a Python call that outlives its parent is cut at the parent's end (original bounds in
     ``args``). Returns (moved, cut). Run after ``snap_to_nanoseconds``; ``threads``: ``events``
-    already grouped. ``calls_nest``: each thread's Python calls already nest (``untangle_annotations``
-    ran, and snapping since then kept the order of every start and end), so a thread with nothing
-    but calls (a DataLoader worker's, most of a window's events) has nothing to settle and is skipped.
+    already grouped. ``calls_nest``: ``untangle_annotations`` ran on ``threads``, so a thread with
+    nothing but calls (a DataLoader worker's, most of a window's events) whose calls it left as they
+    were nests (snapping keeps every start and end in order) and is skipped. One it cut is not: a cut
+    call's start is rounded up, and a sibling that started with it may now start before it.
     """
     threads = threads if threads is not None else ThreadSpans(events)
     grouped = threads.all_events()
     if calls_nest:
-        for key in threads.python.keys() - threads.ops.keys() - threads.annotations.keys() - threads.other.keys():
+        calls_only = threads.python.keys() - threads.ops.keys() - threads.annotations.keys() - threads.other.keys()
+        for key in calls_only - threads.cut:
             del grouped[key]
     by_thread: dict[Thread, list[tuple[int, int, dict[str, Any]]]] = {}
     floor = math.floor
