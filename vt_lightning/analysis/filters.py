@@ -27,11 +27,14 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
+from vt_lightning.analysis.nesting import outer_first
 from vt_lightning.analysis.usercode import PACKAGE_ROOT, framework_dirs, library_roots
 
 # VizTracer names a Python call "<qualname> (<file>:<first line>)"; C calls have no location.
+_TS = itemgetter("ts")
 _LOCATION = re.compile(r" \((.*):(\d+)\)$")
 _EPSILON_US = 1e-4  # VizTracer writes ns-resolution µs; sums of two such floats differ by less
 
@@ -103,6 +106,10 @@ def _under(file: str, prefixes: tuple[str, ...]) -> bool:
     return False
 
 
+def _DUR_OR_ZERO(event: dict[str, Any]) -> Any:
+    return event.get("dur", 0.0)  # a "B" event has none
+
+
 @dataclass(frozen=True)
 class PythonFilter:
     """What the writer keeps of VizTracer's events (picklable: it travels to the writer process)."""
@@ -169,8 +176,8 @@ def filter_python_events(events: list[dict[str, Any]], rules: PythonFilter) -> t
 
     kept = own_count = filtered = 0
     select = include is not None or exclude is not None or max_depth >= 0
-    for calls in by_thread.values():
-        calls.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
+    for unordered in by_thread.values():
+        calls = outer_first(unordered, _TS, _DUR_OR_ZERO)  # by (ts, -dur)
         if not select:  # only vt_lightning's own calls go: a thread with none of them is kept whole
             names = {event.get("name", "") for event in calls}
             if not any((facts.get(n) or facts.setdefault(n, name_facts(n)))[1] for n in names):

@@ -11,20 +11,31 @@ from __future__ import annotations
 
 import json
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
 
 from vt_lightning.analysis.clock import Calibration
-from vt_lightning.analysis.nesting import ThreadSpans, repair_boundaries, separate_crossing_ranges, untangle_annotations
+from vt_lightning.analysis.nesting import (
+    NESTED_TORCH_CATEGORIES,
+    Thread,
+    ThreadSpans,
+    is_range_name,
+    repair_boundaries,
+    separate_crossing_ranges,
+    untangle_annotations,
+)
 from vt_lightning.constants import (
     PYTHON_CATEGORY,
     STEP_PREFIX,
+    USER_ANNOTATION_CATEGORY,
 )
 
 FALLBACK_CATEGORY = "unknown"
 _SPACED_KEYS = ("distributedInfo",)
+_UNRUN = "\0unrun step"  # the name settle_contract marks an unrun step's range with, compared by identity
 # Beyond the calibration's uncertainty, each tracer stamps an event a little after or before the
 # instant it describes (VizTracer in its profile hook, torch in its op callbacks). With wall-clock
 # calibration, residual crossings of up to ~0.1 µs were measured between a Python call and the op
@@ -181,6 +192,54 @@ def drop_unrun_steps(events: list[dict[str, Any]], steps: Iterable[int]) -> int:
     return len(unrun)
 
 
+def settle_contract(events: list[dict[str, Any]], steps: Iterable[int] | None) -> tuple[int, ThreadSpans]:
+    """``ensure_contract``, then ``drop_unrun_steps`` (when ``steps`` is given), then the grouping
+    of ``ThreadSpans``, in one pass over the window's events instead of three. Returns (fixed,
+    the events' groups); ``events`` loses the unrun steps in place."""
+    python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+    ops: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+    annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+    other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+    ran = {f"{STEP_PREFIX}{step}" for step in steps} if steps is not None else None
+    dropped = False
+    fixed = 0
+    for event in events:
+        name = event.get("name")
+        if not isinstance(name, str):
+            name = event["name"] = str(event.get("name", ""))
+            fixed += 1
+        unrun = ran is not None and name.startswith(STEP_PREFIX) and name not in ran
+        if unrun:
+            event["name"] = _UNRUN  # marked: the list is rebuilt without them below
+            dropped = True
+        if event.get("ph") != "X":
+            continue
+        cat = event.get("cat")
+        if not isinstance(cat, str):
+            cat = event["cat"] = FALLBACK_CATEGORY
+            fixed += 1
+        if "ts" not in event:
+            event["ts"] = 0.0
+            fixed += 1
+        if "dur" not in event:
+            event["dur"] = 0.0
+            fixed += 1
+        if unrun:
+            continue
+        key = (event.get("pid"), event.get("tid"))
+        if cat == PYTHON_CATEGORY:
+            python[key].append(event)
+        elif cat == USER_ANNOTATION_CATEGORY or is_range_name(name):
+            annotations[key].append(event)
+        elif cat in NESTED_TORCH_CATEGORIES:
+            ops[key].append(event)
+        else:
+            other[key].append(event)
+    if dropped:
+        events[:] = [e for e in events if e["name"] is not _UNRUN]
+    return fixed, ThreadSpans.of_groups(python, ops, annotations, other)
+
+
 def merge_trace(
     torch_trace: Mapping[str, Any],
     python_events: Iterable[dict[str, Any]],
@@ -195,15 +254,12 @@ def merge_trace(
     timed, python_meta = shift_python_events(python_events, calibration, origin_us)
     events = merge_metadata_events(torch_events, python_meta, thread_names)
     events.extend(timed)
-    fixed = ensure_contract(events)
-    if "steps" in vt_metadata:
-        drop_unrun_steps(events, vt_metadata["steps"])
+    fixed, threads = settle_contract(events, vt_metadata.get("steps"))
     tolerance = calibration.uncertainty_us + STAMP_JITTER_US
-    threads = ThreadSpans(events)
     repaired, _ = repair_boundaries(events, tolerance, threads)
     untangled = untangle_annotations(events, threads)
     snap_to_nanoseconds(events)
-    moved, clamped = separate_crossing_ranges(events, threads)
+    moved, clamped = separate_crossing_ranges(events, threads, calls_nest=True)
 
     merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
     if origin_us:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from itertools import compress, islice
+from operator import eq, itemgetter
 from typing import Any
 
 from vt_lightning.constants import (
@@ -49,6 +51,8 @@ COMPILE_RANGE_SUFFIX = "(dynamo_timed)"
 # sampled track uses 1e9 + tid).
 RANGE_TRACK_TID_BASE = 2_000_000_000
 RANGE_TRACK_LANE_STRIDE = 1 << 22
+_TS, _DUR = itemgetter("ts"), itemgetter("dur")
+_START, _END = itemgetter(0), itemgetter(1)
 
 
 def is_range_name(name: str) -> bool:
@@ -82,13 +86,14 @@ class ThreadSpans:
     the rest (which the last pass holds to nesting too). Grouped once for all passes: each
     grouping is a pass over every event of the window."""
 
-    __slots__ = ("annotations", "ops", "other", "python")
+    __slots__ = ("annotations", "cut", "ops", "other", "python")
 
     def __init__(self, events: Iterable[dict[str, Any]]) -> None:
         self.python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.ops: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+        self.cut: set[Thread] = set()  # threads where untangle_annotations moved a call's bounds
         for event in events:
             if event.get("ph") != "X":
                 continue
@@ -102,6 +107,21 @@ class ThreadSpans:
                 self.ops[key].append(event)
             else:
                 self.other[key].append(event)
+
+    @classmethod
+    def of_groups(
+        cls,
+        python: dict[Thread, list[dict[str, Any]]],
+        ops: dict[Thread, list[dict[str, Any]]],
+        annotations: dict[Thread, list[dict[str, Any]]],
+        other: dict[Thread, list[dict[str, Any]]],
+    ) -> ThreadSpans:
+        """Groups made by the caller's own pass over the events (``merge.settle_contract``), sorted
+        into the kinds as ``__init__`` sorts them: one pass over the window fewer."""
+        spans = cls.__new__(cls)
+        spans.python, spans.ops, spans.annotations, spans.other = python, ops, annotations, other
+        spans.cut = set()
+        return spans
 
     def all_events(self) -> dict[Thread, list[dict[str, Any]]]:
         """Every X event per thread, whatever its kind."""
@@ -217,7 +237,7 @@ def untangle_annotations(events: list[dict[str, Any]], threads: ThreadSpans | No
         calls = python.get(key)
         if not calls:
             continue
-        calls.sort(key=lambda e: (e["ts"], -e["dur"]))
+        calls[:] = outer_first(calls)
         # (time, is_end, range start, range end): sweep the Python calls open at every range edge.
         points = sorted(
             (t, is_end, a["ts"], a["ts"] + a["dur"])
@@ -245,16 +265,44 @@ def untangle_annotations(events: list[dict[str, Any]], threads: ThreadSpans | No
     for call, new_start, new_end in cuts.values():
         _set_bounds(call, new_start, new_end)
     # A cut parent can leave a child (placed within the calibration's uncertainty) sticking out.
-    for calls in python.values():
-        stack = []
-        for call in sorted(calls, key=lambda e: (e["ts"], -e["dur"])):
-            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= call["ts"]:
-                stack.pop()
-            if stack and call["ts"] + call["dur"] > stack[-1]["ts"] + stack[-1]["dur"]:
-                _set_bounds(call, call["ts"], stack[-1]["ts"] + stack[-1]["dur"])
+    threads.cut.update(call_key(call) for call, _, _ in cuts.values())
+    for key, calls in python.items():
+        ends: list[float] = []  # the open calls' ends, innermost last
+        for call in outer_first(calls):
+            ts = call["ts"]
+            end = ts + call["dur"]
+            while ends and ends[-1] <= ts:
+                ends.pop()
+            if ends and end > ends[-1]:
+                _set_bounds(call, ts, ends[-1])
                 cuts[id(call)] = (call, 0.0, 0.0)
-            stack.append(call)
+                threads.cut.add(key)
+                end = call["ts"] + call["dur"]
+            ends.append(end)
     return len(cuts)
+
+
+def outer_first(items: list[Any], start: Callable[[Any], Any] = _TS, length: Callable[[Any], Any] = _DUR) -> list[Any]:
+    """``items`` by ``start``, the longer first at equal starts (equal ones in their order): what
+    ``sorted(key=lambda e: (e["ts"], -e["dur"]))`` gives, without a tuple and a lambda call per
+    item. One sort on a C-level key (a thread's calls come nearly in order: almost linear), then
+    only the runs of equal starts, usually none, are sorted by length."""
+    ordered = sorted(items, key=start)
+    starts = list(map(start, ordered))
+    run_end = -1
+    # i where starts[i] == starts[i + 1], found without a Python-level loop over every item
+    for i in compress(range(len(starts) - 1), map(eq, starts, islice(starts, 1, None))):
+        if i < run_end:
+            continue  # inside the run sorted already
+        run_end = i + 1
+        while run_end < len(starts) and starts[run_end] == starts[i]:
+            run_end += 1
+        ordered[i:run_end] = sorted(ordered[i:run_end], key=length, reverse=True)  # keeps equal ones in order
+    return ordered
+
+
+def call_key(event: Mapping[str, Any]) -> Thread:
+    return (event.get("pid"), event.get("tid"))
 
 
 def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
@@ -265,7 +313,9 @@ def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
     call["dur"] = max(math.floor((end - call["ts"]) * 1000) / 1000, 0.0)
 
 
-def separate_crossing_ranges(events: list[dict[str, Any]], threads: ThreadSpans | None = None) -> tuple[int, int]:
+def separate_crossing_ranges(
+    events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, calls_nest: bool = False
+) -> tuple[int, int]:
     """The last nesting pass, on the nanosecond grid: nothing on a thread may overlap without nesting.
 
     What the earlier passes leave (a torch.compile range closed in a call that began inside it, a
@@ -274,9 +324,17 @@ def separate_crossing_ranges(events: list[dict[str, Any]], threads: ThreadSpans 
     per level of overlap), so the compile time still shows where it happened and Perfetto drops
     nothing; a Python call that outlives its parent is cut at the parent's end (original bounds in
     ``args``). Returns (moved, cut). Run after ``snap_to_nanoseconds``; ``threads``: ``events``
-    already grouped.
+    already grouped. ``calls_nest``: ``untangle_annotations`` ran on ``threads``, so a thread with
+    nothing but calls (a DataLoader worker's, most of a window's events) whose calls it left as they
+    were nests (snapping keeps every start and end in order) and is skipped. One it cut is not: a cut
+    call's start is rounded up, and a sibling that started with it may now start before it.
     """
-    grouped = (threads if threads is not None else ThreadSpans(events)).all_events()
+    threads = threads if threads is not None else ThreadSpans(events)
+    grouped = threads.all_events()
+    if calls_nest:
+        calls_only = threads.python.keys() - threads.ops.keys() - threads.annotations.keys() - threads.other.keys()
+        for key in calls_only - threads.cut:
+            del grouped[key]
     by_thread: dict[Thread, list[tuple[int, int, dict[str, Any]]]] = {}
     floor = math.floor
     for key, thread_events in grouped.items():  # integer ns, as Perfetto reads them (llround of ts, dur)
@@ -287,7 +345,7 @@ def separate_crossing_ranges(events: list[dict[str, Any]], threads: ThreadSpans 
     moved: dict[Thread, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
     cut = 0
     for key, spans in by_thread.items():
-        spans.sort(key=lambda span: (span[0], -span[1]))
+        spans[:] = outer_first(spans, _START, _END)  # by (start, -end)
         stack: list[tuple[int, int, dict[str, Any]]] = []
         for span in spans:
             start, end, event = span

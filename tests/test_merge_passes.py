@@ -1,0 +1,92 @@
+"""The merge's passes as one pipeline (issue 39 fused and skipped some): whatever the events, every
+thread of the merged trace nests on the nanosecond grid Perfetto reads, and the contract check,
+the unrun steps' removal and the per-thread grouping done in one pass behave as the three did."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vt_lightning.analysis.clock import Calibration, ClockPair
+from vt_lightning.analysis.merge import PYTHON_CATEGORY, merge_trace
+
+BASE_NS = 1_700_000_000_000_000_000
+
+
+def _calibration(uncertainty_us: float = 0.0) -> Calibration:
+    pair = ClockPair(python_us=0.0, wall_ns=BASE_NS, round_trip_us=2 * uncertainty_us)
+    return Calibration(pair, pair, BASE_NS)
+
+
+def _crossing_pairs(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """X events of one (pid, tid) that overlap without nesting, in integer ns as Perfetto reads them."""
+    by_thread: dict[tuple[Any, Any], list[tuple[int, int, str]]] = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X":
+            start = round(e["ts"] * 1000)
+            by_thread[(e["pid"], e["tid"])].append((start, start + round(e["dur"] * 1000), e["name"]))
+    found = []
+    for spans in by_thread.values():
+        for i, (s1, e1, n1) in enumerate(spans):
+            for s2, e2, n2 in spans[i + 1 :]:
+                if s1 < s2 < e1 < e2 or s2 < s1 < e2 < e1:
+                    found.append((n1, n2))
+    return found
+
+
+call = st.fixed_dictionaries(
+    {
+        "ph": st.just("X"),
+        "name": st.sampled_from(["f (a.py:1)", "g (b.py:2)", "<built-in method h>"]),
+        "pid": st.just(1),
+        "tid": st.integers(1, 3),  # thread 1 also has ops and a range; 2 and 3 nothing but calls
+        "ts": st.floats(min_value=0, max_value=200, allow_nan=False).map(lambda t: round(t, 4)),
+        "dur": st.floats(min_value=0, max_value=120, allow_nan=False).map(lambda t: round(t, 4)),
+    }
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(call, max_size=25))
+@pytest.mark.unit
+def test_every_thread_nests_on_the_nanosecond_grid_whatever_the_calls(calls: list[dict[str, Any]]) -> None:
+    # Calls placed anywhere cross each other (a worker's library spans, noted on its side, cross its
+    # VizTracer calls so); threads with nothing but calls skip the last nesting pass.
+    torch_events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 50.0, "dur": 100.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 60.0, "dur": 30.0},
+    ]
+    merged = merge_trace(
+        {"traceEvents": torch_events}, [dict(c) for c in calls], _calibration(), {"version": "t", "steps": [0]}
+    )
+    events = merged["traceEvents"]
+    assert _crossing_pairs(events) == []
+    assert sum(e.get("cat") == PYTHON_CATEGORY for e in events) == len(calls)  # cut, never dropped
+
+
+@pytest.mark.unit
+def test_unrun_steps_leave_and_are_not_cut_around_while_broken_events_are_fixed() -> None:
+    torch_events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.0, "dur": 40.0},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#2", "pid": 1, "tid": 1, "ts": 50.0, "dur": 50.0},
+        {"ph": "i", "name": "ProfilerStep#2", "pid": 1, "tid": 1, "ts": 50.0},
+        {"ph": "X", "name": 7, "pid": 1, "tid": 1, "ts": 10.0, "dur": 1.0},  # no cat, a number for a name
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 20.0},  # no dur
+    ]
+    # Opens the unrun step's range at 50 and returns at 60: cut only if that range stayed.
+    opener = {"ph": "X", "name": "hook (a.py:1)", "pid": 1, "tid": 1, "ts": 45.0, "dur": 15.0}
+    merged = merge_trace({"traceEvents": torch_events}, [opener], _calibration(), {"version": "t", "steps": [1]})
+    events = merged["traceEvents"]
+    names = [e["name"] for e in events]
+    assert "ProfilerStep#2" not in names and names.count("ProfilerStep#1") == 1
+    assert merged["vt_lightning"]["contract_fixes"] == 3  # the name, the cat, the dur
+    fixed = next(e for e in events if e["name"] == "7")
+    assert fixed["cat"] == "unknown"
+    assert next(e for e in events if e["name"] == "aten::mm")["dur"] == 0.0
+    hook = next(e for e in events if e["name"] == "hook (a.py:1)")
+    assert (hook["ts"], hook["dur"]) == (45.0, 15.0) and "args" not in hook
+    assert merged["vt_lightning"]["nesting"]["cut_at_annotations"] == 0
