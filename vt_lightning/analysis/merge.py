@@ -162,40 +162,11 @@ def merge_metadata_events(
     return out
 
 
-def ensure_contract(events: list[dict[str, Any]]) -> int:
-    """Give every event a name and every X event a string cat/ts/dur; returns how many were fixed."""
-    fixed = 0
-    for event in events:
-        if not isinstance(event.get("name"), str):
-            event["name"] = str(event.get("name", ""))
-            fixed += 1
-        if event.get("ph") == "X":
-            if not isinstance(event.get("cat"), str):
-                event["cat"] = FALLBACK_CATEGORY
-                fixed += 1
-            if "ts" not in event:
-                event["ts"] = 0.0
-                fixed += 1
-            if "dur" not in event:
-                event["dur"] = 0.0
-                fixed += 1
-    return fixed
-
-
-def drop_unrun_steps(events: list[dict[str, Any]], steps: Iterable[int]) -> int:
-    """Remove ``ProfilerStep#N`` ranges opened for a batch that never ran (training ended first)."""
-    ran = {f"{STEP_PREFIX}{step}" for step in steps}
-    unrun = [i for i, e in enumerate(events) if e.get("name", "").startswith(STEP_PREFIX) and e["name"] not in ran]
-    if unrun:  # usually none: the list is rebuilt only when a range goes
-        gone = set(unrun)
-        events[:] = [e for i, e in enumerate(events) if i not in gone]
-    return len(unrun)
-
-
 def settle_contract(events: list[dict[str, Any]], steps: Iterable[int] | None) -> tuple[int, ThreadSpans]:
-    """``ensure_contract``, then ``drop_unrun_steps`` (when ``steps`` is given), then the grouping
-    of ``ThreadSpans``, in one pass over the window's events instead of three. Returns (fixed,
-    the events' groups); ``events`` loses the unrun steps in place."""
+    """In one pass over the window's events: give every event a name and every X event a string
+    cat/ts/dur (the trace contract), remove the ``ProfilerStep#N`` ranges opened for a batch that
+    never ran (training ended first; only when ``steps`` is given), and group the rest into
+    ``ThreadSpans``. Returns (events fixed, the groups); ``events`` loses the unrun steps in place."""
     python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
     ops: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
     annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
