@@ -106,28 +106,14 @@ def worker_to_main_us(worker: Sequence[ClockReading], main: Sequence[ClockReadin
     return LinearClock(_line(worker), _line(main))
 
 
-def place_events(events: list[dict[str, Any]], to_main_us: Callable[[float], float], drop_tids: set[int]) -> int:
+def place_events(events: list[dict[str, Any]], to_main_us: LinearClock, drop_tids: set[int]) -> int:
     """Move a worker's VizTracer events onto the main process's clock in place (start and end each
     mapped); drop the worker's own helper thread (``drop_tids``). Returns the events kept."""
-    if not isinstance(to_main_us, LinearClock):  # any other mapping: applied call by call
-        kept = []
-        for event in events:
-            if event.get("tid") in drop_tids:
-                continue
-            if "ts" in event:
-                ts = float(event["ts"])
-                start = to_main_us(ts)
-                if event.get("ph") == "X":
-                    event["dur"] = max(to_main_us(ts + float(event.get("dur", 0.0))) - start, 0.0)
-                event["ts"] = start
-            kept.append(event)
-        events[:] = kept
-        return len(kept)
     # LinearClock.__call__ inlined, the same operations in the same order (the same doubles): this
     # loop runs once per worker event, most of a window's events.
     wx, wy, wslope = to_main_us.wx, to_main_us.wy, to_main_us.wslope
     mx, my, mslope = to_main_us.mx, to_main_us.my, to_main_us.mslope
-    kept = []
+    kept: list[dict[str, Any]] = []
     append = kept.append
     for event in events:
         if event.get("tid") in drop_tids:
