@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -19,10 +18,7 @@ import orjson
 
 from vt_lightning.analysis.clock import Calibration
 from vt_lightning.analysis.nesting import (
-    NESTED_TORCH_CATEGORIES,
-    Thread,
     ThreadSpans,
-    is_range_name,
     repair_boundaries,
     separate_crossing_ranges,
     untangle_annotations,
@@ -30,7 +26,6 @@ from vt_lightning.analysis.nesting import (
 from vt_lightning.constants import (
     PYTHON_CATEGORY,
     STEP_PREFIX,
-    USER_ANNOTATION_CATEGORY,
 )
 
 FALLBACK_CATEGORY = "unknown"
@@ -167,10 +162,7 @@ def settle_contract(events: list[dict[str, Any]], steps: Iterable[int] | None) -
     cat/ts/dur (the trace contract), remove the ``ProfilerStep#N`` ranges opened for a batch that
     never ran (training ended first; only when ``steps`` is given), and group the rest into
     ``ThreadSpans``. Returns (events fixed, the groups); ``events`` loses the unrun steps in place."""
-    python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-    ops: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-    annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-    other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+    threads = ThreadSpans()
     ran = {f"{STEP_PREFIX}{step}" for step in steps} if steps is not None else None
     dropped = False
     fixed = 0
@@ -195,20 +187,11 @@ def settle_contract(events: list[dict[str, Any]], steps: Iterable[int] | None) -
         if "dur" not in event:
             event["dur"] = 0.0
             fixed += 1
-        if unrun:
-            continue
-        key = (event.get("pid"), event.get("tid"))
-        if cat == PYTHON_CATEGORY:
-            python[key].append(event)
-        elif cat == USER_ANNOTATION_CATEGORY or is_range_name(name):
-            annotations[key].append(event)
-        elif cat in NESTED_TORCH_CATEGORIES:
-            ops[key].append(event)
-        else:
-            other[key].append(event)
+        if not unrun:
+            threads.add(event, cat, name)
     if dropped:
         events[:] = [e for e in events if e["name"] is not _UNRUN]
-    return fixed, ThreadSpans.of_groups(python, ops, annotations, other)
+    return fixed, threads
 
 
 def merge_trace(

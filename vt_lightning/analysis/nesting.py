@@ -88,40 +88,28 @@ class ThreadSpans:
 
     __slots__ = ("annotations", "cut", "ops", "other", "python")
 
-    def __init__(self, events: Iterable[dict[str, Any]]) -> None:
+    def __init__(self, events: Iterable[dict[str, Any]] = ()) -> None:
         self.python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.ops: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.cut: set[Thread] = set()  # threads where untangle_annotations moved a call's bounds
         for event in events:
-            if event.get("ph") != "X":
-                continue
-            cat = event.get("cat")
-            key = (event.get("pid"), event.get("tid"))
-            if cat == PYTHON_CATEGORY:
-                self.python[key].append(event)
-            elif cat == USER_ANNOTATION_CATEGORY or is_range_name(str(event.get("name", ""))):
-                self.annotations[key].append(event)  # opened and closed by Python calls, not nested
-            elif cat in NESTED_TORCH_CATEGORIES:
-                self.ops[key].append(event)
-            else:
-                self.other[key].append(event)
+            if event.get("ph") == "X":
+                self.add(event, event.get("cat"), str(event.get("name", "")))
 
-    @classmethod
-    def of_groups(
-        cls,
-        python: dict[Thread, list[dict[str, Any]]],
-        ops: dict[Thread, list[dict[str, Any]]],
-        annotations: dict[Thread, list[dict[str, Any]]],
-        other: dict[Thread, list[dict[str, Any]]],
-    ) -> ThreadSpans:
-        """Groups made by the caller's own pass over the events (``merge.settle_contract``), sorted
-        into the kinds as ``__init__`` sorts them: one pass over the window fewer."""
-        spans = cls.__new__(cls)
-        spans.python, spans.ops, spans.annotations, spans.other = python, ops, annotations, other
-        spans.cut = set()
-        return spans
+    def add(self, event: dict[str, Any], cat: Any, name: str) -> None:
+        """File one X event (its ``cat`` and ``name`` as read) under its thread and kind: callers
+        that already walk the events (``merge.settle_contract``) group them in the same pass."""
+        key = (event.get("pid"), event.get("tid"))
+        if cat == PYTHON_CATEGORY:
+            self.python[key].append(event)
+        elif cat == USER_ANNOTATION_CATEGORY or is_range_name(name):
+            self.annotations[key].append(event)  # opened and closed by Python calls, not nested
+        elif cat in NESTED_TORCH_CATEGORIES:
+            self.ops[key].append(event)
+        else:
+            self.other[key].append(event)
 
     def all_events(self) -> dict[Thread, list[dict[str, Any]]]:
         """Every X event per thread, whatever its kind."""
