@@ -175,29 +175,25 @@ def test_code_whose_name_is_not_utf8_drops_its_window_and_training_lives(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_thread_name_that_is_not_utf8_drops_the_windows_and_training_lives(tmp_path):
-    """A thread named ``"bad\\udcffthread"`` runs in window 0, and VizTracer's dump crashes on its
-    name: the window held to the end of fit (and every window on 3.10) was dumped in the training
-    process, which died (exit -11). Now the window the thread ran in is dropped, saying why, and
-    training lives. VizTracer keeps the name for the tracer's life on 3.10 and 3.11 (every
-    later window is dropped too). On 3.13 (CI) VizTracer's dump wrote window 0 and only the
-    writer refused it ("could not write the window ... surrogates not allowed"), the next window
-    written; the writer now writes that name readable (see the unit test above), so there window
-    0 may be written. Not run here on 3.13 (no such environment): both outcomes are accepted."""
+def test_a_thread_name_that_is_not_utf8_never_kills_training_and_the_windows_say_what_happened(tmp_path):
+    """A thread named ``"bad\\udcffthread"`` runs in window 0. On 3.10 and 3.11 VizTracer's dump
+    crashes on the name (the training process died, exit -11): now the window the thread ran in is
+    dropped, saying why, and so is every later one (VizTracer keeps the name for the tracer's life),
+    and training lives. On 3.12+ (``sys.monitoring``) the dump holds the name, and the writer
+    refused the whole window ("surrogates not allowed"): now both windows are written, the name
+    readable (seen on 3.12.1 and 3.13.0; the unit test above checks the name in the trace)."""
     _, report = run(tmp_path, "thread_name")
     assert report["train_batches"] == list(range(10))
     if sys.version_info < (3, 12):
-        assert report["window_dirs"] == []  # the name stays with the tracer: no later dump can write it
-    if "window_000" in report["window_dirs"]:  # the window the thread ran in: 3.12+ only
-        assert report["warnings"] == []  # written, the name readable
-    else:
+        assert report["window_dirs"] == []
         assert report["warnings"], "each window dropped says why"
-    for warning in report["warnings"]:
-        if warning.startswith("vt_lightning: could not write the window"):  # 3.13 before the fix
-            assert "surrogates not allowed" in warning and "training goes on" in warning
-            continue
-        assert warning.startswith("vt_lightning: window dropped: ")
-        assert "a thread named 'bad\\udcffthread'" in warning or "died of SIGSEGV" in warning
+        for warning in report["warnings"]:
+            assert warning.startswith("vt_lightning: window dropped: ")
+            assert "a thread named 'bad\\udcffthread'" in warning or "died of SIGSEGV" in warning
+    else:
+        assert report["window_dirs"] == ["window_000", "window_001"]
+        # 3.12.0-3.12.4 get the advice about their own profiling bug, which is not this test's
+        assert [w for w in report["warnings"] if "cpython #122029" not in w] == []
 
 
 def _compiled_by(compile_function, *args, **kwargs):

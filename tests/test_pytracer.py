@@ -538,6 +538,42 @@ def test_a_dropped_held_dump_is_never_written_and_leaves_the_buffer(tracer, tmp_
     assert _names(tmp_path / "next.json") >= {"next_work"} and "held_work" not in _names(tmp_path / "next.json")
 
 
+def test_a_held_dump_written_on_the_writer_thread_keeps_the_next_window_out(tracer, tmp_path, monkeypatch):
+    """A held window released mid-training is written by the writer thread while training goes on.
+    The next window's start must wait for that write: recording first put its first calls into
+    the held window's file and the write's ``clear()`` erased them from its own (seen on 3.10,
+    where the dump runs in process and takes longest)."""
+    from vt_lightning.recording import viztracer_dump
+
+    _record(tracer, "held_work")
+    held = tracer.dump(str(tmp_path / "held.json"), hold=True)
+    claimed, go_on = threading.Event(), threading.Event()
+    real_write, real_flush = viztracer_dump.write_dump, viztracer_dump.HeldDump.flush
+
+    def slow_write(*args: Any, **kwargs: Any) -> Any:  # the writer thread has claimed the dump
+        claimed.set()
+        go_on.wait(timeout=30)
+        return real_write(*args, **kwargs)
+
+    def flush(self: Any) -> None:  # the next window found the held dump: let the write go on
+        go_on.set()
+        real_flush(self)
+
+    monkeypatch.setattr(viztracer_dump, "write_dump", slow_write)
+    monkeypatch.setattr(viztracer_dump.HeldDump, "flush", flush)
+    pids: list[int | None] = []
+    writer = threading.Thread(target=lambda: pids.append(held.write(in_process=False)))
+    writer.start()
+    assert claimed.wait(timeout=30)
+    _record(tracer, "next_work")  # the next window, while the writer thread is mid-write
+    go_on.set()
+    writer.join(timeout=30)
+    wait_for_dump(pids[0])
+    wait_for_dump(tracer.dump(str(tmp_path / "next.json")))
+    assert "held_work" in _names(tmp_path / "held.json") and "next_work" not in _names(tmp_path / "held.json")
+    assert "next_work" in _names(tmp_path / "next.json") and "held_work" not in _names(tmp_path / "next.json")
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_never_writes_its_parents_held_dump(tracer, tmp_path):
     """A DataLoader worker forked while a window is held inherits the buffer: the calls are the

@@ -100,8 +100,16 @@ class HeldDump:
         if self._written:
             return False
         self._written = True
-        _held_dumps.pop(id(self.viz), None)
         return True
+
+    def _unregister(self) -> None:
+        """Leave ``_held_dumps`` once the buffer is emptied, not at the claim: until then the next
+        recording's ``flush_held`` must find this dump and wait on its lock. Left at the claim, a
+        write on the writer thread (a window released mid-training) let the next window start
+        recording before its fork: the new window's first calls went into this one's file and the
+        ``clear()`` after the fork erased them from the new window."""
+        if _held_dumps.get(id(self.viz)) is self:
+            del _held_dumps[id(self.viz)]
 
     def _write(self, *, in_process: bool) -> None:
         if self._claim():
@@ -109,6 +117,8 @@ class HeldDump:
                 self._pid = write_dump(self.viz, self._entries, self.path, fork=not in_process)
             except UnsafeDumpName as err:  # the window's, not the next recording's: its job says so
                 self._refused = err
+            finally:
+                self._unregister()
 
     def flush(self) -> None:
         """The buffer is needed for new calls: fork the dump now (the job reaps the child)."""
@@ -130,7 +140,10 @@ class HeldDump:
         for them is reaped; its file goes with the window's other raw dumps)."""
         with self._lock:
             if self._claim():
-                self.viz.clear()
+                try:
+                    self.viz.clear()
+                finally:
+                    self._unregister()
             pid, self._pid = self._pid, None
         try:
             wait_for_dump(pid)
