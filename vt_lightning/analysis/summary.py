@@ -490,7 +490,8 @@ def summarize(
     """The summary of one merged window trace (see the module docstring and docs/files.md);
     ``window``: its ``read_window``, when the caller reads it for more tables (the workers')."""
     data = read_window(trace) if window is None else window
-    meta, events, steps, thread, ranges = data.meta, data.events, data.steps, data.thread, data.ranges
+    # Each table reads its bucket of the window's one classification pass (``steps.classify``).
+    meta, rest, steps, thread, ranges = data.meta, data.rest, data.steps, data.thread, data.ranges
     recorded = list(steps)
     counted = data.counted  # the first step misses its fetch
     per_step: dict[int, float] = {n: steps[n][1] - steps[n][0] for n in recorded}
@@ -503,7 +504,6 @@ def summarize(
     span = (steps[recorded[0]][0], steps[recorded[-1]][1]) if recorded else (0.0, 0.0)
     # Every per-step table covers the steps the step time and the breakdown average over.
     region = (steps[counted[0]][0], steps[counted[-1]][1]) if counted else None
-    all_events = trace.get("traceEvents", ())
     summary: Summary = {
         "schema": SCHEMA_VERSION,
         "window": {
@@ -514,7 +514,7 @@ def summarize(
             "log_step": meta.get("log_step"),
             "partial": bool(meta.get("partial", False)),
             "overflow": bool(meta.get("overflow", False)),
-            "device": "cuda" if any(e.get("cat") in KERNEL_CATEGORIES for e in events) else "cpu",
+            "device": "cuda" if any(e.get("cat") in KERNEL_CATEGORIES for e in rest) else "cpu",
         },
         "covers": {"steps": counted, "keys": list(COVERED_KEYS)},
         "steps": {
@@ -538,10 +538,12 @@ def summarize(
             region,
             phase_segments([steps[n] for n in counted], ranges),
         ),
-        "top_ops": top_ops(events, len(counted), region=region, launches=data.launches),
-        "gpu": gpu_summary(events, span, thread) if recorded else None,
-        "memory": memory_summary(all_events, memory_snapshot),
-        "compile": compile_summary(meta.get("compile"), events, steps),  # torch.compile (analysis/compile.py)
+        "top_ops": top_ops(rest, len(counted), region=region, launches=data.launches),
+        "gpu": gpu_summary(rest, span, thread, calls=data.python_calls.get(thread, []) if thread else [])
+        if recorded
+        else None,
+        "memory": memory_summary(data.memory, memory_snapshot),
+        "compile": compile_summary(meta.get("compile"), rest, steps),  # torch.compile (analysis/compile.py)
     }
     summary["verdicts"] = find_verdicts(data, summary, memory_snapshot)
     return summary

@@ -223,7 +223,7 @@ def worker_summary(
     pids = {int(w["pid"]) for w in workers}
     fetches: dict[int, list[tuple[int, float]]] = {pid: [] for pid in pids}
     if window is not None:
-        for x in window.events:
+        for x in window.rest:  # the fetch spans, among the events other than Python calls
             if x.get("cat") == FETCH_CATEGORY and x.get("pid") in pids:
                 fetches[x["pid"]].append((int(x.get("args", {}).get("batch", -1)), float(x.get("dur", 0.0))))
         calls = window.python_calls

@@ -192,13 +192,14 @@ class WindowView:
         self.total_us = sum(steps[n][1] - steps[n][0] for n in counted)
         self.region: Span = (self.step_spans[0][0], self.step_spans[-1][1]) if self.step_spans else (0.0, 0.0)
         self.pid = self.thread[0] if self.thread else None
-        # One pass over the events, by what the rules read (the Python calls: ``data.python_calls``).
+        # One pass over the window's events other than Python calls (``data.rest``), by what the
+        # rules read (the Python calls: ``data.python_calls``).
         self.ops: list[Span] = []  # the training thread's torch ops and CUDA runtime calls
         self.runtime: list[dict[str, Any]] = []
         self.kernels: list[dict[str, Any]] = []
         self.gc: list[dict[str, Any]] = []
         self.compile_spans: list[dict[str, Any]] = []  # analysis/compile.py's ``torch.compile: …`` spans
-        for e in data.events:
+        for e in data.rest:
             cat = e.get("cat")
             if cat == PYTHON_CATEGORY:
                 name = str(e.get("name", ""))
