@@ -14,6 +14,7 @@ from typing import Any
 
 from vt_lightning.analysis.breakdown import Range, stage_ranges_of
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX, RESUME_MARK
+from vt_lightning.analysis.python_tables import EntryTimes, PythonStats
 from vt_lightning.analysis.spans import Span, launches_by_correlation, x_events
 from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.summary_devices import RUNTIME_CATEGORIES
@@ -99,6 +100,25 @@ class WindowData:
         found = self._nested.get(thread)
         if found is None:
             found = self._nested[thread] = nest(self.python_calls.get(thread, ()))
+        return found
+
+    @cached_property
+    def whole_threads(self) -> PythonStats:
+        """The Python tables of the threads ``walk`` went through, each thread whole (unclipped,
+        without phases): the DataLoader workers' tables read them."""
+        return PythonStats()
+
+    @cached_property
+    def _walks(self) -> dict[Thread, EntryTimes]:
+        return {}
+
+    def walk(self, thread: Thread) -> EntryTimes:
+        """One walk over ``thread``'s whole ``nested`` calls, once per thread: its tables into
+        ``whole_threads`` and its entry times (``verdicts/window.entry_times``), returned; the
+        workers' tables and ``input_bound`` read a worker thread through it."""
+        found = self._walks.get(thread)
+        if found is None:
+            found = self._walks[thread] = self.whole_threads.sweep_entries(thread, self.nested(thread))
         return found
 
     @property

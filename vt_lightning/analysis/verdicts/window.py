@@ -246,8 +246,9 @@ class WindowView:
         return found
 
     def entry_times(self, thread: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        """``entry_times`` of ``thread``'s calls, from the window's one nesting of them."""
-        return entry_times(self.data.nested(thread))
+        """``entry_times`` of ``thread``'s calls, from the window's one walk of them (which makes
+        the thread's Python tables too: ``WindowData.walk``)."""
+        return self.data.walk(thread)
 
     def threads(self) -> list[Any]:
         return list(self.data.python_calls)
