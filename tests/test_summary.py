@@ -22,10 +22,10 @@ from vt_lightning.analysis.summary import (
     BREAKDOWN_PARTS,
     SCHEMA_VERSION,
     attribute_step,
-    code_origin,
     memory_summary,
     summarize,
 )
+from vt_lightning.analysis.usercode import code_origin
 
 DATA_WAIT_S = 0.040
 WORK_S = 0.012

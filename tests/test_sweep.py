@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from vt_lightning.analysis.python_tables import PythonStats
 from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary import top_python
 from vt_lightning.analysis.sweep import nest
@@ -151,3 +152,32 @@ def test_worker_tables_from_the_windows_nesting_equal_the_events_path() -> None:
     window = read_window({"traceEvents": events})
     assert worker_summary(events, workers, [], window) == worker_summary(events, workers, [])
     assert [w["batches"] for w in worker_summary(events, workers, [], window)["workers"]] == [[3], [4]]
+
+
+def _tables(stats: PythonStats, thread: tuple[int, int]) -> list[Any]:
+    functions, packages = stats.threads[thread]
+    return [
+        [(k, s.calls, s.self_us, s.inclusive_us, sorted(s.functions)) for k, s in table.items()]
+        for table in (functions, packages)
+    ]
+
+
+def _listed(callees: dict[str, dict[str, float]]) -> list[Any]:
+    return [(k, list(v.items())) for k, v in callees.items()]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_one_walk_gives_the_tables_and_the_entry_times_of_two(seed: int) -> None:
+    """A worker thread is walked once for its tables and ``input_bound``'s entry times
+    (``PythonStats.sweep_entries``): both, keys in the same order, equal to the bit what the two
+    walks give (``sweep`` and ``entry_times``)."""
+    nested = nest(_random_calls(seed))
+    thread = (101, 1)
+    apart, fused = PythonStats(), PythonStats()
+    apart.sweep(thread, nested, None)
+    found_entries, found_callees = fused.sweep_entries(thread, nested)
+    entries, callees = entry_times(nested)
+    assert list(found_entries.items()) == list(entries.items()) and entries
+    assert _listed(found_callees) == _listed(callees)
+    assert _tables(fused, thread) == _tables(apart, thread)
+    assert fused.info == apart.info and fused.package_of == apart.package_of

@@ -21,7 +21,7 @@ training step's data wait and forward. What nothing covers is ``other``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX
@@ -129,6 +129,19 @@ def stage_ranges(
     (``"lightning stage ranges"``, ``"lightning methods (python calls)"`` or ``"none"``); and the
     user's hooks that were found, hook -> part."""
     on_thread = [e for e in events if (e.get("pid"), e.get("tid")) == thread]
+    calls = [(*span_of(e), str(e.get("name", ""))) for e in on_thread if e.get("cat") == PYTHON_CATEGORY]
+    return stage_ranges_of(on_thread, calls, user_hooks)
+
+
+def stage_ranges_of(
+    on_thread: Iterable[Mapping[str, Any]],
+    calls: Sequence[tuple[float, float, str]],
+    user_hooks: Mapping[str, str] | None = None,
+) -> tuple[list[Range], str, dict[str, str]]:
+    """``stage_ranges`` from the training thread's events read apart: ``on_thread``, in the trace's
+    order, holds at least every event named ``[pl][profile]…`` (the summary passes all but the
+    ordinary Python calls), ``calls`` its Python calls ``(start, end, name)`` in the trace's order
+    (``WindowData.python_calls``)."""
     lightning: list[Range] = []
     window: list[Range] = []
     for event in on_thread:
@@ -143,27 +156,24 @@ def stage_ranges(
         if part:
             lightning.append((*span_of(event), part))
     source = "lightning stage ranges" if lightning else "none"
-    python = [e for e in on_thread if e.get("cat") == PYTHON_CATEGORY]
     if not lightning:
-        for event in python:
-            part = _python_stage_part(str(event.get("name", "")))
+        for start, end, name in calls:
+            part = _python_stage_part(name)
             if part:
-                lightning.append((*span_of(event), part))
+                lightning.append((start, end, part))
         if lightning:
             # Nested calls of one stage (``_PrefetchDataFetcher.__next__`` calls
             # ``_DataFetcher.__next__``) are the same stage: keep the outermost.
             lightning = _outermost_per_part(lightning)
             source = "lightning methods (python calls)"
-    own: list[Range] = [
-        (*span_of(e), "compile") for e in python if str(e.get("name", "")).startswith(COMPILE_SPAN_PREFIX)
-    ]
+    own: list[Range] = [(start, end, "compile") for start, end, name in calls if name.startswith(COMPILE_SPAN_PREFIX)]
     found: dict[str, str] = {}
     if user_hooks:
-        for event in python:
-            hook = user_hooks.get(str(event.get("name", "")))
+        for start, end, name in calls:
+            hook = user_hooks.get(name)
             part = hook_part(hook) if hook else None
             if hook and part:
-                own.append((*span_of(event), part))
+                own.append((start, end, part))
                 found[hook] = part
     return [*lightning, *window, *own], source, found
 

@@ -42,6 +42,7 @@ _TRACEBACK_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (
 _REASON_END = ("Hint:", "Developer debug context", "For more details", "User code traceback", "Most recent bytecode")
 _LEGACY_BREAK = "Graph break: from user code at:"  # torch 2.4
 _LEGACY_REASON = re.compile(r"^torch\._dynamo\.exc\.\w+: (.*)$", re.M)
+RESUME_MARK = "torch_dynamo_resume_in_"  # in the name of every resume function dynamo makes at a graph break
 _RESUME = re.compile(r"torch_dynamo_resume_in_(?P<function>\w+?)_at_(?P<line>\d+)$")
 
 
@@ -333,7 +334,7 @@ def runtime_graph_breaks(events: Iterable[Mapping[str, Any]]) -> dict[tuple[str,
     found: dict[tuple[str, int], dict[str, Any]] = {}
     for event in events:
         name = str(event.get("name", ""))
-        if "torch_dynamo_resume_in_" not in name:
+        if RESUME_MARK not in name:
             continue
         function, path, _ = parse_function(name)
         match = _RESUME.search(function)

@@ -7,19 +7,22 @@ finds the steps again. Pure.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from vt_lightning.analysis.breakdown import Range, stage_ranges
+from vt_lightning.analysis.breakdown import Range, stage_ranges_of
+from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX, RESUME_MARK
+from vt_lightning.analysis.python_tables import EntryTimes, PythonStats
 from vt_lightning.analysis.spans import Span, launches_by_correlation, x_events
 from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.summary_devices import RUNTIME_CATEGORIES
 from vt_lightning.analysis.sweep import Nested, nest
 from vt_lightning.constants import (
     CPU_OP_CATEGORY,
+    GC_SPAN_PREFIX,
+    PL_PROFILE_PREFIX,
     PYTHON_CATEGORY,
     STEP_PREFIX,
     TRACE_METADATA_KEY,
@@ -56,11 +59,20 @@ def find_steps(events: Iterable[Mapping[str, Any]]) -> tuple[dict[int, Span], An
 
 @dataclass(frozen=True)
 class WindowData:
-    """What every part of the summary reads of one merged trace, computed once."""
+    """What every part of the summary reads of one merged trace, computed once.
+
+    ``read_window`` files the events in one pass by what the tables read: each thread's Python
+    calls (``python_calls``, most of a window's events: the DataLoader workers' above all), every
+    other complete event (``rest``: torch's ops and annotations, CUDA runtime calls, kernels, the
+    workers' fetch spans, and the Python-category spans that are read by name: gc pauses, compile
+    spans, Lightning's stage ranges, dynamo's resume calls) and torch's ``[memory]`` instants. Each
+    table reads its bucket, in the trace's order, never the whole list."""
 
     trace: Mapping[str, Any]
     meta: Mapping[str, Any]  # the trace's vt_lightning metadata block
-    events: list[dict[str, Any]]  # the complete (X) events
+    python_calls: dict[Thread, list[Call]]  # each thread's Python calls, in the trace's order
+    rest: list[dict[str, Any]]  # the complete events but the ordinary Python calls, in the trace's order
+    memory: list[dict[str, Any]]  # torch's ``[memory]`` instants, in the trace's order
     steps: dict[int, Span]  # every recorded step
     thread: Thread | None  # the training thread (the steps' thread)
     ranges: list[Range]  # breakdown.stage_ranges: (start, end, part) on the training thread
@@ -68,23 +80,15 @@ class WindowData:
     user_hooks: dict[str, str]  # the user's hook overrides found, hook -> part
 
     @cached_property
+    def events(self) -> list[dict[str, Any]]:
+        """The complete (X) events, all of them (for readers off the summary's path)."""
+        return x_events(self.trace)
+
+    @cached_property
     def launches(self) -> dict[Any, Any]:
         """``{correlation: CUDA runtime call}``: which call launched each kernel (the one map the
         op table and the verdicts read; empty on the CPU)."""
-        return launches_by_correlation(self.events, RUNTIME_CATEGORIES)
-
-    @cached_property
-    def python_calls(self) -> dict[Thread, list[Call]]:
-        """Each thread's Python calls, in the trace's order, read from the events once: the
-        summary's Python tables, the workers' tables and the verdicts' timelines all start here."""
-        calls: dict[Thread, list[Call]] = defaultdict(list)
-        for event in self.events:
-            if event.get("cat") == PYTHON_CATEGORY:
-                start = float(event["ts"])
-                calls[(event.get("pid"), event.get("tid"))].append(
-                    (start, start + float(event.get("dur", 0.0) or 0.0), str(event.get("name", "")))
-                )
-        return dict(calls)
+        return launches_by_correlation(self.rest, RUNTIME_CATEGORIES)
 
     @cached_property
     def _nested(self) -> dict[Thread, Nested]:
@@ -98,6 +102,25 @@ class WindowData:
             found = self._nested[thread] = nest(self.python_calls.get(thread, ()))
         return found
 
+    @cached_property
+    def whole_threads(self) -> PythonStats:
+        """The Python tables of the threads ``walk`` went through, each thread whole (unclipped,
+        without phases): the DataLoader workers' tables read them."""
+        return PythonStats()
+
+    @cached_property
+    def _walks(self) -> dict[Thread, EntryTimes]:
+        return {}
+
+    def walk(self, thread: Thread) -> EntryTimes:
+        """One walk over ``thread``'s whole ``nested`` calls, once per thread: its tables into
+        ``whole_threads`` and its entry times (``verdicts/window.entry_times``), returned; the
+        workers' tables and ``input_bound`` read a worker thread through it."""
+        found = self._walks.get(thread)
+        if found is None:
+            found = self._walks[thread] = self.whole_threads.sweep_entries(thread, self.nested(thread))
+        return found
+
     @property
     def counted(self) -> list[int]:
         """The steps every per-step number covers: all but the first, which misses its fetch."""
@@ -105,11 +128,52 @@ class WindowData:
         return recorded[1:] if len(recorded) > 1 else recorded
 
 
+# Python calls whose names a table reads (gc pauses, compile spans, Lightning's ranges) go to
+# ``WindowData.rest`` as well; so do dynamo's resume calls (``RESUME_MARK`` in the name).
+_NAMED_PREFIXES = (GC_SPAN_PREFIX, COMPILE_SPAN_PREFIX, PL_PROFILE_PREFIX)
+
+
+def classify(
+    trace_events: Iterable[dict[str, Any]],
+) -> tuple[dict[Thread, list[Call]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(python_calls, rest, memory)`` of ``WindowData``, in one pass over a trace's events; runs
+    once per event of the window, so it is written for speed."""
+    calls: dict[Thread, list[Call]] = {}
+    rest: list[dict[str, Any]] = []
+    memory: list[dict[str, Any]] = []
+    keep, keep_memory = rest.append, memory.append
+    last_thread: Thread | None = None
+    add_call = None
+    for event in trace_events:
+        if event.get("ph") != "X" or "ts" not in event:
+            if event.get("name") == "[memory]" and event.get("ph") == "i":
+                keep_memory(event)
+            continue
+        if event.get("cat") != PYTHON_CATEGORY:
+            keep(event)
+            continue
+        thread = (event.get("pid"), event.get("tid"))
+        if thread != last_thread or add_call is None:  # a thread's calls come in long runs
+            found = calls.get(thread)
+            if found is None:
+                found = calls[thread] = []
+            add_call, last_thread = found.append, thread
+        start = float(event["ts"])
+        name = str(event.get("name", ""))
+        add_call((start, start + float(event.get("dur", 0.0) or 0.0), name))
+        if name.startswith(_NAMED_PREFIXES) or RESUME_MARK in name:
+            keep(event)
+    return calls, rest, memory
+
+
 def read_window(trace: Mapping[str, Any]) -> WindowData:
     """The one read of a merged window trace."""
     meta = trace.get(TRACE_METADATA_KEY) or {}
-    events = x_events(trace)
-    steps, thread = find_steps(events)
+    calls, rest, memory = classify(trace.get("traceEvents", ()))
+    steps, thread = find_steps(rest)
     hooks = meta.get("user_hooks")
-    ranges, source, found_hooks = stage_ranges(events, thread, hooks if isinstance(hooks, dict) else None)
-    return WindowData(trace, meta, events, steps, thread, ranges, source, found_hooks)
+    on_thread = [e for e in rest if (e.get("pid"), e.get("tid")) == thread]
+    ranges, source, found_hooks = stage_ranges_of(
+        on_thread, calls.get(thread, []) if thread is not None else [], hooks if isinstance(hooks, dict) else None
+    )
+    return WindowData(trace, meta, calls, rest, memory, steps, thread, ranges, source, found_hooks)

@@ -30,13 +30,18 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  # re-exported
 from vt_lightning.analysis.breakdown import attribute_step, reported
 from vt_lightning.analysis.compile import compile_summary
 from vt_lightning.analysis.phases import PhaseSegments, phase_segments
+from vt_lightning.analysis.python_tables import FOLDED_ORIGINS as FOLDED_ORIGINS  # re-exported
+from vt_lightning.analysis.python_tables import GENERATED_PACKAGE as GENERATED_PACKAGE  # re-exported
+from vt_lightning.analysis.python_tables import PythonStats as PythonStats  # re-exported
+from vt_lightning.analysis.python_tables import Stat, Thread, ThreadStats, python_stats_of
+from vt_lightning.analysis.python_tables import python_stats as python_stats  # re-exported
 from vt_lightning.analysis.schema import (
     SCHEMA_VERSION,
     KernelsByOp,
@@ -53,18 +58,16 @@ from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.steps import WindowData, read_window
 from vt_lightning.analysis.steps import find_steps as find_steps  # re-exported
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
-from vt_lightning.analysis.sweep import Nested, nest
-from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES, code_origin, parse_function
+from vt_lightning.analysis.sweep import nest
+from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES
 from vt_lightning.analysis.verdicts import find_verdicts
-from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, PYTHON_CATEGORY
+from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY
 
 TOP_PYTHON = 10  # entries per list, user code first
 TOP_UNFOLDED = 3  # package functions this high in a ranking keep their own line
 TOP_OPS = 10
 TOTALS_MIN_US = 1.0  # per step: ``totals`` list everything at least this long...
 TOTALS_MAX = 200  # ...up to about this many entries (the threshold rises to keep the file small)
-FOLDED_ORIGINS = ("package", GENERATED)  # folded to one line per package and phase in the rankings
-GENERATED_PACKAGE = "torch.compile generated code"  # the one line of every compiler-generated function
 # Folded even when they rank in the top few: the frameworks' frames (Lightning's loop, torch's
 # module calls) sit around every step at ~100 % inclusive time and would push the user's out.
 ALWAYS_FOLDED = frozenset({*FRAMEWORKS, GENERATED_PACKAGE})
@@ -108,172 +111,7 @@ def function_key(entry: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-Key = TypeVar("Key")
-
-
-class _Stat:
-    __slots__ = ("calls", "functions", "inclusive_us", "self_us")
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.self_us = 0.0
-        self.inclusive_us = 0.0
-        self.functions: set[str] = set()
-
-    def add(self, other: _Stat) -> None:
-        self.calls += other.calls
-        self.self_us += other.self_us
-        self.inclusive_us += other.inclusive_us
-        self.functions |= other.functions
-
-
-def _add_into(into: dict[Key, _Stat], part: Mapping[Key, _Stat]) -> None:
-    for key, stat in part.items():
-        found = into.get(key)
-        if found is None:
-            found = into[key] = _Stat()
-        found.add(stat)
-
-
-FoldKey = tuple[str, str]  # (package, phase): one folded line; phase "" in a window without phases
-Thread = tuple[Any, Any]  # (pid, tid)
-# One thread's tables: per function, and per package and phase.
-ThreadStats = tuple[dict[str, _Stat], dict[FoldKey, _Stat]]
-
-
-class PythonStats:
-    """``python_stats``'s result: every thread's tables (``threads``) and what each function is
-    (``info``); ``merged`` adds up any threads, so one sweep per thread feeds every table that
-    reads them (the window's, each DataLoader worker's, all workers')."""
-
-    def __init__(self) -> None:
-        self.threads: dict[Thread, ThreadStats] = {}
-        self.info: dict[str, dict] = {}
-        self.package_of: dict[str, str] = {}  # function name -> its package when folded, else ""
-
-    def merged(self, threads: Iterable[Thread] | None = None) -> ThreadStats:
-        """The tables of ``threads`` (all by default) added up, in their order."""
-        chosen = [self.threads[t] for t in (self.threads if threads is None else threads) if t in self.threads]
-        if len(chosen) == 1:
-            return chosen[0]
-        functions: dict[str, _Stat] = {}
-        packages: dict[FoldKey, _Stat] = {}
-        for thread_functions, thread_packages in chosen:
-            _add_into(functions, thread_functions)
-            _add_into(packages, thread_packages)
-        return functions, packages
-
-    def _describe(self, name: str) -> str:
-        function, path, line = parse_function(name)
-        origin, package = code_origin(path)
-        if origin == GENERATED:  # a compiler's modules fold to one line, like a package's
-            package = GENERATED_PACKAGE
-        self.info[name] = {"function": function, "file": path, "line": line, "origin": origin, "package": package}
-        folded = self.package_of[name] = (package or "") if origin in FOLDED_ORIGINS else ""
-        return folded
-
-    def sweep(self, thread: Thread, nested: Nested, phases: PhaseSegments | None) -> None:
-        """One thread's calls, ``sweep.nest``-ed, into its tables: each call ``(start, end, name,
-        began)`` (``began``: before clipping to the region; read only with ``phases``, so a window's
-        unclipped ``(start, end, name)`` calls do too); runs once per Python event, so it is written
-        for speed."""
-        functions: dict[str, _Stat] = {}
-        packages: dict[FoldKey, _Stat] = {}
-        package_of = self.package_of
-        ordered, ends, parents = nested
-        count = len(ordered)
-        child_us = [0.0] * count
-        stats: list[_Stat] = [None] * count  # type: ignore[list-item]
-        folds: list[_Stat | None] = [None] * count
-        fold_keys: list[FoldKey | None] = [None] * count
-        stack: list[int] = []
-        open_count: dict[str, int] = defaultdict(int)  # open calls per function name
-        open_folds: dict[FoldKey, int] = defaultdict(int)  # open calls per fold key
-
-        for i, call in enumerate(ordered):
-            start, name = call[0], call[2]
-            parent = parents[i]
-            while stack and stack[-1] != parent:
-                done = stack.pop()
-                own = ends[done] - ordered[done][0] - child_us[done]  # its self time
-                if own > 0:
-                    stats[done].self_us += own
-                    if folds[done] is not None:
-                        folds[done].self_us += own  # type: ignore[union-attr]
-                open_count[ordered[done][2]] -= 1
-                if fold_keys[done] is not None:
-                    open_folds[fold_keys[done]] -= 1  # type: ignore[index]
-            dur = ends[i] - start
-            fstat = functions.get(name)
-            if fstat is None:
-                package = package_of.get(name)
-                if package is None:
-                    package = self._describe(name)
-                fstat = functions[name] = _Stat()
-            else:
-                package = package_of[name]
-            stats[i] = fstat
-            fstat.calls += 1
-            if not open_count[name]:
-                fstat.inclusive_us += dur
-            open_count[name] += 1
-            if package:
-                fkey = (package, phases.at(call[3]) if phases is not None else "")
-                pstat = packages.get(fkey)
-                if pstat is None:
-                    pstat = packages[fkey] = _Stat()
-                pstat.calls += 1
-                pstat.functions.add(name)
-                if not open_folds[fkey]:
-                    pstat.inclusive_us += dur
-                open_folds[fkey] += 1
-                folds[i], fold_keys[i] = pstat, fkey
-            if parent >= 0:
-                child_us[parent] += dur
-            stack.append(i)
-        for done in stack:
-            own = ends[done] - ordered[done][0] - child_us[done]
-            if own > 0:
-                stats[done].self_us += own
-                if folds[done] is not None:
-                    folds[done].self_us += own  # type: ignore[union-attr]
-        self.threads[thread] = (functions, packages)
-
-
-def python_stats(
-    events: Sequence[Mapping[str, Any]], region: Span | None = None, phases: PhaseSegments | None = None
-) -> PythonStats:
-    """Per thread, per function and per package and phase (the breakdown part its call started in,
-    from ``phases``; "" without them): calls, self time, inclusive time (a recursive call or a call
-    under another call of the same package and phase is counted once), of the calls within
-    ``region`` (each clipped to it; a call that started before it is in phase ``other``). One pass
-    over the events, then one ``sweep.nest`` and one stack walk per thread."""
-    by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
-    for event in events:
-        if event.get("cat") == PYTHON_CATEGORY:
-            start = float(event["ts"])
-            by_thread[(event.get("pid"), event.get("tid"))].append(
-                (start, start + float(event.get("dur", 0.0) or 0.0), event.get("name", ""))
-            )
-    return python_stats_of(by_thread, region, phases)
-
-
-def python_stats_of(
-    calls: Mapping[Thread, Sequence[tuple[float, float, str]]],
-    region: Span | None = None,
-    phases: PhaseSegments | None = None,
-) -> PythonStats:
-    """``python_stats`` of calls already read per thread (``WindowData.python_calls``)."""
-    lo, hi = region if region is not None else (float("-inf"), float("inf"))
-    out = PythonStats()
-    for thread, found in calls.items():
-        kept = [(max(s, lo), min(e, hi), name, s) for s, e, name in found if e > lo and s < hi]
-        if kept:
-            out.sweep(thread, nest(kept), phases)
-    return out
-
-
-def _entry(name: str, stat: _Stat, meta: Mapping[str, Any], steps: int) -> PythonEntry:
+def _entry(name: str, stat: Stat, meta: Mapping[str, Any], steps: int) -> PythonEntry:
     return {
         "function": meta["function"],
         "file": meta["file"],
@@ -490,7 +328,8 @@ def summarize(
     """The summary of one merged window trace (see the module docstring and docs/files.md);
     ``window``: its ``read_window``, when the caller reads it for more tables (the workers')."""
     data = read_window(trace) if window is None else window
-    meta, events, steps, thread, ranges = data.meta, data.events, data.steps, data.thread, data.ranges
+    # Each table reads its bucket of the window's one classification pass (``steps.classify``).
+    meta, rest, steps, thread, ranges = data.meta, data.rest, data.steps, data.thread, data.ranges
     recorded = list(steps)
     counted = data.counted  # the first step misses its fetch
     per_step: dict[int, float] = {n: steps[n][1] - steps[n][0] for n in recorded}
@@ -503,7 +342,6 @@ def summarize(
     span = (steps[recorded[0]][0], steps[recorded[-1]][1]) if recorded else (0.0, 0.0)
     # Every per-step table covers the steps the step time and the breakdown average over.
     region = (steps[counted[0]][0], steps[counted[-1]][1]) if counted else None
-    all_events = trace.get("traceEvents", ())
     summary: Summary = {
         "schema": SCHEMA_VERSION,
         "window": {
@@ -514,7 +352,7 @@ def summarize(
             "log_step": meta.get("log_step"),
             "partial": bool(meta.get("partial", False)),
             "overflow": bool(meta.get("overflow", False)),
-            "device": "cuda" if any(e.get("cat") in KERNEL_CATEGORIES for e in events) else "cpu",
+            "device": "cuda" if any(e.get("cat") in KERNEL_CATEGORIES for e in rest) else "cpu",
         },
         "covers": {"steps": counted, "keys": list(COVERED_KEYS)},
         "steps": {
@@ -538,10 +376,12 @@ def summarize(
             region,
             phase_segments([steps[n] for n in counted], ranges),
         ),
-        "top_ops": top_ops(events, len(counted), region=region, launches=data.launches),
-        "gpu": gpu_summary(events, span, thread) if recorded else None,
-        "memory": memory_summary(all_events, memory_snapshot),
-        "compile": compile_summary(meta.get("compile"), events, steps),  # torch.compile (analysis/compile.py)
+        "top_ops": top_ops(rest, len(counted), region=region, launches=data.launches),
+        "gpu": gpu_summary(rest, span, thread, calls=data.python_calls.get(thread, []) if thread else [])
+        if recorded
+        else None,
+        "memory": memory_summary(data.memory, memory_snapshot),
+        "compile": compile_summary(meta.get("compile"), rest, steps),  # torch.compile (analysis/compile.py)
     }
     summary["verdicts"] = find_verdicts(data, summary, memory_snapshot)
     return summary

@@ -23,9 +23,17 @@ TOP_SITES = 10
 # --------------------------------------------------------------------------------------------------
 
 
-def gpu_summary(events: Sequence[Mapping[str, Any]], window: Span, thread: Any, limit: int = TOP_GAPS) -> Gpu | None:
+def gpu_summary(
+    events: Sequence[Mapping[str, Any]],
+    window: Span,
+    thread: Any,
+    limit: int = TOP_GAPS,
+    calls: Sequence[tuple[float, float, str]] | None = None,
+) -> Gpu | None:
     """Busy % (union of kernel time over the window's wall time) and the largest idle gaps, each
-    with the innermost Python call (and innermost user-code call) of the training thread in it."""
+    with the innermost Python call (and innermost user-code call) of the training thread in it.
+    ``calls``: that thread's Python calls ``(start, end, name)`` in the trace's order, when read
+    already (``WindowData.python_calls``); ``events`` then need hold only the kernels."""
     kernels = [span_of(e) for e in events if e.get("cat") in KERNEL_CATEGORIES]
     if not kernels:
         return None
@@ -41,14 +49,13 @@ def gpu_summary(events: Sequence[Mapping[str, Any]], window: Span, thread: Any, 
     if cursor < hi:
         gaps.append((cursor, hi))
     gaps.sort(key=lambda g: g[1] - g[0], reverse=True)
-    calls = sorted(
-        (
+    if calls is None:
+        calls = [
             (*span_of(e), str(e.get("name", "")))
             for e in events
             if e.get("cat") == PYTHON_CATEGORY and (e.get("pid"), e.get("tid")) == thread
-        ),
-        key=lambda c: (c[0], -c[1]),
-    )
+        ]
+    calls = sorted(calls, key=lambda c: (c[0], -c[1]))
     devices = sorted({str(e.get("pid")) for e in events if e.get("cat") in KERNEL_CATEGORIES})
     return {
         "devices": devices,

@@ -1,6 +1,6 @@
 """The one interval sweep: one thread's calls (or ops) nested by time. Pure.
 
-Every per-thread table reads the same structure: ``summary.python_stats`` (self and inclusive time
+Every per-thread table reads the same structure: ``python_tables.python_stats`` (self and inclusive time
 per function), ``summary.top_ops`` (self time per op) and the verdicts' ``Timeline`` (which call
 owns each instant). ``nest`` sorts a thread's intervals once, outer call first, and gives each the
 call it started in; the readers then walk the result with a stack of indices, on plain tuples and

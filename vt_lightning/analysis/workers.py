@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from vt_lightning.analysis.python_tables import PythonStats, python_stats
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.schema import WorkerEntry, Workers
 from vt_lightning.analysis.spans import ms as _ms
@@ -218,20 +219,24 @@ def worker_summary(
     ``workers``: ``{"pid", "worker", "rank"}`` of each worker whose events were merged. ``window``:
     the summary's ``WindowData`` of the same trace, whose per-thread nesting the verdicts' timelines
     share (else the events are read and nested here)."""
-    from vt_lightning.analysis.summary import PythonStats, python_stats, rank_python
+    from vt_lightning.analysis.summary import rank_python
 
     pids = {int(w["pid"]) for w in workers}
     fetches: dict[int, list[tuple[int, float]]] = {pid: [] for pid in pids}
     if window is not None:
-        for x in window.events:
+        for x in window.rest:  # the fetch spans, among the events other than Python calls
             if x.get("cat") == FETCH_CATEGORY and x.get("pid") in pids:
                 fetches[x["pid"]].append((int(x.get("args", {}).get("batch", -1)), float(x.get("dur", 0.0))))
-        calls = window.python_calls
+        # The window's one walk of each worker thread (``input_bound`` reads the same walk's entry
+        # times), its tables in the order the events-based path below sweeps the threads.
+        calls, whole = window.python_calls, window.whole_threads
         stats = PythonStats()
-        for worker_pid in pids:  # the threads in the order the events-based path below sweeps them
+        for worker_pid in pids:
             for thread in calls:
                 if thread[0] == worker_pid:
-                    stats.sweep(thread, window.nested(thread), None)
+                    window.walk(thread)
+                    stats.threads[thread] = whole.threads[thread]
+        stats.info, stats.package_of, stats.user = whole.info, whole.package_of, whole.user
         everything: Sequence[Any] = list(stats.threads)
     else:
         python_by_pid: dict[int, list[Mapping[str, Any]]] = {pid: [] for pid in pids}

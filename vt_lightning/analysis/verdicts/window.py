@@ -192,13 +192,14 @@ class WindowView:
         self.total_us = sum(steps[n][1] - steps[n][0] for n in counted)
         self.region: Span = (self.step_spans[0][0], self.step_spans[-1][1]) if self.step_spans else (0.0, 0.0)
         self.pid = self.thread[0] if self.thread else None
-        # One pass over the events, by what the rules read (the Python calls: ``data.python_calls``).
+        # One pass over the window's events other than Python calls (``data.rest``), by what the
+        # rules read (the Python calls: ``data.python_calls``).
         self.ops: list[Span] = []  # the training thread's torch ops and CUDA runtime calls
         self.runtime: list[dict[str, Any]] = []
         self.kernels: list[dict[str, Any]] = []
         self.gc: list[dict[str, Any]] = []
         self.compile_spans: list[dict[str, Any]] = []  # analysis/compile.py's ``torch.compile: …`` spans
-        for e in data.events:
+        for e in data.rest:
             cat = e.get("cat")
             if cat == PYTHON_CATEGORY:
                 name = str(e.get("name", ""))
@@ -245,8 +246,9 @@ class WindowView:
         return found
 
     def entry_times(self, thread: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        """``entry_times`` of ``thread``'s calls, from the window's one nesting of them."""
-        return entry_times(self.data.nested(thread))
+        """``entry_times`` of ``thread``'s calls, from the window's one walk of them (which makes
+        the thread's Python tables too: ``WindowData.walk``)."""
+        return self.data.walk(thread)
 
     def threads(self) -> list[Any]:
         return list(self.data.python_calls)
