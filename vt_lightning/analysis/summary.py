@@ -37,11 +37,16 @@ from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  
 from vt_lightning.analysis.breakdown import attribute_step, reported
 from vt_lightning.analysis.compile import compile_summary
 from vt_lightning.analysis.phases import PhaseSegments, phase_segments
-from vt_lightning.analysis.python_tables import FOLDED_ORIGINS as FOLDED_ORIGINS  # re-exported
-from vt_lightning.analysis.python_tables import GENERATED_PACKAGE as GENERATED_PACKAGE  # re-exported
-from vt_lightning.analysis.python_tables import PythonStats as PythonStats  # re-exported
-from vt_lightning.analysis.python_tables import Stat, Thread, ThreadStats, python_stats_of
-from vt_lightning.analysis.python_tables import python_stats as python_stats  # re-exported
+from vt_lightning.analysis.python_tables import (
+    FOLDED_ORIGINS,
+    GENERATED_PACKAGE,
+    PythonStats,
+    Stat,
+    Thread,
+    ThreadStats,
+    python_stats,
+    python_stats_of,
+)
 from vt_lightning.analysis.schema import (
     SCHEMA_VERSION,
     KernelsByOp,
