@@ -106,9 +106,12 @@ def worker_to_main_us(worker: Sequence[ClockReading], main: Sequence[ClockReadin
     return LinearClock(_line(worker), _line(main))
 
 
-def place_events(events: list[dict[str, Any]], to_main_us: LinearClock, drop_tids: set[int]) -> int:
-    """Move a worker's VizTracer events onto the main process's clock in place (start and end each
-    mapped); drop the worker's own helper thread (``drop_tids``). Returns the events kept."""
+def place_events(
+    events: Iterable[dict[str, Any]], to_main_us: LinearClock, drop_tids: set[int]
+) -> list[dict[str, Any]]:
+    """A worker's VizTracer events moved onto the main process's clock in place (start and end each
+    mapped), less its own helper thread's (``drop_tids``) and its ``process_name`` (the writer
+    names the worker's process): the events kept, in their order. One pass as the dump is read."""
     # LinearClock.__call__ inlined, the same operations in the same order (the same doubles): this
     # loop runs once per worker event, most of a window's events.
     wx, wy, wslope = to_main_us.wx, to_main_us.wy, to_main_us.wslope
@@ -116,19 +119,22 @@ def place_events(events: list[dict[str, Any]], to_main_us: LinearClock, drop_tid
     kept: list[dict[str, Any]] = []
     append = kept.append
     for event in events:
-        if event.get("tid") in drop_tids:
+        get = event.get
+        if get("tid") in drop_tids:
+            continue
+        ph = get("ph")
+        if ph == "M" and get("name") == "process_name":
             continue
         if "ts" in event:
             ts = float(event["ts"])
             start = mx + ((wy + (ts - wx) * wslope) - my) / mslope
-            if event.get("ph") == "X":
-                end = mx + ((wy + ((ts + float(event.get("dur", 0.0))) - wx) * wslope) - my) / mslope
+            if ph == "X":
+                end = mx + ((wy + ((ts + float(get("dur", 0.0))) - wx) * wslope) - my) / mslope
                 dur = end - start
                 event["dur"] = 0.0 if dur < 0.0 else dur  # max(dur, 0.0) without the call
             event["ts"] = start
         append(event)
-    events[:] = kept
-    return len(kept)
+    return kept
 
 
 def process_name(rank: int, worker_id: int) -> str:

@@ -119,12 +119,9 @@ def collect_worker_dumps(extras: dict[str, Any] | None) -> WorkerDumps | None:
             out.missing.append(f"a DataLoader worker's events could not be read ({type(err).__name__}: {err})")
             continue
         to_main = worker_to_main_us([(float(u), int(n)) for u, n in meta["clock"]], main_clock)
-        events = [
-            e for e in dump.get("traceEvents", []) if not (e.get("ph") == "M" and e.get("name") == "process_name")
-        ]
-        events += library_spans(meta)
-        place_events(events, to_main, {int(t) for t in meta.get("helper_tids", [])})
-        out.events.extend(events)
+        helper_tids = {int(t) for t in meta.get("helper_tids", [])}
+        out.events += place_events(dump.get("traceEvents", []), to_main, helper_tids)
+        out.events += place_events(library_spans(meta), to_main, helper_tids)
         if dump.get("viztracer_metadata", {}).get("overflow"):
             out.missing.append(
                 f"DataLoader worker {meta['worker']} filled its ring buffer: only its last events are kept"
