@@ -189,7 +189,11 @@ def main_sort_index(events: Iterable[Mapping[str, Any]], workers: set[int]) -> i
 def seconds_to_lower(events: Iterable[Mapping[str, Any]]) -> int:
     """Whole seconds to move the time origin down so no event starts before it (a worker fetches
     its batches ahead, possibly before the first torch event the origin was taken from)."""
-    first = min((float(e["ts"]) for e in events if "ts" in e), default=0.0)
+    starts = [e["ts"] for e in events if "ts" in e]
+    try:  # a merged trace's are numbers: compared as they are, without a float() per event
+        first = float(min(starts, default=0.0))
+    except TypeError:  # one written as a string
+        first = min(map(float, starts))
     return 0 if first >= 0 else int(-first // 1_000_000) + 1
 
 
