@@ -228,6 +228,9 @@ def place_python_events(
     slope = drift / (t1 - t0) if t1 > t0 else 0.0
     span = t1 - t0
     append = timed.append
+    last_pid: Any = _UNRUN  # no event's: the first call looks its thread up
+    last_tid: Any = _UNRUN
+    thread_calls: list[dict[str, Any]] = []
     for event in events:
         get = event.get
         ph = get("ph")
@@ -272,7 +275,11 @@ def place_python_events(
             event["ts"] = 0.0
             fixed += 1
         if not unrun:
-            calls[(get("pid"), get("tid"))].append(event)
+            pid, tid = get("pid"), get("tid")
+            if tid != last_tid or pid != last_pid:  # a thread's calls come in runs: one lookup per run
+                last_pid, last_tid = pid, tid
+                thread_calls = calls[(pid, tid)]
+            thread_calls.append(event)
     return timed, meta, calls, fixed, dropped
 
 

@@ -260,21 +260,23 @@ def untangle_annotations(
     # A cut parent can leave a child (placed within the calibration's uncertainty) sticking out.
     threads.cut.update(call_key(call) for call, _, _ in cuts.values())
     for key, calls in python.items():
-        ends: list[float] = []  # the open calls' ends, innermost last
+        # the open calls' ends, innermost last, above a NaN that no comparison pops or cuts against
+        ends: list[float] = [math.nan]
+        pop, push = ends.pop, ends.append
         for call in outer_first(calls):
             ts = call["ts"]
             dur = call["dur"]
             end = ts + dur
-            while ends and ends[-1] <= ts:
-                ends.pop()
-            if ends and end > ends[-1]:
+            while ends[-1] <= ts:
+                pop()
+            if end > ends[-1]:
                 _set_bounds(call, ts, ends[-1])
                 cuts[id(call)] = (call, 0.0, 0.0)
                 threads.cut.add(key)
                 ts = call["ts"]
                 dur = call["dur"]
                 end = ts + dur
-            ends.append(end)
+            push(end)
             if snap:
                 if type(ts) is not float or type(dur) is not float:
                     ts = float(ts)
