@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as lp
 import pytest
@@ -17,10 +18,13 @@ from conftest import (
     recorded_name,
     trace_files,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.analysis.filters import PythonFilter, filter_python_events
 from vt_lightning.analysis.merge import PYTHON_CATEGORY
+from vt_lightning.analysis.workers import ThreadCalls, place_events, worker_to_main_us
 
 TESTS = str(Path(__file__).parent)
 LIGHTNING = os.path.dirname(lp.__file__)
@@ -129,3 +133,35 @@ def test_filter_rules_on_a_synthetic_stack():
     # metadata events pass through untouched
     kept, stats = filter_python_events([dict(e) for e in events], PythonFilter(max_depth=1, **base))
     assert kept[0]["ph"] == "M" and stats.own == 2 and stats.filtered == 3
+
+
+_event = st.fixed_dictionaries(
+    {
+        "ph": st.sampled_from(["X", "X", "X", "B", "i", "M"]),
+        "name": st.sampled_from(["f (/u/a.py:1)", f"g ({PACKAGE}/x.py:2)", "builtins.len", "thread_name"]),
+        "pid": st.integers(1, 2),
+        "tid": st.integers(1, 3),
+    },
+    optional={
+        "ts": st.floats(min_value=0, max_value=100, allow_nan=False),
+        "dur": st.floats(min_value=0, max_value=50, allow_nan=False),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_event, max_size=15), st.lists(_event, max_size=25), st.sampled_from([-1, 1]))
+@pytest.mark.unit
+def test_a_workers_events_grouped_as_they_are_placed_filter_as_if_they_followed(
+    main: list[dict[str, Any]], worker: list[dict[str, Any]], max_depth: int
+) -> None:
+    # The writer groups a DataLoader worker's events while it places them on the main clock, so
+    # the filter does not walk them again: what it keeps, and in which order, must not change.
+    clock = worker_to_main_us([(0.0, 0), (5000.0, 5_000_000)], [(0.0, 7_000), (9000.0, 9_007_000)])
+    grouped: ThreadCalls = ({}, [])
+    placed = place_events([dict(e) for e in worker], clock, {3}, grouped)
+    rules = PythonFilter(max_depth=max_depth)
+    flat, flat_stats = filter_python_events([dict(e) for e in main] + [dict(e) for e in placed], rules)
+    by_groups, group_stats = filter_python_events([dict(e) for e in main], rules, grouped)
+    assert by_groups == flat
+    assert group_stats == flat_stats

@@ -7,12 +7,24 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vt_lightning.analysis.clock import Calibration, ClockPair
-from vt_lightning.analysis.merge import PYTHON_CATEGORY, merge_trace
+from vt_lightning.analysis.merge import (
+    PYTHON_CATEGORY,
+    STAMP_JITTER_US,
+    merge_metadata_events,
+    merge_trace,
+    rebase_events,
+    settle_contract,
+    shift_python_events,
+    snap_to_nanoseconds,
+    time_origin_us,
+)
+from vt_lightning.analysis.nesting import repair_boundaries, separate_crossing_ranges, untangle_annotations
 
 BASE_NS = 1_700_000_000_000_000_000
 
@@ -90,3 +102,89 @@ def test_unrun_steps_leave_and_are_not_cut_around_while_broken_events_are_fixed(
     hook = next(e for e in events if e["name"] == "hook (a.py:1)")
     assert (hook["ts"], hook["dur"]) == (45.0, 15.0) and "args" not in hook
     assert merged["vt_lightning"]["nesting"]["cut_at_annotations"] == 0
+
+
+def _passes_apart(
+    torch_trace: dict[str, Any], python_events: list[dict[str, Any]], calibration: Calibration, steps: list[int]
+) -> tuple[list[dict[str, Any]], int, int]:
+    """``merge_trace``'s events as its passes make them run one after the other, each over the whole
+    window (before issue 39 fused the shift, the contract and the snap into the loops around them)."""
+    torch_events = list(torch_trace["traceEvents"])
+    origin = time_origin_us(torch_events)
+    rebase_events(torch_events, origin)
+    timed, meta = shift_python_events(python_events, calibration, origin)
+    events = merge_metadata_events(torch_events, meta)
+    events.extend(timed)
+    fixed, threads = settle_contract(events, steps)
+    repair_boundaries(events, calibration.uncertainty_us + STAMP_JITTER_US, threads)
+    cut = untangle_annotations(events, threads)
+    snap_to_nanoseconds(events)
+    separate_crossing_ranges(events, threads, calls_nest=True)
+    return events, fixed, cut
+
+
+torch_event = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "ph": st.just("X"),
+            "cat": st.sampled_from(["cpu_op", "user_annotation", "python_function", "gpu_user_annotation"]),
+            "name": st.sampled_from(["aten::mm", "ProfilerStep#0", "ProfilerStep#1", "[pl][module]m: x", "## Call"]),
+            "pid": st.just(1),
+            "tid": st.integers(1, 2),
+            "ts": st.floats(min_value=0, max_value=300, allow_nan=False).map(lambda t: 4.5e12 + round(t, 3)),
+            "dur": st.floats(min_value=0, max_value=150, allow_nan=False).map(lambda t: round(t, 3)),
+        }
+    ),
+    st.fixed_dictionaries(  # an allocation: an instant, snapped like every timed event
+        {
+            "ph": st.just("i"),
+            "name": st.just("[memory]"),
+            "pid": st.just(1),
+            "tid": st.integers(1, 2),
+            "ts": st.floats(min_value=0, max_value=300, allow_nan=False).map(lambda t: 4.5e12 + t),
+        }
+    ),
+)
+python_event = st.one_of(
+    call.map(lambda c: {**c, "ts": c["ts"] + 0.123456789}),  # nanoseconds' digits for the snap to round
+    st.fixed_dictionaries(  # broken or unusual ones the contract fixes or keeps
+        {
+            "ph": st.sampled_from(["X", "i", "C", "M"]),
+            "name": st.sampled_from([3, "ProfilerStep#1", "thread_name", "gc"]),
+            "pid": st.just(1),
+            "tid": st.integers(1, 3),
+        },
+        optional={
+            "ts": st.floats(min_value=-5, max_value=200, allow_nan=False),
+            "dur": st.integers(0, 50),
+            "cat": st.sampled_from(["gc", 7]),
+        },
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(torch_event, max_size=12),
+    st.lists(python_event, max_size=30),
+    st.floats(min_value=-3, max_value=3, allow_nan=False),  # drift over the window, µs
+    st.floats(min_value=0, max_value=0.4, allow_nan=False),  # the calibration's round trip, µs
+    st.sampled_from([[0], [0, 1], []]),
+)
+@pytest.mark.unit
+def test_the_fused_merge_writes_the_bytes_of_its_passes_run_apart(
+    torch_events: list[dict[str, Any]],
+    python_events: list[dict[str, Any]],
+    drift_us: float,
+    round_trip_us: float,
+    steps: list[int],
+) -> None:
+    start = ClockPair(python_us=0.0, wall_ns=BASE_NS + 4_500_000_000_000_000, round_trip_us=round_trip_us)
+    end = ClockPair(python_us=250.0, wall_ns=start.wall_ns + 250_000 + round(drift_us * 1000), round_trip_us=0.0)
+    calibration = Calibration(start, end, BASE_NS)
+    copy = orjson.loads(orjson.dumps([torch_events, python_events]))
+    expected, fixed, cut = _passes_apart({"traceEvents": copy[0]}, copy[1], calibration, steps)
+    merged = merge_trace({"traceEvents": torch_events}, python_events, calibration, {"version": "t", "steps": steps})
+    assert orjson.dumps(merged["traceEvents"]) == orjson.dumps(expected)  # the same doubles, keys and order
+    assert merged["vt_lightning"].get("contract_fixes", 0) == fixed
+    assert merged["vt_lightning"]["nesting"]["cut_at_annotations"] == cut

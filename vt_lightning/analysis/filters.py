@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -35,6 +35,7 @@ from vt_lightning.analysis.usercode import PACKAGE_ROOT, framework_dirs, library
 
 # VizTracer names a Python call "<qualname> (<file>:<first line>)"; C calls have no location.
 _TS = itemgetter("ts")
+_NAME = itemgetter("name")
 _LOCATION = re.compile(r" \((.*):(\d+)\)$")
 _EPSILON_US = 1e-4  # VizTracer writes ns-resolution µs; sums of two such floats differ by less
 
@@ -136,8 +137,14 @@ class FilterStats:
         return {"kept": self.kept, "dropped_own": self.own, "dropped_by_filters": self.filtered}
 
 
-def filter_python_events(events: list[dict[str, Any]], rules: PythonFilter) -> tuple[list[dict[str, Any]], FilterStats]:
+def filter_python_events(
+    events: list[dict[str, Any]],
+    rules: PythonFilter,
+    grouped: tuple[Mapping[tuple[Any, Any], list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
+) -> tuple[list[dict[str, Any]], FilterStats]:
     """Keep the calls ``rules`` select, on every thread; non-call events (metadata) pass through.
+    ``grouped``: more events after ``events``, already grouped as here (calls per (pid, tid),
+    the rest apart; ``workers.place_events`` groups a DataLoader worker's as it reads them).
 
     One pass per thread over its calls sorted by start, with a stack of the open ones: a call's
     ancestry decides its depth and whether it runs inside vt_lightning. What depends on the name
@@ -148,10 +155,16 @@ def filter_python_events(events: list[dict[str, Any]], rules: PythonFilter) -> t
     by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
     out: list[dict[str, Any]] = []
     for event in events:
-        if event.get("ph") in ("X", "B") and "ts" in event:
-            by_thread[(event.get("pid"), event.get("tid"))].append(event)
+        get = event.get
+        if get("ph") in ("X", "B") and "ts" in event:
+            by_thread[(get("pid"), get("tid"))].append(event)
         else:
             out.append(event)
+    if grouped is not None:  # as if they followed ``events``
+        more_calls, more_others = grouped
+        for key, thread_events in more_calls.items():
+            by_thread[key].extend(thread_events)
+        out.extend(more_others)
     # name -> (has a location, ours, starts the user's code, under include_files, under exclude_files)
     facts: dict[str, tuple[bool, bool, bool, bool, bool]] = {}
     include, exclude, max_depth = rules.include, rules.exclude, rules.max_depth
@@ -179,7 +192,10 @@ def filter_python_events(events: list[dict[str, Any]], rules: PythonFilter) -> t
     for unordered in by_thread.values():
         calls = outer_first(unordered, _TS, _DUR_OR_ZERO)  # by (ts, -dur)
         if not select:  # only vt_lightning's own calls go: a thread with none of them is kept whole
-            names = {event.get("name", "") for event in calls}
+            try:
+                names = set(map(_NAME, calls))  # at C speed: VizTracer names every call
+            except KeyError:
+                names = {event.get("name", "") for event in calls}
             if not any((facts.get(n) or facts.setdefault(n, name_facts(n)))[1] for n in names):
                 kept += len(calls)
                 out.extend(calls)

@@ -202,7 +202,10 @@ def _calls_of_threads(
     allocated only: a DataLoader worker's (most of a window's events when workers are traced) or a
     helper thread's calls enclose no allocation of this trace."""
     calls_by_thread: dict[_Thread, list[tuple[float, float, str]]] = {key: [] for key in threads}
-    for event in events:
+    tids = {tid for _, tid in calls_by_thread}
+    # The threads' events picked first by a comprehension (~5x cheaper per event than the loop's
+    # checks): most of a window's are a DataLoader worker's, which allocated nothing here.
+    for event in [e for e in events if e.get("tid") in tids]:
         if event.get("ph") != "X":
             continue
         calls = calls_by_thread.get((event.get("pid"), event.get("tid")))

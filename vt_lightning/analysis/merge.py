@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ import orjson
 
 from vt_lightning.analysis.clock import Calibration
 from vt_lightning.analysis.nesting import (
+    Thread,
     ThreadSpans,
     repair_boundaries,
     separate_crossing_ranges,
@@ -162,8 +164,22 @@ def settle_contract(events: list[dict[str, Any]], steps: Iterable[int] | None) -
     cat/ts/dur (the trace contract), remove the ``ProfilerStep#N`` ranges opened for a batch that
     never ran (training ended first; only when ``steps`` is given), and group the rest into
     ``ThreadSpans``. Returns (events fixed, the groups); ``events`` loses the unrun steps in place."""
+    fixed, threads, dropped = _settle(events, _ran(steps), snap=False)
+    if dropped:
+        events[:] = [e for e in events if e["name"] is not _UNRUN]
+    return fixed, threads
+
+
+def _ran(steps: Iterable[int] | None) -> set[str] | None:
+    return {f"{STEP_PREFIX}{step}" for step in steps} if steps is not None else None
+
+
+def _settle(events: list[dict[str, Any]], ran: set[str] | None, snap: bool) -> tuple[int, ThreadSpans, bool]:
+    """``settle_contract`` less the removal (returns whether an unrun step was marked). ``snap``:
+    put every event that is not X on the nanosecond grid as ``snap_to_nanoseconds`` would (no
+    nesting pass reads them)."""
     threads = ThreadSpans()
-    ran = {f"{STEP_PREFIX}{step}" for step in steps} if steps is not None else None
+    add = threads.add
     dropped = False
     fixed = 0
     for event in events:
@@ -173,9 +189,11 @@ def settle_contract(events: list[dict[str, Any]], steps: Iterable[int] | None) -
             fixed += 1
         unrun = ran is not None and name.startswith(STEP_PREFIX) and name not in ran
         if unrun:
-            event["name"] = _UNRUN  # marked: the list is rebuilt without them below
+            event["name"] = _UNRUN  # marked: the list is rebuilt without them by the caller
             dropped = True
         if event.get("ph") != "X":
+            if snap and "ts" in event:
+                event["ts"] = round(float(event["ts"]) * 1000) / 1000
             continue
         cat = event.get("cat")
         if not isinstance(cat, str):
@@ -188,10 +206,93 @@ def settle_contract(events: list[dict[str, Any]], steps: Iterable[int] | None) -
             event["dur"] = 0.0
             fixed += 1
         if not unrun:
-            threads.add(event, cat, name)
-    if dropped:
-        events[:] = [e for e in events if e["name"] is not _UNRUN]
-    return fixed, threads
+            add(event, cat, name)
+    return fixed, threads, dropped
+
+
+def place_python_events(
+    events: Iterable[dict[str, Any]], calibration: Calibration, origin_us: int, ran: set[str] | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[Thread, list[dict[str, Any]]], int, bool]:
+    """``shift_python_events`` and, in the same pass, what ``_settle`` does to the events it
+    returns (the contract, the unrun steps' marks, the grouping of the calls per thread) and the
+    snap of those that are not X. Returns (timed, metadata, calls per thread, fixed, marked):
+    one loop over the Python events, most of a window's, where there were three. The same
+    operations in the same order as the passes apart: the same doubles, the same keys."""
+    timed: list[dict[str, Any]] = []
+    meta: list[dict[str, Any]] = []
+    calls: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+    fixed = 0
+    dropped = False
+    t0, t1 = calibration.start.python_us, calibration.end.python_us
+    offset, drift = calibration.offset_us - origin_us, calibration.drift_us
+    slope = drift / (t1 - t0) if t1 > t0 else 0.0
+    span = t1 - t0
+    append = timed.append
+    last_pid: Any = _UNRUN  # no event's: the first call looks its thread up
+    last_tid: Any = _UNRUN
+    thread_calls: list[dict[str, Any]] = []
+    for event in events:
+        get = event.get
+        ph = get("ph")
+        if ph == "M":
+            meta.append(event)
+            continue
+        is_x = ph == "X"
+        has_ts = "ts" in event
+        if has_ts:
+            ts = float(event["ts"])
+            since = ts - t0
+            drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
+            start = ts + offset + drifted
+            event["ts"] = start
+            if is_x:
+                end_py = ts + float(get("dur", 0.0))
+                since = end_py - t0
+                drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
+                end = end_py + offset + drifted
+                event["dur"] = end - start if end > start else 0.0
+        if is_x:
+            event["cat"] = PYTHON_CATEGORY
+            if "dur" not in event:
+                event["dur"] = 0.0
+        elif not isinstance(get("cat"), str):
+            event["cat"] = PYTHON_CATEGORY
+        append(event)
+        # _settle's part
+        name = get("name")
+        if not isinstance(name, str):
+            name = event["name"] = str(get("name", ""))
+            fixed += 1
+        unrun = ran is not None and name.startswith(STEP_PREFIX) and name not in ran
+        if unrun:
+            event["name"] = _UNRUN
+            dropped = True
+        if not is_x:
+            if has_ts:  # snap_to_nanoseconds' part: no nesting pass reads an event that is not X
+                event["ts"] = round(start * 1000) / 1000
+            continue
+        if not has_ts:
+            event["ts"] = 0.0
+            fixed += 1
+        if not unrun:
+            pid, tid = get("pid"), get("tid")
+            if tid != last_tid or pid != last_pid:  # a thread's calls come in runs: one lookup per run
+                last_pid, last_tid = pid, tid
+                thread_calls = calls[(pid, tid)]
+            thread_calls.append(event)
+    return timed, meta, calls, fixed, dropped
+
+
+def _snap_spans(groups: Iterable[Mapping[Thread, list[dict[str, Any]]]]) -> None:
+    """``snap_to_nanoseconds`` of the X events in ``groups`` (``ThreadSpans``' kinds)."""
+    for group in groups:
+        for thread_events in group.values():
+            for event in thread_events:
+                ts = float(event["ts"])
+                start = round(ts * 1000)
+                end = round((ts + float(event["dur"])) * 1000)
+                event["dur"] = (end - start if end > start else 0) / 1000
+                event["ts"] = start / 1000
 
 
 def merge_trace(
@@ -205,14 +306,27 @@ def merge_trace(
     torch_events = list(torch_trace.get("traceEvents", []))
     origin_us = time_origin_us(torch_events)
     rebase_events(torch_events, origin_us)
-    timed, python_meta = shift_python_events(python_events, calibration, origin_us)
+    # The passes as shift_python_events, settle_contract, repair_boundaries, untangle_annotations
+    # and snap_to_nanoseconds run one after the other, fused: the Python events are shifted,
+    # settled and grouped in one loop, torch's after them (so each thread's events keep their
+    # order), the events no nesting pass reads are snapped as they are settled, the calls by the
+    # last loop of untangle_annotations, the torch spans once the calls are settled against them.
+    ran = _ran(vt_metadata.get("steps"))
+    timed, python_meta, calls, python_fixed, python_dropped = place_python_events(
+        python_events, calibration, origin_us, ran
+    )
     events = merge_metadata_events(torch_events, python_meta, thread_names)
+    fixed, threads, dropped = _settle(events, ran, snap=True)
+    for key, thread_calls in calls.items():
+        threads.python[key].extend(thread_calls)
+    fixed += python_fixed
     events.extend(timed)
-    fixed, threads = settle_contract(events, vt_metadata.get("steps"))
+    if dropped or python_dropped:
+        events[:] = [e for e in events if e["name"] is not _UNRUN]
     tolerance = calibration.uncertainty_us + STAMP_JITTER_US
     repaired, _ = repair_boundaries(events, tolerance, threads)
-    untangled = untangle_annotations(events, threads)
-    snap_to_nanoseconds(events)
+    untangled = untangle_annotations(events, threads, snap=True)
+    _snap_spans((threads.ops, threads.annotations, threads.other))
     moved, clamped = separate_crossing_ranges(events, threads, calls_nest=True)
 
     merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}

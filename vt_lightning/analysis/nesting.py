@@ -208,7 +208,9 @@ def count_crossings(events: list[dict[str, Any]], threads: ThreadSpans | None = 
     return crossings
 
 
-def untangle_annotations(events: list[dict[str, Any]], threads: ThreadSpans | None = None) -> int:
+def untangle_annotations(
+    events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, snap: bool = False
+) -> int:
     """Make Python calls nest with the annotation ranges they open or close.
 
     A range (``ProfilerStep#N``, ``[pl][...]``, a ``record_function``) starts inside the Python call
@@ -217,6 +219,9 @@ def untangle_annotations(events: list[dict[str, Any]], threads: ThreadSpans | No
     range's start that ends inside the range is cut at the range's start; each one open at its end
     that began inside the range starts at the range's end. The cut keeps its original bounds in
     ``args`` (``vt_lightning.ts`` / ``vt_lightning.dur``). Returns how many calls were cut.
+    ``snap``: its last loop, which visits every call once, also puts each on the nanosecond grid as
+    ``merge.snap_to_nanoseconds`` would once it is settled (later calls read only the ends kept on
+    the loop's stack, from before the snap), saving ``merge_trace`` a pass over the calls.
     """
     threads = threads if threads is not None else ThreadSpans(events)
     python, ranges = threads.python, threads.annotations
@@ -255,18 +260,31 @@ def untangle_annotations(events: list[dict[str, Any]], threads: ThreadSpans | No
     # A cut parent can leave a child (placed within the calibration's uncertainty) sticking out.
     threads.cut.update(call_key(call) for call, _, _ in cuts.values())
     for key, calls in python.items():
-        ends: list[float] = []  # the open calls' ends, innermost last
+        # the open calls' ends, innermost last, above a NaN that no comparison pops or cuts against
+        ends: list[float] = [math.nan]
+        pop, push = ends.pop, ends.append
         for call in outer_first(calls):
             ts = call["ts"]
-            end = ts + call["dur"]
-            while ends and ends[-1] <= ts:
-                ends.pop()
-            if ends and end > ends[-1]:
+            dur = call["dur"]
+            end = ts + dur
+            while ends[-1] <= ts:
+                pop()
+            if end > ends[-1]:
                 _set_bounds(call, ts, ends[-1])
                 cuts[id(call)] = (call, 0.0, 0.0)
                 threads.cut.add(key)
-                end = call["ts"] + call["dur"]
-            ends.append(end)
+                ts = call["ts"]
+                dur = call["dur"]
+                end = ts + dur
+            push(end)
+            if snap:
+                if type(ts) is not float or type(dur) is not float:
+                    ts = float(ts)
+                    end = ts + float(dur)
+                start_ns = round(ts * 1000)
+                end_ns = round(end * 1000)
+                call["dur"] = (end_ns - start_ns if end_ns > start_ns else 0) / 1000
+                call["ts"] = start_ns / 1000
     return len(cuts)
 
 

@@ -25,7 +25,12 @@ NO_LIMIT = 2**62  # an epoch of unknown length (an iterable dataset without ``__
 FETCH_CATEGORY = "dataloader"
 TOP_WORKER_PYTHON = 5
 
-Range = tuple[int, int]  # [first, end) global batch indices of a window's active batches
+Range = tuple[int, int]
+# Events grouped as filters.filter_python_events groups them: the calls (X and B events with a
+# start) per (pid, tid) in their order, and the rest in theirs.
+ThreadCalls = tuple[
+    dict[tuple[Any, Any], list[dict[str, Any]]], list[dict[str, Any]]
+]  # [first, end) global batch indices of a window's active batches
 
 
 def upcoming_ranges(schedule: Schedule, step: int, count: int = PLAN_SLOTS) -> list[Range]:
@@ -107,29 +112,55 @@ def worker_to_main_us(worker: Sequence[ClockReading], main: Sequence[ClockReadin
     return LinearClock(_line(worker), _line(main))
 
 
-def place_events(events: list[dict[str, Any]], to_main_us: LinearClock, drop_tids: set[int]) -> int:
-    """Move a worker's VizTracer events onto the main process's clock in place (start and end each
-    mapped); drop the worker's own helper thread (``drop_tids``). Returns the events kept."""
+def place_events(
+    events: Iterable[dict[str, Any]],
+    to_main_us: LinearClock,
+    drop_tids: set[int],
+    grouped: ThreadCalls | None = None,
+) -> list[dict[str, Any]]:
+    """A worker's VizTracer events moved onto the main process's clock in place (start and end each
+    mapped), less its own helper thread's (``drop_tids``) and its ``process_name`` (the writer
+    names the worker's process): the events kept, in their order. One pass as the dump is read.
+    ``grouped``: also file each kept event as ``filters.filter_python_events`` groups them (its
+    calls per thread, the rest apart), so that the filter need not walk them again."""
     # LinearClock.__call__ inlined, the same operations in the same order (the same doubles): this
     # loop runs once per worker event, most of a window's events.
     wx, wy, wslope = to_main_us.wx, to_main_us.wy, to_main_us.wslope
     mx, my, mslope = to_main_us.mx, to_main_us.my, to_main_us.mslope
     kept: list[dict[str, Any]] = []
     append = kept.append
+    threads, others = grouped if grouped is not None else ({}, [])
+    last_pid: Any = drop_tids  # no event's: the first call looks its thread up
+    last_tid: Any = drop_tids
+    thread_calls: list[dict[str, Any]] = []
     for event in events:
-        if event.get("tid") in drop_tids:
+        get = event.get
+        tid = get("tid")
+        if tid in drop_tids:
+            continue
+        ph = get("ph")
+        if ph == "M" and get("name") == "process_name":
             continue
         if "ts" in event:
             ts = float(event["ts"])
             start = mx + ((wy + (ts - wx) * wslope) - my) / mslope
-            if event.get("ph") == "X":
-                end = mx + ((wy + ((ts + float(event.get("dur", 0.0))) - wx) * wslope) - my) / mslope
+            if ph == "X":
+                end = mx + ((wy + ((ts + float(get("dur", 0.0))) - wx) * wslope) - my) / mslope
                 dur = end - start
                 event["dur"] = 0.0 if dur < 0.0 else dur  # max(dur, 0.0) without the call
             event["ts"] = start
+            if grouped is not None and (ph == "X" or ph == "B"):
+                pid = get("pid")
+                if tid != last_tid or pid != last_pid:  # a thread's calls come in runs
+                    last_pid, last_tid = pid, tid
+                    thread_calls = threads.setdefault((pid, tid), [])
+                thread_calls.append(event)
+                append(event)
+                continue
+        if grouped is not None:
+            others.append(event)
         append(event)
-    events[:] = kept
-    return len(kept)
+    return kept
 
 
 def process_name(rank: int, worker_id: int) -> str:
@@ -184,7 +215,11 @@ def main_sort_index(events: Iterable[Mapping[str, Any]], workers: set[int]) -> i
 def seconds_to_lower(events: Iterable[Mapping[str, Any]]) -> int:
     """Whole seconds to move the time origin down so no event starts before it (a worker fetches
     its batches ahead, possibly before the first torch event the origin was taken from)."""
-    first = min((float(e["ts"]) for e in events if "ts" in e), default=0.0)
+    starts = [e["ts"] for e in events if "ts" in e]
+    try:  # a merged trace's are numbers: compared as they are, without a float() per event
+        first = float(min(starts, default=0.0))
+    except TypeError:  # one written as a string
+        first = min(map(float, starts))
     return 0 if first >= 0 else int(-first // 1_000_000) + 1
 
 

@@ -215,16 +215,17 @@ def _python_events(
     get what the filter and the compile watch report."""
     python_events = python.get("traceEvents", [])
     workers = collect_worker_dumps(job.extras.get("workers"))
-    if workers is not None:
-        python_events = [*python_events, *workers.events]
-    if job.python_filter is not None:
-        python_events, filter_stats = filter_python_events(python_events, job.python_filter)
+    if job.python_filter is not None:  # the workers' events follow, grouped as the filter groups
+        grouped = workers.grouped if workers is not None else None
+        python_events, filter_stats = filter_python_events(python_events, job.python_filter, grouped)
         metadata["python_filter"] = filter_stats.as_dict()
         if job.python_filter.user_filters and filter_stats.kept == 0 and filter_stats.filtered:
             notes.append(
                 f"include_files / exclude_files / max_stack_depth kept none of the "
                 f"{filter_stats.filtered} Python calls recorded; check the paths"
             )
+    elif workers is not None:
+        python_events = [*python_events, *workers.events]
     gc_pauses = job.extras.get("gc")
     if isinstance(gc_pauses, dict) and gc_pauses.get("events"):  # recording/gc_watch.py, on the Python clock
         # Copies: merging moves events in place, and the job stays as handed over (a retry of

@@ -18,6 +18,7 @@ from vt_lightning.analysis.proc_stat import scheduler_state
 from vt_lightning.analysis.schema import Workers
 from vt_lightning.analysis.steps import WindowData
 from vt_lightning.analysis.workers import (
+    ThreadCalls,
     lower_origin,
     main_sort_index,
     place_events,
@@ -38,6 +39,8 @@ class WorkerDumps:
     """The workers' events of one window, on the main process's VizTracer clock."""
 
     events: list[dict[str, Any]] = field(default_factory=list)
+    # ``events`` as the filter groups them (``workers.ThreadCalls``): it need not walk them again
+    grouped: ThreadCalls = field(default_factory=lambda: ({}, []))
     workers: list[dict[str, Any]] = field(default_factory=list)  # pid, worker, rank, fetches (main µs)
     missing: list[str] = field(default_factory=list)
 
@@ -119,12 +122,9 @@ def collect_worker_dumps(extras: dict[str, Any] | None) -> WorkerDumps | None:
             out.missing.append(f"a DataLoader worker's events could not be read ({type(err).__name__}: {err})")
             continue
         to_main = worker_to_main_us([(float(u), int(n)) for u, n in meta["clock"]], main_clock)
-        events = [
-            e for e in dump.get("traceEvents", []) if not (e.get("ph") == "M" and e.get("name") == "process_name")
-        ]
-        events += library_spans(meta)
-        place_events(events, to_main, {int(t) for t in meta.get("helper_tids", [])})
-        out.events.extend(events)
+        helper_tids = {int(t) for t in meta.get("helper_tids", [])}
+        out.events += place_events(dump.get("traceEvents", []), to_main, helper_tids, out.grouped)
+        out.events += place_events(library_spans(meta), to_main, helper_tids, out.grouped)
         if dump.get("viztracer_metadata", {}).get("overflow"):
             out.missing.append(
                 f"DataLoader worker {meta['worker']} filled its ring buffer: only its last events are kept"
