@@ -5,6 +5,7 @@ the unrun steps' removal and the per-thread grouping done in one pass behave as 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -14,17 +15,22 @@ from hypothesis import strategies as st
 
 from vt_lightning.analysis.clock import Calibration, ClockPair
 from vt_lightning.analysis.merge import (
+    FALLBACK_CATEGORY,
     PYTHON_CATEGORY,
     STAMP_JITTER_US,
     merge_metadata_events,
     merge_trace,
     rebase_events,
-    settle_contract,
-    shift_python_events,
     snap_to_nanoseconds,
     time_origin_us,
 )
-from vt_lightning.analysis.nesting import repair_boundaries, separate_crossing_ranges, untangle_annotations
+from vt_lightning.analysis.nesting import (
+    ThreadSpans,
+    repair_boundaries,
+    separate_crossing_ranges,
+    untangle_annotations,
+)
+from vt_lightning.constants import STEP_PREFIX
 
 BASE_NS = 1_700_000_000_000_000_000
 
@@ -102,6 +108,75 @@ def test_unrun_steps_leave_and_are_not_cut_around_while_broken_events_are_fixed(
     hook = next(e for e in events if e["name"] == "hook (a.py:1)")
     assert (hook["ts"], hook["dur"]) == (45.0, 15.0) and "args" not in hook
     assert merged["vt_lightning"]["nesting"]["cut_at_annotations"] == 0
+
+
+def shift_python_events(
+    events: Iterable[dict[str, Any]], calibration: Calibration, origin_us: int = 0
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Place VizTracer events on torch's timeline (less ``origin_us``). Returns (timed, metadata).
+
+    Start and end of each call go through the same monotonic map (offset plus interpolated drift),
+    so calls that nest on VizTracer's clock nest on torch's; shifting ``ts`` alone and keeping
+    ``dur`` would let a child outlast its parent by the drift accumulated between their starts.
+    """
+    timed: list[dict[str, Any]] = []
+    meta: list[dict[str, Any]] = []
+    # Calibration.python_to_torch_us, inlined: this loop runs once per Python event.
+    t0, t1 = calibration.start.python_us, calibration.end.python_us
+    offset, drift = calibration.offset_us - origin_us, calibration.drift_us
+    slope = drift / (t1 - t0) if t1 > t0 else 0.0
+    span = t1 - t0
+    for event in events:
+        ph = event.get("ph")
+        if ph == "M":
+            meta.append(event)
+            continue
+        if "ts" in event:
+            ts = float(event["ts"])
+            # slope * (ts - t0) clamped to [0, span], written out: min()/max() calls cost a third
+            # of this loop, which runs once per Python event.
+            since = ts - t0
+            drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
+            start = ts + offset + drifted
+            event["ts"] = start
+            if ph == "X":
+                end_py = ts + float(event.get("dur", 0.0))
+                since = end_py - t0
+                drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
+                end = end_py + offset + drifted
+                event["dur"] = end - start if end > start else 0.0
+        if ph == "X":
+            event["cat"] = PYTHON_CATEGORY
+            event.setdefault("dur", 0.0)
+        elif not isinstance(event.get("cat"), str):
+            event["cat"] = PYTHON_CATEGORY
+        timed.append(event)
+    return timed, meta
+
+
+def settle_contract(events: list[dict[str, Any]], steps: list[int]) -> tuple[int, ThreadSpans]:
+    """Every event named, every X event with a string cat and a ts and dur (counting the fixes, an
+    unrun step's too), the ``ProfilerStep#N`` ranges of batches that never ran removed, the rest
+    grouped: the contract as its own pass."""
+    ran = {f"{STEP_PREFIX}{step}" for step in steps}
+    fixed = 0
+    kept = []
+    for event in events:
+        if not isinstance(event.get("name"), str):
+            event["name"] = str(event.get("name", ""))
+            fixed += 1
+        if event.get("ph") == "X":
+            if not isinstance(event.get("cat"), str):
+                event["cat"] = FALLBACK_CATEGORY
+                fixed += 1
+            for key in ("ts", "dur"):
+                if key not in event:
+                    event[key] = 0.0
+                    fixed += 1
+        if not (event["name"].startswith(STEP_PREFIX) and event["name"] not in ran):
+            kept.append(event)
+    events[:] = kept
+    return fixed, ThreadSpans(events)
 
 
 def _passes_apart(

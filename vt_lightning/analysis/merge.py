@@ -32,7 +32,7 @@ from vt_lightning.constants import (
 
 FALLBACK_CATEGORY = "unknown"
 _SPACED_KEYS = ("distributedInfo",)
-_UNRUN = "\0unrun step"  # the name settle_contract marks an unrun step's range with, compared by identity
+_UNRUN = "\0unrun step"  # the name _settle marks an unrun step's range with, compared by identity
 # Beyond the calibration's uncertainty, each tracer stamps an event a little after or before the
 # instant it describes (VizTracer in its profile hook, torch in its op callbacks). With wall-clock
 # calibration, residual crossings of up to ~0.1 µs were measured between a Python call and the op
@@ -88,50 +88,6 @@ def snap_to_nanoseconds(events: Iterable[dict[str, Any]]) -> None:
         event["ts"] = start / 1000
 
 
-def shift_python_events(
-    events: Iterable[dict[str, Any]], calibration: Calibration, origin_us: int = 0
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Place VizTracer events on torch's timeline (less ``origin_us``). Returns (timed, metadata).
-
-    Start and end of each call go through the same monotonic map (offset plus interpolated drift),
-    so calls that nest on VizTracer's clock nest on torch's; shifting ``ts`` alone and keeping
-    ``dur`` would let a child outlast its parent by the drift accumulated between their starts.
-    """
-    timed: list[dict[str, Any]] = []
-    meta: list[dict[str, Any]] = []
-    # Calibration.python_to_torch_us, inlined: this loop runs once per Python event.
-    t0, t1 = calibration.start.python_us, calibration.end.python_us
-    offset, drift = calibration.offset_us - origin_us, calibration.drift_us
-    slope = drift / (t1 - t0) if t1 > t0 else 0.0
-    span = t1 - t0
-    for event in events:
-        ph = event.get("ph")
-        if ph == "M":
-            meta.append(event)
-            continue
-        if "ts" in event:
-            ts = float(event["ts"])
-            # slope * (ts - t0) clamped to [0, span], written out: min()/max() calls cost a third
-            # of this loop, which runs once per Python event.
-            since = ts - t0
-            drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
-            start = ts + offset + drifted
-            event["ts"] = start
-            if ph == "X":
-                end_py = ts + float(event.get("dur", 0.0))
-                since = end_py - t0
-                drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
-                end = end_py + offset + drifted
-                event["dur"] = end - start if end > start else 0.0
-        if ph == "X":
-            event["cat"] = PYTHON_CATEGORY
-            event.setdefault("dur", 0.0)
-        elif not isinstance(event.get("cat"), str):
-            event["cat"] = PYTHON_CATEGORY
-        timed.append(event)
-    return timed, meta
-
-
 def merge_metadata_events(
     torch_events: list[dict[str, Any]],
     python_meta: list[dict[str, Any]],
@@ -159,25 +115,17 @@ def merge_metadata_events(
     return out
 
 
-def settle_contract(events: list[dict[str, Any]], steps: Iterable[int] | None) -> tuple[int, ThreadSpans]:
-    """In one pass over the window's events: give every event a name and every X event a string
-    cat/ts/dur (the trace contract), remove the ``ProfilerStep#N`` ranges opened for a batch that
-    never ran (training ended first; only when ``steps`` is given), and group the rest into
-    ``ThreadSpans``. Returns (events fixed, the groups); ``events`` loses the unrun steps in place."""
-    fixed, threads, dropped = _settle(events, _ran(steps), snap=False)
-    if dropped:
-        events[:] = [e for e in events if e["name"] is not _UNRUN]
-    return fixed, threads
-
-
 def _ran(steps: Iterable[int] | None) -> set[str] | None:
     return {f"{STEP_PREFIX}{step}" for step in steps} if steps is not None else None
 
 
 def _settle(events: list[dict[str, Any]], ran: set[str] | None, snap: bool) -> tuple[int, ThreadSpans, bool]:
-    """``settle_contract`` less the removal (returns whether an unrun step was marked). ``snap``:
-    put every event that is not X on the nanosecond grid as ``snap_to_nanoseconds`` would (no
-    nesting pass reads them)."""
+    """In one pass over the window's events: give every event a name and every X event a string
+    cat/ts/dur (the trace contract), mark the ``ProfilerStep#N`` ranges opened for a batch that
+    never ran (training ended first; only when ``ran`` is given) for the caller to remove, and
+    group the rest into ``ThreadSpans``. Returns (events fixed, the groups, whether one was
+    marked). ``snap``: put every event that is not X on the nanosecond grid as
+    ``snap_to_nanoseconds`` would (no nesting pass reads them)."""
     threads = ThreadSpans()
     add = threads.add
     dropped = False
@@ -213,11 +161,16 @@ def _settle(events: list[dict[str, Any]], ran: set[str] | None, snap: bool) -> t
 def place_python_events(
     events: Iterable[dict[str, Any]], calibration: Calibration, origin_us: int, ran: set[str] | None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[Thread, list[dict[str, Any]]], int, bool]:
-    """``shift_python_events`` and, in the same pass, what ``_settle`` does to the events it
-    returns (the contract, the unrun steps' marks, the grouping of the calls per thread) and the
-    snap of those that are not X. Returns (timed, metadata, calls per thread, fixed, marked):
-    one loop over the Python events, most of a window's, where there were three. The same
-    operations in the same order as the passes apart: the same doubles, the same keys."""
+    """Place VizTracer events on torch's timeline (less ``origin_us``) and, in the same loop, do
+    what ``_settle`` does to them (the contract, the unrun steps' marks, the calls grouped per
+    thread) and snap those that are not X. Returns (timed, metadata, calls per thread, fixed,
+    marked). One loop over the Python events, most of a window's.
+
+    Start and end of each call go through the same monotonic map (offset plus interpolated drift),
+    so calls that nest on VizTracer's clock nest on torch's; shifting ``ts`` alone and keeping
+    ``dur`` would let a child outlast its parent by the drift accumulated between their starts.
+    ``tests/test_merge_passes.py`` holds the passes apart as the reference: the same doubles.
+    """
     timed: list[dict[str, Any]] = []
     meta: list[dict[str, Any]] = []
     calls: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
@@ -306,8 +259,8 @@ def merge_trace(
     torch_events = list(torch_trace.get("traceEvents", []))
     origin_us = time_origin_us(torch_events)
     rebase_events(torch_events, origin_us)
-    # The passes as shift_python_events, settle_contract, repair_boundaries, untangle_annotations
-    # and snap_to_nanoseconds run one after the other, fused: the Python events are shifted,
+    # The shift, the contract, repair_boundaries, untangle_annotations and the snap, fused (the
+    # passes apart: tests/test_merge_passes.py's reference): the Python events are shifted,
     # settled and grouped in one loop, torch's after them (so each thread's events keep their
     # order), the events no nesting pass reads are snapped as they are settled, the calls by the
     # last loop of untangle_annotations, the torch spans once the calls are settled against them.

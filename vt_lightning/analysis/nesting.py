@@ -100,7 +100,7 @@ class ThreadSpans:
 
     def add(self, event: dict[str, Any], cat: Any, name: str) -> None:
         """File one X event (its ``cat`` and ``name`` as read) under its thread and kind: callers
-        that already walk the events (``merge.settle_contract``) group them in the same pass."""
+        that already walk the events (the merge's contract loops) group them in the same pass."""
         key = (event.get("pid"), event.get("tid"))
         if cat == PYTHON_CATEGORY:
             self.python[key].append(event)
