@@ -177,8 +177,8 @@ class PythonStats:
         child_us = [0.0] * count
         stats: list[Stat] = [None] * count  # type: ignore[list-item]
         folds: list[Stat | None] = [None] * count
-        stack: list[int] = []
-        push = stack.append
+        stack: list[int] = [-1]  # open calls' indices on a sentinel -1, the parent of a top call
+        push, pop = stack.append, stack.pop
         entries: dict[str, float] = defaultdict(float)
         callees: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         opened: list[tuple[str | None, str | None, bool]] = []  # per call: user, entry, is_user
@@ -188,8 +188,8 @@ class PythonStats:
         for i, call in enumerate(ordered):
             start, name = call[0], call[2]
             parent = parents[i]
-            while stack and stack[-1] != parent:
-                done = stack.pop()
+            while stack[-1] != parent:
+                done = pop()
                 done_end = ends[done]
                 own = done_end - ordered[done][0] - child_us[done]
                 dstat = stats[done]
@@ -249,6 +249,7 @@ class PythonStats:
                 add_open((name, name, True) if is_user else (None, None, False))
             push(i)
             cursor = start
+        del stack[0]
         for done in stack:
             own = ends[done] - ordered[done][0] - child_us[done]
             if own > 0:
