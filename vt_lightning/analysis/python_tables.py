@@ -27,6 +27,7 @@ EntryTimes = tuple[dict[str, float], dict[str, dict[str, float]]]
 
 
 Key = TypeVar("Key")
+_OUTSIDE_USER = (None, None, False)  # ``sweep_entries``' (user, entry, is_user) of a top library call
 
 
 class Stat:
@@ -239,14 +240,18 @@ class PythonStats:
                 folds[i] = pstat
             if parent >= 0:
                 child_us[parent] += dur
-                user, entry, parent_is_user = opened[parent]
+                above = opened[parent]
+                user, entry, parent_is_user = above
                 if start > cursor and entry:
                     entries[entry] += start - cursor
                     if user and user != entry:
                         callees[entry][user] += start - cursor
-                add_open((name, entry if parent_is_user else name, True) if is_user else (user, entry, False))
+                if is_user:
+                    add_open((name, entry if parent_is_user else name, True))
+                else:  # a library call under a library call shares its parent's (equal) tuple
+                    add_open(above if not parent_is_user else (user, entry, False))
             else:
-                add_open((name, name, True) if is_user else (None, None, False))
+                add_open((name, name, True) if is_user else _OUTSIDE_USER)
             push(i)
             cursor = start
         del stack[0]
