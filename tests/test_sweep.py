@@ -181,3 +181,33 @@ def test_one_walk_gives_the_tables_and_the_entry_times_of_two(seed: int) -> None
     assert _listed(found_callees) == _listed(callees)
     assert _tables(fused, thread) == _tables(apart, thread)
     assert fused.info == apart.info and fused.package_of == apart.package_of
+
+
+def _nest_by_definition(calls: list[Any]) -> tuple[list[Any], list[float], list[int]]:
+    """``nest`` as its docstring defines it: one sort on (start, -end), then a stack of open calls."""
+    ordered = sorted(calls, key=lambda c: (c[0], -c[1]))
+    ends: list[float] = []
+    parents: list[int] = []
+    stack: list[int] = []
+    for i, (start, end, *_) in enumerate(ordered):
+        while stack and ends[stack[-1]] <= start:
+            stack.pop()
+        parent = stack[-1] if stack else -1
+        ends.append(min(end, ends[parent]) if parent >= 0 else end)
+        parents.append(parent)
+        stack.append(i)
+    return ordered, ends, parents
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_nest_of_calls_given_in_order_is_the_definitions(seed: int) -> None:
+    """A worker thread's calls come ordered by start, and ``nest`` then keeps them as given; calls
+    in start order that tie (the shorter first) or that are out of order must still come out
+    outer-first, with the same ends and parents."""
+    calls = _random_calls(seed)
+    in_order = sorted(calls, key=lambda c: (c[0], -c[1]))
+    distinct = list({c[0]: c for c in in_order}.values())  # strictly increasing starts
+    tie_shorter_first = sorted(calls, key=lambda c: (c[0], c[1]))
+    assert len(distinct) < len(in_order), "the random calls should have equal starts"
+    for given in (distinct, in_order, tie_shorter_first, calls):
+        assert nest(given) == _nest_by_definition(given)

@@ -27,13 +27,15 @@ EntryTimes = tuple[dict[str, float], dict[str, dict[str, float]]]
 
 
 Key = TypeVar("Key")
+_OUTSIDE_USER = (None, None, False)  # ``sweep_entries``' (user, entry, is_user) of a top library call
 
 
 class Stat:
-    __slots__ = ("calls", "functions", "inclusive_us", "self_us")
+    __slots__ = ("calls", "functions", "inclusive_us", "open_calls", "self_us")
 
     def __init__(self) -> None:
         self.calls = 0
+        self.open_calls = 0  # a sweep's calls of it still open (an attribute: cheaper than a dict)
         self.self_us = 0.0
         self.inclusive_us = 0.0
         self.functions: set[str] = set()
@@ -162,19 +164,22 @@ class PythonStats:
     def sweep_entries(self, thread: Thread, nested: Nested) -> EntryTimes:
         """``sweep(thread, nested, None)`` and ``verdicts/window.entry_times(nested)`` in one walk
         over a whole thread: the same tables, and the same entry times to the last bit (each sum
-        the same subtractions, added in the same order as the timeline's segments)."""
+        the same subtractions, added in the same order as the timeline's segments). Without phases
+        a function's fold line is fixed by its name, so one lookup per call finds both its stats
+        and whether it is the user's; each ``Stat`` counts its own open calls."""
         functions: dict[str, Stat] = {}
         packages: dict[FoldKey, Stat] = {}
         package_of, user_of = self.package_of, self.user
+        # name -> (its Stat, its fold line's Stat or None, the user's own code)
+        seen: dict[str, tuple[Stat, Stat | None, bool]] = {}
+        seen_get = seen.get
         ordered, ends, parents = nested
         count = len(ordered)
         child_us = [0.0] * count
         stats: list[Stat] = [None] * count  # type: ignore[list-item]
         folds: list[Stat | None] = [None] * count
-        fold_keys: list[FoldKey | None] = [None] * count
-        stack: list[int] = []
-        open_count: dict[str, int] = defaultdict(int)
-        open_folds: dict[FoldKey, int] = defaultdict(int)
+        stack: list[int] = [-1]  # open calls' indices on a sentinel -1, the parent of a top call
+        push, pop = stack.append, stack.pop
         entries: dict[str, float] = defaultdict(float)
         callees: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         opened: list[tuple[str | None, str | None, bool]] = []  # per call: user, entry, is_user
@@ -184,17 +189,19 @@ class PythonStats:
         for i, call in enumerate(ordered):
             start, name = call[0], call[2]
             parent = parents[i]
-            while stack and stack[-1] != parent:
-                done = stack.pop()
+            while stack[-1] != parent:
+                done = pop()
                 done_end = ends[done]
                 own = done_end - ordered[done][0] - child_us[done]
+                dstat = stats[done]
+                dfold = folds[done]
                 if own > 0:
-                    stats[done].self_us += own
-                    if folds[done] is not None:
-                        folds[done].self_us += own  # type: ignore[union-attr]
-                open_count[ordered[done][2]] -= 1
-                if fold_keys[done] is not None:
-                    open_folds[fold_keys[done]] -= 1  # type: ignore[index]
+                    dstat.self_us += own
+                    if dfold is not None:
+                        dfold.self_us += own
+                dstat.open_calls -= 1
+                if dfold is not None:
+                    dfold.open_calls -= 1
                 if done_end > cursor:
                     user, entry, _ = opened[done]
                     if entry:
@@ -203,43 +210,51 @@ class PythonStats:
                             callees[entry][user] += done_end - cursor
                 cursor = done_end
             dur = ends[i] - start
-            fstat = functions.get(name)
-            if fstat is None:
+            found = seen_get(name)
+            if found is None:
                 package = package_of.get(name)
                 if package is None:
                     package = self._describe(name)
                 fstat = functions[name] = Stat()
+                pstat = None
+                if package:
+                    fkey = (package, "")
+                    pstat = packages.get(fkey)
+                    if pstat is None:
+                        pstat = packages[fkey] = Stat()
+                    pstat.functions.add(name)
+                is_user = user_of[name]
+                seen[name] = (fstat, pstat, is_user)
             else:
-                package = package_of[name]
+                fstat, pstat, is_user = found
             stats[i] = fstat
             fstat.calls += 1
-            if not open_count[name]:
+            if not fstat.open_calls:
                 fstat.inclusive_us += dur
-            open_count[name] += 1
-            if package:
-                fkey = (package, "")
-                pstat = packages.get(fkey)
-                if pstat is None:
-                    pstat = packages[fkey] = Stat()
+            fstat.open_calls += 1
+            if pstat is not None:
                 pstat.calls += 1
-                pstat.functions.add(name)
-                if not open_folds[fkey]:
+                if not pstat.open_calls:
                     pstat.inclusive_us += dur
-                open_folds[fkey] += 1
-                folds[i], fold_keys[i] = pstat, fkey
-            is_user = user_of[name]
+                pstat.open_calls += 1
+                folds[i] = pstat
             if parent >= 0:
                 child_us[parent] += dur
-                user, entry, parent_is_user = opened[parent]
+                above = opened[parent]
+                user, entry, parent_is_user = above
                 if start > cursor and entry:
                     entries[entry] += start - cursor
                     if user and user != entry:
                         callees[entry][user] += start - cursor
-                add_open((name, entry if parent_is_user else name, True) if is_user else (user, entry, False))
+                if is_user:
+                    add_open((name, entry if parent_is_user else name, True))
+                else:  # a library call under a library call shares its parent's (equal) tuple
+                    add_open(above if not parent_is_user else (user, entry, False))
             else:
-                add_open((name, name, True) if is_user else (None, None, False))
-            stack.append(i)
+                add_open((name, name, True) if is_user else _OUTSIDE_USER)
+            push(i)
             cursor = start
+        del stack[0]
         for done in stack:
             own = ends[done] - ordered[done][0] - child_us[done]
             if own > 0:

@@ -142,7 +142,8 @@ def classify(
     rest: list[dict[str, Any]] = []
     memory: list[dict[str, Any]] = []
     keep, keep_memory = rest.append, memory.append
-    last_thread: Thread | None = None
+    last_pid: Any = None
+    last_tid: Any = None
     add_call = None
     for event in trace_events:
         if event.get("ph") != "X" or "ts" not in event:
@@ -152,12 +153,14 @@ def classify(
         if event.get("cat") != PYTHON_CATEGORY:
             keep(event)
             continue
-        thread = (event.get("pid"), event.get("tid"))
-        if thread != last_thread or add_call is None:  # a thread's calls come in long runs
+        pid, tid = event.get("pid"), event.get("tid")
+        # A thread's calls come in long runs: its (pid, tid) key is built only when the run changes.
+        if tid != last_tid or pid != last_pid or add_call is None:
+            thread = (pid, tid)
             found = calls.get(thread)
             if found is None:
                 found = calls[thread] = []
-            add_call, last_thread = found.append, thread
+            add_call, last_pid, last_tid = found.append, pid, tid
         start = float(event["ts"])
         name = str(event.get("name", ""))
         add_call((start, start + float(event.get("dur", 0.0) or 0.0), name))
