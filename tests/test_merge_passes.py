@@ -20,6 +20,7 @@ from vt_lightning.analysis.merge import (
     STAMP_JITTER_US,
     merge_metadata_events,
     merge_trace,
+    merge_window,
     rebase_events,
     snap_to_nanoseconds,
     time_origin_us,
@@ -263,3 +264,35 @@ def test_the_fused_merge_writes_the_bytes_of_its_passes_run_apart(
     assert orjson.dumps(merged["traceEvents"]) == orjson.dumps(expected)  # the same doubles, keys and order
     assert merged["vt_lightning"].get("contract_fixes", 0) == fixed
     assert merged["vt_lightning"]["nesting"]["cut_at_annotations"] == cut
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(torch_event, max_size=8),
+    st.lists(python_event, max_size=30),
+    st.integers(0, 30),
+    st.integers(0, 30),
+    st.sampled_from([[0], [0, 1], []]),
+)
+@pytest.mark.unit
+def test_a_run_held_apart_is_merged_as_before_and_found_where_it_went(
+    torch_events: list[dict[str, Any]], python_events: list[dict[str, Any]], a: int, b: int, steps: list[int]
+) -> None:
+    # The pipeline hands the DataLoader workers' calls over as one run of the Python events: the
+    # trace must be the one merge_trace writes, and the range must hold exactly that run's events
+    # the merge kept (metadata leaves for the head, unrun steps leave), in their order.
+    start, stop = sorted((min(a, len(python_events)), min(b, len(python_events))))
+    copy = orjson.loads(orjson.dumps([torch_events, python_events]))
+    expected = merge_trace({"traceEvents": copy[0]}, copy[1], _calibration(0.1), {"version": "t", "steps": steps})
+    run_events = python_events[start:stop]
+    merged, run = merge_window(
+        {"traceEvents": torch_events},
+        python_events,
+        _calibration(0.1),
+        {"version": "t", "steps": steps},
+        apart=range(start, stop),
+    )
+    assert orjson.dumps(merged) == orjson.dumps(expected)
+    events = merged["traceEvents"]
+    kept = [e for e in run_events if any(e is x for x in events) and e.get("ph") != "M"]
+    assert [id(e) for e in events[run.start : run.stop]] == [id(e) for e in kept]

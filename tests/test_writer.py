@@ -337,3 +337,95 @@ def test_finishing_a_job_leaves_it_as_handed_over_so_a_retry_writes_the_same_tra
     assert pauses(first), "the window recorded no [gc] pause"
     assert pauses(second) == pauses(first)
     assert len(second["traceEvents"]) == len(first["traceEvents"])
+
+
+def test_the_passes_that_skip_the_workers_calls_write_what_a_walk_of_every_event_writes(tmp_path, monkeypatch):
+    """The workers' placement, the Lightning view and the memory snapshot read the training
+    process's events only, skipping the DataLoader workers' calls (most of a window's events) by
+    where the merge put them. The same job finished reading every event must give the same bytes,
+    also when a worker's calls are named like ``[pl][module]`` ranges and ``[memory]`` events sit
+    on a worker's thread, and a training-process ``[memory]`` event follows the workers' run."""
+    import gzip
+    import hashlib
+    import pickle
+
+    import orjson
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vt_lightning.controller import handoff
+    from vt_lightning.export import pipeline
+
+    monkeypatch.setattr(handoff, "USE_WRITER_PROCESS", False)
+    monkeypatch.setattr(handoff, "FINISH_AT_END_WITHIN_S", 0.0)
+    jobs = []
+
+    def keep(job):
+        result = pipeline.finish_window(job)
+        kept = tmp_path / "kept"
+        kept.mkdir(exist_ok=True)
+        copies = {f: kept / Path(getattr(job, f)).name for f in ("torch_raw", "python_raw")}
+        for field, copy in copies.items():
+            shutil.copyfile(getattr(job, field), copy)
+        parts = job.extras["workers"]
+        prefix = f"b{int(parts['first'])}-r{int(parts['rank'])}-"
+        for name in os.listdir(parts["dir"]):
+            if name.startswith(prefix):
+                shutil.copyfile(os.path.join(parts["dir"], name), kept / name)
+        extras = {**job.extras, "workers": {**parts, "dir": str(kept)}}
+        jobs.append(dataclasses.replace(job, extras=extras, **copies))
+        return result
+
+    monkeypatch.setattr(handoff, "finish_window", keep)
+    data = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    cb = VizTraceCallback(wait=1, warmup=0, active=2, repeat=1, dirpath=str(tmp_path / "logs"), memory_snapshot=True)
+    make_trainer(tmp_path, [cb], max_steps=4).fit(MarkerModel(), data)
+    assert len(jobs) == 1
+    job = jobs[0]
+
+    # Look-alikes on a worker's thread: calls named as module ranges, [memory] instants.
+    dump_path = sorted((tmp_path / "kept").glob("b*.json"))
+    dump_path = next(p for p in dump_path if not p.name.endswith(".meta.json"))
+    dump = orjson.loads(dump_path.read_bytes())
+    call = next(e for e in dump["traceEvents"] if e.get("ph") == "X")
+    lookalikes = [
+        {**call, "name": "[pl][module]torch.nn.modules.linear.Linear: layer", "cat": "user_annotation"},
+        {**call, "name": "[pl][profile][Strategy]SingleDeviceStrategy.training_step"},
+        {**{k: call[k] for k in ("pid", "tid", "ts")}, "ph": "i", "name": "[memory]", "s": "t",
+         "args": {"Addr": 987654321, "Bytes": 64, "Device Type": 0, "Device Id": -1}},
+    ]  # fmt: skip
+    dump["traceEvents"] += lookalikes
+    dump_path.write_bytes(orjson.dumps(dump))
+    # A training-process [memory] event after the workers' run (the gc pauses follow it).
+    python = orjson.loads(Path(job.python_raw).read_bytes())
+    main_call = next(e for e in python["traceEvents"] if e.get("ph") == "X")
+    late = {**{k: main_call[k] for k in ("pid", "tid", "ts")}, "ph": "i", "name": "[memory]", "s": "t",
+            "args": {"Addr": 123456789, "Bytes": 32, "Device Type": 0, "Device Id": -1}}  # fmt: skip
+    job = dataclasses.replace(job, extras={**job.extras, "gc": {"events": [late]}})
+
+    runs_seen = []
+    real_range = pipeline.WorkersRun.range
+
+    def seen(self):
+        run = real_range(self)
+        runs_seen.append(len(run))
+        return run
+
+    def outputs(run_dir: Path) -> dict[str, str]:
+        result = pipeline.finish_window(dataclasses.replace(job, run_dir=run_dir, job_id=""))
+        assert result.memory_path is not None and result.summary is not None, result.notes
+        files = {}
+        for path in sorted(run_dir.iterdir()):
+            data = path.read_bytes()
+            files[path.name] = hashlib.md5(gzip.decompress(data) if path.suffix == ".gz" else data).hexdigest()
+        return files
+
+    monkeypatch.setattr(pipeline.WorkersRun, "range", seen)
+    skipping = outputs(tmp_path / "skipping")
+    assert runs_seen and all(runs_seen), "the workers' calls were not held apart"
+    monkeypatch.setattr(pipeline.WorkersRun, "range", lambda self: range(0))
+    walking = outputs(tmp_path / "walking")
+    assert skipping == walking
+    snapshot = pickle.loads(next((tmp_path / "skipping").glob("*.memory_snapshot.pickle")).read_bytes())
+    addresses = {e["addr"] for trace in snapshot["device_traces"] for e in trace}
+    assert 123456789 in addresses

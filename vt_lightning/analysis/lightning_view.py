@@ -162,7 +162,7 @@ def _rejected_module_events(tree_events: list[dict[str, Any]], modules: set[int]
     return bad
 
 
-def apply_lightning_view(trace: dict[str, Any]) -> dict[str, int]:
+def apply_lightning_view(trace: dict[str, Any], events: list[dict[str, Any]] | None = None) -> dict[str, int]:
     """Make torch-tb-profiler offer the "Lightning" view for this trace; mutates ``trace``.
 
     Rewrites ``[pl][module]`` / ``[pl][profile]`` ``user_annotation`` X events to ``cpu_op``, except
@@ -172,10 +172,16 @@ def apply_lightning_view(trace: dict[str, Any]) -> dict[str, int]:
     Does nothing when no module range survives (the view would be empty and ``Framework`` would hide
     torch's Module view). Returns counts, also stored in ``trace["vt_lightning"]["lightning_view"]``
     when that metadata dict exists.
+
+    ``events``: the events to read, when not all of ``traceEvents`` (the training process's, less
+    the DataLoader workers' calls: no range of theirs is a module, stage or step); the step ranges
+    added go to ``traceEvents``.
     """
-    events = trace.get("traceEvents")
-    if not isinstance(events, list):
-        events = []
+    all_events = trace.get("traceEvents")
+    if not isinstance(all_events, list):
+        all_events = []
+    if events is None:
+        events = all_events
     # One pass, skipping VizTracer's calls (most of a window): never a module, stage or tree event.
     modules: list[dict[str, Any]] = []
     stages: list[dict[str, Any]] = []
@@ -234,12 +240,12 @@ def apply_lightning_view(trace: dict[str, Any]) -> dict[str, int]:
                 }
                 for e in steps
             ]
-            events.extend(synthesized)
+            all_events.extend(synthesized)
             summary["synthesized_stages"] = len(synthesized)
         summary["modules"] = len(kept)
         summary["stages"] = len(stages)
         summary["framework"] = 1
-        body = trace.pop("traceEvents", events)
+        body = trace.pop("traceEvents", all_events)
         trace[FRAMEWORK_KEY] = FRAMEWORK_LIGHTNING
         trace["traceEvents"] = body
 

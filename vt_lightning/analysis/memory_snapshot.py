@@ -25,7 +25,7 @@ What memory_viz needs from a snapshot (torch 2.4 ... 2.13, ``torch/cuda/_memory_
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from vt_lightning.analysis.usercode import parse_function
@@ -119,7 +119,13 @@ def _stack_frames(
     return out
 
 
-def build_cpu_snapshot(trace_events: Iterable[Mapping[str, Any]], *, include_ops: bool = True) -> dict[str, Any] | None:
+def build_cpu_snapshot(
+    trace_events: Iterable[Mapping[str, Any]],
+    *,
+    include_ops: bool = True,
+    everything: Sequence[Mapping[str, Any]] | None = None,
+    apart_pids: Collection[Any] = (),
+) -> dict[str, Any] | None:
     """A ``torch.cuda.memory._snapshot()``-format dict from a merged trace's ``traceEvents``.
 
     Allocations and frees come from torch's ``[memory]`` instant events (``profile_memory=True``);
@@ -132,12 +138,19 @@ def build_cpu_snapshot(trace_events: Iterable[Mapping[str, Any]], *, include_ops
     merged); their blocks are the allocations still live at the window's end, with the rest of each
     range ``inactive``. A free with no allocation in the window (memory allocated before it) is kept
     as a free. Returns None when there is no ``[memory]`` event.
+
+    ``trace_events`` may leave out the calls of the processes ``apart_pids`` (the DataLoader
+    workers', most of a window's events, held apart by the writer): should a thread of theirs hold
+    a ``[memory]`` event after all, the calls are read from ``everything`` (all the trace's events).
     """
     events = trace_events if isinstance(trace_events, (list, tuple)) else list(trace_events)
     records, memory_by_thread = _memory_records(events)
     if not records:
         return None
-    calls_by_thread = _calls_of_threads(events, memory_by_thread.keys(), include_ops)
+    calls_from: Sequence[Mapping[str, Any]] = events
+    if everything is not None and any(pid in apart_pids for pid, _ in memory_by_thread):
+        calls_from = everything
+    calls_by_thread = _calls_of_threads(calls_from, memory_by_thread.keys(), include_ops)
     frame_of = _FrameCache()
     frames_of: dict[int, list[dict[str, Any]]] = {}
     for thread, memory in memory_by_thread.items():

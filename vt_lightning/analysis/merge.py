@@ -256,6 +256,25 @@ def merge_trace(
     thread_names: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """One trace dict: torch's keys, ``vt_lightning`` metadata, then ``traceEvents`` last."""
+    return merge_window(torch_trace, python_events, calibration, vt_metadata, thread_names)[0]
+
+
+def merge_window(
+    torch_trace: Mapping[str, Any],
+    python_events: Iterable[dict[str, Any]],
+    calibration: Calibration,
+    vt_metadata: Mapping[str, Any],
+    thread_names: Mapping[int, str] | None = None,
+    apart: range | None = None,
+) -> tuple[dict[str, Any], range]:
+    """``merge_trace``, and where a run of ``python_events`` (``apart``: indices into that list,
+    e.g. the DataLoader workers' calls) lies in the merged ``traceEvents``: the passes that read
+    only the training process's events skip it without walking it. The trace is the same as
+    ``merge_trace``'s; the range is empty without ``apart``."""
+    parts: list[Iterable[dict[str, Any]]] = [python_events]
+    if apart is not None and len(apart):
+        listed = python_events if isinstance(python_events, list) else list(python_events)
+        parts = [listed[: apart.start], listed[apart.start : apart.stop], listed[apart.stop :]]
     torch_events = list(torch_trace.get("traceEvents", []))
     origin_us = time_origin_us(torch_events)
     rebase_events(torch_events, origin_us)
@@ -265,17 +284,34 @@ def merge_trace(
     # order), the events no nesting pass reads are snapped as they are settled, the calls by the
     # last loop of untangle_annotations, the torch spans once the calls are settled against them.
     ran = _ran(vt_metadata.get("steps"))
-    timed, python_meta, calls, python_fixed, python_dropped = place_python_events(
-        python_events, calibration, origin_us, ran
-    )
+    # Each part placed on its own, as one loop over them all would: the same events, the calls
+    # grouped per thread in the same order (a thread's first call files it), their counts known.
+    timed_parts: list[list[dict[str, Any]]] = []
+    python_meta: list[dict[str, Any]] = []
+    calls: dict[Thread, list[dict[str, Any]]] = {}
+    python_fixed, python_dropped = 0, False
+    for part in parts:
+        part_timed, part_meta, part_calls, part_fixed, part_dropped = place_python_events(
+            part, calibration, origin_us, ran
+        )
+        timed_parts.append(part_timed)
+        python_meta += part_meta
+        for key, thread_calls in part_calls.items():
+            calls.setdefault(key, []).extend(thread_calls)
+        python_fixed += part_fixed
+        python_dropped = python_dropped or part_dropped
     events = merge_metadata_events(torch_events, python_meta, thread_names)
     fixed, threads, dropped = _settle(events, ran, snap=True)
     for key, thread_calls in calls.items():
         threads.python[key].extend(thread_calls)
     fixed += python_fixed
-    events.extend(timed)
     if dropped or python_dropped:
         events[:] = [e for e in events if e["name"] is not _UNRUN]
+        timed_parts = [[e for e in part if e["name"] is not _UNRUN] for part in timed_parts]
+    run_start = len(events) + (len(timed_parts[0]) if len(timed_parts) > 1 else 0)
+    run = range(run_start, run_start + len(timed_parts[1])) if len(timed_parts) > 1 else range(0)
+    for part_timed in timed_parts:
+        events.extend(part_timed)
     tolerance = calibration.uncertainty_us + STAMP_JITTER_US
     repaired, _ = repair_boundaries(events, tolerance, threads)
     untangled = untangle_annotations(events, threads, snap=True)
@@ -296,7 +332,7 @@ def merge_trace(
     meta = dict(vt_metadata)
     meta["time_origin_us"] = origin_us
     meta["calibration"] = calibration.metadata()
-    meta["python_events"] = len(timed)
+    meta["python_events"] = sum(len(part) for part in timed_parts)
     meta["torch_events"] = len(torch_events)
     meta["nesting"] = {
         "repaired": repaired,
@@ -310,7 +346,7 @@ def merge_trace(
         meta["contract_fixes"] = fixed
     merged["vt_lightning"] = meta
     merged["traceEvents"] = events
-    return merged
+    return merged, run
 
 
 def encode_trace(trace: Mapping[str, Any]) -> bytes:

@@ -11,6 +11,7 @@ Batch ``idx`` of the epoch (the DataLoader's own task number, 0-based each epoch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from vt_lightning.analysis.python_tables import PythonStats, python_stats
@@ -212,10 +213,17 @@ def main_sort_index(events: Iterable[Mapping[str, Any]], workers: set[int]) -> i
     return max(found, default=0)
 
 
-def seconds_to_lower(events: Iterable[Mapping[str, Any]]) -> int:
+def seconds_to_lower(events: Iterable[Mapping[str, Any]], timed: Sequence[Mapping[str, Any]] = ()) -> int:
     """Whole seconds to move the time origin down so no event starts before it (a worker fetches
-    its batches ahead, possibly before the first torch event the origin was taken from)."""
+    its batches ahead, possibly before the first torch event the origin was taken from).
+    ``timed``: more events, most of a window's (the workers' merged calls), each with a ``ts``:
+    their earliest is taken without a test per event."""
     starts = [e["ts"] for e in events if "ts" in e]
+    if timed:
+        try:
+            starts.append(min(map(itemgetter("ts"), timed)))
+        except (KeyError, TypeError):  # one without a ``ts``, or written as a string
+            starts += [e["ts"] for e in timed if "ts" in e]
     try:  # a merged trace's are numbers: compared as they are, without a float() per event
         first = float(min(starts, default=0.0))
     except TypeError:  # one written as a string

@@ -7,6 +7,7 @@ when asked, the memory snapshot) in the window's run directory, each written ato
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import os
@@ -20,7 +21,7 @@ from vt_lightning.analysis.clock import Calibration, ClockPair, best_marker_pair
 from vt_lightning.analysis.compile import compile_record, compile_span_events
 from vt_lightning.analysis.filters import filter_python_events
 from vt_lightning.analysis.flight import add_flight_track
-from vt_lightning.analysis.merge import encode_trace, merge_trace
+from vt_lightning.analysis.merge import encode_trace, merge_window
 from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary import summarize
 from vt_lightning.analysis.verdicts import with_job_verdicts
@@ -153,20 +154,22 @@ def finish_window(job: WindowJob) -> WindowResult:
             )
             metadata["overflow_suggested_tracer_entries"] = suggested
         notes: list[str] = []
-        python_events, workers = _python_events(job, python, metadata, notes)
-        merged = merge_trace(
+        python_events, workers, apart = _python_events(job, python, metadata, notes)
+        merged, run = merge_window(
             torch_trace,
             python_events,
             calibration,
             metadata,
             thread_names=job.thread_names,
+            apart=apart,
         )
         del torch_trace, python, python_events
+        workers_run = WorkersRun(merged["traceEvents"], run, workers)
         add_flight_track(merged, job.extras.get("flight"), calibration)  # the slow step, sampled
         if workers is not None:
-            notes.extend(add_to_trace(merged, workers, calibration.python_to_torch_us))
+            notes.extend(add_to_trace(merged, workers, calibration.python_to_torch_us, workers_run.range()))
         if metadata.get("lightning_view"):
-            notes.extend(_apply_lightning_view(merged))
+            notes.extend(_apply_lightning_view(merged, workers_run.main_events()))
         raw = encode_trace(merged)
         compressed = gzip_bytes(raw, job.gzip_level)
         claim = claim_name(job.trace_name, job.job_id) if job.job_id else None
@@ -180,7 +183,7 @@ def finish_window(job: WindowJob) -> WindowResult:
         memory_path = snapshot = None
         if job.memory_name is not None:
             try:
-                memory_path, snapshot = _write_memory(job, run_dir, merged)
+                memory_path, snapshot = _write_memory(job, run_dir, workers_run)
             except Exception as err:  # the trace is written; a snapshot problem must not undo it
                 notes.append(f"memory snapshot not written ({type(err).__name__}: {err})")
         result = WindowResult(
@@ -206,18 +209,58 @@ def finish_window(job: WindowJob) -> WindowResult:
         raise
 
 
+class WorkersRun:
+    """Where the DataLoader workers' events lie in a merged trace's ``traceEvents``: one run, most
+    of a window's events, that the passes reading only the training process's events (the
+    workers' placement, the Lightning view, the memory snapshot) skip without walking it. Events
+    are only appended after the merge, so the run stays where the merge put it; its two ends are
+    checked by identity before each use, and the whole list is read should they have moved."""
+
+    def __init__(self, events: list[dict[str, Any]], run: range, workers: WorkerDumps | None) -> None:
+        self.events = events
+        self.run = run
+        self.pids = {int(worker["pid"]) for worker in workers.workers} if workers is not None else set()
+        self.ends = (events[run.start], events[run.stop - 1]) if len(run) else None
+
+    def range(self) -> range:
+        """The run, or an empty range when there is none (or it is not where it was)."""
+        events, run, ends = self.events, self.run, self.ends
+        if ends is None or run.stop > len(events) or events[run.start] is not ends[0]:
+            return range(0)
+        return run if events[run.stop - 1] is ends[1] else range(0)
+
+    def main_events(self) -> list[dict[str, Any]]:
+        """The events outside the run, in their order (all of them when there is no run)."""
+        run = self.range()
+        return self.events[: run.start] + self.events[run.stop :] if len(run) else self.events
+
+
+def _worker_calls_start(events: list[dict[str, Any]], pids: set[int]) -> int:
+    """Where the workers' calls begin in ``filter_python_events``' output: it puts each thread's
+    kept calls after every other event, the training process's threads first, so "a worker's
+    call" is false up to one index and true from there on, found by bisection."""
+    return bisect.bisect_left(
+        events, True, key=lambda e: e.get("pid") in pids and e.get("ph") in ("X", "B") and "ts" in e
+    )
+
+
 def _python_events(
     job: WindowJob, python: dict[str, Any], metadata: dict[str, Any], notes: list[str]
-) -> tuple[list[dict[str, Any]], WorkerDumps | None]:
+) -> tuple[list[dict[str, Any]], WorkerDumps | None, range | None]:
     """The window's Python-clock events, before the merge: VizTracer's calls with the DataLoader
     workers' parts (``worker_dumps.py``), filtered, then the gc pauses and compile spans the side
-    recorders took. Returns them with the workers' parts (or None); ``metadata`` and ``notes``
-    get what the filter and the compile watch report."""
+    recorders took. Returns them with the workers' parts (or None) and where the workers' run
+    lies among them (or None); ``metadata`` and ``notes`` get what the filter and the compile
+    watch report."""
     python_events = python.get("traceEvents", [])
     workers = collect_worker_dumps(job.extras.get("workers"))
+    apart = None
     if job.python_filter is not None:  # the workers' events follow, grouped as the filter groups
         grouped = workers.grouped if workers is not None else None
         python_events, filter_stats = filter_python_events(python_events, job.python_filter, grouped)
+        if workers is not None:
+            pids = {int(worker["pid"]) for worker in workers.workers}
+            apart = range(_worker_calls_start(python_events, pids), len(python_events))
         metadata["python_filter"] = filter_stats.as_dict()
         if job.python_filter.user_filters and filter_stats.kept == 0 and filter_stats.filtered:
             notes.append(
@@ -225,6 +268,8 @@ def _python_events(
                 f"{filter_stats.filtered} Python calls recorded; check the paths"
             )
     elif workers is not None:
+        if all(event.get("ph") == "M" for event in workers.grouped[1]):  # else calls and others mix
+            apart = range(len(python_events), len(python_events) + len(workers.events))
         python_events = [*python_events, *workers.events]
     gc_pauses = job.extras.get("gc")
     if isinstance(gc_pauses, dict) and gc_pauses.get("events"):  # recording/gc_watch.py, on the Python clock
@@ -235,7 +280,7 @@ def _python_events(
     if isinstance(compile_info, dict):  # recording/compile_watch.py: a span per compile, Python clock
         python_events = [*python_events, *compile_span_events(compile_info, python_events)]
         metadata["compile"] = compile_record(compile_info)
-    return python_events, workers
+    return python_events, workers, apart
 
 
 MAX_CLASHES = 1000
@@ -285,10 +330,11 @@ def write_new(run_dir: Path, name: str, data: bytes, claim: str | None = None) -
     raise FileExistsError(f"{MAX_CLASHES} run directories named {run_dir.name}[.N] are taken")
 
 
-def _apply_lightning_view(merged: dict[str, Any]) -> list[str]:
+def _apply_lightning_view(merged: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
+    """The Lightning view of ``merged``, read from ``events`` (the training process's)."""
     from vt_lightning.analysis.lightning_view import apply_lightning_view
 
-    summary = apply_lightning_view(merged)
+    summary = apply_lightning_view(merged, events)
     notes = []
     if not summary.get("framework"):
         notes.append("no [pl][module] ranges were recorded (compiled model?), so no Lightning view")
@@ -297,13 +343,18 @@ def _apply_lightning_view(merged: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _write_memory(job: WindowJob, run_dir: Path, merged: dict[str, Any]) -> tuple[Path | None, Any]:
+def _write_memory(job: WindowJob, run_dir: Path, workers_run: WorkersRun) -> tuple[Path | None, Any]:
+    """The memory snapshot, built from the training process's events (the workers' calls are no
+    ``[memory]`` event, and enclose none but their own threads') unless the job brought one."""
     from vt_lightning.analysis.memory_snapshot import build_cpu_snapshot
     from vt_lightning.export.memory_files import write_snapshot
 
     snapshot = job.memory_snapshot
     if snapshot is None:
-        snapshot = build_cpu_snapshot(merged["traceEvents"])
+        run = workers_run.range()
+        snapshot = build_cpu_snapshot(
+            workers_run.main_events(), everything=workers_run.events, apart_pids=workers_run.pids if len(run) else set()
+        )
     if snapshot is None:
         return None, None
     path = run_dir / str(job.memory_name)

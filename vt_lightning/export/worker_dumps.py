@@ -166,9 +166,13 @@ def remove_files(paths: list[str]) -> None:
             pass
 
 
-def add_to_trace(merged: dict[str, Any], dumps: WorkerDumps, to_torch_us: Callable[[float], float]) -> list[str]:
+def add_to_trace(
+    merged: dict[str, Any], dumps: WorkerDumps, to_torch_us: Callable[[float], float], calls: range = range(0)
+) -> list[str]:
     """Name the workers' processes, add their ``fetch batch N`` spans and record them in the
-    trace's metadata (the summary reads it); returns the notes for the window's result."""
+    trace's metadata (the summary reads it); returns the notes for the window's result.
+    ``calls``: where the workers' calls lie in ``traceEvents`` (``merge.merge_window``): read for
+    their earliest start alone, never for a sort index."""
     meta = merged.setdefault(TRACE_METADATA_KEY, {})
     origin = float(meta.get("time_origin_us", 0))
     processes: dict[int, dict[str, Any]] = {}
@@ -176,13 +180,19 @@ def add_to_trace(merged: dict[str, Any], dumps: WorkerDumps, to_torch_us: Callab
         entry = processes.setdefault(worker["pid"], {**worker, "fetches": []})
         entry["fetches"].extend(worker["fetches"])
     added: list[dict[str, Any]] = []
-    after = main_sort_index(merged.get("traceEvents", ()), set(processes))
+    events = merged.setdefault("traceEvents", [])
+    others = events[: calls.start] + events[calls.stop :] if len(calls) else events
+    after = main_sort_index(others, set(processes))
     for pid, worker in processes.items():
         added += worker_process_events(
             pid, worker["rank"], worker["worker"], sorted(worker["fetches"]), lambda us: to_torch_us(us) - origin, after
         )
-    merged.setdefault("traceEvents", []).extend(added)
-    lower_origin(merged, seconds_to_lower(merged["traceEvents"]), TRACE_METADATA_KEY)
+    events.extend(added)
+    if len(calls):
+        seconds = seconds_to_lower([*others, *added], events[calls.start : calls.stop])
+    else:
+        seconds = seconds_to_lower(events)
+    lower_origin(merged, seconds, TRACE_METADATA_KEY)
     meta["workers"] = {
         "processes": [{"pid": pid, "worker": w["worker"], "rank": w["rank"]} for pid, w in sorted(processes.items())],
         "missing": list(dumps.missing),
