@@ -286,6 +286,7 @@ STAGES = [
     ("vt_lightning.export.pipeline", "calibrate", "calibrate"),
     ("vt_lightning.export.pipeline", "collect_worker_dumps", "read workers' parts"),
     ("vt_lightning.export.pipeline", "filter_python_events", "filter"),
+    ("vt_lightning.export.pipeline", "merge_trace", "merge"),  # the code before merge_window
     ("vt_lightning.export.pipeline", "merge_window", "merge"),
     ("vt_lightning.export.pipeline", "add_to_trace", "place workers"),
     ("vt_lightning.export.pipeline", "_apply_lightning_view", "Lightning view"),
