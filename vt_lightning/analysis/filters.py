@@ -34,6 +34,7 @@ from vt_lightning.analysis.nesting import outer_first
 from vt_lightning.analysis.usercode import PACKAGE_ROOT, framework_dirs, library_roots
 
 # VizTracer names a Python call "<qualname> (<file>:<first line>)"; C calls have no location.
+_TS = itemgetter("ts")
 _NAME = itemgetter("name")
 _LOCATION = re.compile(r" \((.*):(\d+)\)$")
 _EPSILON_US = 1e-4  # VizTracer writes ns-resolution µs; sums of two such floats differ by less
@@ -106,7 +107,7 @@ def _under(file: str, prefixes: tuple[str, ...]) -> bool:
     return False
 
 
-def _dur_or_zero(event: dict[str, Any]) -> Any:
+def _DUR_OR_ZERO(event: dict[str, Any]) -> Any:
     return event.get("dur", 0.0)  # a "B" event has none
 
 
@@ -189,7 +190,7 @@ def filter_python_events(
     kept = own_count = filtered = 0
     select = include is not None or exclude is not None or max_depth >= 0
     for unordered in by_thread.values():
-        calls = outer_first(unordered, length=_dur_or_zero)  # by (ts, -dur)
+        calls = outer_first(unordered, _TS, _DUR_OR_ZERO)  # by (ts, -dur)
         if not select:  # only vt_lightning's own calls go: a thread with none of them is kept whole
             try:
                 names = set(map(_NAME, calls))  # at C speed: VizTracer names every call

@@ -26,10 +26,12 @@ NO_LIMIT = 2**62  # an epoch of unknown length (an iterable dataset without ``__
 FETCH_CATEGORY = "dataloader"
 TOP_WORKER_PYTHON = 5
 
-Range = tuple[int, int]  # [first, end) global batch indices of a window's active batches
+Range = tuple[int, int]
 # Events grouped as filters.filter_python_events groups them: the calls (X and B events with a
 # start) per (pid, tid) in their order, and the rest in theirs.
-ThreadCalls = tuple[dict[tuple[Any, Any], list[dict[str, Any]]], list[dict[str, Any]]]
+ThreadCalls = tuple[
+    dict[tuple[Any, Any], list[dict[str, Any]]], list[dict[str, Any]]
+]  # [first, end) global batch indices of a window's active batches
 
 
 def upcoming_ranges(schedule: Schedule, step: int, count: int = PLAN_SLOTS) -> list[Range]:
