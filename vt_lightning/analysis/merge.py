@@ -240,7 +240,12 @@ def _snap_spans(groups: Iterable[Mapping[Thread, list[dict[str, Any]]]]) -> None
     """``snap_to_nanoseconds`` of the X events in ``groups`` (``ThreadSpans``' kinds)."""
     for group in groups:
         for thread_events in group.values():
-            snap_to_nanoseconds(thread_events)
+            for event in thread_events:
+                ts = float(event["ts"])
+                start = round(ts * 1000)
+                end = round((ts + float(event["dur"])) * 1000)
+                event["dur"] = (end - start if end > start else 0) / 1000
+                event["ts"] = start / 1000
 
 
 def merge_trace(

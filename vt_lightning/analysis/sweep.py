@@ -10,10 +10,9 @@ lists (a NamedTuple or an object per call costs several times as much in these l
 from __future__ import annotations
 
 from collections.abc import Iterable
-from operator import itemgetter
+from itertools import islice
+from operator import itemgetter, lt
 from typing import Any
-
-from vt_lightning.analysis.nesting import outer_first
 
 # An interval as the readers pass it: ``(start µs, end µs, *fields)``; nest keeps the tuple as is.
 Interval = tuple[Any, ...]
@@ -33,9 +32,15 @@ def nest(intervals: Iterable[Interval], clip: bool = True) -> Nested:
 
     Readers walk ``ordered`` keeping a stack of open indices: before call ``i``, pop while the top
     is not ``parents[i]``; the popped calls are those that ended, innermost first."""
-    # By start, the later end first on a tie, then as given (a DataLoader worker's calls come in
-    # that order already: checked at C speed, not sorted).
-    ordered = outer_first(list(intervals), _START, _END)
+    ordered = list(intervals)
+    starts = list(map(_START, ordered))
+    # A thread's calls usually come ordered by start already, none starting together (a DataLoader
+    # worker's always): then they are outer-first as given, checked at C speed. Else by start, the
+    # longer first on a tie, then as given: two stable sorts on C keys (reverse keeps equal ends in
+    # their order), cheaper than one sort on a Python key of (start, -end).
+    if not all(map(lt, starts, islice(starts, 1, None))):
+        ordered.sort(key=_END, reverse=True)
+        ordered.sort(key=_START)
     ends: list[float] = []
     parents: list[int] = []
     add_end, add_parent = ends.append, parents.append
