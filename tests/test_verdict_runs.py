@@ -25,6 +25,10 @@ from vt_lightning.cli.command import main
 from vt_lightning.constants import SUMMARY_JSON_SUFFIX, UNTRACED_WAIT_KEY
 
 FETCH_S = 0.030
+# Two workers fetching 100 ms batches deliver one every 50 ms: a step of this tiny model waits
+# most of that even on a loaded machine, where a traced step can take 15 ms (at 30 ms fetches, a
+# loaded serial pass once saw no wait at all).
+WORKER_FETCH_S = 0.100
 BUSY_S = 0.030
 CHATTY_CALLS = 48_000
 STEP_C_WORK = 600_000  # ~15 ms of CPU in one C call per step: load slows it as it slows the fetch, tracing does not
@@ -38,13 +42,16 @@ def slow_fetch(seconds: float) -> torch.Tensor:
 
 
 class SlowRows(Dataset):
-    """A dataset whose ``__getitem__`` takes 30 ms (``batch_size=None``: one call per batch)."""
+    """A dataset whose ``__getitem__`` takes ``seconds`` (``batch_size=None``: one call per batch)."""
+
+    def __init__(self, seconds: float = FETCH_S) -> None:
+        self.seconds = seconds
 
     def __len__(self) -> int:
         return 64
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        return slow_fetch(FETCH_S)
+        return slow_fetch(self.seconds)
 
 
 def nudge() -> None:
@@ -162,7 +169,7 @@ def test_slow_getitem_in_dataloader_workers_is_input_bound_at_the_dataset(tmp_pa
     batches the workers prefetched at the start (2 workers x 2) are used up: before that no step
     waits, however slow the loader (and the untraced steps, which did not wait, overrule nothing
     with workers)."""
-    data = DataLoader(SlowRows(), batch_size=None, num_workers=2, persistent_workers=True)
+    data = DataLoader(SlowRows(WORKER_FETCH_S), batch_size=None, num_workers=2, persistent_workers=True)
     verdicts = _verdicts(tmp_path, Tiny(), data, wait=6)
     assert [v["kind"] for v in verdicts][:1] == ["input_bound"], verdicts
     top = verdicts[0]
