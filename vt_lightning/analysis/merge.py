@@ -345,7 +345,8 @@ def merge_window(
         if number == 1 and placed is not None:  # placed and grouped as read (workers.place_events)
             placement, part_calls = placed
             part_meta: list[dict[str, Any]] = []
-            part_timed, part_fixed, part_dropped = list(part), 0, placement.dropped
+            part_timed = part if isinstance(part, list) else list(part)  # the slice made above
+            part_fixed, part_dropped = 0, placement.dropped
             if placement.unnamed:
                 part_fixed, named_dropped = _name_calls(part_timed, ran)
                 part_dropped = part_dropped or named_dropped
@@ -362,13 +363,20 @@ def merge_window(
         timed_parts.append(part_timed)
         python_meta += part_meta
         for key, thread_calls in part_calls.items():
-            calls.setdefault(key, []).extend(thread_calls)
+            known = calls.get(key)
+            if known is None:  # taken, not copied: each copy of a worker's calls touches every one
+                calls[key] = thread_calls
+            else:
+                known.extend(thread_calls)
         python_fixed += part_fixed
         python_dropped = python_dropped or part_dropped
     events = merge_metadata_events(torch_events, python_meta, thread_names)
     fixed, threads, dropped = _settle(events, ran, snap=True)
     for key, thread_calls in calls.items():
-        threads.python[key].extend(thread_calls)
+        if key in threads.python:
+            threads.python[key].extend(thread_calls)
+        else:
+            threads.python[key] = thread_calls
     fixed += python_fixed
     if dropped or python_dropped:
         events[:] = [e for e in events if e["name"] is not _UNRUN]

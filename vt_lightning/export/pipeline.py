@@ -270,7 +270,8 @@ def _python_events(
     were read (``to_torch``: the filter runs, so they come as one run), ``to_torch`` with those
     calls per thread for ``merge_window``'s ``placed``; ``metadata`` and ``notes`` get what the
     filter and the compile watch report."""
-    python_events = python.get("traceEvents", [])
+    raw_events: list[dict[str, Any]] = python.get("traceEvents", [])
+    python_events = raw_events  # a new list from here on but without a filter or workers
     filtering = job.python_filter is not None
     workers = collect_worker_dumps(job.extras.get("workers"), to_torch if filtering else None)
     apart = placed = None
@@ -296,10 +297,13 @@ def _python_events(
     if isinstance(gc_pauses, dict) and gc_pauses.get("events"):  # recording/gc_watch.py, on the Python clock
         # Copies: merging moves events in place, and the job stays as handed over (a retry of
         # the same job on the writer thread would otherwise shift these a second time).
-        python_events = [*python_events, *(dict(event) for event in gc_pauses["events"])]
+        python_events = python_events if python_events is not raw_events else list(python_events)
+        python_events.extend(dict(event) for event in gc_pauses["events"])
     compile_info = job.extras.get("compile")
     if isinstance(compile_info, dict):  # recording/compile_watch.py: a span per compile, Python clock
-        python_events = [*python_events, *compile_span_events(compile_info, python_events)]
+        spans = compile_span_events(compile_info, python_events)
+        python_events = python_events if python_events is not raw_events else list(python_events)
+        python_events.extend(spans)  # not a copy of the window's events with them: it touches each
         metadata["compile"] = compile_record(compile_info)
     return python_events, workers, apart, placed
 
