@@ -341,6 +341,7 @@ def merge_window(
     python_meta: list[dict[str, Any]] = []
     calls: dict[Thread, list[dict[str, Any]]] = {}
     python_fixed, python_dropped = 0, False
+    elsewhere: set[Thread] = set()  # threads with calls outside the placed run
     for number, part in enumerate(parts):
         if number == 1 and placed is not None:  # placed and grouped as read (workers.place_events)
             placement, part_calls = placed
@@ -361,6 +362,8 @@ def merge_window(
                 part, calibration, origin_us, ran
             )
         timed_parts.append(part_timed)
+        if number != 1 or placed is None:
+            elsewhere.update(part_calls)
         python_meta += part_meta
         for key, thread_calls in part_calls.items():
             known = calls.get(key)
@@ -372,6 +375,8 @@ def merge_window(
         python_dropped = python_dropped or part_dropped
     events = merge_metadata_events(torch_events, python_meta, thread_names)
     fixed, threads, dropped = _settle(events, ran, snap=True)
+    if placed is not None:  # the filter's order, outer first, unless other calls join them
+        threads.ordered.update(placed[1].keys() - elsewhere - threads.python.keys())
     for key, thread_calls in calls.items():
         if key in threads.python:
             threads.python[key].extend(thread_calls)
