@@ -198,9 +198,10 @@ def filter_python_events(
         first = len(out)
         if not select:  # only vt_lightning's own calls go: a thread with none of them is kept whole
             try:
-                names = set(map(_NAME, calls))  # at C speed: VizTracer names every call
+                names = set(map(_NAME, unordered))  # at C speed (VizTracer names every call), in
+                # the order read, which visits the events where they lie in memory
             except KeyError:
-                names = {event.get("name", "") for event in calls}
+                names = {event.get("name", "") for event in unordered}
             if not any((facts.get(n) or facts.setdefault(n, name_facts(n)))[1] for n in names):
                 kept += len(calls)
                 out.extend(calls)
