@@ -296,3 +296,89 @@ def test_a_run_held_apart_is_merged_as_before_and_found_where_it_went(
     events = merged["traceEvents"]
     kept = [e for e in run_events if any(e is x for x in events) and e.get("ph") != "M"]
     assert [id(e) for e in events[run.start : run.stop]] == [id(e) for e in kept]
+
+
+worker_event = st.fixed_dictionaries(
+    {
+        "ph": st.sampled_from(["X", "X", "X", "X", "B", "i", "M"]),
+        "pid": st.sampled_from([20, 21]),
+        "tid": st.sampled_from([20, 21, 3]),
+        "ts": st.integers(0, 200_000).map(lambda t: t / 1000 + 9000.0),  # a worker's clock: ns digits
+        "dur": st.integers(0, 60_000).map(lambda d: d / 1000),
+    },
+    optional={  # no name: the contract's fix (the filter reads names as strings, as VizTracer writes them)
+        "name": st.sampled_from(
+            ["f (/u/a.py:1)", "g (/u/vt_lightning/x.py:2)", "builtins.len", "ProfilerStep#1", "ProfilerStep#7"]
+        ),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(torch_event, max_size=8),
+    st.lists(python_event.filter(lambda e: isinstance(e["name"], str)), max_size=20),
+    st.lists(worker_event, max_size=40),
+    st.floats(min_value=-3, max_value=3, allow_nan=False),  # drift over the window, µs
+    st.sampled_from([[0], [0, 1], [], None]),
+    st.sampled_from([-1, 2]),
+)
+@pytest.mark.unit
+def test_workers_calls_placed_on_torchs_timeline_as_they_are_read_merge_as_if_the_merge_placed_them(
+    torch_events: list[dict[str, Any]],
+    python_events: list[dict[str, Any]],
+    worker: list[dict[str, Any]],
+    drift_us: float,
+    steps: list[int] | None,
+    max_depth: int,
+) -> None:
+    # The writer places a DataLoader worker's calls on torch's timeline in the loop that reads
+    # them (workers.place_events with a TorchPlacement) and hands them to the merge grouped, which
+    # then leaves them alone: the trace (the same doubles, keys, order, contract fixes and unrun
+    # steps' removal) and the run must be those of the merge placing them itself.
+    from vt_lightning.analysis.filters import PythonFilter, filter_python_events
+    from vt_lightning.analysis.merge import place_python_events, ran_steps, torch_placement
+    from vt_lightning.analysis.workers import ThreadCalls, place_events, worker_to_main_us
+
+    torch_events = [  # an origin of 3 s
+        {"ph": "i", "s": "t", "name": "start", "pid": 1, "tid": 1, "ts": 3_000_000.0},
+        *({**e, "ts": e["ts"] + 3_000_000.0} for e in torch_events),
+    ]
+    # an offset whose every bit counts, so that any other rounding of the placement shows
+    start = ClockPair(python_us=10.123456789, wall_ns=BASE_NS + 3_000_123_457, round_trip_us=0.2)
+    end = ClockPair(python_us=260.5, wall_ns=start.wall_ns + 250_000 + round(drift_us * 1000), round_trip_us=0.0)
+    calibration = Calibration(start, end, BASE_NS)
+    clock = worker_to_main_us([(9000.0, 5_000), (9200.0, 205_003)], [(0.0, 7_000), (300.0, 307_001)])
+    metadata = {"version": "t", "steps": steps} if steps is not None else {"version": "t"}
+    rules = PythonFilter(max_depth=max_depth, own=("/u/vt_lightning/",), library=())
+
+    def merged(placing: bool) -> tuple[bytes, list[dict[str, Any]], bytes]:
+        torch_copy, main, dump = orjson.loads(orjson.dumps([torch_events, python_events, worker]))
+        origin = time_origin_us(torch_copy)
+        to_torch = torch_placement(calibration, origin, ran_steps(metadata.get("steps")))
+        grouped: ThreadCalls = ({}, [])
+        place_events(dump, clock, {3}, grouped, to_torch if placing else None)
+        kept_groups: dict[Any, list[dict[str, Any]]] = {}
+        out, _ = filter_python_events(main, rules, grouped, kept_groups)
+        worker_calls = {id(e) for calls in grouped[0].values() for e in calls}
+        apart = range(next((i for i, e in enumerate(out) if id(e) in worker_calls), len(out)), len(out))
+        run_events = orjson.loads(orjson.dumps(out[apart.start : apart.stop]))
+        if not placing:  # as the merge places them: the doubles before the snap rounds their last bits
+            run_events = place_python_events(run_events, calibration, origin, to_torch.ran)[0]
+        trace, run = merge_window(
+            {"traceEvents": torch_copy},
+            out,
+            calibration,
+            metadata,
+            apart=apart,
+            origin_us=origin if placing else None,
+            placed=(to_torch, kept_groups) if placing and len(apart) else None,
+        )
+        placed_times = orjson.dumps([(e["ts"], e.get("dur"), e.get("cat")) for e in run_events])
+        return orjson.dumps(trace), trace["traceEvents"][run.start : run.stop], placed_times
+
+    expected, expected_run, expected_placed = merged(placing=False)
+    got, got_run, got_placed = merged(placing=True)
+    assert got_placed == expected_placed
+    assert got == expected
+    assert orjson.dumps(got_run) == orjson.dumps(expected_run)

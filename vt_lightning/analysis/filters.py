@@ -141,10 +141,13 @@ def filter_python_events(
     events: list[dict[str, Any]],
     rules: PythonFilter,
     grouped: tuple[Mapping[tuple[Any, Any], list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
+    kept_groups: dict[tuple[Any, Any], list[dict[str, Any]]] | None = None,
 ) -> tuple[list[dict[str, Any]], FilterStats]:
     """Keep the calls ``rules`` select, on every thread; non-call events (metadata) pass through.
     ``grouped``: more events after ``events``, already grouped as here (calls per (pid, tid),
     the rest apart; ``workers.place_events`` groups a DataLoader worker's as it reads them).
+    ``kept_groups``: filled with the calls kept of each of ``grouped``'s threads, in the output's
+    order (each thread's kept calls lie together there), for the merge to take them grouped.
 
     One pass per thread over its calls sorted by start, with a stack of the open ones: a call's
     ancestry decides its depth and whether it runs inside vt_lightning. What depends on the name
@@ -189,16 +192,21 @@ def filter_python_events(
 
     kept = own_count = filtered = 0
     select = include is not None or exclude is not None or max_depth >= 0
-    for unordered in by_thread.values():
+    report = grouped[0].keys() if grouped is not None and kept_groups is not None else ()
+    for key, unordered in by_thread.items():
         calls = outer_first(unordered, _TS, _DUR_OR_ZERO)  # by (ts, -dur)
+        first = len(out)
         if not select:  # only vt_lightning's own calls go: a thread with none of them is kept whole
             try:
-                names = set(map(_NAME, calls))  # at C speed: VizTracer names every call
+                names = set(map(_NAME, unordered))  # at C speed (VizTracer names every call), in
+                # the order read, which visits the events where they lie in memory
             except KeyError:
-                names = {event.get("name", "") for event in calls}
+                names = {event.get("name", "") for event in unordered}
             if not any((facts.get(n) or facts.setdefault(n, name_facts(n)))[1] for n in names):
                 kept += len(calls)
                 out.extend(calls)
+                if key in report:
+                    kept_groups[key] = calls  # type: ignore[index]
                 continue
         # open calls: (start, end, ours, depth or -1, under include_files, under exclude_files)
         stack: list[tuple[float, float, bool, int, bool, bool]] = []
@@ -232,5 +240,7 @@ def filter_python_events(
             else:
                 kept += 1
                 out.append(event)
+        if key in report and len(out) > first:
+            kept_groups[key] = out[first:]  # type: ignore[index]
     stats.kept, stats.own, stats.filtered = kept, own_count, filtered
     return out, stats

@@ -13,6 +13,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -115,8 +116,37 @@ def merge_metadata_events(
     return out
 
 
-def _ran(steps: Iterable[int] | None) -> set[str] | None:
+def ran_steps(steps: Iterable[int] | None) -> set[str] | None:
+    """The names of the ``ProfilerStep#N`` ranges of the steps that ran (None: not known)."""
     return {f"{STEP_PREFIX}{step}" for step in steps} if steps is not None else None
+
+
+@dataclass
+class TorchPlacement:
+    """``place_python_events``' map onto torch's timeline (less ``origin_us``) as coefficients, for
+    a loop that already walks events to place them itself (``workers.place_events``, the
+    DataLoader workers' calls, most of a window's) with the same operations in the same order, so
+    the doubles are the same and ``merge_window`` need not walk them again. That loop also does
+    the contract part (a name that is no string aside: the filter may drop the call, and the fix
+    is counted) and notes here what the merge must still do."""
+
+    t0: float
+    span: float
+    offset: float
+    slope: float
+    ran: set[str] | None
+    mark: str = _UNRUN  # what an unrun step's range is renamed to (compared by identity)
+    dropped: bool = False  # a call was marked as an unrun step's
+    not_x: bool = False  # a placed call is not X (a "B"): the merge's groups hold X calls only
+    unnamed: bool = False  # a call's name is no string: the merge fixes the calls the filter kept
+
+
+def torch_placement(calibration: Calibration, origin_us: int, ran: set[str] | None) -> TorchPlacement:
+    """The coefficients ``place_python_events`` computes from ``calibration``."""
+    t0, t1 = calibration.start.python_us, calibration.end.python_us
+    offset, drift = calibration.offset_us - origin_us, calibration.drift_us
+    slope = drift / (t1 - t0) if t1 > t0 else 0.0
+    return TorchPlacement(t0=t0, span=t1 - t0, offset=offset, slope=slope, ran=ran)
 
 
 def _settle(events: list[dict[str, Any]], ran: set[str] | None, snap: bool) -> tuple[int, ThreadSpans, bool]:
@@ -176,10 +206,8 @@ def place_python_events(
     calls: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
     fixed = 0
     dropped = False
-    t0, t1 = calibration.start.python_us, calibration.end.python_us
-    offset, drift = calibration.offset_us - origin_us, calibration.drift_us
-    slope = drift / (t1 - t0) if t1 > t0 else 0.0
-    span = t1 - t0
+    placement = torch_placement(calibration, origin_us, ran)
+    t0, span, offset, slope = placement.t0, placement.span, placement.offset, placement.slope
     append = timed.append
     last_pid: Any = _UNRUN  # no event's: the first call looks its thread up
     last_tid: Any = _UNRUN
@@ -236,6 +264,19 @@ def place_python_events(
     return timed, meta, calls, fixed, dropped
 
 
+def _name_calls(calls: list[dict[str, Any]], ran: set[str] | None) -> tuple[int, bool]:
+    """``place_python_events``' name fix and unrun mark of the calls whose name is no string."""
+    fixed, dropped = 0, False
+    for event in calls:
+        if not isinstance(event.get("name"), str):
+            name = event["name"] = str(event.get("name", ""))
+            fixed += 1
+            if ran is not None and name.startswith(STEP_PREFIX) and name not in ran:
+                event["name"] = _UNRUN
+                dropped = True
+    return fixed, dropped
+
+
 def _snap_spans(groups: Iterable[Mapping[Thread, list[dict[str, Any]]]]) -> None:
     """``snap_to_nanoseconds`` of the X events in ``groups`` (``ThreadSpans``' kinds)."""
     for group in groups:
@@ -266,44 +307,81 @@ def merge_window(
     vt_metadata: Mapping[str, Any],
     thread_names: Mapping[int, str] | None = None,
     apart: range | None = None,
+    origin_us: int | None = None,
+    placed: tuple[TorchPlacement, Mapping[Thread, list[dict[str, Any]]]] | None = None,
 ) -> tuple[dict[str, Any], range]:
     """``merge_trace``, and where a run of ``python_events`` (``apart``: indices into that list,
     e.g. the DataLoader workers' calls) lies in the merged ``traceEvents``: the passes that read
     only the training process's events skip it without walking it. The trace is the same as
-    ``merge_trace``'s; the range is empty without ``apart``."""
+    ``merge_trace``'s; the range is empty without ``apart``.
+
+    ``origin_us``: ``time_origin_us`` of torch's events, when the caller computed it already.
+    ``placed``: the run is on torch's timeline already (its calls only, placed by the
+    ``TorchPlacement`` given, made from this ``calibration``, ``origin_us`` and steps) and grouped
+    per thread in its order, so it is not walked here."""
     parts: list[Iterable[dict[str, Any]]] = [python_events]
     if apart is not None and len(apart):
         listed = python_events if isinstance(python_events, list) else list(python_events)
         parts = [listed[: apart.start], listed[apart.start : apart.stop], listed[apart.stop :]]
+    elif placed is not None:
+        raise ValueError("merge_window: placed= needs the placed run's apart= range, and it was empty")
     torch_events = list(torch_trace.get("traceEvents", []))
-    origin_us = time_origin_us(torch_events)
+    if origin_us is None:
+        origin_us = time_origin_us(torch_events)
     rebase_events(torch_events, origin_us)
     # The shift, the contract, repair_boundaries, untangle_annotations and the snap, fused (the
     # passes apart: tests/test_merge_passes.py's reference): the Python events are shifted,
     # settled and grouped in one loop, torch's after them (so each thread's events keep their
     # order), the events no nesting pass reads are snapped as they are settled, the calls by the
     # last loop of untangle_annotations, the torch spans once the calls are settled against them.
-    ran = _ran(vt_metadata.get("steps"))
+    ran = ran_steps(vt_metadata.get("steps"))
     # Each part placed on its own, as one loop over them all would: the same events, the calls
     # grouped per thread in the same order (a thread's first call files it), their counts known.
     timed_parts: list[list[dict[str, Any]]] = []
     python_meta: list[dict[str, Any]] = []
     calls: dict[Thread, list[dict[str, Any]]] = {}
     python_fixed, python_dropped = 0, False
-    for part in parts:
-        part_timed, part_meta, part_calls, part_fixed, part_dropped = place_python_events(
-            part, calibration, origin_us, ran
-        )
+    elsewhere: set[Thread] = set()  # threads with calls outside the placed run
+    for number, part in enumerate(parts):
+        if number == 1 and placed is not None:  # placed and grouped as read (workers.place_events)
+            placement, part_calls = placed
+            part_meta: list[dict[str, Any]] = []
+            part_timed = part if isinstance(part, list) else list(part)  # the slice made above
+            part_fixed, part_dropped = 0, placement.dropped
+            if placement.unnamed:
+                part_fixed, named_dropped = _name_calls(part_timed, ran)
+                part_dropped = part_dropped or named_dropped
+            if placement.not_x or part_dropped:  # the groups hold only the X calls not marked
+                part_calls = {
+                    key: kept
+                    for key, group in part_calls.items()
+                    if (kept := [e for e in group if e.get("ph") == "X" and e["name"] is not _UNRUN])
+                }
+        else:
+            part_timed, part_meta, part_calls, part_fixed, part_dropped = place_python_events(
+                part, calibration, origin_us, ran
+            )
         timed_parts.append(part_timed)
+        if number != 1 or placed is None:
+            elsewhere.update(part_calls)
         python_meta += part_meta
         for key, thread_calls in part_calls.items():
-            calls.setdefault(key, []).extend(thread_calls)
+            known = calls.get(key)
+            if known is None:  # taken, not copied: each copy of a worker's calls touches every one
+                calls[key] = thread_calls
+            else:
+                known.extend(thread_calls)
         python_fixed += part_fixed
         python_dropped = python_dropped or part_dropped
     events = merge_metadata_events(torch_events, python_meta, thread_names)
     fixed, threads, dropped = _settle(events, ran, snap=True)
+    if placed is not None:  # the filter's order, outer first, unless other calls join them
+        threads.ordered.update(placed[1].keys() - elsewhere - threads.python.keys())
     for key, thread_calls in calls.items():
-        threads.python[key].extend(thread_calls)
+        if key in threads.python:
+            threads.python[key].extend(thread_calls)
+        else:
+            threads.python[key] = thread_calls
     fixed += python_fixed
     if dropped or python_dropped:
         events[:] = [e for e in events if e["name"] is not _UNRUN]

@@ -86,7 +86,7 @@ class ThreadSpans:
     the rest (which the last pass holds to nesting too). Grouped once for all passes: each
     grouping is a pass over every event of the window."""
 
-    __slots__ = ("annotations", "cut", "ops", "other", "python")
+    __slots__ = ("annotations", "cut", "ops", "ordered", "other", "python")
 
     def __init__(self, events: Iterable[dict[str, Any]] = ()) -> None:
         self.python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
@@ -94,6 +94,9 @@ class ThreadSpans:
         self.annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.cut: set[Thread] = set()  # threads where untangle_annotations moved a call's bounds
+        # threads whose calls were filed outer first (``outer_first``'s order: the filter's, on the
+        # same bounds), so that a pass that reads them in that order need not check it
+        self.ordered: set[Thread] = set()
         for event in events:
             if event.get("ph") == "X":
                 self.add(event, event.get("cat"), str(event.get("name", "")))
@@ -259,11 +262,12 @@ def untangle_annotations(
         _set_bounds(call, new_start, new_end)
     # A cut parent can leave a child (placed within the calibration's uncertainty) sticking out.
     threads.cut.update(call_key(call) for call, _, _ in cuts.values())
+    ordered = threads.ordered - ranges.keys() - threads.ops.keys()  # neither sorted nor moved above
     for key, calls in python.items():
         # the open calls' ends, innermost last, above a NaN that no comparison pops or cuts against
         ends: list[float] = [math.nan]
         pop, push = ends.pop, ends.append
-        for call in outer_first(calls):
+        for call in calls if key in ordered else outer_first(calls):
             ts = call["ts"]
             dur = call["dur"]
             end = ts + dur
@@ -298,8 +302,12 @@ def outer_first(items: list[Any], start: Callable[[Any], Any] = _TS, length: Cal
     # lazily, so items out of order (a raw dump's, by end) cost only the first few keys
     if all(map(lt, map(start, items), map(start, islice(items, 1, None)))):
         return list(items)
+    # the starts in the sorted order, without reading the items again in that order (each read
+    # there is a cache miss): sorting the keys alone takes the same steps, so gives the same list
+    starts = sorted(map(start, items))
     ordered = sorted(items, key=start)
-    starts = list(map(start, ordered))
+    if all(map(lt, starts, islice(starts, 1, None))):  # no equal starts, the usual case
+        return ordered
     run_end = -1
     # i where starts[i] == starts[i + 1], found without a Python-level loop over every item
     for i in compress(range(len(starts) - 1), map(eq, starts, islice(starts, 1, None))):

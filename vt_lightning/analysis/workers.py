@@ -14,12 +14,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
+from vt_lightning.analysis.merge import TorchPlacement
 from vt_lightning.analysis.python_tables import PythonStats, python_stats
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.schema import WorkerEntry, Workers
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.steps import WindowData
-from vt_lightning.constants import PYTHON_CATEGORY
+from vt_lightning.constants import PYTHON_CATEGORY, STEP_PREFIX
 
 PLAN_SLOTS = 4  # window ranges a plan holds: back-to-back windows closer than the prefetch depth
 NO_LIMIT = 2**62  # an epoch of unknown length (an iterable dataset without ``__len__``)
@@ -118,12 +119,18 @@ def place_events(
     to_main_us: LinearClock,
     drop_tids: set[int],
     grouped: ThreadCalls | None = None,
+    to_torch: TorchPlacement | None = None,
 ) -> list[dict[str, Any]]:
     """A worker's VizTracer events moved onto the main process's clock in place (start and end each
     mapped), less its own helper thread's (``drop_tids``) and its ``process_name`` (the writer
     names the worker's process): the events kept, in their order. One pass as the dump is read.
     ``grouped``: also file each kept event as ``filters.filter_python_events`` groups them (its
-    calls per thread, the rest apart), so that the filter need not walk them again."""
+    calls per thread, the rest apart), so that the filter need not walk them again.
+    ``to_torch`` (with ``grouped``): the calls go on to torch's timeline as
+    ``merge.place_python_events`` would place them (the same operations on the same doubles, the
+    contract but a missing name and the unrun steps' marks with them), so the merge need not walk
+    them again; the
+    other events stay on the main process's clock, for the merge to place."""
     # LinearClock.__call__ inlined, the same operations in the same order (the same doubles): this
     # loop runs once per worker event, most of a window's events.
     wx, wy, wslope = to_main_us.wx, to_main_us.wy, to_main_us.wslope
@@ -134,6 +141,10 @@ def place_events(
     last_pid: Any = drop_tids  # no event's: the first call looks its thread up
     last_tid: Any = drop_tids
     thread_calls: list[dict[str, Any]] = []
+    placing = to_torch is not None and grouped is not None
+    if to_torch is not None:
+        t0, span, offset, slope = to_torch.t0, to_torch.span, to_torch.offset, to_torch.slope
+        ran, mark = to_torch.ran, to_torch.mark
     for event in events:
         get = event.get
         tid = get("tid")
@@ -148,9 +159,48 @@ def place_events(
             if ph == "X":
                 end = mx + ((wy + ((ts + float(get("dur", 0.0))) - wx) * wslope) - my) / mslope
                 dur = end - start
-                event["dur"] = 0.0 if dur < 0.0 else dur  # max(dur, 0.0) without the call
+                dur = 0.0 if dur < 0.0 else dur  # max(dur, 0.0) without the call
+                if placing:  # merge.place_python_events' operations on (start, dur), as if written
+                    since = start - t0
+                    drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
+                    placed = start + offset + drifted
+                    end = start + dur
+                    since = end - t0
+                    drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
+                    end = end + offset + drifted
+                    event["dur"] = end - placed if end > placed else 0.0
+                    event["ts"] = placed
+                    event["cat"] = PYTHON_CATEGORY
+                    name = get("name")
+                    if name.__class__ is not str:  # the merge fixes it, if the filter keeps the call
+                        to_torch.unnamed = True  # type: ignore[union-attr]
+                    elif ran is not None and name.startswith(STEP_PREFIX) and name not in ran:
+                        event["name"] = mark
+                        to_torch.dropped = True  # type: ignore[union-attr]
+                    pid = get("pid")
+                    if tid != last_tid or pid != last_pid:  # a thread's calls come in runs
+                        last_pid, last_tid = pid, tid
+                        thread_calls = threads.setdefault((pid, tid), [])
+                    thread_calls.append(event)
+                    append(event)
+                    continue
+                event["dur"] = dur
             event["ts"] = start
             if grouped is not None and (ph == "X" or ph == "B"):
+                if placing:  # a "B" call: placed and snapped as merge.place_python_events does
+                    since = start - t0
+                    drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
+                    placed = start + offset + drifted
+                    if not isinstance(get("cat"), str):
+                        event["cat"] = PYTHON_CATEGORY
+                    event["ts"] = round(placed * 1000) / 1000  # snapped: no nesting pass reads it
+                    to_torch.not_x = True  # type: ignore[union-attr]
+                    name = get("name")
+                    if name.__class__ is not str:
+                        to_torch.unnamed = True  # type: ignore[union-attr]
+                    elif ran is not None and name.startswith(STEP_PREFIX) and name not in ran:
+                        event["name"] = mark
+                        to_torch.dropped = True  # type: ignore[union-attr]
                 pid = get("pid")
                 if tid != last_tid or pid != last_pid:  # a thread's calls come in runs
                     last_pid, last_tid = pid, tid

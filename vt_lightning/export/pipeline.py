@@ -21,7 +21,14 @@ from vt_lightning.analysis.clock import Calibration, ClockPair, best_marker_pair
 from vt_lightning.analysis.compile import compile_record, compile_span_events
 from vt_lightning.analysis.filters import filter_python_events
 from vt_lightning.analysis.flight import add_flight_track
-from vt_lightning.analysis.merge import encode_trace, merge_window
+from vt_lightning.analysis.merge import (
+    TorchPlacement,
+    encode_trace,
+    merge_window,
+    ran_steps,
+    time_origin_us,
+    torch_placement,
+)
 from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary import summarize
 from vt_lightning.analysis.verdicts import with_job_verdicts
@@ -154,7 +161,9 @@ def finish_window(job: WindowJob) -> WindowResult:
             )
             metadata["overflow_suggested_tracer_entries"] = suggested
         notes: list[str] = []
-        python_events, workers, apart = _python_events(job, python, metadata, notes)
+        origin_us = time_origin_us(torch_trace.get("traceEvents", []))
+        to_torch = torch_placement(calibration, origin_us, ran_steps(metadata.get("steps")))
+        python_events, workers, apart, placed = _python_events(job, python, metadata, notes, to_torch)
         merged, run = merge_window(
             torch_trace,
             python_events,
@@ -162,6 +171,8 @@ def finish_window(job: WindowJob) -> WindowResult:
             metadata,
             thread_names=job.thread_names,
             apart=apart,
+            origin_us=origin_us,
+            placed=placed,
         )
         del torch_trace, python, python_events
         workers_run = WorkersRun(merged["traceEvents"], run, workers)
@@ -245,22 +256,33 @@ def _worker_calls_start(events: list[dict[str, Any]], pids: set[int]) -> int:
 
 
 def _python_events(
-    job: WindowJob, python: dict[str, Any], metadata: dict[str, Any], notes: list[str]
-) -> tuple[list[dict[str, Any]], WorkerDumps | None, range | None]:
+    job: WindowJob, python: dict[str, Any], metadata: dict[str, Any], notes: list[str], to_torch: TorchPlacement
+) -> tuple[
+    list[dict[str, Any]],
+    WorkerDumps | None,
+    range | None,
+    tuple[TorchPlacement, dict[Any, list[dict[str, Any]]]] | None,
+]:
     """The window's Python-clock events, before the merge: VizTracer's calls with the DataLoader
     workers' parts (``worker_dumps.py``), filtered, then the gc pauses and compile spans the side
-    recorders took. Returns them with the workers' parts (or None) and where the workers' run
-    lies among them (or None); ``metadata`` and ``notes`` get what the filter and the compile
-    watch report."""
-    python_events = python.get("traceEvents", [])
-    workers = collect_worker_dumps(job.extras.get("workers"))
-    apart = None
+    recorders took. Returns them with the workers' parts (or None), where the workers' run lies
+    among them (or None) and, when the workers' calls were placed on torch's timeline as they
+    were read (``to_torch``: the filter runs, so they come as one run), ``to_torch`` with those
+    calls per thread for ``merge_window``'s ``placed``; ``metadata`` and ``notes`` get what the
+    filter and the compile watch report."""
+    raw_events: list[dict[str, Any]] = python.get("traceEvents", [])
+    python_events = raw_events  # a new list from here on but without a filter or workers
+    filtering = job.python_filter is not None
+    workers = collect_worker_dumps(job.extras.get("workers"), to_torch if filtering else None)
+    apart = placed = None
     if job.python_filter is not None:  # the workers' events follow, grouped as the filter groups
         grouped = workers.grouped if workers is not None else None
-        python_events, filter_stats = filter_python_events(python_events, job.python_filter, grouped)
+        kept_groups: dict[Any, list[dict[str, Any]]] = {}
+        python_events, filter_stats = filter_python_events(python_events, job.python_filter, grouped, kept_groups)
         if workers is not None:
             pids = {int(worker["pid"]) for worker in workers.workers}
             apart = range(_worker_calls_start(python_events, pids), len(python_events))
+            placed = (to_torch, kept_groups) if len(apart) else None
         metadata["python_filter"] = filter_stats.as_dict()
         if job.python_filter.user_filters and filter_stats.kept == 0 and filter_stats.filtered:
             notes.append(
@@ -275,12 +297,15 @@ def _python_events(
     if isinstance(gc_pauses, dict) and gc_pauses.get("events"):  # recording/gc_watch.py, on the Python clock
         # Copies: merging moves events in place, and the job stays as handed over (a retry of
         # the same job on the writer thread would otherwise shift these a second time).
-        python_events = [*python_events, *(dict(event) for event in gc_pauses["events"])]
+        python_events = python_events if python_events is not raw_events else list(python_events)
+        python_events.extend(dict(event) for event in gc_pauses["events"])
     compile_info = job.extras.get("compile")
     if isinstance(compile_info, dict):  # recording/compile_watch.py: a span per compile, Python clock
-        python_events = [*python_events, *compile_span_events(compile_info, python_events)]
+        spans = compile_span_events(compile_info, python_events)
+        python_events = python_events if python_events is not raw_events else list(python_events)
+        python_events.extend(spans)  # not a copy of the window's events with them: it touches each
         metadata["compile"] = compile_record(compile_info)
-    return python_events, workers, apart
+    return python_events, workers, apart, placed
 
 
 MAX_CLASHES = 1000

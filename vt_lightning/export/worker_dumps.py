@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from vt_lightning.analysis.merge import TorchPlacement
 from vt_lightning.analysis.proc_stat import scheduler_state
 from vt_lightning.analysis.schema import Workers
 from vt_lightning.analysis.steps import WindowData
@@ -102,8 +103,9 @@ def wait_for_parts(
     return complete, notes
 
 
-def collect_worker_dumps(extras: dict[str, Any] | None) -> WorkerDumps | None:
-    """Read one window's worker parts (``WindowJob.extras["workers"]``); None when it has none."""
+def collect_worker_dumps(extras: dict[str, Any] | None, to_torch: TorchPlacement | None = None) -> WorkerDumps | None:
+    """Read one window's worker parts (``WindowJob.extras["workers"]``); None when it has none.
+    ``to_torch``: their calls go on to torch's timeline as they are read (``place_events``)."""
     if not extras:
         return None
     out = WorkerDumps()
@@ -123,8 +125,8 @@ def collect_worker_dumps(extras: dict[str, Any] | None) -> WorkerDumps | None:
             continue
         to_main = worker_to_main_us([(float(u), int(n)) for u, n in meta["clock"]], main_clock)
         helper_tids = {int(t) for t in meta.get("helper_tids", [])}
-        out.events += place_events(dump.get("traceEvents", []), to_main, helper_tids, out.grouped)
-        out.events += place_events(library_spans(meta), to_main, helper_tids, out.grouped)
+        out.events += place_events(dump.get("traceEvents", []), to_main, helper_tids, out.grouped, to_torch)
+        out.events += place_events(library_spans(meta), to_main, helper_tids, out.grouped, to_torch)
         if dump.get("viztracer_metadata", {}).get("overflow"):
             out.missing.append(
                 f"DataLoader worker {meta['worker']} filled its ring buffer: only its last events are kept"
