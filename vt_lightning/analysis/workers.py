@@ -129,8 +129,7 @@ def place_events(
     ``to_torch`` (with ``grouped``): the calls go on to torch's timeline as
     ``merge.place_python_events`` would place them (the same operations on the same doubles, the
     contract but a missing name and the unrun steps' marks with them), so the merge need not walk
-    them again; the
-    other events stay on the main process's clock, for the merge to place."""
+    them again; the other events stay on the main process's clock, for the merge to place."""
     # LinearClock.__call__ inlined, the same operations in the same order (the same doubles): this
     # loop runs once per worker event, most of a window's events.
     wx, wy, wslope = to_main_us.wx, to_main_us.wy, to_main_us.wslope
