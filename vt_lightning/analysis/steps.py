@@ -145,6 +145,7 @@ def classify(
     last_pid: Any = None
     last_tid: Any = None
     add_call = None
+    named: dict[str, bool] = {}
     for event in trace_events:
         if event.get("ph") != "X" or "ts" not in event:
             if event.get("name") == "[memory]" and event.get("ph") == "i":
@@ -164,7 +165,11 @@ def classify(
         start = float(event["ts"])
         name = str(event.get("name", ""))
         add_call((start, start + float(event.get("dur", 0.0) or 0.0), name))
-        if name.startswith(_NAMED_PREFIXES) or RESUME_MARK in name:
+        # Names repeat (a worker's 163k calls have a few thousand): each is tested once.
+        is_named = named.get(name)
+        if is_named is None:
+            is_named = named[name] = name.startswith(_NAMED_PREFIXES) or RESUME_MARK in name
+        if is_named:
             keep(event)
     return calls, rest, memory
 
