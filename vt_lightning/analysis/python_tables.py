@@ -4,7 +4,8 @@ inclusive time, from one ``sweep.nest`` and one stack walk per thread. Pure.
 ``summary.py`` ranks them (the window's ``top_python``), ``workers.worker_summary`` reads the
 DataLoader workers' threads whole; ``PythonStats.sweep_entries`` walks a whole thread once for its
 tables and for the ``input_bound`` verdict's entry times (``verdicts/window.entry_times``' sums),
-and ``steps.WindowData.walk`` keeps that walk per thread, so a worker thread is walked once.
+nesting the calls as it goes (no ``sweep.nest`` of its own), and ``steps.WindowData.walk`` keeps
+that walk per thread, so a worker thread is walked once.
 """
 
 from __future__ import annotations
