@@ -175,7 +175,7 @@ def test_one_walk_gives_the_tables_and_the_entry_times_of_two(seed: int) -> None
     thread = (101, 1)
     apart, fused = PythonStats(), PythonStats()
     apart.sweep(thread, nested, None)
-    found_entries, found_callees = fused.sweep_entries(thread, nested)
+    found_entries, found_callees = fused.sweep_entries(thread, nested[0])
     entries, callees = entry_times(nested)
     assert list(found_entries.items()) == list(entries.items()) and entries
     assert _listed(found_callees) == _listed(callees)

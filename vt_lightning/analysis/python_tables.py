@@ -4,11 +4,13 @@ inclusive time, from one ``sweep.nest`` and one stack walk per thread. Pure.
 ``summary.py`` ranks them (the window's ``top_python``), ``workers.worker_summary`` reads the
 DataLoader workers' threads whole; ``PythonStats.sweep_entries`` walks a whole thread once for its
 tables and for the ``input_bound`` verdict's entry times (``verdicts/window.entry_times``' sums),
-and ``steps.WindowData.walk`` keeps that walk per thread, so a worker thread is walked once.
+nesting the calls as it goes (no ``sweep.nest`` of its own), and ``steps.WindowData.walk`` keeps
+that walk per thread, so a worker thread is walked once.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -161,20 +163,23 @@ class PythonStats:
                     folds[done].self_us += own  # type: ignore[union-attr]
         self.threads[thread] = (functions, packages)
 
-    def sweep_entries(self, thread: Thread, nested: Nested) -> EntryTimes:
-        """``sweep(thread, nested, None)`` and ``verdicts/window.entry_times(nested)`` in one walk
-        over a whole thread: the same tables, and the same entry times to the last bit (each sum
-        the same subtractions, added in the same order as the timeline's segments). Without phases
-        a function's fold line is fixed by its name, so one lookup per call finds both its stats
-        and whether it is the user's; each ``Stat`` counts its own open calls."""
+    def sweep_entries(self, thread: Thread, ordered: Sequence[tuple[float, float, str]]) -> EntryTimes:
+        """``sweep(thread, nest(ordered), None)`` and ``verdicts/window.entry_times(nest(ordered))``
+        in one walk over a whole thread's calls, already in ``sweep.outer_first`` order: the same
+        tables, and the same entry times to the last bit (each sum the same subtractions, added in
+        the same order as the timeline's segments). The walk nests the calls itself (a worker's
+        163k calls are walked once, not twice). Without phases a function's fold line is fixed by
+        its name, so one lookup per call finds both its stats and whether it is the user's; each
+        ``Stat`` counts its own open calls."""
         functions: dict[str, Stat] = {}
         packages: dict[FoldKey, Stat] = {}
         package_of, user_of = self.package_of, self.user
         # name -> (its Stat, its fold line's Stat or None, the user's own code)
         seen: dict[str, tuple[Stat, Stat | None, bool]] = {}
         seen_get = seen.get
-        ordered, ends, parents = nested
         count = len(ordered)
+        ends: list[float] = []  # each call's end, cut to the end of the call it started in (nest's)
+        add_end = ends.append
         child_us = [0.0] * count
         stats: list[Stat] = [None] * count  # type: ignore[list-item]
         folds: list[Stat | None] = [None] * count
@@ -185,13 +190,13 @@ class PythonStats:
         opened: list[tuple[str | None, str | None, bool]] = []  # per call: user, entry, is_user
         add_open = opened.append
         cursor = 0.0
+        top_end = math.inf  # the innermost open call's (cut) end
 
         for i, call in enumerate(ordered):
-            start, name = call[0], call[2]
-            parent = parents[i]
-            while stack[-1] != parent:
+            start, end, name = call[0], call[1], call[2]
+            while top_end <= start:  # the open calls that ended before this one, innermost first
                 done = pop()
-                done_end = ends[done]
+                done_end = top_end
                 own = done_end - ordered[done][0] - child_us[done]
                 dstat = stats[done]
                 dfold = folds[done]
@@ -209,7 +214,12 @@ class PythonStats:
                         if user and user != entry:
                             callees[entry][user] += done_end - cursor
                 cursor = done_end
-            dur = ends[i] - start
+                top_end = ends[stack[-1]] if len(stack) > 1 else math.inf
+            parent = stack[-1]
+            if end > top_end:
+                end = top_end
+            add_end(end)
+            dur = end - start
             found = seen_get(name)
             if found is None:
                 package = package_of.get(name)
@@ -253,7 +263,7 @@ class PythonStats:
             else:
                 add_open((name, name, True) if is_user else _OUTSIDE_USER)
             push(i)
-            cursor = start
+            cursor, top_end = start, end
         del stack[0]
         for done in stack:
             own = ends[done] - ordered[done][0] - child_us[done]

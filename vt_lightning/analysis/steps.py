@@ -18,7 +18,7 @@ from vt_lightning.analysis.python_tables import EntryTimes, PythonStats
 from vt_lightning.analysis.spans import Span, launches_by_correlation, x_events
 from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.summary_devices import RUNTIME_CATEGORIES
-from vt_lightning.analysis.sweep import Nested, nest
+from vt_lightning.analysis.sweep import Nested, nest, outer_first
 from vt_lightning.constants import (
     CPU_OP_CATEGORY,
     GC_SPAN_PREFIX,
@@ -118,7 +118,9 @@ class WindowData:
         workers' tables and ``input_bound`` read a worker thread through it."""
         found = self._walks.get(thread)
         if found is None:
-            found = self._walks[thread] = self.whole_threads.sweep_entries(thread, self.nested(thread))
+            nested = self._nested.get(thread)
+            ordered = nested[0] if nested is not None else outer_first(self.python_calls.get(thread, ()))
+            found = self._walks[thread] = self.whole_threads.sweep_entries(thread, ordered)
         return found
 
     @property
@@ -145,6 +147,7 @@ def classify(
     last_pid: Any = None
     last_tid: Any = None
     add_call = None
+    named: dict[str, bool] = {}
     for event in trace_events:
         if event.get("ph") != "X" or "ts" not in event:
             if event.get("name") == "[memory]" and event.get("ph") == "i":
@@ -164,7 +167,11 @@ def classify(
         start = float(event["ts"])
         name = str(event.get("name", ""))
         add_call((start, start + float(event.get("dur", 0.0) or 0.0), name))
-        if name.startswith(_NAMED_PREFIXES) or RESUME_MARK in name:
+        # Names repeat (a worker's 163k calls have a few thousand): each is tested once.
+        is_named = named.get(name)
+        if is_named is None:
+            is_named = named[name] = name.startswith(_NAMED_PREFIXES) or RESUME_MARK in name
+        if is_named:
             keep(event)
     return calls, rest, memory
 

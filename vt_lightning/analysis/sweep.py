@@ -24,6 +24,20 @@ _FOREVER = float("inf")
 _START, _END = itemgetter(0), itemgetter(1)
 
 
+def outer_first(intervals: Iterable[Interval]) -> list[Interval]:
+    """``intervals`` in ``nest``'s order: by start, the longer first on a tie, then as given."""
+    ordered = list(intervals)
+    starts = list(map(_START, ordered))
+    # A thread's calls usually come ordered by start already, none starting together (a DataLoader
+    # worker's always): then they are outer-first as given, checked at C speed. Else two stable
+    # sorts on C keys (reverse keeps equal ends in their order), cheaper than one sort on a Python
+    # key of (start, -end).
+    if not all(map(lt, starts, islice(starts, 1, None))):
+        ordered.sort(key=_END, reverse=True)
+        ordered.sort(key=_START)
+    return ordered
+
+
 def nest(intervals: Iterable[Interval], clip: bool = True) -> Nested:
     """``(ordered, ends, parents)``: ``intervals`` sorted by start, the longer first on a tie (then
     in the order given), each one's end (``clip``: cut to the end of the call it started in, as a
@@ -32,15 +46,7 @@ def nest(intervals: Iterable[Interval], clip: bool = True) -> Nested:
 
     Readers walk ``ordered`` keeping a stack of open indices: before call ``i``, pop while the top
     is not ``parents[i]``; the popped calls are those that ended, innermost first."""
-    ordered = list(intervals)
-    starts = list(map(_START, ordered))
-    # A thread's calls usually come ordered by start already, none starting together (a DataLoader
-    # worker's always): then they are outer-first as given, checked at C speed. Else by start, the
-    # longer first on a tie, then as given: two stable sorts on C keys (reverse keeps equal ends in
-    # their order), cheaper than one sort on a Python key of (start, -end).
-    if not all(map(lt, starts, islice(starts, 1, None))):
-        ordered.sort(key=_END, reverse=True)
-        ordered.sort(key=_START)
+    ordered = outer_first(intervals)
     ends: list[float] = []
     parents: list[int] = []
     add_end, add_parent = ends.append, parents.append
