@@ -165,7 +165,7 @@ class PythonStats:
 
     def sweep_entries(self, thread: Thread, ordered: Sequence[tuple[float, float, str]]) -> EntryTimes:
         """``sweep(thread, nest(ordered), None)`` and ``verdicts/window.entry_times(nest(ordered))``
-        in one walk over a whole thread's calls, already in ``sweep.outer_first`` order: the same
+        in one walk over a whole thread's calls, already in ``sweep.by_start`` order: the same
         tables, and the same entry times to the last bit (each sum the same subtractions, added in
         the same order as the timeline's segments). The walk nests the calls itself (a worker's
         163k calls are walked once, not twice). Without phases a function's fold line is fixed by

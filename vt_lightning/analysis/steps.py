@@ -18,7 +18,7 @@ from vt_lightning.analysis.python_tables import EntryTimes, PythonStats
 from vt_lightning.analysis.spans import Span, launches_by_correlation, x_events
 from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.summary_devices import RUNTIME_CATEGORIES
-from vt_lightning.analysis.sweep import Nested, nest, outer_first
+from vt_lightning.analysis.sweep import Nested, by_start, nest
 from vt_lightning.constants import (
     CPU_OP_CATEGORY,
     GC_SPAN_PREFIX,
@@ -119,7 +119,7 @@ class WindowData:
         found = self._walks.get(thread)
         if found is None:
             nested = self._nested.get(thread)
-            ordered = nested[0] if nested is not None else outer_first(self.python_calls.get(thread, ()))
+            ordered = nested[0] if nested is not None else by_start(self.python_calls.get(thread, ()))
             found = self._walks[thread] = self.whole_threads.sweep_entries(thread, ordered)
         return found
 

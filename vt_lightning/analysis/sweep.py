@@ -10,9 +10,10 @@ lists (a NamedTuple or an object per call costs several times as much in these l
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import islice
-from operator import itemgetter, lt
+from operator import itemgetter
 from typing import Any
+
+from vt_lightning.analysis.nesting import outer_first
 
 # An interval as the readers pass it: ``(start µs, end µs, *fields)``; nest keeps the tuple as is.
 Interval = tuple[Any, ...]
@@ -24,18 +25,11 @@ _FOREVER = float("inf")
 _START, _END = itemgetter(0), itemgetter(1)
 
 
-def outer_first(intervals: Iterable[Interval]) -> list[Interval]:
-    """``intervals`` in ``nest``'s order: by start, the longer first on a tie, then as given."""
-    ordered = list(intervals)
-    starts = list(map(_START, ordered))
-    # A thread's calls usually come ordered by start already, none starting together (a DataLoader
-    # worker's always): then they are outer-first as given, checked at C speed. Else two stable
-    # sorts on C keys (reverse keeps equal ends in their order), cheaper than one sort on a Python
-    # key of (start, -end).
-    if not all(map(lt, starts, islice(starts, 1, None))):
-        ordered.sort(key=_END, reverse=True)
-        ordered.sort(key=_START)
-    return ordered
+def by_start(intervals: Iterable[Interval]) -> list[Interval]:
+    """``intervals`` in ``nest``'s order: by start, the longer first on a tie, then as given
+    (``nesting.outer_first`` on the tuples' first two fields: a thread already in strict start
+    order, as a DataLoader worker's is, is checked at C speed and not sorted)."""
+    return outer_first(list(intervals), _START, _END)
 
 
 def nest(intervals: Iterable[Interval], clip: bool = True) -> Nested:
@@ -46,7 +40,7 @@ def nest(intervals: Iterable[Interval], clip: bool = True) -> Nested:
 
     Readers walk ``ordered`` keeping a stack of open indices: before call ``i``, pop while the top
     is not ``parents[i]``; the popped calls are those that ended, innermost first."""
-    ordered = outer_first(intervals)
+    ordered = by_start(intervals)
     ends: list[float] = []
     parents: list[int] = []
     add_end, add_parent = ends.append, parents.append
