@@ -31,6 +31,7 @@ from vt_lightning.analysis.nesting import (
     separate_crossing_ranges,
     untangle_annotations,
 )
+from vt_lightning.analysis.steps import classify
 from vt_lightning.constants import STEP_PREFIX
 
 BASE_NS = 1_700_000_000_000_000_000
@@ -352,7 +353,9 @@ def test_workers_calls_placed_on_torchs_timeline_as_they_are_read_merge_as_if_th
     metadata = {"version": "t", "steps": steps} if steps is not None else {"version": "t"}
     rules = PythonFilter(max_depth=max_depth, own=("/u/vt_lightning/",), library=())
 
-    def merged(placing: bool) -> tuple[bytes, list[dict[str, Any]], bytes]:
+    bounds: dict[Any, list[tuple[float, float, str]]] = {}
+
+    def merged(placing: bool) -> tuple[bytes, list[dict[str, Any]], bytes, range]:
         torch_copy, main, dump = orjson.loads(orjson.dumps([torch_events, python_events, worker]))
         origin = time_origin_us(torch_copy)
         to_torch = torch_placement(calibration, origin, ran_steps(metadata.get("steps")))
@@ -373,12 +376,24 @@ def test_workers_calls_placed_on_torchs_timeline_as_they_are_read_merge_as_if_th
             apart=apart,
             origin_us=origin if placing else None,
             placed=(to_torch, kept_groups) if placing and len(apart) else None,
+            bounds=bounds if placing else None,
         )
         placed_times = orjson.dumps([(e["ts"], e.get("dur"), e.get("cat")) for e in run_events])
-        return orjson.dumps(trace), trace["traceEvents"][run.start : run.stop], placed_times
+        return orjson.dumps(trace), trace["traceEvents"][run.start : run.stop], placed_times, run
 
-    expected, expected_run, expected_placed = merged(placing=False)
-    got, got_run, got_placed = merged(placing=True)
+    expected, expected_run, expected_placed, _ = merged(placing=False)
+    got, got_run, got_placed, run = merged(placing=True)
     assert got_placed == expected_placed
     assert got == expected
     assert orjson.dumps(got_run) == orjson.dumps(expected_run)
+    # The calls the merge hands the summary are the run's, as a reader of the trace reads them.
+    for thread, calls in bounds.items():
+        read = [
+            (e["ts"], e["ts"] + e["dur"], e["name"])
+            for e in got_run
+            if (e["pid"], e["tid"]) == thread and e["ph"] == "X"
+        ]
+        assert calls == read, thread
+    if bounds and sum(map(len, bounds.values())) == len(got_run):
+        events = orjson.loads(got)["traceEvents"]
+        assert classify(events, run, bounds) == classify(events)

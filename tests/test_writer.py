@@ -383,6 +383,34 @@ def test_the_passes_that_skip_the_workers_calls_write_what_a_walk_of_every_event
     assert len(jobs) == 1
     job = jobs[0]
 
+    def outputs(run_dir: Path) -> dict[str, str]:
+        result = pipeline.finish_window(dataclasses.replace(job, run_dir=run_dir, job_id=""))
+        assert result.memory_path is not None and result.summary is not None, result.notes
+        files = {}
+        for path in sorted(run_dir.iterdir()):
+            data = path.read_bytes()
+            files[path.name] = hashlib.md5(gzip.decompress(data) if path.suffix == ".gz" else data).hexdigest()
+        return files
+
+    # The summary takes the workers' calls as the merge read them (merge_window's bounds), and
+    # writes what reading them from the trace writes.
+    taken = []
+    real_read = pipeline.read_window
+
+    def read_spy(trace, run=range(0), run_calls=None):
+        window = real_read(trace, run, run_calls)
+        taken.append(bool(run_calls) and all(window.python_calls[t] is c for t, c in run_calls.items()))
+        return window
+
+    real_calls = pipeline.WorkersRun.summary_calls
+    monkeypatch.setattr(pipeline, "read_window", read_spy)
+    handed = outputs(tmp_path / "handed")
+    monkeypatch.setattr(pipeline.WorkersRun, "summary_calls", lambda self: None)
+    read = outputs(tmp_path / "read")
+    assert taken == [True, False] and handed == read
+    monkeypatch.setattr(pipeline, "read_window", real_read)
+    monkeypatch.setattr(pipeline.WorkersRun, "summary_calls", real_calls)
+
     # Look-alikes on a worker's thread: calls named as module ranges, [memory] instants.
     dump_path = sorted((tmp_path / "kept").glob("b*.json"))
     dump_path = next(p for p in dump_path if not p.name.endswith(".meta.json"))
@@ -410,15 +438,6 @@ def test_the_passes_that_skip_the_workers_calls_write_what_a_walk_of_every_event
         run = real_range(self)
         runs_seen.append(len(run))
         return run
-
-    def outputs(run_dir: Path) -> dict[str, str]:
-        result = pipeline.finish_window(dataclasses.replace(job, run_dir=run_dir, job_id=""))
-        assert result.memory_path is not None and result.summary is not None, result.notes
-        files = {}
-        for path in sorted(run_dir.iterdir()):
-            data = path.read_bytes()
-            files[path.name] = hashlib.md5(gzip.decompress(data) if path.suffix == ".gz" else data).hexdigest()
-        return files
 
     monkeypatch.setattr(pipeline.WorkersRun, "range", seen)
     skipping = outputs(tmp_path / "skipping")

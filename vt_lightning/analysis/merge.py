@@ -309,6 +309,7 @@ def merge_window(
     apart: range | None = None,
     origin_us: int | None = None,
     placed: tuple[TorchPlacement, Mapping[Thread, list[dict[str, Any]]]] | None = None,
+    bounds: dict[Thread, list[tuple[float, float, str]]] | None = None,
 ) -> tuple[dict[str, Any], range]:
     """``merge_trace``, and where a run of ``python_events`` (``apart``: indices into that list,
     e.g. the DataLoader workers' calls) lies in the merged ``traceEvents``: the passes that read
@@ -318,7 +319,9 @@ def merge_window(
     ``origin_us``: ``time_origin_us`` of torch's events, when the caller computed it already.
     ``placed``: the run is on torch's timeline already (its calls only, placed by the
     ``TorchPlacement`` given, made from this ``calibration``, ``origin_us`` and steps) and grouped
-    per thread in its order, so it is not walked here."""
+    per thread in its order, so it is not walked here. ``bounds``: filled with the placed run's
+    threads' calls as ``(start, end, name)``, made by the last loop over them
+    (``nesting.untangle_annotations``), for a reader that would walk the run for them."""
     parts: list[Iterable[dict[str, Any]]] = [python_events]
     if apart is not None and len(apart):
         listed = python_events if isinstance(python_events, list) else list(python_events)
@@ -392,7 +395,7 @@ def merge_window(
         events.extend(part_timed)
     tolerance = calibration.uncertainty_us + STAMP_JITTER_US
     repaired, _ = repair_boundaries(events, tolerance, threads)
-    untangled = untangle_annotations(events, threads, snap=True)
+    untangled = untangle_annotations(events, threads, snap=True, bounds=bounds)
     _snap_spans((threads.ops, threads.annotations, threads.other))
     moved, clamped = separate_crossing_ranges(events, threads, calls_nest=True)
 

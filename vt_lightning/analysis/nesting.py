@@ -212,7 +212,11 @@ def count_crossings(events: list[dict[str, Any]], threads: ThreadSpans | None = 
 
 
 def untangle_annotations(
-    events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, snap: bool = False
+    events: list[dict[str, Any]],
+    threads: ThreadSpans | None = None,
+    *,
+    snap: bool = False,
+    bounds: dict[Thread, list[tuple[float, float, str]]] | None = None,
 ) -> int:
     """Make Python calls nest with the annotation ranges they open or close.
 
@@ -225,6 +229,11 @@ def untangle_annotations(
     ``snap``: its last loop, which visits every call once, also puts each on the nanosecond grid as
     ``merge.snap_to_nanoseconds`` would once it is settled (later calls read only the ends kept on
     the loop's stack, from before the snap), saving ``merge_trace`` a pass over the calls.
+    ``bounds`` (with ``snap``): filled, for each thread whose calls came in order
+    (``ThreadSpans.ordered``, a DataLoader worker's) and that no cut touched, with its calls'
+    ``(start, end, name)`` as snapped, in their order: what a reader of the written trace computes
+    from each call (``ts``, ``ts + dur``), made here where the loop holds them, so the summary
+    need not walk those calls again (``steps.classify``).
     """
     threads = threads if threads is not None else ThreadSpans(events)
     python, ranges = threads.python, threads.annotations
@@ -267,7 +276,9 @@ def untangle_annotations(
         # the open calls' ends, innermost last, above a NaN that no comparison pops or cuts against
         ends: list[float] = [math.nan]
         pop, push = ends.pop, ends.append
-        for call in calls if key in ordered else outer_first(calls):
+        in_order = key in ordered
+        bound = bounds.setdefault(key, []).append if snap and in_order and bounds is not None else None
+        for call in calls if in_order else outer_first(calls):
             ts = call["ts"]
             dur = call["dur"]
             end = ts + dur
@@ -287,8 +298,15 @@ def untangle_annotations(
                     end = ts + float(dur)
                 start_ns = round(ts * 1000)
                 end_ns = round(end * 1000)
-                call["dur"] = (end_ns - start_ns if end_ns > start_ns else 0) / 1000
-                call["ts"] = start_ns / 1000
+                snapped_dur = (end_ns - start_ns if end_ns > start_ns else 0) / 1000
+                snapped_ts = start_ns / 1000
+                call["dur"] = snapped_dur
+                call["ts"] = snapped_ts
+                if bound is not None:
+                    bound((snapped_ts, snapped_ts + snapped_dur, call["name"]))
+    if bounds is not None:
+        for key in threads.cut.intersection(bounds):  # a later pass may move a cut thread's calls
+            del bounds[key]
     return len(cuts)
 
 

@@ -7,9 +7,10 @@ finds the steps again. Pure.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from operator import itemgetter
 from typing import Any
 
 from vt_lightning.analysis.breakdown import Range, stage_ranges_of
@@ -133,21 +134,84 @@ class WindowData:
 # Python calls whose names a table reads (gc pauses, compile spans, Lightning's ranges) go to
 # ``WindowData.rest`` as well; so do dynamo's resume calls (``RESUME_MARK`` in the name).
 _NAMED_PREFIXES = (GC_SPAN_PREFIX, COMPILE_SPAN_PREFIX, PL_PROFILE_PREFIX)
+_NAME = itemgetter(2)  # a Call's name
 
 
 def classify(
-    trace_events: Iterable[dict[str, Any]],
+    trace_events: Sequence[dict[str, Any]],
+    run: range = range(0),
+    run_calls: Mapping[Thread, list[Call]] | None = None,
 ) -> tuple[dict[Thread, list[Call]], list[dict[str, Any]], list[dict[str, Any]]]:
     """``(python_calls, rest, memory)`` of ``WindowData``, in one pass over a trace's events; runs
-    once per event of the window, so it is written for speed."""
+    once per event of the window, so it is written for speed.
+
+    ``run`` and ``run_calls``: a run of ``trace_events`` that holds nothing but Python calls
+    (a DataLoader worker's, most of a window's events), each thread's calls in one stretch, and
+    those calls as read here (``merge.merge_window``'s ``bounds``): taken as given instead of read
+    from the events, once each stretch's first and last call match them and none of their names is
+    one ``rest`` keeps. Otherwise the run is read like every other event."""
     calls: dict[Thread, list[Call]] = {}
     rest: list[dict[str, Any]] = []
     memory: list[dict[str, Any]] = []
+    named: dict[str, bool] = {}
+    if run_calls is not None and _describes(trace_events, run, run_calls, named):
+        _file(trace_events[: run.start], calls, rest, memory, named)
+        for thread, found in run_calls.items():
+            known = calls.get(thread)
+            if known is None:
+                calls[thread] = found
+            else:
+                known.extend(found)
+        _file(trace_events[run.stop :], calls, rest, memory, named)
+    else:
+        _file(trace_events, calls, rest, memory, named)
+    return calls, rest, memory
+
+
+def _is_named(name: str, named: dict[str, bool]) -> bool:
+    """Whether ``rest`` keeps a Python call of this name as well; names repeat (a worker's 163k
+    calls have a few thousand), so each is tested once."""
+    found = named.get(name)
+    if found is None:
+        found = named[name] = name.startswith(_NAMED_PREFIXES) or RESUME_MARK in name
+    return found
+
+
+def _describes(
+    events: Sequence[dict[str, Any]], run: range, run_calls: Mapping[Thread, list[Call]], named: dict[str, bool]
+) -> bool:
+    """Whether ``run_calls`` are ``events[run]``'s calls as ``_file`` would read them: as many,
+    each thread's stretch starting and ending where its calls do, and no name ``rest`` keeps."""
+    if not len(run) or run.stop > len(events) or sum(map(len, run_calls.values())) != len(run):
+        return False
+    at = run.start
+    for (pid, tid), found in run_calls.items():
+        if not found:
+            return False
+        first, last = events[at], events[at + len(found) - 1]
+        for event, call in ((first, found[0]), (last, found[-1])):
+            if event.get("pid") != pid or event.get("tid") != tid or event.get("ph") != "X":
+                return False
+            if event.get("cat") != PYTHON_CATEGORY or event.get("ts") != call[0] or event.get("name") != call[2]:
+                return False
+        at += len(found)
+        if any(_is_named(name, named) for name in set(map(_NAME, found))):
+            return False
+    return True
+
+
+def _file(
+    trace_events: Iterable[dict[str, Any]],
+    calls: dict[Thread, list[Call]],
+    rest: list[dict[str, Any]],
+    memory: list[dict[str, Any]],
+    named: dict[str, bool],
+) -> None:
+    """``classify``'s loop: file each event into ``calls``, ``rest`` or ``memory``."""
     keep, keep_memory = rest.append, memory.append
     last_pid: Any = None
     last_tid: Any = None
     add_call = None
-    named: dict[str, bool] = {}
     for event in trace_events:
         if event.get("ph") != "X" or "ts" not in event:
             if event.get("name") == "[memory]" and event.get("ph") == "i":
@@ -167,19 +231,19 @@ def classify(
         start = float(event["ts"])
         name = str(event.get("name", ""))
         add_call((start, start + float(event.get("dur", 0.0) or 0.0), name))
-        # Names repeat (a worker's 163k calls have a few thousand): each is tested once.
-        is_named = named.get(name)
+        is_named = named.get(name)  # the cache read inline: this loop runs once per event
         if is_named is None:
-            is_named = named[name] = name.startswith(_NAMED_PREFIXES) or RESUME_MARK in name
+            is_named = _is_named(name, named)
         if is_named:
             keep(event)
-    return calls, rest, memory
 
 
-def read_window(trace: Mapping[str, Any]) -> WindowData:
-    """The one read of a merged window trace."""
+def read_window(
+    trace: Mapping[str, Any], run: range = range(0), run_calls: Mapping[Thread, list[Call]] | None = None
+) -> WindowData:
+    """The one read of a merged window trace (``run``, ``run_calls``: see ``classify``)."""
     meta = trace.get(TRACE_METADATA_KEY) or {}
-    calls, rest, memory = classify(trace.get("traceEvents", ()))
+    calls, rest, memory = classify(trace.get("traceEvents", []), run, run_calls)
     steps, thread = find_steps(rest)
     hooks = meta.get("user_hooks")
     on_thread = [e for e in rest if (e.get("pid"), e.get("tid")) == thread]

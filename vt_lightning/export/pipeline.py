@@ -29,10 +29,15 @@ from vt_lightning.analysis.merge import (
     time_origin_us,
     torch_placement,
 )
-from vt_lightning.analysis.steps import read_window
+from vt_lightning.analysis.steps import Call, Thread, read_window
 from vt_lightning.analysis.summary import summarize
 from vt_lightning.analysis.verdicts import with_job_verdicts
-from vt_lightning.constants import CLOCK_MARKER_PREFIX, CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY
+from vt_lightning.constants import (
+    CLOCK_MARKER_PREFIX,
+    CPU_OP_CATEGORY,
+    TRACE_METADATA_KEY,
+    USER_ANNOTATION_CATEGORY,
+)
 from vt_lightning.export import raw_json
 from vt_lightning.export.atomic import atomic_write, gzip_bytes, owns, release_claim
 from vt_lightning.export.job import WindowJob, WindowResult
@@ -164,6 +169,7 @@ def finish_window(job: WindowJob) -> WindowResult:
         origin_us = time_origin_us(torch_trace.get("traceEvents", []))
         to_torch = torch_placement(calibration, origin_us, ran_steps(metadata.get("steps")))
         python_events, workers, apart, placed = _python_events(job, python, metadata, notes, to_torch)
+        run_calls: dict[Thread, list[Call]] = {}  # the workers' calls as the summary reads them
         merged, run = merge_window(
             torch_trace,
             python_events,
@@ -173,9 +179,10 @@ def finish_window(job: WindowJob) -> WindowResult:
             apart=apart,
             origin_us=origin_us,
             placed=placed,
+            bounds=run_calls,
         )
         del torch_trace, python, python_events
-        workers_run = WorkersRun(merged["traceEvents"], run, workers)
+        workers_run = WorkersRun(merged, run, workers, run_calls)
         add_flight_track(merged, job.extras.get("flight"), calibration)  # the slow step, sampled
         if workers is not None:
             notes.extend(add_to_trace(merged, workers, calibration.python_to_torch_us, workers_run.range()))
@@ -213,7 +220,7 @@ def finish_window(job: WindowJob) -> WindowResult:
             job_info, job_notes = write_job_file(job, run_dir, merged, len(raw))
             result = dataclasses.replace(result, job=job_info, notes=(*result.notes, *job_notes))
         if job.summary:
-            result = _write_summary(job, run_dir, merged, snapshot, result)
+            result = _write_summary(job, run_dir, merged, snapshot, result, workers_run)
         return result
     except BaseException:
         remove_raw(job)
@@ -225,13 +232,26 @@ class WorkersRun:
     of a window's events, that the passes reading only the training process's events (the
     workers' placement, the Lightning view, the memory snapshot) skip without walking it. Events
     are only appended after the merge, so the run stays where the merge put it; its two ends are
-    checked by identity before each use, and the whole list is read should they have moved."""
+    checked by identity before each use, and the whole list is read should they have moved.
+    ``calls``: the run's calls as the summary reads them, made by the merge (its ``bounds``)."""
 
-    def __init__(self, events: list[dict[str, Any]], run: range, workers: WorkerDumps | None) -> None:
-        self.events = events
+    def __init__(
+        self,
+        merged: dict[str, Any],
+        run: range,
+        workers: WorkerDumps | None,
+        calls: dict[Thread, list[Call]] | None = None,
+    ) -> None:
+        self.merged = merged
+        self.events: list[dict[str, Any]] = merged["traceEvents"]
         self.run = run
         self.pids = {int(worker["pid"]) for worker in workers.workers} if workers is not None else set()
-        self.ends = (events[run.start], events[run.stop - 1]) if len(run) else None
+        self.ends = (self.events[run.start], self.events[run.stop - 1]) if len(run) else None
+        self.calls = calls
+        self.origin = self._origin()
+
+    def _origin(self) -> Any:
+        return (self.merged.get(TRACE_METADATA_KEY) or {}).get("time_origin_us")
 
     def range(self) -> range:
         """The run, or an empty range when there is none (or it is not where it was)."""
@@ -244,6 +264,13 @@ class WorkersRun:
         """The events outside the run, in their order (all of them when there is no run)."""
         run = self.range()
         return self.events[: run.start] + self.events[run.stop :] if len(run) else self.events
+
+    def summary_calls(self) -> dict[Thread, list[Call]] | None:
+        """``calls`` while they still describe the run: None once the run moved or the trace's
+        origin was lowered (``worker_dumps.add_to_trace`` then moved every ``ts``)."""
+        if not self.calls or not len(self.range()) or self._origin() != self.origin:
+            return None
+        return self.calls
 
 
 def _worker_calls_start(events: list[dict[str, Any]], pids: set[int]) -> int:
@@ -388,13 +415,22 @@ def _write_memory(job: WindowJob, run_dir: Path, workers_run: WorkersRun) -> tup
 
 
 def _write_summary(
-    job: WindowJob, run_dir: Path, merged: dict[str, Any], snapshot: Any, result: WindowResult
+    job: WindowJob,
+    run_dir: Path,
+    merged: dict[str, Any],
+    snapshot: Any,
+    result: WindowResult,
+    workers_run: WorkersRun | None = None,
 ) -> WindowResult:
     """``<worker>.<span>.summary.json`` and ``.md`` beside the trace; a failure is a note, never a
-    lost window."""
+    lost window. ``workers_run``: the workers' calls, which the summary then takes as the merge
+    read them rather than walking them again."""
     start = time.perf_counter()
     try:
-        window = read_window(merged)  # read once: the workers' tables share its per-thread nesting
+        run = workers_run.range() if workers_run is not None else range(0)
+        run_calls = workers_run.summary_calls() if workers_run is not None else None
+        # read once: the workers' tables share its per-thread nesting
+        window = read_window(merged, run, run_calls)
         summary = summarize(merged, snapshot, window)
         json_name, md_name = summary_names(job.trace_name)
         summary["window"]["trace"] = job.trace_name
