@@ -170,32 +170,23 @@ def place_events(
                     event["dur"] = end - placed if end > placed else 0.0
                     event["ts"] = placed
                     event["cat"] = PYTHON_CATEGORY
+                else:
+                    event["dur"] = dur
+                    event["ts"] = start
+            else:
+                event["ts"] = start
+            if grouped is not None and (ph == "X" or ph == "B"):
+                if placing:
+                    if ph == "B":  # placed and snapped as merge.place_python_events does
+                        since = start - t0
+                        drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
+                        placed = start + offset + drifted
+                        if not isinstance(get("cat"), str):
+                            event["cat"] = PYTHON_CATEGORY
+                        event["ts"] = round(placed * 1000) / 1000  # snapped: no nesting pass reads it
+                        to_torch.not_x = True  # type: ignore[union-attr]
                     name = get("name")
                     if name.__class__ is not str:  # the merge fixes it, if the filter keeps the call
-                        to_torch.unnamed = True  # type: ignore[union-attr]
-                    elif ran is not None and name.startswith(STEP_PREFIX) and name not in ran:
-                        event["name"] = mark
-                        to_torch.dropped = True  # type: ignore[union-attr]
-                    pid = get("pid")
-                    if tid != last_tid or pid != last_pid:  # a thread's calls come in runs
-                        last_pid, last_tid = pid, tid
-                        thread_calls = threads.setdefault((pid, tid), [])
-                    thread_calls.append(event)
-                    append(event)
-                    continue
-                event["dur"] = dur
-            event["ts"] = start
-            if grouped is not None and (ph == "X" or ph == "B"):
-                if placing:  # a "B" call: placed and snapped as merge.place_python_events does
-                    since = start - t0
-                    drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
-                    placed = start + offset + drifted
-                    if not isinstance(get("cat"), str):
-                        event["cat"] = PYTHON_CATEGORY
-                    event["ts"] = round(placed * 1000) / 1000  # snapped: no nesting pass reads it
-                    to_torch.not_x = True  # type: ignore[union-attr]
-                    name = get("name")
-                    if name.__class__ is not str:
                         to_torch.unnamed = True  # type: ignore[union-attr]
                     elif ran is not None and name.startswith(STEP_PREFIX) and name not in ran:
                         event["name"] = mark
