@@ -304,7 +304,10 @@ worker_event = st.fixed_dictionaries(
         "ph": st.sampled_from(["X", "X", "X", "X", "B", "i", "M"]),
         "pid": st.sampled_from([20, 21]),
         "tid": st.sampled_from([20, 21, 3]),
-        "ts": st.integers(0, 200_000).map(lambda t: t / 1000 + 9000.0),  # a worker's clock: ns digits
+        # a worker's clock, with ns digits; equal starts often (their order is the filter's)
+        "ts": st.one_of(st.integers(0, 200_000), st.integers(0, 8).map(lambda t: t * 25_000)).map(
+            lambda t: t / 1000 + 9000.0
+        ),
         "dur": st.integers(0, 60_000).map(lambda d: d / 1000),
     },
     optional={  # no name: the contract's fix (the filter reads names as strings, as VizTracer writes them)
@@ -360,9 +363,10 @@ def test_workers_calls_placed_on_torchs_timeline_as_they_are_read_merge_as_if_th
         origin = time_origin_us(torch_copy)
         to_torch = torch_placement(calibration, origin, ran_steps(metadata.get("steps")))
         grouped: ThreadCalls = ({}, [])
-        place_events(dump, clock, {3}, grouped, to_torch if placing else None)
+        ordered: dict[Any, set[Any]] = {}  # the threads placed outer-first, and their names
+        place_events(dump, clock, {3}, grouped, to_torch if placing else None, ordered if placing else None)
         kept_groups: dict[Any, list[dict[str, Any]]] = {}
-        out, _ = filter_python_events(main, rules, grouped, kept_groups)
+        out, _ = filter_python_events(main, rules, grouped, kept_groups, ordered)
         worker_calls = {id(e) for calls in grouped[0].values() for e in calls}
         apart = range(next((i for i, e in enumerate(out) if id(e) in worker_calls), len(out)), len(out))
         run_events = orjson.loads(orjson.dumps(out[apart.start : apart.stop]))
@@ -378,7 +382,10 @@ def test_workers_calls_placed_on_torchs_timeline_as_they_are_read_merge_as_if_th
             placed=(to_torch, kept_groups) if placing and len(apart) else None,
             bounds=bounds if placing else None,
         )
-        placed_times = orjson.dumps([(e["ts"], e.get("dur"), e.get("cat")) for e in run_events])
+        # what is not X is snapped once placed (by the merge, or by place_python_events)
+        placed_times = orjson.dumps(
+            [(e["ts"] if e["ph"] == "X" else round(e["ts"] * 1000) / 1000, e.get("dur"), e["cat"]) for e in run_events]
+        )
         return orjson.dumps(trace), trace["traceEvents"][run.start : run.stop], placed_times, run
 
     expected, expected_run, expected_placed, _ = merged(placing=False)

@@ -142,12 +142,16 @@ def filter_python_events(
     rules: PythonFilter,
     grouped: tuple[Mapping[tuple[Any, Any], list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
     kept_groups: dict[tuple[Any, Any], list[dict[str, Any]]] | None = None,
+    ordered: Mapping[tuple[Any, Any], set[Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], FilterStats]:
     """Keep the calls ``rules`` select, on every thread; non-call events (metadata) pass through.
     ``grouped``: more events after ``events``, already grouped as here (calls per (pid, tid),
     the rest apart; ``workers.place_events`` groups a DataLoader worker's as it reads them).
     ``kept_groups``: filled with the calls kept of each of ``grouped``'s threads, in the output's
     order (each thread's kept calls lie together there), for the merge to take them grouped.
+    ``ordered``: the distinct names of ``grouped``'s threads whose calls come outer-first already
+    (``workers.place_events`` sorts them as it places them), which are then neither sorted again
+    nor read for their names.
 
     One pass per thread over its calls sorted by start, with a stack of the open ones: a call's
     ancestry decides its depth and whether it runs inside vt_lightning. What depends on the name
@@ -193,15 +197,24 @@ def filter_python_events(
     kept = own_count = filtered = 0
     select = include is not None or exclude is not None or max_depth >= 0
     report = grouped[0].keys() if grouped is not None and kept_groups is not None else ()
+    sorted_names = ordered if ordered is not None and grouped is not None else {}
     for key, unordered in by_thread.items():
-        calls = outer_first(unordered, _TS, _DUR_OR_ZERO)  # by (ts, -dur)
+        placed_names = sorted_names.get(key)
+        if placed_names is not None and len(unordered) == len(grouped[0][key]):  # type: ignore[index]
+            calls = unordered  # a worker's thread alone, outer-first as placed
+        else:
+            placed_names = None
+            calls = outer_first(unordered, _TS, _DUR_OR_ZERO)  # by (ts, -dur)
         first = len(out)
         if not select:  # only vt_lightning's own calls go: a thread with none of them is kept whole
-            try:
-                names = set(map(_NAME, unordered))  # at C speed (VizTracer names every call), in
-                # the order read, which visits the events where they lie in memory
-            except KeyError:
-                names = {event.get("name", "") for event in unordered}
+            if placed_names is not None:
+                names = placed_names
+            else:
+                try:
+                    names = set(map(_NAME, unordered))  # at C speed (VizTracer names every call),
+                    # in the order read, which visits the events where they lie in memory
+                except KeyError:
+                    names = {event.get("name", "") for event in unordered}
             if not any((facts.get(n) or facts.setdefault(n, name_facts(n)))[1] for n in names):
                 kept += len(calls)
                 out.extend(calls)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
+
 from vt_lightning.analysis.merge import TorchPlacement
 from vt_lightning.analysis.python_tables import PythonStats, python_stats
 from vt_lightning.analysis.schedule import Schedule
@@ -26,6 +28,8 @@ PLAN_SLOTS = 4  # window ranges a plan holds: back-to-back windows closer than t
 NO_LIMIT = 2**62  # an epoch of unknown length (an iterable dataset without ``__len__``)
 FETCH_CATEGORY = "dataloader"
 TOP_WORKER_PYTHON = 5
+_NAME = itemgetter("name")
+_CALLS = ("X", "B")
 
 Range = tuple[int, int]
 # Events grouped as filters.filter_python_events groups them: the calls (X and B events with a
@@ -120,88 +124,186 @@ def place_events(
     drop_tids: set[int],
     grouped: ThreadCalls | None = None,
     to_torch: TorchPlacement | None = None,
+    ordered: dict[tuple[Any, Any], set[Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """A worker's VizTracer events moved onto the main process's clock in place (start and end each
     mapped), less its own helper thread's (``drop_tids``) and its ``process_name`` (the writer
-    names the worker's process): the events kept, in their order. One pass as the dump is read.
+    names the worker's process): the events kept, in their order.
     ``grouped``: also file each kept event as ``filters.filter_python_events`` groups them (its
     calls per thread, the rest apart), so that the filter need not walk them again.
     ``to_torch`` (with ``grouped``): the calls go on to torch's timeline as
     ``merge.place_python_events`` would place them (the same operations on the same doubles, the
     contract but a missing name and the unrun steps' marks with them), so the merge need not walk
-    them again; the other events stay on the main process's clock, for the merge to place."""
-    # LinearClock.__call__ inlined, the same operations in the same order (the same doubles): this
-    # loop runs once per worker event, most of a window's events.
+    them again; the other events stay on the main process's clock, for the merge to place.
+    ``ordered`` (with ``to_torch``): a thread whose calls are all complete is filed outer-first
+    (``nesting.outer_first``: the order the filter sorts a thread into), and gets its calls'
+    distinct names here, for the filter.
+
+    One loop sorts the events out and reads each complete call's times; those calls, most of a
+    window's events, are placed as arrays (``_place_calls``), the same operations element by
+    element (the same doubles), and written back in one more loop."""
     wx, wy, wslope = to_main_us.wx, to_main_us.wy, to_main_us.wslope
     mx, my, mslope = to_main_us.mx, to_main_us.my, to_main_us.mslope
     kept: list[dict[str, Any]] = []
     append = kept.append
     threads, others = grouped if grouped is not None else ({}, [])
+    placing = to_torch is not None and grouped is not None
+    # each thread's X calls as read, with their ts and dur
+    complete: dict[tuple[Any, Any], tuple[list[dict[str, Any]], list[Any], list[Any]]] = {}
+    mixed: set[tuple[Any, Any]] = set()  # threads with a "B" call too: filed as read
     last_pid: Any = drop_tids  # no event's: the first call looks its thread up
     last_tid: Any = drop_tids
-    thread_calls: list[dict[str, Any]] = []
-    placing = to_torch is not None and grouped is not None
-    if to_torch is not None:
-        t0, span, offset, slope = to_torch.t0, to_torch.span, to_torch.offset, to_torch.slope
-        ran, mark = to_torch.ran, to_torch.mark
+    add_call = add_ts = add_dur = append
     for event in events:
         get = event.get
         tid = get("tid")
         if tid in drop_tids:
             continue
         ph = get("ph")
+        if ph == "X" and "ts" in event:
+            pid = get("pid")
+            if tid != last_tid or pid != last_pid:  # a thread's calls come in runs
+                last_pid, last_tid = pid, tid
+                columns = complete.get((pid, tid))
+                if columns is None:
+                    columns = complete[(pid, tid)] = ([], [], [])
+                add_call, add_ts, add_dur = columns[0].append, columns[1].append, columns[2].append
+            add_call(event)
+            add_ts(event["ts"])
+            add_dur(get("dur", 0.0))
+            append(event)
+            continue
         if ph == "M" and get("name") == "process_name":
             continue
         if "ts" in event:
-            ts = float(event["ts"])
-            start = mx + ((wy + (ts - wx) * wslope) - my) / mslope
-            if ph == "X":
-                end = mx + ((wy + ((ts + float(get("dur", 0.0))) - wx) * wslope) - my) / mslope
-                dur = end - start
-                dur = 0.0 if dur < 0.0 else dur  # max(dur, 0.0) without the call
-                if placing:  # merge.place_python_events' operations on (start, dur), as if written
-                    since = start - t0
-                    drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
-                    placed = start + offset + drifted
-                    end = start + dur
-                    since = end - t0
-                    drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
-                    end = end + offset + drifted
-                    event["dur"] = end - placed if end > placed else 0.0
-                    event["ts"] = placed
-                    event["cat"] = PYTHON_CATEGORY
-                else:
-                    event["dur"] = dur
-                    event["ts"] = start
-            else:
-                event["ts"] = start
-            if grouped is not None and (ph == "X" or ph == "B"):
-                if placing:
-                    if ph == "B":  # placed and snapped as merge.place_python_events does
-                        since = start - t0
-                        drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
-                        placed = start + offset + drifted
-                        if not isinstance(get("cat"), str):
-                            event["cat"] = PYTHON_CATEGORY
-                        event["ts"] = round(placed * 1000) / 1000  # snapped: no nesting pass reads it
-                        to_torch.not_x = True  # type: ignore[union-attr]
-                    name = get("name")
-                    if name.__class__ is not str:  # the merge fixes it, if the filter keeps the call
-                        to_torch.unnamed = True  # type: ignore[union-attr]
-                    elif ran is not None and name.startswith(STEP_PREFIX) and name not in ran:
-                        event["name"] = mark
-                        to_torch.dropped = True  # type: ignore[union-attr]
-                pid = get("pid")
-                if tid != last_tid or pid != last_pid:  # a thread's calls come in runs
-                    last_pid, last_tid = pid, tid
-                    thread_calls = threads.setdefault((pid, tid), [])
-                thread_calls.append(event)
+            start = mx + ((wy + (float(event["ts"]) - wx) * wslope) - my) / mslope
+            event["ts"] = start
+            if ph == "B" and grouped is not None:
+                if to_torch is not None:  # placed as merge.place_python_events does (the merge snaps it)
+                    if not isinstance(get("cat"), str):
+                        event["cat"] = PYTHON_CATEGORY
+                    event["ts"] = start + to_torch.offset + _drift(to_torch, start)
+                    to_torch.not_x = True
+                    _check_name(event, to_torch)
+                key = (get("pid"), tid)
+                if key not in complete:
+                    complete[key] = ([], [], [])
+                mixed.add(key)
                 append(event)
                 continue
         if grouped is not None:
             others.append(event)
         append(event)
+    for key, (calls, ts, dur) in complete.items():
+        start_array, dur_array = _place_calls(ts, dur, to_main_us, to_torch if placing else None)
+        # written back in the order read, where the events lie in memory
+        if placing:
+            for event, start, length in zip(calls, start_array.tolist(), dur_array.tolist()):
+                event["dur"] = length
+                event["ts"] = start
+                event["cat"] = PYTHON_CATEGORY
+            names = _check_names(calls, to_torch)  # type: ignore[arg-type]
+        else:
+            for event, start, length in zip(calls, start_array.tolist(), dur_array.tolist()):
+                event["dur"] = length
+                event["ts"] = start
+        if grouped is None:
+            continue
+        group = threads.setdefault(key, [])
+        if placing and key not in mixed:  # filed outer-first
+            group += map(calls.__getitem__, _outer_first(start_array, dur_array).tolist())
+            if ordered is not None and names is not None:
+                ordered[key] = names
+        elif key in mixed:  # its X and B calls in the dump's order
+            group += (e for e in kept if (e.get("pid"), e.get("tid")) == key and e.get("ph") in _CALLS and "ts" in e)
+        else:
+            group += calls
     return kept
+
+
+def _place_calls(
+    ts: list[Any], dur: list[Any], to_main_us: LinearClock, to_torch: TorchPlacement | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Complete calls' starts and durations (``ts``, ``dur`` as read) on the main process's clock,
+    or with ``to_torch`` on torch's timeline: ``LinearClock`` on each start and end, the duration
+    kept from going negative, then ``merge.place_python_events``' map. Written with whole arrays,
+    each operation the one the scalar code does, in its order: every double is the same (IEEE,
+    element by element)."""
+    try:
+        starts = np.array(ts, dtype=float)
+        lengths = np.array(dur, dtype=float)
+    except (TypeError, ValueError):  # what float() reads, or its error
+        starts = np.array([float(value) for value in ts], dtype=float)
+        lengths = np.array([float(value) for value in dur], dtype=float)
+    clock = to_main_us
+    start = clock.mx + ((clock.wy + (starts - clock.wx) * clock.wslope) - clock.my) / clock.mslope
+    end = clock.mx + ((clock.wy + ((starts + lengths) - clock.wx) * clock.wslope) - clock.my) / clock.mslope
+    length = end - start
+    length = np.where(length < 0.0, 0.0, length)
+    if to_torch is None:
+        return start, length
+    placed = start + to_torch.offset + _drift(to_torch, start)
+    end = start + length
+    end = end + to_torch.offset + _drift(to_torch, end)
+    return placed, np.where(end > placed, end - placed, 0.0)
+
+
+def _outer_first(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The order ``nesting.outer_first`` puts calls in (by start, the longer first at equal starts,
+    equal ones in their order), from their starts and lengths: one stable sort of the starts (a
+    thread's calls come nearly in order), and by both keys only where two starts are equal."""
+    order = np.argsort(starts, kind="stable")
+    in_order = starts[order]
+    if (in_order[1:] == in_order[:-1]).any():
+        order = np.lexsort((-lengths, starts))
+    return order
+
+
+def _drift(to_torch: TorchPlacement, at: Any) -> Any:
+    """``merge.place_python_events``' drift at ``at`` (a time or an array of them): the slope times
+    the time since the window's start, held to the window."""
+    if not to_torch.slope:
+        return 0.0
+    if isinstance(at, float):
+        since = at - to_torch.t0
+        return to_torch.slope * (0.0 if since < 0.0 else to_torch.span if since > to_torch.span else since)
+    since = at - to_torch.t0
+    return to_torch.slope * np.where(since < 0.0, 0.0, np.where(since > to_torch.span, to_torch.span, since))
+
+
+def _check_name(event: dict[str, Any], to_torch: TorchPlacement) -> None:
+    """The contract's name part for one placed call: a name that is no string is noted (the merge
+    fixes the calls the filter keeps); an unrun step's range is marked."""
+    name = event.get("name")
+    if name.__class__ is not str:
+        to_torch.unnamed = True
+    elif to_torch.ran is not None and name.startswith(STEP_PREFIX) and name not in to_torch.ran:
+        event["name"] = to_torch.mark
+        to_torch.dropped = True
+
+
+def _check_names(calls: Sequence[dict[str, Any]], to_torch: TorchPlacement) -> set[Any] | None:
+    """``_check_name`` for every call, reading each distinct name once; returns the calls' names
+    once checked (None where one cannot be hashed)."""
+    try:
+        names = set(map(_NAME, calls))
+    except (KeyError, TypeError):  # a call without a name, or one that cannot be hashed
+        for event in calls:
+            _check_name(event, to_torch)
+        return None
+    if any(name.__class__ is not str for name in names):
+        to_torch.unnamed = True
+    ran = to_torch.ran
+    if ran is None:
+        return names
+    unrun = {name for name in names if name.__class__ is str and name.startswith(STEP_PREFIX) and name not in ran}
+    if unrun:
+        for event in calls:
+            if event.get("name") in unrun:
+                event["name"] = to_torch.mark
+        to_torch.dropped = True
+        names = (names - unrun) | {to_torch.mark}
+    return names
 
 
 def process_name(rank: int, worker_id: int) -> str:

@@ -305,7 +305,9 @@ def _python_events(
     if job.python_filter is not None:  # the workers' events follow, grouped as the filter groups
         grouped = workers.grouped if workers is not None else None
         kept_groups: dict[Any, list[dict[str, Any]]] = {}
-        python_events, filter_stats = filter_python_events(python_events, job.python_filter, grouped, kept_groups)
+        python_events, filter_stats = filter_python_events(
+            python_events, job.python_filter, grouped, kept_groups, workers.ordered if workers is not None else None
+        )
         if workers is not None:
             pids = {int(worker["pid"]) for worker in workers.workers}
             apart = range(_worker_calls_start(python_events, pids), len(python_events))

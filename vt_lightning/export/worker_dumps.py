@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -42,6 +43,8 @@ class WorkerDumps:
     events: list[dict[str, Any]] = field(default_factory=list)
     # ``events`` as the filter groups them (``workers.ThreadCalls``): it need not walk them again
     grouped: ThreadCalls = field(default_factory=lambda: ({}, []))
+    # the names of ``grouped``'s threads filed outer-first as placed (``place_events``' ``ordered``)
+    ordered: dict[tuple[Any, Any], set[Any]] = field(default_factory=dict)
     workers: list[dict[str, Any]] = field(default_factory=list)  # pid, worker, rank, fetches (main µs)
     missing: list[str] = field(default_factory=list)
 
@@ -125,8 +128,8 @@ def collect_worker_dumps(extras: dict[str, Any] | None, to_torch: TorchPlacement
             continue
         to_main = worker_to_main_us([(float(u), int(n)) for u, n in meta["clock"]], main_clock)
         helper_tids = {int(t) for t in meta.get("helper_tids", [])}
-        out.events += place_events(dump.get("traceEvents", []), to_main, helper_tids, out.grouped, to_torch)
-        out.events += place_events(library_spans(meta), to_main, helper_tids, out.grouped, to_torch)
+        events = chain(dump.get("traceEvents", []), library_spans(meta))  # one placing: one sort per thread
+        out.events += place_events(events, to_main, helper_tids, out.grouped, to_torch, out.ordered)
         if dump.get("viztracer_metadata", {}).get("overflow"):
             out.missing.append(
                 f"DataLoader worker {meta['worker']} filled its ring buffer: only its last events are kept"

@@ -201,10 +201,16 @@ def yield_cpu_to_training() -> None:
 
 def writer_import_path() -> list[str]:
     """Where the writer finds what it imports: the directory holding vt_lightning/, then orjson's
-    (its only dependency outside the standard library), then ``PYTHONPATH``'s absolute entries."""
+    and numpy's (its dependencies outside the standard library), then ``PYTHONPATH``'s absolute
+    entries."""
+    import numpy
     import orjson
 
-    roots = [Path(__file__).resolve().parents[2], Path(orjson.__file__).resolve().parents[1]]
+    roots = [
+        Path(__file__).resolve().parents[2],
+        Path(orjson.__file__).resolve().parents[1],
+        Path(numpy.__file__).resolve().parents[1],
+    ]
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isabs(p)]
     return list(dict.fromkeys([*map(str, roots), *extra]))
 
