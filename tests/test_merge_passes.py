@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -340,7 +341,7 @@ def test_workers_calls_placed_on_torchs_timeline_as_they_are_read_merge_as_if_th
     # them (workers.place_events with a TorchPlacement) and hands them to the merge grouped, which
     # then leaves them alone: the trace (the same doubles, keys, order, contract fixes and unrun
     # steps' removal) and the run must be those of the merge placing them itself.
-    from vt_lightning.analysis.filters import PythonFilter, filter_python_events
+    from vt_lightning.analysis.filters import PythonFilter, filter_python_events, keeps_whole
     from vt_lightning.analysis.merge import place_python_events, ran_steps, torch_placement
     from vt_lightning.analysis.workers import ThreadCalls, place_events, worker_to_main_us
 
@@ -358,13 +359,18 @@ def test_workers_calls_placed_on_torchs_timeline_as_they_are_read_merge_as_if_th
 
     bounds: dict[Any, list[tuple[float, float, str]]] = {}
 
-    def merged(placing: bool) -> tuple[bytes, list[dict[str, Any]], bytes, range]:
+    def merged(placing: bool, settling: bool = False) -> tuple[bytes, list[dict[str, Any]], bytes, range]:
         torch_copy, main, dump = orjson.loads(orjson.dumps([torch_events, python_events, worker]))
         origin = time_origin_us(torch_copy)
         to_torch = torch_placement(calibration, origin, ran_steps(metadata.get("steps")))
         grouped: ThreadCalls = ({}, [])
         ordered: dict[Any, set[Any]] = {}  # the threads placed outer-first, and their names
-        place_events(dump, clock, {3}, grouped, to_torch if placing else None, ordered if placing else None)
+        # settling: the threads the filter takes whole go on the nanosecond grid as they are placed
+        settle = partial(keeps_whole, rules) if settling else None
+        if placing:
+            place_events(dump, clock, {3}, grouped, to_torch, ordered, settle)
+        else:
+            place_events(dump, clock, {3}, grouped)
         kept_groups: dict[Any, list[dict[str, Any]]] = {}
         out, _ = filter_python_events(main, rules, grouped, kept_groups, ordered)
         worker_calls = {id(e) for calls in grouped[0].values() for e in calls}
@@ -393,6 +399,10 @@ def test_workers_calls_placed_on_torchs_timeline_as_they_are_read_merge_as_if_th
     assert got_placed == expected_placed
     assert got == expected
     assert orjson.dumps(got_run) == orjson.dumps(expected_run)
+    bounds.clear()
+    got, got_run, _, run = merged(placing=True, settling=True)
+    assert got == expected
+    assert orjson.dumps(got_run) == orjson.dumps(expected_run)
     # The calls the merge hands the summary are the run's, as a reader of the trace reads them.
     for thread, calls in bounds.items():
         read = [
@@ -404,3 +414,22 @@ def test_workers_calls_placed_on_torchs_timeline_as_they_are_read_merge_as_if_th
     if bounds and sum(map(len, bounds.values())) == len(got_run):
         events = orjson.loads(got)["traceEvents"]
         assert classify(events, run, bounds) == classify(events)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(-2e6, 2e6), st.floats(0, 1e5)), max_size=30))
+@pytest.mark.unit
+def test_calls_settled_as_arrays_land_on_the_untangle_loops_nanoseconds(calls: list[tuple[float, float]]) -> None:
+    # A DataLoader worker's calls are put on the nanosecond grid as arrays where they are placed
+    # (nesting.snap_arrays): every value, sign of a zero included, must be the loop's.
+    import numpy as np
+
+    from vt_lightning.analysis.nesting import snap_arrays
+
+    calls = [*calls, (-0.0004, 0.0), (-0.0006, 0.0002), (1.0005, 0.001), (2.0015, 0.0), (3.0, 0.0)]  # -0, ties
+    ts, dur = snap_arrays(np.array([s for s, _ in calls]), np.array([d for _, d in calls]))
+    expected = []
+    for start, length in calls:  # nesting.untangle_annotations' snap
+        start_ns, end_ns = round(start * 1000), round((start + length) * 1000)
+        expected.append((start_ns / 1000, (end_ns - start_ns if end_ns > start_ns else 0) / 1000))
+    assert orjson.dumps(list(zip(ts.tolist(), dur.tolist()))) == orjson.dumps(expected)

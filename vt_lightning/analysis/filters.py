@@ -127,6 +127,34 @@ class PythonFilter:
         return self.include is not None or self.exclude is not None or self.max_depth >= 0
 
 
+def _name_facts(rules: PythonFilter, name: str) -> tuple[bool, bool, bool, bool, bool]:
+    """What the filter reads of a call's name: whether it has a location, is vt_lightning's own,
+    starts the user's code, lies under ``include_files``, under ``exclude_files``."""
+    match = _LOCATION.search(name)
+    if match is None:  # a C call: judged by its caller
+        return (False, False, False, False, False)
+    file = match.group(1)
+    own = _under(file, rules.own)
+    anchor = not own and (
+        (file, int(match.group(2))) in rules.hook_locations or not (file.startswith("<") or _under(file, rules.library))
+    )
+    return (
+        True,
+        own,
+        anchor,
+        rules.include is not None and _under(file, rules.include),
+        rules.exclude is not None and _under(file, rules.exclude),
+    )
+
+
+def keeps_whole(rules: PythonFilter, names: Iterable[Any]) -> bool:
+    """Whether ``filter_python_events`` keeps a thread whose calls have these names whole, reading
+    nothing of them but their names: no user filter, and none of them is vt_lightning's own."""
+    if rules.user_filters:
+        return False
+    return all(name.__class__ is str and not _name_facts(rules, name)[1] for name in names)
+
+
 @dataclass
 class FilterStats:
     kept: int = 0
@@ -177,22 +205,7 @@ def filter_python_events(
     include, exclude, max_depth = rules.include, rules.exclude, rules.max_depth
 
     def name_facts(name: str) -> tuple[bool, bool, bool, bool, bool]:
-        match = _LOCATION.search(name)
-        if match is None:  # a C call: judged by its caller
-            return (False, False, False, False, False)
-        file = match.group(1)
-        own = _under(file, rules.own)
-        anchor = not own and (
-            (file, int(match.group(2))) in rules.hook_locations
-            or not (file.startswith("<") or _under(file, rules.library))
-        )
-        return (
-            True,
-            own,
-            anchor,
-            include is not None and _under(file, include),
-            exclude is not None and _under(file, exclude),
-        )
+        return _name_facts(rules, name)
 
     kept = own_count = filtered = 0
     select = include is not None or exclude is not None or max_depth >= 0

@@ -13,13 +13,14 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from vt_lightning.analysis.clock import Calibration
 from vt_lightning.analysis.nesting import (
+    SnappedCalls,
     Thread,
     ThreadSpans,
     repair_boundaries,
@@ -139,6 +140,8 @@ class TorchPlacement:
     dropped: bool = False  # a call was marked as an unrun step's
     not_x: bool = False  # a placed call is not X (a "B"): the merge's groups hold X calls only
     unnamed: bool = False  # a call's name is no string: the merge fixes the calls the filter kept
+    # threads placed outer-first whose calls untangle_annotations would not cut, as it leaves them
+    settled: dict[Thread, SnappedCalls] = field(default_factory=dict)
 
 
 def torch_placement(calibration: Calibration, origin_us: int, ran: set[str] | None) -> TorchPlacement:
@@ -399,7 +402,8 @@ def merge_window(
         events.extend(part_timed)
     tolerance = calibration.uncertainty_us + STAMP_JITTER_US
     repaired, _ = repair_boundaries(events, tolerance, threads)
-    untangled = untangle_annotations(events, threads, snap=True, bounds=bounds)
+    settled = placed[0].settled if placed is not None else None
+    untangled = untangle_annotations(events, threads, snap=True, bounds=bounds, settled=settled)
     _snap_spans((threads.ops, threads.annotations, threads.other))
     moved, clamped = separate_crossing_ranges(events, threads, calls_nest=True)
 

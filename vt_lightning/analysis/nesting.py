@@ -20,6 +20,8 @@ from itertools import compress, islice
 from operator import eq, itemgetter, lt
 from typing import Any
 
+import numpy as np
+
 from vt_lightning.constants import (
     ANNOTATION_PREFIXES,
     CPU_OP_CATEGORY,
@@ -51,7 +53,7 @@ COMPILE_RANGE_SUFFIX = "(dynamo_timed)"
 # sampled track uses 1e9 + tid).
 RANGE_TRACK_TID_BASE = 2_000_000_000
 RANGE_TRACK_LANE_STRIDE = 1 << 22
-_TS, _DUR = itemgetter("ts"), itemgetter("dur")
+_TS, _DUR, _NAME = itemgetter("ts"), itemgetter("dur"), itemgetter("name")
 _START, _END = itemgetter(0), itemgetter(1)
 
 
@@ -217,6 +219,7 @@ def untangle_annotations(
     *,
     snap: bool = False,
     bounds: dict[Thread, list[tuple[float, float, str]]] | None = None,
+    settled: Mapping[Thread, SnappedCalls] | None = None,
 ) -> int:
     """Make Python calls nest with the annotation ranges they open or close.
 
@@ -234,6 +237,9 @@ def untangle_annotations(
     ``(start, end, name)`` as snapped, in their order: what a reader of the written trace computes
     from each call (``ts``, ``ts + dur``), made here where the loop holds them, so the summary
     need not walk those calls again (``steps.classify``).
+    ``settled`` (with ``snap``): in-order threads whose calls this loop would not cut, as it would
+    leave them (``nest_uncut``, ``snap_arrays``: made where the times were arrays), taken without
+    the loop.
     """
     threads = threads if threads is not None else ThreadSpans(events)
     python, ranges = threads.python, threads.annotations
@@ -272,7 +278,18 @@ def untangle_annotations(
     # A cut parent can leave a child (placed within the calibration's uncertainty) sticking out.
     threads.cut.update(call_key(call) for call, _, _ in cuts.values())
     ordered = threads.ordered - ranges.keys() - threads.ops.keys()  # neither sorted nor moved above
+    ready = settled if snap and settled is not None else {}
     for key, calls in python.items():
+        known = ready.get(key) if key in ordered else None
+        if known is not None and len(known[0]) == len(calls):
+            grid_ts, grid_dur, grid_end, written = known
+            if not written:
+                for call, start, length in zip(calls, grid_ts, grid_dur):
+                    call["dur"] = length
+                    call["ts"] = start
+            if bounds is not None:
+                bounds[key] = list(zip(grid_ts, grid_end, map(_NAME, calls)))
+            continue
         # the open calls' ends, innermost last, above a NaN that no comparison pops or cuts against
         ends: list[float] = [math.nan]
         pop, push = ends.pop, ends.append
@@ -308,6 +325,35 @@ def untangle_annotations(
         for key in threads.cut.intersection(bounds):  # a later pass may move a cut thread's calls
             del bounds[key]
     return len(cuts)
+
+
+# A thread's calls as ``untangle_annotations``' last loop leaves them when none is cut: each one's
+# ``ts``, ``dur`` and ``ts + dur`` on the nanosecond grid, in the thread's (outer-first) order, and
+# whether the calls hold those times already.
+SnappedCalls = tuple[list[float], list[float], list[float], bool]
+
+
+def nest_uncut(starts: np.ndarray, lengths: np.ndarray) -> bool:
+    """Whether ``untangle_annotations``' last loop cuts none of an in-order thread's calls
+    (``starts``, ``lengths``: their ``ts`` and ``dur``, outer-first): its test, on the same ends."""
+    open_ends: list[float] = [math.nan]  # as in untangle_annotations
+    pop, push = open_ends.pop, open_ends.append
+    for start, end in zip(starts.tolist(), (starts + lengths).tolist()):
+        while open_ends[-1] <= start:
+            pop()
+        if end > open_ends[-1]:
+            return False
+        push(end)
+    return True
+
+
+def snap_arrays(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Calls' ``ts`` and ``dur`` on the nanosecond grid as ``untangle_annotations``' snap puts them:
+    each operation on the same doubles, element by element (``+ 0.0`` makes a rounded -0.0 the 0
+    that ``round`` gives), for a caller that holds the times as arrays."""
+    start_ns = np.rint(starts * 1000) + 0.0
+    end_ns = np.rint((starts + lengths) * 1000) + 0.0
+    return start_ns / 1000, np.where(end_ns > start_ns, end_ns - start_ns, 0.0) / 1000
 
 
 def outer_first(items: list[Any], start: Callable[[Any], Any] = _TS, length: Callable[[Any], Any] = _DUR) -> list[Any]:

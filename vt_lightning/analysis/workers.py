@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from vt_lightning.analysis.merge import TorchPlacement
+from vt_lightning.analysis.nesting import nest_uncut, snap_arrays
 from vt_lightning.analysis.python_tables import PythonStats, python_stats
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.schema import WorkerEntry, Workers
@@ -125,6 +126,7 @@ def place_events(
     grouped: ThreadCalls | None = None,
     to_torch: TorchPlacement | None = None,
     ordered: dict[tuple[Any, Any], set[Any]] | None = None,
+    settle: Callable[[set[Any]], bool] | None = None,
 ) -> list[dict[str, Any]]:
     """A worker's VizTracer events moved onto the main process's clock in place (start and end each
     mapped), less its own helper thread's (``drop_tids``) and its ``process_name`` (the writer
@@ -137,7 +139,10 @@ def place_events(
     them again; the other events stay on the main process's clock, for the merge to place.
     ``ordered`` (with ``to_torch``): a thread whose calls are all complete is filed outer-first
     (``nesting.outer_first``: the order the filter sorts a thread into), and gets its calls'
-    distinct names here, for the filter.
+    distinct names here, for the filter; where ``untangle_annotations`` would cut none of them,
+    ``to_torch.settled`` gets them as it would leave them (on the nanosecond grid), and they are
+    written so at once where ``settle`` says of their names that the filter reads no time of theirs
+    (``filters.keeps_whole``).
 
     One loop sorts the events out and reads each complete call's times; those calls, most of a
     window's events, are placed as arrays (``_place_calls``), the same operations element by
@@ -196,29 +201,50 @@ def place_events(
         append(event)
     for key, (calls, ts, dur) in complete.items():
         start_array, dur_array = _place_calls(ts, dur, to_main_us, to_torch if placing else None)
-        # written back in the order read, where the events lie in memory
-        if placing:
-            for event, start, length in zip(calls, start_array.tolist(), dur_array.tolist()):
-                event["dur"] = length
-                event["ts"] = start
-                event["cat"] = PYTHON_CATEGORY
-            names = _check_names(calls, to_torch)  # type: ignore[arg-type]
+        group = threads.setdefault(key, []) if grouped is not None else []
+        if to_torch is None or not placing:
+            _write_times(calls, start_array.tolist(), dur_array.tolist(), None)
         else:
-            for event, start, length in zip(calls, start_array.tolist(), dur_array.tolist()):
-                event["dur"] = length
-                event["ts"] = start
-        if grouped is None:
-            continue
-        group = threads.setdefault(key, [])
-        if placing and key not in mixed:  # filed outer-first
-            group += map(calls.__getitem__, _outer_first(start_array, dur_array).tolist())
-            if ordered is not None and names is not None:
+            names = _check_names(calls, to_torch)
+            if key in mixed or ordered is None or names is None:
+                _write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY)
+            else:  # filed outer-first, and settled here where untangle_annotations would not cut
+                order = _outer_first(start_array, dur_array)
                 ordered[key] = names
-        elif key in mixed:  # its X and B calls in the dump's order
+                written = False
+                if nest_uncut(start_array[order], dur_array[order]):
+                    snapped_ts, snapped_dur = snap_arrays(start_array, dur_array)
+                    written = settle is not None and settle(names)  # the filter reads no time of theirs
+                    to_torch.settled[key] = (
+                        snapped_ts[order].tolist(),
+                        snapped_dur[order].tolist(),
+                        (snapped_ts + snapped_dur)[order].tolist(),
+                        written,
+                    )
+                    if written:
+                        _write_times(calls, snapped_ts.tolist(), snapped_dur.tolist(), PYTHON_CATEGORY)
+                if not written:
+                    _write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY)
+                group += map(calls.__getitem__, order.tolist())
+                continue
+        if key in mixed:  # its X and B calls in the dump's order
             group += (e for e in kept if (e.get("pid"), e.get("tid")) == key and e.get("ph") in _CALLS and "ts" in e)
         else:
             group += calls
     return kept
+
+
+def _write_times(calls: list[dict[str, Any]], starts: list[float], lengths: list[float], category: str | None) -> None:
+    """Each call's ``ts`` and ``dur`` (and ``cat``), in the order read: where the events lie in memory."""
+    if category is None:
+        for event, start, length in zip(calls, starts, lengths):
+            event["dur"] = length
+            event["ts"] = start
+        return
+    for event, start, length in zip(calls, starts, lengths):
+        event["dur"] = length
+        event["ts"] = start
+        event["cat"] = category
 
 
 def _place_calls(

@@ -14,12 +14,13 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from vt_lightning.analysis.clock import Calibration, ClockPair, best_marker_pair
 from vt_lightning.analysis.compile import compile_record, compile_span_events
-from vt_lightning.analysis.filters import filter_python_events
+from vt_lightning.analysis.filters import filter_python_events, keeps_whole
 from vt_lightning.analysis.flight import add_flight_track
 from vt_lightning.analysis.merge import (
     TorchPlacement,
@@ -300,7 +301,10 @@ def _python_events(
     raw_events: list[dict[str, Any]] = python.get("traceEvents", [])
     python_events = raw_events  # a new list from here on but without a filter or workers
     filtering = job.python_filter is not None
-    workers = collect_worker_dumps(job.extras.get("workers"), to_torch if filtering else None)
+    rules = job.python_filter
+    workers = collect_worker_dumps(
+        job.extras.get("workers"), to_torch if filtering else None, partial(keeps_whole, rules) if rules else None
+    )
     apart = placed = None
     if job.python_filter is not None:  # the workers' events follow, grouped as the filter groups
         grouped = workers.grouped if workers is not None else None

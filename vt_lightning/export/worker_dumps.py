@@ -106,9 +106,14 @@ def wait_for_parts(
     return complete, notes
 
 
-def collect_worker_dumps(extras: dict[str, Any] | None, to_torch: TorchPlacement | None = None) -> WorkerDumps | None:
+def collect_worker_dumps(
+    extras: dict[str, Any] | None,
+    to_torch: TorchPlacement | None = None,
+    settle: Callable[[set[Any]], bool] | None = None,
+) -> WorkerDumps | None:
     """Read one window's worker parts (``WindowJob.extras["workers"]``); None when it has none.
-    ``to_torch``: their calls go on to torch's timeline as they are read (``place_events``)."""
+    ``to_torch``: their calls go on to torch's timeline as they are read; ``settle``: which
+    threads' calls go on the nanosecond grid there too (``place_events``)."""
     if not extras:
         return None
     out = WorkerDumps()
@@ -129,7 +134,7 @@ def collect_worker_dumps(extras: dict[str, Any] | None, to_torch: TorchPlacement
         to_main = worker_to_main_us([(float(u), int(n)) for u, n in meta["clock"]], main_clock)
         helper_tids = {int(t) for t in meta.get("helper_tids", [])}
         events = chain(dump.get("traceEvents", []), library_spans(meta))  # one placing: one sort per thread
-        out.events += place_events(events, to_main, helper_tids, out.grouped, to_torch, out.ordered)
+        out.events += place_events(events, to_main, helper_tids, out.grouped, to_torch, out.ordered, settle)
         if dump.get("viztracer_metadata", {}).get("overflow"):
             out.missing.append(
                 f"DataLoader worker {meta['worker']} filled its ring buffer: only its last events are kept"
