@@ -402,9 +402,22 @@ def test_the_passes_that_skip_the_workers_calls_write_what_a_walk_of_every_event
         taken.append(bool(run_calls) and all(window.python_calls[t] is c for t, c in run_calls.items()))
         return window
 
+    # The run's earliest start (whether the origin must move down) is read from them too.
+    earliest = []
+    real_earliest = pipeline.WorkersRun.earliest_start
+
+    def earliest_spy(self):
+        found = real_earliest(self)
+        run = self.range()
+        earliest.append((found, min(e["ts"] for e in self.events[run.start : run.stop])))
+        return found
+
     real_calls = pipeline.WorkersRun.summary_calls
     monkeypatch.setattr(pipeline, "read_window", read_spy)
+    monkeypatch.setattr(pipeline.WorkersRun, "earliest_start", earliest_spy)
     handed = outputs(tmp_path / "handed")
+    assert len(earliest) == 1 and earliest[0][0] is not None and earliest[0][0] == earliest[0][1]
+    monkeypatch.setattr(pipeline.WorkersRun, "earliest_start", real_earliest)
     monkeypatch.setattr(pipeline.WorkersRun, "summary_calls", lambda self: None)
     read = outputs(tmp_path / "read")
     assert taken == [True, False] and handed == read

@@ -186,7 +186,11 @@ def finish_window(job: WindowJob) -> WindowResult:
         workers_run = WorkersRun(merged, run, workers, run_calls)
         add_flight_track(merged, job.extras.get("flight"), calibration)  # the slow step, sampled
         if workers is not None:
-            notes.extend(add_to_trace(merged, workers, calibration.python_to_torch_us, workers_run.range()))
+            notes.extend(
+                add_to_trace(
+                    merged, workers, calibration.python_to_torch_us, workers_run.range(), workers_run.earliest_start()
+                )
+            )
         if metadata.get("lightning_view"):
             notes.extend(_apply_lightning_view(merged, workers_run.main_events()))
         raw = encode_trace(merged)
@@ -265,6 +269,14 @@ class WorkersRun:
         """The events outside the run, in their order (all of them when there is no run)."""
         run = self.range()
         return self.events[: run.start] + self.events[run.stop :] if len(run) else self.events
+
+    def earliest_start(self) -> float | None:
+        """The run's earliest ``ts``, read from ``calls`` while they hold the whole run (each
+        thread's first call starts first: they are outer-first); None where they do not."""
+        calls = self.summary_calls()
+        if calls is None or not all(calls.values()) or sum(map(len, calls.values())) != len(self.range()):
+            return None
+        return min(found[0][0] for found in calls.values())
 
     def summary_calls(self) -> dict[Thread, list[Call]] | None:
         """``calls`` while they still describe the run: None once the run moved or the trace's

@@ -177,12 +177,17 @@ def remove_files(paths: list[str]) -> None:
 
 
 def add_to_trace(
-    merged: dict[str, Any], dumps: WorkerDumps, to_torch_us: Callable[[float], float], calls: range = range(0)
+    merged: dict[str, Any],
+    dumps: WorkerDumps,
+    to_torch_us: Callable[[float], float],
+    calls: range = range(0),
+    earliest: float | None = None,
 ) -> list[str]:
     """Name the workers' processes, add their ``fetch batch N`` spans and record them in the
     trace's metadata (the summary reads it); returns the notes for the window's result.
     ``calls``: where the workers' calls lie in ``traceEvents`` (``merge.merge_window``): read for
-    their earliest start alone, never for a sort index."""
+    their earliest start alone, never for a sort index; ``earliest``: that start, where known
+    (then they are not read)."""
     meta = merged.setdefault(TRACE_METADATA_KEY, {})
     origin = float(meta.get("time_origin_us", 0))
     processes: dict[int, dict[str, Any]] = {}
@@ -198,7 +203,9 @@ def add_to_trace(
             pid, worker["rank"], worker["worker"], sorted(worker["fetches"]), lambda us: to_torch_us(us) - origin, after
         )
     events.extend(added)
-    if len(calls):
+    if len(calls) and earliest is not None:
+        seconds = seconds_to_lower([*others, *added, {"ts": earliest}])
+    elif len(calls):
         seconds = seconds_to_lower([*others, *added], events[calls.start : calls.stop])
     else:
         seconds = seconds_to_lower(events)
