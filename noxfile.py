@@ -114,7 +114,7 @@ def install_version_set(session: nox.Session, version_set: str) -> None:
 VERSIONS_LINE = (
     "import importlib.metadata as m, sys; print('tested with Python', sys.version.split()[0], "
     "*(f'{p} {m.version(p)}' for p in ('torch', 'lightning', 'viztracer', 'tensorboard', 'torch-tb-profiler', "
-    "'orjson', 'jsonargparse')), sep=', ')"
+    "'orjson', 'numpy', 'jsonargparse')), sep=', ')"
 )
 
 
