@@ -203,12 +203,8 @@ def filter_python_events(
     # name -> (has a location, ours, starts the user's code, under include_files, under exclude_files)
     facts: dict[str, tuple[bool, bool, bool, bool, bool]] = {}
     include, exclude, max_depth = rules.include, rules.exclude, rules.max_depth
-
-    def name_facts(name: str) -> tuple[bool, bool, bool, bool, bool]:
-        return _name_facts(rules, name)
-
     kept = own_count = filtered = 0
-    select = include is not None or exclude is not None or max_depth >= 0
+    select = rules.user_filters
     report = grouped[0].keys() if grouped is not None and kept_groups is not None else ()
     sorted_names = ordered if ordered is not None and grouped is not None else {}
     for key, unordered in by_thread.items():
@@ -228,7 +224,7 @@ def filter_python_events(
                     # in the order read, which visits the events where they lie in memory
                 except KeyError:
                     names = {event.get("name", "") for event in unordered}
-            if not any((facts.get(n) or facts.setdefault(n, name_facts(n)))[1] for n in names):
+            if not any((facts.get(n) or facts.setdefault(n, _name_facts(rules, n)))[1] for n in names):
                 kept += len(calls)
                 out.extend(calls)
                 if key in report:
@@ -244,7 +240,7 @@ def filter_python_events(
             name = event.get("name", "")
             known = facts.get(name)
             if known is None:
-                known = facts[name] = name_facts(name)
+                known = facts[name] = _name_facts(rules, name)
             located, own, anchor, included, excluded = known
             if stack:
                 _, _, parent_own, parent_depth, parent_included, parent_excluded = stack[-1]

@@ -358,9 +358,7 @@ def merge_window(
                 part_fixed, named_dropped = _name_calls(part_timed, ran)
                 part_dropped = part_dropped or named_dropped
             if placement.not_x:  # snapped as place_python_events snaps what is not X (once sorted)
-                for event in part_timed:
-                    if event.get("ph") != "X" and "ts" in event:
-                        event["ts"] = round(event["ts"] * 1000) / 1000
+                snap_to_nanoseconds(event for event in part_timed if event.get("ph") != "X")
             if placement.not_x or part_dropped:  # the groups hold only the X calls not marked
                 part_calls = {
                     key: kept

@@ -202,7 +202,7 @@ def place_events(
     for key, (calls, ts, dur) in complete.items():
         start_array, dur_array = _place_calls(ts, dur, to_main_us, to_torch if placing else None)
         group = threads.setdefault(key, []) if grouped is not None else []
-        if to_torch is None or not placing:
+        if to_torch is None or grouped is None:  # not placing
             _write_times(calls, start_array.tolist(), dur_array.tolist(), None)
         else:
             names = _check_names(calls, to_torch)

@@ -313,10 +313,8 @@ def _python_events(
     raw_events: list[dict[str, Any]] = python.get("traceEvents", [])
     python_events = raw_events  # a new list from here on but without a filter or workers
     filtering = job.python_filter is not None
-    rules = job.python_filter
-    workers = collect_worker_dumps(
-        job.extras.get("workers"), to_torch if filtering else None, partial(keeps_whole, rules) if rules else None
-    )
+    settle = partial(keeps_whole, job.python_filter) if job.python_filter is not None else None
+    workers = collect_worker_dumps(job.extras.get("workers"), to_torch if filtering else None, settle)
     apart = placed = None
     if job.python_filter is not None:  # the workers' events follow, grouped as the filter groups
         grouped = workers.grouped if workers is not None else None
