@@ -227,7 +227,13 @@ def end_wait(into: Path) -> dict[str, Any]:
     a CPU run holds it and finishes it in this process when training stops (``handoff.finishes_at_end``).
     Measured: from the last batch's end (a callback first in the list) to ``fit`` returning (the
     console's "waited ... for the writer" line is most of it), and the CPU the held window's
-    finish took on its thread (what the wait is on an idle core)."""
+    finish took on its thread (what the wait is on an idle core).
+
+    The yardstick is the same window's ``save()`` in this process once ``fit`` returned: the held
+    window's raw dumps are linked aside as its finish returns (before the training thread removes
+    them), then VizTracer's parse and ``save()`` of those events are timed here, with the collector
+    paused as the held finish runs. The training process's heap makes both slower than in a fresh
+    process, so this compares the two where the user's wait happens."""
     from lightning.pytorch.callbacks import Callback
 
     from vt_lightning import VizTraceCallback
@@ -243,7 +249,9 @@ def end_wait(into: Path) -> dict[str, Any]:
     from vt_lightning.controller import handoff
 
     held_cpu: list[float] = []
+    kept: list[Any] = []
     finish = handoff._finish_with_collector_paused
+    aside = into / "held-raw"
 
     def timed(job: Any) -> Any:  # the held window, finished on the writer thread once training stopped
         start = time.thread_time()
@@ -251,6 +259,7 @@ def end_wait(into: Path) -> dict[str, Any]:
             return finish(job)
         finally:
             held_cpu.append(time.thread_time() - start)
+            kept.append(_link_raw_aside(job, aside))
 
     handoff._finish_with_collector_paused = timed
     last = LastBatch()
@@ -259,7 +268,40 @@ def end_wait(into: Path) -> dict[str, Any]:
     trainer.fit(real_model())
     wait = time.perf_counter() - last.at
     result = cb.results[0]
-    return {"wait_s": wait, "held_cpu_s": sum(held_cpu), "events": result.python_events + result.torch_events}
+    python = _python_trace(kept[0])
+    python_events = sum(1 for e in python["traceEvents"] if e.get("ph") != "M")
+    gc.collect()
+    gc.disable()  # as the held finish runs (handoff._finish_with_collector_paused)
+    try:
+        save_s = _save_seconds(python, aside / "save.json.gz")
+    finally:
+        gc.enable()
+    parse_us = _viztracer_parse_us_per_event(min(python_events, 200_000))
+    return {
+        "wait_s": wait,
+        "held_cpu_s": sum(held_cpu),
+        "events": result.python_events + result.torch_events,
+        "save_here_s": save_s + parse_us * python_events / 1e6,
+    }
+
+
+def _link_raw_aside(job: Any, aside: Path) -> Any:
+    """A copy of ``job`` whose raw Python dump and worker parts are hard links under ``aside``:
+    they outlive the training thread's removal of the originals (``pipeline.remove_raw``)."""
+    import dataclasses
+
+    aside.mkdir(parents=True, exist_ok=True)
+    python_raw = aside / Path(job.python_raw).name
+    os.link(job.python_raw, python_raw)
+    extras = dict(job.extras)
+    workers = extras.get("workers")
+    if workers:
+        prefix = f"b{int(workers['first'])}-r{int(workers['rank'])}-"
+        for name in os.listdir(workers["dir"]):
+            if name.startswith(prefix):
+                os.link(os.path.join(workers["dir"], name), aside / name)
+        extras["workers"] = {**workers, "dir": str(aside)}
+    return dataclasses.replace(job, python_raw=python_raw, extras=extras)
 
 
 def _end_wait_in_fresh_process(code: Path) -> dict[str, Any]:

@@ -8,12 +8,17 @@ import random
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from vt_lightning.analysis import python_tables
+from vt_lightning.analysis.nested_walk import walk_nested
 from vt_lightning.analysis.python_tables import PythonStats
 from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary import top_python
-from vt_lightning.analysis.sweep import nest
+from vt_lightning.analysis.sweep import by_start, nest
 from vt_lightning.analysis.verdicts.window import Timeline, entry_times
 from vt_lightning.analysis.workers import FETCH_CATEGORY, worker_summary
 from vt_lightning.constants import PYTHON_CATEGORY
@@ -209,5 +214,91 @@ def test_nest_of_calls_given_in_order_is_the_definitions(seed: int) -> None:
     distinct = list({c[0]: c for c in in_order}.values())  # strictly increasing starts
     tie_shorter_first = sorted(calls, key=lambda c: (c[0], c[1]))
     assert len(distinct) < len(in_order), "the random calls should have equal starts"
-    for given in (distinct, in_order, tie_shorter_first, calls):
-        assert nest(given) == _nest_by_definition(given)
+    for calls_given in (distinct, in_order, tie_shorter_first, calls):
+        assert nest(calls_given) == _nest_by_definition(calls_given)
+
+
+def _nested_calls(rng: random.Random, count: int) -> list[tuple[float, float, str]]:
+    """Calls that nest, as a DataLoader worker's do once placed: each ends within the call it
+    starts in; children that start or end with their parent, zero-length calls, siblings that
+    touch, a function inside itself, library code under user code and the other way round."""
+    names = [
+        f"__getitem__ ({USER}:10)",
+        f"augment ({USER}:20)",
+        f"resize ({LIB}:5)",
+        f"crop ({LIB}:9)",
+        "<built-in method sleep>",
+        "[gc] generation 0",
+    ]
+    calls: list[tuple[float, float, str]] = []
+
+    def fill(lo: float, hi: float, depth: int) -> None:
+        at = lo
+        while len(calls) < count and at < hi and rng.random() < 0.8:
+            start = at if rng.random() < 0.3 else rng.uniform(at, at + (hi - at) * rng.random())
+            start = min(max(round(start, rng.choice((2, 9))), at), hi)  # ties among the starts
+            pick = rng.random()
+            end = start if pick < 0.05 else hi if pick < 0.2 else rng.uniform(start, hi)
+            calls.append((start, end, rng.choice(names)))
+            if depth < 10 and end > start:
+                fill(start, end, depth + 1)
+            at = end
+
+    origin = 0.1
+    while len(calls) < count:
+        region_end = origin + rng.uniform(1.0, 500.0)
+        fill(origin, region_end, 0)
+        origin = region_end + rng.choice((0.0, 0.3))
+    return calls
+
+
+def _stat_rows(stats: PythonStats, thread: tuple[int, int]) -> list[Any]:
+    functions, packages = stats.threads[thread]
+    return [
+        [(k, s.calls, s.open_calls, s.self_us.hex(), s.inclusive_us.hex(), list(s.functions)) for k, s in t.items()]
+        for t in (functions, packages)
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from((1, 2, 7, 60, 400, 1500)))
+def test_a_nested_thread_walked_as_arrays_is_the_loops_walk_to_the_bit(seed: int, count: int) -> None:
+    """A worker thread of many calls is walked as arrays (``nested_walk``) where none is cut: its
+    tables (calls, open calls at the end, self and inclusive time, functions per package), its
+    entry times and the order of every key are the loop's, each double the same."""
+    rng = random.Random(seed)
+    ordered = by_start(_nested_calls(rng, count))
+    thread = (101, 1)
+    as_arrays, as_loop = PythonStats(), PythonStats()
+    found = as_arrays._sweep_entries_as_arrays(thread, ordered)
+    assert found is not None, "nested calls are walked as arrays"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(python_tables, "ARRAY_WALK_MIN_CALLS", len(ordered) + 1)
+        expected = as_loop.sweep_entries(thread, ordered)
+    hexed = [
+        [(k, [(c, v.hex()) for c, v in d.items()]) for k, d in part.items()] for part in ({"": found[0]}, found[1])
+    ]
+    wanted = [
+        [(k, [(c, v.hex()) for c, v in d.items()]) for k, d in part.items()]
+        for part in ({"": expected[0]}, expected[1])
+    ]
+    assert hexed == wanted
+    assert _stat_rows(as_arrays, thread) == _stat_rows(as_loop, thread)
+    assert as_arrays.info == as_loop.info and as_arrays.package_of == as_loop.package_of
+
+
+def test_a_thread_whose_walk_cuts_a_call_is_not_walked_as_arrays() -> None:
+    """A call that ends after the call it starts in is cut by the walk: the arrays do not model
+    that, so ``sweep_entries`` walks such a thread in its loop, with the same result either way."""
+    calls = by_start(_random_calls(0, count=2000))
+    starts = np.array([c[0] for c in calls])
+    ends = np.array([c[1] for c in calls])
+    assert walk_nested(starts, ends) is None
+    nested = by_start(_nested_calls(random.Random(1), 2000))
+    walk = walk_nested(np.array([c[0] for c in nested]), np.array([c[1] for c in nested]))
+    assert walk is not None
+    ordered, _, parents = nest(nested)
+    assert ordered == nested and walk.parents.tolist() == parents
+    thread = (101, 1)
+    whole = PythonStats()
+    assert whole.sweep_entries(thread, calls) == PythonStats().sweep_entries(thread, nest(calls)[0])

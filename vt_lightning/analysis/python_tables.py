@@ -13,8 +13,12 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any, TypeVar
 
+import numpy as np
+
+from vt_lightning.analysis.nested_walk import NestedWalk, first_opened, inherited, walk_nested
 from vt_lightning.analysis.phases import PhaseSegments
 from vt_lightning.analysis.spans import Span
 from vt_lightning.analysis.sweep import Nested, nest
@@ -30,6 +34,10 @@ EntryTimes = tuple[dict[str, float], dict[str, dict[str, float]]]
 
 Key = TypeVar("Key")
 _OUTSIDE_USER = (None, None, False)  # ``sweep_entries``' (user, entry, is_user) of a top library call
+# A thread of at least this many calls is walked as arrays (``nested_walk``) where none is cut:
+# below it, numpy's fixed costs outweigh the loop's ~1.5 µs a call.
+ARRAY_WALK_MIN_CALLS = 1000
+_START, _END, _NAME = itemgetter(0), itemgetter(1), itemgetter(2)  # of a call (start, end, name)
 
 
 class Stat:
@@ -170,7 +178,12 @@ class PythonStats:
         the same order as the timeline's segments). The walk nests the calls itself (a worker's
         163k calls are walked once, not twice). Without phases a function's fold line is fixed by
         its name, so one lookup per call finds both its stats and whether it is the user's; each
-        ``Stat`` counts its own open calls."""
+        ``Stat`` counts its own open calls. A long thread none of whose calls the walk cuts (a
+        DataLoader worker's) is walked as arrays instead (``_sweep_entries_as_arrays``)."""
+        if len(ordered) >= ARRAY_WALK_MIN_CALLS:
+            as_arrays = self._sweep_entries_as_arrays(thread, ordered)
+            if as_arrays is not None:
+                return as_arrays
         functions: dict[str, Stat] = {}
         packages: dict[FoldKey, Stat] = {}
         package_of, user_of = self.package_of, self.user
@@ -283,6 +296,127 @@ class PythonStats:
             cursor = done_end
         self.threads[thread] = (functions, packages)
         return entries, callees
+
+    def _sweep_entries_as_arrays(
+        self, thread: Thread, ordered: Sequence[tuple[float, float, str]]
+    ) -> EntryTimes | None:
+        """``sweep_entries`` from ``nested_walk``'s arrays, or None where the walk would cut a call.
+        Each sum adds the loop's doubles in the loop's order (``np.bincount``); each dict gets its
+        keys in the order the loop first touches them."""
+        count = len(ordered)
+        walk = walk_nested(
+            np.fromiter(map(_START, ordered), dtype=float, count=count),
+            np.fromiter(map(_END, ordered), dtype=float, count=count),
+        )
+        if walk is None:
+            return None
+        names, codes = _name_codes(ordered)
+        functions: dict[str, Stat] = {}
+        packages: dict[FoldKey, Stat] = {}
+        fold_of = np.full(len(names), -1, dtype=np.intp)
+        folds: list[Stat] = []
+        fold_index: dict[FoldKey, int] = {}
+        for i, name in enumerate(names):  # first seen in this order, as the loop sees them
+            package = self.package_of.get(name)
+            if package is None:
+                package = self._describe(name)
+            functions[name] = Stat()
+            if package:
+                fkey = (package, "")
+                at = fold_index.get(fkey)
+                if at is None:
+                    at = fold_index[fkey] = len(folds)
+                    folds.append(packages.setdefault(fkey, Stat()))
+                folds[at].functions.add(name)
+                fold_of[i] = at
+        call_folds = fold_of[codes]
+        _fill(list(functions.values()), walk, codes, len(names))
+        if folds:
+            _fill(folds, walk, call_folds, len(folds))
+        self.threads[thread] = (functions, packages)
+        user_names = np.array([self.user[name] for name in names], dtype=bool)
+        return _entry_times(walk, codes, user_names, names)
+
+
+class _Codes(dict[str, int]):
+    """Each name's index in the order names are first looked up: one dict lookup per call, at C
+    speed but for each name's first."""
+
+    def __missing__(self, name: str) -> int:
+        code = self[name] = len(self)
+        return code
+
+
+def _name_codes(ordered: Sequence[tuple[float, float, str]]) -> tuple[list[str], np.ndarray]:
+    """The distinct names of ``ordered``'s calls in the order they first occur, and each call's
+    index in them."""
+    code_of = _Codes()
+    codes = np.fromiter(map(code_of.__getitem__, map(_NAME, ordered)), dtype=np.intp, count=len(ordered))
+    return list(code_of), codes
+
+
+def _fill(stats: list[Stat], walk: NestedWalk, keys: np.ndarray, count: int) -> None:
+    """Each call's counts into ``stats[keys]`` (-1: none) as the loop adds them: calls; inclusive
+    time where no call of its key is open at its start, in order; self time where positive, in the
+    order calls close (the ones open at the end outermost first); open calls at the end."""
+    keyed = keys >= 0
+    calls = np.bincount(keys[keyed], minlength=count)
+    outer = keyed & first_opened(walk, keys)
+    inclusive = np.bincount(keys[outer], weights=walk.lengths[outer], minlength=count)
+    still_open = walk.open_at_end
+    closed = walk.closing[: len(walk.closing) - len(still_open)]
+    by_close = np.concatenate((closed, still_open))
+    adds = by_close[(walk.own[by_close] > 0) & keyed[by_close]]
+    own = np.bincount(keys[adds], weights=walk.own[adds], minlength=count)
+    open_calls = np.bincount(keys[still_open][keyed[still_open]], minlength=count)
+    for stat, n, incl, self_us, left in zip(
+        stats, calls.tolist(), inclusive.tolist(), own.tolist(), open_calls.tolist(), strict=False
+    ):
+        stat.calls += n
+        stat.inclusive_us += incl
+        stat.self_us += self_us
+        stat.open_calls += left
+
+
+def _entry_times(walk: NestedWalk, codes: np.ndarray, user_names: np.ndarray, names: list[str]) -> EntryTimes:
+    """The loop's entry times: the time from each start or close to the next, owned by the call
+    open then (the parent of a starting call, the closing call), added to its entry (the user call
+    that entered user code from library code) and to its innermost user call under that entry."""
+    count = len(codes)
+    user_calls = user_names[codes]
+    parent_is_user = np.where(walk.parents >= 0, user_calls[np.maximum(walk.parents, 0)], False)
+    users = inherited(walk, codes, user_calls)
+    entries_of = inherited(walk, codes, user_calls & ~parent_is_user)
+    # The walk's moments: each close (before the start that closes it) and each start, in order.
+    closing = walk.closing
+    keys = np.concatenate((2 * walk.closed_before[closing], 2 * np.arange(count) + 1))
+    order = np.argsort(keys, kind="stable")
+    times = np.concatenate((walk.ends[closing], walk.starts))[order]
+    owners = np.concatenate((closing, walk.parents))[order]
+    spans = times - np.concatenate(([0.0], times[:-1]))
+    named = np.array([bool(name) for name in names] + [False], dtype=bool)  # [-1]: none
+    entry = np.where(owners >= 0, entries_of[owners], -1)
+    user = np.where(owners >= 0, users[owners], -1)
+    counted = (spans > 0) & named[entry]
+    entries: dict[str, float] = defaultdict(float)
+    callees: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for key, total in _sums_in_first_order(entry[counted], spans[counted]):
+        entries[names[key]] = total
+    under = counted & named[user] & (user != entry)
+    pairs = entry[under] * len(names) + user[under]
+    for key, total in _sums_in_first_order(pairs, spans[under]):
+        callees[names[key // len(names)]][names[key % len(names)]] = total
+    return entries, callees
+
+
+def _sums_in_first_order(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, float]]:
+    """``(key, sum of its values added in order)`` for each key, in the order keys first occur."""
+    if not len(keys):
+        return []
+    distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    sums = np.bincount(inverse.ravel(), weights=values)
+    order = np.argsort(first, kind="stable")
+    return list(zip(distinct[order].tolist(), sums[order].tolist(), strict=True))
 
 
 def python_stats(
