@@ -61,8 +61,9 @@ _TARGETS = [
     ("vt_lightning.export.pipeline", None, "merge_trace", "writer: merge"),
     ("vt_lightning.export.pipeline", None, "_apply_lightning_view", "writer: Lightning view"),
     ("vt_lightning.export.pipeline", None, "encode_trace", "writer: encode (orjson)"),
-    ("vt_lightning.export.pipeline", None, "gzip_bytes", "writer: gzip"),
+    ("vt_lightning.export.atomic", None, "gzip_bytes", "writer: gzip"),
     ("vt_lightning.export.pipeline", None, "atomic_write", "writer: write + fsync"),
+    ("vt_lightning.export.pipeline", None, "_memory_snapshot", "writer: memory snapshot"),
     ("vt_lightning.export.pipeline", None, "_write_memory", "writer: memory snapshot"),
 ]
 

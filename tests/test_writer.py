@@ -13,6 +13,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
@@ -201,6 +202,7 @@ def test_a_writer_killed_after_publishing_is_retried_into_the_same_directory(tmp
 _UMASK_RUN = """
 import json, os, sys
 from pathlib import Path
+from typing import Any
 sys.path.insert(0, {tests!r})
 from conftest import MarkerModel, loader, make_trainer
 from vt_lightning import VizTraceCallback
@@ -461,3 +463,84 @@ def test_the_passes_that_skip_the_workers_calls_write_what_a_walk_of_every_event
     snapshot = pickle.loads(next((tmp_path / "skipping").glob("*.memory_snapshot.pickle")).read_bytes())
     addresses = {e["addr"] for trace in snapshot["device_traces"] for e in trace}
     assert 123456789 in addresses
+
+
+def _kept_job(tmp_path: Path, monkeypatch) -> Any:
+    """A real window's job, its raw dumps copied aside so it can be finished again."""
+    from vt_lightning.controller import handoff
+    from vt_lightning.export import pipeline
+
+    monkeypatch.setattr(handoff, "USE_WRITER_PROCESS", False)
+    monkeypatch.setattr(handoff, "FINISH_AT_END_WITHIN_S", 0.0)
+    jobs = []
+
+    def keep(job):
+        kept = {field: tmp_path / Path(getattr(job, field)).name for field in ("torch_raw", "python_raw")}
+        for field, path in kept.items():
+            shutil.copyfile(getattr(job, field), path)
+        jobs.append(dataclasses.replace(job, **kept))
+        return pipeline.finish_window(job)
+
+    monkeypatch.setattr(handoff, "finish_window", keep)
+    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=1, dirpath=str(tmp_path / "logs"))
+    make_trainer(tmp_path, [cb], max_steps=2).fit(CollectingModel(), loader())
+    assert len(jobs) == 1
+    return jobs[0]
+
+
+def _gzip_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name == "vt_lightning-gzip"]
+
+
+def test_the_trace_is_compressed_beside_the_summary_and_a_summary_fault_keeps_the_trace(tmp_path, monkeypatch):
+    """The trace's gzip runs on a thread of its own while the summary is made (where fit waits
+    for a held window, on the core training left idle). A summary that fails is a note: the trace
+    and the memory snapshot are written all the same, no summary file is, no thread is left."""
+    import threading
+
+    from vt_lightning.export import atomic, pipeline
+
+    job = _kept_job(tmp_path, monkeypatch)
+    compressed_on: list[str] = []
+    real_gzip = atomic.gzip_bytes
+
+    def spy(data: bytes, level: int) -> bytes:
+        compressed_on.append(threading.current_thread().name)
+        return real_gzip(data, level)
+
+    monkeypatch.setattr(atomic, "gzip_bytes", spy)
+    whole = pipeline.finish_window(dataclasses.replace(job, run_dir=tmp_path / "whole", job_id=""))
+    assert compressed_on == ["vt_lightning-gzip"] and threading.current_thread().name != "vt_lightning-gzip"
+    assert whole.summary_path is not None and whole.summary_path.exists()
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("summary broke")
+
+    monkeypatch.setattr(pipeline, "summarize", broken)
+    run_dir = tmp_path / "no-summary"
+    result = pipeline.finish_window(dataclasses.replace(job, run_dir=run_dir, job_id=""))
+    assert "summary not written (RuntimeError: summary broke)" in result.notes
+    assert result.summary_path is None and not list(run_dir.glob("*.summary.*"))
+    assert load_trace(result.trace_path)["traceEvents"] == load_trace(whole.trace_path)["traceEvents"]
+    assert result.memory_path is not None and result.memory_path.read_bytes() == whole.memory_path.read_bytes()
+    assert not _gzip_threads()
+
+
+def test_a_compression_fault_writes_no_trace_and_leaves_no_thread(tmp_path, monkeypatch):
+    """A gzip that fails on its thread fails the window as it did on the caller's: the error
+    reaches the writer, and nothing is written (no trace, no snapshot, no summary, no temporary)."""
+    from vt_lightning.export import atomic, pipeline
+
+    job = _kept_job(tmp_path, monkeypatch)
+
+    def broken(data: bytes, level: int) -> bytes:
+        raise MemoryError("no room to compress")
+
+    monkeypatch.setattr(atomic, "gzip_bytes", broken)
+    run_dir = tmp_path / "failed"
+    with pytest.raises(MemoryError, match="no room to compress"):
+        pipeline.finish_window(dataclasses.replace(job, run_dir=run_dir, job_id=""))
+    assert not run_dir.exists() or not list(run_dir.iterdir())
+    assert not _gzip_threads()

@@ -20,6 +20,7 @@ import gzip
 import os
 import re
 import stat
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -197,3 +198,29 @@ def process_alive(pid: int) -> bool:
 def gzip_bytes(data: bytes, level: int) -> bytes:
     # mtime=0: the same trace gives the same bytes.
     return gzip.compress(data, compresslevel=level, mtime=0)
+
+
+class GzipAside:
+    """``gzip_bytes(data, level)`` on a thread of its own, started at once; ``result()`` waits for
+    it. zlib lets go of the GIL while it compresses, so the caller's next work (a window's summary)
+    runs meanwhile on another core: the idle one at the end of CPU training, where fit waits for a
+    held window."""
+
+    def __init__(self, data: bytes, level: int) -> None:
+        self._compressed: bytes | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(data, level), name="vt_lightning-gzip", daemon=True)
+        self._thread.start()
+
+    def _run(self, data: bytes, level: int) -> None:
+        try:
+            self._compressed = gzip_bytes(data, level)
+        except BaseException as err:  # handed to the caller by result()
+            self._error = err
+
+    def result(self) -> bytes:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._compressed is not None
+        return self._compressed

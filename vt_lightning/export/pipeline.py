@@ -40,7 +40,7 @@ from vt_lightning.constants import (
     USER_ANNOTATION_CATEGORY,
 )
 from vt_lightning.export import raw_json
-from vt_lightning.export.atomic import atomic_write, gzip_bytes, owns, release_claim
+from vt_lightning.export.atomic import GzipAside, atomic_write, owns, release_claim
 from vt_lightning.export.job import WindowJob, WindowResult
 from vt_lightning.export.job_file import JOB_EXTRA, job_summary, write_job_file
 from vt_lightning.export.layout import claim_name
@@ -194,7 +194,15 @@ def finish_window(job: WindowJob) -> WindowResult:
         if metadata.get("lightning_view"):
             notes.extend(_apply_lightning_view(merged, workers_run.main_events()))
         raw = encode_trace(merged)
-        compressed = gzip_bytes(raw, job.gzip_level)
+        compressing = GzipAside(raw, job.gzip_level)  # meanwhile, the snapshot and the summary are made
+        snapshot = None
+        if job.memory_name is not None:
+            try:
+                snapshot = _memory_snapshot(job, workers_run)
+            except Exception as err:  # the trace is written; a snapshot problem must not undo it
+                notes.append(f"memory snapshot not written ({type(err).__name__}: {err})")
+        made = _make_summary(job, merged, snapshot, workers_run) if job.summary else None
+        compressed = compressing.result()
         claim = claim_name(job.trace_name, job.job_id) if job.job_id else None
         trace_path = write_new(job.run_dir, job.trace_name, compressed, claim=claim)
         run_dir = trace_path.parent
@@ -203,11 +211,11 @@ def finish_window(job: WindowJob) -> WindowResult:
                 f"run directory already taken ({job.run_dir} holds another run's {job.trace_name} "
                 f"or is not a plain directory); this window went to {run_dir.name}"
             )
-        memory_path = snapshot = None
-        if job.memory_name is not None:
+        memory_path = None
+        if snapshot is not None:
             try:
-                memory_path, snapshot = _write_memory(job, run_dir, workers_run)
-            except Exception as err:  # the trace is written; a snapshot problem must not undo it
+                memory_path = _write_memory(job, run_dir, snapshot)
+            except Exception as err:
                 notes.append(f"memory snapshot not written ({type(err).__name__}: {err})")
         result = WindowResult(
             trace_path=trace_path,
@@ -224,8 +232,8 @@ def finish_window(job: WindowJob) -> WindowResult:
         if JOB_EXTRA in job.extras:  # rank 0 of a job whose ranks all trace: the job file (export/job_file.py)
             job_info, job_notes = write_job_file(job, run_dir, merged, len(raw))
             result = dataclasses.replace(result, job=job_info, notes=(*result.notes, *job_notes))
-        if job.summary:
-            result = _write_summary(job, run_dir, merged, snapshot, result, workers_run)
+        if made is not None:
+            result = _write_summary(job, run_dir, made, result)
         return result
     except BaseException:
         remove_raw(job)
@@ -411,36 +419,44 @@ def _apply_lightning_view(merged: dict[str, Any], events: list[dict[str, Any]]) 
     return notes
 
 
-def _write_memory(job: WindowJob, run_dir: Path, workers_run: WorkersRun) -> tuple[Path | None, Any]:
+def _memory_snapshot(job: WindowJob, workers_run: WorkersRun) -> Any:
     """The memory snapshot, built from the training process's events (the workers' calls are no
-    ``[memory]`` event, and enclose none but their own threads') unless the job brought one."""
+    ``[memory]`` event, and enclose none but their own threads') unless the job brought one; None
+    where the window holds no memory event."""
     from vt_lightning.analysis.memory_snapshot import build_cpu_snapshot
+
+    if job.memory_snapshot is not None:
+        return job.memory_snapshot
+    run = workers_run.range()
+    return build_cpu_snapshot(
+        workers_run.main_events(), everything=workers_run.events, apart_pids=workers_run.pids if len(run) else set()
+    )
+
+
+def _write_memory(job: WindowJob, run_dir: Path, snapshot: Any) -> Path:
     from vt_lightning.export.memory_files import write_snapshot
 
-    snapshot = job.memory_snapshot
-    if snapshot is None:
-        run = workers_run.range()
-        snapshot = build_cpu_snapshot(
-            workers_run.main_events(), everything=workers_run.events, apart_pids=workers_run.pids if len(run) else set()
-        )
-    if snapshot is None:
-        return None, None
     path = run_dir / str(job.memory_name)
     write_snapshot(path, snapshot)
-    return path, snapshot
+    return path
 
 
-def _write_summary(
-    job: WindowJob,
-    run_dir: Path,
-    merged: dict[str, Any],
-    snapshot: Any,
-    result: WindowResult,
-    workers_run: WorkersRun | None = None,
-) -> WindowResult:
-    """``<worker>.<span>.summary.json`` and ``.md`` beside the trace; a failure is a note, never a
-    lost window. ``workers_run``: the workers' calls, which the summary then takes as the merge
-    read them rather than walking them again."""
+@dataclasses.dataclass(frozen=True)
+class _Summary:
+    """A window's summary as ``_make_summary`` left it: the summary, or the note that says why
+    there is none, and the seconds it took."""
+
+    summary: Any
+    failure: str | None
+    seconds: float
+
+
+def _make_summary(
+    job: WindowJob, merged: dict[str, Any], snapshot: Any, workers_run: WorkersRun | None = None
+) -> _Summary:
+    """The window's summary, its workers' tables included; a failure is a note, never a lost
+    window. ``workers_run``: the workers' calls, which the summary then takes as the merge read
+    them rather than walking them again."""
     start = time.perf_counter()
     try:
         run = workers_run.range() if workers_run is not None else range(0)
@@ -448,11 +464,24 @@ def _write_summary(
         # read once: the workers' tables share its per-thread nesting
         window = read_window(merged, run, run_calls)
         summary = summarize(merged, snapshot, window)
-        json_name, md_name = summary_names(job.trace_name)
         summary["window"]["trace"] = job.trace_name
         workers = summarize_workers(merged, window)
         if workers is not None:
             summary["workers"] = workers
+    except Exception as err:
+        return _Summary(None, f"summary not written ({type(err).__name__}: {err})", time.perf_counter() - start)
+    return _Summary(summary, None, time.perf_counter() - start)
+
+
+def _write_summary(job: WindowJob, run_dir: Path, made: _Summary, result: WindowResult) -> WindowResult:
+    """``<worker>.<span>.summary.json`` and ``.md`` beside the trace, the job's verdicts added
+    where this rank wrote the job file; a failure is a note, never a lost window."""
+    summary = made.summary
+    if summary is None:
+        return dataclasses.replace(result, notes=(*result.notes, str(made.failure)), summary_seconds=made.seconds)
+    start = time.perf_counter()
+    try:
+        json_name, md_name = summary_names(job.trace_name)
         if result.job is not None:
             summary["job"] = job_summary(result.job)
             summary["verdicts"] = with_job_verdicts(summary)  # straggler: only rank 0 merged the job file
@@ -463,14 +492,14 @@ def _write_summary(
         return dataclasses.replace(
             result,
             notes=(*result.notes, f"summary not written ({type(err).__name__}: {err})"),
-            summary_seconds=time.perf_counter() - start,
+            summary_seconds=made.seconds + time.perf_counter() - start,
         )
     return dataclasses.replace(
         result,
         summary=summary,
         summary_markdown=markdown,
         summary_path=run_dir / json_name,
-        summary_seconds=time.perf_counter() - start,
+        summary_seconds=made.seconds + time.perf_counter() - start,
     )
 
 
