@@ -433,3 +433,37 @@ def test_calls_settled_as_arrays_land_on_the_untangle_loops_nanoseconds(calls: l
         start_ns, end_ns = round(start * 1000), round((start + length) * 1000)
         expected.append((start_ns / 1000, (end_ns - start_ns if end_ns > start_ns else 0) / 1000))
     assert orjson.dumps(list(zip(ts.tolist(), dur.tolist()))) == orjson.dumps(expected)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from((0.0, 0.5, 1.0, 2.25, 3.0, 1e6 + 0.001)), st.sampled_from((0.0, 0.25, 0.5, 1.0, 2.0))
+        ),
+        max_size=40,
+    )
+)
+@pytest.mark.unit
+def test_a_thread_is_settled_where_placed_exactly_when_the_untangle_loop_would_cut_none(
+    calls: list[tuple[float, float]],
+) -> None:
+    # nesting.nest_uncut answers as arrays what untangle_annotations' last loop finds walking an
+    # in-order thread: equal starts, touching ends and zero lengths are where the two could part.
+    import numpy as np
+
+    from vt_lightning.analysis.nesting import nest_uncut
+
+    ordered = sorted(calls, key=lambda c: (c[0], -c[1]))
+    open_ends = [float("nan")]  # the loop's stack of open ends, as in untangle_annotations
+    cuts = False
+    for start, length in ordered:
+        end = start + length
+        while open_ends[-1] <= start:
+            open_ends.pop()
+        if end > open_ends[-1]:
+            cuts = True
+            break
+        open_ends.append(end)
+    starts, lengths = np.array([s for s, _ in ordered]), np.array([d for _, d in ordered])
+    assert nest_uncut(starts, lengths) is not cuts

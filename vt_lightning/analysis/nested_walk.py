@@ -40,15 +40,17 @@ class NestedWalk:
         return self.closing[len(self.closing) - int(np.count_nonzero(self.closed_before == count)) :][::-1]
 
 
-def walk_nested(starts: np.ndarray, ends: np.ndarray) -> NestedWalk | None:
-    """The walk of calls in ``sweep.by_start`` order (``starts`` never decreasing), or None where
-    it would cut a call (one that ends after the call it starts in) or a time is not finite.
+def nest_levels(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(parents, depths, closed_before)`` of ``NestedWalk`` for calls in ``sweep.by_start`` order
+    (``starts`` never decreasing), or None where the walk would cut a call (one that ends after
+    the call it starts in) or a time is not finite.
 
     The walk closes the open calls that ended before each call starts: a call is closed before the
     first later call that starts at or after its end. A call's depth is then how many earlier calls
     are not closed yet when it starts, and its parent the last call before it one level up. With no
     call ending after its parent, the open calls' ends never decrease down the stack, so this is
-    the walk's stack at every step."""
+    the walk's stack at every step; the first call the walk would cut is one whose end passes its
+    parent's here, so none passing means none is cut."""
     count = len(starts)
     if count == 0 or not (np.isfinite(starts).all() and np.isfinite(ends).all()):
         return None
@@ -65,8 +67,19 @@ def walk_nested(starts: np.ndarray, ends: np.ndarray) -> NestedWalk | None:
     inner = parents >= 0
     if (ends[inner] > ends[parents[inner]]).any():
         return None  # the walk cuts this one
+    return parents, depths, closed_before
+
+
+def walk_nested(starts: np.ndarray, ends: np.ndarray) -> NestedWalk | None:
+    """The walk of calls in ``sweep.by_start`` order, or None where it would cut one
+    (``nest_levels``)."""
+    levels = nest_levels(starts, ends)
+    if levels is None:
+        return None
+    parents, depths, closed_before = levels
+    inner = parents >= 0
     lengths = ends - starts
-    children = np.bincount(parents[inner], weights=lengths[inner], minlength=count)
+    children = np.bincount(parents[inner], weights=lengths[inner], minlength=len(starts))
     own = lengths - children
     closing = np.lexsort((-depths, closed_before))  # each closing run innermost first
     return NestedWalk(starts, ends, lengths, parents, depths, closed_before, own, closing)

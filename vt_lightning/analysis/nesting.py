@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from vt_lightning.analysis.nested_walk import nest_levels
 from vt_lightning.constants import (
     ANNOTATION_PREFIXES,
     CPU_OP_CATEGORY,
@@ -335,16 +336,9 @@ SnappedCalls = tuple[list[float], list[float], list[float], bool]
 
 def nest_uncut(starts: np.ndarray, lengths: np.ndarray) -> bool:
     """Whether ``untangle_annotations``' last loop cuts none of an in-order thread's calls
-    (``starts``, ``lengths``: their ``ts`` and ``dur``, outer-first): its test, on the same ends."""
-    open_ends: list[float] = [math.nan]  # as in untangle_annotations
-    pop, push = open_ends.pop, open_ends.append
-    for start, end in zip(starts.tolist(), (starts + lengths).tolist()):
-        while open_ends[-1] <= start:
-            pop()
-        if end > open_ends[-1]:
-            return False
-        push(end)
-    return True
+    (``starts``, ``lengths``: their ``ts`` and ``dur``, outer-first): its stack of open ends, the
+    same test on the same ends (``start + length``), as ``nested_walk.nest_levels`` answers it."""
+    return not len(starts) or nest_levels(starts, starts + lengths) is not None
 
 
 def snap_arrays(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
