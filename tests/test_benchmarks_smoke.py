@@ -91,6 +91,11 @@ def test_writer_cost_benchmark_completes_and_every_round_writes_the_same_trace()
     out = _quick("writer_cost.py", "--repeats", "2", "--end-waits", "1")
     for text in ("writer µs/event", "save() µs/event", "writer / save()", "by stage", "End-of-fit wait", "| this |"):
         assert text in out, text
+    # the wait against the held window's save() timed in the training process: a figure, not a dash
+    wait_row = next(line for line in out.splitlines() if line.startswith("| this |")).split("|")
+    header = next(line for line in out.splitlines() if "save() in that process" in line).split("|")
+    here = wait_row[[cell.strip() for cell in header].index("save() in that process (s)")]
+    assert float(here.split()[0]) > 0, wait_row
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith(("| 1e4 ", "| real "))}
     assert set(rows) == {"1e4", "real"}, out
     for name, row in rows.items():
