@@ -326,7 +326,8 @@ class PythonStats:
                 at = fold_index.get(fkey)
                 if at is None:
                     at = fold_index[fkey] = len(folds)
-                    folds.append(packages.setdefault(fkey, Stat()))
+                    folds.append(Stat())
+                    packages[fkey] = folds[at]
                 folds[at].functions.add(name)
                 fold_of[i] = at
         call_folds = fold_of[codes]
@@ -370,7 +371,7 @@ def _fill(stats: list[Stat], walk: NestedWalk, keys: np.ndarray, count: int) -> 
     own = np.bincount(keys[adds], weights=walk.own[adds], minlength=count)
     open_calls = np.bincount(keys[still_open][keyed[still_open]], minlength=count)
     for stat, n, incl, self_us, left in zip(
-        stats, calls.tolist(), inclusive.tolist(), own.tolist(), open_calls.tolist(), strict=False
+        stats, calls.tolist(), inclusive.tolist(), own.tolist(), open_calls.tolist(), strict=True
     ):
         stat.calls += n
         stat.inclusive_us += incl
