@@ -20,6 +20,7 @@ from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
 from lightning.pytorch.callbacks import Callback
 
 from vt_lightning import VizTraceCallback
+from vt_lightning.constants import TRACE_METADATA_KEY
 from vt_lightning.controller import run as runs
 from vt_lightning.export.writer_process import WriterError, WriterProcess
 
@@ -414,15 +415,25 @@ def test_the_passes_that_skip_the_workers_calls_write_what_a_walk_of_every_event
         earliest.append((found, min(e["ts"] for e in self.events[run.start : run.stop])))
         return found
 
+    # Unless a worker's call began before the trace's time origin: placing the workers then lowers
+    # the origin and moves every ts, and the summary reads the calls from the trace (a window whose
+    # workers fetched before torch's trace began; 2 captures in about 60 here).
     real_calls = pipeline.WorkersRun.summary_calls
+    origin_moved = []
+
+    def calls_spy(self):
+        origin_moved.append((self.merged.get(TRACE_METADATA_KEY) or {}).get("time_origin_us") != self.origin)
+        return real_calls(self)
+
     monkeypatch.setattr(pipeline, "read_window", read_spy)
     monkeypatch.setattr(pipeline.WorkersRun, "earliest_start", earliest_spy)
+    monkeypatch.setattr(pipeline.WorkersRun, "summary_calls", calls_spy)
     handed = outputs(tmp_path / "handed")
     assert len(earliest) == 1 and earliest[0][0] is not None and earliest[0][0] == earliest[0][1]
     monkeypatch.setattr(pipeline.WorkersRun, "earliest_start", real_earliest)
     monkeypatch.setattr(pipeline.WorkersRun, "summary_calls", lambda self: None)
     read = outputs(tmp_path / "read")
-    assert taken == [True, False] and handed == read
+    assert origin_moved and taken == [not origin_moved[-1], False] and handed == read
     monkeypatch.setattr(pipeline, "read_window", real_read)
     monkeypatch.setattr(pipeline.WorkersRun, "summary_calls", real_calls)
 
