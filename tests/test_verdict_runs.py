@@ -216,10 +216,17 @@ def test_a_wait_only_the_tracing_makes_is_not_input_bound(tmp_path: Path) -> Non
     its batch (the window's data wait is past the verdict's threshold); the untraced steps before
     it did not wait, so no ``input_bound``. A genuinely slow ``__getitem__`` still gets it
     (``test_slow_getitem_is_input_bound_at_the_dataset``)."""
-    data = DataLoader(ChattyRows(), batch_size=None, num_workers=0)
-    summary = _summary(tmp_path, Tiny("c_work"), data, wait=6, active=5)
-    wait_ms = summary["breakdown_ms"]["data_wait"]
-    (trace,) = [load_trace(path) for path in trace_files(tmp_path)]
+    # The scenario needs the traced fetch to cost a quarter of the step: it does by a wide margin
+    # here (0.34-0.47 on 3.10-3.13), but a loaded CI machine slowed the step's C work more than the
+    # fetch twice (0.21, 0.248). Such a run is set up again, in a fresh directory, up to 3 times.
+    for attempt in range(3):
+        run_dir = tmp_path / f"attempt{attempt}"
+        data = DataLoader(ChattyRows(), batch_size=None, num_workers=0)
+        summary = _summary(run_dir, Tiny("c_work"), data, wait=6, active=5)
+        wait_ms = summary["breakdown_ms"]["data_wait"]
+        if wait_ms / summary["step_ms"]["mean"] >= 0.25:
+            break
+    (trace,) = [load_trace(path) for path in trace_files(run_dir)]
     untraced = trace["vt_lightning"][UNTRACED_WAIT_KEY]
     assert untraced["steps"] >= 3 and untraced["share"] < 0.25, untraced
     assert wait_ms / summary["step_ms"]["mean"] >= 0.25 and wait_ms >= 1.0, summary["breakdown_ms"]
