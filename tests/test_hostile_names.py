@@ -141,12 +141,14 @@ def test_code_compiled_or_run_by_hand_under_a_non_utf8_file_name_during_a_window
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["worker", "worker_co_name"])
+@pytest.mark.parametrize("case", ["worker", "worker_co_name", "worker_loaded"])
 def test_a_dataloader_worker_meeting_a_name_viztracer_cannot_take_lives_and_says_so_once(tmp_path, case):
     """``worker``: a worker imports a module whose file name is not UTF-8 in a traced fetch;
     ``worker_co_name``: it calls code whose name is not UTF-8, which the worker's own dump of its
     part cannot write. Before, the worker died of SIGSEGV inside VizTracer and took training with
-    it ("DataLoader worker exited unexpectedly", exit 1)."""
+    it ("DataLoader worker exited unexpectedly", exit 1). ``worker_loaded``: it imported that module
+    before any window; the first traced fetch found it loaded and, falling back to the untraced
+    fetch, waited forever on the worker's own lock (the fit hung)."""
     proc, report = run(tmp_path, case)
     assert report["train_batches"] == list(range(10))
     assert report["window_dirs"] == ["window_000", "window_001"]  # the main process's windows
@@ -155,6 +157,8 @@ def test_a_dataloader_worker_meeting_a_name_viztracer_cannot_take_lives_and_says
     if case == "worker":
         assert "'caf\\udcff_worker'" in line and "imported during a traced fetch" in line
         assert "tracing stopped before that code ran" in line
+    elif case == "worker_loaded":
+        assert "'caf\\udcff_worker'" in line and "loaded in this worker" in line
     else:
         assert "code named 'bad\\udcffname'" in line and "they were discarded, not written" in line
     assert "wrote no events" not in proc.stderr  # the part is complete: nothing waits for it

@@ -28,6 +28,8 @@ Cases:
              of window 0; warnings go to stderr (a forked worker's cannot be recorded here)
   worker_co_name  the function of ``co_name``, called by a DataLoader worker in that fetch: the
              worker dumps in its own process, where VizTracer's crash killed the worker (and training)
+  worker_loaded  a DataLoader worker imports the non-UTF-8 module in its first fetch, before any
+             window: its traced fetches of window 0 find it loaded
 """
 
 from __future__ import annotations
@@ -148,15 +150,16 @@ class NamedModel(MarkerModel):
 
 
 class ImportingDataset(torch.utils.data.Dataset):
-    """Sample ``IMPORT_AT * 4`` (the first of batch ``IMPORT_AT``, traced in its worker) imports it."""
+    """Sample ``IMPORT_AT * 4`` (the first of batch ``IMPORT_AT``, traced in its worker) imports it;
+    ``worker_loaded``: sample 0 (batch 0, fetched before any window)."""
 
     def __len__(self) -> int:
         return 64
 
     def __getitem__(self, index: int):
-        if index == IMPORT_AT * 4 and case == "worker":
+        if index == {"worker": IMPORT_AT * 4, "worker_loaded": 0}.get(case):
             module_from(b"caf\xff_worker.py", "caf\udcff_worker").work(10)
-        elif index == IMPORT_AT * 4:
+        elif index == IMPORT_AT * 4 and case == "worker_co_name":
             badly_named(10)
         return (torch.full((8,), float(index)),)
 

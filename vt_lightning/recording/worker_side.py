@@ -132,7 +132,8 @@ class _WorkerSide:
     def _start(self, tracer: PythonTracer) -> float | None:
         """Start tracing; the tracer's clock at the start, or None (this worker stops tracing)."""
         try:
-            if not self.names.start(tracer):  # starts it
+            if not self.names.start(tracer):  # starts it; not where a name VizTracer cannot take is loaded
+                self.broken = True  # the replay's fallback fetch must not come back here
                 return None
             return tracer.clock_us()
         except Exception:  # another profiler in this worker, say: its fetches go on untraced
