@@ -13,9 +13,10 @@ import signal
 import sys
 import time
 
-# Dump children not reaped yet. A job reaps its own (``wait_for_dump``); one whose window was
-# interrupted between the fork and the hand-off is reaped at the end of fit (``reap_dump_children``).
-dump_children: set[int] = set()
+# Dump children not reaped yet, each with what its death of a signal most likely means ("" when
+# nothing is known). A job reaps its own (``wait_for_dump``); one whose window was interrupted
+# between the fork and the hand-off is reaped at the end of fit (``reap_dump_children``).
+dump_children: dict[int, str] = {}
 # Seconds a dump child may take before it is killed (``wait_for_dump``): a full default buffer
 # (1,000,000 calls, ~0.9 µs each) dumps in about a second; a child stuck before its first line
 # (``FORK_CAN_DEADLOCK``) or stopped never ends by itself.
@@ -44,11 +45,11 @@ def wait_for_dump(pid: int | None, timeout: float | None = None) -> None:
     try:
         status = _reap_within(pid, limit)
     finally:
-        dump_children.discard(pid)
+        hint = dump_children.pop(pid, "")
     if status is None:
         raise DumpTimeout(f"the VizTracer dump process did not finish in {limit:g} s and was killed")
     if os.WIFSIGNALED(status):  # a crash in VizTracer's C dump, e.g. on a name that is not UTF-8
-        raise DumpChildFailed(f"the VizTracer dump process died of {signal.Signals(os.WTERMSIG(status)).name}")
+        raise DumpChildFailed(f"the VizTracer dump process died of {signal.Signals(os.WTERMSIG(status)).name}{hint}")
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"the VizTracer dump process exited with {os.waitstatus_to_exitcode(status)}")
 
@@ -80,4 +81,4 @@ def reap_dump_children(timeout: float = 5.0) -> None:
             _reap_within(pid, deadline - time.monotonic())
         except (ChildProcessError, ProcessLookupError):
             pass
-        dump_children.discard(pid)
+        dump_children.pop(pid, None)

@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,10 +46,11 @@ import orjson
 from vt_lightning.analysis.usercode import PACKAGE_ROOT, library_roots
 from vt_lightning.analysis.workers import Range, global_batch, range_of
 from vt_lightning.constants import THREAD_PREFIX
+from vt_lightning.recording.children import DumpChildFailed, wait_for_dump
 from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.pytracer import PythonTracer
 from vt_lightning.recording.unsafe_names import TracingGuard
-from vt_lightning.recording.viztracer_layout import dump_in_process
+from vt_lightning.recording.viztracer_dump import write_dump
 from vt_lightning.recording.worker_plan import CLOCK_ROUNDS, SharedPlan, WorkerSetup
 
 WORKER_TRACER_ENTRIES = 250_000  # per worker: a few batches' fetches; each worker allocates its own
@@ -276,7 +278,7 @@ class _WorkerSide:
             viz = tracer.ensure_tracer()
             viz.setpid()  # this process's pid, whatever a forked parent fixed
             try:
-                dump_in_process(viz, tracer.config.tracer_entries, f"{part.stem}.json.tmp", in_worker=True)
+                self._write_events(viz, tracer.config.tracer_entries, f"{part.stem}.json.tmp")
             finally:
                 viz.setpid(0)
                 viz.clear()
@@ -298,6 +300,23 @@ class _WorkerSide:
             os.replace(f"{part.stem}.meta.json.tmp", f"{part.stem}.meta.json")
         except Exception:
             self.broken = True  # a full disk, say: this worker stops tracing, its fetches go on
+
+    def _write_events(self, viz: Any, entries: int, path: str) -> None:
+        """VizTracer's dump of the part, in this worker; forked, or refused, once a thread named so
+        that the dump would crash ran here (``viztracer_dump.write_dump``). A dump that failed so
+        leaves an empty part (the part stays complete) and this worker stops tracing, with one
+        warning: VizTracer keeps the name, so every later dump would fail the same way."""
+        try:
+            wait_for_dump(write_dump(viz, entries, path, fork=False))
+        except DumpChildFailed as err:
+            with open(path, "wb") as f:  # not by VizTracer: its dump writes the threads' names even of none
+                f.write(b'{"traceEvents": []}')
+            self.broken = True
+            warnings.warn(
+                f"vt_lightning: DataLoader worker pid {os.getpid()}: {err}; this worker's tracing stops.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def at_exit(self) -> None:
         """The worker is leaving (end of epoch, end of fit): write what it holds."""
@@ -434,8 +453,7 @@ def _spanned(
 ) -> Any:
     """``function(arg)``, a library call the tracer skips, noted in ``spans`` as (name, start, end)
     on the tracer's clock: the writer adds it as one call of its own (``export/worker_dumps.py``).
-    Not an event in VizTracer's buffer: the check before its dump reads buffers of calls only
-    (``viztracer_layout.unsafe_name_in_buffer``). Called from a skipped file itself, so the tracer ignores
+    Called from a skipped file itself, so the tracer ignores
     this frame and everything under it. On Python <= 3.11 the tracer is paused for the call
     (VizTracer's ``pause``: its profile hook off on this thread), so the library code runs at full
     speed instead of calling the hook for every function only to skip it; 3.12+ (sys.monitoring,
