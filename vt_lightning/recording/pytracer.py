@@ -134,7 +134,7 @@ def _reinstall(hook: Any) -> None:
             _lsprof.Profiler.enable(hook)  # cProfile's C hook: only it can install itself again
         elif callable(hook):
             sys.setprofile(hook)
-    except Exception:
+    except Exception:  # an audit hook may refuse it: ``stop`` still takes every hook of ours off after
         pass
 
 
@@ -168,7 +168,7 @@ def _release_tracers_at_exit() -> None:
                 tracer.stop()
             if sys.version_info >= (3, 12):
                 monitoring_callbacks_of(tracer, release=True)
-        except Exception:  # pragma: no cover - best effort at exit
+        except Exception:  # pragma: no cover - at exit: the other tracers and the keys are still released
             pass
     _TRACERS.clear()
     thread_keys.delete_keys()  # no thread-state destructor may run after finalization (thread_keys.py)

@@ -71,7 +71,7 @@ class TracedWorkerInit:
             self.inner(worker_id)
         try:
             _install_in_worker(self.setup, worker_id)
-        except Exception:  # never the user's DataLoader: this worker goes untraced
+        except Exception:  # a fault boundary: never the user's DataLoader; this worker goes untraced
             pass
 
 
@@ -138,7 +138,7 @@ class _WorkerSide:
                 self.broken = True  # the replay's fallback fetch must not come back here
                 return None
             return tracer.clock_us()
-        except Exception:  # another profiler in this worker, say: its fetches go on untraced
+        except Exception:  # a fault boundary before the user's fetch (another profiler here, say): untraced
             self.names.stop()
             self.broken = True
             return None
@@ -213,7 +213,7 @@ class _WorkerSide:
             self.broken = self.names.stop(tracer) or self.broken  # such a name met: no more tracing here
             if self.part is not None:
                 self.part.fetches.append((batch, started, ended))
-        except Exception:
+        except Exception:  # a fault boundary after the user's fetch: its result is returned all the same
             self.broken = True
 
     def _arm(self, window: Range) -> PythonTracer | None:
@@ -232,7 +232,7 @@ class _WorkerSide:
             if self.part is None:
                 self._begin(window, self.tracer)
             return self.tracer
-        except Exception:
+        except Exception:  # a fault boundary before the user's fetch: it runs untraced
             self.broken = True
             return None
 
@@ -298,8 +298,8 @@ class _WorkerSide:
             with open(f"{part.stem}.meta.json.tmp", "wb") as f:
                 f.write(orjson.dumps(meta))
             os.replace(f"{part.stem}.meta.json.tmp", f"{part.stem}.meta.json")
-        except Exception:
-            self.broken = True  # a full disk, say: this worker stops tracing, its fetches go on
+        except Exception:  # a fault boundary, the part's writer: a full disk, say; the fetches go on untraced
+            self.broken = True
 
     def _write_events(self, viz: Any, entries: int, path: str) -> None:
         """VizTracer's dump of the part, in this worker; forked, or refused, once a thread named so
@@ -487,6 +487,6 @@ class _TracedFetch:
         else:
             try:
                 idx = sys._getframe(1).f_locals.get("idx")
-            except Exception:
+            except ValueError:  # called with no Python caller
                 idx = None
         return side.fetch(self.original, index, idx)
