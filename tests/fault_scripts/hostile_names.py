@@ -8,26 +8,23 @@ Cases:
   control    functions whose names and file names hold ESC, BEL, CR, a newline, a right-to-left
              override, or 3,000 characters, and a module whose file name holds ESC
   surrogate  a module whose file name holds a byte that is not UTF-8 (``caf\\xff_module.py``,
-             imported as ``caf\\udcff_module``), called in every step: VizTracer 1.1.1 alone dies of
+             imported as ``caf\\udcff_module``), called in every step: VizTracer alone dies of
              SIGSEGV at its first traced call
-  imported   the same module, imported for the first time in the middle of window 0 (its second
-             active step), on the training thread, called, then unloaded at that step's end
+  directory  a module ``plain_module.py`` imported from a directory whose name holds such a byte
+             (``caf\\xff/``), called in every step: the same crash
+  imported   the module of ``surrogate``, imported for the first time in the middle of window 0 (its
+             second active step), on the training thread, called, then unloaded at that step's end
   threaded   the same, imported and called by a thread started in that step
-  compiled   at that step, source compiled under the file name ``caf\\udcff_compiled.py`` and run
-             (``compile`` + ``exec``); the code is gone at once
-  by_hand    at that step, the non-UTF-8 module run by hand: ``spec_from_file_location`` +
-             ``module_from_spec`` + ``spec.loader.exec_module`` (no finder is asked), then called;
-             gone by the next window
-  by_hand_pyc  the same, from a ``__pycache__`` file written before the fit (no source compiled)
   co_name    a function whose code object's name is not UTF-8 (``code.replace(co_name=...)``),
              called in window 0's steps only: VizTracer's dump crashes on it
   thread_name  a thread named with a lone surrogate (``"bad\\udcffthread"``) runs in window 0:
              VizTracer keeps every thread's name for the tracer's life, and its dump crashes on it
-             (forked: the child; in process, 3.10 or the window held to the end of fit: training)
+             on Python <= 3.11 (3.12+ names a thread started while it records before ``threading``
+             does)
   worker     a DataLoader worker imports the non-UTF-8 module (and calls it) in its first traced fetch
              of window 0; warnings go to stderr (a forked worker's cannot be recorded here)
-  worker_co_name  the function of ``co_name``, called by a DataLoader worker in that fetch: the
-             worker dumps in its own process, where VizTracer's crash killed the worker (and training)
+  worker_loaded  a DataLoader worker imports it in its first fetch, before any window: its traced
+             fetches of window 0 find it loaded
 """
 
 from __future__ import annotations
@@ -80,6 +77,11 @@ if case == "control":
     calls = [named(name) for name in NAMES] + [module_from(b"esc\x1bmodule.py", "esc\x1bmodule").work]
 elif case == "surrogate":
     calls = [module_from(b"caf\xff_module.py", "caf\udcff_module").work]
+elif case == "directory":
+    directory = os.path.join(os.fsencode(modules), b"caf\xff")
+    os.mkdir(directory)
+    sys.path.insert(0, os.fsdecode(directory))
+    calls = [module_from(b"caf\xff/plain_module.py", "plain_module").work]
 else:
     calls = []
 IMPORT_AT = 3  # window 0 (wait=1, warmup=1, active=2) records batches 2 and 3
@@ -99,31 +101,6 @@ BAD_NAME = {"co_name": "bad\udcffname", **({"co_qualname": "bad\udcffname"} if s
 badly_named = types.FunctionType(_badly_named.__code__.replace(**BAD_NAME), globals(), "bad")
 
 
-def compile_and_run() -> None:
-    exec(compile("total = sum(range(10))\n", "caf\udcff_compiled.py", "exec"), {})
-
-
-BY_HAND = os.path.join(os.fsencode(modules), b"caf\xff_by_hand.py")
-
-
-def run_by_hand() -> None:
-    """The module executed by its loader, as ``runpy`` or a plugin system would: no finder asked."""
-    spec = importlib.util.spec_from_file_location("by_hand", os.fsdecode(BY_HAND))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.work(10)
-    del module  # unreachable, but kept by a cycle (its function's globals): the guard collects it
-
-
-if case.startswith("by_hand"):
-    with open(BY_HAND, "wb") as f:
-        f.write(b"def work(n):\n    return sum(range(n))\n")
-    if case == "by_hand_pyc":  # its bytecode cached now: the fit's run reads it, compiles nothing
-        import py_compile
-
-        py_compile.compile(os.fsdecode(BY_HAND))
-
-
 class NamedModel(MarkerModel):
     def training_step(self, batch, batch_idx):
         for call in calls:
@@ -140,24 +117,19 @@ class NamedModel(MarkerModel):
             thread = threading.Thread(target=sum, args=(range(10),), name="bad\udcffthread")
             thread.start()
             thread.join()
-        elif case == "compiled" and batch_idx == IMPORT_AT:
-            compile_and_run()
-        elif case.startswith("by_hand") and batch_idx == IMPORT_AT:
-            run_by_hand()
         return super().training_step(batch, batch_idx)
 
 
 class ImportingDataset(torch.utils.data.Dataset):
-    """Sample ``IMPORT_AT * 4`` (the first of batch ``IMPORT_AT``, traced in its worker) imports it."""
+    """Sample ``IMPORT_AT * 4`` (the first of batch ``IMPORT_AT``, traced in its worker) imports it;
+    ``worker_loaded``: sample 0 (batch 0, fetched before any window)."""
 
     def __len__(self) -> int:
         return 64
 
     def __getitem__(self, index: int):
-        if index == IMPORT_AT * 4 and case == "worker":
+        if index == {"worker": IMPORT_AT * 4, "worker_loaded": 0}[case]:
             module_from(b"caf\xff_worker.py", "caf\udcff_worker").work(10)
-        elif index == IMPORT_AT * 4:
-            badly_named(10)
         return (torch.full((8,), float(index)),)
 
 

@@ -36,12 +36,7 @@ from vt_lightning.recording.memory import CudaMemoryRecorder, dump_oom_snapshot
 from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler
 from vt_lightning.recording.spool import Spool
 from vt_lightning.recording.torchtracer import TorchTracer, torch_profiler_active
-from vt_lightning.recording.unsafe_names import (
-    skipped_message,
-    unsafe_code_alive,
-    unsafe_code_message,
-    unsafe_module_file,
-)
+from vt_lightning.recording.unsafe_names import skipped_message, unsafe_module_file
 from vt_lightning.recording.window import ProfilingWindow
 
 Warn = Callable[[str, str], Any]
@@ -69,10 +64,6 @@ def open_window(
     unsafe = unsafe_module_file()
     if unsafe is not None:
         warn("unsafe-file", skipped_message(unsafe, target.index))  # one key with UnsafeImport's
-        return None
-    unsafe = unsafe_code_alive()
-    if unsafe is not None:
-        warn("unsafe-file", unsafe_code_message(unsafe, target.index))
         return None
     waited, room = writer.wait_for_room()
     if not room:

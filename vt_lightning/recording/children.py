@@ -1,9 +1,11 @@
-"""The children ``PythonTracer.dump`` forks to write VizTracer's buffer: every wait on one is bounded.
+"""The children ``viztracer_dump.write_dump`` forks to write VizTracer's buffer: every wait on one is bounded.
 
 A dump child normally ends within milliseconds. One that does not (stopped; or, on CPython before
-3.11, deadlocked in ``PyOS_AfterFork_Child`` before its first line: DESIGN.md, "Fork and exit") is
+3.11, deadlocked in ``PyOS_AfterFork_Child`` before its first line: ``FORK_CAN_DEADLOCK``) is
 killed and reaped at its bound, so no writer thread waits forever and no copy of the training
-process stays behind; its window is dropped (``DumpTimeout``).
+process stays behind; its window is dropped (``DumpTimeout``). One that dies of a signal (VizTracer's
+dump crashing on a name that is not UTF-8: docs/upstream.md) drops only its window
+(``DumpChildFailed``).
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ import signal
 import sys
 import time
 
-# Dump children not reaped yet. A job reaps its own (``wait_for_dump``); one whose window was
-# interrupted between the fork and the hand-off is reaped at the end of fit (``reap_dump_children``).
-dump_children: set[int] = set()
+# Dump children not reaped yet, each with what its death of a signal most likely means ("" when
+# nothing is known). A job reaps its own (``wait_for_dump``); one whose window was interrupted
+# between the fork and the hand-off is reaped at the end of fit (``reap_dump_children``).
+dump_children: dict[int, str] = {}
 # Seconds a dump child may take before it is killed (``wait_for_dump``): a full default buffer
 # (1,000,000 calls, ~0.9 µs each) dumps in about a second; a child stuck before its first line
 # (``FORK_CAN_DEADLOCK``) or stopped never ends by itself.
 DUMP_TIMEOUT_S = 60.0
-# CPython before 3.11 can deadlock a forked child in ``PyOS_AfterFork_Child`` when another thread
-# held the interpreter's head lock at the fork (DESIGN.md, "Fork and exit"): dump in this process
-# there, never in a fork.
+# CPython before 3.11 can deadlock a forked child in ``PyOS_AfterFork_Child``: it deletes the other
+# threads' states while holding the interpreter's head lock and re-initialises that lock only after,
+# so a thread that held it at the fork (one being created or ending, ``sys._current_frames()``)
+# leaves the child waiting forever (seen in CI on a window's dump child). Dump in this process there.
 FORK_CAN_DEADLOCK = sys.version_info < (3, 11)
 
 
@@ -35,7 +39,7 @@ class DumpTimeout(DumpChildFailed):
 
 
 def wait_for_dump(pid: int | None, timeout: float | None = None) -> None:
-    """Reap the child ``PythonTracer.dump`` forked; raise if it did not write its file. A child
+    """Reap the child ``viztracer_dump.write_dump`` forked; raise if it did not write its file. A child
     still running after ``timeout`` seconds (default ``DUMP_TIMEOUT_S``) is killed and reaped, and
     ``DumpTimeout`` raised: no wait on it is unbounded, and no process stays behind."""
     if pid is None:
@@ -44,11 +48,11 @@ def wait_for_dump(pid: int | None, timeout: float | None = None) -> None:
     try:
         status = _reap_within(pid, limit)
     finally:
-        dump_children.discard(pid)
+        hint = dump_children.pop(pid, "")
     if status is None:
         raise DumpTimeout(f"the VizTracer dump process did not finish in {limit:g} s and was killed")
     if os.WIFSIGNALED(status):  # a crash in VizTracer's C dump, e.g. on a name that is not UTF-8
-        raise DumpChildFailed(f"the VizTracer dump process died of {signal.Signals(os.WTERMSIG(status)).name}")
+        raise DumpChildFailed(f"the VizTracer dump process died of {signal.Signals(os.WTERMSIG(status)).name}{hint}")
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"the VizTracer dump process exited with {os.waitstatus_to_exitcode(status)}")
 
@@ -80,4 +84,4 @@ def reap_dump_children(timeout: float = 5.0) -> None:
             _reap_within(pid, deadline - time.monotonic())
         except (ChildProcessError, ProcessLookupError):
             pass
-        dump_children.discard(pid)
+        dump_children.pop(pid, None)

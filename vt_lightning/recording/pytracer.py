@@ -5,7 +5,7 @@ first ``stop()``, so the tracer is built only at the first window's start, right
 between windows it exists with no hook installed. Events leave the ring buffer through VizTracer's C
 ``dump`` (a tenth of the cost of ``load()`` into Python objects): the training thread pays only that.
 Hooking threads that already run, and unhooking them all at ``stop()``: ``thread_hooks``; the
-dump itself (forked, held, or refused): ``viztracer_dump``.
+dump itself (forked, held, or refused) and the threads' names it needs to know: ``viztracer_dump``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,14 @@ from vt_lightning.recording.thread_hooks import (
     remove_profile_hooks,
     stop_adopting,
 )
-from vt_lightning.recording.viztracer_dump import HeldDump, flush_held, forget_held_dumps, in_dump_child, write_dump
+from vt_lightning.recording.viztracer_dump import (
+    HeldDump,
+    flush_held,
+    forget_held_dumps,
+    in_dump_child,
+    note_threads,
+    write_dump,
+)
 
 _active: weakref.WeakSet[PythonTracer] = weakref.WeakSet()
 
@@ -127,8 +134,12 @@ def _reinstall(hook: Any) -> None:
             _lsprof.Profiler.enable(hook)  # cProfile's C hook: only it can install itself again
         elif callable(hook):
             sys.setprofile(hook)
-    except Exception:
+    except Exception:  # an audit hook may refuse it: ``stop`` still takes every hook of ours off after
         pass
+
+
+def _thread_names() -> list[str]:
+    return [thread.name for thread in threading.enumerate()]
 
 
 def _idle_viztracer_hook(hook: Any) -> bool:
@@ -157,7 +168,7 @@ def _release_tracers_at_exit() -> None:
                 tracer.stop()
             if sys.version_info >= (3, 12):
                 monitoring_callbacks_of(tracer, release=True)
-        except Exception:  # pragma: no cover - best effort at exit
+        except Exception:  # pragma: no cover - at exit: the other tracers and the keys are still released
             pass
     _TRACERS.clear()
     thread_keys.delete_keys()  # no thread-state destructor may run after finalization (thread_keys.py)
@@ -246,6 +257,7 @@ class PythonTracer:
             # sys.monitoring traces every thread, but VizTracer names one started in the window before
             # threading registers it ("Dummy-N"); note its real name at its first call.
             threading.setprofile(self._name_hook)
+        note_threads(tracer, _thread_names())  # those it meets from now on with the names they have
         with self._lock:
             if NEEDS_THREAD_CLEANUP:
                 self._hooked_threads.update(hook_existing_threads(tracer))
@@ -315,6 +327,8 @@ class PythonTracer:
                         self._tracer.stop("flush_as_finish")
         finally:
             stop_adopting()
+            if held:  # and those started meanwhile, alive or not
+                note_threads(self._tracer, [*_thread_names(), *self._new_thread_names.values()])
             if foreign is not None and sys.getprofile() is not foreign:
                 _reinstall(foreign)
             self._running = False

@@ -1,9 +1,12 @@
 """VizTracer's C dump of a window's calls: forked, held for later (``HeldDump``), or in process.
 
 On Linux the dump runs in a forked child (copy-on-write: the training thread pays the fork and
-``clear()``); a window held to the end of fit leaves its calls in the buffer until its job or the
-next recording writes them. A dump in this process first reads the buffer for a name VizTracer
-would crash on (``viztracer_layout.dump_in_process``), as does the fork when a thread's name is one.
+``clear()``), so a crash of VizTracer's dump (a name that is not UTF-8: ``unsafe_names``) ends only
+the child, and the window is dropped. A window held to the end of fit leaves its calls in the
+buffer until its job or the next recording writes them. A dump in this process (Python 3.10, whose
+forked child can deadlock; a held window once training has stopped; a DataLoader worker's part)
+is forked all the same, or refused, once a thread whose name the dump cannot write has met the
+tracer (``note_threads``); a function whose name it cannot write still crashes it (docs/upstream.md).
 """
 
 from __future__ import annotations
@@ -13,14 +16,23 @@ import signal
 import sys
 import threading
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 from vt_lightning.recording import children
-from vt_lightning.recording.children import wait_for_dump
-from vt_lightning.recording.viztracer_layout import UnsafeDumpName, dump_in_process, unsafe_thread_name
+from vt_lightning.recording.children import DumpChildFailed, wait_for_dump
+from vt_lightning.recording.unsafe_names import unsafe_thread_name
 
 _dump_child = False  # True only in the child ``write_dump`` forks to write the buffer
 _TERMINAL_SIGNALS = {signal.SIGINT, signal.SIGQUIT}
+# By ``id`` of a VizTracer (each lives for the process): the name, not UTF-8, of a thread that was
+# alive while it recorded. VizTracer keeps every thread's name for its life, and its dump crashes
+# on such a name, so every later dump of that tracer could.
+_unsafe_threads: dict[int, str] = {}
+
+
+class UnsafeDumpName(DumpChildFailed):
+    """A dump that would crash this process was refused: the window's calls were discarded."""
 
 
 def in_dump_child() -> bool:
@@ -28,15 +40,25 @@ def in_dump_child() -> bool:
     return _dump_child
 
 
+def note_threads(viz: Any, names: Iterable[str]) -> None:
+    """Note the threads (their names, as ``threading`` knows them) that ``viz`` may have met: those
+    alive while it records, and those started then. More than VizTracer met (an idle thread, or
+    one it named before ``threading`` did, as 3.12+ does with a thread started while it records):
+    a dump it would have written is then forked, or refused where a fork is not safe."""
+    if id(viz) not in _unsafe_threads:
+        name = unsafe_thread_name(names)
+        if name is not None:
+            _unsafe_threads[id(viz)] = name
+
+
 def write_dump(viz: Any, entries: int, path: str, *, fork: bool) -> int | None:
     """Write VizTracer ``viz``'s buffer (``entries`` long) as JSON to ``path`` and empty it: by a
     forked child where ``fork`` allows (returns its pid, to reap with ``wait_for_dump``), else in
-    this thread (None); refused (``UnsafeDumpName``) where it would crash this process."""
+    this thread (None). Once a thread named so that the dump could crash has met ``viz``, forked
+    wherever forking is safe, and refused elsewhere (``UnsafeDumpName``)."""
     global _dump_child
-    # A thread name the dump cannot write stays with the tracer: ``dump_in_process`` refuses it
-    # here, instead of a child dying of it at every window.
-    forkable = fork and sys.platform.startswith("linux") and not children.FORK_CAN_DEADLOCK
-    if forkable and unsafe_thread_name(viz) is None:
+    thread = _unsafe_threads.get(id(viz))
+    if (fork or thread is not None) and sys.platform.startswith("linux") and not children.FORK_CAN_DEADLOCK:
         pid: int | None = None
         _dump_child = True
         viz.setpid()  # events keep this process's pid, not the child's (as fork_save does)
@@ -62,11 +84,25 @@ def write_dump(viz: Any, entries: int, path: str, *, fork: bool) -> int | None:
             finally:
                 os._exit(code)
         if pid is not None:
-            children.dump_children.add(pid)
+            children.dump_children[pid] = _crash_hint(thread)
             viz.clear()
             return pid
-    dump_in_process(viz, entries, path)  # refused where it would crash
+    if thread is not None:
+        viz.clear()
+        raise UnsafeDumpName(
+            f"a thread named {thread!a} ran while VizTracer recorded, and its name, not valid UTF-8, crashes "
+            "VizTracer's dump (SIGSEGV) for the rest of the run: the window's calls were discarded, not "
+            "written. Give the thread a UTF-8 name"
+        )
+    viz.dump(path)
     return None
+
+
+def _crash_hint(thread: str | None) -> str:
+    """What ``wait_for_dump`` says after the child's death of a signal: its likely cause, if known."""
+    if thread is None:
+        return ""
+    return f" (a thread named {thread!a}, not valid UTF-8, ran while VizTracer recorded: its dump cannot write it)"
 
 
 # The held dumps (``HeldDump``) not written yet, by ``id`` of the VizTracer whose buffer holds them.

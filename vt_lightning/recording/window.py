@@ -29,7 +29,7 @@ from vt_lightning.recording.rivals import RivalGuard, RivalProfiler
 from vt_lightning.recording.side import SideRecorder
 from vt_lightning.recording.spool import SpoolError
 from vt_lightning.recording.torchtracer import TorchTracer
-from vt_lightning.recording.unsafe_names import CodeGuard, ImportGuard, UnsafeCode, UnsafeImport
+from vt_lightning.recording.unsafe_names import ImportGuard, UnsafeImport
 
 
 class MemoryRecorder(Protocol):
@@ -76,8 +76,6 @@ class ProfilingWindow:
         self._guard = RivalGuard(self._yield_to)
         self.unsafe_import: UnsafeImport | None = None  # set from any thread by ``_imports``
         self._imports = ImportGuard(self._unsafe_import)  # on sys.meta_path only while recording
-        # compile / the loaders' get_code wrapped only then; it calls on the compiling thread, as above
-        self._code = CodeGuard(lambda subject, file: self._unsafe(UnsafeCode(subject, file, window.index)))
         self.active = False
         self.closed = False
         self._clock_start: ClockPair | None = None
@@ -120,7 +118,6 @@ class ProfilingWindow:
         self._clock_start = sample_pair(self.python.clock_us)
         self._markers_start = emit_markers(self.python.clock_us, self.torch.make_range, "start")
         self._imports.install()  # before the tracer, so no thread imports unseen while it records
-        self._code.install()
         self.python.start()
         self.active = True
 
@@ -217,7 +214,6 @@ class ProfilingWindow:
             self.check_rivals()
             self.python.stop()
             self._imports.remove()
-            self._code.remove()
             # Threads alive now, and those started in the window that have ended since.
             thread_names = thread_names_now(self.python.new_thread_names)
             clock_end = sample_pair(self.python.clock_us) if self.active else None
@@ -276,7 +272,6 @@ class ProfilingWindow:
         for action in (
             self.python.stop,
             self._imports.remove,
-            self._code.remove,
             self._stop_side_tools,
             self.torch.stop,
             self._guard.remove,

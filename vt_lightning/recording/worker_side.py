@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,10 +46,11 @@ import orjson
 from vt_lightning.analysis.usercode import PACKAGE_ROOT, library_roots
 from vt_lightning.analysis.workers import Range, global_batch, range_of
 from vt_lightning.constants import THREAD_PREFIX
+from vt_lightning.recording.children import DumpChildFailed, wait_for_dump
 from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.pytracer import PythonTracer
 from vt_lightning.recording.unsafe_names import TracingGuard
-from vt_lightning.recording.viztracer_layout import dump_in_process
+from vt_lightning.recording.viztracer_dump import write_dump
 from vt_lightning.recording.worker_plan import CLOCK_ROUNDS, SharedPlan, WorkerSetup
 
 WORKER_TRACER_ENTRIES = 250_000  # per worker: a few batches' fetches; each worker allocates its own
@@ -69,7 +71,7 @@ class TracedWorkerInit:
             self.inner(worker_id)
         try:
             _install_in_worker(self.setup, worker_id)
-        except Exception:  # never the user's DataLoader: this worker goes untraced
+        except Exception:  # a fault boundary: never the user's DataLoader; this worker goes untraced
             pass
 
 
@@ -132,10 +134,11 @@ class _WorkerSide:
     def _start(self, tracer: PythonTracer) -> float | None:
         """Start tracing; the tracer's clock at the start, or None (this worker stops tracing)."""
         try:
-            if not self.names.start(tracer):  # starts it
+            if not self.names.start(tracer):  # starts it; not where a name VizTracer cannot take is loaded
+                self.broken = True  # the replay's fallback fetch must not come back here
                 return None
             return tracer.clock_us()
-        except Exception:  # another profiler in this worker, say: its fetches go on untraced
+        except Exception:  # a fault boundary before the user's fetch (another profiler here, say): untraced
             self.names.stop()
             self.broken = True
             return None
@@ -210,7 +213,7 @@ class _WorkerSide:
             self.broken = self.names.stop(tracer) or self.broken  # such a name met: no more tracing here
             if self.part is not None:
                 self.part.fetches.append((batch, started, ended))
-        except Exception:
+        except Exception:  # a fault boundary after the user's fetch: its result is returned all the same
             self.broken = True
 
     def _arm(self, window: Range) -> PythonTracer | None:
@@ -229,7 +232,7 @@ class _WorkerSide:
             if self.part is None:
                 self._begin(window, self.tracer)
             return self.tracer
-        except Exception:
+        except Exception:  # a fault boundary before the user's fetch: it runs untraced
             self.broken = True
             return None
 
@@ -275,7 +278,7 @@ class _WorkerSide:
             viz = tracer.ensure_tracer()
             viz.setpid()  # this process's pid, whatever a forked parent fixed
             try:
-                dump_in_process(viz, tracer.config.tracer_entries, f"{part.stem}.json.tmp", in_worker=True)
+                self._write_events(viz, tracer.config.tracer_entries, f"{part.stem}.json.tmp")
             finally:
                 viz.setpid(0)
                 viz.clear()
@@ -295,8 +298,25 @@ class _WorkerSide:
             with open(f"{part.stem}.meta.json.tmp", "wb") as f:
                 f.write(orjson.dumps(meta))
             os.replace(f"{part.stem}.meta.json.tmp", f"{part.stem}.meta.json")
-        except Exception:
-            self.broken = True  # a full disk, say: this worker stops tracing, its fetches go on
+        except Exception:  # a fault boundary, the part's writer: a full disk, say; the fetches go on untraced
+            self.broken = True
+
+    def _write_events(self, viz: Any, entries: int, path: str) -> None:
+        """VizTracer's dump of the part, in this worker; forked, or refused, once a thread named so
+        that the dump would crash ran here (``viztracer_dump.write_dump``). A dump that failed so
+        leaves an empty part (the part stays complete) and this worker stops tracing, with one
+        warning: VizTracer keeps the name, so every later dump would fail the same way."""
+        try:
+            wait_for_dump(write_dump(viz, entries, path, fork=False))
+        except DumpChildFailed as err:
+            with open(path, "wb") as f:  # not by VizTracer: its dump writes the threads' names even of none
+                f.write(b'{"traceEvents": []}')
+            self.broken = True
+            warnings.warn(
+                f"vt_lightning: DataLoader worker pid {os.getpid()}: {err}; this worker's tracing stops.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def at_exit(self) -> None:
         """The worker is leaving (end of epoch, end of fit): write what it holds."""
@@ -433,8 +453,7 @@ def _spanned(
 ) -> Any:
     """``function(arg)``, a library call the tracer skips, noted in ``spans`` as (name, start, end)
     on the tracer's clock: the writer adds it as one call of its own (``export/worker_dumps.py``).
-    Not an event in VizTracer's buffer: the check before its dump reads buffers of calls only
-    (``viztracer_layout.unsafe_name_in_buffer``). Called from a skipped file itself, so the tracer ignores
+    Called from a skipped file itself, so the tracer ignores
     this frame and everything under it. On Python <= 3.11 the tracer is paused for the call
     (VizTracer's ``pause``: its profile hook off on this thread), so the library code runs at full
     speed instead of calling the hook for every function only to skip it; 3.12+ (sys.monitoring,
@@ -468,6 +487,6 @@ class _TracedFetch:
         else:
             try:
                 idx = sys._getframe(1).f_locals.get("idx")
-            except Exception:
+            except ValueError:  # called with no Python caller
                 idx = None
         return side.fetch(self.original, index, idx)
