@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -21,14 +22,15 @@ from vt_lightning.analysis.lifecycle import Action, Boundary, actions, phase_in
 from vt_lightning.analysis.schedule import Phase, Window
 from vt_lightning.analysis.sources import Planned, WindowPlan
 from vt_lightning.analysis.usercode import library_roots
-from vt_lightning.controller import closing, forks, messages, side_recorders, windows
+from vt_lightning.constants import UNTRACED_WAIT_KEY
+from vt_lightning.controller import messages, side_recorders, windows
 from vt_lightning.controller import run as runs
 from vt_lightning.controller.budget import BudgetGuard
 from vt_lightning.controller.data_wait import UntracedWaits
-from vt_lightning.controller.handoff import BackgroundWriter
+from vt_lightning.controller.handoff import BackgroundWriter, finishes_at_end
 from vt_lightning.controller.inbox import Inbox, Outcomes
+from vt_lightning.controller.messages import WarnOnce
 from vt_lightning.controller.triggers import ArmedTriggers, agree, arm
-from vt_lightning.controller.warn import WarnOnce
 from vt_lightning.export.atomic import remove_stale_temporaries
 from vt_lightning.options import Options
 from vt_lightning.recording import clock_sync
@@ -38,6 +40,7 @@ from vt_lightning.recording.spool import Spool, spool_directory
 from vt_lightning.recording.window import ProfilingWindow
 
 _S, _E = Boundary.BATCH_START, Boundary.BATCH_END
+_LIVE: weakref.WeakSet[WindowController] = weakref.WeakSet()  # controllers alive in this process (forks)
 
 
 class WindowController:
@@ -51,7 +54,7 @@ class WindowController:
         self.python: PythonTracer | None = None  # one per process and configuration (see pytracer)
         self.completed = WindowNumbers()  # schedule cycles written (checkpointed: no window twice)
         self.reset(None)
-        forks.forget_in_forked_children(self)
+        _LIVE.add(self)  # a forked child forgets this controller's windows: ``_forget_in_forked_child``
 
     def reset(self, stage: str | None) -> None:
         """Forget the previous run (a callback reused on another Trainer profiles by its schedule),
@@ -165,7 +168,8 @@ class WindowController:
     def shutdown(self) -> None:
         writer, self.writer = self.writer, None
         try:  # a signal's exception on the way (Ctrl-C while the writer stops) still releases the run
-            _stop_writer(self, writer)
+            if writer is not None:
+                self._stop_writer(writer)
         finally:
             side_recorders.end_run(self.trainer())
             windows.release(self.spool, self.triggers)  # the triggers are kept for inspection until the next run
@@ -290,10 +294,47 @@ class WindowController:
             self.budget.closed(window)
 
     def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
-        closing.mark_written(self)
-        self._schedule_from(window.window.end)
-        if closing.hand_off(self, window, reason, partial):
-            self._quiet_until(self.next_look)  # look at the next batch start for the answer
+        """Name the closed window's files, close its recording into the spool and give the job to
+        the writer; look at the next batch start for the answer."""
+        assert self.run is not None and self.spool is not None and self.writer is not None
+        target, planned = window.window, self.planned
+        trigger = planned.trigger if planned is not None else None
+        if trigger is None and planned is not None:
+            self.completed.add(planned.window.index)  # checkpointed: a schedule cycle is never recorded twice
+        self._schedule_from(target.end)
+        incomplete = len(window.steps) < len(target.active_steps)
+        if incomplete:
+            why = reason or "the window was closed early"
+            messages.warn_cut_window(self.warn, self.stage, target, window.steps, why, self.windows_recorded)
+        destination = windows.destination(
+            self.options, self.run, window, planned, partial or incomplete, reason, self.trainer(), self.python_filter
+        )
+        destination.metadata[UNTRACED_WAIT_KEY] = self.untraced.reading()  # input_bound reads it
+        if trigger is not None:
+            self.triggered_runs.append((destination.run_dir.name, trigger))
+            del self.triggered_runs[: -messages.TRIGGERED_SHOWN]  # the latest are named at the end
+        at_end = finishes_at_end(runs.trains_on_cpu(self.run), self.writer.process_started, *self._fit_remaining())
+        closed = window.close(self.spool, destination, hold_dump=at_end)  # held: even VizTracer's dump waits
+        if closed is None:
+            return
+        self.windows_recorded += 1
+        self.inbox.expect(self.writer.hand_off(closed, at_end=at_end))
+        self._quiet_until(self.next_look)  # look at the next batch start for the answer
+
+    def _fit_remaining(self) -> tuple[int | None, float | None]:
+        """Batches left to fit's end by its own limits, and the mean batch since train start in
+        seconds (validation and the window's own steps included: an overestimate); None where
+        unknown (another stage, no limit, no batch run yet)."""
+        trainer = self.trainer()
+        if self.stage != "fit" or trainer is None or self.train_started is None:
+            return None, None
+        end = runs.fit_end_batch(trainer)
+        started_ns, first = self.train_started
+        now = runs.global_batch(trainer)
+        done = now + 1 - first
+        if end is None or done <= 0:
+            return None, None
+        return end - now - 1, (time.perf_counter_ns() - started_ns) / 1e9 / done
 
     def _fail(self, err: Exception) -> None:
         window, self.window, self.phase = self.window, None, Phase.NONE
@@ -340,16 +381,13 @@ class WindowController:
     def _root(self) -> Any:
         return self.run.output if self.run is not None else None
 
-
-def _stop_writer(ctl: WindowController, writer: BackgroundWriter | None) -> None:
-    """Stop the writer (bounded), read its last answers and say where the run's files are."""
-    if writer is None:
-        return
-    if not writer.close():
-        ctl.warn("writer-stuck-end", messages.writer_unfinished(ctl.options.writer_timeout, ctl._root()))
-    ctl._read_inbox(log=False)
-    ctl.outcomes.skipped = ctl.windows_skipped
-    messages.end_of_run(ctl._root(), ctl.outcomes, ctl.triggered_runs, ctl.stage)
+    def _stop_writer(self, writer: BackgroundWriter) -> None:
+        """Stop the writer (bounded), read its last answers and say where the run's files are."""
+        if not writer.close():
+            self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
+        self._read_inbox(log=False)
+        self.outcomes.skipped = self.windows_skipped
+        messages.end_of_run(self._root(), self.outcomes, self.triggered_runs, self.stage)
 
 
 def _python_filter(options: Options, pl_module: Any) -> PythonFilter:
@@ -363,3 +401,23 @@ def _python_filter(options: Options, pl_module: Any) -> PythonFilter:
         hook_locations=module_hook_locations(pl_module),
         library=library_roots(),
     )
+
+
+def _forget_in_forked_child() -> None:
+    """A child forked from a training process (``os.fork`` in user code, a multiprocessing "fork"
+    target, a non-persistent DataLoader worker) did not start the parent's windows: its controllers
+    forget them, with no wait, write or removal, so the child's exit (and any exception or teardown
+    hook Lightning runs in it) finds nothing to finish. Only the process that started a window
+    finishes it; the tracers stop themselves in the child (``recording.pytracer`` / ``torchtracer``
+    / ``rivals`` register their own handlers)."""
+    for controller in list(_LIVE):
+        try:
+            triggers = controller.triggers
+            if triggers is not None and triggers.signal is not None:
+                triggers.signal.restore()  # the child's copy of our handler; the parent keeps its own
+            controller.reset(None)
+        except BaseException:  # at a fork, in the child: the user's fork must never fail for our sake (Ctrl-C too)
+            pass
+
+
+os.register_at_fork(after_in_child=_forget_in_forked_child)
