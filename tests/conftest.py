@@ -46,6 +46,7 @@ FILE_TIERS = {
     "test_docs_examples.py": "system",
     "test_exit.py": "system",
     "test_end_of_fit_signals.py": "system",
+    "test_fault_boundary.py": "integration",
     "test_faults.py": "system",
     "test_fidelity.py": "integration",
     "test_filters.py": "integration",

@@ -323,6 +323,34 @@ def test_a_killed_trainers_spool_is_cleaned_at_the_next_setup(tmp_path):
     assert list(spool_dir.iterdir()) == []
 
 
+# ---------------------------------------------------------------- 2b. a fault of ours
+
+
+def test_a_fault_of_ours_mid_window_is_one_warning_and_exit_status_0(tmp_path):
+    """A fault in an inner recording call while the window records (every tracer and hook on):
+    the hook's boundary drops that window and says so once, the next window is written, nothing
+    stays installed, and the process exits 0."""
+    report, _, output = run_script(
+        {
+            "root": str(tmp_path),
+            "max_steps": 10,
+            "callback": {"wait": 1, "warmup": 1, "active": 2, "repeat": 2, "memory_snapshot": False},
+            "fault_in": ["vt_lightning.recording.window:ProfilingWindow.step_end", 0],
+        }
+    )
+    assert report["train_batches"] == list(range(10))
+    faults = [w for w in report["warnings"] if "profiling failed" in w]
+    assert faults == [
+        "vt_lightning: profiling failed in on_train_batch_end (RuntimeError: injected into "
+        "ProfilingWindow.step_end); the window it was recording, if any, was dropped with nothing of "
+        "it left installed, and training goes on."
+    ], report["warnings"]
+    assert [Path(p).parent.name for p in report["windows_written"]] == ["window_001-batches_6-7"]
+    assert_clean(report)
+    assert report["monitoring_tools"] == [None] * len(report["monitoring_tools"]), report["monitoring_tools"]
+    assert "Traceback" not in output
+
+
 # ---------------------------------------------------------------- 3. a stuck writer
 
 

@@ -88,10 +88,17 @@ class WindowController:
 
     # ------------------------------------------------------------------ runs
     def setup(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
-        o = self.options
-        if stage not in o.stages:
+        if stage not in self.options.stages:
             return
         self.reset(stage)
+        try:
+            self._start_run(trainer, pl_module, stage, superseded_by)
+        except BaseException:  # cleanup: a setup cut short leaves nothing of the run installed; re-raised
+            self.shutdown()  # a setup cut short (a fault, a refusal, Ctrl-C) leaves nothing of the run installed
+            raise
+
+    def _start_run(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
+        o = self.options
         self.completed = WindowNumbers()  # a resumed fit restores it after setup (load_state_dict)
         run = self.run = runs.read_run(trainer, stage, o.dirpath, o.spool_dir)  # collective: first, on every rank
         self.trainer = weakref.ref(trainer)
@@ -141,29 +148,33 @@ class WindowController:
         self.finalize(runs.END_REASONS[stage])
 
     def finalize(self, reason: str, partial: bool = False) -> None:
-        if self.window is not None:
-            try:
+        """Close the open window, then (whatever its close raised) wait for the writer and read its answers."""
+        try:
+            if self.window is not None:
                 self._close(reason, partial)
-            except Exception as err:
-                self._fail(err)
-        if self.writer is not None and not self.writer.drain():
-            self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
-        self._read_inbox(log=True)
+        finally:
+            if self.writer is not None and not self.writer.drain():
+                self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
+            self._read_inbox(log=True)
 
     def exception(self, exception: BaseException) -> None:
         """Lightning does not call teardown after on_exception: finish everything here."""
-        if is_cuda_oom(exception) and self.window is not None and self.run is not None:
-            windows.dump_oom(self.options, self.run, self.window, self.planned, self.warn)
-        self.finalize(f"{type(exception).__name__} during the window", partial=True)
-        self.shutdown()
+        try:
+            if is_cuda_oom(exception) and self.window is not None and self.run is not None:
+                windows.dump_oom(self.options, self.run, self.window, self.planned, self.warn)
+            self.finalize(f"{type(exception).__name__} during the window", partial=True)
+        finally:
+            self.shutdown()
 
     def teardown(self, stage: str) -> None:
         if stage != self.stage:
             return
-        self.finalize(runs.END_REASONS[stage])
-        if self.writer is not None and not self.windows_recorded:  # enabled, and nothing to show
-            messages.nothing_recorded(self.options, self.stage, self.batches_seen, self.windows_skipped)
-        self.shutdown()
+        try:
+            self.finalize(runs.END_REASONS[stage])
+            if self.writer is not None and not self.windows_recorded:  # enabled, and nothing to show
+                messages.nothing_recorded(self.options, self.stage, self.batches_seen, self.windows_skipped)
+        finally:
+            self.shutdown()
 
     def shutdown(self) -> None:
         writer, self.writer = self.writer, None
@@ -193,10 +204,7 @@ class WindowController:
     def batch_start(self, step: int) -> None:
         if self.inbox.outstanding or self.outcomes.unlogged:
             self._read_inbox(log=self.window is None)  # never log inside a window: it would be traced
-        try:
-            self._advance(step)
-        except Exception as err:  # a profiler fault never stops training
-            self._fail(err)
+        self._advance(step)
 
     def batch_end(self, step: int) -> None:
         window = self.window
@@ -204,10 +212,7 @@ class WindowController:
             return
         if self.slow is not None:
             self.slow.skip_next()  # a batch of a window is no baseline step, nor is the close after it
-        try:
-            self._run(_E, self.phase, phase_in(window.window, step + 1), step)
-        except Exception as err:
-            self._fail(err)
+        self._run(_E, self.phase, phase_in(window.window, step + 1), step)
 
     def eval_batch_end(self, stage: str) -> None:
         if stage == self.stage:
@@ -224,10 +229,7 @@ class WindowController:
         window = self.window
         if self.stage != "fit" or window is None or (begin and not window.active):
             return
-        try:
-            window.begin_range(kind) if begin else window.end_range(kind)
-        except Exception as err:
-            self._fail(err)
+        window.begin_range(kind) if begin else window.end_range(kind)
 
     # ------------------------------------------------------------------ the table
     def _advance(self, step: int) -> None:
@@ -287,7 +289,7 @@ class WindowController:
             return
         try:
             self._hand_off(window, reason, partial)
-        except BaseException:
+        except BaseException:  # cleanup: interrupted or failed anywhere, no tracer or hook stays; re-raised
             window.abort()  # interrupted or failed anywhere: no tracer, hook or patch stays behind
             raise
         finally:
@@ -336,12 +338,15 @@ class WindowController:
             return None, None
         return end - now - 1, (time.perf_counter_ns() - started_ns) / 1e9 / done
 
-    def _fail(self, err: Exception) -> None:
+    def fail(self, err: Exception, hook: str) -> None:
+        """The fault boundary of the callback's hooks caught ``err``, a fault of vt_lightning's in
+        ``hook``: the open window is dropped with nothing of it installed, the user is told once
+        per kind of fault, and training goes on."""
         window, self.window, self.phase = self.window, None, Phase.NONE
         if window is not None:
             self._skip(window.window)
             window.abort()
-        self.warn(*messages.fault(err))
+        self.warn(*messages.fault(err, hook))
 
     def _skip(self, target: Window) -> None:
         self.budget.closed()

@@ -176,8 +176,8 @@ def writer_unfinished(timeout: float, root: Path | None) -> str:
     )
 
 
-def fault(err: Exception) -> tuple[str, str]:
-    """The (key, message) of a profiling failure that dropped a window."""
+def fault(err: Exception, hook: str) -> tuple[str, str]:
+    """The (key, message) of a fault in vt_lightning's code, caught at the boundary of ``hook``."""
     from vt_lightning.recording.rivals import RivalProfiler
     from vt_lightning.recording.unsafe_names import UnsafeImport
 
@@ -191,7 +191,8 @@ def fault(err: Exception) -> tuple[str, str]:
         )
     return (
         f"fault:{type(err).__name__}",
-        f"vt_lightning: profiling failed ({type(err).__name__}: {err}); the window was dropped, training goes on.",
+        f"vt_lightning: profiling failed in {hook} ({type(err).__name__}: {err}); the window it was recording, if "
+        "any, was dropped with nothing of it left installed, and training goes on.",
     )
 
 
