@@ -14,6 +14,8 @@
   its string values as a literal.
 * docs/architecture.md names only modules that exist, and its "where to add a verdict kind" and
   docs/verdicts.md's table of kinds match the verdict registry (analysis/verdicts/registry.py).
+* Fault boundaries: every broad ``except`` outside the places where our code meets the run carries
+  its reason as a comment on its line.
 * Rooms: no module over 600 lines (a sign that it holds two responsibilities: split it by
   responsibility, never by size); no ``Protocol`` that mirrors another class's state (the code
   that reads it belongs in that class, or in a room that owns its own state); ``VizTraceCallback``
@@ -486,6 +488,49 @@ def test_a_reintroduced_state_mirror_is_found():
     mirror = "\nclass ClosingState(Protocol):\n    run: Any\n    spool: Any\n    writer: Any\n    options: Any\n"
     sources[module] = (path, source + mirror)
     assert any(line.startswith("ClosingState") and "WindowController" in line for line in mirrored_state(sources))
+
+
+# --------------------------------------------------------------------------------------------------
+# Fault boundaries
+# --------------------------------------------------------------------------------------------------
+
+# Not checked yet: the writer side (export/, whose boundary is the writer's job) and the VizTracer
+# and DataLoader-worker modules of recording/.
+REASONS_UNCHECKED = ("export/", "recording/pytracer.py", "recording/unsafe_names.py", "recording/worker_side.py")
+
+
+def _is_broad(handler: ast.ExceptHandler) -> bool:
+    kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(k is None or (isinstance(k, ast.Name) and k.id in ("Exception", "BaseException")) for k in kinds)
+
+
+def broad_excepts_without_a_reason(sources: dict[str, tuple[Path, str]]) -> list[str]:
+    """``file:line`` of each ``except Exception`` / ``except BaseException`` / bare ``except``
+    with no comment on its line. Faults are handled where our code meets the run (the hooks, the
+    writer's job, the tab's routes, the command); any other broad catch says why it is there."""
+    found = []
+    for path, source in sources.values():
+        name = path.relative_to(ROOT).as_posix()
+        if name.startswith(REASONS_UNCHECKED):
+            continue
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ExceptHandler) and _is_broad(node) and "#" not in lines[node.lineno - 1]:
+                found.append(f"{name}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return sorted(found)
+
+
+def test_every_broad_except_says_why_it_is_there():
+    found = broad_excepts_without_a_reason(package_sources())
+    assert not found, "broad excepts with no reason on their line:\n" + "\n".join(found)
+
+
+def test_a_broad_except_without_a_reason_is_found():
+    sources = dict(package_sources())
+    module = "vt_lightning.controller.windows"
+    path, source = sources[module]
+    sources[module] = (path, source + "\ndef f():\n    try:\n        pass\n    except BaseException:\n        pass\n")
+    assert any(line.startswith("controller/windows.py:") for line in broad_excepts_without_a_reason(sources))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -182,7 +182,7 @@ def _stage_profiler_class() -> type:
             for _, record in reversed(records):
                 try:
                     record.__exit__(None, None, None)
-                except Exception:
+                except Exception:  # best-effort end of a range at the window's end; the rest still end
                     pass
 
         def summary(self) -> str:
@@ -232,7 +232,7 @@ class LightningViewHooks:
                 self._install_module_hooks()
             if self.record_stages:
                 self._install_profiler()
-        except BaseException:
+        except BaseException:  # cleanup: a half install is removed; re-raised
             self.remove()
             raise
 
@@ -241,7 +241,7 @@ class LightningViewHooks:
         for handle in handles:
             try:
                 handle.remove()
-            except Exception:
+            except Exception:  # best-effort removal: every other handle is still removed
                 pass
         self._close_module_ranges()
         profiler, self._profiler = self._profiler, None
@@ -327,7 +327,7 @@ class LightningViewHooks:
             for _, record in reversed(stack):
                 try:
                     record.__exit__(None, None, None)
-                except Exception:
+                except Exception:  # best-effort end of a range; the rest still end
                     pass
 
     # -- Lightning stages ----------------------------------------------------------------------------
