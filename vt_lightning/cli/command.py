@@ -83,7 +83,7 @@ def _parser() -> Any:
     commands = parser.add_subcommands(dest="command")
     memory_help = (
         f"memory the command may spend parsing files, in MiB (default {DEFAULT_MEMORY_BUDGET // MIB}); "
-        "a trace without its summary.json takes about 14 MiB per MB of inflated JSON"
+        "a trace without its .summary.jsonc takes about 14 MiB per MB of inflated JSON"
     )
 
     summary = ArgumentParser(description="Print every window's summary found under LOGDIR.")
