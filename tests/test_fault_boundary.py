@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import warnings
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import MarkerModel, loader, make_trainer, trace_files
+from conftest import MarkerModel, hooks_left, loader, make_trainer, trace_files
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.controller import side_recorders
 from vt_lightning.controller.controller import WindowController
-from vt_lightning.recording.rivals import guard_installed
 from vt_lightning.recording.torchtracer import TorchTracer
 
 
@@ -29,24 +26,6 @@ class Boom(RuntimeError):
 
 class UsersOwnError(Exception):
     """An exception of the user's code."""
-
-
-def installed(model: torch.nn.Module) -> list[str]:
-    """Every hook, tracer and patch a window installs that is still there."""
-    left = []
-    if torch.autograd.profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled():
-        left.append("torch profiler recording")
-    if sys.getprofile() is not None:
-        left.append(f"profile hook {sys.getprofile()!r}")
-    if threading.getprofile() is not None:
-        left.append(f"thread profile hook {threading.getprofile()!r}")
-    if sys.version_info >= (3, 12):
-        tools = {i: sys.monitoring.get_tool(i) for i in range(6)}
-        left += [f"sys.monitoring tool {i}: {name}" for i, name in tools.items() if name is not None]
-    if guard_installed():
-        left.append("rival guard patches")
-    left += [f"module hooks on {type(m).__name__}" for m in model.modules() if m._forward_hooks or m._forward_pre_hooks]
-    return left
 
 
 def faults(caught: list[warnings.WarningMessage]) -> list[str]:
@@ -84,7 +63,7 @@ def test_a_fault_in_a_recording_call_mid_window_is_one_warning_and_the_next_wind
     model, said = fit(tmp_path, cb)
     assert model.train_batches == list(range(10))  # training went on, every batch
     assert len(said) == 1 and "in on_train_batch_end (Boom: injected into step_begin)" in said[0], said
-    assert installed(model) == []
+    assert hooks_left(model) == []
     assert calls[0] > 2 and cb.windows_skipped == 1
     assert [r.trace_path.parent.name for r in cb.results] == ["window_001-batches_6-7"]
     assert len(trace_files(tmp_path)) == 1
@@ -112,7 +91,7 @@ def test_a_fault_at_any_hook_keeps_training_and_leaves_nothing_installed(tmp_pat
     model, said = fit(tmp_path, cb, steps=6, limit_val_batches=2, val_check_interval=3)
     assert model.train_batches == list(range(6))
     assert len(said) == 1 and f"in {hook} (Boom" in said[0], said
-    assert installed(model) == []
+    assert hooks_left(model) == []
     assert signal.getsignal(signal.SIGUSR1) == before  # the trigger's handler was given back
     assert cb._controller.writer is None and cb._controller.spool is None  # the run was shut down
 
@@ -134,7 +113,7 @@ def test_a_fault_while_finishing_after_the_users_exception_lets_that_exception_t
             make_trainer(tmp_path, [cb], max_steps=6).fit(model, loader(n=24))
     said = faults(caught)
     assert len(said) == 1 and "in on_exception (Boom" in said[0], said
-    assert installed(model) == [] and signal.getsignal(signal.SIGUSR1) == before
+    assert hooks_left(model) == [] and signal.getsignal(signal.SIGUSR1) == before
     assert cb._controller.writer is None and cb._controller.spool is None
 
 
@@ -149,7 +128,7 @@ def test_a_fault_late_in_setup_undoes_what_setup_installed(tmp_path, monkeypatch
     assert len(said) == 1 and "in setup (Boom" in said[0], said
     assert signal.getsignal(signal.SIGUSR1) == before
     assert not [t.name for t in set(threading.enumerate()) - threads if t.name.startswith("vt_lightning")]
-    assert trace_files(tmp_path) == [] and installed(model) == []  # the run was not profiled
+    assert trace_files(tmp_path) == [] and hooks_left(model) == []  # the run was not profiled
 
 
 def test_what_a_signal_handler_raises_inside_a_hook_reaches_lightning(tmp_path, monkeypatch):
@@ -177,7 +156,7 @@ def test_what_a_signal_handler_raises_inside_a_hook_reaches_lightning(tmp_path, 
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert faults(caught) == []
-    assert installed(model) == []
+    assert hooks_left(model) == []
 
 
 def test_keyboard_interrupt_inside_a_hook_reaches_lightning(tmp_path, monkeypatch):
@@ -197,4 +176,4 @@ def test_keyboard_interrupt_inside_a_hook_reaches_lightning(tmp_path, monkeypatc
             make_trainer(tmp_path, [cb], max_steps=6).fit(model, loader(n=24))
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert model.train_batches == [0, 1, 2] and installed(model) == []
+    assert model.train_batches == [0, 1, 2] and hooks_left(model) == []

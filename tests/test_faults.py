@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 import torch
-from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
+from conftest import MarkerModel, hooks_left, load_trace, loader, make_trainer, trace_files
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.export.atomic import remove_stale_temporaries
@@ -708,20 +708,7 @@ class Injector:
 
 
 def _leftovers(cb: VizTraceCallback, model) -> list[str]:
-    problems = []
-    if torch.autograd.profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled():
-        problems.append("torch profiler recording")
-    if sys.getprofile() is not None:
-        problems.append(f"profile hook {sys.getprofile()!r}")
-    if threading.getprofile() is not None:
-        problems.append(f"thread profile hook {threading.getprofile()!r}")
-    if sys.version_info >= (3, 12) and sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is not None:
-        problems.append(f"sys.monitoring tool {sys.monitoring.get_tool(sys.monitoring.PROFILER_ID)}")
-    if guard_installed():
-        problems.append("rival guard patches")
-    for module in model.modules():
-        if module._forward_hooks or module._forward_pre_hooks:
-            problems.append(f"module hooks on {type(module).__name__}")
+    problems = hooks_left(model)
     if cb._controller.python is not None and (cb._controller.python._lock.locked() or cb._controller.python.running):
         problems.append("python tracer lock held or running")
     try:

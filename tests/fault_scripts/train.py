@@ -167,7 +167,7 @@ report = {
     "torch_profiler_enabled": bool(torch.autograd.profiler._is_profiler_enabled),
     "sys_getprofile": repr(sys.getprofile()) if sys.getprofile() is not None else None,
     "threading_getprofile": repr(threading.getprofile()) if threading.getprofile() is not None else None,
-    "monitoring_tools": [sys.monitoring.get_tool(i) for i in range(6)] if sys.version_info >= (3, 12) else [],
+    "monitoring_tools": [sys.monitoring.get_tool(i) for i in range(2, 6)] if sys.version_info >= (3, 12) else [],
     "guard_installed": guard_installed(),
     "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     "threads": [t.name for t in threading.enumerate()],
