@@ -93,8 +93,8 @@ class WindowController:
         self.reset(stage)
         try:
             self._start_run(trainer, pl_module, stage, superseded_by)
-        except BaseException:  # cleanup: a setup cut short leaves nothing of the run installed; re-raised
-            self.shutdown()  # a setup cut short (a fault, a refusal, Ctrl-C) leaves nothing of the run installed
+        except BaseException:  # cleanup: a setup cut short (a fault, a refusal, Ctrl-C) installs nothing; re-raised
+            self.shutdown()
             raise
 
     def _start_run(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
@@ -289,8 +289,8 @@ class WindowController:
             return
         try:
             self._hand_off(window, reason, partial)
-        except BaseException:  # cleanup: interrupted or failed anywhere, no tracer or hook stays; re-raised
-            window.abort()  # interrupted or failed anywhere: no tracer, hook or patch stays behind
+        except BaseException:  # cleanup: interrupted or failed anywhere, no tracer, hook or patch stays; re-raised
+            window.abort()
             raise
         finally:
             self.budget.closed(window)
