@@ -32,8 +32,9 @@ Hook = TypeVar("Hook", bound=Callable[..., Any])
 
 
 def _fault_boundary(hook: Hook) -> Hook:
-    """The fault boundary of a hook (``VizTraceCallback._fault``). The per-batch hooks write it
-    out: forwarding their arguments through this wrapper would cost every batch an allocation."""
+    """The fault boundary of a hook (``VizTraceCallback._fault``). The two training-batch hooks
+    write it out: forwarding their arguments through this wrapper would cost every quiet batch an
+    allocation (a tuple, freed at once)."""
 
     @functools.wraps(hook)
     def guarded(self: VizTraceCallback, *args: Any, **kwargs: Any) -> Any:
@@ -330,57 +331,45 @@ class VizTraceCallback(Callback):
         self._controller.range("validation", begin=False)
         self._controller.end_stage("validate")
 
+    @_fault_boundary
     def on_validation_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        try:
-            self._controller.eval_batch_start("validate")
-        except Exception as err:  # the fault boundary
-            self._fault(err, "on_validation_batch_start")
+        self._controller.eval_batch_start("validate")
 
+    @_fault_boundary
     def on_validation_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        try:
-            self._controller.eval_batch_end("validate")
-        except Exception as err:  # the fault boundary
-            self._fault(err, "on_validation_batch_end")
+        self._controller.eval_batch_end("validate")
 
+    @_fault_boundary
     def on_test_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        try:
-            self._controller.eval_batch_start("test")
-        except Exception as err:  # the fault boundary
-            self._fault(err, "on_test_batch_start")
+        self._controller.eval_batch_start("test")
 
+    @_fault_boundary
     def on_test_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        try:
-            self._controller.eval_batch_end("test")
-        except Exception as err:  # the fault boundary
-            self._fault(err, "on_test_batch_end")
+        self._controller.eval_batch_end("test")
 
     @_fault_boundary
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.end_stage("test")
 
+    @_fault_boundary
     def on_predict_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        try:
-            self._controller.eval_batch_start("predict")
-        except Exception as err:  # the fault boundary
-            self._fault(err, "on_predict_batch_start")
+        self._controller.eval_batch_start("predict")
 
+    @_fault_boundary
     def on_predict_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        try:
-            self._controller.eval_batch_end("predict")
-        except Exception as err:  # the fault boundary
-            self._fault(err, "on_predict_batch_end")
+        self._controller.eval_batch_end("predict")
 
     @_fault_boundary
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

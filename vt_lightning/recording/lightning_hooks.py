@@ -37,6 +37,10 @@ import threading
 from collections import defaultdict
 from typing import Any
 
+# True while dynamo traces: a hook that returns at once then costs a compiled region no graph break
+# and no guard (its ranges belong to eager code only).
+from torch.compiler import is_compiling as _is_compiling
+
 from vt_lightning.analysis.breakdown import HOOK_PARTS, is_breakdown_hook
 from vt_lightning.analysis.lightning_view import is_main_stage, module_record_name, profile_record_name
 from vt_lightning.analysis.usercode import framework_dirs
@@ -121,19 +125,6 @@ def _override_code(pl_module: Any, hook: str) -> Any:
 
 def _is_compiled_function(fn: Any) -> bool:
     return fn is not None and hasattr(fn, "_torchdynamo_orig_callable")
-
-
-def _compiling_check() -> Any:
-    """``torch.compiler.is_compiling``: True while dynamo traces. A hook that returns at once then
-    costs a compiled region no graph break and no guard (its ranges belong to eager code only)."""
-    try:
-        from torch.compiler import is_compiling
-    except Exception:  # pragma: no cover - torch without it
-        return lambda: False
-    return is_compiling
-
-
-_is_compiling = _compiling_check()
 
 
 def _optimized_module_type() -> type | None:
