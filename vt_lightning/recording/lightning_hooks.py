@@ -127,6 +127,15 @@ def _is_compiled_function(fn: Any) -> bool:
     return fn is not None and hasattr(fn, "_torchdynamo_orig_callable")
 
 
+def _end_ranges(records: list[tuple[Any, Any]]) -> None:
+    """End the ranges of ``(key, record)`` pairs still open at the window's end, innermost first."""
+    for _, record in reversed(records):
+        try:
+            record.__exit__(None, None, None)
+        except Exception:  # best effort at the window's end: one that fails keeps no other open
+            pass
+
+
 def _optimized_module_type() -> type | None:
     try:
         from torch._dynamo.eval_frame import OptimizedModule
@@ -170,11 +179,7 @@ def _stage_profiler_class() -> type:
             """End every open range, innermost first (window end inside a Lightning hook)."""
             with self._lock:
                 records, self._open = self._open, []
-            for _, record in reversed(records):
-                try:
-                    record.__exit__(None, None, None)
-                except Exception:  # best-effort end of a range at the window's end; the rest still end
-                    pass
+            _end_ranges(records)
 
         def summary(self) -> str:
             return ""
@@ -315,11 +320,7 @@ class LightningViewHooks:
     def _close_module_ranges(self) -> None:
         open_ranges, self._open = self._open, defaultdict(list)
         for stack in open_ranges.values():
-            for _, record in reversed(stack):
-                try:
-                    record.__exit__(None, None, None)
-                except Exception:  # best-effort end of a range; the rest still end
-                    pass
+            _end_ranges(stack)
 
     # -- Lightning stages ----------------------------------------------------------------------------
     def _install_profiler(self) -> None:
