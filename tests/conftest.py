@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,22 @@ def make_trainer(root: Path, callbacks: list, **kwargs: Any) -> L.Trainer:
     )
     defaults.update(kwargs)
     return L.Trainer(callbacks=callbacks, **defaults)
+
+
+def raising_at(
+    original: Callable[..., Any], call: int, error: Callable[[], BaseException]
+) -> tuple[Callable[..., Any], list[int]]:
+    """``original``, but its ``call``-th call (from 0) raises ``error()``; and its call count (a
+    one-item list). How the fault tests inject a fault of ours into an inner call."""
+    calls = [0]
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] - 1 == call:
+            raise error()
+        return original(*args, **kwargs)
+
+    return wrapper, calls
 
 
 def hooks_left(model: nn.Module) -> list[str]:

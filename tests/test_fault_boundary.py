@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import MarkerModel, hooks_left, loader, make_trainer, trace_files
+from conftest import MarkerModel, hooks_left, loader, make_trainer, raising_at, trace_files
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.controller import side_recorders
@@ -44,14 +44,7 @@ def fit(root: Path, cb: VizTraceCallback, steps: int = 10, **kwargs) -> tuple[Ma
 
 def raise_at(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, call: int = 0) -> list[int]:
     """Make the ``call``-th call (from 0) of ``owner.name`` raise ``Boom``; returns the call count."""
-    original, calls = getattr(owner, name), [0]
-
-    def wrapper(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] - 1 == call:
-            raise Boom(f"injected into {name}")
-        return original(*args, **kwargs)
-
+    wrapper, calls = raising_at(getattr(owner, name), call, lambda: Boom(f"injected into {name}"))
     monkeypatch.setattr(owner, name, wrapper)
     return calls
 

@@ -35,7 +35,7 @@ if config.get("rlimit_as_gb"):
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 import torch  # noqa: E402
-from conftest import MarkerModel, loader, make_trainer  # noqa: E402
+from conftest import MarkerModel, loader, make_trainer, raising_at  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 from vt_lightning import VizTraceCallback  # noqa: E402
@@ -53,14 +53,7 @@ if config.get("fault_in"):
     owner = importlib.import_module(module_name)
     for part in owner_name.split(".") if owner_name else ():
         owner = getattr(owner, part)
-    original, fault_calls = getattr(owner, method), [0]
-
-    def faulty(*args, **kwargs):
-        fault_calls[0] += 1
-        if fault_calls[0] - 1 == fault_call:
-            raise RuntimeError(f"injected into {qualname}")
-        return original(*args, **kwargs)
-
+    faulty, _ = raising_at(getattr(owner, method), fault_call, lambda: RuntimeError(f"injected into {qualname}"))
     setattr(owner, method, faulty)
 
 
