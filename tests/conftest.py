@@ -10,7 +10,9 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ FILE_TIERS = {
     "test_docs_examples.py": "system",
     "test_exit.py": "system",
     "test_end_of_fit_signals.py": "system",
+    "test_fault_boundary.py": "integration",
     "test_faults.py": "system",
     "test_fidelity.py": "integration",
     "test_filters.py": "integration",
@@ -215,6 +218,45 @@ def make_trainer(root: Path, callbacks: list, **kwargs: Any) -> L.Trainer:
     )
     defaults.update(kwargs)
     return L.Trainer(callbacks=callbacks, **defaults)
+
+
+def raising_at(
+    original: Callable[..., Any], call: int, error: Callable[[], BaseException]
+) -> tuple[Callable[..., Any], list[int]]:
+    """``original``, but its ``call``-th call (from 0) raises ``error()``; and its call count (a
+    one-item list). How the fault tests inject a fault of ours into an inner call."""
+    calls = [0]
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] - 1 == call:
+            raise error()
+        return original(*args, **kwargs)
+
+    return wrapper, calls
+
+
+def hooks_left(model: nn.Module) -> list[str]:
+    """Every tracer, hook and patch a window installs that is still there: torch's profiler, the
+    profile hooks (``sys``, ``threading``; on 3.12+ ``sys.monitoring``'s tools from the profiler's
+    id up: the debugger's and coverage's ids belong to the test run), the rival guard's patches and
+    the Lightning view's module hooks."""
+    from vt_lightning.recording.rivals import guard_installed
+
+    left = []
+    if torch.autograd.profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled():
+        left.append("torch profiler recording")
+    if sys.getprofile() is not None:
+        left.append(f"profile hook {sys.getprofile()!r}")
+    if threading.getprofile() is not None:
+        left.append(f"thread profile hook {threading.getprofile()!r}")
+    if sys.version_info >= (3, 12):
+        tools = {i: sys.monitoring.get_tool(i) for i in range(sys.monitoring.PROFILER_ID, 6)}
+        left += [f"sys.monitoring tool {i}: {name}" for i, name in tools.items() if name is not None]
+    if guard_installed():
+        left.append("rival guard patches")
+    left += [f"module hooks on {type(m).__name__}" for m in model.modules() if m._forward_hooks or m._forward_pre_hooks]
+    return left
 
 
 def trace_files(root: Path) -> list[Path]:

@@ -14,8 +14,12 @@
   its string values as a literal.
 * docs/architecture.md names only modules that exist, and its "where to add a verdict kind" and
   docs/verdicts.md's table of kinds match the verdict registry (analysis/verdicts/registry.py).
-* Sizes: no module over 600 lines, no class over 300, ``callback.py`` at most 350 lines, and
-  ``VizTraceCallback`` a plain ``Callback`` with at most 15 attributes of its own.
+* Fault boundaries: every broad ``except`` outside the places where our code meets the run carries
+  its reason as a comment on its line.
+* Rooms: no module over 600 lines (a sign that it holds two responsibilities: split it by
+  responsibility, never by size); no ``Protocol`` that mirrors another class's state (the code
+  that reads it belongs in that class, or in a room that owns its own state); ``VizTraceCallback``
+  a plain ``Callback`` with at most 15 attributes of its own (its state lives in the controller).
 
 Nothing here imports the package: a module that does not import yet is still checked.
 """
@@ -66,9 +70,8 @@ TORCH_FREE_LAYERS = ("constants", "analysis", "export", "tensorboard")
 HEAVY = frozenset({"torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer", "torch_tb_profiler"})
 
 MAX_MODULE_LINES = 600
-MAX_CLASS_LINES = 300
-MAX_CALLBACK_LINES = 350
 MAX_CALLBACK_ATTRIBUTES = 15
+MIRRORED_ATTRIBUTES = 3  # a Protocol that names this many of one class's attributes borrows its state
 
 
 # --------------------------------------------------------------------------------------------------
@@ -337,23 +340,24 @@ HINTED_IMPORT = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from {
 
 
 def test_a_cycle_through_a_function_level_or_type_checking_import_is_found():
-    """The two hidden cycles this test once missed, reintroduced on copies of the sources."""
+    """Two hidden cycles (through a function-level import, through a ``TYPE_CHECKING`` one),
+    introduced on copies of the sources."""
     sources = dict(package_sources())
     summary = "vt_lightning.analysis.summary"
     verdicts = "vt_lightning.analysis.verdicts.registry"
-    closing, controller = "vt_lightning.controller.closing", "vt_lightning.controller.controller"
+    windows, controller = "vt_lightning.controller.windows", "vt_lightning.controller.controller"
     extra = [
         *imports_of(verdicts, "def f():\n    from vt_lightning.analysis.summary import find_steps\n"),
-        *imports_of(closing, HINTED_IMPORT.format("vt_lightning.controller.controller"), type_checking=True),
+        *imports_of(windows, HINTED_IMPORT.format("vt_lightning.controller.controller"), type_checking=True),
     ]
     cycles = find_cycles(import_graph((*all_imports(type_checking=True), *extra)))
     assert any(summary in c and verdicts in c for c in cycles), cycles
-    assert any(closing in c and controller in c for c in cycles), cycles
+    assert any(windows in c and controller in c for c in cycles), cycles
     assert sources == package_sources()
 
 
 # --------------------------------------------------------------------------------------------------
-# Sizes
+# Rooms
 # --------------------------------------------------------------------------------------------------
 
 
@@ -363,19 +367,10 @@ def test_no_module_longer_than_600_lines():
         for path, source in package_sources().values()
         if (n := len(source.splitlines())) > MAX_MODULE_LINES
     }
-    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
-
-
-def test_no_class_longer_than_300_lines():
-    long = {}
-    for path, source in package_sources().values():
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.ClassDef):
-                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                assert node.end_lineno is not None
-                if (n := node.end_lineno - start + 1) > MAX_CLASS_LINES:
-                    long[f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}"] = n
-    assert not long, f"classes over {MAX_CLASS_LINES} lines: {long}"
+    assert not long, (
+        f"modules over {MAX_MODULE_LINES} lines (does one hold two responsibilities? split it by "
+        f"responsibility, not by size): {long}"
+    )
 
 
 def _callback() -> tuple[str, ast.ClassDef]:
@@ -383,12 +378,6 @@ def _callback() -> tuple[str, ast.ClassDef]:
     classes = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "VizTraceCallback"]
     assert len(classes) == 1, "vt_lightning/callback.py defines VizTraceCallback once"
     return source, classes[0]
-
-
-def test_callback_module_is_at_most_350_lines():
-    source, _ = _callback()
-    n = len(source.splitlines())
-    assert n <= MAX_CALLBACK_LINES, f"vt_lightning/callback.py has {n} lines (at most {MAX_CALLBACK_LINES})"
 
 
 def test_the_callback_subclasses_only_callback():
@@ -462,6 +451,86 @@ def test_the_callback_keeps_at_most_15_attributes():
         f"VizTraceCallback assigns {len(names)} distinct self attributes (at most {MAX_CALLBACK_ATTRIBUTES}): "
         f"{sorted(names)}"
     )
+
+
+def _is_protocol(cls: ast.ClassDef) -> bool:
+    return any(ast.unparse(base).rsplit(".", 1)[-1] == "Protocol" for base in cls.bases)
+
+
+def mirrored_state(sources: dict[str, tuple[Path, str]]) -> list[str]:
+    """``Protocol (module) mirrors Class (module): names`` for each ``Protocol`` whose data
+    attributes (annotated names in its body) include at least ``MIRRORED_ATTRIBUTES`` that one
+    concrete class of the package assigns on ``self``: a room that borrows another's state."""
+    protocols, concrete = [], []
+    for module, (_, source) in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef):
+                (protocols if _is_protocol(node) else concrete).append((module, node))
+    found = []
+    for module, protocol in protocols:
+        fields = {n.target.id for n in protocol.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+        for owner_module, cls in concrete:
+            shared = fields & self_attributes(cls)
+            if len(shared) >= MIRRORED_ATTRIBUTES:
+                found.append(f"{protocol.name} ({module}) mirrors {cls.name} ({owner_module}): {sorted(shared)}")
+    return sorted(found)
+
+
+def test_no_protocol_mirrors_another_classs_state():
+    found = mirrored_state(package_sources())
+    assert not found, "protocols that borrow a class's state:\n" + "\n".join(found)
+
+
+def test_a_reintroduced_state_mirror_is_found():
+    sources = dict(package_sources())
+    module = "vt_lightning.controller.windows"
+    path, source = sources[module]
+    mirror = "\nclass ClosingState(Protocol):\n    run: Any\n    spool: Any\n    writer: Any\n    options: Any\n"
+    sources[module] = (path, source + mirror)
+    assert any(line.startswith("ClosingState") and "WindowController" in line for line in mirrored_state(sources))
+
+
+# --------------------------------------------------------------------------------------------------
+# Fault boundaries
+# --------------------------------------------------------------------------------------------------
+
+# Not checked yet: the writer side (export/, whose boundary is the writer's job) and the VizTracer
+# and DataLoader-worker modules of recording/.
+REASONS_UNCHECKED = ("export/", "recording/pytracer.py", "recording/unsafe_names.py", "recording/worker_side.py")
+
+
+def _is_broad(handler: ast.ExceptHandler) -> bool:
+    kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(k is None or (isinstance(k, ast.Name) and k.id in ("Exception", "BaseException")) for k in kinds)
+
+
+def broad_excepts_without_a_reason(sources: dict[str, tuple[Path, str]]) -> list[str]:
+    """``file:line`` of each ``except Exception`` / ``except BaseException`` / bare ``except``
+    with no comment on its line. Faults are handled where our code meets the run (the hooks, the
+    writer's job, the tab's routes, the command); any other broad catch says why it is there."""
+    found = []
+    for path, source in sources.values():
+        name = path.relative_to(ROOT).as_posix()
+        if name.startswith(REASONS_UNCHECKED):
+            continue
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ExceptHandler) and _is_broad(node) and "#" not in lines[node.lineno - 1]:
+                found.append(f"{name}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return sorted(found)
+
+
+def test_every_broad_except_says_why_it_is_there():
+    found = broad_excepts_without_a_reason(package_sources())
+    assert not found, "broad excepts with no reason on their line:\n" + "\n".join(found)
+
+
+def test_a_broad_except_without_a_reason_is_found():
+    sources = dict(package_sources())
+    module = "vt_lightning.controller.windows"
+    path, source = sources[module]
+    sources[module] = (path, source + "\ndef f():\n    try:\n        pass\n    except BaseException:\n        pass\n")
+    assert any(line.startswith("controller/windows.py:") for line in broad_excepts_without_a_reason(sources))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -101,3 +101,10 @@ def test_writer_cost_benchmark_completes_and_every_round_writes_the_same_trace()
     for name, row in rows.items():
         md5s = row.rstrip(" |").rsplit("|", 1)[1].split()
         assert len(md5s) == 1, (name, row)
+
+
+@pytest.mark.slow
+def test_quiet_batch_benchmark_completes() -> None:
+    out = _quick("quiet_batch.py")
+    for text in ("an empty training step, no callback", "no window in the run - no callback", "timed directly"):
+        assert text in out, text

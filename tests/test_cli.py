@@ -452,3 +452,17 @@ def test_command_target_given_is_read(tmp_path, capsys):
     missing = tmp_path / "no_such_run"
     assert main(["summary", str(missing), "--json"]) == EXIT_NOT_FOUND
     assert f"vt-lightning summary: {missing}: no such file or directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["summary", "diff", "view"])
+def test_a_fault_in_the_command_is_one_line_and_exit_status_1(command, tmp_path, monkeypatch, capsys):
+    from vt_lightning.cli import command as cli_command
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("injected")
+
+    monkeypatch.setattr(cli_command, f"run_{command}", broken)
+    argv = {"summary": ["summary", str(tmp_path)], "diff": ["diff", str(tmp_path), str(tmp_path)]}
+    assert cli_command.main(argv.get(command, ["view", str(tmp_path), "--no-browser"])) == cli_command.EXIT_NOT_FOUND
+    err = capsys.readouterr().err
+    assert err == f"vt-lightning {command}: failed (ZeroDivisionError: injected); please report it\n", err

@@ -297,3 +297,22 @@ def test_the_job_file_and_the_stragglers_line_are_served(logdir: Path, tmp_path:
         client, "source", run=run, name=window.name, worker=rank["worker"], file=tab_run.SOURCE, line=straggler_line
     )
     assert status == 200 and straggler_line in dict(source["lines"])
+
+
+def test_a_fault_in_a_route_is_one_error_answer_and_the_tab_goes_on(
+    logdir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = _client(logdir)
+    run = _run(logdir)
+
+    def broken(self: Any, *args: Any) -> Any:
+        raise ZeroDivisionError("injected")
+
+    monkeypatch.setattr(scan.LogIndex, "page", broken)
+    status, body = _get(client, "windows", run=run)
+    assert status == 500
+    assert body == {"error": "vt_lightning failed to answer (ZeroDivisionError: injected); please report it"}
+    assert any("windows route failed" in r.getMessage() and r.exc_info for r in caplog.records)  # for a report
+    monkeypatch.undo()
+    status, body = _get(client, "windows", run=run)
+    assert status == 200 and body["windows"]  # the next request is answered

@@ -3,14 +3,18 @@
 The typed ``__init__`` is the public face: LightningCLI and YAML configs read its signature, and
 ``make_options`` validates it into one frozen ``Options``. Each hook translates to one call on the
 ``WindowController`` (``controller/``), which runs the window lifecycle (``analysis/lifecycle.py``).
+Every hook is a fault boundary (``_fault_boundary``): the one place where a fault in vt_lightning's
+code, raised from anywhere below, becomes a warning instead of the end of the user's training.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -21,8 +25,30 @@ from vt_lightning.constants import WRITER_TIMEOUT_S
 from vt_lightning.controller import WindowController, messages
 from vt_lightning.controller.run import batches_started, global_batch, stage_name
 from vt_lightning.export.job import URL, WindowResult
-from vt_lightning.options import Options, make_options
-from vt_lightning.recording.workers import worker_failures_deferred
+from vt_lightning.options import ConfigurationError, Options, make_options
+from vt_lightning.recording.workers import raised_by_signal_handler, worker_failures_deferred
+
+Hook = TypeVar("Hook", bound=Callable[..., Any])
+
+
+def _fault_boundary(hook: Hook) -> Hook:
+    """The fault boundary of a hook (``VizTraceCallback._fault``). The two training-batch hooks
+    write it out: forwarding their arguments through this wrapper would cost every quiet batch an
+    allocation (a tuple, freed at once)."""
+
+    @functools.wraps(hook)
+    def guarded(self: VizTraceCallback, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return hook(self, *args, **kwargs)
+        except Exception as err:  # the fault boundary
+            self._fault(err, hook.__name__)
+            return None
+
+    return cast(Hook, guarded)
+
+
+class TwoCallbacks(ConfigurationError, RuntimeError):
+    """Two VizTraceCallbacks in one Trainer (a RuntimeError, as it always was)."""
 
 
 class VizTraceCallback(Callback):
@@ -65,7 +91,7 @@ class VizTraceCallback(Callback):
             runs the schedule on its own batches (counted from 0), and its windows are named by
             stage (``validate-window_000-batches_2-4``). Validation inside ``fit`` is not a stage:
             inside a window it shows as a ``[pl][profile]validation`` range.
-        summary: write ``<worker>.<span>.summary.json`` / ``.md`` per window (computed in the writer
+        summary: write ``<worker>.<span>.summary.jsonc`` / ``.md`` per window (computed in the writer
             process), log its scalars to the Trainer's loggers and print a table at the end of fit.
         slow_step_factor: open a window when a step takes longer than this many times the median of
             recent steps (> 1; None: off). See docs/triggers.md.
@@ -196,12 +222,25 @@ class VizTraceCallback(Callback):
         run = self._controller.run
         return run.output if run is not None else None
 
+    def _fault(self, err: Exception, hook: str) -> None:
+        """Where a Lightning hook enters vt_lightning, called from its ``except Exception``: a fault
+        in our code, raised from anywhere below, becomes one warning per kind
+        (``WindowController.fail``), the open window is dropped with nothing of it left installed,
+        and training goes on with its exit status. What is not ours goes on to Lightning, as do
+        KeyboardInterrupt and SystemExit: a setting the run cannot honour (``ConfigurationError``)
+        and what a signal handler of the process raised while our code ran (torch's for a dead
+        DataLoader worker, the user's own)."""
+        if isinstance(err, ConfigurationError) or raised_by_signal_handler(err):
+            raise err
+        self._controller.fail(err, hook)
+
     # ------------------------------------------------------------------ runs
+    @_fault_boundary
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         callbacks = getattr(trainer, "callbacks", [])
         given = [cb for cb in callbacks if isinstance(cb, VizTraceCallback) and cb.vt_lightning_source is None]
         if len(given) > 1:  # one tracer per process: two callbacks would fight over it
-            raise RuntimeError(messages.two_callbacks([repr(cb) for cb in given]))
+            raise TwoCallbacks(messages.two_callbacks([repr(cb) for cb in given]))
         self._controller.setup(trainer, pl_module, stage_name(stage), self._superseded_by(trainer))
 
     def _superseded_by(self, trainer: pl.Trainer) -> str | None:
@@ -212,19 +251,24 @@ class VizTraceCallback(Callback):
         other = next((cb for cb in callbacks if isinstance(cb, VizTraceCallback) and cb is not self), None)
         return repr(other) if other is not None else None
 
+    @_fault_boundary
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.train_start(trainer)
 
+    @_fault_boundary
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.end_stage("fit", batches_started(trainer))
 
+    @_fault_boundary
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         with worker_failures_deferred():  # a dead DataLoader worker's error must not cut this short
             self._controller.exception(exception)
 
+    @_fault_boundary
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._controller.teardown(stage_name(stage))
 
+    @_fault_boundary
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         # Where ``state_dict`` would put it, but not through ``state_dict``: Lightning refuses two
         # callbacks that override it with one ``state_key`` at Trainer() with a message that says
@@ -232,6 +276,7 @@ class VizTraceCallback(Callback):
         state = {"completed_windows": sorted(self._controller.completed)}
         checkpoint.setdefault("callbacks", {})[self.state_key] = state
 
+    @_fault_boundary
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Lightning restores the global batch count; this guards against writing a window twice.
         # The windows are those of training: they say nothing about a validate / test / predict run.
@@ -242,74 +287,91 @@ class VizTraceCallback(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        # Quiet batches: a clock read for the untraced data wait, one attribute chain and one
+        # Quiet batches: two clock reads for the untraced data wait, one attribute chain and one
         # comparison. ``ready`` counts the batch in progress, so the global batch index is ``ready - 1``.
-        controller = self._controller
-        window, untraced = controller.window, controller.untraced
-        untraced.batch_start(time.perf_counter(), window is not None)  # a warmup's torch.profiler too
-        ready = trainer.fit_loop.epoch_loop.batch_progress.total.ready
-        if ready <= controller.next_look:
-            return
-        with worker_failures_deferred():  # see on_exception
-            controller.train_batch_start(trainer, ready)
-        untraced.resume(time.perf_counter())
+        try:
+            controller = self._controller
+            window, untraced = controller.window, controller.untraced
+            untraced.batch_start(time.perf_counter(), window is not None)  # a warmup's torch.profiler too
+            ready = trainer.fit_loop.epoch_loop.batch_progress.total.ready
+            if ready <= controller.next_look:
+                return
+            with worker_failures_deferred():  # see on_exception
+                controller.train_batch_start(trainer, ready)
+            untraced.resume(time.perf_counter())
+        except Exception as err:  # the fault boundary
+            self._fault(err, "on_train_batch_start")
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        controller = self._controller
-        window = controller.window
-        controller.untraced.batch_end(time.perf_counter(), window is not None and window.active)
-        if window is not None:
-            with worker_failures_deferred():
-                controller.batch_end(global_batch(trainer))
-            controller.untraced.ended_at(time.perf_counter())
+        try:
+            controller = self._controller
+            window = controller.window
+            controller.untraced.batch_end(time.perf_counter(), window is not None and window.active)
+            if window is not None:
+                with worker_failures_deferred():
+                    controller.batch_end(global_batch(trainer))
+                controller.untraced.ended_at(time.perf_counter())
+        except Exception as err:  # the fault boundary
+            self._fault(err, "on_train_batch_end")
 
+    @_fault_boundary
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.not_a_step()  # the interval across an epoch boundary is no training step
 
     # ------------------------------------------------------------------ validation inside fit, and the stages
+    @_fault_boundary
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.range("validation", begin=True)
 
+    @_fault_boundary
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.not_a_step()  # the interval that holds a validation loop is no training step
         self._controller.range("validation", begin=False)
         self._controller.end_stage("validate")
 
+    @_fault_boundary
     def on_validation_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self._controller.eval_batch_start("validate")
 
+    @_fault_boundary
     def on_validation_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self._controller.eval_batch_end("validate")
 
+    @_fault_boundary
     def on_test_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self._controller.eval_batch_start("test")
 
+    @_fault_boundary
     def on_test_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self._controller.eval_batch_end("test")
 
+    @_fault_boundary
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.end_stage("test")
 
+    @_fault_boundary
     def on_predict_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self._controller.eval_batch_start("predict")
 
+    @_fault_boundary
     def on_predict_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self._controller.eval_batch_end("predict")
 
+    @_fault_boundary
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.end_stage("predict")
 

@@ -26,6 +26,13 @@ from vt_lightning.recording.spool import check_spool_dir
 from vt_lightning.recording.torchtracer import TorchTracerConfig
 
 
+class ConfigurationError(ValueError):
+    """A setting this run cannot honour, found at setup once the Trainer is known (``ranks`` past
+    the world size, an output root this process cannot use, two callbacks in one Trainer): fit
+    stops with it, as it would with a bad argument to ``VizTraceCallback()``. The hooks' fault
+    boundary (``callback.py``) lets it through; it is the user's to fix, not a fault of ours."""
+
+
 @dataclass(frozen=True)
 class Options:
     """The validated options, grouped by who reads them."""

@@ -8,7 +8,7 @@ hand-off, its writing and the writer's shutdown all happen in the end-of-fit hoo
 the process writes ``<root>/paused`` and waits until ``<root>/signalled`` exists (the test writes it
 right after its signal). Phases (where the training thread is when the signal arrives):
 
-  hand_off  closing the last window (``closing.hand_off``, on the training thread)
+  hand_off  closing the last window (``WindowController._hand_off``, on the training thread)
   held      waiting for the held last window, finished on the writer thread (no writer process)
   writer    waiting for the writer process to finish the last window
   teardown  the writer stopped, the end-of-run message (``teardown``)
@@ -33,7 +33,8 @@ from conftest import MarkerModel, loader, make_trainer  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 from vt_lightning import VizTraceCallback  # noqa: E402
-from vt_lightning.controller import closing, handoff, messages  # noqa: E402
+from vt_lightning.controller import handoff, messages  # noqa: E402
+from vt_lightning.controller.controller import WindowController  # noqa: E402
 from vt_lightning.export.writer_process import WriterProcess  # noqa: E402
 
 root, phase, handler = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -76,7 +77,7 @@ if with_callback:
     if phase in ("writer", "teardown", "none"):
         handoff.HAND_OFF_START_ON_CPU = False  # the last window is not held: it goes to a writer process
     if phase == "hand_off":
-        closing.hand_off = pausing(closing.hand_off)
+        WindowController._hand_off = pausing(WindowController._hand_off)
     elif phase == "held":
         handoff.finish_window = pausing(handoff.finish_window)
     elif phase == "writer":

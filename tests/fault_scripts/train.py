@@ -7,7 +7,8 @@ Config keys: ``callback`` (VizTraceCallback kwargs), ``max_steps``, ``root``, an
 ``torch_profiler`` [start_step, end_step, "before"|"after" our callback, trace path],
 ``cprofile`` [start_step, end_step], ``setprofile`` [start_step, end_step],
 ``stop_writer_at`` [step, ...] (SIGSTOP the writer process at those batch starts),
-``kill_self_at`` step (SIGKILL this process at that batch start), ``rlimit_as_gb``.
+``kill_self_at`` step (SIGKILL this process at that batch start), ``rlimit_as_gb``,
+``fault_in`` ["module:Class.method", n] (the n-th call, from 0, raises RuntimeError: a fault of ours).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ if config.get("rlimit_as_gb"):
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 import torch  # noqa: E402
-from conftest import MarkerModel, loader, make_trainer  # noqa: E402
+from conftest import MarkerModel, loader, make_trainer, raising_at  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 from vt_lightning import VizTraceCallback  # noqa: E402
@@ -43,6 +44,17 @@ from vt_lightning.recording.rivals import guard_installed  # noqa: E402
 
 if config.get("stop_writer_at"):  # the frozen writer process must be the one that has the windows
     handoff.FINISH_AT_END_WITHIN_S = 0.0
+if config.get("fault_in"):
+    import importlib
+
+    target, fault_call = config["fault_in"]
+    module_name, _, qualname = target.partition(":")
+    owner_name, _, method = qualname.rpartition(".")
+    owner = importlib.import_module(module_name)
+    for part in owner_name.split(".") if owner_name else ():
+        owner = getattr(owner, part)
+    faulty, _ = raising_at(getattr(owner, method), fault_call, lambda: RuntimeError(f"injected into {qualname}"))
+    setattr(owner, method, faulty)
 
 
 def step_of(trainer) -> int:
@@ -148,6 +160,7 @@ report = {
     "torch_profiler_enabled": bool(torch.autograd.profiler._is_profiler_enabled),
     "sys_getprofile": repr(sys.getprofile()) if sys.getprofile() is not None else None,
     "threading_getprofile": repr(threading.getprofile()) if threading.getprofile() is not None else None,
+    "monitoring_tools": [sys.monitoring.get_tool(i) for i in range(2, 6)] if sys.version_info >= (3, 12) else [],
     "guard_installed": guard_installed(),
     "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     "threads": [t.name for t in threading.enumerate()],

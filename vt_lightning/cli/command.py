@@ -63,7 +63,7 @@ from vt_lightning.export.report import (
 from vt_lightning.export.terminal import json_for_terminal, printable, printable_lines
 
 EXIT_OK = 0
-EXIT_NOT_FOUND = 1  # nothing readable where the user pointed, or a file refused
+EXIT_NOT_FOUND = 1  # nothing readable where the user pointed, a file refused, or a fault of the command
 EXIT_INTERRUPTED = 130
 CURRENT_DIR = "."  # what `summary` and `view` read when no target is given
 
@@ -83,7 +83,7 @@ def _parser() -> Any:
     commands = parser.add_subcommands(dest="command")
     memory_help = (
         f"memory the command may spend parsing files, in MiB (default {DEFAULT_MEMORY_BUDGET // MIB}); "
-        "a trace without its summary.json takes about 14 MiB per MB of inflated JSON"
+        "a trace without its .summary.jsonc takes about 14 MiB per MB of inflated JSON"
     )
 
     summary = ArgumentParser(description="Print every window's summary found under LOGDIR.")
@@ -480,6 +480,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_NOT_FOUND
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Exception as err:  # the command's fault boundary: one line, never a traceback
+        _err(f"vt-lightning {command}: failed ({type(err).__name__}: {err}); please report it")
+        return EXIT_NOT_FOUND
     return 2
 
 

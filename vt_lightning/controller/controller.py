@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -21,14 +22,15 @@ from vt_lightning.analysis.lifecycle import Action, Boundary, actions, phase_in
 from vt_lightning.analysis.schedule import Phase, Window
 from vt_lightning.analysis.sources import Planned, WindowPlan
 from vt_lightning.analysis.usercode import library_roots
-from vt_lightning.controller import closing, forks, messages, side_recorders, windows
+from vt_lightning.constants import UNTRACED_WAIT_KEY
+from vt_lightning.controller import messages, side_recorders, windows
 from vt_lightning.controller import run as runs
 from vt_lightning.controller.budget import BudgetGuard
 from vt_lightning.controller.data_wait import UntracedWaits
-from vt_lightning.controller.handoff import BackgroundWriter
+from vt_lightning.controller.handoff import BackgroundWriter, finishes_at_end
 from vt_lightning.controller.inbox import Inbox, Outcomes
+from vt_lightning.controller.messages import WarnOnce
 from vt_lightning.controller.triggers import ArmedTriggers, agree, arm
-from vt_lightning.controller.warn import WarnOnce
 from vt_lightning.export.atomic import remove_stale_temporaries
 from vt_lightning.options import Options
 from vt_lightning.recording import clock_sync
@@ -38,6 +40,7 @@ from vt_lightning.recording.spool import Spool, spool_directory
 from vt_lightning.recording.window import ProfilingWindow
 
 _S, _E = Boundary.BATCH_START, Boundary.BATCH_END
+_LIVE: weakref.WeakSet[WindowController] = weakref.WeakSet()  # controllers alive in this process (forks)
 
 
 class WindowController:
@@ -51,7 +54,7 @@ class WindowController:
         self.python: PythonTracer | None = None  # one per process and configuration (see pytracer)
         self.completed = WindowNumbers()  # schedule cycles written (checkpointed: no window twice)
         self.reset(None)
-        forks.forget_in_forked_children(self)
+        _LIVE.add(self)  # a forked child forgets this controller's windows: ``_forget_in_forked_child``
 
     def reset(self, stage: str | None) -> None:
         """Forget the previous run (a callback reused on another Trainer profiles by its schedule),
@@ -85,10 +88,17 @@ class WindowController:
 
     # ------------------------------------------------------------------ runs
     def setup(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
-        o = self.options
-        if stage not in o.stages:
+        if stage not in self.options.stages:
             return
         self.reset(stage)
+        try:
+            self._start_run(trainer, pl_module, stage, superseded_by)
+        except BaseException:  # cleanup: a setup cut short (a fault, a refusal, Ctrl-C) installs nothing; re-raised
+            self.shutdown()
+            raise
+
+    def _start_run(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
+        o = self.options
         self.completed = WindowNumbers()  # a resumed fit restores it after setup (load_state_dict)
         run = self.run = runs.read_run(trainer, stage, o.dirpath, o.spool_dir)  # collective: first, on every rank
         self.trainer = weakref.ref(trainer)
@@ -138,34 +148,39 @@ class WindowController:
         self.finalize(runs.END_REASONS[stage])
 
     def finalize(self, reason: str, partial: bool = False) -> None:
-        if self.window is not None:
-            try:
+        """Close the open window, then (whatever its close raised) wait for the writer and read its answers."""
+        try:
+            if self.window is not None:
                 self._close(reason, partial)
-            except Exception as err:
-                self._fail(err)
-        if self.writer is not None and not self.writer.drain():
-            self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
-        self._read_inbox(log=True)
+        finally:
+            if self.writer is not None and not self.writer.drain():
+                self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
+            self._read_inbox(log=True)
 
     def exception(self, exception: BaseException) -> None:
         """Lightning does not call teardown after on_exception: finish everything here."""
-        if is_cuda_oom(exception) and self.window is not None and self.run is not None:
-            windows.dump_oom(self.options, self.run, self.window, self.planned, self.warn)
-        self.finalize(f"{type(exception).__name__} during the window", partial=True)
-        self.shutdown()
+        try:
+            if is_cuda_oom(exception) and self.window is not None and self.run is not None:
+                windows.dump_oom(self.options, self.run, self.window, self.planned, self.warn)
+            self.finalize(f"{type(exception).__name__} during the window", partial=True)
+        finally:
+            self.shutdown()
 
     def teardown(self, stage: str) -> None:
         if stage != self.stage:
             return
-        self.finalize(runs.END_REASONS[stage])
-        if self.writer is not None and not self.windows_recorded:  # enabled, and nothing to show
-            messages.nothing_recorded(self.options, self.stage, self.batches_seen, self.windows_skipped)
-        self.shutdown()
+        try:
+            self.finalize(runs.END_REASONS[stage])
+            if self.writer is not None and not self.windows_recorded:  # enabled, and nothing to show
+                messages.nothing_recorded(self.options, self.stage, self.batches_seen, self.windows_skipped)
+        finally:
+            self.shutdown()
 
     def shutdown(self) -> None:
         writer, self.writer = self.writer, None
         try:  # a signal's exception on the way (Ctrl-C while the writer stops) still releases the run
-            _stop_writer(self, writer)
+            if writer is not None:
+                self._stop_writer(writer)
         finally:
             side_recorders.end_run(self.trainer())
             windows.release(self.spool, self.triggers)  # the triggers are kept for inspection until the next run
@@ -189,10 +204,7 @@ class WindowController:
     def batch_start(self, step: int) -> None:
         if self.inbox.outstanding or self.outcomes.unlogged:
             self._read_inbox(log=self.window is None)  # never log inside a window: it would be traced
-        try:
-            self._advance(step)
-        except Exception as err:  # a profiler fault never stops training
-            self._fail(err)
+        self._advance(step)
 
     def batch_end(self, step: int) -> None:
         window = self.window
@@ -200,10 +212,7 @@ class WindowController:
             return
         if self.slow is not None:
             self.slow.skip_next()  # a batch of a window is no baseline step, nor is the close after it
-        try:
-            self._run(_E, self.phase, phase_in(window.window, step + 1), step)
-        except Exception as err:
-            self._fail(err)
+        self._run(_E, self.phase, phase_in(window.window, step + 1), step)
 
     def eval_batch_end(self, stage: str) -> None:
         if stage == self.stage:
@@ -220,10 +229,7 @@ class WindowController:
         window = self.window
         if self.stage != "fit" or window is None or (begin and not window.active):
             return
-        try:
-            window.begin_range(kind) if begin else window.end_range(kind)
-        except Exception as err:
-            self._fail(err)
+        window.begin_range(kind) if begin else window.end_range(kind)
 
     # ------------------------------------------------------------------ the table
     def _advance(self, step: int) -> None:
@@ -283,24 +289,64 @@ class WindowController:
             return
         try:
             self._hand_off(window, reason, partial)
-        except BaseException:
-            window.abort()  # interrupted or failed anywhere: no tracer, hook or patch stays behind
+        except BaseException:  # cleanup: interrupted or failed anywhere, no tracer, hook or patch stays; re-raised
+            window.abort()
             raise
         finally:
             self.budget.closed(window)
 
     def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
-        closing.mark_written(self)
-        self._schedule_from(window.window.end)
-        if closing.hand_off(self, window, reason, partial):
-            self._quiet_until(self.next_look)  # look at the next batch start for the answer
+        """Name the closed window's files, close its recording into the spool and give the job to
+        the writer; look at the next batch start for the answer."""
+        assert self.run is not None and self.spool is not None and self.writer is not None
+        target, planned = window.window, self.planned
+        trigger = planned.trigger if planned is not None else None
+        if trigger is None and planned is not None:
+            self.completed.add(planned.window.index)  # checkpointed: a schedule cycle is never recorded twice
+        self._schedule_from(target.end)
+        incomplete = len(window.steps) < len(target.active_steps)
+        if incomplete:
+            why = reason or "the window was closed early"
+            messages.warn_cut_window(self.warn, self.stage, target, window.steps, why, self.windows_recorded)
+        destination = windows.destination(
+            self.options, self.run, window, planned, partial or incomplete, reason, self.trainer(), self.python_filter
+        )
+        destination.metadata[UNTRACED_WAIT_KEY] = self.untraced.reading()  # input_bound reads it
+        if trigger is not None:
+            self.triggered_runs.append((destination.run_dir.name, trigger))
+            del self.triggered_runs[: -messages.TRIGGERED_SHOWN]  # the latest are named at the end
+        at_end = finishes_at_end(runs.trains_on_cpu(self.run), self.writer.process_started, *self._fit_remaining())
+        closed = window.close(self.spool, destination, hold_dump=at_end)  # held: even VizTracer's dump waits
+        if closed is None:
+            return
+        self.windows_recorded += 1
+        self.inbox.expect(self.writer.hand_off(closed, at_end=at_end))
+        self._quiet_until(self.next_look)  # look at the next batch start for the answer
 
-    def _fail(self, err: Exception) -> None:
+    def _fit_remaining(self) -> tuple[int | None, float | None]:
+        """Batches left to fit's end by its own limits, and the mean batch since train start in
+        seconds (validation and the window's own steps included: an overestimate); None where
+        unknown (another stage, no limit, no batch run yet)."""
+        trainer = self.trainer()
+        if self.stage != "fit" or trainer is None or self.train_started is None:
+            return None, None
+        end = runs.fit_end_batch(trainer)
+        started_ns, first = self.train_started
+        now = runs.global_batch(trainer)
+        done = now + 1 - first
+        if end is None or done <= 0:
+            return None, None
+        return end - now - 1, (time.perf_counter_ns() - started_ns) / 1e9 / done
+
+    def fail(self, err: Exception, hook: str) -> None:
+        """The fault boundary of the callback's hooks caught ``err``, a fault of vt_lightning's in
+        ``hook``: the open window is dropped with nothing of it installed, the user is told once
+        per kind of fault, and training goes on."""
         window, self.window, self.phase = self.window, None, Phase.NONE
         if window is not None:
             self._skip(window.window)
             window.abort()
-        self.warn(*messages.fault(err))
+        self.warn(*messages.fault(err, hook))
 
     def _skip(self, target: Window) -> None:
         self.budget.closed()
@@ -340,16 +386,13 @@ class WindowController:
     def _root(self) -> Any:
         return self.run.output if self.run is not None else None
 
-
-def _stop_writer(ctl: WindowController, writer: BackgroundWriter | None) -> None:
-    """Stop the writer (bounded), read its last answers and say where the run's files are."""
-    if writer is None:
-        return
-    if not writer.close():
-        ctl.warn("writer-stuck-end", messages.writer_unfinished(ctl.options.writer_timeout, ctl._root()))
-    ctl._read_inbox(log=False)
-    ctl.outcomes.skipped = ctl.windows_skipped
-    messages.end_of_run(ctl._root(), ctl.outcomes, ctl.triggered_runs, ctl.stage)
+    def _stop_writer(self, writer: BackgroundWriter) -> None:
+        """Stop the writer (bounded), read its last answers and say where the run's files are."""
+        if not writer.close():
+            self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
+        self._read_inbox(log=False)
+        self.outcomes.skipped = self.windows_skipped
+        messages.end_of_run(self._root(), self.outcomes, self.triggered_runs, self.stage)
 
 
 def _python_filter(options: Options, pl_module: Any) -> PythonFilter:
@@ -363,3 +406,23 @@ def _python_filter(options: Options, pl_module: Any) -> PythonFilter:
         hook_locations=module_hook_locations(pl_module),
         library=library_roots(),
     )
+
+
+def _forget_in_forked_child() -> None:
+    """A child forked from a training process (``os.fork`` in user code, a multiprocessing "fork"
+    target, a non-persistent DataLoader worker) did not start the parent's windows: its controllers
+    forget them, with no wait, write or removal, so the child's exit (and any exception or teardown
+    hook Lightning runs in it) finds nothing to finish. Only the process that started a window
+    finishes it; the tracers stop themselves in the child (``recording.pytracer`` / ``torchtracer``
+    / ``rivals`` register their own handlers)."""
+    for controller in list(_LIVE):
+        try:
+            triggers = controller.triggers
+            if triggers is not None and triggers.signal is not None:
+                triggers.signal.restore()  # the child's copy of our handler; the parent keeps its own
+            controller.reset(None)
+        except BaseException:  # at a fork, in the child: the user's fork must never fail for our sake (Ctrl-C too)
+            pass
+
+
+os.register_at_fork(after_in_child=_forget_in_forked_child)

@@ -177,7 +177,7 @@ class BackgroundWriter:
                 continue
             try:
                 result = fn(*args)
-            except BaseException as err:
+            except BaseException as err:  # the writer thread's top level: every outcome goes to the job's future
                 _settle(future, error=err)
             else:
                 _settle(future, result=result)
@@ -200,7 +200,7 @@ class BackgroundWriter:
         if self.process is None and self.use_process and self.process_error is None:
             try:
                 self.process = WriterProcess()
-            except Exception as err:
+            except Exception as err:  # no writer process: windows are finished on this thread instead
                 self.process_error = err
         return self.process
 
@@ -256,7 +256,7 @@ class BackgroundWriter:
             return Dropped(
                 Notice(f"spool:{err.errno}", f"vt_lightning: window dropped: {err.strerror}; training goes on.")
             )
-        except Exception as err:
+        except Exception as err:  # the writer job's boundary: any fault drops this window with one notice
             return Dropped(
                 Notice(
                     f"write:{type(err).__name__}:{job.run_dir.parent}",
@@ -283,7 +283,7 @@ class BackgroundWriter:
         process = None if here else self.writer_process()  # first: its start-up overlaps torch's export
         try:
             closed.collect(in_process=self._ending)  # a held dump: here once training has stopped
-        except BaseException:
+        except BaseException:  # cleanup: the raw dumps go whatever stopped the collect; re-raised
             remove_raw(job)
             raise
         if here:

@@ -197,7 +197,7 @@ class Outcomes:
             self._print_verdicts(result.summary)
             try:
                 log_summary(loggers, result.summary, result.summary_markdown)
-            except Exception as err:
+            except Exception as err:  # a logger of the user's refused our scalars: said once, the files are written
                 self.warn(
                     f"logger:{type(err).__name__}",
                     f"vt_lightning: could not log a window summary to the Trainer's loggers "

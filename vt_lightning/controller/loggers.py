@@ -60,7 +60,7 @@ def log_summary(loggers: Iterable[Any], summary: Summary, markdown: str | None =
                 add_text = getattr(_experiment(logger), "add_text", None)
                 if callable(add_text):
                     add_text(f"{PREFIX}/window_{window.get('index')}", markdown, global_step=step)
-        except Exception as err:
+        except Exception as err:  # every logger gets its turn; the first error is re-raised below
             first_error = first_error or err
     if first_error is not None:
         raise first_error

@@ -1,11 +1,14 @@
-"""What the user reads on the console about windows: cut windows, runs that recorded nothing, the
-end-of-run table and the commands that open the files. Texts only; the controller decides when."""
+"""What the user reads about windows: one warning per kind of problem (``WarnOnce``), cut windows,
+runs that recorded nothing, the end-of-run table and the commands that open the files. Texts only;
+the controller decides when."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import threading
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,23 @@ from vt_lightning.analysis.schema import Summary
 from vt_lightning.constants import LOGGER_NAME
 
 log = logging.getLogger(LOGGER_NAME)
+
+
+class WarnOnce:
+    """One warning per kind of problem (``key``), not one per window: every warning the user sees
+    about windows goes through the controller's one ``WarnOnce``, from any thread."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, key: str, message: str) -> bool:
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return True
 
 
 def stage_label(stage: str | None) -> str:
@@ -156,8 +176,8 @@ def writer_unfinished(timeout: float, root: Path | None) -> str:
     )
 
 
-def fault(err: Exception) -> tuple[str, str]:
-    """The (key, message) of a profiling failure that dropped a window."""
+def fault(err: Exception, hook: str) -> tuple[str, str]:
+    """The (key, message) of a fault in vt_lightning's code, caught at the boundary of ``hook``."""
     from vt_lightning.recording.rivals import RivalProfiler
     from vt_lightning.recording.unsafe_names import UnsafeImport
 
@@ -171,7 +191,8 @@ def fault(err: Exception) -> tuple[str, str]:
         )
     return (
         f"fault:{type(err).__name__}",
-        f"vt_lightning: profiling failed ({type(err).__name__}: {err}); the window was dropped, training goes on.",
+        f"vt_lightning: profiling failed in {hook} ({type(err).__name__}: {err}); the window it was recording, if "
+        "any, was dropped with nothing of it left installed, and training goes on.",
     )
 
 

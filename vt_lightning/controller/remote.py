@@ -30,12 +30,13 @@ from vt_lightning.controller.inbox import Dropped, Notice, Outcome
 from vt_lightning.export.job import URL, UnusableURL, WindowJob, WindowResult, locate
 from vt_lightning.export.layout import host_name
 from vt_lightning.export.pipeline import delivered, run_dir_candidates
+from vt_lightning.options import ConfigurationError
 from vt_lightning.recording.spool import PREFIX, default_spool_base
 
 CHUNK_BYTES = 8 << 20  # an object store's multipart uploads take parts of at least 5 MiB
 
 
-class OutputRootError(ValueError):
+class OutputRootError(ConfigurationError):
     """The output root is a URL whose filesystem cannot be used from this process."""
 
 
@@ -97,7 +98,7 @@ def _check_filesystem(fs: Any, remote: URL, source: str) -> None:
             fs.exists(remote)  # object stores have no directories to create
         else:
             fs.makedirs(remote, exist_ok=True)
-    except Exception as err:
+    except Exception as err:  # any error of the user's filesystem is the refusal's cause
         raise _unusable(remote, source, err) from err
 
 
@@ -119,7 +120,7 @@ def deliver(job: WindowJob, result: WindowResult) -> Outcome:
     staged = Path(result.trace_path).parent
     try:
         published = publish(job, result, staged)
-    except Exception as err:
+    except Exception as err:  # any error of the user's filesystem drops this window with one notice
         root = URL(job.publish_to).parent
         return Dropped(
             Notice(
@@ -234,7 +235,7 @@ class Upload:
             for url in created:
                 try:
                     self.fs.rm_file(url)
-                except Exception:
+                except Exception:  # best-effort cleanup of our own uploads; the name clash is re-raised
                     pass
             raise
 
@@ -260,9 +261,9 @@ class Upload:
             if fs.exists(remote):
                 raise FileExistsError(errno.EEXIST, "File exists", str(remote))
             fs.mv(temporary, remote)
-        except BaseException:
+        except BaseException:  # cleanup: the temporary goes whatever stopped the move; re-raised
             try:
                 fs.rm(temporary)
-            except Exception:
+            except Exception:  # best-effort cleanup; the original error is re-raised
                 pass
             raise

@@ -17,6 +17,7 @@ from typing import Any
 from vt_lightning.constants import STAGES
 from vt_lightning.controller.remote import output_root
 from vt_lightning.export.job import URL
+from vt_lightning.options import ConfigurationError
 from vt_lightning.recording.lightning_hooks import user_hook_names
 from vt_lightning.recording.pytracer import interpreter_warning
 
@@ -145,7 +146,7 @@ def should_record(
     world = run.rank_info["world_size"]
     if options.ranks is not None and any(r >= world for r in options.ranks):
         unknown = [r for r in options.ranks if r >= world]
-        raise ValueError(f"`ranks` names {unknown}, but this run has world_size={world}")
+        raise ConfigurationError(f"`ranks` names {unknown}, but this run has world_size={world}")
     enabled = options.ranks is None or run.global_rank in options.ranks
     if superseded_by is not None:
         warn(

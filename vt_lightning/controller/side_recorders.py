@@ -68,7 +68,7 @@ def start_run(
             calls=options.worker_calls,
         )
         tracing.install(trainer.fit_loop)
-    except Exception as err:
+    except Exception as err:  # worker tracing is extra: a failure costs the workers' events, never the run
         warn("workers", f"vt_lightning: DataLoader workers are not traced in this run ({type(err).__name__}: {err}).")
         return
     _WORKERS[trainer] = tracing

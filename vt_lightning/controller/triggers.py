@@ -48,7 +48,7 @@ def agree(
         return Agreement(rank), None
     try:
         return gloo_agreement(rank, list(ranks) if ranks is not None else None)
-    except Exception as err:
+    except Exception as err:  # no gloo group: each rank's triggers act alone, said once
         warn(
             "no-agreement",
             f"vt_lightning: could not create the gloo group for the triggers' "

@@ -168,7 +168,7 @@ def dump_oom(options: Options, run: Run, window: ProfilingWindow, planned: Plann
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_oom_snapshot(run_dir / oom_file_name(memory_name or "memory_snapshot.pickle"), window.memory_recorder)
-    except Exception as err:
+    except Exception as err:  # the OOM snapshot is extra: its failure is said, the window's close goes on
         warn("oom", f"vt_lightning: could not write the out-of-memory snapshot ({err})")
 
 

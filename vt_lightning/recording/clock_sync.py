@@ -48,7 +48,7 @@ def prepare(ranks: Any, enabled: bool, warn: Any) -> None:
         group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
         world = dist.group.WORLD
         _GROUP.update(world=weakref.ref(world) if world is not None else None, group=group, failed=False)
-    except Exception as err:
+    except Exception as err:  # no gloo group: job files align ranks on one host's clock, said once
         warn(
             "clock-sync-group",
             f"vt_lightning: could not create the gloo group for the ranks' clock offsets ({type(err).__name__}: "

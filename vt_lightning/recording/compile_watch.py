@@ -241,7 +241,7 @@ class CompileWatch:
                 span["end_us"] = end_us
                 span["wall_end"] = time.time()
                 self._spans.append(span)
-        except Exception as err:
+        except Exception as err:  # in torch's compile callback: never fail the user's compile
             self._note(f"compile end not recorded ({type(err).__name__}: {err})")
 
     def _graph_break(self, record: logging.LogRecord) -> None:
@@ -250,7 +250,7 @@ class CompileWatch:
             error = record.exc_info[1] if record.exc_info else None
             if error is not None:  # torch 2.4 logs the reason as the record's exception, not in its text
                 message += f"\n{type(error).__module__}.{type(error).__qualname__}: {error}"
-        except Exception:
+        except Exception:  # in torch's logging: never fail the user's compile
             return
         with self._lock:
             if len(self._breaks) < MAX_GRAPH_BREAK_RECORDS:
@@ -300,7 +300,7 @@ class CompileWatch:
             return []
         try:
             return list(read())
-        except Exception:
+        except Exception:  # torch's private metrics: the window goes without them
             return []
 
 
@@ -309,7 +309,7 @@ def _frames_seen() -> bool:
     counters = getattr(sys.modules.get("torch._dynamo.utils"), "counters", None)
     try:
         return bool(counters is not None and any(counters.get("frames", {}).values()))
-    except Exception:
+    except Exception:  # torch's private counters: read as none
         return False
 
 
@@ -318,7 +318,7 @@ def _current_compile_id() -> str | None:
     context = getattr(guards, "CompileContext", None)
     try:
         current = context.current_compile_id() if context is not None else None
-    except Exception:
+    except Exception:  # torch's private compile context: read as none
         return None
     return None if current is None else str(current)
 

@@ -37,6 +37,10 @@ import threading
 from collections import defaultdict
 from typing import Any
 
+# True while dynamo traces: a hook that returns at once then costs a compiled region no graph break
+# and no guard (its ranges belong to eager code only).
+from torch.compiler import is_compiling as _is_compiling
+
 from vt_lightning.analysis.breakdown import HOOK_PARTS, is_breakdown_hook
 from vt_lightning.analysis.lightning_view import is_main_stage, module_record_name, profile_record_name
 from vt_lightning.analysis.usercode import framework_dirs
@@ -123,17 +127,13 @@ def _is_compiled_function(fn: Any) -> bool:
     return fn is not None and hasattr(fn, "_torchdynamo_orig_callable")
 
 
-def _compiling_check() -> Any:
-    """``torch.compiler.is_compiling``: True while dynamo traces. A hook that returns at once then
-    costs a compiled region no graph break and no guard (its ranges belong to eager code only)."""
-    try:
-        from torch.compiler import is_compiling
-    except Exception:  # pragma: no cover - torch without it
-        return lambda: False
-    return is_compiling
-
-
-_is_compiling = _compiling_check()
+def _end_ranges(records: list[tuple[Any, Any]]) -> None:
+    """End the ranges of ``(key, record)`` pairs still open at the window's end, innermost first."""
+    for _, record in reversed(records):
+        try:
+            record.__exit__(None, None, None)
+        except Exception:  # best effort at the window's end: one that fails keeps no other open
+            pass
 
 
 def _optimized_module_type() -> type | None:
@@ -179,11 +179,7 @@ def _stage_profiler_class() -> type:
             """End every open range, innermost first (window end inside a Lightning hook)."""
             with self._lock:
                 records, self._open = self._open, []
-            for _, record in reversed(records):
-                try:
-                    record.__exit__(None, None, None)
-                except Exception:
-                    pass
+            _end_ranges(records)
 
         def summary(self) -> str:
             return ""
@@ -232,7 +228,7 @@ class LightningViewHooks:
                 self._install_module_hooks()
             if self.record_stages:
                 self._install_profiler()
-        except BaseException:
+        except BaseException:  # cleanup: a half install is removed; re-raised
             self.remove()
             raise
 
@@ -241,7 +237,7 @@ class LightningViewHooks:
         for handle in handles:
             try:
                 handle.remove()
-            except Exception:
+            except Exception:  # best-effort removal: every other handle is still removed
                 pass
         self._close_module_ranges()
         profiler, self._profiler = self._profiler, None
@@ -324,11 +320,7 @@ class LightningViewHooks:
     def _close_module_ranges(self) -> None:
         open_ranges, self._open = self._open, defaultdict(list)
         for stack in open_ranges.values():
-            for _, record in reversed(stack):
-                try:
-                    record.__exit__(None, None, None)
-                except Exception:
-                    pass
+            _end_ranges(stack)
 
     # -- Lightning stages ----------------------------------------------------------------------------
     def _install_profiler(self) -> None:

@@ -53,11 +53,11 @@ def dump_oom_snapshot(path: str | os.PathLike[str], recorder: MemoryRecorder | N
     path = Path(path)
     try:
         snapshot = recorder.snapshot() if recorder is not None else _cuda_memory()._snapshot()
-    except Exception as exc:
+    except Exception as exc:  # any error of torch's allocator API, named with the step that failed
         raise MemorySnapshotError(f"could not take the out-of-memory snapshot for {path}: {exc}") from exc
     try:
         write_snapshot(path, snapshot)
-    except Exception as exc:
+    except Exception as exc:  # any error of the write, named with the file
         raise MemorySnapshotError(f"could not write the out-of-memory snapshot {path}: {exc}") from exc
     log.warning("CUDA out of memory: allocator snapshot written to %s", path)
     return path
@@ -121,10 +121,10 @@ class CudaMemoryRecorder:
         memory = _cuda_memory()
         try:
             memory._record_memory_history(**self.start_kwargs())
-        except Exception as exc:
+        except Exception as exc:  # any error of torch's allocator API, named with the step that failed
             try:  # it may have half-enabled: make sure nothing keeps recording
                 memory._record_memory_history(enabled=None)
-            except Exception:
+            except Exception:  # best effort: recording is off either way; the start's error is raised
                 pass
             raise MemorySnapshotError(
                 f"could not start CUDA memory history (max_entries={self.max_entries}): {exc}"
@@ -136,7 +136,7 @@ class CudaMemoryRecorder:
             raise MemorySnapshotError("CUDA memory snapshot requested while history is not recorded")
         try:
             return _cuda_memory()._snapshot()
-        except Exception as exc:
+        except Exception as exc:  # any error of torch's allocator API, named with the step that failed
             raise MemorySnapshotError(f"could not take the CUDA memory snapshot: {exc}") from exc
 
     def stop(self) -> None:
@@ -145,7 +145,7 @@ class CudaMemoryRecorder:
         self._recording = False  # whatever happens next, this recorder no longer owns a recording
         try:
             _cuda_memory()._record_memory_history(enabled=None)
-        except Exception as exc:
+        except Exception as exc:  # any error of torch's allocator API, named with the step that failed
             raise MemorySnapshotError(f"could not stop CUDA memory history: {exc}") from exc
 
 

@@ -75,7 +75,7 @@ class RivalGuard:
             self.remove()  # first: the other tool's own calls must go straight through
             try:
                 self.on_rival(name)
-            except Exception:
+            except Exception:  # the other tool's call goes on whatever our callback does
                 pass
 
     def install(self) -> None:
@@ -89,7 +89,7 @@ class RivalGuard:
             self._patch_viztracer()
             if sys.version_info >= (3, 12):
                 self._patch_monitoring()
-        except BaseException:
+        except BaseException:  # cleanup: a half install is removed; re-raised
             self.remove()
             raise
 
@@ -101,7 +101,7 @@ class RivalGuard:
         for undo in reversed(restore):
             try:
                 undo()
-            except Exception:
+            except Exception:  # best-effort undo: every other patch is still undone
                 pass
 
     # ------------------------------------------------------------------ the patches

@@ -50,7 +50,7 @@ def _disable_in_forked_child() -> None:
         if torch._C._autograd._profiler_enabled() and not torch.cuda.is_initialized():
             torch._C._autograd._disable_profiler()  # the child's copy of the events: dropped
         torch.autograd.profiler._is_profiler_enabled = False
-    except Exception:
+    except Exception:  # at a fork, in the child: the user's fork must never fail for our sake
         pass
 
 
@@ -255,7 +255,7 @@ class TorchTracer:
                 # This window's results, for its export on the writer thread; the shared profile
                 # lets go of them, so the next window's prepare starts afresh.
                 self._results, self._profile.profiler = self._profile.profiler, None
-        except BaseException:
+        except BaseException:  # cleanup: an interrupted stop leaves no profiler recording; re-raised
             self.lost = True
             _force_disable()
             raise
@@ -277,9 +277,9 @@ def _force_disable() -> None:
     try:
         if torch._C._autograd._profiler_enabled():
             torch._C._autograd._disable_profiler()
-    except Exception:
+    except Exception:  # last resort after an interrupted stop: best effort
         pass
     try:
         torch.autograd.profiler._is_profiler_enabled = False
-    except Exception:
+    except Exception:  # last resort after an interrupted stop: best effort
         pass

@@ -89,7 +89,7 @@ class ProfilingWindow:
         try:
             self._guard.install()
             self.torch.prepare()
-        except BaseException:
+        except BaseException:  # cleanup: nothing of the window stays installed; re-raised
             self.abort()
             raise
 
@@ -239,7 +239,7 @@ class ProfilingWindow:
             stem = os.path.join(spool, f"w{self.window.index}-{os.getpid()}")
             python_raw = Path(f"{stem}.python.json")
             python_dump = self.python.dump(str(python_raw), hold=hold_dump)
-        except BaseException:
+        except BaseException:  # cleanup: nothing of the window stays installed; re-raised
             self.abort()
             raise
         job = WindowJob(
@@ -279,9 +279,9 @@ class ProfilingWindow:
         ):
             try:
                 action()
-            except Exception:
+            except Exception:  # every step of the abort runs; a fault in one is not the user's
                 pass
-            except BaseException as err:
+            except BaseException as err:  # an interruption waits for the other steps, then is re-raised
                 interrupted = interrupted or err
         if interrupted is not None:
             raise interrupted
@@ -305,7 +305,7 @@ class ProfilingWindow:
                 continue
             try:
                 data = recorder.collect()
-            except Exception as err:
+            except Exception as err:  # one tool less, never the window
                 self._side_problem(recorder, "collect", err)
                 continue
             if data is not None:
@@ -319,7 +319,7 @@ class ProfilingWindow:
         for recorder in reversed(started):
             try:
                 recorder.stop()
-            except Exception as err:
+            except Exception as err:  # one tool less, never the window
                 self._side_problem(recorder, "stop", err)
             else:
                 stopped.append(recorder)
@@ -366,7 +366,7 @@ class ClosedWindow:
                 wait_for_dump(dump.write(in_process=in_process) if isinstance(dump, HeldDump) else dump)
         except (RivalProfiler, DumpChildFailed):  # not the spool's fault
             raise
-        except Exception as err:
+        except Exception as err:  # any error of the dump's writing is the spool's, named there
             spool = job.torch_raw.parent
             raise SpoolError(
                 getattr(err, "errno", None) or errno.EIO,

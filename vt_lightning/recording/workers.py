@@ -75,7 +75,7 @@ class WorkerTracing:
                 loader = fit_loop._combined_loader
                 self.wrap(loader.flattened if loader is not None else [])
                 self.new_epoch()
-            except Exception:
+            except Exception:  # inside Lightning's loop: a fault costs the workers' events, never the fit
                 pass
             return original()
 
@@ -85,7 +85,7 @@ class WorkerTracing:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             try:
                 self.new_epoch()
-            except Exception:
+            except Exception:  # inside Lightning's loop: a fault costs the workers' events, never the fit
                 pass
             return original(*args, **kwargs)
 
@@ -210,3 +210,26 @@ def worker_failures_deferred() -> Iterator[None]:
     finally:
         if handler is not None:
             signal.signal(signal.SIGCHLD, handler)
+
+
+def raised_by_signal_handler(err: BaseException) -> bool:
+    """Whether ``err`` came out of a Python signal handler of this process that ran while our code
+    did (torch's SIGCHLD handler for a dead DataLoader worker, the user's own, Lightning's): the
+    run's exception, not a fault of ours. Read from the frames ``err`` passed through, compared
+    with the handlers installed now (a function, a method, or an object's ``__call__``)."""
+    handlers = set()
+    for signum in signal.valid_signals():
+        try:
+            handler = signal.getsignal(signum)
+        except (ValueError, OSError):
+            continue
+        for function in (getattr(handler, "__func__", handler), vars(type(handler)).get("__call__")):
+            code = getattr(function, "__code__", None)
+            if code is not None:
+                handlers.add(code)
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in handlers:
+            return True
+        tb = tb.tb_next
+    return False

@@ -21,6 +21,7 @@ the Perfetto UI is served with a Content-Security-Policy that lets it reach its 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from functools import cached_property
@@ -35,7 +36,7 @@ from werkzeug import wsgi
 from vt_lightning.analysis.compare import diff, diff_table
 from vt_lightning.analysis.verdict_report import verdict_change_lines
 from vt_lightning.cli.serve import CONTENT_TYPES, PERFETTO_CSP, SECURITY_HEADERS, perfetto_ui_dir, ui_asset
-from vt_lightning.constants import BROWSER_LIMIT_BYTES
+from vt_lightning.constants import BROWSER_LIMIT_BYTES, LOGGER_NAME
 from vt_lightning.export.reading import MemoryBudget, SummaryNotFound, UnreadableFile, open_regular, read_summary
 from vt_lightning.tensorboard.scan import LogIndex, Refused, summary_files
 
@@ -47,6 +48,7 @@ MAX_DIFF_TOP = 100
 JSON_HEADERS = [("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")]
 
 Route = Callable[[werkzeug.Request], werkzeug.Response]
+log = logging.getLogger(LOGGER_NAME)
 
 
 def _json(value: Any, status: int = 200) -> werkzeug.Response:
@@ -59,7 +61,9 @@ def _json(value: Any, status: int = 200) -> werkzeug.Response:
 
 
 def _answering(route: Route) -> Route:
-    """A route whose refusals are a 400/404 with one line of JSON, never a traceback or a file."""
+    """A route's fault boundary: a refusal is a 400/404 with one line of JSON, a fault of ours a 500
+    with one line of JSON (its traceback in TensorBoard's log, for a report); never a traceback in
+    the page, never a file."""
 
     def wrapped(request: werkzeug.Request) -> werkzeug.Response:
         try:
@@ -70,6 +74,10 @@ def _answering(route: Route) -> Route:
             return _json({"error": str(problem)}, 400)
         except SummaryNotFound as problem:
             return _json({"error": str(problem)}, 404)
+        except Exception as err:  # the tab's fault boundary: one error answer, the server goes on
+            log.exception("vt_lightning: the tab's %s route failed", request.path)
+            error = f"vt_lightning failed to answer ({type(err).__name__}: {err}); please report it"
+            return _json({"error": error}, 500)
 
     return wrapped
 
