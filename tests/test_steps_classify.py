@@ -154,7 +154,7 @@ def test_a_workers_run_handed_over_is_filed_as_reading_its_events_files_it(seed:
     hinted = classify(trace["traceEvents"], run, given)
     assert hinted == plain
     assert all(hinted[0][thread] is given[thread] for thread in given)  # taken, not read again
-    assert read_window(trace, run, dict(calls)) == read_window(trace)
+    assert summarize(trace, None, read_window(trace, run, dict(calls))) == summarize(trace)
 
 
 def _off_by_one_ns(events: list[dict[str, Any]], run: range, calls: dict[Any, list[Any]]) -> None:

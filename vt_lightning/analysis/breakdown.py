@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX
+from vt_lightning.analysis.nest import outer_first
 from vt_lightning.analysis.spans import Span, span_of
 from vt_lightning.analysis.usercode import parse_function
 from vt_lightning.constants import PL_PROFILE_PREFIX, PYTHON_CATEGORY
@@ -38,6 +40,7 @@ EVAL_PARTS = frozenset({"validation", "test", "predict"})
 ALL_PARTS = (*BREAKDOWN_PARTS[:-1], *EXTRA_PARTS, "other")
 
 Range = tuple[float, float, str]  # start µs, end µs, part
+_START, _END = itemgetter(0), itemgetter(1)
 
 # Lightning stage (a ``[pl][profile]`` action's last dotted part) -> part.
 STAGE_PARTS = {
@@ -181,7 +184,7 @@ def stage_ranges_of(
 def _outermost_per_part(ranges: list[Range]) -> list[Range]:
     out: list[Range] = []
     ends: dict[str, float] = {}
-    for start, end, part in sorted(ranges, key=lambda r: (r[0], -r[1])):
+    for start, end, part in outer_first(ranges, _START, _END):
         if start < ends.get(part, float("-inf")):
             continue
         ends[part] = end

@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from vt_lightning.analysis.nesting import outer_first
+from vt_lightning.analysis.nest import outer_first, walk
 from vt_lightning.analysis.usercode import PACKAGE_ROOT, framework_dirs, library_roots
 
 # VizTracer names a Python call "<qualname> (<file>:<first line>)"; C calls have no location.
 _TS = itemgetter("ts")
 _NAME = itemgetter("name")
 _LOCATION = re.compile(r" \((.*):(\d+)\)$")
-_EPSILON_US = 1e-4  # VizTracer writes ns-resolution µs; sums of two such floats differ by less
 
 # LightningModule methods Lightning calls itself (hooks): each counts as depth 1 of the user's code.
 LIGHTNING_MODULE_HOOKS = (
@@ -181,8 +180,9 @@ def filter_python_events(
     (``workers.place_events`` sorts them as it places them), which are then neither sorted again
     nor read for their names.
 
-    One pass per thread over its calls sorted by start, with a stack of the open ones: a call's
-    ancestry decides its depth and whether it runs inside vt_lightning. What depends on the name
+    One pass per thread over its calls nested (``nest.walk``: a call that ends a hair after the
+    one it starts in is still inside it): a call's ancestry decides its depth and whether it runs
+    inside vt_lightning. What depends on the name
     alone (its file, whether it is ours / a hook / the user's / under a filter path) is computed
     once per distinct name: a window repeats a few thousand names over millions of calls.
     """
@@ -230,27 +230,26 @@ def filter_python_events(
                 if key in report:
                     kept_groups[key] = calls  # type: ignore[index]
                 continue
-        # open calls: (start, end, ours, depth or -1, under include_files, under exclude_files)
-        stack: list[tuple[float, float, bool, int, bool, bool]] = []
-        for event in calls:
-            ts = float(event["ts"])
-            end = ts + float(event.get("dur", 0.0))
-            while stack and not (ts >= stack[-1][0] - _EPSILON_US and end <= stack[-1][1] + _EPSILON_US):
-                stack.pop()
+        starts = [float(event["ts"]) for event in calls]
+        parents, _ = walk(starts, [start + float(event.get("dur", 0.0)) for start, event in zip(starts, calls)])
+        # per call, as its callees inherit them: ours, depth (-1: outside the user's code), under
+        # include_files, under exclude_files
+        inherited: list[tuple[bool, int, bool, bool]] = []
+        for event, parent in zip(calls, parents):
             name = event.get("name", "")
             known = facts.get(name)
             if known is None:
                 known = facts[name] = _name_facts(rules, name)
             located, own, anchor, included, excluded = known
-            if stack:
-                _, _, parent_own, parent_depth, parent_included, parent_excluded = stack[-1]
+            if parent >= 0:
+                parent_own, parent_depth, parent_included, parent_excluded = inherited[parent]
                 own = own or parent_own
                 if not located:
                     included, excluded = parent_included, parent_excluded
                 depth = parent_depth + 1 if parent_depth >= 0 else (1 if anchor else -1)
             else:
                 depth = 1 if anchor else -1
-            stack.append((ts, end, own, depth, included, excluded))
+            inherited.append((own, depth, included, excluded))
             if own:
                 own_count += 1
             elif (

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from operator import itemgetter
 from typing import Any
 
+from vt_lightning.analysis.nest import SKIP, outer_first, walk
 from vt_lightning.constants import (
     CPU_OP_CATEGORY,
     FRAMEWORK_KEY,
@@ -71,6 +73,7 @@ def is_main_stage(action_name: str) -> bool:
     return action_name.rsplit(".", 1)[-1] in MAIN_STAGES
 
 
+_START, _END = itemgetter(0), itemgetter(1)
 # Categories whose X events the plugin puts in its per-thread operator list (besides ours).
 _TREE_CATEGORIES = frozenset({CPU_OP_CATEGORY, "operator", "python"})
 _COMM_NAMES = frozenset(
@@ -133,32 +136,32 @@ def _in_plugin_tree(event: dict[str, Any]) -> bool:
 
 
 def _rejected_module_events(tree_events: list[dict[str, Any]], modules: set[int]) -> set[int]:
-    """Replay the plugin's per-thread tree building; ids of module events that lose a node."""
+    """Replay the plugin's per-thread tree building; ids of module events that lose a node.
+
+    The plugin sorts each thread's events by (start, -end), stably (``nest.outer_first``), and
+    nests each in the innermost open one that it starts in; one that ends after it is logged and
+    dropped (``nest.walk``'s ``SKIP``): the module event of the two is rejected."""
     bad: set[int] = set()
     by_tid: dict[Any, list[tuple[float, float, dict[str, Any]]]] = defaultdict(list)
-    # the plugin sorts all events by ts (stable), then each thread by (start, -end) (stable)
-    for event in sorted(tree_events, key=lambda e: e["ts"]):
+    for event in tree_events:
         start = float(event["ts"])
         by_tid[_tid_key(event.get("tid"))].append((start, start + float(event.get("dur", 0) or 0), event))
-    for items in by_tid.values():
-        if not any(id(e) in modules for _, _, e in items):
+    for found in by_tid.values():
+        if not any(id(e) in modules for _, _, e in found):
             continue
-        items.sort(key=lambda x: (x[0], -x[1]))
-        stack: list[tuple[float, float, dict[str, Any]]] = [(float("-inf"), float("inf"), {})]
-        for item in items:
-            start, end, event = item
-            while True:
-                tail = stack[-1]
-                if start < tail[1]:
-                    if end <= tail[1]:
-                        stack.append(item)
-                    else:  # partial overlap: the plugin logs an error and drops `event`
-                        if id(event) in modules:
-                            bad.add(id(event))
-                        elif id(tail[2]) in modules:
-                            bad.add(id(tail[2]))
-                    break
-                stack.pop()
+        items = outer_first(found, _START, _END)
+
+        def partial_overlap(
+            i: int, tail: int, _: float, items: list[tuple[float, float, dict[str, Any]]] = items
+        ) -> str:
+            event, open_event = items[i][2], items[tail][2]
+            if id(event) in modules:
+                bad.add(id(event))
+            elif id(open_event) in modules:
+                bad.add(id(open_event))
+            return SKIP
+
+        walk([item[0] for item in items], [item[1] for item in items], crossing=partial_overlap)
     return bad
 
 

@@ -26,8 +26,10 @@ What memory_viz needs from a snapshot (torch 2.4 ... 2.13, ``torch/cuda/_memory_
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
+from vt_lightning.analysis.nest import covering, outer_first
 from vt_lightning.analysis.usercode import parse_function
 from vt_lightning.constants import CPU_OP_CATEGORY, PYTHON_CATEGORY, USER_ANNOTATION_CATEGORY
 
@@ -37,6 +39,7 @@ UNKNOWN_FILE = "??"  # what torch writes for a frame without a source file
 CPU_DEVICE_TYPE = 0  # ``Device Type`` of torch's [memory] events (c10::DeviceType::CPU)
 _DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda", 13: "mps", 20: "meta", 12: "xpu", 9: "hip"}
 _LARGE_SEGMENT = 1 << 20  # the CUDA allocator's small/large split, kept for the segment_type field
+_START, _END = itemgetter(0), itemgetter(1)
 
 
 def parse_frame(event_name: str) -> dict[str, Any]:
@@ -87,31 +90,17 @@ def _stack_frames(
 ) -> dict[int, list[dict[str, Any]]]:
     """Enclosing frames, innermost first, for each memory event of one thread.
 
-    ``memory``: (ts, event index); ``intervals``: (start, end, name) of the thread's calls.
-    One sort of each plus a sweep with a stack: O((n + m) log(n + m) + m * depth). Calls that do
-    not nest properly (clock jitter between the two tracers, e.g. siblings that overlap by a
-    nanosecond) are tolerated: a call is reported exactly when its span contains the event.
+    ``memory``: (ts, event index); ``intervals``: (start, end, name) of the thread's calls. Calls
+    that do not nest properly (clock jitter between the two tracers, e.g. siblings that overlap by
+    a nanosecond) are tolerated: a call is reported exactly when its span contains the event
+    (``nest.covering``).
     """
-    intervals.sort(key=lambda iv: (iv[0], -iv[1]))
+    ordered = outer_first(intervals, _START, _END)
     memory.sort()
     out: dict[int, list[dict[str, Any]]] = {}
-    stack: list[tuple[float, float, str]] = []
     previous: list[dict[str, Any]] = []
-    i, n = 0, len(intervals)
-    for ts, index in memory:
-        while i < n and intervals[i][0] <= ts:
-            start = intervals[i][0]
-            while stack and stack[-1][1] < start:
-                stack.pop()
-            stack.append(intervals[i])
-            i += 1
-        alive = [iv for iv in stack if iv[1] >= ts]
-        if len(alive) != len(stack):
-            # Calls that ended can enclose no later event (memory is sorted): drop them for good,
-            # also from under a call that is still running, so the stack never grows past the
-            # real depth plus the calls pushed since the previous event.
-            stack = alive
-        frames = [frame_of(iv[2]) for iv in reversed(stack)]
+    for (_, index), found in zip(memory, covering(ordered, [ts for ts, _ in memory])):
+        frames = [frame_of(iv[2]) for iv in reversed(found)]
         if frames == previous:  # identical frames compare by identity first: cheap
             frames = previous  # share the list: stored once in the pickle
         previous = frames

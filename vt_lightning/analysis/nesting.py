@@ -15,14 +15,13 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
-from itertools import compress, islice
-from operator import eq, itemgetter, lt
+from collections.abc import Iterable, Mapping
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
-from vt_lightning.analysis.nested_walk import nest_levels
+from vt_lightning.analysis.nest import DROP_PARENT, SKIP, covering, lanes, nests, outer_first, walk
 from vt_lightning.constants import (
     ANNOTATION_PREFIXES,
     CPU_OP_CATEGORY,
@@ -56,6 +55,7 @@ RANGE_TRACK_TID_BASE = 2_000_000_000
 RANGE_TRACK_LANE_STRIDE = 1 << 22
 _TS, _DUR, _NAME = itemgetter("ts"), itemgetter("dur"), itemgetter("name")
 _START, _END = itemgetter(0), itemgetter(1)
+NsSpan = tuple[int, int, dict[str, Any]]  # an event's start and end in integer ns, and the event
 
 
 def is_range_name(name: str) -> bool:
@@ -186,31 +186,33 @@ def repair_boundaries(
 
 
 def count_crossings(events: list[dict[str, Any]], threads: ThreadSpans | None = None) -> int:
-    """Python calls and torch ops of one thread that overlap without nesting (any amount)."""
+    """Python calls and torch ops of one thread that overlap without nesting (any amount): each one
+    that ends after the innermost open span of the other kind it starts in (``nest.walk``, every
+    span keeping its own end: open spans form a nested chain, so crossing any of them means
+    crossing the innermost)."""
     threads = threads if threads is not None else ThreadSpans(events)
-    by_thread: dict[Thread, list[tuple[float, float, bool]]] = defaultdict(list)
+    crossings = 0
     # A thread with no op (a DataLoader worker's, a helper thread) or no Python call has no crossing
     # to count: its spans are not even sorted.
-    both = threads.python.keys() & threads.ops.keys()
-    for kind, is_python in ((threads.python, True), (threads.ops, False)):
-        for key, thread_events in kind.items():
-            if key not in both:
-                continue
-            spans = by_thread[key]
-            for event in thread_events:
-                start = float(event["ts"])
-                spans.append((start, start + float(event["dur"]), is_python))
-    crossings = 0
-    for spans in by_thread.values():
-        spans.sort(key=lambda span: (span[0], -span[1]))
-        stack: list[tuple[float, float, bool]] = []
-        for start, end, is_python in spans:
-            while stack and stack[-1][1] <= start:
-                stack.pop()
-            # Open spans form a nested chain, so crossing any of them means crossing the innermost.
-            if stack and stack[-1][2] != is_python and stack[-1][1] < end:
+    for key in threads.python.keys() & threads.ops.keys():
+        spans = outer_first(
+            [
+                (start, start + float(event["dur"]), is_python)
+                for kind, is_python in ((threads.python, True), (threads.ops, False))
+                for event in kind[key]
+                for start in (float(event["ts"]),)
+            ],
+            _START,
+            _END,
+        )
+
+        def cross(i: int, top: int, _: float, spans: list[tuple[float, float, bool]] = spans) -> float:
+            nonlocal crossings
+            if spans[top][2] != spans[i][2]:
                 crossings += 1
-            stack.append((start, end, is_python))
+            return spans[i][1]
+
+        walk(map(_START, spans), map(_END, spans), crossing=cross)
     return crossings
 
 
@@ -250,25 +252,15 @@ def untangle_annotations(
         if not calls:
             continue
         calls[:] = outer_first(calls)
-        # (time, is_end, range start, range end): sweep the Python calls open at every range edge.
+        # (time, is_end, range start, range end): the Python calls open at every range edge
         points = sorted(
             (t, is_end, a["ts"], a["ts"] + a["dur"])
             for a in thread_ranges
             for t, is_end in ((a["ts"], False), (a["ts"] + a["dur"], True))
         )
-        stack: list[dict[str, Any]] = []
-        i = 0
-        for t, is_end, start, end in points:
-            while i < len(calls) and calls[i]["ts"] < t:
-                call = calls[i]
-                while stack and stack[-1]["ts"] + stack[-1]["dur"] <= call["ts"]:
-                    stack.pop()
-                stack.append(call)
-                i += 1
-            for call in stack:
-                c_start, c_end = call["ts"], call["ts"] + call["dur"]
-                if not c_start < t < c_end:
-                    continue
+        spans = [(call["ts"], call["ts"] + call["dur"], call) for call in calls]
+        for (t, is_end, start, end), found in zip(points, covering(spans, [point[0] for point in points], False)):
+            for c_start, c_end, call in found:
                 new_start, new_end = cuts.get(id(call), (call, c_start, c_end))[1:]
                 if not is_end and c_end < end:  # opened the range, returned inside it
                     cuts[id(call)] = (call, new_start, min(new_end, t))
@@ -291,29 +283,22 @@ def untangle_annotations(
             if bounds is not None:
                 bounds[key] = list(zip(grid_ts, grid_end, map(_NAME, calls)))
             continue
-        # the open calls' ends, innermost last, above a NaN that no comparison pops or cuts against
-        ends: list[float] = [math.nan]
-        pop, push = ends.pop, ends.append
         in_order = key in ordered
-        bound = bounds.setdefault(key, []).append if snap and in_order and bounds is not None else None
-        for call in calls if in_order else outer_first(calls):
-            ts = call["ts"]
-            dur = call["dur"]
-            end = ts + dur
-            while ends[-1] <= ts:
-                pop()
-            if end > ends[-1]:
-                _set_bounds(call, ts, ends[-1])
-                cuts[id(call)] = (call, 0.0, 0.0)
-                threads.cut.add(key)
-                ts = call["ts"]
-                dur = call["dur"]
-                end = ts + dur
-            push(end)
-            if snap:
-                if type(ts) is not float or type(dur) is not float:
-                    ts = float(ts)
-                    end = ts + float(dur)
+        walked = calls if in_order else outer_first(calls)
+
+        def cut(i: int, _: int, parent_end: float, walked: list[dict[str, Any]] = walked, key: Thread = key) -> float:
+            call = walked[i]  # a call outliving the call it starts in: cut at that call's end
+            _set_bounds(call, call["ts"], parent_end)
+            cuts[id(call)] = (call, 0.0, 0.0)
+            threads.cut.add(key)
+            return call["ts"] + call["dur"]
+
+        walk([call["ts"] for call in walked], [call["ts"] + call["dur"] for call in walked], crossing=cut)
+        if snap:
+            bound = bounds.setdefault(key, []).append if in_order and bounds is not None else None
+            for call in walked:  # as merge.snap_to_nanoseconds would, each call once settled
+                ts = float(call["ts"])
+                end = ts + float(call["dur"])
                 start_ns = round(ts * 1000)
                 end_ns = round(end * 1000)
                 snapped_dur = (end_ns - start_ns if end_ns > start_ns else 0) / 1000
@@ -336,9 +321,9 @@ SnappedCalls = tuple[list[float], list[float], list[float], bool]
 
 def nest_uncut(starts: np.ndarray, lengths: np.ndarray) -> bool:
     """Whether ``untangle_annotations``' last loop cuts none of an in-order thread's calls
-    (``starts``, ``lengths``: their ``ts`` and ``dur``, outer-first): its stack of open ends, the
-    same test on the same ends (``start + length``), as ``nested_walk.nest_levels`` answers it."""
-    return not len(starts) or nest_levels(starts, starts + lengths) is not None
+    (``starts``, ``lengths``: their ``ts`` and ``dur``, outer-first): the same test on the same
+    ends (``start + length``), as ``nest.nests`` answers it."""
+    return nests(starts, starts + lengths)
 
 
 def snap_arrays(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -348,34 +333,6 @@ def snap_arrays(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np
     start_ns = np.rint(starts * 1000) + 0.0
     end_ns = np.rint((starts + lengths) * 1000) + 0.0
     return start_ns / 1000, np.where(end_ns > start_ns, end_ns - start_ns, 0.0) / 1000
-
-
-def outer_first(items: list[Any], start: Callable[[Any], Any] = _TS, length: Callable[[Any], Any] = _DUR) -> list[Any]:
-    """``items`` by ``start``, the longer first at equal starts (equal ones in their order): what
-    ``sorted(key=lambda e: (e["ts"], -e["dur"]))`` gives, without a tuple and a lambda call per
-    item. One sort on a C-level key (a thread's calls come nearly in order: almost linear), then
-    only the runs of equal starts, usually none, are sorted by length. Items already in strictly
-    increasing starts (a DataLoader worker's calls once placed) are outer-first as given: checked
-    at C speed, they skip the sort."""
-    # lazily, so items out of order (a raw dump's, by end) cost only the first few keys
-    if all(map(lt, map(start, items), map(start, islice(items, 1, None)))):
-        return list(items)
-    # the starts in the sorted order, without reading the items again in that order (each read
-    # there is a cache miss): sorting the keys alone takes the same steps, so gives the same list
-    starts = sorted(map(start, items))
-    ordered = sorted(items, key=start)
-    if all(map(lt, starts, islice(starts, 1, None))):  # no equal starts, the usual case
-        return ordered
-    run_end = -1
-    # i where starts[i] == starts[i + 1], found without a Python-level loop over every item
-    for i in compress(range(len(starts) - 1), map(eq, starts, islice(starts, 1, None))):
-        if i < run_end:
-            continue  # inside the run sorted already
-        run_end = i + 1
-        while run_end < len(starts) and starts[run_end] == starts[i]:
-            run_end += 1
-        ordered[i:run_end] = sorted(ordered[i:run_end], key=length, reverse=True)  # keeps equal ones in order
-    return ordered
 
 
 def call_key(event: Mapping[str, Any]) -> Thread:
@@ -423,26 +380,21 @@ def separate_crossing_ranges(
     cut = 0
     for key, spans in by_thread.items():
         spans[:] = outer_first(spans, _START, _END)  # by (start, -end)
-        stack: list[tuple[int, int, dict[str, Any]]] = []
-        for span in spans:
-            start, end, event = span
-            while True:
-                while stack and stack[-1][1] <= start:
-                    stack.pop()
-                if not stack or stack[-1][1] >= end:
-                    stack.append(span)
-                    break
-                top = stack[-1]
-                if event.get("cat") != PYTHON_CATEGORY:
-                    moved[key].append(span)
-                    break
-                if top[2].get("cat") != PYTHON_CATEGORY:
-                    moved[key].append(stack.pop())  # the range moves; the call may nest in the next one
-                    continue
-                _set_bounds(event, event["ts"], top[1] / 1000)  # a call outliving its parent call
-                span = (start, top[1], event)
-                end = top[1]
-                cut += 1
+
+        def settle(i: int, top: int, top_end: float, spans: list[NsSpan] = spans, key: Thread = key) -> Any:
+            nonlocal cut
+            event = spans[i][2]
+            if event.get("cat") != PYTHON_CATEGORY:
+                moved[key].append(spans[i])  # a range crossing: it moves
+                return SKIP
+            if spans[top][2].get("cat") != PYTHON_CATEGORY:
+                moved[key].append(spans[top])  # the range moves; the call may nest in the next one
+                return DROP_PARENT
+            _set_bounds(event, event["ts"], top_end / 1000)  # a call outliving its parent call
+            cut += 1
+            return top_end
+
+        walk(map(_START, spans), map(_END, spans), crossing=settle)
     if moved:
         events.extend(_range_tracks(events, moved))
     return sum(len(spans) for spans in moved.values()), cut
@@ -459,21 +411,12 @@ def _range_tracks(
     }
     meta: list[dict[str, Any]] = []
     for (pid, tid), spans in moved.items():
-        lanes: list[list[tuple[int, int, dict[str, Any]]]] = []  # each lane: the stack of open spans
-        for start, end, event in sorted(spans, key=lambda span: (span[0], -span[1])):
-            for lane in lanes:
-                while lane and lane[-1][1] <= start:
-                    lane.pop()
-                if not lane or lane[-1][1] >= end:
-                    break
-            else:
-                lane = []
-                lanes.append(lane)
-            lane.append((start, end, event))
-            number = lanes.index(lane)
+        ordered = outer_first(spans, _START, _END)
+        numbers = lanes([span[0] for span in ordered], [span[1] for span in ordered])
+        for (_, _, event), number in zip(ordered, numbers):
             event["tid"] = _lane_tid(tid, number)
             event.setdefault("args", {})["vt_lightning.thread"] = tid
-        for number in range(len(lanes)):
+        for number in range(max(numbers) + 1):
             lane_tid = _lane_tid(tid, number)
             label = f"{names.get((pid, tid), tid)} · torch ranges" + (f" {number + 1}" if number else "")
             meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": lane_tid, "args": {"name": label}})

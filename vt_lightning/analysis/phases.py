@@ -13,6 +13,8 @@ import itertools
 from bisect import bisect_right
 from collections.abc import Sequence
 
+import numpy as np
+
 from vt_lightning.analysis.breakdown import Range, attribute_step
 from vt_lightning.analysis.spans import Span
 
@@ -32,6 +34,10 @@ class PhaseSegments:
         """The part running at ``ts``."""
         i = bisect_right(self.starts, ts) - 1
         return self.parts[i] if i >= 0 else OUTSIDE
+
+    def segments_at(self, times: np.ndarray) -> np.ndarray:
+        """For each of ``times``, 1 + the index of the segment it falls in (0: before the first)."""
+        return np.digitize(times, np.asarray(self.starts, dtype=float))
 
 
 def phase_segments(steps: Sequence[Span], ranges: Sequence[Range]) -> PhaseSegments | None:

@@ -19,7 +19,7 @@ from vt_lightning.analysis.python_tables import EntryTimes, PythonStats
 from vt_lightning.analysis.spans import Span, launches_by_correlation, x_events
 from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.summary_devices import RUNTIME_CATEGORIES
-from vt_lightning.analysis.sweep import Nested, by_start, nest
+from vt_lightning.analysis.trace import Call, Calls, Thread
 from vt_lightning.constants import (
     CPU_OP_CATEGORY,
     GC_SPAN_PREFIX,
@@ -29,9 +29,6 @@ from vt_lightning.constants import (
     TRACE_METADATA_KEY,
     USER_ANNOTATION_CATEGORY,
 )
-
-Thread = tuple[Any, Any]  # (pid, tid) as the trace has them
-Call = tuple[float, float, str]  # a Python call: start µs, end µs, VizTracer's function name
 
 
 def _step_number(name: str) -> int | None:
@@ -71,7 +68,7 @@ class WindowData:
 
     trace: Mapping[str, Any]
     meta: Mapping[str, Any]  # the trace's vt_lightning metadata block
-    python_calls: dict[Thread, list[Call]]  # each thread's Python calls, in the trace's order
+    python_calls: dict[Thread, Calls]  # each thread's Python calls, in the trace's order
     rest: list[dict[str, Any]]  # the complete events but the ordinary Python calls, in the trace's order
     memory: list[dict[str, Any]]  # torch's ``[memory]`` instants, in the trace's order
     steps: dict[int, Span]  # every recorded step
@@ -92,18 +89,6 @@ class WindowData:
         return launches_by_correlation(self.rest, RUNTIME_CATEGORIES)
 
     @cached_property
-    def _nested(self) -> dict[Thread, Nested]:
-        return {}
-
-    def nested(self, thread: Thread) -> Nested:
-        """``sweep.nest`` of ``thread``'s whole ``python_calls``, computed once per thread: the
-        workers' tables and the verdicts' timelines of the same thread share one sort."""
-        found = self._nested.get(thread)
-        if found is None:
-            found = self._nested[thread] = nest(self.python_calls.get(thread, ()))
-        return found
-
-    @cached_property
     def whole_threads(self) -> PythonStats:
         """The Python tables of the threads ``walk`` went through, each thread whole (unclipped,
         without phases): the DataLoader workers' tables read them."""
@@ -114,14 +99,14 @@ class WindowData:
         return {}
 
     def walk(self, thread: Thread) -> EntryTimes:
-        """One walk over ``thread``'s whole ``nested`` calls, once per thread: its tables into
-        ``whole_threads`` and its entry times (``verdicts/window.entry_times``), returned; the
-        workers' tables and ``input_bound`` read a worker thread through it."""
+        """``thread``'s whole calls, once per thread: its tables into ``whole_threads`` and its
+        entry times (``PythonStats.entry_times``), returned; the workers' tables and
+        ``input_bound`` read a worker thread through it."""
         found = self._walks.get(thread)
         if found is None:
-            nested = self._nested.get(thread)
-            ordered = nested[0] if nested is not None else by_start(self.python_calls.get(thread, ()))
-            found = self._walks[thread] = self.whole_threads.sweep_entries(thread, ordered)
+            calls = self.python_calls.get(thread) or Calls.of([])
+            distinct, codes = self.whole_threads.add(thread, calls.nest, calls.ordered_names)
+            found = self._walks[thread] = self.whole_threads.entry_times(calls.nest, distinct, codes)
         return found
 
     @property
@@ -250,4 +235,5 @@ def read_window(
     ranges, source, found_hooks = stage_ranges_of(
         on_thread, calls.get(thread, []) if thread is not None else [], hooks if isinstance(hooks, dict) else None
     )
-    return WindowData(trace, meta, calls, rest, memory, steps, thread, ranges, source, found_hooks)
+    tables = {key: Calls.of(found) for key, found in calls.items()}
+    return WindowData(trace, meta, tables, rest, memory, steps, thread, ranges, source, found_hooks)

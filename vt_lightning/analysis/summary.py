@@ -33,9 +33,12 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  # re-exported
 from vt_lightning.analysis.breakdown import attribute_step, reported
 from vt_lightning.analysis.compile import compile_summary
+from vt_lightning.analysis.nest import Nest
 from vt_lightning.analysis.phases import PhaseSegments, phase_segments
 from vt_lightning.analysis.python_tables import (
     FOLDED_ORIGINS,
@@ -63,7 +66,7 @@ from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.steps import WindowData, read_window
 from vt_lightning.analysis.steps import find_steps as find_steps  # re-exported
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
-from vt_lightning.analysis.sweep import nest
+from vt_lightning.analysis.trace import Calls
 from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES
 from vt_lightning.analysis.verdicts import find_verdicts
 from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY
@@ -153,7 +156,7 @@ def top_python(
 
 
 def _top_python_of(
-    calls: Mapping[Thread, Sequence[tuple[float, float, str]]],
+    calls: Mapping[Thread, Calls],
     steps: int,
     region: Span | None,
     phases: PhaseSegments | None,
@@ -246,23 +249,19 @@ def top_ops(
     stats: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, total, self
     op_spans: dict[Any, tuple[list[float], list[tuple[float, float, str]]]] = {}
     for thread, found in by_thread.items():
-        ops, _, parents = nest(found, clip=False)  # an op's time is its own, even past its parent's end
-        child_us = [0.0] * len(ops)
-        stack: list[int] = []
-        for i, (start, end, name) in enumerate(ops):
-            while stack and stack[-1] != parents[i]:
-                done = stack.pop()
-                stats[ops[done][2]][2] += max(ops[done][1] - ops[done][0] - child_us[done], 0.0)
-            dur = end - start
+        # an op's time is its own, even past its parent's end
+        nest = Nest([op[0] for op in found], [op[1] for op in found], clip=False)
+        ops = [found[i] for i in nest.order.tolist()]
+        lengths = nest.lengths.tolist()
+        for (_, _, name), dur in zip(ops, lengths):
             stat = stats[name]
             stat[0] += 1
             stat[1] += dur
-            if stack:
-                child_us[stack[-1]] += dur
-            stack.append(i)
-        while stack:
-            done = stack.pop()
-            stats[ops[done][2]][2] += max(ops[done][1] - ops[done][0] - child_us[done], 0.0)
+        inner = nest.parents >= 0
+        children = np.bincount(nest.parents[inner], weights=nest.lengths[inner], minlength=len(ops))
+        own = np.maximum(nest.lengths - children, 0.0).tolist()
+        for done in nest.closing.tolist():
+            stats[ops[done][2]][2] += own[done]
         op_spans[thread] = ([o[0] for o in ops], ops)
     by_cpu = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:limit]
     out: TopOps = {
@@ -382,7 +381,9 @@ def summarize(
             phase_segments([steps[n] for n in counted], ranges),
         ),
         "top_ops": top_ops(rest, len(counted), region=region, launches=data.launches),
-        "gpu": gpu_summary(rest, span, thread, calls=data.python_calls.get(thread, []) if thread else [])
+        "gpu": gpu_summary(
+            rest, span, thread, calls=(data.python_calls.get(thread) if thread else None) or Calls.of([])
+        )
         if recorded
         else None,
         "memory": memory_summary(data.memory, memory_snapshot),

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from vt_lightning.analysis.merge import TorchPlacement
+from vt_lightning.analysis.nest import outer_first_order
 from vt_lightning.analysis.nesting import nest_uncut, snap_arrays
 from vt_lightning.analysis.python_tables import PythonStats, python_stats
 from vt_lightning.analysis.schedule import Schedule
@@ -138,7 +139,7 @@ def place_events(
     contract but a missing name and the unrun steps' marks with them), so the merge need not walk
     them again; the other events stay on the main process's clock, for the merge to place.
     ``ordered`` (with ``to_torch``): a thread whose calls are all complete is filed outer-first
-    (``nesting.outer_first``: the order the filter sorts a thread into), and gets its calls'
+    (``nest.outer_first``: the order the filter sorts a thread into), and gets its calls'
     distinct names here, for the filter; where ``untangle_annotations`` would cut none of them,
     ``to_torch.settled`` gets them as it would leave them (on the nanosecond grid), and they are
     written so at once where ``settle`` says of their names that the filter reads no time of theirs
@@ -209,7 +210,7 @@ def place_events(
             if key in mixed or ordered is None or names is None:
                 _write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY)
             else:  # filed outer-first, and settled here where untangle_annotations would not cut
-                order = _outer_first(start_array, dur_array)
+                order = outer_first_order(start_array, dur_array)
                 ordered[key] = names
                 written = False
                 if nest_uncut(start_array[order], dur_array[order]):
@@ -272,17 +273,6 @@ def _place_calls(
     end = start + length
     end = end + to_torch.offset + _drift(to_torch, end)
     return placed, np.where(end > placed, end - placed, 0.0)
-
-
-def _outer_first(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The order ``nesting.outer_first`` puts calls in (by start, the longer first at equal starts,
-    equal ones in their order), from their starts and lengths: one stable sort of the starts (a
-    thread's calls come nearly in order), and by both keys only where two starts are equal."""
-    order = np.argsort(starts, kind="stable")
-    in_order = starts[order]
-    if (in_order[1:] == in_order[:-1]).any():
-        order = np.lexsort((-lengths, starts))
-    return order
 
 
 def _drift(to_torch: TorchPlacement, at: Any) -> Any:
@@ -460,7 +450,7 @@ def worker_summary(
             elif event.get("cat") == FETCH_CATEGORY:
                 fetches[pid].append((int(event.get("args", {}).get("batch", -1)), float(event.get("dur", 0.0))))
         everything = [e for pid in pids for e in python_by_pid[pid]]
-        stats = python_stats(everything)  # one sweep per thread feeds each worker's table and the overall one
+        stats = python_stats(everything)  # one nest per thread feeds each worker's table and the overall one
     threads_of: dict[Any, list[Any]] = {pid: [] for pid in pids}
     for thread in stats.threads:
         threads_of[thread[0]].append(thread)
