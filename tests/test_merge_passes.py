@@ -1,6 +1,8 @@
-"""The merge's passes as one pipeline (issue 39 fused and skipped some): whatever the events, every
-thread of the merged trace nests on the nanosecond grid Perfetto reads, and the contract check,
-the unrun steps' removal and the per-thread grouping done in one pass behave as the three did."""
+"""The merge's passes as one pipeline (issue 39 fused some): whatever the events, every thread of
+the merged trace nests on the nanosecond grid Perfetto reads; the contract check, the unrun steps'
+removal and the per-thread grouping done in one pass behave as the passes run apart (written out
+here as the reference); and the DataLoader workers' calls, placed as they are read, merge as if
+the merge had placed them."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from vt_lightning.analysis.merge import (
     FALLBACK_CATEGORY,
     PYTHON_CATEGORY,
     STAMP_JITTER_US,
+    PythonParts,
     merge_metadata_events,
     merge_trace,
     merge_window,
@@ -27,12 +30,12 @@ from vt_lightning.analysis.merge import (
     time_origin_us,
 )
 from vt_lightning.analysis.nesting import (
-    ThreadSpans,
     repair_boundaries,
     separate_crossing_ranges,
     untangle_annotations,
 )
-from vt_lightning.analysis.steps import classify
+from vt_lightning.analysis.summary import summarize
+from vt_lightning.analysis.trace import ThreadSpans, WindowTrace
 from vt_lightning.constants import STEP_PREFIX
 
 BASE_NS = 1_700_000_000_000_000_000
@@ -268,38 +271,6 @@ def test_the_fused_merge_writes_the_bytes_of_its_passes_run_apart(
     assert merged["vt_lightning"]["nesting"]["cut_at_annotations"] == cut
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(torch_event, max_size=8),
-    st.lists(python_event, max_size=30),
-    st.integers(0, 30),
-    st.integers(0, 30),
-    st.sampled_from([[0], [0, 1], []]),
-)
-@pytest.mark.unit
-def test_a_run_held_apart_is_merged_as_before_and_found_where_it_went(
-    torch_events: list[dict[str, Any]], python_events: list[dict[str, Any]], a: int, b: int, steps: list[int]
-) -> None:
-    # The pipeline hands the DataLoader workers' calls over as one run of the Python events: the
-    # trace must be the one merge_trace writes, and the range must hold exactly that run's events
-    # the merge kept (metadata leaves for the head, unrun steps leave), in their order.
-    start, stop = sorted((min(a, len(python_events)), min(b, len(python_events))))
-    copy = orjson.loads(orjson.dumps([torch_events, python_events]))
-    expected = merge_trace({"traceEvents": copy[0]}, copy[1], _calibration(0.1), {"version": "t", "steps": steps})
-    run_events = python_events[start:stop]
-    merged, run = merge_window(
-        {"traceEvents": torch_events},
-        python_events,
-        _calibration(0.1),
-        {"version": "t", "steps": steps},
-        apart=range(start, stop),
-    )
-    assert orjson.dumps(merged) == orjson.dumps(expected)
-    events = merged["traceEvents"]
-    kept = [e for e in run_events if any(e is x for x in events) and e.get("ph") != "M"]
-    assert [id(e) for e in events[run.start : run.stop]] == [id(e) for e in kept]
-
-
 worker_event = st.fixed_dictionaries(
     {
         "ph": st.sampled_from(["X", "X", "X", "X", "B", "i", "M"]),
@@ -357,9 +328,7 @@ def test_workers_calls_placed_on_torchs_timeline_as_they_are_read_merge_as_if_th
     metadata = {"version": "t", "steps": steps} if steps is not None else {"version": "t"}
     rules = PythonFilter(max_depth=max_depth, own=("/u/vt_lightning/",), library=())
 
-    bounds: dict[Any, list[tuple[float, float, str]]] = {}
-
-    def merged(placing: bool, settling: bool = False) -> tuple[bytes, list[dict[str, Any]], bytes, range]:
+    def merged(placing: bool, settling: bool = False) -> tuple[bytes, WindowTrace, bytes]:
         torch_copy, main, dump = orjson.loads(orjson.dumps([torch_events, python_events, worker]))
         origin = time_origin_us(torch_copy)
         to_torch = torch_placement(calibration, origin, ran_steps(metadata.get("steps")))
@@ -371,49 +340,40 @@ def test_workers_calls_placed_on_torchs_timeline_as_they_are_read_merge_as_if_th
             place_events(dump, clock, {3}, grouped, to_torch, ordered, settle)
         else:
             place_events(dump, clock, {3}, grouped)
-        kept_groups: dict[Any, list[dict[str, Any]]] = {}
-        out, _ = filter_python_events(main, rules, grouped, kept_groups, ordered)
-        worker_calls = {id(e) for calls in grouped[0].values() for e in calls}
-        apart = range(next((i for i, e in enumerate(out) if id(e) in worker_calls), len(out)), len(out))
-        run_events = orjson.loads(orjson.dumps(out[apart.start : apart.stop]))
-        if not placing:  # as the merge places them: the doubles before the snap rounds their last bits
-            run_events = place_python_events(run_events, calibration, origin, to_torch.ran)[0]
-        trace, run = merge_window(
-            {"traceEvents": torch_copy},
-            out,
-            calibration,
-            metadata,
-            apart=apart,
-            origin_us=origin if placing else None,
-            placed=(to_torch, kept_groups) if placing and len(apart) else None,
-            bounds=bounds if placing else None,
-        )
+        others, kept, _ = filter_python_events(main, rules, grouped, ordered)
+        workers = {key: calls for key, calls in kept.items() if key in grouped[0]}
+        before = others + [call for key, calls in kept.items() if key not in grouped[0] for call in calls]
+        worker_calls = orjson.loads(orjson.dumps([call for calls in workers.values() for call in calls]))
+        if placing:
+            parts = PythonParts(before, workers, [], to_torch if workers else None)
+        else:  # as the merge places them: the doubles before the snap rounds their last bits
+            parts = PythonParts(before + [call for calls in workers.values() for call in calls])
+            worker_calls = place_python_events(worker_calls, calibration, origin, to_torch.ran)[0]
+        trace = merge_window({"traceEvents": torch_copy}, parts, calibration, metadata, origin_us=origin)
         # what is not X is snapped once placed (by the merge, or by place_python_events)
         placed_times = orjson.dumps(
-            [(e["ts"] if e["ph"] == "X" else round(e["ts"] * 1000) / 1000, e.get("dur"), e["cat"]) for e in run_events]
-        )
-        return orjson.dumps(trace), trace["traceEvents"][run.start : run.stop], placed_times, run
+            [(e["ts"] if e["ph"] == "X" else round(e["ts"] * 1000) / 1000, e.get("dur"), e["cat"])
+             for e in worker_calls]
+        )  # fmt: skip
+        return orjson.dumps(trace.as_dict()), trace, placed_times
 
-    expected, expected_run, expected_placed, _ = merged(placing=False)
-    got, got_run, got_placed, run = merged(placing=True)
+    expected, _, expected_placed = merged(placing=False)
+    got, _, got_placed = merged(placing=True)
     assert got_placed == expected_placed
     assert got == expected
-    assert orjson.dumps(got_run) == orjson.dumps(expected_run)
-    bounds.clear()
-    got, got_run, _, run = merged(placing=True, settling=True)
+    got, trace, _ = merged(placing=True, settling=True)
     assert got == expected
-    assert orjson.dumps(got_run) == orjson.dumps(expected_run)
-    # The calls the merge hands the summary are the run's, as a reader of the trace reads them.
-    for thread, calls in bounds.items():
-        read = [
-            (e["ts"], e["ts"] + e["dur"], e["name"])
-            for e in got_run
-            if (e["pid"], e["tid"]) == thread and e["ph"] == "X"
-        ]
-        assert calls == read, thread
-    if bounds and sum(map(len, bounds.values())) == len(got_run):
-        events = orjson.loads(got)["traceEvents"]
-        assert classify(events, run, bounds) == classify(events)
+    # The calls a thread's table hands the summary (taken as placed where settled) are the ones a
+    # reader of the written trace reads, and so is the summary.
+    read_back = WindowTrace.of(orjson.loads(got))
+    for thread in trace.python_threads():
+        taken, read = trace.calls(thread), read_back.calls(thread)
+        assert (taken.starts.tolist(), taken.ends.tolist(), taken.names) == (
+            read.starts.tolist(),
+            read.ends.tolist(),
+            read.names,
+        ), thread
+    assert summarize(trace) == summarize(read_back)
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,6 +1,6 @@
 """The "Lightning" view of torch-tb-profiler 0.4.3: how to write it into a trace.
 
-``apply_lightning_view(trace)``: pure post-processing of one trace dict. torch exports
+``apply_lightning_view(trace)``: pure post-processing of one window's trace (``trace.WindowTrace``). torch exports
 ``record_function`` ranges with ``cat: "user_annotation"`` but the plugin only builds the view from
 ``cpu_op`` events, and only when the top-level ``"Framework": "pytorch-lightning"`` is set. The
 ranges themselves are recorded in the training process by
@@ -34,6 +34,7 @@ from operator import itemgetter
 from typing import Any
 
 from vt_lightning.analysis.nest import SKIP, outer_first, walk
+from vt_lightning.analysis.trace import WindowTrace
 from vt_lightning.constants import (
     CPU_OP_CATEGORY,
     FRAMEWORK_KEY,
@@ -165,7 +166,7 @@ def _rejected_module_events(tree_events: list[dict[str, Any]], modules: set[int]
     return bad
 
 
-def apply_lightning_view(trace: dict[str, Any], events: list[dict[str, Any]] | None = None) -> dict[str, int]:
+def apply_lightning_view(trace: WindowTrace) -> dict[str, int]:
     """Make torch-tb-profiler offer the "Lightning" view for this trace; mutates ``trace``.
 
     Rewrites ``[pl][module]`` / ``[pl][profile]`` ``user_annotation`` X events to ``cpu_op``, except
@@ -173,19 +174,12 @@ def apply_lightning_view(trace: dict[str, Any], events: list[dict[str, Any]] | N
     are ignored by it), adds one ``[pl][profile]ProfilerStep#N`` per step when there is no stage
     range, and sets ``"Framework": "pytorch-lightning"`` before ``traceEvents`` (which stays last).
     Does nothing when no module range survives (the view would be empty and ``Framework`` would hide
-    torch's Module view). Returns counts, also stored in ``trace["vt_lightning"]["lightning_view"]``
-    when that metadata dict exists.
-
-    ``events``: the events to read, when not all of ``traceEvents`` (the training process's, less
-    the DataLoader workers' calls: no range of theirs is a module, stage or step); the step ranges
-    added go to ``traceEvents``.
+    torch's Module view). Returns counts, also stored in the trace's ``vt_lightning`` metadata when
+    it has one. Reads the events outside the Python part (``WindowTrace.other_events``): no Python
+    call is a module, stage or step.
     """
-    all_events = trace.get("traceEvents")
-    if not isinstance(all_events, list):
-        all_events = []
-    if events is None:
-        events = all_events
-    # One pass, skipping VizTracer's calls (most of a window): never a module, stage or tree event.
+    events = trace.other_events()
+    # One pass, skipping VizTracer's calls: never a module, stage or tree event.
     modules: list[dict[str, Any]] = []
     stages: list[dict[str, Any]] = []
     tree_events: list[dict[str, Any]] = []
@@ -243,20 +237,16 @@ def apply_lightning_view(trace: dict[str, Any], events: list[dict[str, Any]] | N
                 }
                 for e in steps
             ]
-            all_events.extend(synthesized)
+            trace.add(synthesized)
             summary["synthesized_stages"] = len(synthesized)
         summary["modules"] = len(kept)
         summary["stages"] = len(stages)
         summary["framework"] = 1
-        body = trace.pop("traceEvents", all_events)
-        trace[FRAMEWORK_KEY] = FRAMEWORK_LIGHTNING
-        trace["traceEvents"] = body
+        trace.header[FRAMEWORK_KEY] = FRAMEWORK_LIGHTNING
 
-    meta = trace.get(TRACE_METADATA_KEY)
+    meta = trace.header.get(TRACE_METADATA_KEY)
     if isinstance(meta, dict):
         meta["lightning_view"] = dict(summary)
-        if "traceEvents" in trace:  # keep traceEvents last
-            trace["traceEvents"] = trace.pop("traceEvents")
     return summary
 
 

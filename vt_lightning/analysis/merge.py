@@ -21,15 +21,15 @@ import orjson
 from vt_lightning.analysis.clock import Calibration
 from vt_lightning.analysis.nesting import (
     SnappedCalls,
-    Thread,
-    ThreadSpans,
     repair_boundaries,
     separate_crossing_ranges,
     untangle_annotations,
 )
+from vt_lightning.analysis.trace import MEMORY_EVENT, Calls, Thread, ThreadSpans, WindowTrace
 from vt_lightning.constants import (
     PYTHON_CATEGORY,
     STEP_PREFIX,
+    TRACE_METADATA_KEY,
 )
 
 FALLBACK_CATEGORY = "unknown"
@@ -152,15 +152,20 @@ def torch_placement(calibration: Calibration, origin_us: int, ran: set[str] | No
     return TorchPlacement(t0=t0, span=t1 - t0, offset=offset, slope=slope, ran=ran)
 
 
-def _settle(events: list[dict[str, Any]], ran: set[str] | None, snap: bool) -> tuple[int, ThreadSpans, bool]:
+def _settle(
+    events: list[dict[str, Any]], ran: set[str] | None, snap: bool
+) -> tuple[int, ThreadSpans, bool, list[dict[str, Any]], list[dict[str, Any]]]:
     """In one pass over the window's events: give every event a name and every X event a string
     cat/ts/dur (the trace contract), mark the ``ProfilerStep#N`` ranges opened for a batch that
     never ran (training ended first; only when ``ran`` is given) for the caller to remove, and
-    group the rest into ``ThreadSpans``. Returns (events fixed, the groups, whether one was
-    marked). ``snap``: put every event that is not X on the nanosecond grid as
+    file the rest: the X events into ``ThreadSpans``, the ``[memory]`` instants and the metadata
+    events in lists. Returns (events fixed, the groups, whether one was marked, the instants, the
+    metadata). ``snap``: put every event that is not X on the nanosecond grid as
     ``snap_to_nanoseconds`` would (no nesting pass reads them)."""
     threads = ThreadSpans()
     add = threads.add
+    memory: list[dict[str, Any]] = []
+    metadata: list[dict[str, Any]] = []
     dropped = False
     fixed = 0
     for event in events:
@@ -172,9 +177,14 @@ def _settle(events: list[dict[str, Any]], ran: set[str] | None, snap: bool) -> t
         if unrun:
             event["name"] = _UNRUN  # marked: the list is rebuilt without them by the caller
             dropped = True
-        if event.get("ph") != "X":
+        ph = event.get("ph")
+        if ph != "X":
             if snap and "ts" in event:
                 event["ts"] = round(float(event["ts"]) * 1000) / 1000
+            if ph == "M":
+                metadata.append(event)
+            elif ph == "i" and name == MEMORY_EVENT:
+                memory.append(event)
             continue
         cat = event.get("cat")
         if not isinstance(cat, str):
@@ -188,16 +198,17 @@ def _settle(events: list[dict[str, Any]], ran: set[str] | None, snap: bool) -> t
             fixed += 1
         if not unrun:
             add(event, cat, name)
-    return fixed, threads, dropped
+    return fixed, threads, dropped, memory, metadata
 
 
 def place_python_events(
     events: Iterable[dict[str, Any]], calibration: Calibration, origin_us: int, ran: set[str] | None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[Thread, list[dict[str, Any]]], int, bool]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[Thread, list[dict[str, Any]]], int, bool, list[Any]]:
     """Place VizTracer events on torch's timeline (less ``origin_us``) and, in the same loop, do
     what ``_settle`` does to them (the contract, the unrun steps' marks, the calls grouped per
     thread) and snap those that are not X. Returns (timed, metadata, calls per thread, fixed,
-    marked). One loop over the Python events, most of a window's.
+    marked, the timed events that are no complete call). One loop over the Python events, most of
+    a window's.
 
     Start and end of each call go through the same monotonic map (offset plus interpolated drift),
     so calls that nest on VizTracer's clock nest on torch's; shifting ``ts`` alone and keeping
@@ -206,6 +217,7 @@ def place_python_events(
     """
     timed: list[dict[str, Any]] = []
     meta: list[dict[str, Any]] = []
+    loose: list[dict[str, Any]] = []
     calls: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
     fixed = 0
     dropped = False
@@ -254,6 +266,7 @@ def place_python_events(
         if not is_x:
             if has_ts:  # snap_to_nanoseconds' part: no nesting pass reads an event that is not X
                 event["ts"] = round(start * 1000) / 1000
+                loose.append(event)
             continue
         if not has_ts:
             event["ts"] = 0.0
@@ -264,7 +277,7 @@ def place_python_events(
                 last_pid, last_tid = pid, tid
                 thread_calls = calls[(pid, tid)]
             thread_calls.append(event)
-    return timed, meta, calls, fixed, dropped
+    return timed, meta, calls, fixed, dropped, loose
 
 
 def _name_calls(calls: list[dict[str, Any]], ran: set[str] | None) -> tuple[int, bool]:
@@ -292,6 +305,20 @@ def _snap_spans(groups: Iterable[Mapping[Thread, list[dict[str, Any]]]]) -> None
                 event["ts"] = start / 1000
 
 
+@dataclass
+class PythonParts:
+    """A window's Python events as the merge takes them, in the file's order: ``before`` (to place:
+    the training process's events, and the DataLoader workers' when not placed as read),
+    ``workers`` (the workers' calls per thread, on torch's timeline already: ``placement`` placed
+    them as they were read, ``workers.place_events``), ``after`` (to place: the gc pauses and the
+    compile spans)."""
+
+    before: list[dict[str, Any]]
+    workers: dict[Thread, list[dict[str, Any]]] = field(default_factory=dict)
+    after: list[dict[str, Any]] = field(default_factory=list)
+    placement: TorchPlacement | None = None
+
+
 def merge_trace(
     torch_trace: Mapping[str, Any],
     python_events: Iterable[dict[str, Any]],
@@ -300,79 +327,64 @@ def merge_trace(
     thread_names: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """One trace dict: torch's keys, ``vt_lightning`` metadata, then ``traceEvents`` last."""
-    return merge_window(torch_trace, python_events, calibration, vt_metadata, thread_names)[0]
+    return merge_window(torch_trace, PythonParts(list(python_events)), calibration, vt_metadata, thread_names).as_dict()
 
 
 def merge_window(
     torch_trace: Mapping[str, Any],
-    python_events: Iterable[dict[str, Any]],
+    python: PythonParts,
     calibration: Calibration,
     vt_metadata: Mapping[str, Any],
     thread_names: Mapping[int, str] | None = None,
-    apart: range | None = None,
     origin_us: int | None = None,
-    placed: tuple[TorchPlacement, Mapping[Thread, list[dict[str, Any]]]] | None = None,
-    bounds: dict[Thread, list[tuple[float, float, str]]] | None = None,
-) -> tuple[dict[str, Any], range]:
-    """``merge_trace``, and where a run of ``python_events`` (``apart``: indices into that list,
-    e.g. the DataLoader workers' calls) lies in the merged ``traceEvents``: the passes that read
-    only the training process's events skip it without walking it. The trace is the same as
-    ``merge_trace``'s; the range is empty without ``apart``.
+) -> WindowTrace:
+    """Torch's trace and the window's Python events on one timeline, every thread nesting
+    strictly: the typed trace every later stage reads. ``origin_us``: ``time_origin_us`` of
+    torch's events, when the caller computed it already.
 
-    ``origin_us``: ``time_origin_us`` of torch's events, when the caller computed it already.
-    ``placed``: the run is on torch's timeline already (its calls only, placed by the
-    ``TorchPlacement`` given, made from this ``calibration``, ``origin_us`` and steps) and grouped
-    per thread in its order, so it is not walked here. ``bounds``: filled with the placed run's
-    threads' calls as ``(start, end, name)``, made by the last loop over them
-    (``nesting.untangle_annotations``), for a reader that would walk the run for them."""
-    parts: list[Iterable[dict[str, Any]]] = [python_events]
-    if apart is not None and len(apart):
-        listed = python_events if isinstance(python_events, list) else list(python_events)
-        parts = [listed[: apart.start], listed[apart.start : apart.stop], listed[apart.stop :]]
-    elif placed is not None:
-        raise ValueError("merge_window: placed= needs the placed run's apart= range, and it was empty")
+    One pass places, checks (the contract) and files each Python event, one each torch event;
+    the workers' calls, placed as they were read, are taken as they are. Then the nesting passes
+    (``nesting.py``): the boundaries repaired within the calibration's tolerance, the calls cut at
+    the annotation ranges they cross and put on the nanosecond grid (a worker's thread that
+    ``placement`` settled is taken as settled), the torch spans snapped, and what still crosses
+    moved to a track of its own."""
     torch_events = list(torch_trace.get("traceEvents", []))
     if origin_us is None:
         origin_us = time_origin_us(torch_events)
     rebase_events(torch_events, origin_us)
-    # The shift, the contract, repair_boundaries, untangle_annotations and the snap, fused (the
-    # passes apart: tests/test_merge_passes.py's reference): the Python events are shifted,
-    # settled and grouped in one loop, torch's after them (so each thread's events keep their
-    # order), the events no nesting pass reads are snapped as they are settled, the calls by the
-    # last loop of untangle_annotations, the torch spans once the calls are settled against them.
     ran = ran_steps(vt_metadata.get("steps"))
-    # Each part placed on its own, as one loop over them all would: the same events, the calls
-    # grouped per thread in the same order (a thread's first call files it), their counts known.
     timed_parts: list[list[dict[str, Any]]] = []
     python_meta: list[dict[str, Any]] = []
+    loose: list[dict[str, Any]] = []
     calls: dict[Thread, list[dict[str, Any]]] = {}
     python_fixed, python_dropped = 0, False
-    elsewhere: set[Thread] = set()  # threads with calls outside the placed run
-    for number, part in enumerate(parts):
-        if number == 1 and placed is not None:  # placed and grouped as read (workers.place_events)
-            placement, part_calls = placed
-            part_meta: list[dict[str, Any]] = []
-            part_timed = part if isinstance(part, list) else list(part)  # the slice made above
-            part_fixed, part_dropped = 0, placement.dropped
-            if placement.unnamed:
+    elsewhere: set[Thread] = set()  # threads with calls the merge placed
+    placement = python.placement
+    for part in (python.before, None, python.after):
+        if part is None:  # the workers' calls, placed and grouped as read
+            part_timed = [event for thread_calls in python.workers.values() for event in thread_calls]
+            part_calls = python.workers
+            part_fixed, part_dropped = 0, placement is not None and placement.dropped
+            if placement is not None and placement.unnamed:
                 part_fixed, named_dropped = _name_calls(part_timed, ran)
                 part_dropped = part_dropped or named_dropped
-            if placement.not_x:  # snapped as place_python_events snaps what is not X (once sorted)
+            if placement is not None and placement.not_x:  # snapped as place_python_events snaps what is not X
                 snap_to_nanoseconds(event for event in part_timed if event.get("ph") != "X")
-            if placement.not_x or part_dropped:  # the groups hold only the X calls not marked
+                loose += (event for event in part_timed if event.get("ph") != "X" and "ts" in event)
+            if (placement is not None and placement.not_x) or part_dropped:  # the groups: X calls not marked
                 part_calls = {
                     key: kept
                     for key, group in part_calls.items()
                     if (kept := [e for e in group if e.get("ph") == "X" and e["name"] is not _UNRUN])
                 }
         else:
-            part_timed, part_meta, part_calls, part_fixed, part_dropped = place_python_events(
+            part_timed, part_meta, part_calls, part_fixed, part_dropped, part_loose = place_python_events(
                 part, calibration, origin_us, ran
             )
-        timed_parts.append(part_timed)
-        if number != 1 or placed is None:
+            python_meta += part_meta
+            loose += part_loose
             elsewhere.update(part_calls)
-        python_meta += part_meta
+        timed_parts.append(part_timed)
         for key, thread_calls in part_calls.items():
             known = calls.get(key)
             if known is None:  # taken, not copied: each copy of a worker's calls touches every one
@@ -382,9 +394,8 @@ def merge_window(
         python_fixed += part_fixed
         python_dropped = python_dropped or part_dropped
     events = merge_metadata_events(torch_events, python_meta, thread_names)
-    fixed, threads, dropped = _settle(events, ran, snap=True)
-    if placed is not None:  # the filter's order, outer first, unless other calls join them
-        threads.ordered.update(placed[1].keys() - elsewhere - threads.python.keys())
+    fixed, threads, dropped, memory, metadata = _settle(events, ran, snap=True)
+    threads.ordered.update(python.workers.keys() - elsewhere - threads.python.keys())  # the filter's order
     for key, thread_calls in calls.items():
         if key in threads.python:
             threads.python[key].extend(thread_calls)
@@ -394,24 +405,26 @@ def merge_window(
     if dropped or python_dropped:
         events[:] = [e for e in events if e["name"] is not _UNRUN]
         timed_parts = [[e for e in part if e["name"] is not _UNRUN] for part in timed_parts]
-    run_start = len(events) + (len(timed_parts[0]) if len(timed_parts) > 1 else 0)
-    run = range(run_start, run_start + len(timed_parts[1])) if len(timed_parts) > 1 else range(0)
+        loose = [e for e in loose if e["name"] is not _UNRUN]
+    memory += (e for e in loose if e.get("ph") == "i" and e.get("name") == MEMORY_EVENT)  # the Python part's
+    head = len(events)
     for part_timed in timed_parts:
         events.extend(part_timed)
+    span = range(head, len(events))
     tolerance = calibration.uncertainty_us + STAMP_JITTER_US
     repaired, _ = repair_boundaries(events, tolerance, threads)
-    settled = placed[0].settled if placed is not None else None
-    untangled = untangle_annotations(events, threads, snap=True, bounds=bounds, settled=settled)
+    settled = placement.settled if placement is not None else {}
+    untangled = untangle_annotations(events, threads, snap=True, settled=settled)
     _snap_spans((threads.ops, threads.annotations, threads.other))
     moved, clamped = separate_crossing_ranges(events, threads, calls_nest=True)
-
-    merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
+    metadata += events[span.stop :]  # the range tracks' names
+    header: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
     if origin_us:
-        merged["baseTimeNanoseconds"] = int(merged.get("baseTimeNanoseconds", 0)) + origin_us * 1000
-    if "distributedInfo" not in merged and isinstance(vt_metadata.get("global_rank"), int):
+        header["baseTimeNanoseconds"] = int(header.get("baseTimeNanoseconds", 0)) + origin_us * 1000
+    if "distributedInfo" not in header and isinstance(vt_metadata.get("global_rank"), int):
         # torch writes it only under torch.distributed; HTA reads the rank from it and otherwise
         # warns and guesses rank 0 (wrong for every rank but one when ranks trace without DDP).
-        merged["distributedInfo"] = {
+        header["distributedInfo"] = {
             "backend": None,
             "rank": vt_metadata["global_rank"],
             "world_size": vt_metadata.get("world_size", 1),
@@ -431,9 +444,13 @@ def merge_window(
     }
     if fixed:
         meta["contract_fixes"] = fixed
-    merged["vt_lightning"] = meta
-    merged["traceEvents"] = events
-    return merged, run
+    header[TRACE_METADATA_KEY] = meta
+    columns = {
+        key: Calls(starts, starts + lengths, [call["name"] for call in threads.python[key]])
+        for key, (starts, lengths, _) in settled.items()
+        if key in threads.ordered and key not in threads.cut and len(threads.python.get(key) or ()) == len(starts)
+    }
+    return WindowTrace(header, events, threads, memory, metadata, span, loose, columns)
 
 
 def encode_trace(trace: Mapping[str, Any]) -> bytes:

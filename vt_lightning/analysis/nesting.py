@@ -7,7 +7,7 @@ call's edge by at most the calibration's tolerance so that the op it issued nest
 ``untangle_annotations`` cuts Python calls at the annotation ranges they cross;
 ``separate_crossing_ranges`` moves any torch range still crossing another event to a track of its
 own beside its thread (``RANGE_TRACK_TID_BASE``). ``count_crossings`` counts what is left (tests,
-benchmarks). ``ThreadSpans`` groups one window's events per thread once for all passes.
+benchmarks). They read the window's events grouped per thread once (``trace.ThreadSpans``).
 """
 
 from __future__ import annotations
@@ -15,39 +15,16 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from vt_lightning.analysis.nest import DROP_PARENT, SKIP, covering, lanes, nests, outer_first, walk
-from vt_lightning.constants import (
-    ANNOTATION_PREFIXES,
-    CPU_OP_CATEGORY,
-    PYTHON_CATEGORY,
-    USER_ANNOTATION_CATEGORY,
-)
+from vt_lightning.analysis.trace import Thread, ThreadSpans
+from vt_lightning.constants import PYTHON_CATEGORY
 
-# Ops nest inside the Python call that issued them. Annotations (ProfilerStep#, record_function)
-# may open in one Python call and close in another, so they are not held to nesting.
-NESTED_TORCH_CATEGORIES = (CPU_OP_CATEGORY,)
-# torch.compile's ranges, written as cpu_op: the compiled frame and AOT's runtime wrappers open them
-# in one Python call (``RecordFunctionFast.__enter__``, a ``record_function`` helper) and close them
-# in another, and dynamo's compile phases (``dynamo_timed``) span calls of their own. Measured on a
-# Trainer window (examples/vision.py, aot_eager): 7-8 crossings per window when held to nesting as ops.
-COMPILE_RANGE_PREFIXES = (
-    "Pregraph bytecode",
-    "AOTDispatcher Runtime Wrapper",
-    "## Call CompiledFxGraph",
-    "## ",
-    "Torch-Compiled Region",
-    "CompiledFunction",
-    "TorchDynamo Cache Lookup",
-    "entire_frame_compile",
-    "dynamo",
-)
-COMPILE_RANGE_SUFFIX = "(dynamo_timed)"
 # A torch range still crossing another event once all repairs are done moves to a track of its own
 # beside its thread: base + lane * LANE_STRIDE + tid (a Linux tid is below 2**22; flight.py's
 # sampled track uses 1e9 + tid).
@@ -56,16 +33,6 @@ RANGE_TRACK_LANE_STRIDE = 1 << 22
 _TS, _DUR, _NAME = itemgetter("ts"), itemgetter("dur"), itemgetter("name")
 _START, _END = itemgetter(0), itemgetter(1)
 NsSpan = tuple[int, int, dict[str, Any]]  # an event's start and end in integer ns, and the event
-
-
-def is_range_name(name: str) -> bool:
-    """A torch event written as ``cpu_op`` that is a range opened and closed by Python calls
-    (Lightning's, the profiler's steps, torch.compile's), not an op nested in its caller."""
-    return (
-        name.startswith(ANNOTATION_PREFIXES)
-        or name.startswith(COMPILE_RANGE_PREFIXES)
-        or name.endswith(COMPILE_RANGE_SUFFIX)
-    )
 
 
 def _crossing_fix(ps: float, pe: float, es: float, ee: float) -> tuple[float, float, float] | None:
@@ -78,52 +45,6 @@ def _crossing_fix(ps: float, pe: float, es: float, ee: float) -> tuple[float, fl
     else:
         return None
     return min(options)
-
-
-Thread = tuple[Any, Any]
-
-
-class ThreadSpans:
-    """One window's X events per (pid, tid), in the kinds the nesting passes read: Python calls,
-    torch ops (which nest in the call that issued them), annotation ranges (which need not) and
-    the rest (which the last pass holds to nesting too). Grouped once for all passes: each
-    grouping is a pass over every event of the window."""
-
-    __slots__ = ("annotations", "cut", "ops", "ordered", "other", "python")
-
-    def __init__(self, events: Iterable[dict[str, Any]] = ()) -> None:
-        self.python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-        self.ops: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-        self.annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-        self.other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-        self.cut: set[Thread] = set()  # threads where untangle_annotations moved a call's bounds
-        # threads whose calls were filed outer first (``outer_first``'s order: the filter's, on the
-        # same bounds), so that a pass that reads them in that order need not check it
-        self.ordered: set[Thread] = set()
-        for event in events:
-            if event.get("ph") == "X":
-                self.add(event, event.get("cat"), str(event.get("name", "")))
-
-    def add(self, event: dict[str, Any], cat: Any, name: str) -> None:
-        """File one X event (its ``cat`` and ``name`` as read) under its thread and kind: callers
-        that already walk the events (the merge's contract loops) group them in the same pass."""
-        key = (event.get("pid"), event.get("tid"))
-        if cat == PYTHON_CATEGORY:
-            self.python[key].append(event)
-        elif cat == USER_ANNOTATION_CATEGORY or is_range_name(name):
-            self.annotations[key].append(event)  # opened and closed by Python calls, not nested
-        elif cat in NESTED_TORCH_CATEGORIES:
-            self.ops[key].append(event)
-        else:
-            self.other[key].append(event)
-
-    def all_events(self) -> dict[Thread, list[dict[str, Any]]]:
-        """Every X event per thread, whatever its kind."""
-        out: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-        for kind in (self.python, self.ops, self.annotations, self.other):
-            for key, thread_events in kind.items():
-                out[key].extend(thread_events)
-        return out
 
 
 def repair_boundaries(
@@ -221,7 +142,6 @@ def untangle_annotations(
     threads: ThreadSpans | None = None,
     *,
     snap: bool = False,
-    bounds: dict[Thread, list[tuple[float, float, str]]] | None = None,
     settled: Mapping[Thread, SnappedCalls] | None = None,
 ) -> int:
     """Make Python calls nest with the annotation ranges they open or close.
@@ -230,28 +150,23 @@ def untangle_annotations(
     that opens it and outlives that call, so the two overlap without nesting. TensorBoard's viewer
     tolerates that; Perfetto (ui.perfetto.dev, vizviewer) drops the range. Each Python call open at a
     range's start that ends inside the range is cut at the range's start; each one open at its end
-    that began inside the range starts at the range's end. The cut keeps its original bounds in
-    ``args`` (``vt_lightning.ts`` / ``vt_lightning.dur``). Returns how many calls were cut.
-    ``snap``: its last loop, which visits every call once, also puts each on the nanosecond grid as
-    ``merge.snap_to_nanoseconds`` would once it is settled (later calls read only the ends kept on
-    the loop's stack, from before the snap), saving ``merge_trace`` a pass over the calls.
-    ``bounds`` (with ``snap``): filled, for each thread whose calls came in order
-    (``ThreadSpans.ordered``, a DataLoader worker's) and that no cut touched, with its calls'
-    ``(start, end, name)`` as snapped, in their order: what a reader of the written trace computes
-    from each call (``ts``, ``ts + dur``), made here where the loop holds them, so the summary
-    need not walk those calls again (``steps.classify``).
-    ``settled`` (with ``snap``): in-order threads whose calls this loop would not cut, as it would
-    leave them (``nest_uncut``, ``snap_arrays``: made where the times were arrays), taken without
-    the loop.
+    that began inside the range starts at the range's end. Then each call that outlasts the call it
+    starts in is cut at that call's end (``nest.walk``). A cut keeps its original bounds in ``args``
+    (``vt_lightning.ts`` / ``vt_lightning.dur``). Returns how many calls were cut.
+    ``snap``: then put every call on the nanosecond grid as ``merge.snap_to_nanoseconds`` would.
+    ``settled`` (with ``snap``): in-order threads (``ThreadSpans.ordered``: a DataLoader worker's)
+    whose calls this would not cut, as it would leave them (``nest_uncut``, ``snap_arrays``: made
+    where the times were arrays), taken as they are.
     """
     threads = threads if threads is not None else ThreadSpans(events)
     python, ranges = threads.python, threads.annotations
     cuts: dict[int, tuple[dict[str, Any], float, float]] = {}
+    walked: dict[Thread, list[dict[str, Any]]] = {}  # each thread's calls outer first, sorted once
     for key, thread_ranges in ranges.items():
         calls = python.get(key)
         if not calls:
             continue
-        calls[:] = outer_first(calls)
+        walked[key] = calls = outer_first(calls)  # the thread's own list keeps the file's order
         # (time, is_end, range start, range end): the Python calls open at every range edge
         points = sorted(
             (t, is_end, a["ts"], a["ts"] + a["dur"])
@@ -272,57 +187,46 @@ def untangle_annotations(
     threads.cut.update(call_key(call) for call, _, _ in cuts.values())
     ordered = threads.ordered - ranges.keys() - threads.ops.keys()  # neither sorted nor moved above
     ready = settled if snap and settled is not None else {}
-    for key, calls in python.items():
+    for key, thread_calls in python.items():
         known = ready.get(key) if key in ordered else None
-        if known is not None and len(known[0]) == len(calls):
-            grid_ts, grid_dur, grid_end, written = known
+        if known is not None and len(known[0]) == len(thread_calls):
+            grid_ts, grid_dur, written = known
             if not written:
-                for call, start, length in zip(calls, grid_ts, grid_dur):
+                for call, start, length in zip(thread_calls, grid_ts.tolist(), grid_dur.tolist()):
                     call["dur"] = length
                     call["ts"] = start
-            if bounds is not None:
-                bounds[key] = list(zip(grid_ts, grid_end, map(_NAME, calls)))
             continue
-        in_order = key in ordered
-        walked = calls if in_order else outer_first(calls)
+        calls = walked.get(key) or (thread_calls if key in ordered else outer_first(thread_calls))
 
-        def cut(i: int, _: int, parent_end: float, walked: list[dict[str, Any]] = walked, key: Thread = key) -> float:
-            call = walked[i]  # a call outliving the call it starts in: cut at that call's end
+        def cut(i: int, _: int, parent_end: float, calls: list[dict[str, Any]] = calls, key: Thread = key) -> float:
+            call = calls[i]  # a call outliving the call it starts in: cut at that call's end
             _set_bounds(call, call["ts"], parent_end)
             cuts[id(call)] = (call, 0.0, 0.0)
             threads.cut.add(key)
             return call["ts"] + call["dur"]
 
-        walk([call["ts"] for call in walked], [call["ts"] + call["dur"] for call in walked], crossing=cut)
+        walk([call["ts"] for call in calls], [call["ts"] + call["dur"] for call in calls], crossing=cut)
         if snap:
-            bound = bounds.setdefault(key, []).append if in_order and bounds is not None else None
-            for call in walked:  # as merge.snap_to_nanoseconds would, each call once settled
+            for call in calls:  # as merge.snap_to_nanoseconds would, each call once settled
                 ts = float(call["ts"])
                 end = ts + float(call["dur"])
                 start_ns = round(ts * 1000)
                 end_ns = round(end * 1000)
-                snapped_dur = (end_ns - start_ns if end_ns > start_ns else 0) / 1000
-                snapped_ts = start_ns / 1000
-                call["dur"] = snapped_dur
-                call["ts"] = snapped_ts
-                if bound is not None:
-                    bound((snapped_ts, snapped_ts + snapped_dur, call["name"]))
-    if bounds is not None:
-        for key in threads.cut.intersection(bounds):  # a later pass may move a cut thread's calls
-            del bounds[key]
+                call["dur"] = (end_ns - start_ns if end_ns > start_ns else 0) / 1000
+                call["ts"] = start_ns / 1000
     return len(cuts)
 
 
-# A thread's calls as ``untangle_annotations``' last loop leaves them when none is cut: each one's
-# ``ts``, ``dur`` and ``ts + dur`` on the nanosecond grid, in the thread's (outer-first) order, and
-# whether the calls hold those times already.
-SnappedCalls = tuple[list[float], list[float], list[float], bool]
+# A thread's calls as ``untangle_annotations`` leaves them when none is cut: each one's ``ts`` and
+# ``dur`` on the nanosecond grid, in the thread's (outer-first) order, and whether the calls hold
+# those times already.
+SnappedCalls = tuple[np.ndarray, np.ndarray, bool]
 
 
 def nest_uncut(starts: np.ndarray, lengths: np.ndarray) -> bool:
-    """Whether ``untangle_annotations``' last loop cuts none of an in-order thread's calls
-    (``starts``, ``lengths``: their ``ts`` and ``dur``, outer-first): the same test on the same
-    ends (``start + length``), as ``nest.nests`` answers it."""
+    """Whether ``untangle_annotations`` cuts none of an in-order thread's calls (``starts``,
+    ``lengths``: their ``ts`` and ``dur``, outer-first): the same test on the same ends (``start +
+    length``), as ``nest.nests`` answers it."""
     return nests(starts, starts + lengths)
 
 
@@ -397,6 +301,13 @@ def separate_crossing_ranges(
         walk(map(_START, spans), map(_END, spans), crossing=settle)
     if moved:
         events.extend(_range_tracks(events, moved))
+        for key, spans in moved.items():  # filed anew under the tracks they moved to
+            gone = {id(span[2]) for span in spans}
+            for kind in (threads.ops, threads.annotations, threads.other):
+                if key in kind:
+                    kind[key] = [event for event in kind[key] if id(event) not in gone]
+            for _, _, event in spans:
+                threads.add(event, event.get("cat"), str(event.get("name", "")))
     return sum(len(spans) for spans in moved.values()), cut
 
 

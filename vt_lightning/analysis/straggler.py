@@ -31,14 +31,14 @@ import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from vt_lightning.analysis.python_tables import name_codes
-from vt_lightning.analysis.trace import Calls
+from vt_lightning.analysis.trace import Calls, ThreadSpans
 from vt_lightning.analysis.usercode import code_origin, parse_function
-from vt_lightning.constants import PYTHON_CATEGORY, STEP_PREFIX
+from vt_lightning.constants import STEP_PREFIX
 
 MIN_SHARE = 0.10  # of the mean step time
 MIN_WAIT_MS = 1.0  # per step
@@ -116,12 +116,8 @@ def user_segments(events: Iterable[Mapping[str, Any]]) -> list[Segment]:
     """Time of each thread attributed to its innermost user function, as sorted segments: the
     stretches of the thread's nest (``nest.Nest.segments``), each given the label of the innermost
     user call around its owner."""
-    threads: dict[tuple[Any, Any], list[Mapping[str, Any]]] = defaultdict(list)
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") == PYTHON_CATEGORY and "ts" in e:
-            threads[(e.get("pid"), e.get("tid"))].append(e)
     segments: list[Segment] = []
-    for found in threads.values():
+    for found in ThreadSpans(cast(dict[str, Any], e) for e in events if "ts" in e).python.values():
         calls = Calls.from_events(found)
         nest = calls.nest
         distinct, codes = name_codes(calls.ordered_names)

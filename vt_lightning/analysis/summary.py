@@ -66,7 +66,7 @@ from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.steps import WindowData, read_window
 from vt_lightning.analysis.steps import find_steps as find_steps  # re-exported
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
-from vt_lightning.analysis.trace import Calls
+from vt_lightning.analysis.trace import Calls, WindowTrace
 from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES
 from vt_lightning.analysis.verdicts import find_verdicts
 from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY
@@ -327,10 +327,13 @@ def _ops_by_kernel(
 
 
 def summarize(
-    trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | None = None, window: WindowData | None = None
+    trace: WindowTrace | Mapping[str, Any],
+    memory_snapshot: Mapping[str, Any] | None = None,
+    window: WindowData | None = None,
 ) -> Summary:
-    """The summary of one merged window trace (see the module docstring and docs/files.md);
-    ``window``: its ``read_window``, when the caller reads it for more tables (the workers')."""
+    """The summary of one window's trace (typed, or a trace dict read back; see the module
+    docstring and docs/files.md); ``window``: its ``read_window``, when the caller reads it for
+    more tables (the workers')."""
     data = read_window(trace) if window is None else window
     # Each table reads its bucket of the window's one classification pass (``steps.classify``).
     meta, rest, steps, thread, ranges = data.meta, data.rest, data.steps, data.thread, data.ranges

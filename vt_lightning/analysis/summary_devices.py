@@ -52,7 +52,7 @@ def gpu_summary(
     gaps.sort(key=lambda g: g[1] - g[0], reverse=True)
     if calls is None:
         calls = Calls.from_events(
-            e for e in events if e.get("cat") == PYTHON_CATEGORY and (e.get("pid"), e.get("tid")) == thread
+            [e for e in events if e.get("cat") == PYTHON_CATEGORY and (e.get("pid"), e.get("tid")) == thread]
         )
     order = calls.nest.order.tolist()
     ordered = list(zip(calls.starts[order].tolist(), calls.ends[order].tolist(), calls.ordered_names))

@@ -19,12 +19,13 @@ import numpy as np
 from vt_lightning.analysis.merge import TorchPlacement
 from vt_lightning.analysis.nest import outer_first_order
 from vt_lightning.analysis.nesting import nest_uncut, snap_arrays
-from vt_lightning.analysis.python_tables import PythonStats, python_stats
+from vt_lightning.analysis.python_tables import PythonStats
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.schema import WorkerEntry, Workers
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.steps import WindowData
-from vt_lightning.constants import PYTHON_CATEGORY, STEP_PREFIX
+from vt_lightning.analysis.trace import WindowTrace
+from vt_lightning.constants import PYTHON_CATEGORY, STEP_PREFIX, TRACE_METADATA_KEY
 
 PLAN_SLOTS = 4  # window ranges a plan holds: back-to-back windows closer than the prefetch depth
 NO_LIMIT = 2**62  # an epoch of unknown length (an iterable dataset without ``__len__``)
@@ -216,12 +217,7 @@ def place_events(
                 if nest_uncut(start_array[order], dur_array[order]):
                     snapped_ts, snapped_dur = snap_arrays(start_array, dur_array)
                     written = settle is not None and settle(names)  # the filter reads no time of theirs
-                    to_torch.settled[key] = (
-                        snapped_ts[order].tolist(),
-                        snapped_dur[order].tolist(),
-                        (snapped_ts + snapped_dur)[order].tolist(),
-                        written,
-                    )
+                    to_torch.settled[key] = (snapped_ts[order], snapped_dur[order], written)
                     if written:
                         _write_times(calls, snapped_ts.tolist(), snapped_dur.tolist(), PYTHON_CATEGORY)
                 if not written:
@@ -371,34 +367,20 @@ def main_sort_index(events: Iterable[Mapping[str, Any]], workers: set[int]) -> i
     return max(found, default=0)
 
 
-def seconds_to_lower(events: Iterable[Mapping[str, Any]], timed: Sequence[Mapping[str, Any]] = ()) -> int:
+def seconds_to_lower(earliest_us: float | None) -> int:
     """Whole seconds to move the time origin down so no event starts before it (a worker fetches
-    its batches ahead, possibly before the first torch event the origin was taken from).
-    ``timed``: more events, most of a window's (the workers' merged calls), each with a ``ts``:
-    their earliest is taken without a test per event."""
-    starts = [e["ts"] for e in events if "ts" in e]
-    if timed:
-        try:
-            starts.append(min(map(itemgetter("ts"), timed)))
-        except (KeyError, TypeError):  # one without a ``ts``, or written as a string
-            starts += [e["ts"] for e in timed if "ts" in e]
-    try:  # a merged trace's are numbers: compared as they are, without a float() per event
-        first = float(min(starts, default=0.0))
-    except TypeError:  # one written as a string
-        first = min(map(float, starts))
-    return 0 if first >= 0 else int(-first // 1_000_000) + 1
+    its batches ahead, possibly before the first torch event the origin was taken from)."""
+    return 0 if earliest_us is None or earliest_us >= 0 else int(-earliest_us // 1_000_000) + 1
 
 
-def lower_origin(trace: dict[str, Any], seconds: int, metadata_key: str) -> None:
+def lower_origin(trace: WindowTrace, seconds: int) -> None:
     """Move ``trace``'s time origin ``seconds`` earlier: every ``ts`` grows, absolute time stays."""
     if seconds <= 0:
         return
     shift_us = seconds * 1_000_000
-    for event in trace.get("traceEvents", ()):
-        if "ts" in event:
-            event["ts"] = float(event["ts"]) + shift_us
-    trace["baseTimeNanoseconds"] = int(trace.get("baseTimeNanoseconds", 0)) - shift_us * 1000
-    meta = trace.get(metadata_key)
+    trace.shift(shift_us)
+    trace.header["baseTimeNanoseconds"] = int(trace.header.get("baseTimeNanoseconds", 0)) - shift_us * 1000
+    meta = trace.header.get(TRACE_METADATA_KEY)
     if isinstance(meta, dict) and "time_origin_us" in meta:
         meta["time_origin_us"] = int(meta["time_origin_us"]) - shift_us
 
@@ -408,72 +390,54 @@ def lower_origin(trace: dict[str, Any], seconds: int, metadata_key: str) -> None
 # --------------------------------------------------------------------------------------------------
 
 
-def worker_summary(
-    events: Sequence[Mapping[str, Any]],
-    workers: Sequence[Mapping[str, Any]],
-    missing: list[str],
-    window: WindowData | None = None,
-) -> Workers:
-    """Per worker: the batches it fetched in the window, its busy time (its fetches' total) and its
-    top user functions; and the top functions over all workers (an input-bound verdict's ``where``).
-
-    ``workers``: ``{"pid", "worker", "rank"}`` of each worker whose events were merged. ``window``:
-    the summary's ``WindowData`` of the same trace, whose per-thread nesting the verdicts' timelines
-    share (else the events are read and nested here)."""
+def worker_summary(window: WindowData) -> Workers | None:
+    """The summary's ``workers`` key, for a window that recorded DataLoader workers (None
+    otherwise): per worker, the batches it fetched in the window, its busy time (its fetches'
+    total) and its top user functions; and the top functions over all workers (an input-bound
+    verdict's ``where``). Each worker thread's table is the window's one reading of it
+    (``WindowData.walk``: ``input_bound`` reads the same one)."""
     from vt_lightning.analysis.summary import rank_python
 
+    info = window.meta.get("workers")
+    if not isinstance(info, Mapping):
+        return None
+    workers: Sequence[Mapping[str, Any]] = info.get("processes", [])
     pids = {int(w["pid"]) for w in workers}
     fetches: dict[int, list[tuple[int, float]]] = {pid: [] for pid in pids}
-    if window is not None:
-        for x in window.rest:  # the fetch spans, among the events other than Python calls
-            if x.get("cat") == FETCH_CATEGORY and x.get("pid") in pids:
-                fetches[x["pid"]].append((int(x.get("args", {}).get("batch", -1)), float(x.get("dur", 0.0))))
-        # The window's one walk of each worker thread (``input_bound`` reads the same walk's entry
-        # times), its tables in the order the events-based path below sweeps the threads.
-        calls, whole = window.python_calls, window.whole_threads
-        stats = PythonStats()
-        for worker_pid in pids:
-            for thread in calls:
-                if thread[0] == worker_pid:
-                    window.walk(thread)
-                    stats.threads[thread] = whole.threads[thread]
-        stats.info, stats.package_of, stats.user = whole.info, whole.package_of, whole.user
-        everything: Sequence[Any] = list(stats.threads)
-    else:
-        python_by_pid: dict[int, list[Mapping[str, Any]]] = {pid: [] for pid in pids}
-        for event in events:
-            pid = event.get("pid")
-            if pid not in pids or event.get("ph") != "X":
-                continue
-            if event.get("cat") == PYTHON_CATEGORY:
-                python_by_pid[pid].append(event)
-            elif event.get("cat") == FETCH_CATEGORY:
-                fetches[pid].append((int(event.get("args", {}).get("batch", -1)), float(event.get("dur", 0.0))))
-        everything = [e for pid in pids for e in python_by_pid[pid]]
-        stats = python_stats(everything)  # one nest per thread feeds each worker's table and the overall one
+    for x in window.rest:  # the fetch spans, among the events other than Python calls
+        if x.get("cat") == FETCH_CATEGORY and x.get("pid") in pids:
+            fetches[x["pid"]].append((int(x.get("args", {}).get("batch", -1)), float(x.get("dur", 0.0))))
+    whole = window.whole_threads
+    stats = PythonStats()
+    for worker_pid in pids:
+        for thread in window.python_calls:
+            if thread[0] == worker_pid:
+                window.walk(thread)
+                stats.threads[thread] = whole.threads[thread]
+    stats.info, stats.package_of, stats.user = whole.info, whole.package_of, whole.user
     threads_of: dict[Any, list[Any]] = {pid: [] for pid in pids}
     for thread in stats.threads:
         threads_of[thread[0]].append(thread)
     per_worker: list[WorkerEntry] = []
-    for info in sorted(workers, key=lambda w: (int(w["worker"]), int(w["pid"]))):
-        pid = int(info["pid"])
+    for entry in sorted(workers, key=lambda w: (int(w["worker"]), int(w["pid"]))):
+        pid = int(entry["pid"])
         done = sorted(fetches[pid])
         top = rank_python(stats, stats.merged(threads_of[pid]), 1, limit=2 * TOP_WORKER_PYTHON)
         per_worker.append(
             {
-                "worker": int(info["worker"]),
+                "worker": int(entry["worker"]),
                 "pid": pid,
-                "process": process_name(int(info["rank"]), int(info["worker"])),
+                "process": process_name(int(entry["rank"]), int(entry["worker"])),
                 "batches": [batch for batch, _ in done],
                 "busy_ms": _ms(sum(dur for _, dur in done)),
                 "top_python": [e for e in top["by_self"] if e["origin"] == "user"][:TOP_WORKER_PYTHON],
             }
         )
-    overall = rank_python(stats, stats.merged(), 1, limit=2 * TOP_WORKER_PYTHON)["by_self"] if everything else []
+    overall = rank_python(stats, stats.merged(), 1, limit=2 * TOP_WORKER_PYTHON)["by_self"] if stats.threads else []
     return {
         "workers": per_worker,
         "top_python": overall[: 2 * TOP_WORKER_PYTHON],
-        "missing": list(missing),
+        "missing": list(info.get("missing", [])),
     }
 
 
