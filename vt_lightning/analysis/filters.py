@@ -176,9 +176,9 @@ def filter_python_events(
     the longer first), the threads in the order their first call came, and what went.
     ``grouped``: more events after ``events``, already grouped as here (calls per (pid, tid),
     the rest apart; ``workers.place_events`` groups a DataLoader worker's as it reads them).
-    ``ordered``: the distinct names of ``grouped``'s threads whose calls come outer-first already
-    (``workers.place_events`` sorts them as it places them), which are then neither sorted again
-    nor read for their names.
+    ``ordered``: the distinct names of ``grouped``'s threads whose calls come outer first already
+    (``workers.place_events`` sorts them as it places them), neither sorted again nor read for
+    their names.
 
     One pass per thread over its calls nested (``nest.walk``: a call that ends a hair after the
     one it starts in is still inside it): a call's ancestry decides its depth and whether it runs
@@ -205,18 +205,16 @@ def filter_python_events(
     out: dict[Thread, list[dict[str, Any]]] = {}
     own_count = filtered = 0
     select = rules.user_filters
-    sorted_names = ordered if ordered is not None and grouped is not None else {}
+    placed = ordered if ordered is not None and grouped is not None else {}
     for key, unordered in by_thread.items():
-        placed_names = sorted_names.get(key)
-        if placed_names is not None and len(unordered) == len(grouped[0][key]):  # type: ignore[index]
-            calls = unordered  # a worker's thread alone, outer-first as placed
+        names = placed.get(key)
+        if names is not None and len(unordered) == len(grouped[0][key]):  # type: ignore[index]
+            calls = unordered  # a worker's thread alone, outer first as placed
         else:
-            placed_names = None
+            names = None
             calls = outer_first(unordered, _TS, _DUR_OR_ZERO)  # by (ts, -dur)
         if not select:  # only vt_lightning's own calls go: a thread with none of them is kept whole
-            if placed_names is not None:
-                names = placed_names
-            else:
+            if names is None:
                 try:
                     names = set(map(_NAME, unordered))  # at C speed (VizTracer names every call),
                     # in the order read, which visits the events where they lie in memory

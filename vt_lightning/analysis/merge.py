@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
+import numpy as np
 import orjson
 
 from vt_lightning.analysis.clock import Calibration
 from vt_lightning.analysis.nesting import (
-    SnappedCalls,
     repair_boundaries,
     separate_crossing_ranges,
     untangle_annotations,
@@ -35,6 +35,7 @@ from vt_lightning.constants import (
 FALLBACK_CATEGORY = "unknown"
 _SPACED_KEYS = ("distributedInfo",)
 _UNRUN = "\0unrun step"  # the name _settle marks an unrun step's range with, compared by identity
+_TS, _NAME, _PH = itemgetter("ts"), itemgetter("name"), itemgetter("ph")
 # Beyond the calibration's uncertainty, each tracer stamps an event a little after or before the
 # instant it describes (VizTracer in its profile hook, torch in its op callbacks). With wall-clock
 # calibration, residual crossings of up to ~0.1 µs were measured between a Python call and the op
@@ -122,34 +123,83 @@ def ran_steps(steps: Iterable[int] | None) -> set[str] | None:
     return {f"{STEP_PREFIX}{step}" for step in steps} if steps is not None else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TorchPlacement:
-    """``place_python_events``' map onto torch's timeline (less ``origin_us``) as coefficients, for
-    a loop that already walks events to place them itself (``workers.place_events``, the
-    DataLoader workers' calls, most of a window's) with the same operations in the same order, so
-    the doubles are the same and ``merge_window`` need not walk them again. That loop also does
-    the contract part (a name that is no string aside: the filter may drop the call, and the fix
-    is counted) and notes here what the merge must still do."""
+    """The calibration's map of VizTracer's µs onto torch's timeline (less the time origin): an
+    offset, and the clocks' drift interpolated over the window (held at its ends). Every Python
+    event is placed through it, once (``place_python_events``; a DataLoader worker's calls as
+    they are read, ``workers.place_events``)."""
 
     t0: float
     span: float
     offset: float
     slope: float
-    ran: set[str] | None
-    mark: str = _UNRUN  # what an unrun step's range is renamed to (compared by identity)
-    dropped: bool = False  # a call was marked as an unrun step's
-    not_x: bool = False  # a placed call is not X (a "B"): the merge's groups hold X calls only
-    unnamed: bool = False  # a call's name is no string: the merge fixes the calls the filter kept
-    # threads placed outer-first whose calls untangle_annotations would not cut, as it leaves them
-    settled: dict[Thread, SnappedCalls] = field(default_factory=dict)
+
+    def at(self, us: float) -> float:
+        """One instant."""
+        since = us - self.t0
+        drifted = (
+            self.slope * (0.0 if since < 0.0 else self.span if since > self.span else since) if self.slope else 0.0
+        )
+        return us + self.offset + drifted
+
+    def calls(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Calls' starts and lengths: the start and the end of each through the map, so calls that
+        nest on VizTracer's clock nest on torch's (shifting the start alone and keeping the length
+        would let a child outlast its parent by the drift between their starts); a length never
+        negative. Each operation ``at``'s, element by element: the same doubles."""
+        placed = starts + self.offset + self._drift(starts)
+        ends = starts + lengths
+        ends = ends + self.offset + self._drift(ends)
+        return placed, np.where(ends > placed, ends - placed, 0.0)
+
+    def _drift(self, at: np.ndarray) -> Any:
+        if not self.slope:
+            return 0.0
+        since = at - self.t0
+        return self.slope * np.where(since < 0.0, 0.0, np.where(since > self.span, self.span, since))
 
 
-def torch_placement(calibration: Calibration, origin_us: int, ran: set[str] | None) -> TorchPlacement:
-    """The coefficients ``place_python_events`` computes from ``calibration``."""
+def torch_placement(calibration: Calibration, origin_us: int) -> TorchPlacement:
+    """The map ``calibration`` gives, onto torch's timeline less ``origin_us``."""
     t0, t1 = calibration.start.python_us, calibration.end.python_us
     offset, drift = calibration.offset_us - origin_us, calibration.drift_us
     slope = drift / (t1 - t0) if t1 > t0 else 0.0
-    return TorchPlacement(t0=t0, span=t1 - t0, offset=offset, slope=slope, ran=ran)
+    return TorchPlacement(t0=t0, span=t1 - t0, offset=offset, slope=slope)
+
+
+def place_python_events(events: list[dict[str, Any]], placement: TorchPlacement) -> None:
+    """VizTracer's events (on its clock) onto torch's timeline, in place: the complete calls as
+    arrays (``TorchPlacement.calls``), of the Python category; every other event with a time its
+    start, on the nanosecond grid (no nesting pass reads it), of the Python category unless it
+    has one; a call without a time gets the category and a zero length (the merge counts it)."""
+    calls = [e for e in events if e.get("ph") == "X" and "ts" in e]
+    if calls:
+        count = len(calls)
+        try:  # VizTracer's: numbers, read at C speed
+            starts = np.fromiter(map(_TS, calls), dtype=float, count=count)
+            lengths = np.fromiter((e.get("dur", 0.0) for e in calls), dtype=float, count=count)
+        except (TypeError, ValueError):  # what float() reads, or its error
+            starts = np.array([float(e["ts"]) for e in calls], dtype=float)
+            lengths = np.array([float(e.get("dur", 0.0)) for e in calls], dtype=float)
+        placed, length = placement.calls(starts, lengths)
+        for event, start, dur in zip(calls, placed.tolist(), length.tolist()):
+            event["ts"] = start
+            event["dur"] = dur
+            event["cat"] = PYTHON_CATEGORY
+    for event in events:
+        ph = event.get("ph")
+        if ph == "X":
+            if "ts" not in event:
+                event["cat"] = PYTHON_CATEGORY
+                event.setdefault("dur", 0.0)
+        elif ph != "M":
+            if "ts" in event:
+                event["ts"] = placement.at(float(event["ts"]))
+            if not isinstance(event.get("cat"), str):
+                event["cat"] = PYTHON_CATEGORY
+            if "ts" in event:
+                event["ts"] = round(event["ts"] * 1000) / 1000
 
 
 def _settle(
@@ -201,96 +251,82 @@ def _settle(
     return fixed, threads, dropped, memory, metadata
 
 
-def place_python_events(
-    events: Iterable[dict[str, Any]], calibration: Calibration, origin_us: int, ran: set[str] | None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[Thread, list[dict[str, Any]]], int, bool, list[Any]]:
-    """Place VizTracer events on torch's timeline (less ``origin_us``) and, in the same loop, do
-    what ``_settle`` does to them (the contract, the unrun steps' marks, the calls grouped per
-    thread) and snap those that are not X. Returns (timed, metadata, calls per thread, fixed,
-    marked, the timed events that are no complete call). One loop over the Python events, most of
-    a window's.
+def _unrun(name: str, ran: set[str] | None) -> bool:
+    """Whether ``name`` is the range of a step opened for a batch that never ran."""
+    return ran is not None and name.startswith(STEP_PREFIX) and name not in ran
 
-    Start and end of each call go through the same monotonic map (offset plus interpolated drift),
-    so calls that nest on VizTracer's clock nest on torch's; shifting ``ts`` alone and keeping
-    ``dur`` would let a child outlast its parent by the drift accumulated between their starts.
-    ``tests/test_merge_passes.py`` holds the passes apart as the reference: the same doubles.
-    """
+
+def _settle_python(
+    python: PythonParts, ran: set[str] | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[Thread, list[dict[str, Any]]], int, bool, list[Any]]:
+    """``_settle`` for the Python events (placed already): every event named, the unrun steps'
+    ranges marked, each thread's calls filed, a grouped thread's by its distinct names. Returns
+    (the timed events in the file's order, the metadata, the calls per thread, events fixed,
+    whether one was marked, the timed events that are no complete call)."""
     timed: list[dict[str, Any]] = []
     meta: list[dict[str, Any]] = []
     loose: list[dict[str, Any]] = []
-    calls: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+    calls: dict[Thread, list[dict[str, Any]]] = {}
     fixed = 0
     dropped = False
-    placement = torch_placement(calibration, origin_us, ran)
-    t0, span, offset, slope = placement.t0, placement.span, placement.offset, placement.slope
-    append = timed.append
-    last_pid: Any = _UNRUN  # no event's: the first call looks its thread up
-    last_tid: Any = _UNRUN
-    thread_calls: list[dict[str, Any]] = []
-    for event in events:
-        get = event.get
-        ph = get("ph")
-        if ph == "M":
-            meta.append(event)
-            continue
-        is_x = ph == "X"
-        has_ts = "ts" in event
-        if has_ts:
-            ts = float(event["ts"])
-            since = ts - t0
-            drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
-            start = ts + offset + drifted
-            event["ts"] = start
-            if is_x:
-                end_py = ts + float(get("dur", 0.0))
-                since = end_py - t0
-                drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
-                end = end_py + offset + drifted
-                event["dur"] = end - start if end > start else 0.0
-        if is_x:
-            event["cat"] = PYTHON_CATEGORY
-            if "dur" not in event:
-                event["dur"] = 0.0
-        elif not isinstance(get("cat"), str):
-            event["cat"] = PYTHON_CATEGORY
-        append(event)
-        # _settle's part
-        name = get("name")
-        if not isinstance(name, str):
-            name = event["name"] = str(get("name", ""))
-            fixed += 1
-        unrun = ran is not None and name.startswith(STEP_PREFIX) and name not in ran
-        if unrun:
-            event["name"] = _UNRUN
-            dropped = True
-        if not is_x:
-            if has_ts:  # snap_to_nanoseconds' part: no nesting pass reads an event that is not X
-                event["ts"] = round(start * 1000) / 1000
-                loose.append(event)
-            continue
-        if not has_ts:
-            event["ts"] = 0.0
-            fixed += 1
-        if not unrun:
-            pid, tid = get("pid"), get("tid")
-            if tid != last_tid or pid != last_pid:  # a thread's calls come in runs: one lookup per run
-                last_pid, last_tid = pid, tid
-                thread_calls = calls[(pid, tid)]
-            thread_calls.append(event)
-    return timed, meta, calls, fixed, dropped, loose
 
-
-def _name_calls(calls: list[dict[str, Any]], ran: set[str] | None) -> tuple[int, bool]:
-    """``place_python_events``' name fix and unrun mark of the calls whose name is no string."""
-    fixed, dropped = 0, False
-    for event in calls:
-        if not isinstance(event.get("name"), str):
-            name = event["name"] = str(event.get("name", ""))
-            fixed += 1
-            if ran is not None and name.startswith(STEP_PREFIX) and name not in ran:
+    def settle_one_by_one(events: list[dict[str, Any]]) -> None:
+        nonlocal fixed, dropped
+        for event in events:
+            ph = event.get("ph")
+            if ph == "M":
+                meta.append(event)
+                continue
+            timed.append(event)
+            name = event.get("name")
+            if not isinstance(name, str):
+                name = event["name"] = str(event.get("name", ""))
+                fixed += 1
+            unrun = _unrun(name, ran)
+            if unrun:
                 event["name"] = _UNRUN
                 dropped = True
-    return fixed, dropped
+            if ph != "X":
+                if "ts" in event:
+                    loose.append(event)
+                continue
+            if "ts" not in event:
+                event["ts"] = 0.0
+                fixed += 1
+            if not unrun:
+                calls.setdefault((event.get("pid"), event.get("tid")), []).append(event)
+
+    settle_one_by_one(python.before)
+    for key, group in python.calls.items():
+        timed += group
+        known_names = python.names.get(key)
+        try:
+            names = set(map(_NAME, group)) if known_names is None else known_names
+            kinds = set(map(_PH, group)) if known_names is None else {"X"}
+        except (KeyError, TypeError):  # a call without a name, or one that cannot be hashed
+            names, kinds = {None}, {None}
+        marked = False
+        if any(name.__class__ is not str or _unrun(name, ran) for name in names):
+            for event in group:
+                name = event.get("name")
+                if not isinstance(name, str):
+                    name = event["name"] = str(event.get("name", ""))
+                    fixed += 1
+                if _unrun(name, ran):
+                    event["name"] = _UNRUN
+                    marked = dropped = True
+        if kinds != {"X"}:  # a "B" among the calls: no span of the nesting passes
+            loose += (event for event in group if event.get("ph") != "X")
+        if kinds != {"X"} or marked:
+            group = [event for event in group if event.get("ph") == "X" and event["name"] is not _UNRUN]
+        if group:
+            known = calls.get(key)
+            if known is None:  # taken, not copied: each copy of a worker's calls touches every one
+                calls[key] = group
+            else:
+                known.extend(group)
+    settle_one_by_one(python.after)
+    return timed, meta, calls, fixed, dropped, loose
 
 
 def _snap_spans(groups: Iterable[Mapping[Thread, list[dict[str, Any]]]]) -> None:
@@ -307,16 +343,19 @@ def _snap_spans(groups: Iterable[Mapping[Thread, list[dict[str, Any]]]]) -> None
 
 @dataclass
 class PythonParts:
-    """A window's Python events as the merge takes them, in the file's order: ``before`` (to place:
-    the training process's events, and the DataLoader workers' when not placed as read),
-    ``workers`` (the workers' calls per thread, on torch's timeline already: ``placement`` placed
-    them as they were read, ``workers.place_events``), ``after`` (to place: the gc pauses and the
-    compile spans)."""
+    """A window's Python events, on torch's timeline already (``place_python_events``), as the
+    merge takes them, in the file's order: ``before`` (events one by one: the training process's,
+    and the DataLoader workers' when no filter grouped them), ``calls`` (each thread's calls, in
+    the filter's order: its kept calls), ``after`` (the gc pauses and the compile spans)."""
 
     before: list[dict[str, Any]]
-    workers: dict[Thread, list[dict[str, Any]]] = field(default_factory=dict)
+    calls: dict[Thread, list[dict[str, Any]]] = field(default_factory=dict)
     after: list[dict[str, Any]] = field(default_factory=list)
-    placement: TorchPlacement | None = None
+    # threads of ``calls`` on the nanosecond grid already (``nesting.settle_as_arrays``, as placed):
+    # their ``ts`` and ``dur`` in their order, taken where the thread's calls are those
+    settled: dict[Thread, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # the distinct names of threads of ``calls`` that hold complete calls only, where known
+    names: dict[Thread, set[Any]] = field(default_factory=dict)
 
 
 def merge_trace(
@@ -326,8 +365,12 @@ def merge_trace(
     vt_metadata: Mapping[str, Any],
     thread_names: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
-    """One trace dict: torch's keys, ``vt_lightning`` metadata, then ``traceEvents`` last."""
-    return merge_window(torch_trace, PythonParts(list(python_events)), calibration, vt_metadata, thread_names).as_dict()
+    """One trace dict: torch's keys, ``vt_lightning`` metadata, then ``traceEvents`` last (the
+    Python events placed here)."""
+    origin_us = time_origin_us(torch_trace.get("traceEvents", []))
+    events = list(python_events)
+    place_python_events(events, torch_placement(calibration, origin_us))
+    return merge_window(torch_trace, PythonParts(events), calibration, vt_metadata, thread_names, origin_us).as_dict()
 
 
 def merge_window(
@@ -338,83 +381,43 @@ def merge_window(
     thread_names: Mapping[int, str] | None = None,
     origin_us: int | None = None,
 ) -> WindowTrace:
-    """Torch's trace and the window's Python events on one timeline, every thread nesting
-    strictly: the typed trace every later stage reads. ``origin_us``: ``time_origin_us`` of
-    torch's events, when the caller computed it already.
+    """Torch's trace and the window's Python events (placed on its timeline, less ``origin_us``:
+    ``time_origin_us`` of torch's events) on one timeline, every thread nesting strictly: the
+    typed trace every later stage reads.
 
-    One pass places, checks (the contract) and files each Python event, one each torch event;
-    the workers' calls, placed as they were read, are taken as they are. Then the nesting passes
-    (``nesting.py``): the boundaries repaired within the calibration's tolerance, the calls cut at
-    the annotation ranges they cross and put on the nanosecond grid (a worker's thread that
-    ``placement`` settled is taken as settled), the torch spans snapped, and what still crosses
+    One pass checks (the contract) and files each torch event, one each Python event one by one,
+    one each grouped thread by its distinct names. Then the nesting passes (``nesting.py``): the
+    boundaries repaired within the calibration's tolerance, the calls cut at the annotation ranges
+    they cross and put on the nanosecond grid, the torch spans snapped, and what still crosses
     moved to a track of its own."""
     torch_events = list(torch_trace.get("traceEvents", []))
     if origin_us is None:
         origin_us = time_origin_us(torch_events)
     rebase_events(torch_events, origin_us)
     ran = ran_steps(vt_metadata.get("steps"))
-    timed_parts: list[list[dict[str, Any]]] = []
-    python_meta: list[dict[str, Any]] = []
-    loose: list[dict[str, Any]] = []
-    calls: dict[Thread, list[dict[str, Any]]] = {}
-    python_fixed, python_dropped = 0, False
-    elsewhere: set[Thread] = set()  # threads with calls the merge placed
-    placement = python.placement
-    for part in (python.before, None, python.after):
-        if part is None:  # the workers' calls, placed and grouped as read
-            part_timed = [event for thread_calls in python.workers.values() for event in thread_calls]
-            part_calls = python.workers
-            part_fixed, part_dropped = 0, placement is not None and placement.dropped
-            if placement is not None and placement.unnamed:
-                part_fixed, named_dropped = _name_calls(part_timed, ran)
-                part_dropped = part_dropped or named_dropped
-            if placement is not None and placement.not_x:  # snapped as place_python_events snaps what is not X
-                snap_to_nanoseconds(event for event in part_timed if event.get("ph") != "X")
-                loose += (event for event in part_timed if event.get("ph") != "X" and "ts" in event)
-            if (placement is not None and placement.not_x) or part_dropped:  # the groups: X calls not marked
-                part_calls = {
-                    key: kept
-                    for key, group in part_calls.items()
-                    if (kept := [e for e in group if e.get("ph") == "X" and e["name"] is not _UNRUN])
-                }
-        else:
-            part_timed, part_meta, part_calls, part_fixed, part_dropped, part_loose = place_python_events(
-                part, calibration, origin_us, ran
-            )
-            python_meta += part_meta
-            loose += part_loose
-            elsewhere.update(part_calls)
-        timed_parts.append(part_timed)
-        for key, thread_calls in part_calls.items():
-            known = calls.get(key)
-            if known is None:  # taken, not copied: each copy of a worker's calls touches every one
-                calls[key] = thread_calls
-            else:
-                known.extend(thread_calls)
-        python_fixed += part_fixed
-        python_dropped = python_dropped or part_dropped
+    timed, python_meta, calls, python_fixed, python_dropped, loose = _settle_python(python, ran)
     events = merge_metadata_events(torch_events, python_meta, thread_names)
     fixed, threads, dropped, memory, metadata = _settle(events, ran, snap=True)
-    threads.ordered.update(python.workers.keys() - elsewhere - threads.python.keys())  # the filter's order
     for key, thread_calls in calls.items():
         if key in threads.python:
             threads.python[key].extend(thread_calls)
         else:
             threads.python[key] = thread_calls
     fixed += python_fixed
+    threads.settled.update(
+        (key, found) for key, found in python.settled.items() if len(threads.python.get(key) or ()) == len(found[0])
+    )
     if dropped or python_dropped:
         events[:] = [e for e in events if e["name"] is not _UNRUN]
-        timed_parts = [[e for e in part if e["name"] is not _UNRUN] for part in timed_parts]
+        timed = [e for e in timed if e["name"] is not _UNRUN]
         loose = [e for e in loose if e["name"] is not _UNRUN]
     memory += (e for e in loose if e.get("ph") == "i" and e.get("name") == MEMORY_EVENT)  # the Python part's
     head = len(events)
-    for part_timed in timed_parts:
-        events.extend(part_timed)
+    events.extend(timed)
     span = range(head, len(events))
     tolerance = calibration.uncertainty_us + STAMP_JITTER_US
     repaired, _ = repair_boundaries(events, tolerance, threads)
-    settled = placement.settled if placement is not None else {}
-    untangled = untangle_annotations(events, threads, snap=True, settled=settled)
+    untangled = untangle_annotations(events, threads, snap=True)
     _snap_spans((threads.ops, threads.annotations, threads.other))
     moved, clamped = separate_crossing_ranges(events, threads, calls_nest=True)
     metadata += events[span.stop :]  # the range tracks' names
@@ -432,7 +435,7 @@ def merge_window(
     meta = dict(vt_metadata)
     meta["time_origin_us"] = origin_us
     meta["calibration"] = calibration.metadata()
-    meta["python_events"] = sum(len(part) for part in timed_parts)
+    meta["python_events"] = len(timed)
     meta["torch_events"] = len(torch_events)
     meta["nesting"] = {
         "repaired": repaired,
@@ -445,10 +448,10 @@ def merge_window(
     if fixed:
         meta["contract_fixes"] = fixed
     header[TRACE_METADATA_KEY] = meta
+    # the threads settled as arrays, read as a reader of the written trace reads them
     columns = {
         key: Calls(starts, starts + lengths, [call["name"] for call in threads.python[key]])
-        for key, (starts, lengths, _) in settled.items()
-        if key in threads.ordered and key not in threads.cut and len(threads.python.get(key) or ()) == len(starts)
+        for key, (starts, lengths) in threads.settled.items()
     }
     return WindowTrace(header, events, threads, memory, metadata, span, loose, columns)
 

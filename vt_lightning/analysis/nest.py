@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from functools import cached_property
 from itertools import compress, islice
-from operator import eq, itemgetter, lt
+from operator import eq, itemgetter, le, lt
 from typing import Any
 
 import numpy as np
@@ -55,12 +55,16 @@ def outer_first(items: list[Any], start: Callable[[Any], Any] = _TS, length: Cal
     # lazily, so items out of order (a raw dump's, by end) cost only the first few keys
     if all(map(lt, map(start, items), map(start, islice(items, 1, None)))):
         return list(items)
-    # the starts in the sorted order, without reading the items again in that order (each read
-    # there is a cache miss): sorting the keys alone takes the same steps, so gives the same list
-    starts = sorted(map(start, items))
-    ordered = sorted(items, key=start)
-    if all(map(lt, starts, islice(starts, 1, None))):  # no equal starts, the usual case
-        return ordered
+    starts = list(map(start, items))
+    if all(map(le, starts, islice(starts, 1, None))):  # in order but for ties: only those are sorted
+        ordered = list(items)
+    else:
+        # the starts sorted on their own take the steps the items take, so give the same order,
+        # without reading each item's key again where it lies (each read there is a cache miss)
+        starts.sort()
+        ordered = sorted(items, key=start)
+        if all(map(lt, starts, islice(starts, 1, None))):  # no equal starts, the usual case
+            return ordered
     run_end = -1
     # i where starts[i] == starts[i + 1], found without a Python-level loop over every item
     for i in compress(range(len(starts) - 1), map(eq, starts, islice(starts, 1, None))):

@@ -21,7 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from vt_lightning.analysis.nest import DROP_PARENT, SKIP, covering, lanes, nests, outer_first, walk
+from vt_lightning.analysis.nest import (
+    ARRAY_NEST_MIN,
+    DROP_PARENT,
+    SKIP,
+    covering,
+    lanes,
+    nests,
+    outer_first,
+    outer_first_order,
+    walk,
+)
 from vt_lightning.analysis.trace import Thread, ThreadSpans
 from vt_lightning.constants import PYTHON_CATEGORY
 
@@ -138,11 +148,7 @@ def count_crossings(events: list[dict[str, Any]], threads: ThreadSpans | None = 
 
 
 def untangle_annotations(
-    events: list[dict[str, Any]],
-    threads: ThreadSpans | None = None,
-    *,
-    snap: bool = False,
-    settled: Mapping[Thread, SnappedCalls] | None = None,
+    events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, snap: bool = False
 ) -> int:
     """Make Python calls nest with the annotation ranges they open or close.
 
@@ -153,10 +159,10 @@ def untangle_annotations(
     that began inside the range starts at the range's end. Then each call that outlasts the call it
     starts in is cut at that call's end (``nest.walk``). A cut keeps its original bounds in ``args``
     (``vt_lightning.ts`` / ``vt_lightning.dur``). Returns how many calls were cut.
-    ``snap``: then put every call on the nanosecond grid as ``merge.snap_to_nanoseconds`` would.
-    ``settled`` (with ``snap``): in-order threads (``ThreadSpans.ordered``: a DataLoader worker's)
-    whose calls this would not cut, as it would leave them (``nest_uncut``, ``snap_arrays``: made
-    where the times were arrays), taken as they are.
+    ``snap``: then put every call on the nanosecond grid as ``merge.snap_to_nanoseconds`` would; a
+    long thread of nothing but calls none of which outlasts its parent (a DataLoader worker's) as
+    arrays (``settle_as_arrays``), its times kept in ``threads.settled`` for the trace's tables. A
+    thread in ``threads.settled`` already is taken as it is.
     """
     threads = threads if threads is not None else ThreadSpans(events)
     python, ranges = threads.python, threads.annotations
@@ -185,18 +191,16 @@ def untangle_annotations(
         _set_bounds(call, new_start, new_end)
     # A cut parent can leave a child (placed within the calibration's uncertainty) sticking out.
     threads.cut.update(call_key(call) for call, _, _ in cuts.values())
-    ordered = threads.ordered - ranges.keys() - threads.ops.keys()  # neither sorted nor moved above
-    ready = settled if snap and settled is not None else {}
     for key, thread_calls in python.items():
-        known = ready.get(key) if key in ordered else None
-        if known is not None and len(known[0]) == len(thread_calls):
-            grid_ts, grid_dur, written = known
-            if not written:
-                for call, start, length in zip(thread_calls, grid_ts.tolist(), grid_dur.tolist()):
-                    call["dur"] = length
-                    call["ts"] = start
+        if key in threads.settled:  # on the grid already (a worker's, as placed)
             continue
-        calls = walked.get(key) or (thread_calls if key in ordered else outer_first(thread_calls))
+        calls = walked.get(key)
+        if calls is None and snap and len(thread_calls) >= ARRAY_NEST_MIN and key not in threads.ops:
+            settled = settle_as_arrays(thread_calls)
+            if settled is not None:
+                threads.settled[key] = settled
+                continue
+        calls = calls or outer_first(thread_calls)
 
         def cut(i: int, _: int, parent_end: float, calls: list[dict[str, Any]] = calls, key: Thread = key) -> float:
             call = calls[i]  # a call outliving the call it starts in: cut at that call's end
@@ -217,26 +221,42 @@ def untangle_annotations(
     return len(cuts)
 
 
-# A thread's calls as ``untangle_annotations`` leaves them when none is cut: each one's ``ts`` and
-# ``dur`` on the nanosecond grid, in the thread's (outer-first) order, and whether the calls hold
-# those times already.
-SnappedCalls = tuple[np.ndarray, np.ndarray, bool]
-
-
-def nest_uncut(starts: np.ndarray, lengths: np.ndarray) -> bool:
-    """Whether ``untangle_annotations`` cuts none of an in-order thread's calls (``starts``,
-    ``lengths``: their ``ts`` and ``dur``, outer-first): the same test on the same ends (``start +
-    length``), as ``nest.nests`` answers it."""
-    return nests(starts, starts + lengths)
-
-
-def snap_arrays(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Calls' ``ts`` and ``dur`` on the nanosecond grid as ``untangle_annotations``' snap puts them:
-    each operation on the same doubles, element by element (``+ 0.0`` makes a rounded -0.0 the 0
-    that ``round`` gives), for a caller that holds the times as arrays."""
-    start_ns = np.rint(starts * 1000) + 0.0
+def settle_as_arrays(
+    calls: list[dict[str, Any]],
+    starts: np.ndarray | None = None,
+    lengths: np.ndarray | None = None,
+    order: np.ndarray | None = None,
+    category: str | None = None,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """A thread's calls on the nanosecond grid where none outlasts the call it starts in, as
+    ``untangle_annotations``' walk and snap would leave them (the same test on the same ends, each
+    operation on the same doubles, element by element): written, and their ``ts`` and ``dur``
+    returned, in ``calls``' order; None, and the calls untouched, where one does. ``starts``,
+    ``lengths``: their ``ts`` and ``dur``, when the caller holds them as arrays already, and
+    ``order`` their ``outer_first`` order; ``category``: written as each one's ``cat`` too."""
+    if starts is None or lengths is None:
+        count = len(calls)
+        try:
+            starts = np.fromiter(map(_TS, calls), dtype=float, count=count)
+            lengths = np.fromiter(map(_DUR, calls), dtype=float, count=count)
+        except (TypeError, ValueError):
+            return None
+    order = outer_first_order(starts, lengths) if order is None else order
+    if not nests(starts[order], (starts + lengths)[order]):
+        return None
+    start_ns = np.rint(starts * 1000) + 0.0  # + 0.0: a rounded -0.0 is the 0 that round() gives
     end_ns = np.rint((starts + lengths) * 1000) + 0.0
-    return start_ns / 1000, np.where(end_ns > start_ns, end_ns - start_ns, 0.0) / 1000
+    ts, dur = start_ns / 1000, np.where(end_ns > start_ns, end_ns - start_ns, 0.0) / 1000
+    if category is None:
+        for call, start, length in zip(calls, ts.tolist(), dur.tolist()):
+            call["dur"] = length
+            call["ts"] = start
+    else:
+        for call, start, length in zip(calls, ts.tolist(), dur.tolist()):
+            call["dur"] = length
+            call["ts"] = start
+            call["cat"] = category
+    return ts, dur
 
 
 def call_key(event: Mapping[str, Any]) -> Thread:

@@ -71,7 +71,7 @@ class ThreadSpans:
     read: Python calls, torch ops (which nest in the call that issued them), annotation ranges
     (which need not) and the rest (which the last pass holds to nesting too)."""
 
-    __slots__ = ("annotations", "cut", "ops", "ordered", "other", "python")
+    __slots__ = ("annotations", "cut", "ops", "other", "python", "settled")
 
     def __init__(self, events: Iterable[dict[str, Any]] = ()) -> None:
         self.python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
@@ -79,9 +79,9 @@ class ThreadSpans:
         self.annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.cut: set[Thread] = set()  # threads where untangle_annotations moved a call's bounds
-        # threads whose calls were filed outer first (``outer_first``'s order: the filter's, on the
-        # same bounds), so that a pass that reads them in that order need not check it
-        self.ordered: set[Thread] = set()
+        # threads whose calls untangle_annotations put on the nanosecond grid as arrays (none cut):
+        # their ``ts`` and ``dur``, in the file's order
+        self.settled: dict[Thread, tuple[np.ndarray, np.ndarray]] = {}
         for event in events:
             if event.get("ph") == "X":
                 self.add(event, event.get("cat"), str(event.get("name", "")))

@@ -42,7 +42,7 @@ from vt_lightning.analysis.merge import (
     TorchPlacement,
     encode_trace,
     merge_window,
-    ran_steps,
+    place_python_events,
     time_origin_us,
     torch_placement,
 )
@@ -143,7 +143,7 @@ def calibrate(job: WindowJob, raw: Read) -> Calibrated:
             to_torch_us=calibration.python_to_torch_us,
         )
     origin_us = time_origin_us(torch_trace.get("traceEvents", []))
-    to_torch = torch_placement(calibration, origin_us, ran_steps(metadata.get("steps")))
+    to_torch = torch_placement(calibration, origin_us)
     return Calibrated(torch_trace, python_events, calibration, metadata, origin_us, to_torch)
 
 
@@ -242,38 +242,42 @@ class Placed:
 def place(job: WindowJob, clocks: Calibrated) -> Placed:
     """VizTracer's calls with the DataLoader workers' parts (``worker_dumps.py``: their calls placed
     on torch's timeline as they are read, when the filter runs), filtered, then the gc pauses and
-    compile spans the side recorders took."""
+    compile spans the side recorders took; all on torch's timeline (``merge.place_python_events``)."""
     metadata, notes = clocks.metadata, []
-    before = clocks.python_events
     rules, to_torch = job.python_filter, clocks.to_torch
     settle = partial(keeps_whole, rules) if rules is not None else None
     workers = collect_worker_dumps(job.extras.get("workers"), to_torch if rules is not None else None, settle)
-    placed: dict[Any, list[dict[str, Any]]] = {}
+    # Copies: placing moves events in place, and the job stays as handed over (a retry of the same
+    # job on the writer thread would otherwise shift these a second time).
+    gc_pauses = job.extras.get("gc")  # recording/gc_watch.py, on the Python clock
+    after = [dict(event) for event in gc_pauses.get("events") or ()] if isinstance(gc_pauses, dict) else []
+    before: list[dict[str, Any]] = clocks.python_events
+    calls: dict[Any, list[dict[str, Any]]] = {}
+    on_python_clock: list[dict[str, Any]] = []  # what is placed here: all but the workers' calls
     if rules is not None:  # the workers' events follow, grouped as the filter groups them
         grouped = workers.grouped if workers is not None else None
-        others, kept, filter_stats = filter_python_events(
-            before, rules, grouped, workers.ordered if workers is not None else None
-        )
+        ordered = workers.ordered if workers is not None else None
+        before, calls, filter_stats = filter_python_events(before, rules, grouped, ordered)
         from_workers = grouped[0].keys() if grouped is not None else ()
-        before = others + [call for key, calls in kept.items() if key not in from_workers for call in calls]
-        placed = {key: calls for key, calls in kept.items() if key in from_workers}
+        on_python_clock = before + [call for key, found in calls.items() if key not in from_workers for call in found]
         metadata["python_filter"] = filter_stats.as_dict()
         if rules.user_filters and filter_stats.kept == 0 and filter_stats.filtered:
             notes.append(
                 f"include_files / exclude_files / max_stack_depth kept none of the "
                 f"{filter_stats.filtered} Python calls recorded; check the paths"
             )
-    elif workers is not None:
-        before = [*before, *workers.events]
-    # Copies: merging moves events in place, and the job stays as handed over (a retry of the same
-    # job on the writer thread would otherwise shift these a second time).
-    gc_pauses = job.extras.get("gc")  # recording/gc_watch.py, on the Python clock
-    after = [dict(event) for event in gc_pauses.get("events") or ()] if isinstance(gc_pauses, dict) else []
+    else:
+        before = on_python_clock = [*before, *workers.events] if workers is not None else before
     compile_info = job.extras.get("compile")
     if isinstance(compile_info, dict):  # recording/compile_watch.py: a span per compile, Python clock
-        after += compile_span_events(compile_info, [*before, *(e for calls in placed.values() for e in calls), *after])
+        after += compile_span_events(
+            compile_info, [*before, *(call for found in calls.values() for call in found), *after]
+        )
         metadata["compile"] = compile_record(compile_info)
-    parts = PythonParts(before, placed, after, to_torch if placed else None)
+    place_python_events([*on_python_clock, *after], to_torch)
+    parts = PythonParts(before, calls, after)
+    if workers is not None:
+        parts.settled, parts.names = workers.settled, workers.ordered
     return Placed(clocks.torch, parts, clocks.calibration, metadata, clocks.origin_us, workers, notes)
 
 

@@ -40,8 +40,10 @@ class WorkerDumps:
     events: list[dict[str, Any]] = field(default_factory=list)
     # ``events`` as the filter groups them (``workers.ThreadCalls``): it need not walk them again
     grouped: ThreadCalls = field(default_factory=lambda: ({}, []))
-    # the names of ``grouped``'s threads filed outer-first as placed (``place_events``' ``ordered``)
+    # the threads of ``grouped`` filed outer first, and their names (``place_events``' ``ordered``)
     ordered: dict[tuple[Any, Any], set[Any]] = field(default_factory=dict)
+    # the threads put on the nanosecond grid as placed (``place_events``' ``settled``)
+    settled: dict[tuple[Any, Any], tuple[Any, Any]] = field(default_factory=dict)
     workers: list[dict[str, Any]] = field(default_factory=list)  # pid, worker, rank, fetches (main µs)
     missing: list[str] = field(default_factory=list)
 
@@ -131,7 +133,9 @@ def collect_worker_dumps(
         to_main = worker_to_main_us([(float(u), int(n)) for u, n in meta["clock"]], main_clock)
         helper_tids = {int(t) for t in meta.get("helper_tids", [])}
         events = chain(dump.get("traceEvents", []), library_spans(meta))  # one placing: one sort per thread
-        out.events += place_events(events, to_main, helper_tids, out.grouped, to_torch, out.ordered, settle)
+        out.events += place_events(
+            events, to_main, helper_tids, out.grouped, to_torch, out.ordered, settle, out.settled
+        )
         if dump.get("viztracer_metadata", {}).get("overflow"):
             out.missing.append(
                 f"DataLoader worker {meta['worker']} filled its ring buffer: only its last events are kept"
