@@ -78,7 +78,7 @@ def snap_to_nanoseconds(events: Iterable[dict[str, Any]]) -> None:
     """Put every start and end on the nanosecond grid, ``dur`` as the difference of the two.
 
     Rounding is monotonic, so spans that nest (or touch) keep nesting (or touching); rounding
-    ``ts`` and ``dur`` separately, as before, could push a child's end 1 ns past its parent's.
+    ``ts`` and ``dur`` separately could push a child's end 1 ns past its parent's.
     """
     for event in events:
         if "ts" not in event:

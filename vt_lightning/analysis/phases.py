@@ -3,8 +3,8 @@
 The summary's Python tables fold the frameworks' frames into the phase their call started in
 (``lightning · optimizer (folded)``), so the phases must be the breakdown's own: each piece between
 two range ends is attributed by ``breakdown.attribute_step``, the one rule that tiles the step.
-Built once per window (cost: that of the breakdown again); a lookup is one ``bisect``, cheap
-enough for the per-call loop of ``python_tables.python_stats``.
+Built once per window (cost: that of the breakdown again); the Python tables look every call's
+phase up at once (``segments_at``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from vt_lightning.analysis.phases import OUTSIDE, PhaseSegments
 from vt_lightning.analysis.spans import Span
 from vt_lightning.analysis.trace import Calls, Thread
 from vt_lightning.analysis.usercode import GENERATED, code_origin, parse_function
-from vt_lightning.constants import GC_SPAN_PREFIX, PYTHON_CATEGORY
+from vt_lightning.constants import GC_SPAN_PREFIX
 
 FOLDED_ORIGINS = ("package", GENERATED)  # folded to one line per package and phase in the rankings
 GENERATED_PACKAGE = "torch.compile generated code"  # the one line of every compiler-generated function
@@ -249,24 +249,13 @@ def _sums_in_first_order(keys: np.ndarray, values: np.ndarray) -> list[tuple[int
     return list(zip(distinct[order].tolist(), sums[order].tolist(), strict=True))
 
 
-def python_stats(
-    events: Sequence[Mapping[str, Any]], region: Span | None = None, phases: PhaseSegments | None = None
+def python_stats_of(
+    calls: Mapping[Thread, Calls], region: Span | None = None, phases: PhaseSegments | None = None
 ) -> PythonStats:
     """Per thread, per function and per package and phase (the breakdown part its call started in,
     from ``phases``; "" without them): calls, self time, inclusive time (a recursive call or a call
     under another call of the same package and phase is counted once), of the calls within
     ``region`` (each clipped to it; a call that started before it is in phase ``other``)."""
-    by_thread: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
-    for event in events:
-        if event.get("cat") == PYTHON_CATEGORY:
-            by_thread[(event.get("pid"), event.get("tid"))].append(event)
-    return python_stats_of({thread: Calls.from_events(found) for thread, found in by_thread.items()}, region, phases)
-
-
-def python_stats_of(
-    calls: Mapping[Thread, Calls], region: Span | None = None, phases: PhaseSegments | None = None
-) -> PythonStats:
-    """``python_stats`` of calls already read per thread."""
     lo, hi = region if region is not None else (float("-inf"), float("inf"))
     out = PythonStats()
     for thread, found in calls.items():

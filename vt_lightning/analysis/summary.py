@@ -47,7 +47,6 @@ from vt_lightning.analysis.python_tables import (
     Stat,
     Thread,
     ThreadStats,
-    python_stats,
     python_stats_of,
 )
 from vt_lightning.analysis.schema import (
@@ -138,12 +137,11 @@ def folded_name(package: str, phase: str) -> str:
     return f"{package} · {phase.replace('_', ' ')} (folded)" if phase else f"{package} (folded)"
 
 
-def top_python(
-    events: Sequence[Mapping[str, Any]],
+def _top_python_of(
+    calls: Mapping[Thread, Calls],
     steps: int,
-    limit: int = TOP_PYTHON,
-    region: Span | None = None,
-    phases: PhaseSegments | None = None,
+    region: Span | None,
+    phases: PhaseSegments | None,
 ) -> TopPython:
     """Top functions by self and by inclusive time, per step of ``region``: the user's code first,
     then a model library's (litgpt, timm, transformers: the model the user built from), then the
@@ -151,17 +149,6 @@ def top_python(
     breakdown phase their calls started in (``phases``; one line per package without them), other
     packages too unless they rank in the top few; and every function's self time above a threshold
     (``totals``: the full ranking, unfolded)."""
-    stats = python_stats(events, region, phases)
-    return rank_python(stats, stats.merged(), steps, limit)
-
-
-def _top_python_of(
-    calls: Mapping[Thread, Calls],
-    steps: int,
-    region: Span | None,
-    phases: PhaseSegments | None,
-) -> TopPython:
-    """``top_python`` of calls already read per thread."""
     stats = python_stats_of(calls, region, phases)
     return rank_python(stats, stats.merged(), steps)
 
