@@ -491,6 +491,29 @@ def test_the_trace_is_compressed_beside_the_summary_and_a_summary_fault_keeps_th
     assert not _gzip_threads()
 
 
+def test_a_memory_snapshot_fault_is_a_note_and_keeps_the_trace_and_the_summary(tmp_path, monkeypatch):
+    """The memory snapshot is one of the window's optional files: a fault building it, or writing
+    it, is one note in the result; the trace and the summary are written all the same."""
+    from vt_lightning.export import pipeline
+
+    job = _kept_job(tmp_path, monkeypatch)
+    whole = pipeline.finish_window(dataclasses.replace(job, run_dir=tmp_path / "whole", job_id=""))
+    assert whole.memory_path is not None and not whole.notes
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("snapshot broke")
+
+    for name in ("build_cpu_snapshot", "write_snapshot"):
+        with monkeypatch.context() as patch:
+            patch.setattr(pipeline, name, broken)
+            run_dir = tmp_path / name
+            result = pipeline.finish_window(dataclasses.replace(job, run_dir=run_dir, job_id=""))
+        assert result.notes == ("memory snapshot not written (RuntimeError: snapshot broke)",), name
+        assert result.memory_path is None and not list(run_dir.glob("*.memory_snapshot.pickle")), name
+        assert load_trace(result.trace_path)["traceEvents"] == load_trace(whole.trace_path)["traceEvents"]
+        assert result.summary_path is not None and result.summary_path.exists(), name
+
+
 def test_a_compression_fault_writes_no_trace_and_leaves_no_thread(tmp_path, monkeypatch):
     """A gzip that fails on its thread fails the window as it did on the caller's: the error
     reaches the writer, and nothing is written (no trace, no snapshot, no summary, no temporary)."""
