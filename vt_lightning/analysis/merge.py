@@ -203,19 +203,21 @@ def place_python_events(events: list[dict[str, Any]], placement: TorchPlacement)
 
 
 def _settle(
-    events: list[dict[str, Any]], ran: set[str] | None, snap: bool
-) -> tuple[int, ThreadSpans, bool, list[dict[str, Any]], list[dict[str, Any]]]:
-    """In one pass over the window's events: give every event a name and every X event a string
-    cat/ts/dur (the trace contract), mark the ``ProfilerStep#N`` ranges opened for a batch that
-    never ran (training ended first; only when ``ran`` is given) for the caller to remove, and
-    file the rest: the X events into ``ThreadSpans``, the ``[memory]`` instants and the metadata
-    events in lists. Returns (events fixed, the groups, whether one was marked, the instants, the
-    metadata). ``snap``: put every event that is not X on the nanosecond grid as
-    ``snap_to_nanoseconds`` would (no nesting pass reads them)."""
-    threads = ThreadSpans()
+    events: list[dict[str, Any]],
+    ran: set[str] | None,
+    threads: ThreadSpans,
+    memory: list[dict[str, Any]],
+    metadata: list[dict[str, Any]],
+    loose: list[dict[str, Any]] | None = None,
+) -> tuple[int, bool]:
+    """In one pass over events: give every event a name and every X event a string cat/ts/dur (the
+    trace contract), mark the ``ProfilerStep#N`` ranges opened for a batch that never ran (training
+    ended first; only when ``ran`` is given) for the caller to remove, and file the rest: the X
+    events into ``threads``, the ``[memory]`` instants into ``memory``, the metadata events into
+    ``metadata``. The events that are not X and have a time go on the nanosecond grid (no nesting
+    pass reads them), or, with ``loose`` (the Python part's: on the grid as placed), into it.
+    Returns (events fixed, whether one was marked)."""
     add = threads.add
-    memory: list[dict[str, Any]] = []
-    metadata: list[dict[str, Any]] = []
     dropped = False
     fixed = 0
     for event in events:
@@ -223,14 +225,17 @@ def _settle(
         if not isinstance(name, str):
             name = event["name"] = str(event.get("name", ""))
             fixed += 1
-        unrun = ran is not None and name.startswith(STEP_PREFIX) and name not in ran
+        unrun = _unrun(name, ran)
         if unrun:
             event["name"] = _UNRUN  # marked: the list is rebuilt without them by the caller
             dropped = True
         ph = event.get("ph")
         if ph != "X":
-            if snap and "ts" in event:
-                event["ts"] = round(float(event["ts"]) * 1000) / 1000
+            if "ts" in event:
+                if loose is None:
+                    event["ts"] = round(float(event["ts"]) * 1000) / 1000
+                else:
+                    loose.append(event)
             if ph == "M":
                 metadata.append(event)
             elif ph == "i" and name == MEMORY_EVENT:
@@ -248,7 +253,7 @@ def _settle(
             fixed += 1
         if not unrun:
             add(event, cat, name)
-    return fixed, threads, dropped, memory, metadata
+    return fixed, dropped
 
 
 def _unrun(name: str, ran: set[str] | None) -> bool:
@@ -256,49 +261,15 @@ def _unrun(name: str, ran: set[str] | None) -> bool:
     return ran is not None and name.startswith(STEP_PREFIX) and name not in ran
 
 
-def _settle_python(
-    python: PythonParts, ran: set[str] | None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[Thread, list[dict[str, Any]]], int, bool, list[Any]]:
-    """``_settle`` for the Python events (placed already): every event named, the unrun steps'
-    ranges marked, each thread's calls filed, a grouped thread's by its distinct names. Returns
-    (the timed events in the file's order, the metadata, the calls per thread, events fixed,
-    whether one was marked, the timed events that are no complete call)."""
-    timed: list[dict[str, Any]] = []
-    meta: list[dict[str, Any]] = []
-    loose: list[dict[str, Any]] = []
-    calls: dict[Thread, list[dict[str, Any]]] = {}
+def _settle_calls(
+    python: PythonParts, ran: set[str] | None, threads: ThreadSpans, loose: list[dict[str, Any]]
+) -> tuple[int, bool]:
+    """``_settle`` for each thread's grouped calls, read by their distinct names: each call named,
+    the unrun steps' ranges marked, the complete calls filed into ``threads``, a "B" into ``loose``.
+    Returns (calls fixed, whether one was marked)."""
     fixed = 0
     dropped = False
-
-    def settle_one_by_one(events: list[dict[str, Any]]) -> None:
-        nonlocal fixed, dropped
-        for event in events:
-            ph = event.get("ph")
-            if ph == "M":
-                meta.append(event)
-                continue
-            timed.append(event)
-            name = event.get("name")
-            if not isinstance(name, str):
-                name = event["name"] = str(event.get("name", ""))
-                fixed += 1
-            unrun = _unrun(name, ran)
-            if unrun:
-                event["name"] = _UNRUN
-                dropped = True
-            if ph != "X":
-                if "ts" in event:
-                    loose.append(event)
-                continue
-            if "ts" not in event:
-                event["ts"] = 0.0
-                fixed += 1
-            if not unrun:
-                calls.setdefault((event.get("pid"), event.get("tid")), []).append(event)
-
-    settle_one_by_one(python.before)
     for key, group in python.calls.items():
-        timed += group
         known_names = python.names.get(key)
         try:
             names = set(map(_NAME, group)) if known_names is None else known_names
@@ -320,13 +291,8 @@ def _settle_python(
         if kinds != {"X"} or marked:
             group = [event for event in group if event.get("ph") == "X" and event["name"] is not _UNRUN]
         if group:
-            known = calls.get(key)
-            if known is None:  # taken, not copied: each copy of a worker's calls touches every one
-                calls[key] = group
-            else:
-                known.extend(group)
-    settle_one_by_one(python.after)
-    return timed, meta, calls, fixed, dropped, loose
+            threads.python[key].extend(group)
+    return fixed, dropped
 
 
 def _snap_spans(groups: Iterable[Mapping[Thread, list[dict[str, Any]]]]) -> None:
@@ -395,23 +361,30 @@ def merge_window(
         origin_us = time_origin_us(torch_events)
     rebase_events(torch_events, origin_us)
     ran = ran_steps(vt_metadata.get("steps"))
-    timed, python_meta, calls, python_fixed, python_dropped, loose = _settle_python(python, ran)
+    before, after = ([e for e in part if e.get("ph") != "M"] for part in (python.before, python.after))
+    python_meta = [e for part in (python.before, python.after) for e in part if e.get("ph") == "M"]
     events = merge_metadata_events(torch_events, python_meta, thread_names)
-    fixed, threads, dropped, memory, metadata = _settle(events, ran, snap=True)
-    for key, thread_calls in calls.items():
-        if key in threads.python:
-            threads.python[key].extend(thread_calls)
-        else:
-            threads.python[key] = thread_calls
-    fixed += python_fixed
+    threads = ThreadSpans()
+    memory: list[dict[str, Any]] = []
+    metadata: list[dict[str, Any]] = []
+    loose: list[dict[str, Any]] = []  # the Python part's events with a time that are no complete call
+    fixed, dropped = 0, False
+    for part_fixed, part_dropped in (
+        _settle(events, ran, threads, memory, metadata),
+        _settle(before, ran, threads, memory, metadata, loose),
+        _settle_calls(python, ran, threads, loose),
+        _settle(after, ran, threads, memory, metadata, loose),
+    ):
+        fixed += part_fixed
+        dropped = dropped or part_dropped
     threads.settled.update(
         (key, found) for key, found in python.settled.items() if len(threads.python.get(key) or ()) == len(found[0])
     )
-    if dropped or python_dropped:
+    timed = [*before, *(event for group in python.calls.values() for event in group), *after]
+    if dropped:
         events[:] = [e for e in events if e["name"] is not _UNRUN]
         timed = [e for e in timed if e["name"] is not _UNRUN]
         loose = [e for e in loose if e["name"] is not _UNRUN]
-    memory += (e for e in loose if e.get("ph") == "i" and e.get("name") == MEMORY_EVENT)  # the Python part's
     head = len(events)
     events.extend(timed)
     span = range(head, len(events))
