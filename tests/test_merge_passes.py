@@ -349,7 +349,11 @@ def test_workers_calls_placed_on_torchs_timeline_as_they_are_read_merge_as_if_th
         else:  # everything, the workers' calls from the main process's clock
             place_python_events([*others, *(c for calls in kept.values() for c in calls)], to_torch)
         worker_calls = [call for key, calls in kept.items() if key in from_workers for call in calls]
-        placed_times = orjson.dumps([(e["ts"], e.get("dur"), e["cat"]) for e in worker_calls])
+        # what is not X is snapped once placed (by the merge, or by place_python_events)
+        placed_times = orjson.dumps(
+            [(e["ts"] if e["ph"] == "X" else round(e["ts"] * 1000) / 1000, e.get("dur"), e["cat"])
+             for e in worker_calls]
+        )  # fmt: skip
         parts = PythonParts(others, kept, settled=settled, names=ordered)
         trace = merge_window({"traceEvents": torch_copy}, parts, calibration, metadata, origin_us=origin)
         return orjson.dumps(trace.as_dict()), trace, placed_times

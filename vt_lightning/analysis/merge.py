@@ -265,7 +265,8 @@ def _settle_calls(
     python: PythonParts, ran: set[str] | None, threads: ThreadSpans, loose: list[dict[str, Any]]
 ) -> tuple[int, bool]:
     """``_settle`` for each thread's grouped calls, read by their distinct names: each call named,
-    the unrun steps' ranges marked, the complete calls filed into ``threads``, a "B" into ``loose``.
+    the unrun steps' ranges marked, the complete calls filed into ``threads``, a "B" into ``loose``
+    on the nanosecond grid (a worker's is placed, not snapped, where the filter reads it).
     Returns (calls fixed, whether one was marked)."""
     fixed = 0
     dropped = False
@@ -286,8 +287,11 @@ def _settle_calls(
                 if _unrun(name, ran):
                     event["name"] = _UNRUN
                     marked = dropped = True
-        if kinds != {"X"}:  # a "B" among the calls: no span of the nesting passes
-            loose += (event for event in group if event.get("ph") != "X")
+        if kinds != {"X"}:  # a "B" among the calls: no span of the nesting passes, on the grid
+            for event in group:
+                if event.get("ph") != "X":
+                    event["ts"] = round(float(event["ts"]) * 1000) / 1000
+                    loose.append(event)
         if kinds != {"X"} or marked:
             group = [event for event in group if event.get("ph") == "X" and event["name"] is not _UNRUN]
         if group:

@@ -184,10 +184,10 @@ def place_events(
             start = mx + ((wy + (float(event["ts"]) - wx) * wslope) - my) / mslope
             event["ts"] = start
             if ph == "B" and grouped is not None:
-                if to_torch is not None:  # placed and snapped as merge.place_python_events places one
+                if to_torch is not None:  # placed as merge.place_python_events places one (the merge snaps it)
                     if not isinstance(get("cat"), str):
                         event["cat"] = PYTHON_CATEGORY
-                    event["ts"] = round(to_torch.at(start) * 1000) / 1000
+                    event["ts"] = to_torch.at(start)
                 key = (get("pid"), tid)
                 if key not in complete:
                     complete[key] = ([], [], [])
