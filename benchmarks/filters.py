@@ -43,9 +43,9 @@ def capture_window_events(root: str) -> tuple[list[dict], PythonFilter]:
     captured: dict[str, object] = {}
 
     def spy(original):
-        def take(events, rules):
+        def take(events, rules, *grouped):
             captured["events"], captured["rules"] = copy.deepcopy(events), rules
-            return original(events, rules)
+            return original(events, rules, *grouped)
 
         return take
 
@@ -64,7 +64,7 @@ def time_filter(events: list[dict], rules: PythonFilter, repeats: int = 5) -> tu
     for _ in range(repeats):
         batch = copy.deepcopy(events)
         start = time.perf_counter()
-        _out, stats = filter_python_events(batch, rules)
+        _, _, stats = filter_python_events(batch, rules)
         best = min(best, time.perf_counter() - start)
         kept = stats.kept
     return best, kept

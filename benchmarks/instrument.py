@@ -58,12 +58,12 @@ _TARGETS = [
         "writer: writer process (read, merge, encode, gzip, write)",
     ),
     ("vt_lightning.export.pipeline", None, "_read_json", "writer: read raw JSON (orjson)"),
-    ("vt_lightning.export.pipeline", None, "merge_trace", "writer: merge"),
-    ("vt_lightning.export.pipeline", None, "_apply_lightning_view", "writer: Lightning view"),
+    ("vt_lightning.export.pipeline", None, "merge_window", "writer: merge"),
+    ("vt_lightning.export.pipeline", None, "apply_lightning_view", "writer: Lightning view"),
     ("vt_lightning.export.pipeline", None, "encode_trace", "writer: encode (orjson)"),
     ("vt_lightning.export.atomic", None, "gzip_bytes", "writer: gzip"),
     ("vt_lightning.export.pipeline", None, "atomic_write", "writer: write + fsync"),
-    ("vt_lightning.export.pipeline", None, "_memory_snapshot", "writer: memory snapshot"),
+    ("vt_lightning.export.pipeline", None, "build_cpu_snapshot", "writer: memory snapshot"),
     ("vt_lightning.export.pipeline", None, "_write_memory", "writer: memory snapshot"),
 ]
 

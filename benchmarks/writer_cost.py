@@ -323,7 +323,7 @@ def _end_wait_in_fresh_process(code: Path) -> dict[str, Any]:
 # Replay (in a fresh process: python -I, as the writer process runs)
 # --------------------------------------------------------------------------------------------------
 
-STAGES = [
+STAGES = [  # the names of this checkout's stages, and of the ones a checkout given to --against may have
     ("vt_lightning.export.pipeline", "_read_json", "read raw JSON"),
     ("vt_lightning.export.pipeline", "calibrate", "calibrate"),
     ("vt_lightning.export.pipeline", "collect_worker_dumps", "read workers' parts"),
@@ -332,12 +332,15 @@ STAGES = [
     ("vt_lightning.export.pipeline", "merge_window", "merge"),
     ("vt_lightning.export.pipeline", "add_to_trace", "place workers"),
     ("vt_lightning.export.pipeline", "_apply_lightning_view", "Lightning view"),
+    ("vt_lightning.export.pipeline", "apply_lightning_view", "Lightning view"),
     ("vt_lightning.export.pipeline", "encode_trace", "encode"),
     ("vt_lightning.export.atomic", "gzip_bytes", "gzip"),  # on a thread of its own, beside the summary
     ("vt_lightning.export.pipeline", "write_new", "write trace"),
     ("vt_lightning.export.pipeline", "_memory_snapshot", "memory snapshot"),
+    ("vt_lightning.export.pipeline", "build_cpu_snapshot", "memory snapshot"),
     ("vt_lightning.export.pipeline", "_write_memory", "memory snapshot"),
     ("vt_lightning.export.pipeline", "_make_summary", "summary + verdicts"),
+    ("vt_lightning.export.pipeline", "_summary", "summary + verdicts"),
     ("vt_lightning.export.pipeline", "_write_summary", "summary + verdicts"),
 ]
 

@@ -64,6 +64,7 @@ FILE_TIERS = {
     "test_long_jobs.py": "integration",
     "test_memory.py": "unit",
     "test_native_threads.py": "integration",
+    "test_nesting_engine.py": "unit",
     "test_numbers.py": "integration",
     "test_offsets.py": "unit",
     "test_option_limits.py": "integration",

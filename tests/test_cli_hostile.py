@@ -29,7 +29,7 @@ COMMAND = [sys.executable, "-m", "vt_lightning"]
 ENV = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "CLICOLOR_FORCE")}
 ENV |= {"NO_COLOR": "1", "COLUMNS": "200", "PYTHONUTF8": "1"}
 GIB = 1 << 30
-SUMMARY_NAME = "h_0.0000000005.summary.json"
+SUMMARY_NAME = "h_0.0000000005.summary.jsonc"
 TRACE_NAME = "h_0.0000000005.pt.trace.json.gz"
 
 
@@ -452,7 +452,7 @@ def test_ansi_names_print_escaped_without_rich(tmp_path: Path, good_summary: dic
 def test_errors_print_escaped(tmp_path: Path, good_summary: dict[str, Any]) -> None:
     summary = _fresh(good_summary)
     summary["step_ms"]["mean"] = f"w{EVIL}"
-    path = tmp_path / f"x{EVIL}.summary.json"
+    path = tmp_path / f"x{EVIL}.summary.jsonc"
     path.write_bytes(orjson.dumps(summary))
     proc = _run("summary", str(path))
     assert proc.returncode == 1

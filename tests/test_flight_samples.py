@@ -18,6 +18,7 @@ from vt_lightning.analysis.flight import (
     reduce_stack,
     sample_spans,
 )
+from vt_lightning.analysis.trace import WindowTrace
 from vt_lightning.recording import flight
 from vt_lightning.recording.flight import FlightRecorder
 
@@ -143,7 +144,9 @@ def test_a_track_before_the_time_origin_moves_the_origin_back() -> None:
         "vt_lightning": {"time_origin_us": 3_000_000},
         "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 10.5, "dur": 1.0, "pid": 1, "tid": 1}],
     }
-    add_flight_track(merged, data, _identity())
+    trace = WindowTrace.of(merged)
+    add_flight_track(trace, data, _identity())
+    merged = trace.as_dict()
     assert min(e["ts"] for e in merged["traceEvents"] if "ts" in e) >= 0
     op = merged["traceEvents"][0]
     # Absolute times unchanged: the op's wall time is the same after the shift.
@@ -153,9 +156,9 @@ def test_a_track_before_the_time_origin_moves_the_origin_back() -> None:
 
 
 def test_no_capture_no_track() -> None:
-    merged: dict[str, Any] = {"traceEvents": []}
-    add_flight_track(merged, None, _identity())
-    assert merged == {"traceEvents": []}
+    trace = WindowTrace.of({"traceEvents": []})
+    add_flight_track(trace, None, _identity())
+    assert trace.as_dict() == {"traceEvents": []}
 
 
 def slow_function_for_the_sampler(stop: threading.Event) -> None:

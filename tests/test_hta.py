@@ -14,8 +14,7 @@ from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
 from vt_lightning import VizTraceCallback
 from vt_lightning.analysis.clock import Calibration, ClockPair
 from vt_lightning.analysis.merge import encode_trace, merge_trace
-from vt_lightning.export.hta import gpu_breakdowns_missing
-from vt_lightning.export.report import hta_trace_files, summary_names
+from vt_lightning.export.report import gpu_breakdowns_missing, hta_trace_files, summary_names
 
 hta = pytest.importorskip(
     "hta.trace_analysis", reason="HolisticTraceAnalysis is not installed (pip install 'vt-lightning[analysis]')"

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from vt_lightning.analysis.lightning_view import apply_lightning_view, lightning_view_names, module_record_name
+from vt_lightning.analysis.trace import WindowTrace
 from vt_lightning.constants import FRAMEWORK_KEY, FRAMEWORK_LIGHTNING
 from vt_lightning.recording.lightning_hooks import LightningViewHooks
 
@@ -84,10 +85,20 @@ def stats_names(stats) -> set[str]:
 # ------------------------------------------------------------------------------------------------
 
 
+def view(trace: dict[str, Any]) -> dict[str, int]:
+    """``apply_lightning_view`` on a trace dict, as the writer applies it to the typed trace: the
+    dict then holds the trace as its file would."""
+    typed = WindowTrace.of(trace)
+    summary = apply_lightning_view(typed)
+    trace.clear()
+    trace.update(typed.as_dict())
+    return summary
+
+
 @pytest.mark.unit
 def test_rewrite_categories_and_framework_key_order():
     trace = synthetic_trace()
-    summary = apply_lightning_view(trace)
+    summary = view(trace)
     assert list(trace)[-1] == "traceEvents"
     assert list(trace).index(FRAMEWORK_KEY) < list(trace).index("traceEvents")
     assert trace[FRAMEWORK_KEY] == FRAMEWORK_LIGHTNING
@@ -107,9 +118,9 @@ def test_rewrite_categories_and_framework_key_order():
 @pytest.mark.unit
 def test_rewrite_is_idempotent():
     trace = synthetic_trace()
-    apply_lightning_view(trace)
+    view(trace)
     once = copy.deepcopy(trace)
-    apply_lightning_view(trace)
+    view(trace)
     assert trace["traceEvents"] == once["traceEvents"]
     assert list(trace) == list(once)
 
@@ -119,12 +130,12 @@ def test_no_module_events_leaves_trace_alone():
     trace = synthetic_trace()
     trace["traceEvents"] = [e for e in trace["traceEvents"] if "[pl][module]" not in e["name"]]
     before = copy.deepcopy(trace)
-    summary = apply_lightning_view(trace)
+    summary = view(trace)
     assert summary["framework"] == 0
     assert FRAMEWORK_KEY not in trace  # would hide torch's Module view for nothing
     assert trace["traceEvents"] == before["traceEvents"]
     assert list(trace)[-1] == "traceEvents"
-    apply_lightning_view({})  # no events at all: no crash
+    view({})  # no events at all: no crash
 
 
 def test_overlapping_module_range_is_demoted_and_plugin_still_loads(tmp_path):
@@ -133,7 +144,7 @@ def test_overlapping_module_range_is_demoted_and_plugin_still_loads(tmp_path):
     # KeyError in module_op._process_module_statistics, losing the whole worker
     trace["traceEvents"].append(X("[pl][module]x.Bad: bad", 70, 10, "user_annotation"))
     trace["traceEvents"].append(X("aten::mul", 65, 10))
-    summary = apply_lightning_view(trace)
+    summary = view(trace)
     assert summary["demoted"] == 1 and summary["modules"] == 3
     bad = next(e for e in trace["traceEvents"] if e["name"] == "[pl][module]x.Bad: bad")
     assert bad["cat"] == "user_annotation"
@@ -162,7 +173,7 @@ def test_unguarded_overlap_really_breaks_the_plugin(tmp_path):
 def test_stage_ranges_synthesized_from_steps_when_missing(tmp_path):
     trace = synthetic_trace()
     trace["traceEvents"] = [e for e in trace["traceEvents"] if "[pl][profile]" not in e["name"]]
-    summary = apply_lightning_view(trace)
+    summary = view(trace)
     assert summary["synthesized_stages"] == 1
     assert any(e["name"] == "[pl][profile]ProfilerStep#1" and e["cat"] == "cpu_op" for e in trace["traceEvents"])
     profile = plugin_profile(trace, tmp_path)
@@ -358,7 +369,7 @@ def test_trainer_end_to_end_lightning_view(tmp_path):
     trace = json.loads(raw.read_text())
     raw_cats = {e.get("cat") for e in trace["traceEvents"] if str(e.get("name", "")).startswith("[pl]")}
     assert raw_cats == {"cpu_op"}  # torch's _RecordFunctionFast writes its ranges as cpu_op
-    summary = apply_lightning_view(trace)
+    summary = view(trace)
     assert summary["framework"] == 1 and summary["demoted"] == 0 and summary["stages"] > 0
     assert list(trace)[-1] == "traceEvents"
     run_dir = tmp_path / "run"

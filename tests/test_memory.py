@@ -20,7 +20,8 @@ import torch
 from torch.cuda import _memory_viz
 
 from vt_lightning.analysis.memory_snapshot import build_cpu_snapshot, parse_frame
-from vt_lightning.export.memory_files import oom_file_name, write_snapshot
+from vt_lightning.export.atomic import write_snapshot
+from vt_lightning.export.layout import oom_file_name
 from vt_lightning.recording.memory import CudaMemoryRecorder, MemorySnapshotError, dump_oom_snapshot, is_cuda_oom
 
 PID, MAIN, OTHER = 100, 100, 101

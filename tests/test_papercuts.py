@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -230,19 +229,6 @@ def test_hta_takes_only_traces_from_a_window_directory(two_runs: tuple[Path, dic
         taken = [p for p in window.iterdir() if p.name.endswith((".gz", ".json"))]
         assert [p.name.endswith(".pt.trace.json.gz") for p in taken] == [True], sorted(window.iterdir())
         assert list(window.glob("*.summary.jsonc")), "the summary is still written beside the trace"
-
-
-def test_summary_still_reads_windows_written_with_the_old_summary_name(
-    two_runs: tuple[Path, dict[str, str]], tmp_path: Path
-) -> None:
-    project, _ = two_runs
-    old = tmp_path / "old"
-    shutil.copytree(project / "slow" / "lightning_logs" / "version_0", old)
-    (summary,) = old.rglob("*.summary.jsonc")
-    legacy = summary.rename(summary.with_name(summary.name.replace(".summary.jsonc", ".summary.json")))
-    proc = run([sys.executable, "-m", "vt_lightning", "summary", str(old)], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert f"({legacy})" in proc.stdout  # read from the old file, not summarised from the trace again
 
 
 def test_hta_reads_a_cpu_window_directory_without_a_warning(two_runs: tuple[Path, dict[str, str]]) -> None:

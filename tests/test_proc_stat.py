@@ -1,8 +1,8 @@
-"""``analysis.proc_stat``: the scheduler state of a ``/proc/<pid>/stat`` line."""
+"""``export.atomic.scheduler_state``: the scheduler state of a ``/proc/<pid>/stat`` line."""
 
 from __future__ import annotations
 
-from vt_lightning.analysis.proc_stat import scheduler_state
+from vt_lightning.export.atomic import scheduler_state
 
 
 def test_the_state_is_read_after_the_last_parenthesis_of_the_name():

@@ -1,7 +1,7 @@
-"""The window's one classification pass (analysis/steps.classify): every table the summary reads
-from its bucket equals the table read from the whole event list, on a window with DataLoader
-workers, CUDA kernels and their launches, gc pauses, compile spans, dynamo's resume calls,
-Lightning's stage ranges, a user hook and torch's memory instants."""
+"""The window's one reading (analysis/steps.read_window over the typed trace's tables): every
+table the summary reads from its bucket equals the table read from the whole event list, on a
+window with DataLoader workers, CUDA kernels and their launches, gc pauses, compile spans,
+dynamo's resume calls, Lightning's stage ranges, a user hook and torch's memory instants."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import pytest
 from vt_lightning.analysis.breakdown import stage_ranges
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX, compile_summary
 from vt_lightning.analysis.spans import launches_by_correlation, x_events
-from vt_lightning.analysis.steps import classify, find_steps, read_window
+from vt_lightning.analysis.steps import find_steps, read_window
 from vt_lightning.analysis.summary import summarize, top_ops
 from vt_lightning.analysis.summary_devices import RUNTIME_CATEGORIES, gpu_summary, memory_summary
+from vt_lightning.analysis.trace import Calls
 from vt_lightning.analysis.verdicts.window import WindowView
 from vt_lightning.analysis.workers import FETCH_CATEGORY, worker_summary
 from vt_lightning.constants import (
@@ -110,13 +111,15 @@ def test_tables_read_from_the_buckets_equal_the_ones_read_from_every_event(seed:
     span = (data.steps[0][0], data.steps[3][1])
     gpu = gpu_summary(data.rest, span, data.thread, calls=data.python_calls[data.thread])
     assert gpu == gpu_summary(events, span, data.thread) and gpu is not None
+    on_thread = [e for e in events if e["cat"] == PYTHON_CATEGORY and (e["pid"], e["tid"]) == data.thread]
+    assert data.python_calls[data.thread].names == Calls.from_events(on_thread).names
     memory = memory_summary(data.memory, None)
     assert memory == memory_summary(trace["traceEvents"], None) and memory is not None
     compiled = compile_summary(None, data.rest, data.steps)
     assert compiled == compile_summary(None, events, data.steps)
     assert compiled is not None and compiled["graph_breaks"][0]["calls"] == 4
-    workers = trace[TRACE_METADATA_KEY]["workers"]["processes"]
-    assert worker_summary(events, workers, [], data) == worker_summary(events, workers, [])
+    workers = worker_summary(data)
+    assert workers is not None and [w["batches"] for w in workers["workers"]] == [[0, 2, 4, 6], [1, 3, 5, 7]]
 
     # Everything the summary and its verdicts read, from the buckets and from the whole lists.
     whole = dataclasses.replace(data, rest=events, memory=list(trace["traceEvents"]))
@@ -125,69 +128,3 @@ def test_tables_read_from_the_buckets_equal_the_ones_read_from_every_event(seed:
     for bucket in ("ops", "runtime", "kernels", "gc", "compile_spans"):
         assert getattr(view, bucket) == getattr(whole_view, bucket), bucket
         assert getattr(view, bucket), bucket
-
-
-def _with_workers_run(seed: int) -> tuple[dict[str, Any], range, dict[Any, list[Any]]]:
-    """``_window``'s trace laid out as the merge writes one: the training process's events, then
-    the workers' calls as one run, each thread's in one stretch by start; and those calls as the
-    merge hands them over (``merge.merge_window``'s ``bounds``)."""
-    trace = _window(seed)
-    is_worker_call = [e.get("pid") in WORKERS and e.get("cat") == PYTHON_CATEGORY for e in trace["traceEvents"]]
-    main = [e for e, worker in zip(trace["traceEvents"], is_worker_call) if not worker]
-    stretches = [
-        sorted((e for e, worker in zip(trace["traceEvents"], is_worker_call) if worker and e["pid"] == pid),
-               key=lambda e: (e["ts"], -e["dur"]))
-        for pid in WORKERS
-    ]  # fmt: skip
-    run_events = [e for stretch in stretches for e in stretch]
-    trace["traceEvents"] = main + run_events + main[:3]  # events appended after the run too
-    run = range(len(main), len(main) + len(run_events))
-    calls = {(s[0]["pid"], s[0]["tid"]): [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in s] for s in stretches}
-    return trace, run, calls
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-def test_a_workers_run_handed_over_is_filed_as_reading_its_events_files_it(seed: int) -> None:
-    trace, run, calls = _with_workers_run(seed)
-    plain = classify(trace["traceEvents"])
-    given = {thread: list(found) for thread, found in calls.items()}
-    hinted = classify(trace["traceEvents"], run, given)
-    assert hinted == plain
-    assert all(hinted[0][thread] is given[thread] for thread in given)  # taken, not read again
-    assert read_window(trace, run, dict(calls)) == read_window(trace)
-
-
-def _off_by_one_ns(events: list[dict[str, Any]], run: range, calls: dict[Any, list[Any]]) -> None:
-    thread = next(iter(calls))
-    start, end, name = calls[thread][-1]
-    calls[thread][-1] = (start + 0.001, end, name)
-
-
-def _threads_swapped(events: list[dict[str, Any]], run: range, calls: dict[Any, list[Any]]) -> None:
-    first, second = list(calls.items())
-    calls.clear()
-    calls.update([second, first])
-
-
-def _one_call_short(events: list[dict[str, Any]], run: range, calls: dict[Any, list[Any]]) -> None:
-    next(iter(calls.values())).pop()
-
-
-def _a_name_rest_keeps(events: list[dict[str, Any]], run: range, calls: dict[Any, list[Any]]) -> None:
-    """A worker's call named as a gc pause, in the run and in the calls alike."""
-    thread = next(iter(calls))
-    start, end, _ = calls[thread][5]
-    calls[thread][5] = (start, end, f"{GC_SPAN_PREFIX}generation 0")
-    events[run.start + 5]["name"] = f"{GC_SPAN_PREFIX}generation 0"
-
-
-@pytest.mark.parametrize("spoil", [_off_by_one_ns, _threads_swapped, _one_call_short, _a_name_rest_keeps])
-def test_a_workers_run_that_does_not_describe_the_events_is_read_from_them(spoil: Any) -> None:
-    """Calls that do not match the run (a stretch's bound off, the threads in another order, one
-    call missing) or that hold a name ``rest`` keeps are not taken: the run is read as it is."""
-    trace, run, calls = _with_workers_run(0)
-    given = {thread: list(found) for thread, found in calls.items()}
-    spoil(trace["traceEvents"], run, given)
-    hinted = classify(trace["traceEvents"], run, given)
-    assert hinted == classify(trace["traceEvents"])
-    assert not any(hinted[0][thread] is found for thread, found in given.items())

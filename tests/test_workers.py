@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from vt_lightning.analysis.proc_stat import scheduler_state
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.workers import (
     global_batch,
@@ -32,6 +31,7 @@ from vt_lightning.analysis.workers import (
     worker_to_main_us,
 )
 from vt_lightning.constants import SUMMARY_JSON_SUFFIX
+from vt_lightning.export.atomic import scheduler_state
 from vt_lightning.export.worker_dumps import wait_for_parts
 from vt_lightning.recording.worker_plan import SharedPlan
 

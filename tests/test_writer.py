@@ -20,7 +20,6 @@ from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
 from lightning.pytorch.callbacks import Callback
 
 from vt_lightning import VizTraceCallback
-from vt_lightning.constants import TRACE_METADATA_KEY
 from vt_lightning.controller import run as runs
 from vt_lightning.export.writer_process import WriterError, WriterProcess
 
@@ -342,20 +341,22 @@ def test_finishing_a_job_leaves_it_as_handed_over_so_a_retry_writes_the_same_tra
     assert len(second["traceEvents"]) == len(first["traceEvents"])
 
 
-def test_the_passes_that_skip_the_workers_calls_write_what_a_walk_of_every_event_writes(tmp_path, monkeypatch):
-    """The workers' placement, the Lightning view and the memory snapshot read the training
-    process's events only, skipping the DataLoader workers' calls (most of a window's events) by
-    where the merge put them. The same job finished reading every event must give the same bytes,
-    also when a worker's calls are named like ``[pl][module]`` ranges and ``[memory]`` events sit
-    on a worker's thread, and a training-process ``[memory]`` event follows the workers' run."""
-    import gzip
-    import hashlib
+def test_the_summary_from_the_traces_tables_is_the_one_the_written_trace_gives(tmp_path, monkeypatch):
+    """The summary, the memory snapshot, the Lightning view and the workers' placement read the
+    trace's per-thread tables, filed once by the merge (the DataLoader workers' calls as they were
+    placed), never the whole event list: the summary written is the one the written trace gives
+    read back (as ``vt-lightning summary`` reads it), also when a worker's calls are named like
+    ``[pl][module]`` ranges, ``[memory]`` events sit on a worker's thread, and a training-process
+    ``[memory]`` event follows the workers' calls."""
     import pickle
 
     import orjson
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
+    from vt_lightning.analysis.steps import read_window
+    from vt_lightning.analysis.summary import summarize
+    from vt_lightning.analysis.workers import worker_summary
     from vt_lightning.controller import handoff
     from vt_lightning.export import pipeline
 
@@ -386,56 +387,19 @@ def test_the_passes_that_skip_the_workers_calls_write_what_a_walk_of_every_event
     assert len(jobs) == 1
     job = jobs[0]
 
-    def outputs(run_dir: Path) -> dict[str, str]:
+    def finished_and_read_back(run_dir: Path) -> tuple[Any, dict[str, Any]]:
         result = pipeline.finish_window(dataclasses.replace(job, run_dir=run_dir, job_id=""))
         assert result.memory_path is not None and result.summary is not None, result.notes
-        files = {}
-        for path in sorted(run_dir.iterdir()):
-            data = path.read_bytes()
-            files[path.name] = hashlib.md5(gzip.decompress(data) if path.suffix == ".gz" else data).hexdigest()
-        return files
+        trace = load_trace(result.trace_path)
+        read_back = summarize(trace, pickle.loads(Path(result.memory_path).read_bytes()))
+        read_back["window"]["trace"] = job.trace_name
+        workers = worker_summary(read_window(trace))
+        assert workers is not None and workers["workers"], "the window's workers were not traced"
+        read_back["workers"] = workers
+        assert orjson.dumps(result.summary) == orjson.dumps(read_back)
+        return result, trace
 
-    # The summary takes the workers' calls as the merge read them (merge_window's bounds), and
-    # writes what reading them from the trace writes.
-    taken = []
-    real_read = pipeline.read_window
-
-    def read_spy(trace, run=range(0), run_calls=None):
-        window = real_read(trace, run, run_calls)
-        taken.append(bool(run_calls) and all(window.python_calls[t] is c for t, c in run_calls.items()))
-        return window
-
-    # The run's earliest start (whether the origin must move down) is read from them too.
-    earliest = []
-    real_earliest = pipeline.WorkersRun.earliest_start
-
-    def earliest_spy(self):
-        found = real_earliest(self)
-        run = self.range()
-        earliest.append((found, min(e["ts"] for e in self.events[run.start : run.stop])))
-        return found
-
-    # Unless a worker's call began before the trace's time origin: placing the workers then lowers
-    # the origin and moves every ts, and the summary reads the calls from the trace (a window whose
-    # workers fetched before torch's trace began; 2 captures in about 60 here).
-    real_calls = pipeline.WorkersRun.summary_calls
-    origin_moved = []
-
-    def calls_spy(self):
-        origin_moved.append((self.merged.get(TRACE_METADATA_KEY) or {}).get("time_origin_us") != self.origin)
-        return real_calls(self)
-
-    monkeypatch.setattr(pipeline, "read_window", read_spy)
-    monkeypatch.setattr(pipeline.WorkersRun, "earliest_start", earliest_spy)
-    monkeypatch.setattr(pipeline.WorkersRun, "summary_calls", calls_spy)
-    handed = outputs(tmp_path / "handed")
-    assert len(earliest) == 1 and earliest[0][0] is not None and earliest[0][0] == earliest[0][1]
-    monkeypatch.setattr(pipeline.WorkersRun, "earliest_start", real_earliest)
-    monkeypatch.setattr(pipeline.WorkersRun, "summary_calls", lambda self: None)
-    read = outputs(tmp_path / "read")
-    assert origin_moved and taken == [not origin_moved[-1], False] and handed == read
-    monkeypatch.setattr(pipeline, "read_window", real_read)
-    monkeypatch.setattr(pipeline.WorkersRun, "summary_calls", real_calls)
+    finished_and_read_back(tmp_path / "plain")
 
     # Look-alikes on a worker's thread: calls named as module ranges, [memory] instants.
     dump_path = sorted((tmp_path / "kept").glob("b*.json"))
@@ -450,30 +414,18 @@ def test_the_passes_that_skip_the_workers_calls_write_what_a_walk_of_every_event
     ]  # fmt: skip
     dump["traceEvents"] += lookalikes
     dump_path.write_bytes(orjson.dumps(dump))
-    # A training-process [memory] event after the workers' run (the gc pauses follow it).
+    # A training-process [memory] event after the workers' calls (the gc pauses follow them).
     python = orjson.loads(Path(job.python_raw).read_bytes())
     main_call = next(e for e in python["traceEvents"] if e.get("ph") == "X")
     late = {**{k: main_call[k] for k in ("pid", "tid", "ts")}, "ph": "i", "name": "[memory]", "s": "t",
             "args": {"Addr": 123456789, "Bytes": 32, "Device Type": 0, "Device Id": -1}}  # fmt: skip
     job = dataclasses.replace(job, extras={**job.extras, "gc": {"events": [late]}})
-
-    runs_seen = []
-    real_range = pipeline.WorkersRun.range
-
-    def seen(self):
-        run = real_range(self)
-        runs_seen.append(len(run))
-        return run
-
-    monkeypatch.setattr(pipeline.WorkersRun, "range", seen)
-    skipping = outputs(tmp_path / "skipping")
-    assert runs_seen and all(runs_seen), "the workers' calls were not held apart"
-    monkeypatch.setattr(pipeline.WorkersRun, "range", lambda self: range(0))
-    walking = outputs(tmp_path / "walking")
-    assert skipping == walking
-    snapshot = pickle.loads(next((tmp_path / "skipping").glob("*.memory_snapshot.pickle")).read_bytes())
-    addresses = {e["addr"] for trace in snapshot["device_traces"] for e in trace}
-    assert 123456789 in addresses
+    result, trace = finished_and_read_back(tmp_path / "lookalikes")
+    snapshot = pickle.loads(Path(result.memory_path).read_bytes())
+    addresses = {e["addr"] for device in snapshot["device_traces"] for e in device}
+    assert {123456789, 987654321} <= addresses
+    module = next(e for e in trace["traceEvents"] if e["name"] == lookalikes[0]["name"] and e["pid"] == call["pid"])
+    assert module["cat"] == "FEE"  # a worker's call, never a module range of the Lightning view
 
 
 def _kept_job(tmp_path: Path, monkeypatch) -> Any:
@@ -537,6 +489,29 @@ def test_the_trace_is_compressed_beside_the_summary_and_a_summary_fault_keeps_th
     assert load_trace(result.trace_path)["traceEvents"] == load_trace(whole.trace_path)["traceEvents"]
     assert result.memory_path is not None and result.memory_path.read_bytes() == whole.memory_path.read_bytes()
     assert not _gzip_threads()
+
+
+def test_a_memory_snapshot_fault_is_a_note_and_keeps_the_trace_and_the_summary(tmp_path, monkeypatch):
+    """The memory snapshot is one of the window's optional files: a fault building it, or writing
+    it, is one note in the result; the trace and the summary are written all the same."""
+    from vt_lightning.export import pipeline
+
+    job = _kept_job(tmp_path, monkeypatch)
+    whole = pipeline.finish_window(dataclasses.replace(job, run_dir=tmp_path / "whole", job_id=""))
+    assert whole.memory_path is not None and not whole.notes
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("snapshot broke")
+
+    for name in ("build_cpu_snapshot", "write_snapshot"):
+        with monkeypatch.context() as patch:
+            patch.setattr(pipeline, name, broken)
+            run_dir = tmp_path / name
+            result = pipeline.finish_window(dataclasses.replace(job, run_dir=run_dir, job_id=""))
+        assert result.notes == ("memory snapshot not written (RuntimeError: snapshot broke)",), name
+        assert result.memory_path is None and not list(run_dir.glob("*.memory_snapshot.pickle")), name
+        assert load_trace(result.trace_path)["traceEvents"] == load_trace(whole.trace_path)["traceEvents"]
+        assert result.summary_path is not None and result.summary_path.exists(), name
 
 
 def test_a_compression_fault_writes_no_trace_and_leaves_no_thread(tmp_path, monkeypatch):

@@ -20,7 +20,6 @@ MEMORY_SUFFIX = ".memory_snapshot.pickle"
 OOM_MEMORY_SUFFIX = ".oom.memory_snapshot.pickle"
 # Not ``*.json``: HTA's directory scan takes every ``*.json`` / ``*.gz`` of a window for a trace.
 SUMMARY_JSON_SUFFIX = ".summary.jsonc"
-LEGACY_SUMMARY_JSON_SUFFIX = ".summary.json"  # written up to 0.1.0; still read
 SUMMARY_MD_SUFFIX = ".summary.md"
 # What a browser trace viewer loads: above this much JSON the page tends to go blank (the end-of-run
 # message and the TensorBoard tab say so, and point to the job file or ``vt-lightning view``).

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX
+from vt_lightning.analysis.nest import outer_first
 from vt_lightning.analysis.spans import Span, span_of
+from vt_lightning.analysis.trace import Calls
 from vt_lightning.analysis.usercode import parse_function
 from vt_lightning.constants import PL_PROFILE_PREFIX, PYTHON_CATEGORY
 
@@ -38,6 +41,7 @@ EVAL_PARTS = frozenset({"validation", "test", "predict"})
 ALL_PARTS = (*BREAKDOWN_PARTS[:-1], *EXTRA_PARTS, "other")
 
 Range = tuple[float, float, str]  # start µs, end µs, part
+_START, _END = itemgetter(0), itemgetter(1)
 
 # Lightning stage (a ``[pl][profile]`` action's last dotted part) -> part.
 STAGE_PARTS = {
@@ -129,19 +133,17 @@ def stage_ranges(
     (``"lightning stage ranges"``, ``"lightning methods (python calls)"`` or ``"none"``); and the
     user's hooks that were found, hook -> part."""
     on_thread = [e for e in events if (e.get("pid"), e.get("tid")) == thread]
-    calls = [(*span_of(e), str(e.get("name", ""))) for e in on_thread if e.get("cat") == PYTHON_CATEGORY]
+    calls = Calls.from_events([e for e in on_thread if e.get("cat") == PYTHON_CATEGORY])
     return stage_ranges_of(on_thread, calls, user_hooks)
 
 
 def stage_ranges_of(
-    on_thread: Iterable[Mapping[str, Any]],
-    calls: Sequence[tuple[float, float, str]],
-    user_hooks: Mapping[str, str] | None = None,
+    on_thread: Iterable[Mapping[str, Any]], calls: Calls, user_hooks: Mapping[str, str] | None = None
 ) -> tuple[list[Range], str, dict[str, str]]:
     """``stage_ranges`` from the training thread's events read apart: ``on_thread``, in the trace's
     order, holds at least every event named ``[pl][profile]…`` (the summary passes all but the
-    ordinary Python calls), ``calls`` its Python calls ``(start, end, name)`` in the trace's order
-    (``WindowData.python_calls``)."""
+    ordinary Python calls), ``calls`` its Python calls, in the trace's order. What a call stands
+    for is read once per name."""
     lightning: list[Range] = []
     window: list[Range] = []
     for event in on_thread:
@@ -156,32 +158,44 @@ def stage_ranges_of(
         if part:
             lightning.append((*span_of(event), part))
     source = "lightning stage ranges" if lightning else "none"
+    names = list(dict.fromkeys(calls.names))
     if not lightning:
-        for start, end, name in calls:
-            part = _python_stage_part(name)
-            if part:
-                lightning.append((start, end, part))
+        lightning = _calls_as_ranges(calls, {name: part for name in names if (part := _python_stage_part(name))})
         if lightning:
             # Nested calls of one stage (``_PrefetchDataFetcher.__next__`` calls
             # ``_DataFetcher.__next__``) are the same stage: keep the outermost.
             lightning = _outermost_per_part(lightning)
             source = "lightning methods (python calls)"
-    own: list[Range] = [(start, end, "compile") for start, end, name in calls if name.startswith(COMPILE_SPAN_PREFIX)]
+    own = _calls_as_ranges(calls, {name: "compile" for name in names if name.startswith(COMPILE_SPAN_PREFIX)})
     found: dict[str, str] = {}
     if user_hooks:
-        for start, end, name in calls:
-            hook = user_hooks.get(name)
-            part = hook_part(hook) if hook else None
-            if hook and part:
-                own.append((start, end, part))
-                found[hook] = part
+        hooked = {
+            name: (str(hook), part) for name in names if (hook := user_hooks.get(name)) and (part := hook_part(hook))
+        }
+        for start, end, name in _calls_named(calls, hooked):
+            hook, part = hooked[name]
+            own.append((start, end, part))
+            found[hook] = part
     return [*lightning, *window, *own], source, found
+
+
+def _calls_named(calls: Calls, wanted: Mapping[str, Any]) -> list[tuple[float, float, str]]:
+    """``(start, end, name)`` of the calls whose name is in ``wanted``, in the trace's order."""
+    if not wanted:
+        return []
+    picked = [i for i, name in enumerate(calls.names) if name in wanted]
+    return list(zip(calls.starts[picked].tolist(), calls.ends[picked].tolist(), [calls.names[i] for i in picked]))
+
+
+def _calls_as_ranges(calls: Calls, parts: Mapping[str, str]) -> list[Range]:
+    """``(start, end, part)`` of the calls ``parts`` names, in the trace's order."""
+    return [(start, end, parts[name]) for start, end, name in _calls_named(calls, parts)]
 
 
 def _outermost_per_part(ranges: list[Range]) -> list[Range]:
     out: list[Range] = []
     ends: dict[str, float] = {}
-    for start, end, part in sorted(ranges, key=lambda r: (r[0], -r[1])):
+    for start, end, part in outer_first(ranges, _START, _END):
         if start < ends.get(part, float("-inf")):
             continue
         ends[part] = end

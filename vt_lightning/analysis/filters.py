@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from vt_lightning.analysis.nesting import outer_first
+from vt_lightning.analysis.nest import outer_first, walk
+from vt_lightning.analysis.trace import Thread
 from vt_lightning.analysis.usercode import PACKAGE_ROOT, framework_dirs, library_roots
 
 # VizTracer names a Python call "<qualname> (<file>:<first line>)"; C calls have no location.
 _TS = itemgetter("ts")
 _NAME = itemgetter("name")
 _LOCATION = re.compile(r" \((.*):(\d+)\)$")
-_EPSILON_US = 1e-4  # VizTracer writes ns-resolution µs; sums of two such floats differ by less
 
 # LightningModule methods Lightning calls itself (hooks): each counts as depth 1 of the user's code.
 LIGHTNING_MODULE_HOOKS = (
@@ -168,89 +168,82 @@ class FilterStats:
 def filter_python_events(
     events: list[dict[str, Any]],
     rules: PythonFilter,
-    grouped: tuple[Mapping[tuple[Any, Any], list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
-    kept_groups: dict[tuple[Any, Any], list[dict[str, Any]]] | None = None,
-    ordered: Mapping[tuple[Any, Any], set[Any]] | None = None,
-) -> tuple[list[dict[str, Any]], FilterStats]:
-    """Keep the calls ``rules`` select, on every thread; non-call events (metadata) pass through.
+    grouped: tuple[Mapping[Thread, list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
+    ordered: Mapping[Thread, set[Any]] | None = None,
+) -> tuple[list[dict[str, Any]], dict[Thread, list[dict[str, Any]]], FilterStats]:
+    """Keep the calls ``rules`` select, on every thread; the events that are no call (metadata) pass
+    through. Returns those events in their order, each thread's kept calls (outer first: by start,
+    the longer first), the threads in the order their first call came, and what went.
     ``grouped``: more events after ``events``, already grouped as here (calls per (pid, tid),
     the rest apart; ``workers.place_events`` groups a DataLoader worker's as it reads them).
-    ``kept_groups``: filled with the calls kept of each of ``grouped``'s threads, in the output's
-    order (each thread's kept calls lie together there), for the merge to take them grouped.
-    ``ordered``: the distinct names of ``grouped``'s threads whose calls come outer-first already
-    (``workers.place_events`` sorts them as it places them), which are then neither sorted again
-    nor read for their names.
+    ``ordered``: the distinct names of ``grouped``'s threads whose calls come outer first already
+    (``workers.place_events`` sorts them as it places them), neither sorted again nor read for
+    their names.
 
-    One pass per thread over its calls sorted by start, with a stack of the open ones: a call's
-    ancestry decides its depth and whether it runs inside vt_lightning. What depends on the name
-    alone (its file, whether it is ours / a hook / the user's / under a filter path) is computed
-    once per distinct name: a window repeats a few thousand names over millions of calls.
+    One pass per thread over its calls nested (``nest.walk``: a call that ends a hair after the
+    one it starts in is still inside it): a call's ancestry decides its depth and whether it runs
+    inside vt_lightning. What depends on the name alone (its file, whether it is ours / a hook /
+    the user's / under a filter path) is computed once per distinct name: a window repeats a few
+    thousand names over millions of calls.
     """
-    stats = FilterStats()
-    by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
-    out: list[dict[str, Any]] = []
+    by_thread: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+    others: list[dict[str, Any]] = []
     for event in events:
         get = event.get
         if get("ph") in ("X", "B") and "ts" in event:
             by_thread[(get("pid"), get("tid"))].append(event)
         else:
-            out.append(event)
+            others.append(event)
     if grouped is not None:  # as if they followed ``events``
         more_calls, more_others = grouped
         for key, thread_events in more_calls.items():
             by_thread[key].extend(thread_events)
-        out.extend(more_others)
+        others.extend(more_others)
     # name -> (has a location, ours, starts the user's code, under include_files, under exclude_files)
     facts: dict[str, tuple[bool, bool, bool, bool, bool]] = {}
     include, exclude, max_depth = rules.include, rules.exclude, rules.max_depth
-    kept = own_count = filtered = 0
+    out: dict[Thread, list[dict[str, Any]]] = {}
+    own_count = filtered = 0
     select = rules.user_filters
-    report = grouped[0].keys() if grouped is not None and kept_groups is not None else ()
-    sorted_names = ordered if ordered is not None and grouped is not None else {}
+    placed = ordered if ordered is not None and grouped is not None else {}
     for key, unordered in by_thread.items():
-        placed_names = sorted_names.get(key)
-        if placed_names is not None and len(unordered) == len(grouped[0][key]):  # type: ignore[index]
-            calls = unordered  # a worker's thread alone, outer-first as placed
+        names = placed.get(key)
+        if names is not None and len(unordered) == len(grouped[0][key]):  # type: ignore[index]
+            calls = unordered  # a worker's thread alone, outer first as placed
         else:
-            placed_names = None
+            names = None
             calls = outer_first(unordered, _TS, _DUR_OR_ZERO)  # by (ts, -dur)
-        first = len(out)
         if not select:  # only vt_lightning's own calls go: a thread with none of them is kept whole
-            if placed_names is not None:
-                names = placed_names
-            else:
+            if names is None:
                 try:
                     names = set(map(_NAME, unordered))  # at C speed (VizTracer names every call),
                     # in the order read, which visits the events where they lie in memory
                 except KeyError:
                     names = {event.get("name", "") for event in unordered}
             if not any((facts.get(n) or facts.setdefault(n, _name_facts(rules, n)))[1] for n in names):
-                kept += len(calls)
-                out.extend(calls)
-                if key in report:
-                    kept_groups[key] = calls  # type: ignore[index]
+                out[key] = calls
                 continue
-        # open calls: (start, end, ours, depth or -1, under include_files, under exclude_files)
-        stack: list[tuple[float, float, bool, int, bool, bool]] = []
-        for event in calls:
-            ts = float(event["ts"])
-            end = ts + float(event.get("dur", 0.0))
-            while stack and not (ts >= stack[-1][0] - _EPSILON_US and end <= stack[-1][1] + _EPSILON_US):
-                stack.pop()
+        starts = [float(event["ts"]) for event in calls]
+        parents, _ = walk(starts, [start + float(event.get("dur", 0.0)) for start, event in zip(starts, calls)])
+        # per call, as its callees inherit them: ours, depth (-1: outside the user's code), under
+        # include_files, under exclude_files
+        inherited: list[tuple[bool, int, bool, bool]] = []
+        kept: list[dict[str, Any]] = []
+        for event, parent in zip(calls, parents):
             name = event.get("name", "")
             known = facts.get(name)
             if known is None:
                 known = facts[name] = _name_facts(rules, name)
             located, own, anchor, included, excluded = known
-            if stack:
-                _, _, parent_own, parent_depth, parent_included, parent_excluded = stack[-1]
+            if parent >= 0:
+                parent_own, parent_depth, parent_included, parent_excluded = inherited[parent]
                 own = own or parent_own
                 if not located:
                     included, excluded = parent_included, parent_excluded
                 depth = parent_depth + 1 if parent_depth >= 0 else (1 if anchor else -1)
             else:
                 depth = 1 if anchor else -1
-            stack.append((ts, end, own, depth, included, excluded))
+            inherited.append((own, depth, included, excluded))
             if own:
                 own_count += 1
             elif (
@@ -260,9 +253,8 @@ def filter_python_events(
             ):
                 filtered += 1
             else:
-                kept += 1
-                out.append(event)
-        if key in report and len(out) > first:
-            kept_groups[key] = out[first:]  # type: ignore[index]
-    stats.kept, stats.own, stats.filtered = kept, own_count, filtered
-    return out, stats
+                kept.append(event)
+        if kept:
+            out[key] = kept
+    stats = FilterStats(sum(map(len, out.values())), own_count, filtered)
+    return others, out, stats

@@ -26,6 +26,7 @@ from typing import Any
 
 from vt_lightning.analysis.clock import Calibration
 from vt_lightning.analysis.merge import ORIGIN_GRANULARITY_US, snap_to_nanoseconds
+from vt_lightning.analysis.trace import WindowTrace
 from vt_lightning.analysis.usercode import code_origin
 
 SAMPLED_CATEGORY = "sampled"  # not a category the TensorBoard plugin analyses: Trace view only
@@ -188,37 +189,28 @@ def flight_track(data: dict[str, Any], calibration: Calibration, origin_us: floa
     return events
 
 
-def add_flight_track(merged: dict[str, Any], data: dict[str, Any] | None, calibration: Calibration) -> None:
-    """Append the sampled track of ``data`` (``WindowJob.extras["flight"]``) to a merged trace, and
+def add_flight_track(trace: WindowTrace, data: dict[str, Any] | None, calibration: Calibration) -> None:
+    """Add the sampled track of ``data`` (``WindowJob.extras["flight"]``) to a window's trace, and
     say in its ``vt_lightning`` metadata which step it samples; nothing when there is none."""
     if not data:
         return
-    meta = merged.setdefault("vt_lightning", {})
+    meta = trace.meta
     events = flight_track(data, calibration, float(meta.get("time_origin_us", 0)))
     if not events:
         return
-    trace_events = merged.setdefault("traceEvents", [])
-    trace_events.extend(events)
-    _keep_times_positive(merged, trace_events, min(float(e["ts"]) for e in events if "ts" in e))
+    trace.add(events)
+    earliest_us = min(float(e["ts"]) for e in events if "ts" in e)
+    if earliest_us < 0:
+        # The slow step precedes the trace's time origin (whole seconds below torch's first event):
+        # move the origin back by whole seconds, as ``merge.time_origin_us`` would have placed it,
+        # so no ``ts`` is negative; ``baseTimeNanoseconds`` moves with it, absolute times stay.
+        shift = math.ceil(-earliest_us / ORIGIN_GRANULARITY_US) * ORIGIN_GRANULARITY_US
+        trace.shift(shift, snap=snap_to_nanoseconds)
+        trace.header["baseTimeNanoseconds"] = int(trace.header.get("baseTimeNanoseconds", 0)) - shift * 1000
+        meta["time_origin_us"] = int(meta.get("time_origin_us", 0)) - shift
     meta["flight"] = {
         "batch": data.get("batch"),
         "samples": events[2]["args"]["samples"],
         "rate_hz": events[2]["args"]["rate_hz"],
         "truncated": bool(data.get("truncated")),
     }
-
-
-def _keep_times_positive(merged: dict[str, Any], events: list[dict[str, Any]], earliest_us: float) -> None:
-    """The slow step precedes the trace's time origin (whole seconds below torch's first event):
-    move the origin back by whole seconds, as ``merge.time_origin_us`` would have placed it, so no
-    ``ts`` is negative; ``baseTimeNanoseconds`` moves with it and absolute times stay the same."""
-    if earliest_us >= 0:
-        return
-    shift = math.ceil(-earliest_us / ORIGIN_GRANULARITY_US) * ORIGIN_GRANULARITY_US
-    for event in events:
-        if "ts" in event:
-            event["ts"] = float(event["ts"]) + shift
-    snap_to_nanoseconds(events)
-    merged["baseTimeNanoseconds"] = int(merged.get("baseTimeNanoseconds", 0)) - shift * 1000
-    meta = merged.setdefault("vt_lightning", {})
-    meta["time_origin_us"] = int(meta.get("time_origin_us", 0)) - shift

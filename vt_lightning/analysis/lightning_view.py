@@ -1,6 +1,6 @@
 """The "Lightning" view of torch-tb-profiler 0.4.3: how to write it into a trace.
 
-``apply_lightning_view(trace)``: pure post-processing of one trace dict. torch exports
+``apply_lightning_view(trace)``: pure post-processing of one window's trace (``trace.WindowTrace``). torch exports
 ``record_function`` ranges with ``cat: "user_annotation"`` but the plugin only builds the view from
 ``cpu_op`` events, and only when the top-level ``"Framework": "pytorch-lightning"`` is set. The
 ranges themselves are recorded in the training process by
@@ -30,8 +30,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from operator import itemgetter
 from typing import Any
 
+from vt_lightning.analysis.nest import SKIP, outer_first, walk
+from vt_lightning.analysis.trace import WindowTrace
 from vt_lightning.constants import (
     CPU_OP_CATEGORY,
     FRAMEWORK_KEY,
@@ -71,6 +74,7 @@ def is_main_stage(action_name: str) -> bool:
     return action_name.rsplit(".", 1)[-1] in MAIN_STAGES
 
 
+_START, _END = itemgetter(0), itemgetter(1)
 # Categories whose X events the plugin puts in its per-thread operator list (besides ours).
 _TREE_CATEGORIES = frozenset({CPU_OP_CATEGORY, "operator", "python"})
 _COMM_NAMES = frozenset(
@@ -133,36 +137,36 @@ def _in_plugin_tree(event: dict[str, Any]) -> bool:
 
 
 def _rejected_module_events(tree_events: list[dict[str, Any]], modules: set[int]) -> set[int]:
-    """Replay the plugin's per-thread tree building; ids of module events that lose a node."""
+    """Replay the plugin's per-thread tree building; ids of module events that lose a node.
+
+    The plugin sorts each thread's events by (start, -end), stably (``nest.outer_first``), and
+    nests each in the innermost open one that it starts in; one that ends after it is logged and
+    dropped (``nest.walk``'s ``SKIP``): the module event of the two is rejected."""
     bad: set[int] = set()
     by_tid: dict[Any, list[tuple[float, float, dict[str, Any]]]] = defaultdict(list)
-    # the plugin sorts all events by ts (stable), then each thread by (start, -end) (stable)
-    for event in sorted(tree_events, key=lambda e: e["ts"]):
+    for event in tree_events:
         start = float(event["ts"])
         by_tid[_tid_key(event.get("tid"))].append((start, start + float(event.get("dur", 0) or 0), event))
-    for items in by_tid.values():
-        if not any(id(e) in modules for _, _, e in items):
+    for found in by_tid.values():
+        if not any(id(e) in modules for _, _, e in found):
             continue
-        items.sort(key=lambda x: (x[0], -x[1]))
-        stack: list[tuple[float, float, dict[str, Any]]] = [(float("-inf"), float("inf"), {})]
-        for item in items:
-            start, end, event = item
-            while True:
-                tail = stack[-1]
-                if start < tail[1]:
-                    if end <= tail[1]:
-                        stack.append(item)
-                    else:  # partial overlap: the plugin logs an error and drops `event`
-                        if id(event) in modules:
-                            bad.add(id(event))
-                        elif id(tail[2]) in modules:
-                            bad.add(id(tail[2]))
-                    break
-                stack.pop()
+        items = outer_first(found, _START, _END)
+
+        def partial_overlap(
+            i: int, tail: int, _: float, items: list[tuple[float, float, dict[str, Any]]] = items
+        ) -> str:
+            event, open_event = items[i][2], items[tail][2]
+            if id(event) in modules:
+                bad.add(id(event))
+            elif id(open_event) in modules:
+                bad.add(id(open_event))
+            return SKIP
+
+        walk([item[0] for item in items], [item[1] for item in items], crossing=partial_overlap)
     return bad
 
 
-def apply_lightning_view(trace: dict[str, Any], events: list[dict[str, Any]] | None = None) -> dict[str, int]:
+def apply_lightning_view(trace: WindowTrace) -> dict[str, int]:
     """Make torch-tb-profiler offer the "Lightning" view for this trace; mutates ``trace``.
 
     Rewrites ``[pl][module]`` / ``[pl][profile]`` ``user_annotation`` X events to ``cpu_op``, except
@@ -170,19 +174,12 @@ def apply_lightning_view(trace: dict[str, Any], events: list[dict[str, Any]] | N
     are ignored by it), adds one ``[pl][profile]ProfilerStep#N`` per step when there is no stage
     range, and sets ``"Framework": "pytorch-lightning"`` before ``traceEvents`` (which stays last).
     Does nothing when no module range survives (the view would be empty and ``Framework`` would hide
-    torch's Module view). Returns counts, also stored in ``trace["vt_lightning"]["lightning_view"]``
-    when that metadata dict exists.
-
-    ``events``: the events to read, when not all of ``traceEvents`` (the training process's, less
-    the DataLoader workers' calls: no range of theirs is a module, stage or step); the step ranges
-    added go to ``traceEvents``.
+    torch's Module view). Returns counts, also stored in the trace's ``vt_lightning`` metadata when
+    it has one. Reads the events outside the Python part (``WindowTrace.other_events``): no Python
+    call is a module, stage or step.
     """
-    all_events = trace.get("traceEvents")
-    if not isinstance(all_events, list):
-        all_events = []
-    if events is None:
-        events = all_events
-    # One pass, skipping VizTracer's calls (most of a window): never a module, stage or tree event.
+    events = trace.other_events()
+    # One pass, skipping VizTracer's calls: never a module, stage or tree event.
     modules: list[dict[str, Any]] = []
     stages: list[dict[str, Any]] = []
     tree_events: list[dict[str, Any]] = []
@@ -240,20 +237,16 @@ def apply_lightning_view(trace: dict[str, Any], events: list[dict[str, Any]] | N
                 }
                 for e in steps
             ]
-            all_events.extend(synthesized)
+            trace.add(synthesized)
             summary["synthesized_stages"] = len(synthesized)
         summary["modules"] = len(kept)
         summary["stages"] = len(stages)
         summary["framework"] = 1
-        body = trace.pop("traceEvents", all_events)
-        trace[FRAMEWORK_KEY] = FRAMEWORK_LIGHTNING
-        trace["traceEvents"] = body
+        trace.header[FRAMEWORK_KEY] = FRAMEWORK_LIGHTNING
 
-    meta = trace.get(TRACE_METADATA_KEY)
+    meta = trace.header.get(TRACE_METADATA_KEY)
     if isinstance(meta, dict):
         meta["lightning_view"] = dict(summary)
-        if "traceEvents" in trace:  # keep traceEvents last
-            trace["traceEvents"] = trace.pop("traceEvents")
     return summary
 
 

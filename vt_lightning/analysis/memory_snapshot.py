@@ -25,9 +25,12 @@ What memory_viz needs from a snapshot (torch 2.4 ... 2.13, ``torch/cuda/_memory_
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
+from vt_lightning.analysis.nest import covering, outer_first
+from vt_lightning.analysis.trace import Thread, WindowTrace
 from vt_lightning.analysis.usercode import parse_function
 from vt_lightning.constants import CPU_OP_CATEGORY, PYTHON_CATEGORY, USER_ANNOTATION_CATEGORY
 
@@ -37,6 +40,7 @@ UNKNOWN_FILE = "??"  # what torch writes for a frame without a source file
 CPU_DEVICE_TYPE = 0  # ``Device Type`` of torch's [memory] events (c10::DeviceType::CPU)
 _DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda", 13: "mps", 20: "meta", 12: "xpu", 9: "hip"}
 _LARGE_SEGMENT = 1 << 20  # the CUDA allocator's small/large split, kept for the segment_type field
+_START, _END = itemgetter(0), itemgetter(1)
 
 
 def parse_frame(event_name: str) -> dict[str, Any]:
@@ -87,31 +91,17 @@ def _stack_frames(
 ) -> dict[int, list[dict[str, Any]]]:
     """Enclosing frames, innermost first, for each memory event of one thread.
 
-    ``memory``: (ts, event index); ``intervals``: (start, end, name) of the thread's calls.
-    One sort of each plus a sweep with a stack: O((n + m) log(n + m) + m * depth). Calls that do
-    not nest properly (clock jitter between the two tracers, e.g. siblings that overlap by a
-    nanosecond) are tolerated: a call is reported exactly when its span contains the event.
+    ``memory``: (ts, event index); ``intervals``: (start, end, name) of the thread's calls. Calls
+    that do not nest properly (clock jitter between the two tracers, e.g. siblings that overlap by
+    a nanosecond) are tolerated: a call is reported exactly when its span contains the event
+    (``nest.covering``).
     """
-    intervals.sort(key=lambda iv: (iv[0], -iv[1]))
+    ordered = outer_first(intervals, _START, _END)
     memory.sort()
     out: dict[int, list[dict[str, Any]]] = {}
-    stack: list[tuple[float, float, str]] = []
     previous: list[dict[str, Any]] = []
-    i, n = 0, len(intervals)
-    for ts, index in memory:
-        while i < n and intervals[i][0] <= ts:
-            start = intervals[i][0]
-            while stack and stack[-1][1] < start:
-                stack.pop()
-            stack.append(intervals[i])
-            i += 1
-        alive = [iv for iv in stack if iv[1] >= ts]
-        if len(alive) != len(stack):
-            # Calls that ended can enclose no later event (memory is sorted): drop them for good,
-            # also from under a call that is still running, so the stack never grows past the
-            # real depth plus the calls pushed since the previous event.
-            stack = alive
-        frames = [frame_of(iv[2]) for iv in reversed(stack)]
+    for (_, index), found in zip(memory, covering(ordered, [ts for ts, _ in memory])):
+        frames = [frame_of(iv[2]) for iv in reversed(found)]
         if frames == previous:  # identical frames compare by identity first: cheap
             frames = previous  # share the list: stored once in the pickle
         previous = frames
@@ -120,13 +110,9 @@ def _stack_frames(
 
 
 def build_cpu_snapshot(
-    trace_events: Iterable[Mapping[str, Any]],
-    *,
-    include_ops: bool = True,
-    everything: Sequence[Mapping[str, Any]] | None = None,
-    apart_pids: Collection[Any] = (),
+    trace: WindowTrace | Sequence[Mapping[str, Any]], *, include_ops: bool = True
 ) -> dict[str, Any] | None:
-    """A ``torch.cuda.memory._snapshot()``-format dict from a merged trace's ``traceEvents``.
+    """A ``torch.cuda.memory._snapshot()``-format dict from a window's trace (or its ``traceEvents``).
 
     Allocations and frees come from torch's ``[memory]`` instant events (``profile_memory=True``);
     their frames from the enclosing VizTracer calls (``cat == "FEE"``) of the same pid/tid and, when
@@ -138,19 +124,13 @@ def build_cpu_snapshot(
     merged); their blocks are the allocations still live at the window's end, with the rest of each
     range ``inactive``. A free with no allocation in the window (memory allocated before it) is kept
     as a free. Returns None when there is no ``[memory]`` event.
-
-    ``trace_events`` may leave out the calls of the processes ``apart_pids`` (the DataLoader
-    workers', most of a window's events, held apart by the writer): should a thread of theirs hold
-    a ``[memory]`` event after all, the calls are read from ``everything`` (all the trace's events).
     """
-    events = trace_events if isinstance(trace_events, (list, tuple)) else list(trace_events)
-    records, memory_by_thread = _memory_records(events)
+    if not isinstance(trace, WindowTrace):
+        trace = WindowTrace.of({"traceEvents": list(trace)})
+    records, memory_by_thread = _memory_records(trace.memory)
     if not records:
         return None
-    calls_from: Sequence[Mapping[str, Any]] = events
-    if everything is not None and any(pid in apart_pids for pid, _ in memory_by_thread):
-        calls_from = everything
-    calls_by_thread = _calls_of_threads(calls_from, memory_by_thread.keys(), include_ops)
+    calls_by_thread = _calls_of_threads(trace, memory_by_thread.keys(), include_ops)
     frame_of = _FrameCache()
     frames_of: dict[int, list[dict[str, Any]]] = {}
     for thread, memory in memory_by_thread.items():
@@ -183,60 +163,65 @@ def build_cpu_snapshot(
     }
 
 
-_Thread = tuple[Any, Any]  # (pid, tid)
 _Record = tuple[float, int, int, int, tuple[int, int]]  # ts, index, addr, bytes, device
 
 
 def _memory_records(
     events: Sequence[Mapping[str, Any]],
-) -> tuple[list[_Record], dict[_Thread, list[tuple[float, int]]]]:
+) -> tuple[list[_Record], dict[Thread, list[tuple[float, int]]]]:
     """torch's ``[memory]`` events as records in trace order, and per thread their (ts, index)."""
-    memory_by_thread: dict[_Thread, list[tuple[float, int]]] = {}
+    memory_by_thread: dict[Thread, list[tuple[float, int]]] = {}
     records: list[_Record] = []
     for event in events:
-        if event.get("ph") == "i" and event.get("name") == "[memory]":
-            args = event.get("args") or {}
-            ts = _number(event.get("ts"))
-            addr = args.get("Addr")
-            size = args.get("Bytes")
-            if ts is None or not isinstance(addr, int) or not isinstance(size, int) or size == 0:
-                continue
-            device = (_int_or(args.get("Device Type"), CPU_DEVICE_TYPE), _int_or(args.get("Device Id"), -1))
-            index = len(records)
-            records.append((ts, index, addr, size, device))
-            memory_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append((ts, index))
+        args = event.get("args") or {}
+        ts = _number(event.get("ts"))
+        addr = args.get("Addr")
+        size = args.get("Bytes")
+        if ts is None or not isinstance(addr, int) or not isinstance(size, int) or size == 0:
+            continue
+        device = (_int_or(args.get("Device Type"), CPU_DEVICE_TYPE), _int_or(args.get("Device Id"), -1))
+        index = len(records)
+        records.append((ts, index, addr, size, device))
+        memory_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append((ts, index))
     return records, memory_by_thread
 
 
 def _calls_of_threads(
-    events: Sequence[Mapping[str, Any]], threads: Iterable[_Thread], include_ops: bool
-) -> dict[_Thread, list[tuple[float, float, str]]]:
+    trace: WindowTrace, threads: Iterable[Thread], include_ops: bool
+) -> dict[Thread, list[tuple[float, float, str]]]:
     """(start, end, name) of the calls (and, with ``include_ops``, the ops) of the threads that
-    allocated only: a DataLoader worker's (most of a window's events when workers are traced) or a
-    helper thread's calls enclose no allocation of this trace."""
-    calls_by_thread: dict[_Thread, list[tuple[float, float, str]]] = {key: [] for key in threads}
+    allocated only, in the trace's order: a DataLoader worker's (most of a window's events when
+    workers are traced) or a helper thread's calls enclose no allocation of this trace."""
+    calls_by_thread: dict[Thread, list[tuple[float, float, str]]] = {key: [] for key in threads}
     tids = {tid for _, tid in calls_by_thread}
-    # The threads' events picked first by a comprehension (~5x cheaper per event than the loop's
-    # checks): most of a window's are a DataLoader worker's, which allocated nothing here.
-    for event in [e for e in events if e.get("tid") in tids]:
-        if event.get("ph") != "X":
-            continue
-        calls = calls_by_thread.get((event.get("pid"), event.get("tid")))
-        if calls is None:
-            continue
-        cat = event.get("cat")
-        if cat != PYTHON_CATEGORY and not (include_ops and cat in OP_CATEGORIES):
-            continue
-        ts = event.get("ts")
-        if type(ts) is not float:  # a merged trace's are (snapped floats): skip the checks
-            ts = _number(ts)
-        name = event.get("name")
-        if ts is None or not isinstance(name, str):
-            continue
-        dur = event.get("dur")
-        if type(dur) is not float:
-            dur = _number(dur) or 0.0
-        calls.append((ts, ts + max(dur, 0.0), name))
+    span = trace.python
+    if span.start == 0 and span.stop == len(trace.events):  # read back: every event is read
+        parts: list[Iterable[dict[str, Any]]] = [trace.events]
+    else:  # the merge's: the Python part holds nothing but the threads' calls (and what is no span)
+        calls = [call for thread in calls_by_thread for call in trace.threads.python.get(thread) or ()]
+        parts = [trace.events[: span.start], calls, trace.events[span.stop :]]
+    for part in parts:
+        # The threads' events picked first by a comprehension (~5x cheaper per event than the loop's
+        # checks): most of a window's are a DataLoader worker's, which allocated nothing here.
+        for event in [e for e in part if e.get("tid") in tids]:
+            if event.get("ph") != "X":
+                continue
+            found = calls_by_thread.get((event.get("pid"), event.get("tid")))
+            if found is None:
+                continue
+            cat = event.get("cat")
+            if cat != PYTHON_CATEGORY and not (include_ops and cat in OP_CATEGORIES):
+                continue
+            ts = event.get("ts")
+            if type(ts) is not float:  # a merged trace's are (snapped floats): skip the checks
+                ts = _number(ts)
+            name = event.get("name")
+            if ts is None or not isinstance(name, str):
+                continue
+            dur = event.get("dur")
+            if type(dur) is not float:
+                dur = _number(dur) or 0.0
+            found.append((ts, ts + max(dur, 0.0), name))
     return calls_by_thread
 
 

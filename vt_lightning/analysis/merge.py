@@ -11,30 +11,31 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
+import numpy as np
 import orjson
 
 from vt_lightning.analysis.clock import Calibration
 from vt_lightning.analysis.nesting import (
-    SnappedCalls,
-    Thread,
-    ThreadSpans,
     repair_boundaries,
     separate_crossing_ranges,
     untangle_annotations,
 )
+from vt_lightning.analysis.trace import MEMORY_EVENT, Calls, Thread, ThreadSpans, WindowTrace
 from vt_lightning.constants import (
     PYTHON_CATEGORY,
     STEP_PREFIX,
+    TRACE_METADATA_KEY,
 )
 
 FALLBACK_CATEGORY = "unknown"
 _SPACED_KEYS = ("distributedInfo",)
 _UNRUN = "\0unrun step"  # the name _settle marks an unrun step's range with, compared by identity
+_TS, _NAME, _PH = itemgetter("ts"), itemgetter("name"), itemgetter("ph")
 # Beyond the calibration's uncertainty, each tracer stamps an event a little after or before the
 # instant it describes (VizTracer in its profile hook, torch in its op callbacks). With wall-clock
 # calibration, residual crossings of up to ~0.1 µs were measured between a Python call and the op
@@ -77,7 +78,7 @@ def snap_to_nanoseconds(events: Iterable[dict[str, Any]]) -> None:
     """Put every start and end on the nanosecond grid, ``dur`` as the difference of the two.
 
     Rounding is monotonic, so spans that nest (or touch) keep nesting (or touching); rounding
-    ``ts`` and ``dur`` separately, as before, could push a child's end 1 ns past its parent's.
+    ``ts`` and ``dur`` separately could push a child's end 1 ns past its parent's.
     """
     for event in events:
         if "ts" not in event:
@@ -122,44 +123,100 @@ def ran_steps(steps: Iterable[int] | None) -> set[str] | None:
     return {f"{STEP_PREFIX}{step}" for step in steps} if steps is not None else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TorchPlacement:
-    """``place_python_events``' map onto torch's timeline (less ``origin_us``) as coefficients, for
-    a loop that already walks events to place them itself (``workers.place_events``, the
-    DataLoader workers' calls, most of a window's) with the same operations in the same order, so
-    the doubles are the same and ``merge_window`` need not walk them again. That loop also does
-    the contract part (a name that is no string aside: the filter may drop the call, and the fix
-    is counted) and notes here what the merge must still do."""
+    """The calibration's map of VizTracer's µs onto torch's timeline (less the time origin): an
+    offset, and the clocks' drift interpolated over the window (held at its ends). Every Python
+    event is placed through it, once (``place_python_events``; a DataLoader worker's calls as
+    they are read, ``workers.place_events``)."""
 
     t0: float
     span: float
     offset: float
     slope: float
-    ran: set[str] | None
-    mark: str = _UNRUN  # what an unrun step's range is renamed to (compared by identity)
-    dropped: bool = False  # a call was marked as an unrun step's
-    not_x: bool = False  # a placed call is not X (a "B"): the merge's groups hold X calls only
-    unnamed: bool = False  # a call's name is no string: the merge fixes the calls the filter kept
-    # threads placed outer-first whose calls untangle_annotations would not cut, as it leaves them
-    settled: dict[Thread, SnappedCalls] = field(default_factory=dict)
+
+    def at(self, us: float) -> float:
+        """One instant."""
+        since = us - self.t0
+        drifted = (
+            self.slope * (0.0 if since < 0.0 else self.span if since > self.span else since) if self.slope else 0.0
+        )
+        return us + self.offset + drifted
+
+    def calls(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Calls' starts and lengths: the start and the end of each through the map, so calls that
+        nest on VizTracer's clock nest on torch's (shifting the start alone and keeping the length
+        would let a child outlast its parent by the drift between their starts); a length never
+        negative. Each operation ``at``'s, element by element: the same doubles."""
+        placed = starts + self.offset + self._drift(starts)
+        ends = starts + lengths
+        ends = ends + self.offset + self._drift(ends)
+        return placed, np.where(ends > placed, ends - placed, 0.0)
+
+    def _drift(self, at: np.ndarray) -> Any:
+        if not self.slope:
+            return 0.0
+        since = at - self.t0
+        return self.slope * np.where(since < 0.0, 0.0, np.where(since > self.span, self.span, since))
 
 
-def torch_placement(calibration: Calibration, origin_us: int, ran: set[str] | None) -> TorchPlacement:
-    """The coefficients ``place_python_events`` computes from ``calibration``."""
+def torch_placement(calibration: Calibration, origin_us: int) -> TorchPlacement:
+    """The map ``calibration`` gives, onto torch's timeline less ``origin_us``."""
     t0, t1 = calibration.start.python_us, calibration.end.python_us
     offset, drift = calibration.offset_us - origin_us, calibration.drift_us
     slope = drift / (t1 - t0) if t1 > t0 else 0.0
-    return TorchPlacement(t0=t0, span=t1 - t0, offset=offset, slope=slope, ran=ran)
+    return TorchPlacement(t0=t0, span=t1 - t0, offset=offset, slope=slope)
 
 
-def _settle(events: list[dict[str, Any]], ran: set[str] | None, snap: bool) -> tuple[int, ThreadSpans, bool]:
-    """In one pass over the window's events: give every event a name and every X event a string
-    cat/ts/dur (the trace contract), mark the ``ProfilerStep#N`` ranges opened for a batch that
-    never ran (training ended first; only when ``ran`` is given) for the caller to remove, and
-    group the rest into ``ThreadSpans``. Returns (events fixed, the groups, whether one was
-    marked). ``snap``: put every event that is not X on the nanosecond grid as
-    ``snap_to_nanoseconds`` would (no nesting pass reads them)."""
-    threads = ThreadSpans()
+def place_python_events(events: list[dict[str, Any]], placement: TorchPlacement) -> None:
+    """VizTracer's events (on its clock) onto torch's timeline, in place: the complete calls as
+    arrays (``TorchPlacement.calls``), of the Python category; every other event with a time its
+    start, on the nanosecond grid (no nesting pass reads it), of the Python category unless it
+    has one; a call without a time gets the category and a zero length (the merge counts it)."""
+    calls = [e for e in events if e.get("ph") == "X" and "ts" in e]
+    if calls:
+        count = len(calls)
+        try:  # VizTracer's: numbers, read at C speed
+            starts = np.fromiter(map(_TS, calls), dtype=float, count=count)
+            lengths = np.fromiter((e.get("dur", 0.0) for e in calls), dtype=float, count=count)
+        except (TypeError, ValueError):  # what float() reads, or its error
+            starts = np.array([float(e["ts"]) for e in calls], dtype=float)
+            lengths = np.array([float(e.get("dur", 0.0)) for e in calls], dtype=float)
+        placed, length = placement.calls(starts, lengths)
+        for event, start, dur in zip(calls, placed.tolist(), length.tolist()):
+            event["ts"] = start
+            event["dur"] = dur
+            event["cat"] = PYTHON_CATEGORY
+    for event in events:
+        ph = event.get("ph")
+        if ph == "X":
+            if "ts" not in event:
+                event["cat"] = PYTHON_CATEGORY
+                event.setdefault("dur", 0.0)
+        elif ph != "M":
+            if "ts" in event:
+                event["ts"] = placement.at(float(event["ts"]))
+            if not isinstance(event.get("cat"), str):
+                event["cat"] = PYTHON_CATEGORY
+            if "ts" in event:
+                event["ts"] = round(event["ts"] * 1000) / 1000
+
+
+def _settle(
+    events: list[dict[str, Any]],
+    ran: set[str] | None,
+    threads: ThreadSpans,
+    memory: list[dict[str, Any]],
+    metadata: list[dict[str, Any]],
+    loose: list[dict[str, Any]] | None = None,
+) -> tuple[int, bool]:
+    """In one pass over events: give every event a name and every X event a string cat/ts/dur (the
+    trace contract), mark the ``ProfilerStep#N`` ranges opened for a batch that never ran (training
+    ended first; only when ``ran`` is given) for the caller to remove, and file the rest: the X
+    events into ``threads``, the ``[memory]`` instants into ``memory``, the metadata events into
+    ``metadata``. The events that are not X and have a time go on the nanosecond grid (no nesting
+    pass reads them), or, with ``loose`` (the Python part's: on the grid as placed), into it.
+    Returns (events fixed, whether one was marked)."""
     add = threads.add
     dropped = False
     fixed = 0
@@ -168,13 +225,21 @@ def _settle(events: list[dict[str, Any]], ran: set[str] | None, snap: bool) -> t
         if not isinstance(name, str):
             name = event["name"] = str(event.get("name", ""))
             fixed += 1
-        unrun = ran is not None and name.startswith(STEP_PREFIX) and name not in ran
+        unrun = _unrun(name, ran)
         if unrun:
             event["name"] = _UNRUN  # marked: the list is rebuilt without them by the caller
             dropped = True
-        if event.get("ph") != "X":
-            if snap and "ts" in event:
-                event["ts"] = round(float(event["ts"]) * 1000) / 1000
+        ph = event.get("ph")
+        if ph != "X":
+            if "ts" in event:
+                if loose is None:
+                    event["ts"] = round(float(event["ts"]) * 1000) / 1000
+                else:
+                    loose.append(event)
+            if ph == "M":
+                metadata.append(event)
+            elif ph == "i" and name == MEMORY_EVENT:
+                memory.append(event)
             continue
         cat = event.get("cat")
         if not isinstance(cat, str):
@@ -188,95 +253,49 @@ def _settle(events: list[dict[str, Any]], ran: set[str] | None, snap: bool) -> t
             fixed += 1
         if not unrun:
             add(event, cat, name)
-    return fixed, threads, dropped
+    return fixed, dropped
 
 
-def place_python_events(
-    events: Iterable[dict[str, Any]], calibration: Calibration, origin_us: int, ran: set[str] | None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[Thread, list[dict[str, Any]]], int, bool]:
-    """Place VizTracer events on torch's timeline (less ``origin_us``) and, in the same loop, do
-    what ``_settle`` does to them (the contract, the unrun steps' marks, the calls grouped per
-    thread) and snap those that are not X. Returns (timed, metadata, calls per thread, fixed,
-    marked). One loop over the Python events, most of a window's.
+def _unrun(name: str, ran: set[str] | None) -> bool:
+    """Whether ``name`` is the range of a step opened for a batch that never ran."""
+    return ran is not None and name.startswith(STEP_PREFIX) and name not in ran
 
-    Start and end of each call go through the same monotonic map (offset plus interpolated drift),
-    so calls that nest on VizTracer's clock nest on torch's; shifting ``ts`` alone and keeping
-    ``dur`` would let a child outlast its parent by the drift accumulated between their starts.
-    ``tests/test_merge_passes.py`` holds the passes apart as the reference: the same doubles.
-    """
-    timed: list[dict[str, Any]] = []
-    meta: list[dict[str, Any]] = []
-    calls: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
+
+def _settle_calls(
+    python: PythonParts, ran: set[str] | None, threads: ThreadSpans, loose: list[dict[str, Any]]
+) -> tuple[int, bool]:
+    """``_settle`` for each thread's grouped calls, read by their distinct names: each call named,
+    the unrun steps' ranges marked, the complete calls filed into ``threads``, a "B" into ``loose``
+    on the nanosecond grid (a worker's is placed, not snapped, where the filter reads it).
+    Returns (calls fixed, whether one was marked)."""
     fixed = 0
     dropped = False
-    placement = torch_placement(calibration, origin_us, ran)
-    t0, span, offset, slope = placement.t0, placement.span, placement.offset, placement.slope
-    append = timed.append
-    last_pid: Any = _UNRUN  # no event's: the first call looks its thread up
-    last_tid: Any = _UNRUN
-    thread_calls: list[dict[str, Any]] = []
-    for event in events:
-        get = event.get
-        ph = get("ph")
-        if ph == "M":
-            meta.append(event)
-            continue
-        is_x = ph == "X"
-        has_ts = "ts" in event
-        if has_ts:
-            ts = float(event["ts"])
-            since = ts - t0
-            drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
-            start = ts + offset + drifted
-            event["ts"] = start
-            if is_x:
-                end_py = ts + float(get("dur", 0.0))
-                since = end_py - t0
-                drifted = slope * (0.0 if since < 0.0 else span if since > span else since) if slope else 0.0
-                end = end_py + offset + drifted
-                event["dur"] = end - start if end > start else 0.0
-        if is_x:
-            event["cat"] = PYTHON_CATEGORY
-            if "dur" not in event:
-                event["dur"] = 0.0
-        elif not isinstance(get("cat"), str):
-            event["cat"] = PYTHON_CATEGORY
-        append(event)
-        # _settle's part
-        name = get("name")
-        if not isinstance(name, str):
-            name = event["name"] = str(get("name", ""))
-            fixed += 1
-        unrun = ran is not None and name.startswith(STEP_PREFIX) and name not in ran
-        if unrun:
-            event["name"] = _UNRUN
-            dropped = True
-        if not is_x:
-            if has_ts:  # snap_to_nanoseconds' part: no nesting pass reads an event that is not X
-                event["ts"] = round(start * 1000) / 1000
-            continue
-        if not has_ts:
-            event["ts"] = 0.0
-            fixed += 1
-        if not unrun:
-            pid, tid = get("pid"), get("tid")
-            if tid != last_tid or pid != last_pid:  # a thread's calls come in runs: one lookup per run
-                last_pid, last_tid = pid, tid
-                thread_calls = calls[(pid, tid)]
-            thread_calls.append(event)
-    return timed, meta, calls, fixed, dropped
-
-
-def _name_calls(calls: list[dict[str, Any]], ran: set[str] | None) -> tuple[int, bool]:
-    """``place_python_events``' name fix and unrun mark of the calls whose name is no string."""
-    fixed, dropped = 0, False
-    for event in calls:
-        if not isinstance(event.get("name"), str):
-            name = event["name"] = str(event.get("name", ""))
-            fixed += 1
-            if ran is not None and name.startswith(STEP_PREFIX) and name not in ran:
-                event["name"] = _UNRUN
-                dropped = True
+    for key, group in python.calls.items():
+        known_names = python.names.get(key)
+        try:
+            names = set(map(_NAME, group)) if known_names is None else known_names
+            kinds = set(map(_PH, group)) if known_names is None else {"X"}
+        except (KeyError, TypeError):  # a call without a name, or one that cannot be hashed
+            names, kinds = {None}, {None}
+        marked = False
+        if any(name.__class__ is not str or _unrun(name, ran) for name in names):
+            for event in group:
+                name = event.get("name")
+                if not isinstance(name, str):
+                    name = event["name"] = str(event.get("name", ""))
+                    fixed += 1
+                if _unrun(name, ran):
+                    event["name"] = _UNRUN
+                    marked = dropped = True
+        if kinds != {"X"}:  # a "B" among the calls: no span of the nesting passes, on the grid
+            for event in group:
+                if event.get("ph") != "X":
+                    event["ts"] = round(float(event["ts"]) * 1000) / 1000
+                    loose.append(event)
+        if kinds != {"X"} or marked:
+            group = [event for event in group if event.get("ph") == "X" and event["name"] is not _UNRUN]
+        if group:
+            threads.python[key].extend(group)
     return fixed, dropped
 
 
@@ -292,6 +311,23 @@ def _snap_spans(groups: Iterable[Mapping[Thread, list[dict[str, Any]]]]) -> None
                 event["ts"] = start / 1000
 
 
+@dataclass
+class PythonParts:
+    """A window's Python events, on torch's timeline already (``place_python_events``), as the
+    merge takes them, in the file's order: ``before`` (events one by one: the training process's,
+    and the DataLoader workers' when no filter grouped them), ``calls`` (each thread's calls, in
+    the filter's order: its kept calls), ``after`` (the gc pauses and the compile spans)."""
+
+    before: list[dict[str, Any]]
+    calls: dict[Thread, list[dict[str, Any]]] = field(default_factory=dict)
+    after: list[dict[str, Any]] = field(default_factory=list)
+    # threads of ``calls`` on the nanosecond grid already (``nesting.settle_as_arrays``, as placed):
+    # their ``ts`` and ``dur`` in their order, taken where the thread's calls are those
+    settled: dict[Thread, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # the distinct names of threads of ``calls`` that hold complete calls only, where known
+    names: dict[Thread, set[Any]] = field(default_factory=dict)
+
+
 def merge_trace(
     torch_trace: Mapping[str, Any],
     python_events: Iterable[dict[str, Any]],
@@ -299,119 +335,76 @@ def merge_trace(
     vt_metadata: Mapping[str, Any],
     thread_names: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
-    """One trace dict: torch's keys, ``vt_lightning`` metadata, then ``traceEvents`` last."""
-    return merge_window(torch_trace, python_events, calibration, vt_metadata, thread_names)[0]
+    """One trace dict: torch's keys, ``vt_lightning`` metadata, then ``traceEvents`` last (the
+    Python events placed here)."""
+    origin_us = time_origin_us(torch_trace.get("traceEvents", []))
+    events = list(python_events)
+    place_python_events(events, torch_placement(calibration, origin_us))
+    return merge_window(torch_trace, PythonParts(events), calibration, vt_metadata, thread_names, origin_us).as_dict()
 
 
 def merge_window(
     torch_trace: Mapping[str, Any],
-    python_events: Iterable[dict[str, Any]],
+    python: PythonParts,
     calibration: Calibration,
     vt_metadata: Mapping[str, Any],
     thread_names: Mapping[int, str] | None = None,
-    apart: range | None = None,
     origin_us: int | None = None,
-    placed: tuple[TorchPlacement, Mapping[Thread, list[dict[str, Any]]]] | None = None,
-    bounds: dict[Thread, list[tuple[float, float, str]]] | None = None,
-) -> tuple[dict[str, Any], range]:
-    """``merge_trace``, and where a run of ``python_events`` (``apart``: indices into that list,
-    e.g. the DataLoader workers' calls) lies in the merged ``traceEvents``: the passes that read
-    only the training process's events skip it without walking it. The trace is the same as
-    ``merge_trace``'s; the range is empty without ``apart``.
+) -> WindowTrace:
+    """Torch's trace and the window's Python events (placed on its timeline, less ``origin_us``:
+    ``time_origin_us`` of torch's events) on one timeline, every thread nesting strictly: the
+    typed trace every later stage reads.
 
-    ``origin_us``: ``time_origin_us`` of torch's events, when the caller computed it already.
-    ``placed``: the run is on torch's timeline already (its calls only, placed by the
-    ``TorchPlacement`` given, made from this ``calibration``, ``origin_us`` and steps) and grouped
-    per thread in its order, so it is not walked here. ``bounds``: filled with the placed run's
-    threads' calls as ``(start, end, name)``, made by the last loop over them
-    (``nesting.untangle_annotations``), for a reader that would walk the run for them."""
-    parts: list[Iterable[dict[str, Any]]] = [python_events]
-    if apart is not None and len(apart):
-        listed = python_events if isinstance(python_events, list) else list(python_events)
-        parts = [listed[: apart.start], listed[apart.start : apart.stop], listed[apart.stop :]]
-    elif placed is not None:
-        raise ValueError("merge_window: placed= needs the placed run's apart= range, and it was empty")
+    One pass checks (the contract) and files each torch event, one each Python event one by one,
+    one each grouped thread by its distinct names. Then the nesting passes (``nesting.py``): the
+    boundaries repaired within the calibration's tolerance, the calls cut at the annotation ranges
+    they cross and put on the nanosecond grid, the torch spans snapped, and what still crosses
+    moved to a track of its own."""
     torch_events = list(torch_trace.get("traceEvents", []))
     if origin_us is None:
         origin_us = time_origin_us(torch_events)
     rebase_events(torch_events, origin_us)
-    # The shift, the contract, repair_boundaries, untangle_annotations and the snap, fused (the
-    # passes apart: tests/test_merge_passes.py's reference): the Python events are shifted,
-    # settled and grouped in one loop, torch's after them (so each thread's events keep their
-    # order), the events no nesting pass reads are snapped as they are settled, the calls by the
-    # last loop of untangle_annotations, the torch spans once the calls are settled against them.
     ran = ran_steps(vt_metadata.get("steps"))
-    # Each part placed on its own, as one loop over them all would: the same events, the calls
-    # grouped per thread in the same order (a thread's first call files it), their counts known.
-    timed_parts: list[list[dict[str, Any]]] = []
-    python_meta: list[dict[str, Any]] = []
-    calls: dict[Thread, list[dict[str, Any]]] = {}
-    python_fixed, python_dropped = 0, False
-    elsewhere: set[Thread] = set()  # threads with calls outside the placed run
-    for number, part in enumerate(parts):
-        if number == 1 and placed is not None:  # placed and grouped as read (workers.place_events)
-            placement, part_calls = placed
-            part_meta: list[dict[str, Any]] = []
-            part_timed = part if isinstance(part, list) else list(part)  # the slice made above
-            part_fixed, part_dropped = 0, placement.dropped
-            if placement.unnamed:
-                part_fixed, named_dropped = _name_calls(part_timed, ran)
-                part_dropped = part_dropped or named_dropped
-            if placement.not_x:  # snapped as place_python_events snaps what is not X (once sorted)
-                snap_to_nanoseconds(event for event in part_timed if event.get("ph") != "X")
-            if placement.not_x or part_dropped:  # the groups hold only the X calls not marked
-                part_calls = {
-                    key: kept
-                    for key, group in part_calls.items()
-                    if (kept := [e for e in group if e.get("ph") == "X" and e["name"] is not _UNRUN])
-                }
-        else:
-            part_timed, part_meta, part_calls, part_fixed, part_dropped = place_python_events(
-                part, calibration, origin_us, ran
-            )
-        timed_parts.append(part_timed)
-        if number != 1 or placed is None:
-            elsewhere.update(part_calls)
-        python_meta += part_meta
-        for key, thread_calls in part_calls.items():
-            known = calls.get(key)
-            if known is None:  # taken, not copied: each copy of a worker's calls touches every one
-                calls[key] = thread_calls
-            else:
-                known.extend(thread_calls)
-        python_fixed += part_fixed
-        python_dropped = python_dropped or part_dropped
+    before, after = ([e for e in part if e.get("ph") != "M"] for part in (python.before, python.after))
+    python_meta = [e for part in (python.before, python.after) for e in part if e.get("ph") == "M"]
     events = merge_metadata_events(torch_events, python_meta, thread_names)
-    fixed, threads, dropped = _settle(events, ran, snap=True)
-    if placed is not None:  # the filter's order, outer first, unless other calls join them
-        threads.ordered.update(placed[1].keys() - elsewhere - threads.python.keys())
-    for key, thread_calls in calls.items():
-        if key in threads.python:
-            threads.python[key].extend(thread_calls)
-        else:
-            threads.python[key] = thread_calls
-    fixed += python_fixed
-    if dropped or python_dropped:
+    threads = ThreadSpans()
+    memory: list[dict[str, Any]] = []
+    metadata: list[dict[str, Any]] = []
+    loose: list[dict[str, Any]] = []  # the Python part's events with a time that are no complete call
+    fixed, dropped = 0, False
+    for part_fixed, part_dropped in (
+        _settle(events, ran, threads, memory, metadata),
+        _settle(before, ran, threads, memory, metadata, loose),
+        _settle_calls(python, ran, threads, loose),
+        _settle(after, ran, threads, memory, metadata, loose),
+    ):
+        fixed += part_fixed
+        dropped = dropped or part_dropped
+    threads.settled.update(
+        (key, found) for key, found in python.settled.items() if len(threads.python.get(key) or ()) == len(found[0])
+    )
+    timed = [*before, *(event for group in python.calls.values() for event in group), *after]
+    if dropped:
         events[:] = [e for e in events if e["name"] is not _UNRUN]
-        timed_parts = [[e for e in part if e["name"] is not _UNRUN] for part in timed_parts]
-    run_start = len(events) + (len(timed_parts[0]) if len(timed_parts) > 1 else 0)
-    run = range(run_start, run_start + len(timed_parts[1])) if len(timed_parts) > 1 else range(0)
-    for part_timed in timed_parts:
-        events.extend(part_timed)
+        timed = [e for e in timed if e["name"] is not _UNRUN]
+        loose = [e for e in loose if e["name"] is not _UNRUN]
+    head = len(events)
+    events.extend(timed)
+    span = range(head, len(events))
     tolerance = calibration.uncertainty_us + STAMP_JITTER_US
     repaired, _ = repair_boundaries(events, tolerance, threads)
-    settled = placed[0].settled if placed is not None else None
-    untangled = untangle_annotations(events, threads, snap=True, bounds=bounds, settled=settled)
+    untangled = untangle_annotations(events, threads, snap=True)
     _snap_spans((threads.ops, threads.annotations, threads.other))
     moved, clamped = separate_crossing_ranges(events, threads, calls_nest=True)
-
-    merged: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
+    metadata += events[span.stop :]  # the range tracks' names
+    header: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
     if origin_us:
-        merged["baseTimeNanoseconds"] = int(merged.get("baseTimeNanoseconds", 0)) + origin_us * 1000
-    if "distributedInfo" not in merged and isinstance(vt_metadata.get("global_rank"), int):
+        header["baseTimeNanoseconds"] = int(header.get("baseTimeNanoseconds", 0)) + origin_us * 1000
+    if "distributedInfo" not in header and isinstance(vt_metadata.get("global_rank"), int):
         # torch writes it only under torch.distributed; HTA reads the rank from it and otherwise
         # warns and guesses rank 0 (wrong for every rank but one when ranks trace without DDP).
-        merged["distributedInfo"] = {
+        header["distributedInfo"] = {
             "backend": None,
             "rank": vt_metadata["global_rank"],
             "world_size": vt_metadata.get("world_size", 1),
@@ -419,7 +412,7 @@ def merge_window(
     meta = dict(vt_metadata)
     meta["time_origin_us"] = origin_us
     meta["calibration"] = calibration.metadata()
-    meta["python_events"] = sum(len(part) for part in timed_parts)
+    meta["python_events"] = len(timed)
     meta["torch_events"] = len(torch_events)
     meta["nesting"] = {
         "repaired": repaired,
@@ -431,9 +424,13 @@ def merge_window(
     }
     if fixed:
         meta["contract_fixes"] = fixed
-    merged["vt_lightning"] = meta
-    merged["traceEvents"] = events
-    return merged, run
+    header[TRACE_METADATA_KEY] = meta
+    # the threads settled as arrays, read as a reader of the written trace reads them
+    columns = {
+        key: Calls(starts, starts + lengths, [call["name"] for call in threads.python[key]])
+        for key, (starts, lengths) in threads.settled.items()
+    }
+    return WindowTrace(header, events, threads, memory, metadata, span, loose, columns)
 
 
 def encode_trace(trace: Mapping[str, Any]) -> bytes:

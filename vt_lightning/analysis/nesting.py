@@ -7,7 +7,7 @@ call's edge by at most the calibration's tolerance so that the op it issued nest
 ``untangle_annotations`` cuts Python calls at the annotation ranges they cross;
 ``separate_crossing_ranges`` moves any torch range still crossing another event to a track of its
 own beside its thread (``RANGE_TRACK_TID_BASE``). ``count_crossings`` counts what is left (tests,
-benchmarks). ``ThreadSpans`` groups one window's events per thread once for all passes.
+benchmarks). They read the window's events grouped per thread once (``trace.ThreadSpans``).
 """
 
 from __future__ import annotations
@@ -15,40 +15,26 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
-from itertools import compress, islice
-from operator import eq, itemgetter, lt
+from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
-from vt_lightning.analysis.nested_walk import nest_levels
-from vt_lightning.constants import (
-    ANNOTATION_PREFIXES,
-    CPU_OP_CATEGORY,
-    PYTHON_CATEGORY,
-    USER_ANNOTATION_CATEGORY,
+from vt_lightning.analysis.nest import (
+    ARRAY_NEST_MIN,
+    DROP_PARENT,
+    SKIP,
+    covering,
+    lanes,
+    nests,
+    outer_first,
+    outer_first_order,
+    walk,
 )
+from vt_lightning.analysis.trace import Thread, ThreadSpans
+from vt_lightning.constants import PYTHON_CATEGORY
 
-# Ops nest inside the Python call that issued them. Annotations (ProfilerStep#, record_function)
-# may open in one Python call and close in another, so they are not held to nesting.
-NESTED_TORCH_CATEGORIES = (CPU_OP_CATEGORY,)
-# torch.compile's ranges, written as cpu_op: the compiled frame and AOT's runtime wrappers open them
-# in one Python call (``RecordFunctionFast.__enter__``, a ``record_function`` helper) and close them
-# in another, and dynamo's compile phases (``dynamo_timed``) span calls of their own. Measured on a
-# Trainer window (examples/vision.py, aot_eager): 7-8 crossings per window when held to nesting as ops.
-COMPILE_RANGE_PREFIXES = (
-    "Pregraph bytecode",
-    "AOTDispatcher Runtime Wrapper",
-    "## Call CompiledFxGraph",
-    "## ",
-    "Torch-Compiled Region",
-    "CompiledFunction",
-    "TorchDynamo Cache Lookup",
-    "entire_frame_compile",
-    "dynamo",
-)
-COMPILE_RANGE_SUFFIX = "(dynamo_timed)"
 # A torch range still crossing another event once all repairs are done moves to a track of its own
 # beside its thread: base + lane * LANE_STRIDE + tid (a Linux tid is below 2**22; flight.py's
 # sampled track uses 1e9 + tid).
@@ -56,16 +42,7 @@ RANGE_TRACK_TID_BASE = 2_000_000_000
 RANGE_TRACK_LANE_STRIDE = 1 << 22
 _TS, _DUR, _NAME = itemgetter("ts"), itemgetter("dur"), itemgetter("name")
 _START, _END = itemgetter(0), itemgetter(1)
-
-
-def is_range_name(name: str) -> bool:
-    """A torch event written as ``cpu_op`` that is a range opened and closed by Python calls
-    (Lightning's, the profiler's steps, torch.compile's), not an op nested in its caller."""
-    return (
-        name.startswith(ANNOTATION_PREFIXES)
-        or name.startswith(COMPILE_RANGE_PREFIXES)
-        or name.endswith(COMPILE_RANGE_SUFFIX)
-    )
+NsSpan = tuple[int, int, dict[str, Any]]  # an event's start and end in integer ns, and the event
 
 
 def _crossing_fix(ps: float, pe: float, es: float, ee: float) -> tuple[float, float, float] | None:
@@ -78,52 +55,6 @@ def _crossing_fix(ps: float, pe: float, es: float, ee: float) -> tuple[float, fl
     else:
         return None
     return min(options)
-
-
-Thread = tuple[Any, Any]
-
-
-class ThreadSpans:
-    """One window's X events per (pid, tid), in the kinds the nesting passes read: Python calls,
-    torch ops (which nest in the call that issued them), annotation ranges (which need not) and
-    the rest (which the last pass holds to nesting too). Grouped once for all passes: each
-    grouping is a pass over every event of the window."""
-
-    __slots__ = ("annotations", "cut", "ops", "ordered", "other", "python")
-
-    def __init__(self, events: Iterable[dict[str, Any]] = ()) -> None:
-        self.python: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-        self.ops: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-        self.annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-        self.other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-        self.cut: set[Thread] = set()  # threads where untangle_annotations moved a call's bounds
-        # threads whose calls were filed outer first (``outer_first``'s order: the filter's, on the
-        # same bounds), so that a pass that reads them in that order need not check it
-        self.ordered: set[Thread] = set()
-        for event in events:
-            if event.get("ph") == "X":
-                self.add(event, event.get("cat"), str(event.get("name", "")))
-
-    def add(self, event: dict[str, Any], cat: Any, name: str) -> None:
-        """File one X event (its ``cat`` and ``name`` as read) under its thread and kind: callers
-        that already walk the events (the merge's contract loops) group them in the same pass."""
-        key = (event.get("pid"), event.get("tid"))
-        if cat == PYTHON_CATEGORY:
-            self.python[key].append(event)
-        elif cat == USER_ANNOTATION_CATEGORY or is_range_name(name):
-            self.annotations[key].append(event)  # opened and closed by Python calls, not nested
-        elif cat in NESTED_TORCH_CATEGORIES:
-            self.ops[key].append(event)
-        else:
-            self.other[key].append(event)
-
-    def all_events(self) -> dict[Thread, list[dict[str, Any]]]:
-        """Every X event per thread, whatever its kind."""
-        out: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
-        for kind in (self.python, self.ops, self.annotations, self.other):
-            for key, thread_events in kind.items():
-                out[key].extend(thread_events)
-        return out
 
 
 def repair_boundaries(
@@ -186,41 +117,38 @@ def repair_boundaries(
 
 
 def count_crossings(events: list[dict[str, Any]], threads: ThreadSpans | None = None) -> int:
-    """Python calls and torch ops of one thread that overlap without nesting (any amount)."""
+    """Python calls and torch ops of one thread that overlap without nesting (any amount): each one
+    that ends after the innermost open span of the other kind it starts in (``nest.walk``, every
+    span keeping its own end: open spans form a nested chain, so crossing any of them means
+    crossing the innermost)."""
     threads = threads if threads is not None else ThreadSpans(events)
-    by_thread: dict[Thread, list[tuple[float, float, bool]]] = defaultdict(list)
+    crossings = 0
     # A thread with no op (a DataLoader worker's, a helper thread) or no Python call has no crossing
     # to count: its spans are not even sorted.
-    both = threads.python.keys() & threads.ops.keys()
-    for kind, is_python in ((threads.python, True), (threads.ops, False)):
-        for key, thread_events in kind.items():
-            if key not in both:
-                continue
-            spans = by_thread[key]
-            for event in thread_events:
-                start = float(event["ts"])
-                spans.append((start, start + float(event["dur"]), is_python))
-    crossings = 0
-    for spans in by_thread.values():
-        spans.sort(key=lambda span: (span[0], -span[1]))
-        stack: list[tuple[float, float, bool]] = []
-        for start, end, is_python in spans:
-            while stack and stack[-1][1] <= start:
-                stack.pop()
-            # Open spans form a nested chain, so crossing any of them means crossing the innermost.
-            if stack and stack[-1][2] != is_python and stack[-1][1] < end:
+    for key in threads.python.keys() & threads.ops.keys():
+        spans = outer_first(
+            [
+                (start, start + float(event["dur"]), is_python)
+                for kind, is_python in ((threads.python, True), (threads.ops, False))
+                for event in kind[key]
+                for start in (float(event["ts"]),)
+            ],
+            _START,
+            _END,
+        )
+
+        def cross(i: int, top: int, _: float, spans: list[tuple[float, float, bool]] = spans) -> float:
+            nonlocal crossings
+            if spans[top][2] != spans[i][2]:
                 crossings += 1
-            stack.append((start, end, is_python))
+            return spans[i][1]
+
+        walk(map(_START, spans), map(_END, spans), crossing=cross)
     return crossings
 
 
 def untangle_annotations(
-    events: list[dict[str, Any]],
-    threads: ThreadSpans | None = None,
-    *,
-    snap: bool = False,
-    bounds: dict[Thread, list[tuple[float, float, str]]] | None = None,
-    settled: Mapping[Thread, SnappedCalls] | None = None,
+    events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, snap: bool = False
 ) -> int:
     """Make Python calls nest with the annotation ranges they open or close.
 
@@ -228,47 +156,32 @@ def untangle_annotations(
     that opens it and outlives that call, so the two overlap without nesting. TensorBoard's viewer
     tolerates that; Perfetto (ui.perfetto.dev, vizviewer) drops the range. Each Python call open at a
     range's start that ends inside the range is cut at the range's start; each one open at its end
-    that began inside the range starts at the range's end. The cut keeps its original bounds in
-    ``args`` (``vt_lightning.ts`` / ``vt_lightning.dur``). Returns how many calls were cut.
-    ``snap``: its last loop, which visits every call once, also puts each on the nanosecond grid as
-    ``merge.snap_to_nanoseconds`` would once it is settled (later calls read only the ends kept on
-    the loop's stack, from before the snap), saving ``merge_trace`` a pass over the calls.
-    ``bounds`` (with ``snap``): filled, for each thread whose calls came in order
-    (``ThreadSpans.ordered``, a DataLoader worker's) and that no cut touched, with its calls'
-    ``(start, end, name)`` as snapped, in their order: what a reader of the written trace computes
-    from each call (``ts``, ``ts + dur``), made here where the loop holds them, so the summary
-    need not walk those calls again (``steps.classify``).
-    ``settled`` (with ``snap``): in-order threads whose calls this loop would not cut, as it would
-    leave them (``nest_uncut``, ``snap_arrays``: made where the times were arrays), taken without
-    the loop.
+    that began inside the range starts at the range's end. Then each call that outlasts the call it
+    starts in is cut at that call's end (``nest.walk``). A cut keeps its original bounds in ``args``
+    (``vt_lightning.ts`` / ``vt_lightning.dur``). Returns how many calls were cut.
+    ``snap``: then put every call on the nanosecond grid as ``merge.snap_to_nanoseconds`` would; a
+    long thread of nothing but calls none of which outlasts its parent (a DataLoader worker's) as
+    arrays (``settle_as_arrays``), its times kept in ``threads.settled`` for the trace's tables. A
+    thread in ``threads.settled`` already is taken as it is.
     """
     threads = threads if threads is not None else ThreadSpans(events)
     python, ranges = threads.python, threads.annotations
     cuts: dict[int, tuple[dict[str, Any], float, float]] = {}
+    walked: dict[Thread, list[dict[str, Any]]] = {}  # each thread's calls outer first, sorted once
     for key, thread_ranges in ranges.items():
         calls = python.get(key)
         if not calls:
             continue
-        calls[:] = outer_first(calls)
-        # (time, is_end, range start, range end): sweep the Python calls open at every range edge.
+        walked[key] = calls = outer_first(calls)  # the thread's own list keeps the file's order
+        # (time, is_end, range start, range end): the Python calls open at every range edge
         points = sorted(
             (t, is_end, a["ts"], a["ts"] + a["dur"])
             for a in thread_ranges
             for t, is_end in ((a["ts"], False), (a["ts"] + a["dur"], True))
         )
-        stack: list[dict[str, Any]] = []
-        i = 0
-        for t, is_end, start, end in points:
-            while i < len(calls) and calls[i]["ts"] < t:
-                call = calls[i]
-                while stack and stack[-1]["ts"] + stack[-1]["dur"] <= call["ts"]:
-                    stack.pop()
-                stack.append(call)
-                i += 1
-            for call in stack:
-                c_start, c_end = call["ts"], call["ts"] + call["dur"]
-                if not c_start < t < c_end:
-                    continue
+        spans = [(call["ts"], call["ts"] + call["dur"], call) for call in calls]
+        for (t, is_end, start, end), found in zip(points, covering(spans, [point[0] for point in points], False)):
+            for c_start, c_end, call in found:
                 new_start, new_end = cuts.get(id(call), (call, c_start, c_end))[1:]
                 if not is_end and c_end < end:  # opened the range, returned inside it
                     cuts[id(call)] = (call, new_start, min(new_end, t))
@@ -278,104 +191,72 @@ def untangle_annotations(
         _set_bounds(call, new_start, new_end)
     # A cut parent can leave a child (placed within the calibration's uncertainty) sticking out.
     threads.cut.update(call_key(call) for call, _, _ in cuts.values())
-    ordered = threads.ordered - ranges.keys() - threads.ops.keys()  # neither sorted nor moved above
-    ready = settled if snap and settled is not None else {}
-    for key, calls in python.items():
-        known = ready.get(key) if key in ordered else None
-        if known is not None and len(known[0]) == len(calls):
-            grid_ts, grid_dur, grid_end, written = known
-            if not written:
-                for call, start, length in zip(calls, grid_ts, grid_dur):
-                    call["dur"] = length
-                    call["ts"] = start
-            if bounds is not None:
-                bounds[key] = list(zip(grid_ts, grid_end, map(_NAME, calls)))
+    for key, thread_calls in python.items():
+        if key in threads.settled:  # on the grid already (a worker's, as placed)
             continue
-        # the open calls' ends, innermost last, above a NaN that no comparison pops or cuts against
-        ends: list[float] = [math.nan]
-        pop, push = ends.pop, ends.append
-        in_order = key in ordered
-        bound = bounds.setdefault(key, []).append if snap and in_order and bounds is not None else None
-        for call in calls if in_order else outer_first(calls):
-            ts = call["ts"]
-            dur = call["dur"]
-            end = ts + dur
-            while ends[-1] <= ts:
-                pop()
-            if end > ends[-1]:
-                _set_bounds(call, ts, ends[-1])
-                cuts[id(call)] = (call, 0.0, 0.0)
-                threads.cut.add(key)
-                ts = call["ts"]
-                dur = call["dur"]
-                end = ts + dur
-            push(end)
-            if snap:
-                if type(ts) is not float or type(dur) is not float:
-                    ts = float(ts)
-                    end = ts + float(dur)
+        calls = walked.get(key)
+        if calls is None and snap and len(thread_calls) >= ARRAY_NEST_MIN and key not in threads.ops:
+            settled = settle_as_arrays(thread_calls)
+            if settled is not None:
+                threads.settled[key] = settled
+                continue
+        calls = calls or outer_first(thread_calls)
+
+        def cut(i: int, _: int, parent_end: float, calls: list[dict[str, Any]] = calls, key: Thread = key) -> float:
+            call = calls[i]  # a call outliving the call it starts in: cut at that call's end
+            _set_bounds(call, call["ts"], parent_end)
+            cuts[id(call)] = (call, 0.0, 0.0)
+            threads.cut.add(key)
+            return call["ts"] + call["dur"]
+
+        walk([call["ts"] for call in calls], [call["ts"] + call["dur"] for call in calls], crossing=cut)
+        if snap:
+            for call in calls:  # as merge.snap_to_nanoseconds would, each call once settled
+                ts = float(call["ts"])
+                end = ts + float(call["dur"])
                 start_ns = round(ts * 1000)
                 end_ns = round(end * 1000)
-                snapped_dur = (end_ns - start_ns if end_ns > start_ns else 0) / 1000
-                snapped_ts = start_ns / 1000
-                call["dur"] = snapped_dur
-                call["ts"] = snapped_ts
-                if bound is not None:
-                    bound((snapped_ts, snapped_ts + snapped_dur, call["name"]))
-    if bounds is not None:
-        for key in threads.cut.intersection(bounds):  # a later pass may move a cut thread's calls
-            del bounds[key]
+                call["dur"] = (end_ns - start_ns if end_ns > start_ns else 0) / 1000
+                call["ts"] = start_ns / 1000
     return len(cuts)
 
 
-# A thread's calls as ``untangle_annotations``' last loop leaves them when none is cut: each one's
-# ``ts``, ``dur`` and ``ts + dur`` on the nanosecond grid, in the thread's (outer-first) order, and
-# whether the calls hold those times already.
-SnappedCalls = tuple[list[float], list[float], list[float], bool]
-
-
-def nest_uncut(starts: np.ndarray, lengths: np.ndarray) -> bool:
-    """Whether ``untangle_annotations``' last loop cuts none of an in-order thread's calls
-    (``starts``, ``lengths``: their ``ts`` and ``dur``, outer-first): its stack of open ends, the
-    same test on the same ends (``start + length``), as ``nested_walk.nest_levels`` answers it."""
-    return not len(starts) or nest_levels(starts, starts + lengths) is not None
-
-
-def snap_arrays(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Calls' ``ts`` and ``dur`` on the nanosecond grid as ``untangle_annotations``' snap puts them:
-    each operation on the same doubles, element by element (``+ 0.0`` makes a rounded -0.0 the 0
-    that ``round`` gives), for a caller that holds the times as arrays."""
-    start_ns = np.rint(starts * 1000) + 0.0
+def settle_as_arrays(
+    calls: list[dict[str, Any]],
+    starts: np.ndarray | None = None,
+    lengths: np.ndarray | None = None,
+    order: np.ndarray | None = None,
+    category: str | None = None,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """A thread's calls on the nanosecond grid where none outlasts the call it starts in, as
+    ``untangle_annotations``' walk and snap would leave them (the same test on the same ends, each
+    operation on the same doubles, element by element): written, and their ``ts`` and ``dur``
+    returned, in ``calls``' order; None, and the calls untouched, where one does. ``starts``,
+    ``lengths``: their ``ts`` and ``dur``, when the caller holds them as arrays already, and
+    ``order`` their ``outer_first`` order; ``category``: written as each one's ``cat`` too."""
+    if starts is None or lengths is None:
+        count = len(calls)
+        try:
+            starts = np.fromiter(map(_TS, calls), dtype=float, count=count)
+            lengths = np.fromiter(map(_DUR, calls), dtype=float, count=count)
+        except (TypeError, ValueError):
+            return None
+    order = outer_first_order(starts, lengths) if order is None else order
+    if not nests(starts[order], (starts + lengths)[order]):
+        return None
+    start_ns = np.rint(starts * 1000) + 0.0  # + 0.0: a rounded -0.0 is the 0 that round() gives
     end_ns = np.rint((starts + lengths) * 1000) + 0.0
-    return start_ns / 1000, np.where(end_ns > start_ns, end_ns - start_ns, 0.0) / 1000
-
-
-def outer_first(items: list[Any], start: Callable[[Any], Any] = _TS, length: Callable[[Any], Any] = _DUR) -> list[Any]:
-    """``items`` by ``start``, the longer first at equal starts (equal ones in their order): what
-    ``sorted(key=lambda e: (e["ts"], -e["dur"]))`` gives, without a tuple and a lambda call per
-    item. One sort on a C-level key (a thread's calls come nearly in order: almost linear), then
-    only the runs of equal starts, usually none, are sorted by length. Items already in strictly
-    increasing starts (a DataLoader worker's calls once placed) are outer-first as given: checked
-    at C speed, they skip the sort."""
-    # lazily, so items out of order (a raw dump's, by end) cost only the first few keys
-    if all(map(lt, map(start, items), map(start, islice(items, 1, None)))):
-        return list(items)
-    # the starts in the sorted order, without reading the items again in that order (each read
-    # there is a cache miss): sorting the keys alone takes the same steps, so gives the same list
-    starts = sorted(map(start, items))
-    ordered = sorted(items, key=start)
-    if all(map(lt, starts, islice(starts, 1, None))):  # no equal starts, the usual case
-        return ordered
-    run_end = -1
-    # i where starts[i] == starts[i + 1], found without a Python-level loop over every item
-    for i in compress(range(len(starts) - 1), map(eq, starts, islice(starts, 1, None))):
-        if i < run_end:
-            continue  # inside the run sorted already
-        run_end = i + 1
-        while run_end < len(starts) and starts[run_end] == starts[i]:
-            run_end += 1
-        ordered[i:run_end] = sorted(ordered[i:run_end], key=length, reverse=True)  # keeps equal ones in order
-    return ordered
+    ts, dur = start_ns / 1000, np.where(end_ns > start_ns, end_ns - start_ns, 0.0) / 1000
+    if category is None:
+        for call, start, length in zip(calls, ts.tolist(), dur.tolist()):
+            call["dur"] = length
+            call["ts"] = start
+    else:
+        for call, start, length in zip(calls, ts.tolist(), dur.tolist()):
+            call["dur"] = length
+            call["ts"] = start
+            call["cat"] = category
+    return ts, dur
 
 
 def call_key(event: Mapping[str, Any]) -> Thread:
@@ -423,28 +304,30 @@ def separate_crossing_ranges(
     cut = 0
     for key, spans in by_thread.items():
         spans[:] = outer_first(spans, _START, _END)  # by (start, -end)
-        stack: list[tuple[int, int, dict[str, Any]]] = []
-        for span in spans:
-            start, end, event = span
-            while True:
-                while stack and stack[-1][1] <= start:
-                    stack.pop()
-                if not stack or stack[-1][1] >= end:
-                    stack.append(span)
-                    break
-                top = stack[-1]
-                if event.get("cat") != PYTHON_CATEGORY:
-                    moved[key].append(span)
-                    break
-                if top[2].get("cat") != PYTHON_CATEGORY:
-                    moved[key].append(stack.pop())  # the range moves; the call may nest in the next one
-                    continue
-                _set_bounds(event, event["ts"], top[1] / 1000)  # a call outliving its parent call
-                span = (start, top[1], event)
-                end = top[1]
-                cut += 1
+
+        def settle(i: int, top: int, top_end: float, spans: list[NsSpan] = spans, key: Thread = key) -> Any:
+            nonlocal cut
+            event = spans[i][2]
+            if event.get("cat") != PYTHON_CATEGORY:
+                moved[key].append(spans[i])  # a range crossing: it moves
+                return SKIP
+            if spans[top][2].get("cat") != PYTHON_CATEGORY:
+                moved[key].append(spans[top])  # the range moves; the call may nest in the next one
+                return DROP_PARENT
+            _set_bounds(event, event["ts"], top_end / 1000)  # a call outliving its parent call
+            cut += 1
+            return top_end
+
+        walk(map(_START, spans), map(_END, spans), crossing=settle)
     if moved:
         events.extend(_range_tracks(events, moved))
+        for key, spans in moved.items():  # filed anew under the tracks they moved to
+            gone = {id(span[2]) for span in spans}
+            for kind in (threads.ops, threads.annotations, threads.other):
+                if key in kind:
+                    kind[key] = [event for event in kind[key] if id(event) not in gone]
+            for _, _, event in spans:
+                threads.add(event, event.get("cat"), str(event.get("name", "")))
     return sum(len(spans) for spans in moved.values()), cut
 
 
@@ -459,21 +342,12 @@ def _range_tracks(
     }
     meta: list[dict[str, Any]] = []
     for (pid, tid), spans in moved.items():
-        lanes: list[list[tuple[int, int, dict[str, Any]]]] = []  # each lane: the stack of open spans
-        for start, end, event in sorted(spans, key=lambda span: (span[0], -span[1])):
-            for lane in lanes:
-                while lane and lane[-1][1] <= start:
-                    lane.pop()
-                if not lane or lane[-1][1] >= end:
-                    break
-            else:
-                lane = []
-                lanes.append(lane)
-            lane.append((start, end, event))
-            number = lanes.index(lane)
+        ordered = outer_first(spans, _START, _END)
+        numbers = lanes([span[0] for span in ordered], [span[1] for span in ordered])
+        for (_, _, event), number in zip(ordered, numbers):
             event["tid"] = _lane_tid(tid, number)
             event.setdefault("args", {})["vt_lightning.thread"] = tid
-        for number in range(len(lanes)):
+        for number in range(max(numbers) + 1):
             lane_tid = _lane_tid(tid, number)
             label = f"{names.get((pid, tid), tid)} · torch ranges" + (f" {number + 1}" if number else "")
             meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": lane_tid, "args": {"name": label}})

@@ -3,8 +3,8 @@
 The summary's Python tables fold the frameworks' frames into the phase their call started in
 (``lightning · optimizer (folded)``), so the phases must be the breakdown's own: each piece between
 two range ends is attributed by ``breakdown.attribute_step``, the one rule that tiles the step.
-Built once per window (cost: that of the breakdown again); a lookup is one ``bisect``, cheap
-enough for the per-call loop of ``python_tables.python_stats``.
+Built once per window (cost: that of the breakdown again); the Python tables look every call's
+phase up at once (``segments_at``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 from bisect import bisect_right
 from collections.abc import Sequence
+
+import numpy as np
 
 from vt_lightning.analysis.breakdown import Range, attribute_step
 from vt_lightning.analysis.spans import Span
@@ -32,6 +34,10 @@ class PhaseSegments:
         """The part running at ``ts``."""
         i = bisect_right(self.starts, ts) - 1
         return self.parts[i] if i >= 0 else OUTSIDE
+
+    def segments_at(self, times: np.ndarray) -> np.ndarray:
+        """For each of ``times``, 1 + the index of the segment it falls in (0: before the first)."""
+        return np.digitize(times, np.asarray(self.starts, dtype=float))
 
 
 def phase_segments(steps: Sequence[Span], ranges: Sequence[Range]) -> PhaseSegments | None:

@@ -1,51 +1,41 @@
 """The Python tables: per thread, per function and per package and phase, calls, self and
-inclusive time, from one ``sweep.nest`` and one stack walk per thread. Pure.
+inclusive time, read off the thread's one ``nest.Nest``. Pure.
 
 ``summary.py`` ranks them (the window's ``top_python``), ``workers.worker_summary`` reads the
-DataLoader workers' threads whole; ``PythonStats.sweep_entries`` walks a whole thread once for its
-tables and for the ``input_bound`` verdict's entry times (``verdicts/window.entry_times``' sums),
-nesting the calls as it goes (no ``sweep.nest`` of its own), and ``steps.WindowData.walk`` keeps
-that walk per thread, so a worker thread is walked once.
+DataLoader workers' threads whole, and ``entry_times`` gives the ``input_bound`` verdict the time
+each user entry (and each user callee under it) owned, from the same nest.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from operator import itemgetter
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
-from vt_lightning.analysis.nested_walk import NestedWalk, first_opened, inherited, walk_nested
-from vt_lightning.analysis.phases import PhaseSegments
+from vt_lightning.analysis.nest import Nest
+from vt_lightning.analysis.phases import OUTSIDE, PhaseSegments
 from vt_lightning.analysis.spans import Span
-from vt_lightning.analysis.sweep import Nested, nest
+from vt_lightning.analysis.trace import Calls, Thread
 from vt_lightning.analysis.usercode import GENERATED, code_origin, parse_function
-from vt_lightning.constants import GC_SPAN_PREFIX, PYTHON_CATEGORY
+from vt_lightning.constants import GC_SPAN_PREFIX
 
 FOLDED_ORIGINS = ("package", GENERATED)  # folded to one line per package and phase in the rankings
 GENERATED_PACKAGE = "torch.compile generated code"  # the one line of every compiler-generated function
 # Per entry (the user call that entered user code from library code), µs; and per entry, µs per
-# innermost user callee: ``verdicts/window.entry_times``' result.
+# innermost user callee: ``entry_times``' result.
 EntryTimes = tuple[dict[str, float], dict[str, dict[str, float]]]
 
 
 Key = TypeVar("Key")
-_OUTSIDE_USER = (None, None, False)  # ``sweep_entries``' (user, entry, is_user) of a top library call
-# A thread of at least this many calls is walked as arrays (``nested_walk``) where none is cut:
-# below it, numpy's fixed costs outweigh the loop's ~1.5 µs a call.
-ARRAY_WALK_MIN_CALLS = 1000
-_START, _END, _NAME = itemgetter(0), itemgetter(1), itemgetter(2)  # of a call (start, end, name)
 
 
 class Stat:
-    __slots__ = ("calls", "functions", "inclusive_us", "open_calls", "self_us")
+    __slots__ = ("calls", "functions", "inclusive_us", "self_us")
 
     def __init__(self) -> None:
         self.calls = 0
-        self.open_calls = 0  # a sweep's calls of it still open (an attribute: cheaper than a dict)
         self.self_us = 0.0
         self.inclusive_us = 0.0
         self.functions: set[str] = set()
@@ -66,15 +56,14 @@ def _add_into(into: dict[Key, Stat], part: Mapping[Key, Stat]) -> None:
 
 
 FoldKey = tuple[str, str]  # (package, phase): one folded line; phase "" in a window without phases
-Thread = tuple[Any, Any]  # (pid, tid)
 # One thread's tables: per function, and per package and phase.
 ThreadStats = tuple[dict[str, Stat], dict[FoldKey, Stat]]
 
 
 class PythonStats:
-    """``python_stats``'s result: every thread's tables (``threads``) and what each function is
-    (``info``); ``merged`` adds up any threads, so one sweep per thread feeds every table that
-    reads them (the window's, each DataLoader worker's, all workers')."""
+    """Every thread's tables (``threads``) and what each function is (``info``); ``merged`` adds
+    up any threads, so one nest per thread feeds every table that reads them (the window's, each
+    DataLoader worker's, all workers')."""
 
     def __init__(self) -> None:
         self.threads: dict[Thread, ThreadStats] = {}
@@ -104,239 +93,41 @@ class PythonStats:
         folded = self.package_of[name] = (package or "") if origin in FOLDED_ORIGINS else ""
         return folded
 
-    def sweep(self, thread: Thread, nested: Nested, phases: PhaseSegments | None) -> None:
-        """One thread's calls, ``sweep.nest``-ed, into its tables: each call ``(start, end, name,
-        began)`` (``began``: before clipping to the region; read only with ``phases``, so a window's
-        unclipped ``(start, end, name)`` calls do too); runs once per Python event, so it is written
-        for speed."""
-        functions: dict[str, Stat] = {}
-        packages: dict[FoldKey, Stat] = {}
+    def add(
+        self,
+        thread: Thread,
+        nest: Nest,
+        names: Sequence[str],
+        phases: PhaseSegments | None = None,
+        began: np.ndarray | None = None,
+    ) -> tuple[list[str], np.ndarray]:
+        """One thread's calls into its tables: ``nest`` of them, ``names`` in its order, and with
+        ``phases`` where each began (``began``, in that order: before it was cut to a region). A
+        function's calls, self time (added where positive, as calls close) and inclusive time (a
+        call inside another of the same function, or of the same package and phase, counts once);
+        the keys in the order calls first start. Returns the distinct names and each call's index
+        in them."""
+        distinct, codes = name_codes(names)
         package_of = self.package_of
-        ordered, ends, parents = nested
-        count = len(ordered)
-        child_us = [0.0] * count
-        stats: list[Stat] = [None] * count  # type: ignore[list-item]
-        folds: list[Stat | None] = [None] * count
-        fold_keys: list[FoldKey | None] = [None] * count
-        stack: list[int] = []
-        open_count: dict[str, int] = defaultdict(int)  # open calls per function name
-        open_folds: dict[FoldKey, int] = defaultdict(int)  # open calls per fold key
-
-        for i, call in enumerate(ordered):
-            start, name = call[0], call[2]
-            parent = parents[i]
-            while stack and stack[-1] != parent:
-                done = stack.pop()
-                own = ends[done] - ordered[done][0] - child_us[done]  # its self time
-                if own > 0:
-                    stats[done].self_us += own
-                    if folds[done] is not None:
-                        folds[done].self_us += own  # type: ignore[union-attr]
-                open_count[ordered[done][2]] -= 1
-                if fold_keys[done] is not None:
-                    open_folds[fold_keys[done]] -= 1  # type: ignore[index]
-            dur = ends[i] - start
-            fstat = functions.get(name)
-            if fstat is None:
-                package = package_of.get(name)
-                if package is None:
-                    package = self._describe(name)
-                fstat = functions[name] = Stat()
-            else:
-                package = package_of[name]
-            stats[i] = fstat
-            fstat.calls += 1
-            if not open_count[name]:
-                fstat.inclusive_us += dur
-            open_count[name] += 1
-            if package:
-                fkey = (package, phases.at(call[3]) if phases is not None else "")
-                pstat = packages.get(fkey)
-                if pstat is None:
-                    pstat = packages[fkey] = Stat()
-                pstat.calls += 1
-                pstat.functions.add(name)
-                if not open_folds[fkey]:
-                    pstat.inclusive_us += dur
-                open_folds[fkey] += 1
-                folds[i], fold_keys[i] = pstat, fkey
-            if parent >= 0:
-                child_us[parent] += dur
-            stack.append(i)
-        for done in stack:
-            own = ends[done] - ordered[done][0] - child_us[done]
-            if own > 0:
-                stats[done].self_us += own
-                if folds[done] is not None:
-                    folds[done].self_us += own  # type: ignore[union-attr]
-        self.threads[thread] = (functions, packages)
-
-    def sweep_entries(self, thread: Thread, ordered: Sequence[tuple[float, float, str]]) -> EntryTimes:
-        """``sweep(thread, nest(ordered), None)`` and ``verdicts/window.entry_times(nest(ordered))``
-        in one walk over a whole thread's calls, already in ``sweep.by_start`` order: the same
-        tables, and the same entry times to the last bit (each sum the same subtractions, added in
-        the same order as the timeline's segments). The walk nests the calls itself (a worker's
-        163k calls are walked once, not twice). Without phases a function's fold line is fixed by
-        its name, so one lookup per call finds both its stats and whether it is the user's; each
-        ``Stat`` counts its own open calls. A long thread none of whose calls the walk cuts (a
-        DataLoader worker's) is walked as arrays instead (``_sweep_entries_as_arrays``)."""
-        if len(ordered) >= ARRAY_WALK_MIN_CALLS:
-            as_arrays = self._sweep_entries_as_arrays(thread, ordered)
-            if as_arrays is not None:
-                return as_arrays
         functions: dict[str, Stat] = {}
-        packages: dict[FoldKey, Stat] = {}
-        package_of, user_of = self.package_of, self.user
-        # name -> (its Stat, its fold line's Stat or None, the user's own code)
-        seen: dict[str, tuple[Stat, Stat | None, bool]] = {}
-        seen_get = seen.get
-        count = len(ordered)
-        ends: list[float] = []  # each call's end, cut to the end of the call it started in (nest's)
-        add_end = ends.append
-        child_us = [0.0] * count
-        stats: list[Stat] = [None] * count  # type: ignore[list-item]
-        folds: list[Stat | None] = [None] * count
-        stack: list[int] = [-1]  # open calls' indices on a sentinel -1, the parent of a top call
-        push, pop = stack.append, stack.pop
-        entries: dict[str, float] = defaultdict(float)
-        callees: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        opened: list[tuple[str | None, str | None, bool]] = []  # per call: user, entry, is_user
-        add_open = opened.append
-        cursor = 0.0
-        top_end = math.inf  # the innermost open call's (cut) end
-
-        for i, call in enumerate(ordered):
-            start, end, name = call[0], call[1], call[2]
-            while top_end <= start:  # the open calls that ended before this one, innermost first
-                done = pop()
-                done_end = top_end
-                own = done_end - ordered[done][0] - child_us[done]
-                dstat = stats[done]
-                dfold = folds[done]
-                if own > 0:
-                    dstat.self_us += own
-                    if dfold is not None:
-                        dfold.self_us += own
-                dstat.open_calls -= 1
-                if dfold is not None:
-                    dfold.open_calls -= 1
-                if done_end > cursor:
-                    user, entry, _ = opened[done]
-                    if entry:
-                        entries[entry] += done_end - cursor
-                        if user and user != entry:
-                            callees[entry][user] += done_end - cursor
-                cursor = done_end
-                top_end = ends[stack[-1]] if len(stack) > 1 else math.inf
-            parent = stack[-1]
-            if end > top_end:
-                end = top_end
-            add_end(end)
-            dur = end - start
-            found = seen_get(name)
-            if found is None:
-                package = package_of.get(name)
-                if package is None:
-                    package = self._describe(name)
-                fstat = functions[name] = Stat()
-                pstat = None
-                if package:
-                    fkey = (package, "")
-                    pstat = packages.get(fkey)
-                    if pstat is None:
-                        pstat = packages[fkey] = Stat()
-                    pstat.functions.add(name)
-                is_user = user_of[name]
-                seen[name] = (fstat, pstat, is_user)
-            else:
-                fstat, pstat, is_user = found
-            stats[i] = fstat
-            fstat.calls += 1
-            if not fstat.open_calls:
-                fstat.inclusive_us += dur
-            fstat.open_calls += 1
-            if pstat is not None:
-                pstat.calls += 1
-                if not pstat.open_calls:
-                    pstat.inclusive_us += dur
-                pstat.open_calls += 1
-                folds[i] = pstat
-            if parent >= 0:
-                child_us[parent] += dur
-                above = opened[parent]
-                user, entry, parent_is_user = above
-                if start > cursor and entry:
-                    entries[entry] += start - cursor
-                    if user and user != entry:
-                        callees[entry][user] += start - cursor
-                if is_user:
-                    add_open((name, entry if parent_is_user else name, True))
-                else:  # a library call under a library call shares its parent's (equal) tuple
-                    add_open(above if not parent_is_user else (user, entry, False))
-            else:
-                add_open((name, name, True) if is_user else _OUTSIDE_USER)
-            push(i)
-            cursor, top_end = start, end
-        del stack[0]
-        for done in stack:
-            own = ends[done] - ordered[done][0] - child_us[done]
-            if own > 0:
-                stats[done].self_us += own
-                if folds[done] is not None:
-                    folds[done].self_us += own  # type: ignore[union-attr]
-        while stack:
-            done = stack.pop()
-            done_end = ends[done]
-            if done_end > cursor:
-                user, entry, _ = opened[done]
-                if entry:
-                    entries[entry] += done_end - cursor
-                    if user and user != entry:
-                        callees[entry][user] += done_end - cursor
-            cursor = done_end
-        self.threads[thread] = (functions, packages)
-        return entries, callees
-
-    def _sweep_entries_as_arrays(
-        self, thread: Thread, ordered: Sequence[tuple[float, float, str]]
-    ) -> EntryTimes | None:
-        """``sweep_entries`` from ``nested_walk``'s arrays, or None where the walk would cut a call.
-        Each sum adds the loop's doubles in the loop's order (``np.bincount``); each dict gets its
-        keys in the order the loop first touches them."""
-        count = len(ordered)
-        walk = walk_nested(
-            np.fromiter(map(_START, ordered), dtype=float, count=count),
-            np.fromiter(map(_END, ordered), dtype=float, count=count),
-        )
-        if walk is None:
-            return None
-        names, codes = _name_codes(ordered)
-        functions: dict[str, Stat] = {}
-        packages: dict[FoldKey, Stat] = {}
-        fold_of = np.full(len(names), -1, dtype=np.intp)
-        folds: list[Stat] = []
-        fold_index: dict[FoldKey, int] = {}
-        for i, name in enumerate(names):  # first seen in this order, as the loop sees them
-            package = self.package_of.get(name)
-            if package is None:
-                package = self._describe(name)
+        for name in distinct:
+            if name not in package_of:
+                self._describe(name)
             functions[name] = Stat()
-            if package:
-                fkey = (package, "")
-                at = fold_index.get(fkey)
-                if at is None:
-                    at = fold_index[fkey] = len(folds)
-                    folds.append(Stat())
-                    packages[fkey] = folds[at]
-                folds[at].functions.add(name)
-                fold_of[i] = at
-        call_folds = fold_of[codes]
-        _fill(list(functions.values()), walk, codes, len(names))
-        if folds:
-            _fill(folds, walk, call_folds, len(folds))
+        packages, call_folds = _folds(distinct, codes, [package_of[name] for name in distinct], phases, began)
+        by_close = _close_order(nest)
+        _fill(list(functions.values()), nest, codes, by_close)
+        if packages:
+            _fill(list(packages.values()), nest, call_folds, by_close)
         self.threads[thread] = (functions, packages)
-        user_names = np.array([self.user[name] for name in names], dtype=bool)
-        return _entry_times(walk, codes, user_names, names)
+        return distinct, codes
+
+    def entry_times(self, nest: Nest, distinct: list[str], codes: np.ndarray) -> EntryTimes:
+        """Over a whole thread (``add``'s nest, names and codes): µs per entry (the user call that
+        entered user code from library code) and, per entry, µs per innermost user call under it
+        other than the entry, as summing the verdicts' timeline segments in time order gives them."""
+        user_names = np.array([self.user[name] for name in distinct], dtype=bool)
+        return _entry_times(nest, codes, user_names, distinct)
 
 
 class _Codes(dict[str, int]):
@@ -348,56 +139,94 @@ class _Codes(dict[str, int]):
         return code
 
 
-def _name_codes(ordered: Sequence[tuple[float, float, str]]) -> tuple[list[str], np.ndarray]:
-    """The distinct names of ``ordered``'s calls in the order they first occur, and each call's
-    index in them."""
+def name_codes(names: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """The distinct ``names`` in the order they first occur, and each one's index in them."""
     code_of = _Codes()
-    codes = np.fromiter(map(code_of.__getitem__, map(_NAME, ordered)), dtype=np.intp, count=len(ordered))
+    codes = np.fromiter(map(code_of.__getitem__, names), dtype=np.intp, count=len(names))
     return list(code_of), codes
 
 
-def _fill(stats: list[Stat], walk: NestedWalk, keys: np.ndarray, count: int) -> None:
-    """Each call's counts into ``stats[keys]`` (-1: none) as the loop adds them: calls; inclusive
-    time where no call of its key is open at its start, in order; self time where positive, in the
-    order calls close (the ones open at the end outermost first); open calls at the end."""
+def _first_order(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``values`` in the order they first occur, and each value's index in them."""
+    distinct, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(distinct), dtype=np.intp)
+    rank[order] = np.arange(len(distinct))
+    return distinct[order], rank[inverse.ravel()]
+
+
+def _folds(
+    distinct: list[str],
+    codes: np.ndarray,
+    folded: list[str],
+    phases: PhaseSegments | None,
+    began: np.ndarray | None,
+) -> tuple[dict[FoldKey, Stat], np.ndarray]:
+    """The fold lines (package, phase) of a thread's calls (``codes`` into ``distinct``, whose
+    packages are ``folded``: "" where not folded), in the order their first calls start, each with
+    its functions; and each call's line (-1: none). The phase is where the call began (``began``)
+    in ``phases``; "" without them."""
+    package_names = list(dict.fromkeys(package for package in folded if package))
+    package_code = {package: i for i, package in enumerate(package_names)}
+    name_package = np.array([package_code.get(package, -1) for package in folded], dtype=np.intp)
+    call_package = name_package[codes]
+    has = call_package >= 0
+    if phases is None or began is None:
+        parts, call_part = [""], np.zeros(len(codes), dtype=np.intp)
+    else:
+        parts = list(dict.fromkeys([OUTSIDE, *phases.parts]))
+        segment_part = np.array([parts.index(part) for part in (OUTSIDE, *phases.parts)], dtype=np.intp)
+        call_part = segment_part[phases.segments_at(began)]
+    lines, line_of = _first_order((call_package * len(parts) + call_part)[has])
+    packages = {(package_names[key // len(parts)], parts[key % len(parts)]): Stat() for key in lines.tolist()}
+    call_folds = np.full(len(codes), -1, dtype=np.intp)
+    call_folds[has] = line_of
+    stats = list(packages.values())
+    for pair in np.unique(line_of * len(distinct) + codes[has]).tolist():
+        stats[pair // len(distinct)].functions.add(distinct[pair % len(distinct)])
+    return packages, call_folds
+
+
+def _close_order(nest: Nest) -> np.ndarray:
+    """The order self times are added in: calls as they close, then the ones still open at the
+    end from the outermost (read off the bottom of a stack)."""
+    closing = nest.closing
+    still_open = nest.open_at_end
+    return np.concatenate((closing[: len(closing) - still_open], closing[len(closing) - still_open :][::-1]))
+
+
+def _fill(stats: list[Stat], nest: Nest, keys: np.ndarray, by_close: np.ndarray) -> None:
+    """Each call's counts into ``stats[keys]`` (-1: none): calls; inclusive time where no call of
+    its key is open at its start, in order; self time where positive, in ``by_close`` order."""
+    count = len(stats)
     keyed = keys >= 0
     calls = np.bincount(keys[keyed], minlength=count)
-    outer = keyed & first_opened(walk, keys)
-    inclusive = np.bincount(keys[outer], weights=walk.lengths[outer], minlength=count)
-    still_open = walk.open_at_end
-    closed = walk.closing[: len(walk.closing) - len(still_open)]
-    by_close = np.concatenate((closed, still_open))
-    adds = by_close[(walk.own[by_close] > 0) & keyed[by_close]]
-    own = np.bincount(keys[adds], weights=walk.own[adds], minlength=count)
-    open_calls = np.bincount(keys[still_open][keyed[still_open]], minlength=count)
-    for stat, n, incl, self_us, left in zip(
-        stats, calls.tolist(), inclusive.tolist(), own.tolist(), open_calls.tolist(), strict=True
-    ):
+    outer = keyed & nest.first_opened(keys)
+    inclusive = np.bincount(keys[outer], weights=nest.lengths[outer], minlength=count)
+    own = nest.own
+    adds = by_close[(own[by_close] > 0) & keyed[by_close]]
+    self_us = np.bincount(keys[adds], weights=own[adds], minlength=count)
+    for stat, n, incl, own_us in zip(stats, calls.tolist(), inclusive.tolist(), self_us.tolist(), strict=True):
         stat.calls += n
         stat.inclusive_us += incl
-        stat.self_us += self_us
-        stat.open_calls += left
+        stat.self_us += own_us
 
 
-def _entry_times(walk: NestedWalk, codes: np.ndarray, user_names: np.ndarray, names: list[str]) -> EntryTimes:
-    """The loop's entry times: the time from each start or close to the next, owned by the call
-    open then (the parent of a starting call, the closing call), added to its entry (the user call
-    that entered user code from library code) and to its innermost user call under that entry."""
+def _entry_times(nest: Nest, codes: np.ndarray, user_names: np.ndarray, names: list[str]) -> EntryTimes:
+    """The time of each stretch of the walk (``Nest.moments``), owned by the call open then, added
+    to its entry (the user call that entered user code from library code) and to its innermost
+    user call under that entry."""
     count = len(codes)
-    user_calls = user_names[codes]
-    parent_is_user = np.where(walk.parents >= 0, user_calls[np.maximum(walk.parents, 0)], False)
-    users = inherited(walk, codes, user_calls)
-    entries_of = inherited(walk, codes, user_calls & ~parent_is_user)
-    # The walk's moments: each close (before the start that closes it) and each start, in order.
-    closing = walk.closing
-    keys = np.concatenate((2 * walk.closed_before[closing], 2 * np.arange(count) + 1))
-    order = np.argsort(keys, kind="stable")
-    times = np.concatenate((walk.ends[closing], walk.starts))[order]
-    owners = np.concatenate((closing, walk.parents))[order]
+    parents = nest.parents
+    user_calls = user_names[codes] if count else np.empty(0, dtype=bool)
+    parent_is_user = np.where(parents >= 0, user_calls[np.maximum(parents, 0)], False) if count else user_calls
+    users = nest.inherited(codes, user_calls)
+    entries_of = nest.inherited(codes, user_calls & ~parent_is_user)
+    times, owners = nest.moments
     spans = times - np.concatenate(([0.0], times[:-1]))
     named = np.array([bool(name) for name in names] + [False], dtype=bool)  # [-1]: none
-    entry = np.where(owners >= 0, entries_of[owners], -1)
-    user = np.where(owners >= 0, users[owners], -1)
+    entry = np.where(owners >= 0, entries_of[np.maximum(owners, 0)], -1) if count else owners
+    user = np.where(owners >= 0, users[np.maximum(owners, 0)], -1) if count else owners
     counted = (spans > 0) & named[entry]
     entries: dict[str, float] = defaultdict(float)
     callees: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -420,34 +249,17 @@ def _sums_in_first_order(keys: np.ndarray, values: np.ndarray) -> list[tuple[int
     return list(zip(distinct[order].tolist(), sums[order].tolist(), strict=True))
 
 
-def python_stats(
-    events: Sequence[Mapping[str, Any]], region: Span | None = None, phases: PhaseSegments | None = None
+def python_stats_of(
+    calls: Mapping[Thread, Calls], region: Span | None = None, phases: PhaseSegments | None = None
 ) -> PythonStats:
     """Per thread, per function and per package and phase (the breakdown part its call started in,
     from ``phases``; "" without them): calls, self time, inclusive time (a recursive call or a call
     under another call of the same package and phase is counted once), of the calls within
-    ``region`` (each clipped to it; a call that started before it is in phase ``other``). One pass
-    over the events, then one ``sweep.nest`` and one stack walk per thread."""
-    by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
-    for event in events:
-        if event.get("cat") == PYTHON_CATEGORY:
-            start = float(event["ts"])
-            by_thread[(event.get("pid"), event.get("tid"))].append(
-                (start, start + float(event.get("dur", 0.0) or 0.0), event.get("name", ""))
-            )
-    return python_stats_of(by_thread, region, phases)
-
-
-def python_stats_of(
-    calls: Mapping[Thread, Sequence[tuple[float, float, str]]],
-    region: Span | None = None,
-    phases: PhaseSegments | None = None,
-) -> PythonStats:
-    """``python_stats`` of calls already read per thread (``WindowData.python_calls``)."""
+    ``region`` (each clipped to it; a call that started before it is in phase ``other``)."""
     lo, hi = region if region is not None else (float("-inf"), float("inf"))
     out = PythonStats()
     for thread, found in calls.items():
-        kept = [(max(s, lo), min(e, hi), name, s) for s, e, name in found if e > lo and s < hi]
-        if kept:
-            out.sweep(thread, nest(kept), phases)
+        kept, began = found.within(lo, hi)
+        if len(kept):
+            out.add(thread, kept.nest, kept.ordered_names, phases, began[kept.nest.order])
     return out

@@ -1,7 +1,7 @@
 """The summary's JSON schema, as types: one definition read by the writer (which computes it), the
 CLI and ``diff`` (which read it back) and the logger code (which logs its scalars).
 
-``summary.json`` carries ``"schema": SCHEMA_VERSION``; a change that renames or removes a key, or
+``.summary.jsonc`` carries ``"schema": SCHEMA_VERSION``; a change that renames or removes a key, or
 changes its meaning, bumps it. Keys documented in docs/files.md. Readers must not trust files (they
 may be older, newer or hand-edited), so these types describe what the writer writes, and readers
 still use ``.get``.
@@ -153,7 +153,7 @@ class VerdictWhere(_WhereMs):
 class Verdict(TypedDict):
     """Why the step is slow (analysis/verdicts/; the rules in docs/verdicts.md)."""
 
-    kind: str  # verdicts.KINDS (analysis/verdicts/registry.py)
+    kind: str  # verdicts.KINDS (analysis/verdicts/__init__.py)
     where: list[VerdictWhere]  # the user's code, most time first (may be empty)
     evidence: dict[str, Any]  # the rule's numbers; ``share``: of the counted steps' time
     advice: str  # one line
@@ -261,7 +261,7 @@ class JobInfo(TypedDict):
 
 
 class Summary(_SummaryAdded):
-    """One window's ``<worker>.<span>.summary.json``."""
+    """One window's ``<worker>.<span>.summary.jsonc``."""
 
     schema: int
     window: WindowInfo

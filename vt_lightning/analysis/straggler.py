@@ -31,10 +31,14 @@ import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
+
+from vt_lightning.analysis.python_tables import name_codes
+from vt_lightning.analysis.trace import Calls, ThreadSpans
 from vt_lightning.analysis.usercode import code_origin, parse_function
-from vt_lightning.constants import PYTHON_CATEGORY, STEP_PREFIX
+from vt_lightning.constants import STEP_PREFIX
 
 MIN_SHARE = 0.10  # of the mean step time
 MIN_WAIT_MS = 1.0  # per step
@@ -109,39 +113,23 @@ def _label(name: str) -> str | None:
 
 
 def user_segments(events: Iterable[Mapping[str, Any]]) -> list[Segment]:
-    """Time of each thread attributed to its innermost user function, as sorted segments."""
-    threads: dict[tuple[Any, Any], list[tuple[float, float, str | None]]] = defaultdict(list)
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") == PYTHON_CATEGORY and "ts" in e:
-            start = float(e["ts"])
-            threads[(e.get("pid"), e.get("tid"))].append(
-                (start, start + float(e.get("dur", 0.0)), _label(str(e.get("name", ""))))
-            )
+    """Time of each thread attributed to its innermost user function, as sorted segments: the
+    stretches of the thread's nest (``nest.Nest.segments``), each given the label of the innermost
+    user call around its owner."""
     segments: list[Segment] = []
-    for calls in threads.values():
-        calls.sort(key=lambda c: (c[0], -c[1]))
-        stack: list[tuple[float, str | None]] = []  # (end, effective label)
-        cursor = float("-inf")
-
-        def emit(a: float, b: float, label: str | None) -> None:
-            if label is not None and b > a:
-                segments.append((a, b, label))
-
-        for start, end, label in calls:
-            while stack and stack[-1][0] <= start:
-                frame_end, effective = stack.pop()
-                emit(cursor, frame_end, effective)
-                cursor = max(cursor, frame_end)
-            if stack:
-                emit(cursor, start, stack[-1][1])
-            cursor = max(cursor, start)
-            parent = stack[-1] if stack else None
-            effective = label if label is not None else (parent[1] if parent else None)
-            stack.append((min(end, parent[0]) if parent else end, effective))
-        while stack:
-            frame_end, effective = stack.pop()
-            emit(cursor, frame_end, effective)
-            cursor = max(cursor, frame_end)
+    for found in ThreadSpans(cast(dict[str, Any], e) for e in events if "ts" in e).python.values():
+        calls = Calls.from_events(found)
+        nest = calls.nest
+        distinct, codes = name_codes(calls.ordered_names)
+        labels = [_label(name) for name in distinct]
+        label_codes = np.array([-1 if label is None else code for code, label in enumerate(labels)], dtype=np.intp)
+        own = label_codes[codes] if len(codes) else codes
+        effective = nest.inherited(own, own >= 0)
+        lo, hi, owners = nest.segments()
+        labelled = effective[owners] if len(owners) else owners
+        kept = labelled >= 0
+        named = [str(labels[code]) for code in labelled[kept].tolist()]
+        segments += zip(lo[kept].tolist(), hi[kept].tolist(), named)
     segments.sort()
     return segments
 

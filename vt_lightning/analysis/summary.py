@@ -33,9 +33,12 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  # re-exported
 from vt_lightning.analysis.breakdown import attribute_step, reported
 from vt_lightning.analysis.compile import compile_summary
+from vt_lightning.analysis.nest import Nest
 from vt_lightning.analysis.phases import PhaseSegments, phase_segments
 from vt_lightning.analysis.python_tables import (
     FOLDED_ORIGINS,
@@ -44,7 +47,6 @@ from vt_lightning.analysis.python_tables import (
     Stat,
     Thread,
     ThreadStats,
-    python_stats,
     python_stats_of,
 )
 from vt_lightning.analysis.schema import (
@@ -63,7 +65,7 @@ from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.steps import WindowData, read_window
 from vt_lightning.analysis.steps import find_steps as find_steps  # re-exported
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
-from vt_lightning.analysis.sweep import nest
+from vt_lightning.analysis.trace import Calls, WindowTrace
 from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES
 from vt_lightning.analysis.verdicts import find_verdicts
 from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY
@@ -135,12 +137,11 @@ def folded_name(package: str, phase: str) -> str:
     return f"{package} · {phase.replace('_', ' ')} (folded)" if phase else f"{package} (folded)"
 
 
-def top_python(
-    events: Sequence[Mapping[str, Any]],
+def _top_python_of(
+    calls: Mapping[Thread, Calls],
     steps: int,
-    limit: int = TOP_PYTHON,
-    region: Span | None = None,
-    phases: PhaseSegments | None = None,
+    region: Span | None,
+    phases: PhaseSegments | None,
 ) -> TopPython:
     """Top functions by self and by inclusive time, per step of ``region``: the user's code first,
     then a model library's (litgpt, timm, transformers: the model the user built from), then the
@@ -148,17 +149,6 @@ def top_python(
     breakdown phase their calls started in (``phases``; one line per package without them), other
     packages too unless they rank in the top few; and every function's self time above a threshold
     (``totals``: the full ranking, unfolded)."""
-    stats = python_stats(events, region, phases)
-    return rank_python(stats, stats.merged(), steps, limit)
-
-
-def _top_python_of(
-    calls: Mapping[Thread, Sequence[tuple[float, float, str]]],
-    steps: int,
-    region: Span | None,
-    phases: PhaseSegments | None,
-) -> TopPython:
-    """``top_python`` of calls already read per thread."""
     stats = python_stats_of(calls, region, phases)
     return rank_python(stats, stats.merged(), steps)
 
@@ -246,23 +236,19 @@ def top_ops(
     stats: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, total, self
     op_spans: dict[Any, tuple[list[float], list[tuple[float, float, str]]]] = {}
     for thread, found in by_thread.items():
-        ops, _, parents = nest(found, clip=False)  # an op's time is its own, even past its parent's end
-        child_us = [0.0] * len(ops)
-        stack: list[int] = []
-        for i, (start, end, name) in enumerate(ops):
-            while stack and stack[-1] != parents[i]:
-                done = stack.pop()
-                stats[ops[done][2]][2] += max(ops[done][1] - ops[done][0] - child_us[done], 0.0)
-            dur = end - start
+        # an op's time is its own, even past its parent's end
+        nest = Nest([op[0] for op in found], [op[1] for op in found], clip=False)
+        ops = [found[i] for i in nest.order.tolist()]
+        lengths = nest.lengths.tolist()
+        for (_, _, name), dur in zip(ops, lengths):
             stat = stats[name]
             stat[0] += 1
             stat[1] += dur
-            if stack:
-                child_us[stack[-1]] += dur
-            stack.append(i)
-        while stack:
-            done = stack.pop()
-            stats[ops[done][2]][2] += max(ops[done][1] - ops[done][0] - child_us[done], 0.0)
+        inner = nest.parents >= 0
+        children = np.bincount(nest.parents[inner], weights=nest.lengths[inner], minlength=len(ops))
+        own = np.maximum(nest.lengths - children, 0.0).tolist()
+        for done in nest.closing.tolist():
+            stats[ops[done][2]][2] += own[done]
         op_spans[thread] = ([o[0] for o in ops], ops)
     by_cpu = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:limit]
     out: TopOps = {
@@ -328,10 +314,13 @@ def _ops_by_kernel(
 
 
 def summarize(
-    trace: Mapping[str, Any], memory_snapshot: Mapping[str, Any] | None = None, window: WindowData | None = None
+    trace: WindowTrace | Mapping[str, Any],
+    memory_snapshot: Mapping[str, Any] | None = None,
+    window: WindowData | None = None,
 ) -> Summary:
-    """The summary of one merged window trace (see the module docstring and docs/files.md);
-    ``window``: its ``read_window``, when the caller reads it for more tables (the workers')."""
+    """The summary of one window's trace (typed, or a trace dict read back; see the module
+    docstring and docs/files.md); ``window``: its ``read_window``, when the caller reads it for
+    more tables (the workers')."""
     data = read_window(trace) if window is None else window
     # Each table reads its bucket of the window's one classification pass (``steps.classify``).
     meta, rest, steps, thread, ranges = data.meta, data.rest, data.steps, data.thread, data.ranges
@@ -382,7 +371,9 @@ def summarize(
             phase_segments([steps[n] for n in counted], ranges),
         ),
         "top_ops": top_ops(rest, len(counted), region=region, launches=data.launches),
-        "gpu": gpu_summary(rest, span, thread, calls=data.python_calls.get(thread, []) if thread else [])
+        "gpu": gpu_summary(
+            rest, span, thread, calls=(data.python_calls.get(thread) if thread else None) or Calls.of([])
+        )
         if recorded
         else None,
         "memory": memory_summary(data.memory, memory_snapshot),

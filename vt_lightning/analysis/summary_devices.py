@@ -9,6 +9,7 @@ from typing import Any
 
 from vt_lightning.analysis.schema import AllocationSite, DeviceMemory, Gpu, IdleGap, Memory
 from vt_lightning.analysis.spans import Span, clip, ms, span_of, union
+from vt_lightning.analysis.trace import Calls
 from vt_lightning.analysis.usercode import code_origin, parse_function
 from vt_lightning.constants import PYTHON_CATEGORY
 
@@ -28,12 +29,12 @@ def gpu_summary(
     window: Span,
     thread: Any,
     limit: int = TOP_GAPS,
-    calls: Sequence[tuple[float, float, str]] | None = None,
+    calls: Calls | None = None,
 ) -> Gpu | None:
     """Busy % (union of kernel time over the window's wall time) and the largest idle gaps, each
     with the innermost Python call (and innermost user-code call) of the training thread in it.
-    ``calls``: that thread's Python calls ``(start, end, name)`` in the trace's order, when read
-    already (``WindowData.python_calls``); ``events`` then need hold only the kernels."""
+    ``calls``: that thread's Python calls, when read already (``WindowData.python_calls``);
+    ``events`` then need hold only the kernels."""
     kernels = [span_of(e) for e in events if e.get("cat") in KERNEL_CATEGORIES]
     if not kernels:
         return None
@@ -50,19 +51,18 @@ def gpu_summary(
         gaps.append((cursor, hi))
     gaps.sort(key=lambda g: g[1] - g[0], reverse=True)
     if calls is None:
-        calls = [
-            (*span_of(e), str(e.get("name", "")))
-            for e in events
-            if e.get("cat") == PYTHON_CATEGORY and (e.get("pid"), e.get("tid")) == thread
-        ]
-    calls = sorted(calls, key=lambda c: (c[0], -c[1]))
+        calls = Calls.from_events(
+            [e for e in events if e.get("cat") == PYTHON_CATEGORY and (e.get("pid"), e.get("tid")) == thread]
+        )
+    order = calls.nest.order.tolist()
+    ordered = list(zip(calls.starts[order].tolist(), calls.ends[order].tolist(), calls.ordered_names))
     devices = sorted({str(e.get("pid")) for e in events if e.get("cat") in KERNEL_CATEGORIES})
     return {
         "devices": devices,
         "busy_percent": round(100.0 * busy_us / (hi - lo), 2) if hi > lo else 0.0,
         "kernel_ms": ms(busy_us),
         "wall_ms": ms(hi - lo),
-        "idle_gaps": [_gap(gap, calls) for gap in gaps[:limit]],
+        "idle_gaps": [_gap(gap, ordered) for gap in gaps[:limit]],
     }
 
 
@@ -70,7 +70,7 @@ def _gap(gap: Span, calls: Sequence[tuple[float, float, str]]) -> IdleGap:
     mid = (gap[0] + gap[1]) / 2
     innermost = None
     user = None
-    for start, end, name in calls:  # sorted by start, outer first: the last cover is innermost
+    for start, end, name in calls:  # outer first (``nest.outer_first``): the last cover is innermost
         if start > mid:
             break
         if end > mid:

@@ -17,13 +17,15 @@ from typing import Any
 import numpy as np
 
 from vt_lightning.analysis.merge import TorchPlacement
-from vt_lightning.analysis.nesting import nest_uncut, snap_arrays
-from vt_lightning.analysis.python_tables import PythonStats, python_stats
+from vt_lightning.analysis.nest import outer_first_order
+from vt_lightning.analysis.nesting import settle_as_arrays
+from vt_lightning.analysis.python_tables import PythonStats
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.schema import WorkerEntry, Workers
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.steps import WindowData
-from vt_lightning.constants import PYTHON_CATEGORY, STEP_PREFIX
+from vt_lightning.analysis.trace import WindowTrace
+from vt_lightning.constants import PYTHON_CATEGORY, TRACE_METADATA_KEY
 
 PLAN_SLOTS = 4  # window ranges a plan holds: back-to-back windows closer than the prefetch depth
 NO_LIMIT = 2**62  # an epoch of unknown length (an iterable dataset without ``__len__``)
@@ -127,26 +129,24 @@ def place_events(
     to_torch: TorchPlacement | None = None,
     ordered: dict[tuple[Any, Any], set[Any]] | None = None,
     settle: Callable[[set[Any]], bool] | None = None,
+    settled: dict[tuple[Any, Any], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> list[dict[str, Any]]:
     """A worker's VizTracer events moved onto the main process's clock in place (start and end each
     mapped), less its own helper thread's (``drop_tids``) and its ``process_name`` (the writer
     names the worker's process): the events kept, in their order.
     ``grouped``: also file each kept event as ``filters.filter_python_events`` groups them (its
-    calls per thread, the rest apart), so that the filter need not walk them again.
-    ``to_torch`` (with ``grouped``): the calls go on to torch's timeline as
-    ``merge.place_python_events`` would place them (the same operations on the same doubles, the
-    contract but a missing name and the unrun steps' marks with them), so the merge need not walk
-    them again; the other events stay on the main process's clock, for the merge to place.
-    ``ordered`` (with ``to_torch``): a thread whose calls are all complete is filed outer-first
-    (``nesting.outer_first``: the order the filter sorts a thread into), and gets its calls'
-    distinct names here, for the filter; where ``untangle_annotations`` would cut none of them,
-    ``to_torch.settled`` gets them as it would leave them (on the nanosecond grid), and they are
-    written so at once where ``settle`` says of their names that the filter reads no time of theirs
-    (``filters.keeps_whole``).
+    calls per thread, the rest apart). ``to_torch`` (with ``grouped``): the calls go on to torch's
+    timeline (``merge.TorchPlacement``: the map every Python event goes through), each thread's
+    complete calls filed outer first (``nest.outer_first_order``); the other events stay on the
+    main process's clock, for ``merge.place_python_events``. ``ordered`` (with ``to_torch``): gets
+    each thread filed outer first, with its distinct names, for the filter (which then neither sorts
+    it again nor reads its names). ``settle`` (with ``to_torch``): says,
+    of a thread's distinct names, that the filter keeps the thread whole without reading a time;
+    such a thread none of whose calls outlasts its parent goes on the nanosecond grid at once
+    (``nesting.settle_as_arrays``: what the merge would do to it), its times into ``settled``.
 
     One loop sorts the events out and reads each complete call's times; those calls, most of a
-    window's events, are placed as arrays (``_place_calls``), the same operations element by
-    element (the same doubles), and written back in one more loop."""
+    window's events, are placed as arrays (``_place_calls``) and written back in one more loop."""
     wx, wy, wslope = to_main_us.wx, to_main_us.wy, to_main_us.wslope
     mx, my, mslope = to_main_us.mx, to_main_us.my, to_main_us.mslope
     kept: list[dict[str, Any]] = []
@@ -184,12 +184,10 @@ def place_events(
             start = mx + ((wy + (float(event["ts"]) - wx) * wslope) - my) / mslope
             event["ts"] = start
             if ph == "B" and grouped is not None:
-                if to_torch is not None:  # placed as merge.place_python_events does (the merge snaps it)
+                if to_torch is not None:  # placed as merge.place_python_events places one (the merge snaps it)
                     if not isinstance(get("cat"), str):
                         event["cat"] = PYTHON_CATEGORY
-                    event["ts"] = start + to_torch.offset + _drift(to_torch, start)
-                    to_torch.not_x = True
-                    _check_name(event, to_torch)
+                    event["ts"] = to_torch.at(start)
                 key = (get("pid"), tid)
                 if key not in complete:
                     complete[key] = ([], [], [])
@@ -202,36 +200,40 @@ def place_events(
     for key, (calls, ts, dur) in complete.items():
         start_array, dur_array = _place_calls(ts, dur, to_main_us, to_torch if placing else None)
         group = threads.setdefault(key, []) if grouped is not None else []
-        if to_torch is None or grouped is None:  # not placing
-            _write_times(calls, start_array.tolist(), dur_array.tolist(), None)
-        else:
-            names = _check_names(calls, to_torch)
-            if key in mixed or ordered is None or names is None:
-                _write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY)
-            else:  # filed outer-first, and settled here where untangle_annotations would not cut
-                order = _outer_first(start_array, dur_array)
-                ordered[key] = names
-                written = False
-                if nest_uncut(start_array[order], dur_array[order]):
-                    snapped_ts, snapped_dur = snap_arrays(start_array, dur_array)
-                    written = settle is not None and settle(names)  # the filter reads no time of theirs
-                    to_torch.settled[key] = (
-                        snapped_ts[order].tolist(),
-                        snapped_dur[order].tolist(),
-                        (snapped_ts + snapped_dur)[order].tolist(),
-                        written,
-                    )
-                    if written:
-                        _write_times(calls, snapped_ts.tolist(), snapped_dur.tolist(), PYTHON_CATEGORY)
-                if not written:
-                    _write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY)
-                group += map(calls.__getitem__, order.tolist())
+        if key in mixed or not placing:
+            _write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY if placing else None)
+            if key in mixed:  # its X and B calls in the dump's order
+                group += (
+                    e for e in kept if (e.get("pid"), e.get("tid")) == key and e.get("ph") in _CALLS and "ts" in e
+                )
+            else:
+                group += calls
+            continue
+        order = outer_first_order(start_array, dur_array)  # filed outer first
+        group += map(calls.__getitem__, order.tolist())
+        names = _names(calls)
+        if ordered is not None and names is not None:
+            ordered[key] = names
+        if settle is not None and settled is not None and names is not None and settle(names):
+            # written in the order read, where the events lie in memory; kept in the group's order
+            found = settle_as_arrays(calls, start_array, dur_array, order, PYTHON_CATEGORY)
+            if found is not None:
+                settled[key] = (found[0][order], found[1][order])
                 continue
-        if key in mixed:  # its X and B calls in the dump's order
-            group += (e for e in kept if (e.get("pid"), e.get("tid")) == key and e.get("ph") in _CALLS and "ts" in e)
-        else:
-            group += calls
+        _write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY)
     return kept
+
+
+def _names(calls: list[dict[str, Any]]) -> set[Any] | None:
+    """The calls' distinct names (None where one has none, or one cannot be hashed)."""
+    try:
+        return set(map(_NAME, calls))
+    except (KeyError, TypeError):
+        return None
+
+
+def _is_call(event: dict[str, Any]) -> bool:
+    return event.get("ph") in _CALLS and "ts" in event
 
 
 def _write_times(calls: list[dict[str, Any]], starts: list[float], lengths: list[float], category: str | None) -> None:
@@ -252,9 +254,8 @@ def _place_calls(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Complete calls' starts and durations (``ts``, ``dur`` as read) on the main process's clock,
     or with ``to_torch`` on torch's timeline: ``LinearClock`` on each start and end, the duration
-    kept from going negative, then ``merge.place_python_events``' map. Written with whole arrays,
-    each operation the one the scalar code does, in its order: every double is the same (IEEE,
-    element by element)."""
+    kept from going negative, then ``TorchPlacement.calls``. Written with whole arrays, each
+    operation the one the scalar code does, in its order: every double is the same."""
     try:
         starts = np.array(ts, dtype=float)
         lengths = np.array(dur, dtype=float)
@@ -266,70 +267,7 @@ def _place_calls(
     end = clock.mx + ((clock.wy + ((starts + lengths) - clock.wx) * clock.wslope) - clock.my) / clock.mslope
     length = end - start
     length = np.where(length < 0.0, 0.0, length)
-    if to_torch is None:
-        return start, length
-    placed = start + to_torch.offset + _drift(to_torch, start)
-    end = start + length
-    end = end + to_torch.offset + _drift(to_torch, end)
-    return placed, np.where(end > placed, end - placed, 0.0)
-
-
-def _outer_first(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The order ``nesting.outer_first`` puts calls in (by start, the longer first at equal starts,
-    equal ones in their order), from their starts and lengths: one stable sort of the starts (a
-    thread's calls come nearly in order), and by both keys only where two starts are equal."""
-    order = np.argsort(starts, kind="stable")
-    in_order = starts[order]
-    if (in_order[1:] == in_order[:-1]).any():
-        order = np.lexsort((-lengths, starts))
-    return order
-
-
-def _drift(to_torch: TorchPlacement, at: Any) -> Any:
-    """``merge.place_python_events``' drift at ``at`` (a time or an array of them): the slope times
-    the time since the window's start, held to the window."""
-    if not to_torch.slope:
-        return 0.0
-    if isinstance(at, float):
-        since = at - to_torch.t0
-        return to_torch.slope * (0.0 if since < 0.0 else to_torch.span if since > to_torch.span else since)
-    since = at - to_torch.t0
-    return to_torch.slope * np.where(since < 0.0, 0.0, np.where(since > to_torch.span, to_torch.span, since))
-
-
-def _check_name(event: dict[str, Any], to_torch: TorchPlacement) -> None:
-    """The contract's name part for one placed call: a name that is no string is noted (the merge
-    fixes the calls the filter keeps); an unrun step's range is marked."""
-    name = event.get("name")
-    if name.__class__ is not str:
-        to_torch.unnamed = True
-    elif to_torch.ran is not None and name.startswith(STEP_PREFIX) and name not in to_torch.ran:
-        event["name"] = to_torch.mark
-        to_torch.dropped = True
-
-
-def _check_names(calls: Sequence[dict[str, Any]], to_torch: TorchPlacement) -> set[Any] | None:
-    """``_check_name`` for every call, reading each distinct name once; returns the calls' names
-    once checked (None where one cannot be hashed)."""
-    try:
-        names = set(map(_NAME, calls))
-    except (KeyError, TypeError):  # a call without a name, or one that cannot be hashed
-        for event in calls:
-            _check_name(event, to_torch)
-        return None
-    if any(name.__class__ is not str for name in names):
-        to_torch.unnamed = True
-    ran = to_torch.ran
-    if ran is None:
-        return names
-    unrun = {name for name in names if name.__class__ is str and name.startswith(STEP_PREFIX) and name not in ran}
-    if unrun:
-        for event in calls:
-            if event.get("name") in unrun:
-                event["name"] = to_torch.mark
-        to_torch.dropped = True
-        names = (names - unrun) | {to_torch.mark}
-    return names
+    return (start, length) if to_torch is None else to_torch.calls(start, length)
 
 
 def process_name(rank: int, worker_id: int) -> str:
@@ -381,34 +319,20 @@ def main_sort_index(events: Iterable[Mapping[str, Any]], workers: set[int]) -> i
     return max(found, default=0)
 
 
-def seconds_to_lower(events: Iterable[Mapping[str, Any]], timed: Sequence[Mapping[str, Any]] = ()) -> int:
+def seconds_to_lower(earliest_us: float | None) -> int:
     """Whole seconds to move the time origin down so no event starts before it (a worker fetches
-    its batches ahead, possibly before the first torch event the origin was taken from).
-    ``timed``: more events, most of a window's (the workers' merged calls), each with a ``ts``:
-    their earliest is taken without a test per event."""
-    starts = [e["ts"] for e in events if "ts" in e]
-    if timed:
-        try:
-            starts.append(min(map(itemgetter("ts"), timed)))
-        except (KeyError, TypeError):  # one without a ``ts``, or written as a string
-            starts += [e["ts"] for e in timed if "ts" in e]
-    try:  # a merged trace's are numbers: compared as they are, without a float() per event
-        first = float(min(starts, default=0.0))
-    except TypeError:  # one written as a string
-        first = min(map(float, starts))
-    return 0 if first >= 0 else int(-first // 1_000_000) + 1
+    its batches ahead, possibly before the first torch event the origin was taken from)."""
+    return 0 if earliest_us is None or earliest_us >= 0 else int(-earliest_us // 1_000_000) + 1
 
 
-def lower_origin(trace: dict[str, Any], seconds: int, metadata_key: str) -> None:
+def lower_origin(trace: WindowTrace, seconds: int) -> None:
     """Move ``trace``'s time origin ``seconds`` earlier: every ``ts`` grows, absolute time stays."""
     if seconds <= 0:
         return
     shift_us = seconds * 1_000_000
-    for event in trace.get("traceEvents", ()):
-        if "ts" in event:
-            event["ts"] = float(event["ts"]) + shift_us
-    trace["baseTimeNanoseconds"] = int(trace.get("baseTimeNanoseconds", 0)) - shift_us * 1000
-    meta = trace.get(metadata_key)
+    trace.shift(shift_us)
+    trace.header["baseTimeNanoseconds"] = int(trace.header.get("baseTimeNanoseconds", 0)) - shift_us * 1000
+    meta = trace.header.get(TRACE_METADATA_KEY)
     if isinstance(meta, dict) and "time_origin_us" in meta:
         meta["time_origin_us"] = int(meta["time_origin_us"]) - shift_us
 
@@ -418,72 +342,54 @@ def lower_origin(trace: dict[str, Any], seconds: int, metadata_key: str) -> None
 # --------------------------------------------------------------------------------------------------
 
 
-def worker_summary(
-    events: Sequence[Mapping[str, Any]],
-    workers: Sequence[Mapping[str, Any]],
-    missing: list[str],
-    window: WindowData | None = None,
-) -> Workers:
-    """Per worker: the batches it fetched in the window, its busy time (its fetches' total) and its
-    top user functions; and the top functions over all workers (an input-bound verdict's ``where``).
-
-    ``workers``: ``{"pid", "worker", "rank"}`` of each worker whose events were merged. ``window``:
-    the summary's ``WindowData`` of the same trace, whose per-thread nesting the verdicts' timelines
-    share (else the events are read and nested here)."""
+def worker_summary(window: WindowData) -> Workers | None:
+    """The summary's ``workers`` key, for a window that recorded DataLoader workers (None
+    otherwise): per worker, the batches it fetched in the window, its busy time (its fetches'
+    total) and its top user functions; and the top functions over all workers (an input-bound
+    verdict's ``where``). Each worker thread's table is the window's one reading of it
+    (``WindowData.walk``: ``input_bound`` reads the same one)."""
     from vt_lightning.analysis.summary import rank_python
 
+    info = window.meta.get("workers")
+    if not isinstance(info, Mapping):
+        return None
+    workers: Sequence[Mapping[str, Any]] = info.get("processes", [])
     pids = {int(w["pid"]) for w in workers}
     fetches: dict[int, list[tuple[int, float]]] = {pid: [] for pid in pids}
-    if window is not None:
-        for x in window.rest:  # the fetch spans, among the events other than Python calls
-            if x.get("cat") == FETCH_CATEGORY and x.get("pid") in pids:
-                fetches[x["pid"]].append((int(x.get("args", {}).get("batch", -1)), float(x.get("dur", 0.0))))
-        # The window's one walk of each worker thread (``input_bound`` reads the same walk's entry
-        # times), its tables in the order the events-based path below sweeps the threads.
-        calls, whole = window.python_calls, window.whole_threads
-        stats = PythonStats()
-        for worker_pid in pids:
-            for thread in calls:
-                if thread[0] == worker_pid:
-                    window.walk(thread)
-                    stats.threads[thread] = whole.threads[thread]
-        stats.info, stats.package_of, stats.user = whole.info, whole.package_of, whole.user
-        everything: Sequence[Any] = list(stats.threads)
-    else:
-        python_by_pid: dict[int, list[Mapping[str, Any]]] = {pid: [] for pid in pids}
-        for event in events:
-            pid = event.get("pid")
-            if pid not in pids or event.get("ph") != "X":
-                continue
-            if event.get("cat") == PYTHON_CATEGORY:
-                python_by_pid[pid].append(event)
-            elif event.get("cat") == FETCH_CATEGORY:
-                fetches[pid].append((int(event.get("args", {}).get("batch", -1)), float(event.get("dur", 0.0))))
-        everything = [e for pid in pids for e in python_by_pid[pid]]
-        stats = python_stats(everything)  # one sweep per thread feeds each worker's table and the overall one
+    for x in window.rest:  # the fetch spans, among the events other than Python calls
+        if x.get("cat") == FETCH_CATEGORY and x.get("pid") in pids:
+            fetches[x["pid"]].append((int(x.get("args", {}).get("batch", -1)), float(x.get("dur", 0.0))))
+    whole = window.whole_threads
+    stats = PythonStats()
+    for worker_pid in pids:
+        for thread in window.python_calls:
+            if thread[0] == worker_pid:
+                window.walk(thread)
+                stats.threads[thread] = whole.threads[thread]
+    stats.info, stats.package_of, stats.user = whole.info, whole.package_of, whole.user
     threads_of: dict[Any, list[Any]] = {pid: [] for pid in pids}
     for thread in stats.threads:
         threads_of[thread[0]].append(thread)
     per_worker: list[WorkerEntry] = []
-    for info in sorted(workers, key=lambda w: (int(w["worker"]), int(w["pid"]))):
-        pid = int(info["pid"])
+    for entry in sorted(workers, key=lambda w: (int(w["worker"]), int(w["pid"]))):
+        pid = int(entry["pid"])
         done = sorted(fetches[pid])
         top = rank_python(stats, stats.merged(threads_of[pid]), 1, limit=2 * TOP_WORKER_PYTHON)
         per_worker.append(
             {
-                "worker": int(info["worker"]),
+                "worker": int(entry["worker"]),
                 "pid": pid,
-                "process": process_name(int(info["rank"]), int(info["worker"])),
+                "process": process_name(int(entry["rank"]), int(entry["worker"])),
                 "batches": [batch for batch, _ in done],
                 "busy_ms": _ms(sum(dur for _, dur in done)),
                 "top_python": [e for e in top["by_self"] if e["origin"] == "user"][:TOP_WORKER_PYTHON],
             }
         )
-    overall = rank_python(stats, stats.merged(), 1, limit=2 * TOP_WORKER_PYTHON)["by_self"] if everything else []
+    overall = rank_python(stats, stats.merged(), 1, limit=2 * TOP_WORKER_PYTHON)["by_self"] if stats.threads else []
     return {
         "workers": per_worker,
         "top_python": overall[: 2 * TOP_WORKER_PYTHON],
-        "missing": list(missing),
+        "missing": list(info.get("missing", [])),
     }
 
 

@@ -47,9 +47,7 @@ from vt_lightning.export.reading import (
     remote_files,
 )
 from vt_lightning.export.report import (
-    LEGACY_SUMMARY_JSON_SUFFIX,
     SUMMARY_JSON_SUFFIX,
-    SUMMARY_JSON_SUFFIXES,
     TRACE_SUFFIX,
     SummaryNotFound,
     find_traces,
@@ -151,8 +149,6 @@ def _summary_of_trace(trace: Location, budget: MemoryBudget, refused: Warn | Non
     """The summary beside the trace if it reads (else, with ``refused``, a warning), or the trace's
     own, computed now."""
     beside = trace.with_name(summary_names(trace.name)[0])
-    if not is_regular_file(beside):  # a window written before 0.2
-        beside = beside.with_name(beside.name[: -len(SUMMARY_JSON_SUFFIX)] + LEGACY_SUMMARY_JSON_SUFFIX)
     if beside_first and beside != trace and is_regular_file(beside):
         try:
             return load_summary(beside, budget)
@@ -181,7 +177,7 @@ def _summary_of_trace(trace: Location, budget: MemoryBudget, refused: Warn | Non
 
 
 def _load_file(path: Location, budget: MemoryBudget, refused: Warn | None = None, beside_first: bool = True) -> Summary:
-    if path.name.endswith(SUMMARY_JSON_SUFFIXES):
+    if path.name.endswith(SUMMARY_JSON_SUFFIX):
         return load_summary(path, budget)
     if path.name.endswith((".json", ".json.gz")):
         return _summary_of_trace(path, budget, refused, beside_first)
@@ -230,13 +226,13 @@ def _window_files(target: str) -> tuple[list[Location] | None, list[Location]]:
     place = locate_target(target)
     if isinstance(place, URL):
         url = place
-        suffixes = (SUMMARY_JSON_SUFFIX, LEGACY_SUMMARY_JSON_SUFFIX, TRACE_SUFFIX)
+        suffixes = (SUMMARY_JSON_SUFFIX, TRACE_SUFFIX)
         listed = remote_files(url, suffixes)
         if listed is None:
             return None, [url]
         files: list[Location] = [found for found, _ in listed]
         return (
-            sorted(f for f in files if f.name.endswith(SUMMARY_JSON_SUFFIXES)),
+            sorted(f for f in files if f.name.endswith(SUMMARY_JSON_SUFFIX)),
             sorted(f for f in files if f.name.endswith(TRACE_SUFFIX)),
         )
     path = place
@@ -244,7 +240,7 @@ def _window_files(target: str) -> tuple[list[Location] | None, list[Location]]:
         raise SummaryNotFound(f"{path}: no such file or directory")
     if not path.is_dir():
         return None, [path]
-    summaries = sorted({*path.rglob(f"*{SUMMARY_JSON_SUFFIX}"), *path.rglob(f"*{LEGACY_SUMMARY_JSON_SUFFIX}")})
+    summaries = sorted(path.rglob(f"*{SUMMARY_JSON_SUFFIX}"))
     return list(summaries), list(sorted(path.rglob(f"*{TRACE_SUFFIX}")))
 
 
@@ -363,7 +359,7 @@ def latest_trace(target: str, refused: Warn | None = None) -> Location:
     path = locate_target(target)
     if isinstance(path, URL):
         return _latest_remote_trace(path)
-    if path.name.endswith(SUMMARY_JSON_SUFFIXES) and path.exists() and not path.is_dir():
+    if path.name.endswith(SUMMARY_JSON_SUFFIX) and path.exists() and not path.is_dir():
         trace = path.with_name(str(summary_stem(path.name)) + TRACE_SUFFIX)
         if not trace.exists():
             raise SummaryNotFound(f"{path}: no trace beside this summary ({trace.name})")
@@ -379,7 +375,7 @@ def latest_trace(target: str, refused: Warn | None = None) -> Location:
 def _latest_remote_trace(url: URL) -> URL:
     """As ``latest_trace``, under a URL: the newest trace by the store's modification time (by name
     where the store keeps none)."""
-    if url.name.endswith(SUMMARY_JSON_SUFFIXES):
+    if url.name.endswith(SUMMARY_JSON_SUFFIX):
         trace = url.with_name(str(summary_stem(url.name)) + TRACE_SUFFIX)
         if not is_regular_file(trace):
             raise SummaryNotFound(f"{url}: no trace beside this summary ({trace.name})")

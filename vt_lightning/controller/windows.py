@@ -23,12 +23,12 @@ from vt_lightning.export.layout import (
     host_name,
     memory_file_name,
     new_job_id,
+    oom_file_name,
     span_name,
     trace_file_name,
     window_dir_name,
     worker_name,
 )
-from vt_lightning.export.memory_files import oom_file_name
 from vt_lightning.options import Options
 from vt_lightning.recording.children import reap_dump_children
 from vt_lightning.recording.lightning_hooks import LightningViewHooks

@@ -18,14 +18,16 @@ from __future__ import annotations
 import errno
 import gzip
 import os
+import pickle
 import re
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from vt_lightning.constants import PICKLE_PROTOCOL
 from vt_lightning.export.layout import host_name
 
 # ``.<final name>.<host>-<pid>.<random>.tmp``
@@ -69,11 +71,11 @@ def atomic_write(
                 _link_claim(tmp, claim_path)
             try:
                 _publish_new(tmp, path)
-            except BaseException:
+            except BaseException:  # whatever stops the publish, the claim of an unpublished file goes
                 if claim_path is not None:
                     _unlink_quietly(claim_path)
                 raise
-    except BaseException:
+    except BaseException:  # complete or absent: whatever stops the write, the temporary goes
         _unlink_quietly(tmp)
         raise
 
@@ -182,6 +184,15 @@ def remove_stale_temporaries(root: str | os.PathLike[str], pid: int | None = Non
     return removed
 
 
+def scheduler_state(stat: bytes) -> str:
+    """The scheduler state letter of a ``/proc/<pid>[/task/<tid>]/stat`` line ("R" running or
+    runnable, "S" asleep, "Z" zombie, ...), or "" for a line without one. The process's name comes
+    before it in parentheses and may itself hold ")" and spaces, so the state is read after the
+    *last* ")"."""
+    end = stat.rfind(b")")
+    return stat[end + 2 : end + 3].decode("ascii", "replace") if end >= 0 else ""
+
+
 def process_alive(pid: int) -> bool:
     """Whether a process with this pid exists on this host (signal 0 probes without sending)."""
     if pid <= 0:
@@ -193,6 +204,14 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+def write_snapshot(path: str | os.PathLike[str], snapshot: Mapping[str, Any]) -> None:
+    """A memory snapshot, pickled with protocol 4 (https://pytorch.org/memory_viz cannot read 5):
+    complete or absent (docs/files.md)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: pickle.dump(snapshot, f, protocol=PICKLE_PROTOCOL))
 
 
 def gzip_bytes(data: bytes, level: int) -> bytes:

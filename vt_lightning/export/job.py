@@ -36,7 +36,7 @@ class WindowJob:
     thread_names: dict[int, str] = field(default_factory=dict)  # native id -> name at window end
     clock_markers: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)
     python_filter: PythonFilter | None = None  # which recorded Python calls the trace keeps
-    summary: bool = True  # write <worker>.<span>.summary.json/.md beside the trace
+    summary: bool = True  # write <worker>.<span>.summary.jsonc/.md beside the trace
     job_id: str = ""  # decided once at window close: a retry recognizes its own published trace
     publish_to: str | None = None  # a remote run directory (URL): ``run_dir`` is then local staging
     extras: dict[str, Any] = field(default_factory=dict)  # side recorders' data by name (recording/side.py)

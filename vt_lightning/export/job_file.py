@@ -5,7 +5,7 @@ Where: ``<window dir>/job/job.<span>.json.gz`` and, beside it, ``job.<span>.rank
 their clock offsets, the straggler). A directory of its own, and names that do not end in
 ``.pt.trace.json(.gz)``: TensorBoard's profiler plugin takes every such file of a run directory for
 one more worker, and HTA's directory scan takes every ``*.json`` / ``*.gz`` of the directory it is
-given; neither looks into ``job/``. ``.ranks.json`` does not end in ``.summary.json``, so
+given; neither looks into ``job/``. ``.ranks.json`` does not end in ``.summary.jsonc``, so
 ``vt-lightning summary`` never takes it for a window's summary.
 
 The wait: the ranks share the run directory on one host (or on a shared filesystem). Rank 0's
@@ -99,16 +99,8 @@ def _read(path: Path) -> tuple[dict[str, Any], int]:
 def write_job_file(
     job: WindowJob, run_dir: Path, merged: dict[str, Any], json_bytes: int
 ) -> tuple[dict[str, Any] | None, list[str]]:
-    """Rank 0's part: (the job block for the summary and the result, notes). Never raises."""
-    try:
-        return _write_job_file(job, run_dir, merged, json_bytes)
-    except Exception as err:  # the window's own files are written; a job file problem is a note
-        return None, [f"job file not written ({type(err).__name__}: {err})"]
-
-
-def _write_job_file(
-    job: WindowJob, run_dir: Path, merged: dict[str, Any], json_bytes: int
-) -> tuple[dict[str, Any] | None, list[str]]:
+    """Rank 0's part: (the job block for the summary and the result, notes). A fault is the
+    writer's to turn into a note (``pipeline._optional``): the window's own files are written."""
     sync = dict(job.extras.get(JOB_EXTRA) or {})
     if job.publish_to is not None:
         return None, ["job file not written (remote output roots are not supported yet)"]
@@ -238,7 +230,7 @@ def _write_files(run_dir: Path, span: str, raw: bytes, info: dict[str, Any], gzi
 
 
 def job_summary(info: dict[str, Any]) -> JobInfo:
-    """The ``job`` block of rank 0's ``summary.json`` (``analysis/schema.JobInfo``)."""
+    """The ``job`` block of rank 0's ``.summary.jsonc`` (``analysis/schema.JobInfo``)."""
     straggler = (info.get("straggler") or {}).get("straggler")
     check = info.get("collective_check") or {}
     block = {

@@ -11,7 +11,7 @@ import platform
 import re
 
 from vt_lightning.constants import MEMORY_SUFFIX as MEMORY_SUFFIX  # re-exported: names of a window's files
-from vt_lightning.constants import SPAN_WIDTH
+from vt_lightning.constants import OOM_MEMORY_SUFFIX, SPAN_WIDTH
 from vt_lightning.constants import TRACE_PATTERN as TRACE_PATTERN
 from vt_lightning.constants import TRACE_SUFFIX as TRACE_SUFFIX
 
@@ -61,3 +61,11 @@ def claim_name(trace_name: str, job_id: str) -> str:
     (``atomic.owns``). It has the form of a temporary of the training process, so a claim left by a
     process that died is removed like its temporaries (``atomic.remove_stale_temporaries``)."""
     return f".{trace_name}.{job_id}.tmp"
+
+
+def oom_file_name(memory_name: str) -> str:
+    """``<worker>.<span>.memory_snapshot.pickle`` -> ``<worker>.<span>.oom.memory_snapshot.pickle``."""
+    if memory_name.endswith(MEMORY_SUFFIX):
+        return memory_name[: -len(MEMORY_SUFFIX)] + OOM_MEMORY_SUFFIX
+    stem, dot, ext = memory_name.rpartition(".")
+    return f"{stem}.oom.{ext}" if dot and stem else f"{memory_name}.oom"

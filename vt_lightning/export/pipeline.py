@@ -1,57 +1,105 @@
 """Turn one window's raw dumps into its files. Runs on the background writer, never in training.
 
-Input is a ``WindowJob``: paths of torch's and VizTracer's raw JSON in the spool directory, the
-clock pairs read at the window's edges and the metadata. Output is the merged, gzipped trace (and,
-when asked, the memory snapshot) in the window's run directory, each written atomically.
+``finish_window`` is a chain of named stages, each taking the previous one's output and nothing
+else of the window:
+
+    read -> calibrate -> place -> merge -> enrich -> encode -> summarise -> write
+
+``read``: torch's and VizTracer's raw JSON from the spool. ``calibrate``: the clocks tied
+(``analysis/clock.py``). ``place``: the Python events on torch's timeline, the DataLoader workers'
+parts with them (``worker_dumps.py``), filtered (``analysis/filters.py``), the gc pauses and
+compile spans added. ``merge``: the typed trace (``analysis/trace.WindowTrace``), every thread
+nesting strictly (``analysis/merge.py``). ``enrich``: the flight recorder's track, the workers'
+processes, the Lightning view. ``encode``: the trace's JSON, compressed on a thread of its own
+while the next stage runs. ``summarise``: the memory snapshot and the summary
+(``analysis/summary.py``). ``write``: every file, atomically, and the ``WindowResult``.
+
+The window's optional files (the memory snapshot, the summary, the job file) fail alone: each fault
+becomes one note (``_optional``), the trace is written all the same. Any other fault fails the
+window: its raw dumps are removed, and the writer reports the error.
 """
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 import math
 import os
 import stat
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from vt_lightning.analysis.clock import Calibration, ClockPair, best_marker_pair
 from vt_lightning.analysis.compile import compile_record, compile_span_events
 from vt_lightning.analysis.filters import filter_python_events, keeps_whole
 from vt_lightning.analysis.flight import add_flight_track
+from vt_lightning.analysis.lightning_view import apply_lightning_view
+from vt_lightning.analysis.memory_snapshot import build_cpu_snapshot
 from vt_lightning.analysis.merge import (
+    PythonParts,
     TorchPlacement,
     encode_trace,
     merge_window,
-    ran_steps,
+    place_python_events,
     time_origin_us,
     torch_placement,
 )
-from vt_lightning.analysis.steps import Call, Thread, read_window
+from vt_lightning.analysis.schema import Summary
+from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary import summarize
+from vt_lightning.analysis.trace import WindowTrace
 from vt_lightning.analysis.verdicts import with_job_verdicts
+from vt_lightning.analysis.workers import worker_summary
 from vt_lightning.constants import (
     CLOCK_MARKER_PREFIX,
     CPU_OP_CATEGORY,
-    TRACE_METADATA_KEY,
     USER_ANNOTATION_CATEGORY,
 )
 from vt_lightning.export import raw_json
-from vt_lightning.export.atomic import GzipAside, atomic_write, owns, release_claim
+from vt_lightning.export.atomic import GzipAside, atomic_write, owns, release_claim, write_snapshot
 from vt_lightning.export.job import WindowJob, WindowResult
 from vt_lightning.export.job_file import JOB_EXTRA, job_summary, write_job_file
 from vt_lightning.export.layout import claim_name
 from vt_lightning.export.report import encode_summary, render_markdown, summary_names
-from vt_lightning.export.worker_dumps import (
-    WorkerDumps,
-    add_to_trace,
-    collect_worker_dumps,
-    remove_parts,
-    summarize_workers,
-)
+from vt_lightning.export.worker_dumps import WorkerDumps, add_to_trace, collect_worker_dumps, remove_parts
+
+T = TypeVar("T")
+
+
+def finish_window(job: WindowJob) -> WindowResult:
+    """Merge, encode, compress and write one window. The raw dumps are removed if it fails, and
+    kept when it succeeds: the training process removes them once the result has reached it
+    (``delivered``), so a writer killed after writing, before answering, is retried from them.
+
+    The raw dumps must be complete (torch's export done, VizTracer's dump child reaped): the
+    training process's writer thread sees to that before the job reaches here."""
+    try:
+        clocks = calibrate(job, read(job))
+        merged = merge(job, place(job, clocks))
+        return write(job, summarise(job, encode(job, enrich(job, merged))))
+    except BaseException:  # the job's boundary: its raw dumps go, the writer reports the fault
+        remove_raw(job)
+        raise
+
+
+# --------------------------------------------------------------------------------------------------
+# read
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Read:
+    """The window's raw dumps, parsed: torch's trace and VizTracer's (empty without one)."""
+
+    torch: dict[str, Any]
+    python: dict[str, Any]
+
+
+def read(job: WindowJob) -> Read:
+    python = _read_json(job.python_raw) if job.python_raw is not None else {"traceEvents": []}
+    return Read(_read_json(job.torch_raw), python)
 
 
 def _read_json(path: Path) -> Any:
@@ -59,9 +107,47 @@ def _read_json(path: Path) -> Any:
         return raw_json.loads(f.read())  # names a tracer wrote unescaped: escaped, not refused
 
 
-def calibrate(job: WindowJob, torch_trace: dict[str, Any]) -> Calibration:
-    """Calibrate on the clock markers torch recorded (removing them from its events); fall back to
-    the wall-clock pairs when torch recorded none."""
+# --------------------------------------------------------------------------------------------------
+# calibrate
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Calibrated:
+    """The dumps with their clocks tied: torch's trace (its clock markers taken out), VizTracer's
+    events, the calibration, the window's metadata (the ring buffer's overflow noted), the merged
+    trace's time origin and the map onto torch's timeline."""
+
+    torch: dict[str, Any]
+    python_events: list[dict[str, Any]]
+    calibration: Calibration
+    metadata: dict[str, Any]
+    origin_us: int
+    to_torch: TorchPlacement
+
+
+def calibrate(job: WindowJob, raw: Read) -> Calibrated:
+    """Calibrate on the clock markers torch recorded (removing them from its events), or on the
+    wall-clock pairs where torch recorded none; note an overflow of VizTracer's ring buffer, with
+    the buffer size that would have held the window."""
+    torch_trace, python_events = raw.torch, raw.python.get("traceEvents", [])
+    calibration = _calibration(job, torch_trace)
+    metadata = dict(job.metadata)
+    metadata["overflow"] = overflow = bool(raw.python.get("viztracer_metadata", {}).get("overflow", False))
+    if overflow:
+        metadata["overflow_suggested_tracer_entries"] = suggest_tracer_entries(
+            python_events,
+            job.clock_start,
+            job.clock_end,
+            torch_events=torch_trace.get("traceEvents", []),
+            to_torch_us=calibration.python_to_torch_us,
+        )
+    origin_us = time_origin_us(torch_trace.get("traceEvents", []))
+    to_torch = torch_placement(calibration, origin_us)
+    return Calibrated(torch_trace, python_events, calibration, metadata, origin_us, to_torch)
+
+
+def _calibration(job: WindowJob, torch_trace: dict[str, Any]) -> Calibration:
     base_ns = int(torch_trace.get("baseTimeNanoseconds", 0))
     events = torch_trace.get("traceEvents", [])
     spans = {
@@ -132,6 +218,269 @@ def _round_up(entries: float) -> int:
     return int(math.ceil(entries / 1000.0) * 1000)
 
 
+# --------------------------------------------------------------------------------------------------
+# place
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Placed:
+    """The window's Python events as the merge takes them (``PythonParts``: the DataLoader workers'
+    calls on torch's timeline already, as they were read), with torch's trace, the calibration,
+    the metadata (the filter's and the compile watch's records added), the time origin, the
+    workers' parts as read, and the notes so far."""
+
+    torch: dict[str, Any]
+    python: PythonParts
+    calibration: Calibration
+    metadata: dict[str, Any]
+    origin_us: int
+    workers: WorkerDumps | None
+    notes: list[str]
+
+
+def place(job: WindowJob, clocks: Calibrated) -> Placed:
+    """VizTracer's calls with the DataLoader workers' parts (``worker_dumps.py``: their calls placed
+    on torch's timeline as they are read, when the filter runs), filtered, then the gc pauses and
+    compile spans the side recorders took; all on torch's timeline (``merge.place_python_events``)."""
+    metadata, notes = clocks.metadata, []
+    rules, to_torch = job.python_filter, clocks.to_torch
+    settle = partial(keeps_whole, rules) if rules is not None else None
+    workers = collect_worker_dumps(job.extras.get("workers"), to_torch if rules is not None else None, settle)
+    # Copies: placing moves events in place, and the job stays as handed over (a retry of the same
+    # job on the writer thread would otherwise shift these a second time).
+    gc_pauses = job.extras.get("gc")  # recording/gc_watch.py, on the Python clock
+    after = [dict(event) for event in gc_pauses.get("events") or ()] if isinstance(gc_pauses, dict) else []
+    before: list[dict[str, Any]] = clocks.python_events
+    calls: dict[Any, list[dict[str, Any]]] = {}
+    on_python_clock: list[dict[str, Any]] = []  # what is placed here: all but the workers' calls
+    if rules is not None:  # the workers' events follow, grouped as the filter groups them
+        grouped = workers.grouped if workers is not None else None
+        ordered = workers.ordered if workers is not None else None
+        before, calls, filter_stats = filter_python_events(before, rules, grouped, ordered)
+        from_workers = grouped[0].keys() if grouped is not None else ()
+        on_python_clock = before + [call for key, found in calls.items() if key not in from_workers for call in found]
+        metadata["python_filter"] = filter_stats.as_dict()
+        if rules.user_filters and filter_stats.kept == 0 and filter_stats.filtered:
+            notes.append(
+                f"include_files / exclude_files / max_stack_depth kept none of the "
+                f"{filter_stats.filtered} Python calls recorded; check the paths"
+            )
+    else:
+        before = on_python_clock = [*before, *workers.events] if workers is not None else before
+    compile_info = job.extras.get("compile")
+    if isinstance(compile_info, dict):  # recording/compile_watch.py: a span per compile, Python clock
+        after += compile_span_events(
+            compile_info, [*before, *(call for found in calls.values() for call in found), *after]
+        )
+        metadata["compile"] = compile_record(compile_info)
+    place_python_events([*on_python_clock, *after], to_torch)
+    parts = PythonParts(before, calls, after)
+    if workers is not None:
+        parts.settled, parts.names = workers.settled, workers.ordered
+    return Placed(clocks.torch, parts, clocks.calibration, metadata, clocks.origin_us, workers, notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# merge
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Merged:
+    """The window's typed trace, with what the later stages add to it from: the calibration, the
+    workers' parts, the notes so far."""
+
+    trace: WindowTrace
+    calibration: Calibration
+    workers: WorkerDumps | None
+    notes: list[str]
+
+
+def merge(job: WindowJob, placed: Placed) -> Merged:
+    trace = merge_window(
+        placed.torch,
+        placed.python,
+        placed.calibration,
+        placed.metadata,
+        thread_names=job.thread_names,
+        origin_us=placed.origin_us,
+    )
+    return Merged(trace, placed.calibration, placed.workers, placed.notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# enrich
+# --------------------------------------------------------------------------------------------------
+
+
+def enrich(job: WindowJob, merged: Merged) -> Merged:
+    """The flight recorder's track of the slow step, the DataLoader workers' processes and fetch
+    spans, and the Lightning view, added to the trace."""
+    trace, notes = merged.trace, list(merged.notes)
+    add_flight_track(trace, job.extras.get("flight"), merged.calibration)  # the slow step, sampled
+    if merged.workers is not None:
+        notes.extend(add_to_trace(trace, merged.workers, merged.calibration.python_to_torch_us))
+    if trace.meta.get("lightning_view"):
+        view = apply_lightning_view(trace)
+        if not view.get("framework"):
+            notes.append("no [pl][module] ranges were recorded (compiled model?), so no Lightning view")
+        if view.get("demoted"):
+            notes.append(f"{view['demoted']} module ranges the plugin would reject were left out of the Lightning view")
+    return Merged(trace, merged.calibration, merged.workers, notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# encode
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Encoded:
+    """The trace, its JSON, and that JSON compressing on a thread of its own (``GzipAside``):
+    meanwhile, the snapshot and the summary are made."""
+
+    trace: WindowTrace
+    raw: bytes
+    compressing: GzipAside
+    notes: list[str]
+
+
+def encode(job: WindowJob, enriched: Merged) -> Encoded:
+    raw = encode_trace(enriched.trace.as_dict())
+    return Encoded(enriched.trace, raw, GzipAside(raw, job.gzip_level), enriched.notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# summarise
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Summarised:
+    """What is written: the encoded trace, the memory snapshot (None: none), the summary (None:
+    none, or a note says why), the seconds the summary took, the notes."""
+
+    encoded: Encoded
+    snapshot: Any
+    summary: Summary | None
+    summary_seconds: float
+    notes: list[str]
+
+
+def summarise(job: WindowJob, encoded: Encoded) -> Summarised:
+    """The memory snapshot (the job's own, or built from the trace's ``[memory]`` events; None
+    where it holds none) and the summary, its DataLoader workers' tables included."""
+    trace, notes = encoded.trace, list(encoded.notes)
+    snapshot = job.memory_snapshot
+    if job.memory_name is not None and snapshot is None:
+        snapshot = _optional("memory snapshot", notes, lambda: build_cpu_snapshot(trace))
+    start = time.perf_counter()
+    summary = _optional("summary", notes, lambda: _summary(job, trace, snapshot)) if job.summary else None
+    return Summarised(encoded, snapshot, summary, time.perf_counter() - start, notes)
+
+
+def _summary(job: WindowJob, trace: WindowTrace, snapshot: Any) -> Summary:
+    window = read_window(trace)  # read once: the workers' tables share its per-thread nesting
+    summary = summarize(trace, snapshot, window)
+    summary["window"]["trace"] = job.trace_name
+    workers = worker_summary(window)
+    if workers is not None:
+        summary["workers"] = workers
+    return summary
+
+
+def _optional(what: str, notes: list[str], make: Callable[[], T]) -> T | None:
+    """``make()``, or None and one note where it fails: a window's optional file never costs its
+    trace (the boundary of each: the memory snapshot, the summary, the job file)."""
+    try:
+        return make()
+    except Exception as err:  # the boundary of the window's optional files: the trace is written all the same
+        notes.append(f"{what} not written ({type(err).__name__}: {err})")
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# write
+# --------------------------------------------------------------------------------------------------
+
+
+def write(job: WindowJob, summarised: Summarised) -> WindowResult:
+    """The trace (once compressed), then the memory snapshot, the job file (rank 0 of a job whose
+    ranks all trace) and the summary beside it, each atomically: the ``WindowResult``."""
+    encoded, notes = summarised.encoded, list(summarised.notes)
+    meta = encoded.trace.meta
+    compressed = encoded.compressing.result()
+    claim = claim_name(job.trace_name, job.job_id) if job.job_id else None
+    trace_path = write_new(job.run_dir, job.trace_name, compressed, claim=claim)
+    run_dir = trace_path.parent
+    if run_dir != job.run_dir:
+        notes.append(
+            f"run directory already taken ({job.run_dir} holds another run's {job.trace_name} "
+            f"or is not a plain directory); this window went to {run_dir.name}"
+        )
+    memory_path = None
+    if summarised.snapshot is not None and job.memory_name is not None:
+        memory_path = _optional(
+            "memory snapshot", notes, partial(_write_memory, run_dir / job.memory_name, summarised.snapshot)
+        )
+    job_info = None
+    if JOB_EXTRA in job.extras:  # rank 0 of a job whose ranks all trace: the job file (export/job_file.py)
+        trace, json_bytes = encoded.trace.as_dict(), len(encoded.raw)
+        written = _optional("job file", notes, lambda: write_job_file(job, run_dir, trace, json_bytes))
+        if written is not None:
+            job_info, job_notes = written
+            notes.extend(job_notes)
+    summary = summarised.summary
+    summary_path = markdown = None
+    seconds = summarised.summary_seconds
+    if summary is not None:
+        start = time.perf_counter()
+        written_summary = _optional("summary", notes, partial(_write_summary, job, run_dir, summary, job_info))
+        seconds += time.perf_counter() - start
+        if written_summary is not None:
+            summary_path, markdown = written_summary
+        else:
+            summary = None
+    return WindowResult(
+        trace_path=trace_path,
+        trace_bytes=len(compressed),
+        json_bytes=len(encoded.raw),
+        python_events=meta["python_events"],
+        torch_events=meta["torch_events"],
+        overflow=bool(meta.get("overflow")),
+        suggested_tracer_entries=meta.get("overflow_suggested_tracer_entries"),
+        memory_path=memory_path,
+        memory_bytes=memory_path.stat().st_size if memory_path is not None else 0,
+        notes=tuple(notes),
+        summary=summary,
+        summary_path=summary_path,
+        summary_markdown=markdown,
+        summary_seconds=seconds,
+        job=job_info,
+    )
+
+
+def _write_memory(path: Path, snapshot: Any) -> Path:
+    write_snapshot(path, snapshot)
+    return path
+
+
+def _write_summary(
+    job: WindowJob, run_dir: Path, summary: Summary, job_info: dict[str, Any] | None
+) -> tuple[Path, str]:
+    """``<worker>.<span>.summary.jsonc`` and ``.md`` beside the trace, the job's verdicts added
+    where this rank wrote the job file: (the summary's path, its markdown)."""
+    json_name, md_name = summary_names(job.trace_name)
+    if job_info is not None:
+        summary["job"] = job_summary(job_info)
+        summary["verdicts"] = with_job_verdicts(summary)  # straggler: only rank 0 merged the job file
+    atomic_write(run_dir / json_name, encode_summary(summary))
+    markdown = render_markdown(summary)
+    atomic_write(run_dir / md_name, markdown.encode())
+    return run_dir / json_name, markdown
+
+
 def remove_raw(job: WindowJob) -> None:
     for raw_path in (job.torch_raw, job.python_raw):
         if raw_path is not None:
@@ -140,223 +489,6 @@ def remove_raw(job: WindowJob) -> None:
             except OSError:
                 pass
     remove_parts(job.extras.get("workers"))
-
-
-def finish_window(job: WindowJob) -> WindowResult:
-    """Merge, encode, compress and write one window. The raw dumps are removed if it fails, and
-    kept when it succeeds: the training process removes them once the result has reached it
-    (``delivered``), so a writer killed after writing, before answering, is retried from them.
-
-    The raw dumps must be complete (torch's export done, VizTracer's dump child reaped): the
-    training process's writer thread sees to that before the job reaches here."""
-    try:
-        torch_trace = _read_json(job.torch_raw)
-        python = _read_json(job.python_raw) if job.python_raw is not None else {"traceEvents": []}
-        overflow = bool(python.get("viztracer_metadata", {}).get("overflow", False))
-        calibration = calibrate(job, torch_trace)
-        metadata = dict(job.metadata)
-        metadata["overflow"] = overflow
-        suggested = None
-        if overflow:
-            suggested = suggest_tracer_entries(
-                python.get("traceEvents", []),
-                job.clock_start,
-                job.clock_end,
-                torch_events=torch_trace.get("traceEvents", []),
-                to_torch_us=calibration.python_to_torch_us,
-            )
-            metadata["overflow_suggested_tracer_entries"] = suggested
-        notes: list[str] = []
-        origin_us = time_origin_us(torch_trace.get("traceEvents", []))
-        to_torch = torch_placement(calibration, origin_us, ran_steps(metadata.get("steps")))
-        python_events, workers, apart, placed = _python_events(job, python, metadata, notes, to_torch)
-        run_calls: dict[Thread, list[Call]] = {}  # the workers' calls as the summary reads them
-        merged, run = merge_window(
-            torch_trace,
-            python_events,
-            calibration,
-            metadata,
-            thread_names=job.thread_names,
-            apart=apart,
-            origin_us=origin_us,
-            placed=placed,
-            bounds=run_calls,
-        )
-        del torch_trace, python, python_events
-        workers_run = WorkersRun(merged, run, workers, run_calls)
-        add_flight_track(merged, job.extras.get("flight"), calibration)  # the slow step, sampled
-        if workers is not None:
-            notes.extend(
-                add_to_trace(
-                    merged, workers, calibration.python_to_torch_us, workers_run.range(), workers_run.earliest_start()
-                )
-            )
-        if metadata.get("lightning_view"):
-            notes.extend(_apply_lightning_view(merged, workers_run.main_events()))
-        raw = encode_trace(merged)
-        compressing = GzipAside(raw, job.gzip_level)  # meanwhile, the snapshot and the summary are made
-        snapshot = None
-        if job.memory_name is not None:
-            try:
-                snapshot = _memory_snapshot(job, workers_run)
-            except Exception as err:  # the trace is written; a snapshot problem must not undo it
-                notes.append(f"memory snapshot not written ({type(err).__name__}: {err})")
-        made = _make_summary(job, merged, snapshot, workers_run) if job.summary else None
-        compressed = compressing.result()
-        claim = claim_name(job.trace_name, job.job_id) if job.job_id else None
-        trace_path = write_new(job.run_dir, job.trace_name, compressed, claim=claim)
-        run_dir = trace_path.parent
-        if run_dir != job.run_dir:
-            notes.append(
-                f"run directory already taken ({job.run_dir} holds another run's {job.trace_name} "
-                f"or is not a plain directory); this window went to {run_dir.name}"
-            )
-        memory_path = None
-        if snapshot is not None:
-            try:
-                memory_path = _write_memory(job, run_dir, snapshot)
-            except Exception as err:
-                notes.append(f"memory snapshot not written ({type(err).__name__}: {err})")
-        result = WindowResult(
-            trace_path=trace_path,
-            trace_bytes=len(compressed),
-            json_bytes=len(raw),
-            python_events=merged["vt_lightning"]["python_events"],
-            torch_events=merged["vt_lightning"]["torch_events"],
-            overflow=overflow,
-            suggested_tracer_entries=suggested,
-            memory_path=memory_path,
-            memory_bytes=memory_path.stat().st_size if memory_path is not None else 0,
-            notes=tuple(notes),
-        )
-        if JOB_EXTRA in job.extras:  # rank 0 of a job whose ranks all trace: the job file (export/job_file.py)
-            job_info, job_notes = write_job_file(job, run_dir, merged, len(raw))
-            result = dataclasses.replace(result, job=job_info, notes=(*result.notes, *job_notes))
-        if made is not None:
-            result = _write_summary(job, run_dir, made, result)
-        return result
-    except BaseException:
-        remove_raw(job)
-        raise
-
-
-class WorkersRun:
-    """Where the DataLoader workers' events lie in a merged trace's ``traceEvents``: one run, most
-    of a window's events, that the passes reading only the training process's events (the
-    workers' placement, the Lightning view, the memory snapshot) skip without walking it. Events
-    are only appended after the merge, so the run stays where the merge put it; its two ends are
-    checked by identity before each use, and the whole list is read should they have moved.
-    ``calls``: the run's calls as the summary reads them, made by the merge (its ``bounds``)."""
-
-    def __init__(
-        self,
-        merged: dict[str, Any],
-        run: range,
-        workers: WorkerDumps | None,
-        calls: dict[Thread, list[Call]] | None = None,
-    ) -> None:
-        self.merged = merged
-        self.events: list[dict[str, Any]] = merged["traceEvents"]
-        self.run = run
-        self.pids = {int(worker["pid"]) for worker in workers.workers} if workers is not None else set()
-        self.ends = (self.events[run.start], self.events[run.stop - 1]) if len(run) else None
-        self.calls = calls
-        self.origin = self._origin()
-
-    def _origin(self) -> Any:
-        return (self.merged.get(TRACE_METADATA_KEY) or {}).get("time_origin_us")
-
-    def range(self) -> range:
-        """The run, or an empty range when there is none (or it is not where it was)."""
-        events, run, ends = self.events, self.run, self.ends
-        if ends is None or run.stop > len(events) or events[run.start] is not ends[0]:
-            return range(0)
-        return run if events[run.stop - 1] is ends[1] else range(0)
-
-    def main_events(self) -> list[dict[str, Any]]:
-        """The events outside the run, in their order (all of them when there is no run)."""
-        run = self.range()
-        return self.events[: run.start] + self.events[run.stop :] if len(run) else self.events
-
-    def earliest_start(self) -> float | None:
-        """The run's earliest ``ts``, read from ``calls`` while they hold the whole run (each
-        thread's first call starts first: they are outer-first); None where they do not."""
-        calls = self.summary_calls()
-        if calls is None or not all(calls.values()) or sum(map(len, calls.values())) != len(self.range()):
-            return None
-        return min(found[0][0] for found in calls.values())
-
-    def summary_calls(self) -> dict[Thread, list[Call]] | None:
-        """``calls`` while they still describe the run: None once the run moved or the trace's
-        origin was lowered (``worker_dumps.add_to_trace`` then moved every ``ts``)."""
-        if not self.calls or not len(self.range()) or self._origin() != self.origin:
-            return None
-        return self.calls
-
-
-def _worker_calls_start(events: list[dict[str, Any]], pids: set[int]) -> int:
-    """Where the workers' calls begin in ``filter_python_events``' output: it puts each thread's
-    kept calls after every other event, the training process's threads first, so "a worker's
-    call" is false up to one index and true from there on, found by bisection."""
-    return bisect.bisect_left(
-        events, True, key=lambda e: e.get("pid") in pids and e.get("ph") in ("X", "B") and "ts" in e
-    )
-
-
-def _python_events(
-    job: WindowJob, python: dict[str, Any], metadata: dict[str, Any], notes: list[str], to_torch: TorchPlacement
-) -> tuple[
-    list[dict[str, Any]],
-    WorkerDumps | None,
-    range | None,
-    tuple[TorchPlacement, dict[Any, list[dict[str, Any]]]] | None,
-]:
-    """The window's Python-clock events, before the merge: VizTracer's calls with the DataLoader
-    workers' parts (``worker_dumps.py``), filtered, then the gc pauses and compile spans the side
-    recorders took. Returns them with the workers' parts (or None), where the workers' run lies
-    among them (or None) and, when the workers' calls were placed on torch's timeline as they
-    were read (``to_torch``: the filter runs, so they come as one run), ``to_torch`` with those
-    calls per thread for ``merge_window``'s ``placed``; ``metadata`` and ``notes`` get what the
-    filter and the compile watch report."""
-    raw_events: list[dict[str, Any]] = python.get("traceEvents", [])
-    python_events = raw_events  # a new list from here on but without a filter or workers
-    filtering = job.python_filter is not None
-    settle = partial(keeps_whole, job.python_filter) if job.python_filter is not None else None
-    workers = collect_worker_dumps(job.extras.get("workers"), to_torch if filtering else None, settle)
-    apart = placed = None
-    if job.python_filter is not None:  # the workers' events follow, grouped as the filter groups
-        grouped = workers.grouped if workers is not None else None
-        kept_groups: dict[Any, list[dict[str, Any]]] = {}
-        python_events, filter_stats = filter_python_events(
-            python_events, job.python_filter, grouped, kept_groups, workers.ordered if workers is not None else None
-        )
-        if workers is not None:
-            pids = {int(worker["pid"]) for worker in workers.workers}
-            apart = range(_worker_calls_start(python_events, pids), len(python_events))
-            placed = (to_torch, kept_groups) if len(apart) else None
-        metadata["python_filter"] = filter_stats.as_dict()
-        if job.python_filter.user_filters and filter_stats.kept == 0 and filter_stats.filtered:
-            notes.append(
-                f"include_files / exclude_files / max_stack_depth kept none of the "
-                f"{filter_stats.filtered} Python calls recorded; check the paths"
-            )
-    elif workers is not None:
-        if all(event.get("ph") == "M" for event in workers.grouped[1]):  # else calls and others mix
-            apart = range(len(python_events), len(python_events) + len(workers.events))
-        python_events = [*python_events, *workers.events]
-    gc_pauses = job.extras.get("gc")
-    if isinstance(gc_pauses, dict) and gc_pauses.get("events"):  # recording/gc_watch.py, on the Python clock
-        # Copies: merging moves events in place, and the job stays as handed over (a retry of
-        # the same job on the writer thread would otherwise shift these a second time).
-        python_events = python_events if python_events is not raw_events else list(python_events)
-        python_events.extend(dict(event) for event in gc_pauses["events"])
-    compile_info = job.extras.get("compile")
-    if isinstance(compile_info, dict):  # recording/compile_watch.py: a span per compile, Python clock
-        spans = compile_span_events(compile_info, python_events)
-        python_events = python_events if python_events is not raw_events else list(python_events)
-        python_events.extend(spans)  # not a copy of the window's events with them: it touches each
-        metadata["compile"] = compile_record(compile_info)
-    return python_events, workers, apart, placed
 
 
 MAX_CLASHES = 1000
@@ -404,103 +536,6 @@ def write_new(run_dir: Path, name: str, data: bytes, claim: str | None = None) -
             continue
         return candidate / name
     raise FileExistsError(f"{MAX_CLASHES} run directories named {run_dir.name}[.N] are taken")
-
-
-def _apply_lightning_view(merged: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
-    """The Lightning view of ``merged``, read from ``events`` (the training process's)."""
-    from vt_lightning.analysis.lightning_view import apply_lightning_view
-
-    summary = apply_lightning_view(merged, events)
-    notes = []
-    if not summary.get("framework"):
-        notes.append("no [pl][module] ranges were recorded (compiled model?), so no Lightning view")
-    if summary.get("demoted"):
-        notes.append(f"{summary['demoted']} module ranges the plugin would reject were left out of the Lightning view")
-    return notes
-
-
-def _memory_snapshot(job: WindowJob, workers_run: WorkersRun) -> Any:
-    """The memory snapshot, built from the training process's events (the workers' calls are no
-    ``[memory]`` event, and enclose none but their own threads') unless the job brought one; None
-    where the window holds no memory event."""
-    from vt_lightning.analysis.memory_snapshot import build_cpu_snapshot
-
-    if job.memory_snapshot is not None:
-        return job.memory_snapshot
-    run = workers_run.range()
-    return build_cpu_snapshot(
-        workers_run.main_events(), everything=workers_run.events, apart_pids=workers_run.pids if len(run) else set()
-    )
-
-
-def _write_memory(job: WindowJob, run_dir: Path, snapshot: Any) -> Path:
-    from vt_lightning.export.memory_files import write_snapshot
-
-    path = run_dir / str(job.memory_name)
-    write_snapshot(path, snapshot)
-    return path
-
-
-@dataclasses.dataclass(frozen=True)
-class _Summary:
-    """A window's summary as ``_make_summary`` left it: the summary, or the note that says why
-    there is none, and the seconds it took."""
-
-    summary: Any
-    failure: str | None
-    seconds: float
-
-
-def _make_summary(
-    job: WindowJob, merged: dict[str, Any], snapshot: Any, workers_run: WorkersRun | None = None
-) -> _Summary:
-    """The window's summary, its workers' tables included; a failure is a note, never a lost
-    window. ``workers_run``: the workers' calls, which the summary then takes as the merge read
-    them rather than walking them again."""
-    start = time.perf_counter()
-    try:
-        run = workers_run.range() if workers_run is not None else range(0)
-        run_calls = workers_run.summary_calls() if workers_run is not None else None
-        # read once: the workers' tables share its per-thread nesting
-        window = read_window(merged, run, run_calls)
-        summary = summarize(merged, snapshot, window)
-        summary["window"]["trace"] = job.trace_name
-        workers = summarize_workers(merged, window)
-        if workers is not None:
-            summary["workers"] = workers
-    except Exception as err:
-        return _Summary(None, f"summary not written ({type(err).__name__}: {err})", time.perf_counter() - start)
-    return _Summary(summary, None, time.perf_counter() - start)
-
-
-def _write_summary(job: WindowJob, run_dir: Path, made: _Summary, result: WindowResult) -> WindowResult:
-    """``<worker>.<span>.summary.json`` and ``.md`` beside the trace, the job's verdicts added
-    where this rank wrote the job file; a failure is a note, never a lost window."""
-    summary = made.summary
-    if summary is None:
-        return dataclasses.replace(result, notes=(*result.notes, str(made.failure)), summary_seconds=made.seconds)
-    start = time.perf_counter()
-    try:
-        json_name, md_name = summary_names(job.trace_name)
-        if result.job is not None:
-            summary["job"] = job_summary(result.job)
-            summary["verdicts"] = with_job_verdicts(summary)  # straggler: only rank 0 merged the job file
-        atomic_write(run_dir / json_name, encode_summary(summary))
-        markdown = render_markdown(summary)
-        atomic_write(run_dir / md_name, markdown.encode())
-    except Exception as err:
-        return dataclasses.replace(
-            result,
-            notes=(*result.notes, f"summary not written ({type(err).__name__}: {err})"),
-            summary_seconds=made.seconds + time.perf_counter() - start,
-        )
-    return dataclasses.replace(
-        result,
-        summary=summary,
-        summary_markdown=markdown,
-        summary_path=run_dir / json_name,
-        summary_seconds=made.seconds + time.perf_counter() - start,
-    )
 
 
 def delivered(job: WindowJob, result: WindowResult) -> None:

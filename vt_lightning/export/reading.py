@@ -46,7 +46,7 @@ from vt_lightning.export.terminal import printable
 MIB = 1 << 20
 CHUNK_BYTES = MIB
 DEFAULT_MEMORY_BUDGET = 640 * MIB  # all parsing of one command: peak RSS stays under 1 GB (tests)
-SUMMARY_MAX_BYTES = 16 * MIB  # a summary.json is about 10 KB; this is a file size
+SUMMARY_MAX_BYTES = 16 * MIB  # a .summary.jsonc is about 10 KB; this is a file size
 VIEW_MAX_INFLATED_BYTES = 1024 * MIB  # browser viewers go blank above ~300-500 MB of JSON (viewing.md)
 
 
@@ -144,7 +144,7 @@ def _open_remote(url: URL) -> IO[bytes]:
         return cast(IO[bytes], fs.open(url, "rb", block_size=CHUNK_BYTES))
     except UnreadableFile:
         raise
-    except Exception as err:
+    except Exception as err:  # a store's own errors (network, credentials, permissions): one message
         raise UnreadableFile(f"{url}: cannot open it ({type(err).__name__}: {err})") from None
 
 
@@ -166,7 +166,7 @@ def is_regular_file(path: str | os.PathLike[str]) -> bool:
     if isinstance(path, URL):
         try:
             return bool(remote_filesystem(path).isfile(path))
-        except Exception:
+        except Exception:  # a store's own errors (network, credentials): not a file we can read
             return False
     try:
         return stat.S_ISREG(os.stat(path).st_mode)
@@ -459,7 +459,7 @@ def check_summary(data: Any, source: str) -> Summary:
 
 
 def read_summary(path: str | os.PathLike[str], budget: MemoryBudget | None = None) -> Summary:
-    """One ``summary.json``, bounded and schema-checked, with ``_path`` (where it was read; the
+    """One ``.summary.jsonc``, bounded and schema-checked, with ``_path`` (where it was read; the
     CLI's tables name it, it is never written back) added."""
     budget = budget or MemoryBudget()
     data, size = read_json(path if isinstance(path, URL) else Path(path), budget, max_bytes=SUMMARY_MAX_BYTES)

@@ -20,15 +20,13 @@ from vt_lightning.analysis.schema import Summary
 from vt_lightning.analysis.verdict_report import verdicts_markdown
 from vt_lightning.analysis.workers import workers_markdown
 from vt_lightning.constants import (
-    LEGACY_SUMMARY_JSON_SUFFIX,
     SUMMARY_JSON_SUFFIX,
     SUMMARY_MD_SUFFIX,
     TRACE_SUFFIX,
 )
-from vt_lightning.export.reading import MemoryBudget, SummaryNotFound, is_regular_file, read_summary
+from vt_lightning.export.reading import MemoryBudget, SummaryNotFound, UnreadableFile, is_regular_file, read_summary
 from vt_lightning.export.terminal import printable, printable_lines
 
-SUMMARY_JSON_SUFFIXES = (SUMMARY_JSON_SUFFIX, LEGACY_SUMMARY_JSON_SUFFIX)  # the current one first
 PART_LABELS = {
     "data_wait": "data wait",
     "forward": "forward",
@@ -45,11 +43,8 @@ def summary_names(trace_name: str) -> tuple[str, str]:
 
 
 def summary_stem(name: str) -> str | None:
-    """``host_0.0000000002`` of a summary file's name, either name (see LEGACY_SUMMARY_JSON_SUFFIX)."""
-    for suffix in SUMMARY_JSON_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return None
+    """``host_0.0000000002`` of a summary file's name (None: not a summary's)."""
+    return name[: -len(SUMMARY_JSON_SUFFIX)] if name.endswith(SUMMARY_JSON_SUFFIX) else None
 
 
 def encode_summary(summary: Summary) -> bytes:
@@ -187,7 +182,7 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
 
 
 def load_summary(path: str | os.PathLike[str], budget: MemoryBudget | None = None) -> Summary:
-    """A ``summary.json`` read back without trusting it (bounded, regular files only, checked
+    """A ``.summary.jsonc`` read back without trusting it (bounded, regular files only, checked
     against analysis/schema.py): any problem is a SummaryNotFound naming the file and the field."""
     return read_summary(path, budget)
 
@@ -216,9 +211,7 @@ def find_traces(target: str | os.PathLike[str], skipped: list[str] | None = None
 
 def hta_trace_files(window_dir: str | os.PathLike[str]) -> dict[int, str]:
     """``{global rank: trace path}`` of one window directory, for HTA's
-    ``TraceAnalysis(trace_files=..., trace_dir=...)``. HTA's own directory scan takes every
-    ``*.json`` / ``*.gz`` for a trace: windows written before 0.2 hold a ``.summary.json`` it
-    would take too (now ``.summary.jsonc``, which it skips)."""
+    ``TraceAnalysis(trace_files=..., trace_dir=...)``, which then reads exactly the traces."""
     out: dict[int, str] = {}
     for trace in sorted(Path(window_dir).glob(f"*{TRACE_SUFFIX}")):
         worker = trace.name.split(".", 1)[0]
@@ -228,6 +221,30 @@ def hta_trace_files(window_dir: str | os.PathLike[str]) -> dict[int, str]:
     if not out:
         raise SummaryNotFound(f"{window_dir}: no vt_lightning traces (*{TRACE_SUFFIX}) in it")
     return out
+
+
+def gpu_breakdowns_missing(window_dir: str | os.PathLike[str]) -> str | None:
+    """None when the window recorded GPU kernels; otherwise the one line that explains why HTA's
+    temporal, kernel and idle-time breakdowns (which index the window's first GPU kernel, and raise
+    a bare ``IndexError`` on a window that recorded none) do not apply to it: no trace, no summary
+    to tell (only GPU windows carry a ``gpu`` section), or a CPU-only window."""
+    window = Path(window_dir)
+    try:
+        traces = hta_trace_files(window)
+    except SummaryNotFound as err:
+        return str(err)
+    for trace in traces.values():
+        summary_path = window / summary_names(Path(trace).name)[0]
+        try:
+            summary = load_summary(summary_path)
+        except (SummaryNotFound, UnreadableFile, OSError):
+            return f"{window}: no summary beside {Path(trace).name} to tell whether GPU kernels were recorded"
+        if summary.get("gpu"):
+            return None
+    return (
+        f"{window}: no GPU kernels were recorded (a CPU run): HTA's temporal, kernel and idle-time "
+        "breakdowns need CUDA kernels; its trace parsing and CPU-side views still apply"
+    )
 
 
 # --------------------------------------------------------------------------------------------------

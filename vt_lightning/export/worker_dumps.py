@@ -16,9 +16,7 @@ from typing import Any
 import orjson
 
 from vt_lightning.analysis.merge import TorchPlacement
-from vt_lightning.analysis.proc_stat import scheduler_state
-from vt_lightning.analysis.schema import Workers
-from vt_lightning.analysis.steps import WindowData
+from vt_lightning.analysis.trace import WindowTrace
 from vt_lightning.analysis.workers import (
     ThreadCalls,
     lower_origin,
@@ -26,12 +24,11 @@ from vt_lightning.analysis.workers import (
     place_events,
     seconds_to_lower,
     worker_process_events,
-    worker_summary,
     worker_to_main_us,
 )
-from vt_lightning.constants import PYTHON_CATEGORY, TRACE_METADATA_KEY
+from vt_lightning.constants import PYTHON_CATEGORY
 from vt_lightning.export import raw_json
-from vt_lightning.export.atomic import process_alive
+from vt_lightning.export.atomic import process_alive, scheduler_state
 
 POLL_S = 0.02
 
@@ -43,8 +40,10 @@ class WorkerDumps:
     events: list[dict[str, Any]] = field(default_factory=list)
     # ``events`` as the filter groups them (``workers.ThreadCalls``): it need not walk them again
     grouped: ThreadCalls = field(default_factory=lambda: ({}, []))
-    # the names of ``grouped``'s threads filed outer-first as placed (``place_events``' ``ordered``)
+    # the threads of ``grouped`` filed outer first, and their names (``place_events``' ``ordered``)
     ordered: dict[tuple[Any, Any], set[Any]] = field(default_factory=dict)
+    # the threads put on the nanosecond grid as placed (``place_events``' ``settled``)
+    settled: dict[tuple[Any, Any], tuple[Any, Any]] = field(default_factory=dict)
     workers: list[dict[str, Any]] = field(default_factory=list)  # pid, worker, rank, fetches (main µs)
     missing: list[str] = field(default_factory=list)
 
@@ -134,7 +133,9 @@ def collect_worker_dumps(
         to_main = worker_to_main_us([(float(u), int(n)) for u, n in meta["clock"]], main_clock)
         helper_tids = {int(t) for t in meta.get("helper_tids", [])}
         events = chain(dump.get("traceEvents", []), library_spans(meta))  # one placing: one sort per thread
-        out.events += place_events(events, to_main, helper_tids, out.grouped, to_torch, out.ordered, settle)
+        out.events += place_events(
+            events, to_main, helper_tids, out.grouped, to_torch, out.ordered, settle, out.settled
+        )
         if dump.get("viztracer_metadata", {}).get("overflow"):
             out.missing.append(
                 f"DataLoader worker {meta['worker']} filled its ring buffer: only its last events are kept"
@@ -176,54 +177,30 @@ def remove_files(paths: list[str]) -> None:
             pass
 
 
-def add_to_trace(
-    merged: dict[str, Any],
-    dumps: WorkerDumps,
-    to_torch_us: Callable[[float], float],
-    calls: range = range(0),
-    earliest: float | None = None,
-) -> list[str]:
+def add_to_trace(trace: WindowTrace, dumps: WorkerDumps, to_torch_us: Callable[[float], float]) -> list[str]:
     """Name the workers' processes, add their ``fetch batch N`` spans and record them in the
-    trace's metadata (the summary reads it); returns the notes for the window's result.
-    ``calls``: where the workers' calls lie in ``traceEvents`` (``merge.merge_window``): read for
-    their earliest start alone, never for a sort index; ``earliest``: that start, where known
-    (then they are not read)."""
-    meta = merged.setdefault(TRACE_METADATA_KEY, {})
+    trace's metadata (the summary reads it); move the trace's time origin down should a worker
+    have fetched before it; returns the notes for the window's result."""
+    meta = trace.meta
     origin = float(meta.get("time_origin_us", 0))
     processes: dict[int, dict[str, Any]] = {}
     for worker in dumps.workers:
         entry = processes.setdefault(worker["pid"], {**worker, "fetches": []})
         entry["fetches"].extend(worker["fetches"])
-    added: list[dict[str, Any]] = []
-    events = merged.setdefault("traceEvents", [])
-    others = events[: calls.start] + events[calls.stop :] if len(calls) else events
-    after = main_sort_index(others, set(processes))
+    after = main_sort_index(trace.metadata, set(processes))
+
+    def on_trace(us: float) -> float:
+        return to_torch_us(us) - origin
+
     for pid, worker in processes.items():
-        added += worker_process_events(
-            pid, worker["rank"], worker["worker"], sorted(worker["fetches"]), lambda us: to_torch_us(us) - origin, after
-        )
-    events.extend(added)
-    if len(calls) and earliest is not None:
-        seconds = seconds_to_lower([*others, *added, {"ts": earliest}])
-    elif len(calls):
-        seconds = seconds_to_lower([*others, *added], events[calls.start : calls.stop])
-    else:
-        seconds = seconds_to_lower(events)
-    lower_origin(merged, seconds, TRACE_METADATA_KEY)
+        fetches = sorted(worker["fetches"])
+        trace.add(worker_process_events(pid, worker["rank"], worker["worker"], fetches, on_trace, after))
+    lower_origin(trace, seconds_to_lower(trace.earliest()))
     meta["workers"] = {
         "processes": [{"pid": pid, "worker": w["worker"], "rank": w["rank"]} for pid, w in sorted(processes.items())],
         "missing": list(dumps.missing),
     }
     return list(dumps.missing)
-
-
-def summarize_workers(merged: dict[str, Any], window: WindowData | None = None) -> Workers | None:
-    """The summary's ``workers`` key, for a trace that recorded workers (None otherwise);
-    ``window``: the summary's ``read_window`` of ``merged``, whose nesting the verdicts share."""
-    info = (merged.get(TRACE_METADATA_KEY) or {}).get("workers")
-    if not isinstance(info, dict):
-        return None
-    return worker_summary(merged.get("traceEvents", []), info.get("processes", []), info.get("missing", []), window)
 
 
 def remove_parts(extras: dict[str, Any] | None) -> None:

@@ -4,12 +4,13 @@ training process, so that work never competes with training for the GIL.
 Started outside any window (at train start, or setup for other stages, when the first window is far
 enough ahead and within the run; else at the first window's hand-off; see
 ``controller/handoff.py``), so it inherits no hook, as
-``python -I -c <boot>``: a fresh interpreter that imports neither torch nor Lightning and never
-re-runs the user's script (as ``multiprocessing``'s spawn would). Isolated mode (``-I``) keeps the
-working directory, ``PYTHONPATH`` and user site-packages off its import path, so a stray
-``orjson.py`` where training was started never runs in it; the boot code then appends this package's
-own root and the absolute ``PYTHONPATH`` entries (where clusters install packages), after the
-interpreter's own site-packages. Jobs and results travel as length-prefixed pickles over its
+``python -I -S -c <boot>`` (``writer_command``): a fresh interpreter that imports neither torch nor
+Lightning and never re-runs the user's script (as ``multiprocessing``'s spawn would). Isolated mode
+(``-I``) keeps the working directory, ``PYTHONPATH`` and user site-packages off its import path, so a
+stray ``orjson.py`` where training was started never runs in it, and ``-S`` skips ``site`` (no
+``.pth`` file runs code in it); the boot code then puts on its import path this package's root,
+the directories orjson and numpy were imported from, and the absolute ``PYTHONPATH`` entries (where
+clusters install packages). Jobs and results travel as length-prefixed pickles over its
 stdin/stdout; it exits when its stdin closes.
 """
 
@@ -141,7 +142,7 @@ class WriterProcess:
             if self._proc.stdin is not None:
                 self._proc.stdin.close()
             self._proc.wait(timeout=timeout)
-        except Exception:
+        except Exception:  # a timeout, a broken pipe: the writer is killed rather than left behind
             self._proc.kill()
             self._proc.wait()
         self._close_pipes()

@@ -5,7 +5,7 @@
 ``dump_oom_snapshot`` writes the allocator's state at an out-of-memory error. Where no allocator
 history is available, the writer builds the same format from the trace's ``[memory]`` events
 (``vt_lightning.analysis.memory_snapshot``, which also lists what https://pytorch.org/memory_viz
-needs from a snapshot); the files are written by ``vt_lightning.export.memory_files``.
+needs from a snapshot); the files are written by ``vt_lightning.export.atomic.write_snapshot``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vt_lightning.constants import LOGGER_NAME
-from vt_lightning.export.memory_files import write_snapshot
+from vt_lightning.export.atomic import write_snapshot
 
 if TYPE_CHECKING:
     from vt_lightning.recording.window import MemoryRecorder

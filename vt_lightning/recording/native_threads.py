@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from vt_lightning.analysis.proc_stat import scheduler_state
+from vt_lightning.export.atomic import scheduler_state
 
 SETTLE_TIMEOUT_S = 0.02  # the most a window's close waits (measured: 0.75 ms mean, 10 ms max under load)
 _POLL_S = 0.0002

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from vt_lightning.analysis.schema import Summary
-from vt_lightning.constants import MEMORY_SUFFIX, TRACE_SUFFIX
+from vt_lightning.constants import MEMORY_SUFFIX, SUMMARY_JSON_SUFFIX, TRACE_SUFFIX
 from vt_lightning.export.job_file import JOB_DIR, JOB_SUFFIX, JOB_SUMMARY_SUFFIX
 from vt_lightning.export.reading import MemoryBudget, UnreadableFile, open_regular, read_summary
-from vt_lightning.export.report import SUMMARY_JSON_SUFFIXES, summary_stem
+from vt_lightning.export.report import summary_stem
 
 WINDOW_DIR = re.compile(
     r"^(?:(?P<stage>[a-z]+)-)?window_(?P<index>\d+)(?:-(?P<reason>.+?))?-batches_(?P<first>\d+)-(?P<last>\d+)"
@@ -453,5 +453,5 @@ def summary_files(index: LogIndex, relative: str) -> Iterator[Path]:
     for window_dir in dirs:
         workers, _ = index.workers(window_dir)
         for w in workers:
-            if w.summary and summary_stem(w.summary) is not None and w.summary.endswith(SUMMARY_JSON_SUFFIXES):
+            if w.summary and summary_stem(w.summary) is not None and w.summary.endswith(SUMMARY_JSON_SUFFIX):
                 yield window_dir / w.summary

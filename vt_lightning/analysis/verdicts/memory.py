@@ -32,7 +32,7 @@ def memory_pressure(w: WindowView) -> Iterator[Finding]:
     memory: Mapping[str, Any] = w.summary.get("memory") or {}
     totals = {
         f"cuda:{d.get('id')}": float(d.get("totalGlobalMem") or 0)
-        for d in w.trace.get("deviceProperties") or []
+        for d in w.trace.header.get("deviceProperties") or []
         if isinstance(d, Mapping)
     }
     fullest = 0.0

@@ -9,21 +9,22 @@ belongs to. Pure.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
+import numpy as np
+
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX
+from vt_lightning.analysis.python_tables import name_codes
 from vt_lightning.analysis.schema import Summary
 from vt_lightning.analysis.spans import Span, clip, covered, span_of, union
-from vt_lightning.analysis.steps import Thread, WindowData
+from vt_lightning.analysis.steps import WindowData
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES
-from vt_lightning.analysis.sweep import Nested, nest
+from vt_lightning.analysis.trace import Calls, Thread
 from vt_lightning.analysis.usercode import code_origin, parse_function
 from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, GC_SPAN_PREFIX, PYTHON_CATEGORY
 
-Call = tuple[float, float, str]  # start µs, end µs, VizTracer's function name
 # Builtins that wait rather than compute (``time.sleep``, lock and queue waits, I/O polling): time
 # in them is not "Python-bound", even when the user's code called them.
 BLOCKING_SUFFIXES = ("sleep", "acquire", "wait", "select", "poll", "recv", "recv_into", "join")
@@ -36,8 +37,6 @@ BLOCKING_SUFFIXES = ("sleep", "acquire", "wait", "select", "poll", "recv", "recv
 #   entry: the user call that entered user code from library code (``__getitem__`` under torch's
 #   fetcher); owner: who owns it as pure Python (a user call, or a builtin / stdlib call made from one).
 Segment = tuple[float, float, str, str | None, str | None, str | None]
-# What a call passes to the calls under it: ``call, user, entry, owner, is_user``.
-_Open = tuple[str, str | None, str | None, str | None, bool]
 
 
 def _kind(name: str) -> str:
@@ -45,111 +44,44 @@ def _kind(name: str) -> str:
     return "gc" if name.startswith(GC_SPAN_PREFIX) else code_origin(parse_function(name)[1])[0]
 
 
-def entry_times(nested: Nested) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """Over a whole thread (``sweep.nest`` of its calls): µs per ``entry`` and, per entry, µs per
-    innermost ``user`` call other than the entry, exactly as summing ``Timeline(nested=nested)``'s
-    segments in time order gives them (the same walk, the same subtractions, the same order),
-    without building the segments: ``input_bound`` reads a worker's calls only this way."""
-    entries: dict[str, float] = defaultdict(float)
-    callees: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    origin: dict[str, str] = {}
-    ordered, ends, parents = nested
-    opened: list[tuple[str | None, str | None, bool]] = []  # per call: user, entry, is_user
-    add_open = opened.append
-    stack: list[int] = []
-    cursor = 0.0
-    for i, interval in enumerate(ordered):
-        start, name = interval[0], interval[2]
-        parent = parents[i]
-        while stack and stack[-1] != parent:
-            done = stack.pop()
-            done_end = ends[done]
-            if done_end > cursor:
-                user, entry, _ = opened[done]
-                if entry:
-                    entries[entry] += done_end - cursor
-                    if user and user != entry:
-                        callees[entry][user] += done_end - cursor
-            cursor = done_end
-        kind = origin.get(name)
-        if kind is None:
-            kind = origin[name] = _kind(name)
-        if parent < 0:
-            add_open((name, name, True) if kind == "user" else (None, None, False))
-        else:
-            user, entry, parent_is_user = opened[parent]
-            if start > cursor and entry:
-                entries[entry] += start - cursor
-                if user and user != entry:
-                    callees[entry][user] += start - cursor
-            add_open((name, entry if parent_is_user else name, True) if kind == "user" else (user, entry, False))
-        stack.append(i)
-        cursor = start
-    while stack:
-        done = stack.pop()
-        done_end = ends[done]
-        if done_end > cursor:
-            user, entry, _ = opened[done]
-            if entry:
-                entries[entry] += done_end - cursor
-                if user and user != entry:
-                    callees[entry][user] += done_end - cursor
-        cursor = done_end
-    return entries, callees
-
-
 class Timeline:
-    """One thread's Python calls cut into non-overlapping ``Segment``s."""
+    """One thread's Python calls cut into non-overlapping ``Segment``s: the stretches of its
+    ``nest.Nest``'s walk, each with its innermost call and what that call inherits."""
 
-    def __init__(self, calls: Iterable[Call] = (), nested: Nested | None = None) -> None:
-        """From ``calls``, or from their ``sweep.nest`` when already made (``WindowData.nested``)."""
-        self.starts: list[float] = []
-        self.segments: list[Segment] = []
-        add_start, add_segment = self.starts.append, self.segments.append
-        origin: dict[str, str] = {}
-        # outer call first, each clipped to its parent
-        ordered, ends, parents = nest(calls) if nested is None else nested
-        opened: list[_Open] = []  # per call, in ``ordered``'s order
-        add_open = opened.append
-        stack: list[int] = []
-        cursor = 0.0
-        for i, interval in enumerate(ordered):
-            start, name = interval[0], interval[2]
-            parent = parents[i]
-            while stack and stack[-1] != parent:
-                done = stack.pop()
-                done_end = ends[done]
-                if done_end > cursor:
-                    call, user, entry, owner, _ = opened[done]
-                    add_start(cursor)
-                    add_segment((cursor, done_end, call, user, entry, owner))
-                cursor = done_end
-            kind = origin.get(name)
-            if kind is None:
-                kind = origin[name] = _kind(name)
-            if parent < 0:
-                add_open((name, name, name, name, True) if kind == "user" else (name, None, None, None, False))
-            else:
-                call, user, entry, owner, parent_is_user = opened[parent]
-                if start > cursor:
-                    add_start(cursor)
-                    add_segment((cursor, start, call, user, entry, owner))
-                if kind == "user":
-                    # the user call that entered user code from library code is inherited down the stack
-                    add_open((name, name, entry if parent_is_user else name, name, True))
-                else:
-                    pure = kind in ("builtin", "stdlib") and not name.endswith(BLOCKING_SUFFIXES)
-                    add_open((name, user, entry, owner if pure else None, False))
-            stack.append(i)
-            cursor = start
-        while stack:
-            done = stack.pop()
-            done_end = ends[done]
-            if done_end > cursor:
-                call, user, entry, owner, _ = opened[done]
-                add_start(cursor)
-                add_segment((cursor, done_end, call, user, entry, owner))
-            cursor = done_end
+    def __init__(self, calls: Calls) -> None:
+        nest = calls.nest
+        distinct, codes = name_codes(calls.ordered_names)
+        kinds = [_kind(name) for name in distinct]
+        user_names = np.array([kind == "user" for kind in kinds], dtype=bool)
+        pure_names = np.array(
+            [
+                kind in ("builtin", "stdlib") and not name.endswith(BLOCKING_SUFFIXES)
+                for kind, name in zip(kinds, distinct)
+            ],
+            dtype=bool,
+        )
+        is_user = user_names[codes]
+        parents = nest.parents
+        parent_is_user = np.where(parents >= 0, is_user[np.maximum(parents, 0)], False) if len(codes) else is_user
+        # the innermost user call around each call; the user call that entered user code from
+        # library code, handed down; who owns it as pure Python (a user call, or a builtin / stdlib
+        # call made from one)
+        users = nest.inherited(codes, is_user)
+        entries = nest.inherited(codes, is_user & ~parent_is_user)
+        owners = nest.inherited(np.where(is_user, codes, -1), is_user | ~pure_names[codes])
+        lo, hi, owner = nest.segments()
+        lookup: list[str | None] = [*distinct, None]  # [-1]: none
+        self.starts: list[float] = lo.tolist()
+        self.segments: list[Segment] = list(
+            zip(
+                self.starts,
+                hi.tolist(),
+                map(lookup.__getitem__, codes[owner].tolist()),
+                map(lookup.__getitem__, users[owner].tolist()),
+                map(lookup.__getitem__, entries[owner].tolist()),
+                map(lookup.__getitem__, owners[owner].tolist()),
+            )
+        )
 
     def at(self, t: float) -> Segment | None:
         """The segment at time ``t``; None outside every call."""
@@ -242,12 +174,13 @@ class WindowView:
     def timeline(self, thread: Any) -> Timeline:
         found = self._timelines.get(thread)
         if found is None:
-            found = self._timelines[thread] = Timeline(nested=self.data.nested(thread))
+            found = self._timelines[thread] = Timeline(self.data.python_calls.get(thread) or Calls.of([]))
         return found
 
     def entry_times(self, thread: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        """``entry_times`` of ``thread``'s calls, from the window's one walk of them (which makes
-        the thread's Python tables too: ``WindowData.walk``)."""
+        """µs per entry and per entry and user callee over ``thread``'s whole calls, from the
+        window's one reading of them (which makes the thread's Python tables too:
+        ``WindowData.walk``)."""
         return self.data.walk(thread)
 
     def threads(self) -> list[Any]:
