@@ -1,22 +1,10 @@
 """Where each instant of a step went: the breakdown's parts and the ranges that decide them. Pure.
 
-Three sources, all on the training thread of one calibrated timeline:
-
-* **Lightning's stages**: its ``[pl][profile]`` ranges (recorded with ``lightning_view=True`` while
-  no Trainer profiler is set), else, from the Python calls, the Lightning methods that run them.
-* **The user's own hooks**: calls of the LightningModule methods that override a Lightning hook
-  (``optimizer_step``, ``training_step``, ``on_train_batch_end``...). Their recorded names come
-  with the trace (``vt_lightning.user_hooks``: name -> hook, read from the module's class in the
-  training process), so they count whatever the Trainer's profiler and ``lightning_view``: an
-  ``optimizer_step`` override that never calls Lightning's own is still the optimizer.
-* **The window's own ranges**: ``[pl][profile]validation`` around a validation loop that ran
-  inside a training window.
-
-Each instant goes to the innermost range covering it (``optimizer_step`` wraps the closure that
-runs ``training_step`` and ``backward``), except that a validation, test or predict range takes
-everything inside it: a validation loop's fetches and forward passes are validation, not the
-training step's data wait and forward. What nothing covers is ``other``.
-"""
+The ranges, on the training thread: Lightning's stages (its ``[pl][profile]`` ranges, else the
+Lightning methods that run them), the user's overrides of Lightning hooks (named in the trace's
+``vt_lightning.user_hooks``, so an ``optimizer_step`` override counts whatever the profilers), and
+the window's own validation ranges. Each instant goes to the innermost range covering it, except
+that a validation, test or predict range takes everything inside it; what none covers is ``other``."""
 
 from __future__ import annotations
 
@@ -32,10 +20,8 @@ from vt_lightning.analysis.trace import Calls
 from vt_lightning.analysis.usercode import parse_function
 from vt_lightning.constants import PL_PROFILE_PREFIX, PYTHON_CATEGORY
 
-# Always in ``breakdown_ms``, in this order (``other`` last).
-BREAKDOWN_PARTS = ("data_wait", "forward", "backward", "optimizer", "other")
-# In ``breakdown_ms`` only when some time went there (before ``other``). ``compile``: torch.compile's
-# spans (analysis/compile.py), inside whichever part ran the compiled code.
+BREAKDOWN_PARTS = ("data_wait", "forward", "backward", "optimizer", "other")  # always reported, in order
+# Reported only when some time went there (before ``other``); ``compile``: torch.compile's spans.
 EXTRA_PARTS = ("hooks", "validation", "test", "predict", "compile")
 EVAL_PARTS = frozenset({"validation", "test", "predict"})
 ALL_PARTS = (*BREAKDOWN_PARTS[:-1], *EXTRA_PARTS, "other")
@@ -59,8 +45,7 @@ STAGE_PARTS = {
 # Ranges the window itself opens around work inside a training window (``ProfilingWindow.begin_range``).
 WINDOW_RANGE_PARTS = {"validation": "validation"}
 
-# A LightningModule method that overrides a Lightning hook -> part. ``on_validation_*``,
-# ``on_test_*`` and ``on_predict_*`` go to their stage, every other ``on_*`` hook to ``hooks``.
+# A user override of a Lightning hook -> part (``on_*`` hooks: their stage's, else ``hooks``).
 HOOK_PARTS = {
     "training_step": "forward",
     "backward": "backward",
@@ -87,8 +72,7 @@ _HOOK_PREFIX_PARTS = (("on_validation_", "validation"), ("on_test_", "test"), ("
 
 
 def hook_part(hook: str) -> str | None:
-    """The part a user override of Lightning hook ``hook`` belongs to (None: not a step's work,
-    e.g. ``configure_optimizers``)."""
+    """The part a user override of Lightning hook ``hook`` belongs to (None: no step's work)."""
     part = HOOK_PARTS.get(hook)
     if part is not None:
         return part
@@ -101,11 +85,6 @@ def hook_part(hook: str) -> str | None:
 def is_breakdown_hook(hook: str) -> bool:
     """Whether overrides of ``hook`` are worth recording for the breakdown."""
     return hook_part(hook) is not None
-
-
-# --------------------------------------------------------------------------------------------------
-# Ranges
-# --------------------------------------------------------------------------------------------------
 
 
 def _python_stage_part(name: str) -> str | None:
@@ -129,9 +108,8 @@ def _python_stage_part(name: str) -> str | None:
 def stage_ranges(
     events: Sequence[Mapping[str, Any]], thread: Any, user_hooks: Mapping[str, str] | None = None
 ) -> tuple[list[Range], str, dict[str, str]]:
-    """(start, end, part) ranges on the training thread; where Lightning's stages came from
-    (``"lightning stage ranges"``, ``"lightning methods (python calls)"`` or ``"none"``); and the
-    user's hooks that were found, hook -> part."""
+    """(start, end, part) ranges on the training thread, where Lightning's stages came from, and the
+    user's hooks found (hook -> part)."""
     on_thread = [e for e in events if (e.get("pid"), e.get("tid")) == thread]
     calls = Calls.from_events([e for e in on_thread if e.get("cat") == PYTHON_CATEGORY])
     return stage_ranges_of(on_thread, calls, user_hooks)
@@ -140,10 +118,8 @@ def stage_ranges(
 def stage_ranges_of(
     on_thread: Iterable[Mapping[str, Any]], calls: Calls, user_hooks: Mapping[str, str] | None = None
 ) -> tuple[list[Range], str, dict[str, str]]:
-    """``stage_ranges`` from the training thread's events read apart: ``on_thread``, in the trace's
-    order, holds at least every event named ``[pl][profile]…`` (the summary passes all but the
-    ordinary Python calls), ``calls`` its Python calls, in the trace's order. What a call stands
-    for is read once per name."""
+    """``stage_ranges`` from the training thread's events (``on_thread``: at least its ``[pl][profile]``
+    ones) and its Python calls, each in the trace's order."""
     lightning: list[Range] = []
     window: list[Range] = []
     for event in on_thread:
@@ -162,8 +138,7 @@ def stage_ranges_of(
     if not lightning:
         lightning = _calls_as_ranges(calls, {name: part for name in names if (part := _python_stage_part(name))})
         if lightning:
-            # Nested calls of one stage (``_PrefetchDataFetcher.__next__`` calls
-            # ``_DataFetcher.__next__``) are the same stage: keep the outermost.
+            # nested calls of one stage (a fetcher's ``__next__`` in another's): the outermost
             lightning = _outermost_per_part(lightning)
             source = "lightning methods (python calls)"
     own = _calls_as_ranges(calls, {name: "compile" for name in names if name.startswith(COMPILE_SPAN_PREFIX)})
@@ -203,14 +178,9 @@ def _outermost_per_part(ranges: list[Range]) -> list[Range]:
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# Attribution
-# --------------------------------------------------------------------------------------------------
-
-
 def attribute_step(step: Span, ranges: Sequence[Range]) -> dict[str, float]:
-    """Microseconds of ``step`` per part: each instant goes to the innermost range covering it,
-    or to the innermost validation / test / predict range when one covers it."""
+    """µs of ``step`` per part: each instant to the innermost range covering it, or to the innermost
+    validation / test / predict range when one does."""
     lo, hi = step
     inside = [(max(s, lo), min(e, hi), part, s, e) for s, e, part in ranges if e > lo and s < hi]
     cuts = sorted({lo, hi, *(r[0] for r in inside), *(r[1] for r in inside)})

@@ -1,21 +1,11 @@
-"""The flight recorder's samples as a track of the trace: pure functions, no I/O.
+"""The flight recorder's samples as a track of the trace. Pure.
 
-While the slow-step trigger is armed, a background thread samples the training thread's Python
-stack about 100 times a second (``recording/flight.py``). When a step is judged slow, the samples
-that fell inside it cross to the writer as ``WindowJob.extras["flight"]`` (``FlightCapture.as_dict``),
-and ``flight_track`` turns them into a track of nested spans before the window's traced steps:
-
-* one span for the slow step itself (its exact boundaries, from the trigger's own clock reads);
-* beneath it, one span per stack frame that stayed on the stack over consecutive samples, from the
-  first sample that saw it to the next sample that did not (a sample stands for one interval);
-* a thread named ``sampled: training thread (100 Hz)`` and spans of category ``sampled``, so that
-  nobody mistakes them for traced calls: a span's start and length are only good to one interval,
-  and a call shorter than an interval may be missing.
-
-The stacks are filtered (``reduce_stack``) to the user's frames, the first library frame each of
-them calls (``Trainer.fit``, ``Module._call_impl``) and the innermost few library frames (what the
-user's code was waiting in).
-"""
+While the slow-step trigger is armed, ``recording/flight.py`` samples the training thread's stack
+about 100 times a second; a slow step's samples reach the writer (``WindowJob.extras["flight"]``)
+and become a track before the window's steps: the slow step itself, and beneath it one span per
+frame that stayed on the stack over consecutive samples, of category ``sampled`` on a thread named
+``sampled: …``, so nobody mistakes them for traced calls (each is good to one interval only). The
+stacks keep the user's frames, the first library frame each calls and the innermost few."""
 
 from __future__ import annotations
 
@@ -38,12 +28,8 @@ Frame = tuple[str, str, int]  # (qualified name, file, first line), as VizTracer
 
 @dataclass(frozen=True)
 class FlightCapture:
-    """The samples of one slow step, as plain data for the writer.
-
-    ``samples`` are ``(perf_counter_ns, frame indices outermost first)``; ``frames`` the table the
-    indices point into; ``clock`` one reading of (perf_counter ns, VizTracer µs) that maps the
-    samples onto the Python tracer's clock, from which the window's calibration maps them on.
-    """
+    """The samples of one slow step for the writer: ``samples`` are ``(perf_counter_ns, frame indices
+    outermost first)``; ``clock`` one (perf_counter ns, VizTracer µs) reading to map them."""
 
     batch: int
     start_ns: int
@@ -86,8 +72,7 @@ def reduce_stack(
     inner: int = INNER_LIBRARY_FRAMES,
 ) -> tuple[int, ...]:
     """Keep the user's frames, the first library frame each calls, and the innermost ``inner``
-    library frames (outermost first, as given). A stack with no user frame keeps its innermost
-    ``inner`` frames: where Lightning or a DataLoader was at that moment."""
+    library frames (all of them where no frame is the user's)."""
     user = [is_user(str(frames[i][1])) for i in stack]
     keep = [False] * len(stack)
     for depth, mine in enumerate(user):
@@ -109,11 +94,9 @@ def user_file(path: str) -> bool:
 def sample_spans(
     samples: Sequence[tuple[int, Sequence[int]]], interval_ns: int, start_ns: int, end_ns: int
 ) -> list[tuple[int, int, int, int]]:
-    """``(frame index, depth, start ns, end ns)`` spans from ordered samples, clipped to the step.
-
-    A frame that sits at the same depth, under the same parents, in consecutive samples is one span;
-    each sample covers up to the next one (the last one: one interval), so spans nest exactly.
-    """
+    """``(frame index, depth, start ns, end ns)`` spans from ordered samples, clipped to the step: a
+    frame at the same depth under the same parents in consecutive samples is one span, each sample
+    lasting to the next (the last: one interval), so spans nest exactly."""
     inside = [(t, tuple(stack)) for t, stack in samples if start_ns <= t < end_ns]
     spans: list[tuple[int, int, int, int]] = []
     open_: list[tuple[int, int]] = []  # (frame index, start ns) by depth
@@ -133,8 +116,8 @@ def sample_spans(
 
 
 def flight_track(data: dict[str, Any], calibration: Calibration, origin_us: float) -> list[dict[str, Any]]:
-    """The sampled track's events on the merged trace's timeline (µs after ``origin_us``, on whole
-    nanoseconds): its thread's name and sort index, the slow step, then the sampled frames."""
+    """The sampled track's events on the trace's timeline (µs after ``origin_us``, whole ns): its
+    thread's name and sort index, the slow step, the sampled frames."""
     clock = data.get("clock")
     if not clock:
         return []
@@ -190,8 +173,7 @@ def flight_track(data: dict[str, Any], calibration: Calibration, origin_us: floa
 
 
 def add_flight_track(trace: WindowTrace, data: dict[str, Any] | None, calibration: Calibration) -> None:
-    """Add the sampled track of ``data`` (``WindowJob.extras["flight"]``) to a window's trace, and
-    say in its ``vt_lightning`` metadata which step it samples; nothing when there is none."""
+    """Add the sampled track of ``data`` to the trace and name its step in the metadata."""
     if not data:
         return
     meta = trace.meta
@@ -201,9 +183,7 @@ def add_flight_track(trace: WindowTrace, data: dict[str, Any] | None, calibratio
     trace.add(events)
     earliest_us = min(float(e["ts"]) for e in events if "ts" in e)
     if earliest_us < 0:
-        # The slow step precedes the trace's time origin (whole seconds below torch's first event):
-        # move the origin back by whole seconds, as ``merge.time_origin_us`` would have placed it,
-        # so no ``ts`` is negative; ``baseTimeNanoseconds`` moves with it, absolute times stay.
+        # the slow step precedes the time origin: move it back by whole seconds, absolute times kept
         shift = math.ceil(-earliest_us / ORIGIN_GRANULARITY_US) * ORIGIN_GRANULARITY_US
         trace.shift(shift, snap=snap_to_nanoseconds)
         trace.header["baseTimeNanoseconds"] = int(trace.header.get("baseTimeNanoseconds", 0)) - shift * 1000

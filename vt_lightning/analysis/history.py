@@ -1,12 +1,8 @@
 """What a run keeps of its windows for the end-of-run table: the same size after 10 windows or 10,000.
 
-A run of days opens thousands of windows; keeping every window's summary until the end grew the
-training process by ~21 KiB per window and printed a table with a row per window. Instead each
-window becomes one small ``WindowRow`` as its result arrives, and ``RunHistory`` keeps only the
-first and the latest few rows, the slowest few, and streaming aggregates (a bounded log-bucket
-histogram per column for the median and p90). The full table goes to a file, row by row, as the
-rows arrive (``controller/windows_table.py``). Pure: no I/O.
-"""
+Each window becomes one small ``WindowRow``; ``RunHistory`` keeps the first and latest few rows,
+the slowest few, and a bounded log-bucket histogram per column for the median and p90. The full
+table goes to a file row by row (``controller/windows_table.py``). Pure."""
 
 from __future__ import annotations
 
@@ -77,8 +73,8 @@ def _top_user_function(summary: Mapping[str, Any]) -> str | None:
 
 
 class QuantileSketch:
-    """Quantiles of a stream of non-negative numbers in bounded memory: counts per log-spaced bucket
-    (``BUCKET_RATIO`` wide), so its size grows with the values' range, never with their number."""
+    """Quantiles of non-negative numbers in bounded memory: counts per log-spaced bucket, so its size
+    grows with the values' range, never with their number."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -131,8 +127,7 @@ class RunHistory:
         self.deleted = 0  # of them, removed from disk by ``keep_windows``
         self.first: list[WindowRow] = []
         self.last: deque[WindowRow] = deque(maxlen=LAST_ROWS)
-        # The slowest of the windows between the first and the latest (a min-heap): a window
-        # enters it when it leaves ``last``.
+        # the slowest between the first and the latest (a min-heap), entered on leaving ``last``
         self._slowest: list[tuple[float, int, WindowRow]] = []
         self.step = QuantileSketch()
         self.parts: dict[str, QuantileSketch] = {}  # one per breakdown part (a fixed set)
@@ -186,9 +181,8 @@ class RunHistory:
         return WindowRow(None, 0, "", self.step.quantile(q), parts, gpu, self.peak.quantile(q))
 
     def table(self) -> list[TableRow]:
-        """The first windows, the slowest of the ones in between (in window order, marked), a gap
-        row counting the rest, the latest windows, then the median and p90 rows of all windows:
-        ``MAX_TABLE_ROWS`` once the run has that many windows, whatever its length."""
+        """The first windows, the slowest in between (marked), a gap row, the latest windows, then the
+        median and p90 of all windows: at most ``MAX_TABLE_ROWS`` rows."""
         middle = sorted(self.slowest(), key=lambda r: r.index if r.index is not None else -1)
         rows = [TableRow(r.name, r) for r in self.first]
         rows += [TableRow(r.name, r, marks=("slowest",)) for r in middle]
@@ -216,7 +210,7 @@ def history_of(rows: Iterable[WindowRow]) -> RunHistory:
 
 class WindowNumbers:
     """A set of window numbers kept as runs of consecutive numbers: a schedule's windows come in
-    order, so a run of thousands of windows is one entry, not thousands (``WindowController.completed``)."""
+    order, so thousands of windows are one entry."""
 
     def __init__(self, numbers: Iterable[int] = ()) -> None:
         self._runs: list[list[int]] = []  # sorted, disjoint, non-adjacent [first, last]

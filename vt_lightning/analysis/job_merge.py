@@ -1,24 +1,14 @@
 """The ranks' traces of one window on one timeline: the job file (pure; written by export/job_file.py).
 
-* **Time.** Each rank's file stamps events in µs after its own ``baseTimeNanoseconds`` on torch's
-  trace clock (wall time, fitted per process). The job file keeps rank 0's base; a rank's events
-  move by the difference of the bases (exact, integer ns) and then by minus its clock offset to
-  rank 0 (``analysis/offsets.py``: 0 on rank 0's host, where every process reads the same clock).
-  Nothing is ever aligned on a file's first event.
-* **Processes.** Every pid of a rank's trace (the rank's own process, and any other it holds:
-  DataLoader workers, GPU device tracks, torch's ``Traces`` / ``Spans`` rows) becomes
-  ``rank * PID_STRIDE + 1 + i``, ``i`` counting that rank's pids in order of first appearance
-  with the rank's own process first (``i = 0``: rank 0 is pid 1, rank 1 pid 1000001; never pid 0,
-  which Perfetto keeps for the idle process). pids of different ranks, hosts included, never
-  collide, and a job of up to 2,146 ranks stays within a 32-bit pid. The rank's own process is named
-  ``rank N`` (``process_name``), the others ``rank N: <their name>``; all of a rank's processes
-  get ``process_sort_index`` N * SORT_STRIDE + 1 (their workers and kineto's rows the next ones), so
-  Perfetto lists the ranks in order.
-* **Flows.** Flow ids (torch's CPU-to-GPU arrows) are made unique per rank the same way.
-* **Size.** Past ``budget_bytes`` of JSON, ranks other than ``keep_full`` keep only their steps,
-  collectives, metadata and the Python calls of their top ``TOP_FUNCTIONS`` functions (by
-  inclusive time); ``left_out`` in the metadata counts what went.
-"""
+* **Time.** A rank's events move by the difference of its ``baseTimeNanoseconds`` from rank 0's
+  (exact, in ns), then by minus its clock offset (``offsets.py``: 0 on rank 0's host). Nothing is
+  aligned on a file's first event.
+* **Processes.** A rank's pids become ``rank * PID_STRIDE + 1 + i`` (its own process first; never
+  pid 0, Perfetto's idle process): no collision across ranks or hosts, 32-bit up to 2,146 ranks.
+  They are named ``rank N`` / ``rank N: <name>`` and sorted by rank (``SORT_STRIDE``).
+* **Flows.** Flow ids are made unique per rank the same way.
+* **Size.** Past ``budget_bytes``, ranks other than ``keep_full`` keep only their steps,
+  collectives, metadata and the calls of their top ``TOP_FUNCTIONS`` functions."""
 
 from __future__ import annotations
 
@@ -52,8 +42,7 @@ def rank_pids(trace: Mapping[str, Any], rank: int) -> dict[Any, int]:
 
 
 def shift_us(trace: Mapping[str, Any], base_ns: int, offset_us: float) -> float:
-    """What to add to this rank's ``ts`` to land on the job's timeline (based at ``base_ns``), in
-    whole ns, so that calls nesting in the rank's file still nest after the shift."""
+    """What to add to this rank's ``ts`` to land on the job's timeline, in whole ns (nesting is kept)."""
     own_base = int(trace.get("baseTimeNanoseconds", 0) or 0)
     return round((own_base - base_ns) - offset_us * 1000.0) / 1000.0
 
@@ -100,8 +89,7 @@ def rank_events(
     labels = {
         pid: f"rank {rank}" if pid == own else _child_name(rank, names.get(pid) or f"pid {pid or '?'}") for pid in pids
     }
-    # Within a rank: its main process, then its DataLoader workers, then kineto's own rows. Sort indices
-    # start at 1 (rank * SORT_STRIDE + 1...): ranks in order, and no index is 0, which viewers may read as unset.
+    # its main process, then its workers, then kineto's rows; no index is 0 (viewers may read it as unset)
     order = sorted(pids, key=lambda pid: (pid != own, "DataLoader worker" not in labels[pid], str(pid)))
     for position, pid in enumerate(order):
         new = pids[pid]

@@ -1,27 +1,17 @@
-"""CPU memory snapshots from a merged trace, in the format of ``torch.cuda.memory._snapshot()``.
+"""CPU memory snapshots from a merged trace, in the format of ``torch.cuda.memory._snapshot()``. Pure.
 
-``build_cpu_snapshot`` turns the profiler's ``[memory]`` instant events of the merged trace into
-the dict torch's allocator writes (so https://pytorch.org/memory_viz and ``python -m
-torch.cuda._memory_viz`` open it like a CUDA snapshot; the CUDA side is
-``vt_lightning.recording.memory``). The stack of each allocation and free is made of the VizTracer
-calls (and, by default, the torch ops) that enclose the event on the same thread, innermost first,
-as torch writes its own frames. Pure: plain event dicts in, a plain dict out.
+``build_cpu_snapshot`` turns torch's ``[memory]`` instants into the dict torch's allocator writes,
+so https://pytorch.org/memory_viz opens it like a CUDA snapshot; each entry's stack is the Python
+calls (and torch ops) around it on its thread, innermost first. What memory_viz needs (torch 2.4 to
+2.13, ``_memory_viz.py`` and ``MemoryViz.js``):
 
-What memory_viz needs from a snapshot (torch 2.4 ... 2.13, ``torch/cuda/_memory_viz.py`` and
-``torch/utils/viz/MemoryViz.js``):
-
-* ``device_traces[d]``: list of entries ``{action, addr, size, stream, time_us, frames}``. A free is
-  ``free_requested`` immediately followed by ``free_completed`` for the same address (the page
-  folds the pair into one ``free``; a lone ``free_completed`` is drawn as "waiting for another
-  stream" and ``_memory_viz trace_plot -f`` prints a complaint for it). No ``category`` key: the page
-  has a typo (``snapshot.categores``) that crashes when categories exist and none is ``unknown``.
-* ``segments``: ``{device, address, total_size, allocated_size, active_size, requested_size,
-  stream, segment_type, segment_pool_id, blocks}``; the blocks must tile the segment exactly
-  (``stats`` asserts it) and every block the page replays from the trace must fall inside some
-  segment (the "Allocator State History" view crashes on a block outside every segment).
-* The page's unpickler knows protocols 2..4 and a fixed set of opcodes: plain dicts, lists, str,
-  int, float, bool, None and small tuples only (no bytes, no sets).
-"""
+* ``device_traces[d]``: ``{action, addr, size, stream, time_us, frames}``; a free is
+  ``free_requested`` followed by ``free_completed`` (a lone one is drawn as "waiting for another
+  stream"). No ``category`` key: the page's typo (``snapshot.categores``) crashes on categories.
+* ``segments``: their blocks must tile the segment exactly, and every block replayed from the
+  trace must fall inside some segment (else "Allocator State History" crashes).
+* The page's unpickler knows protocols 2..4 and plain dicts, lists, str, int, float, bool, None and
+  small tuples only."""
 
 from __future__ import annotations
 
@@ -44,12 +34,8 @@ _START, _END = itemgetter(0), itemgetter(1)
 
 
 def parse_frame(event_name: str) -> dict[str, Any]:
-    """One memory_viz frame from a VizTracer or torch event name.
-
-    ``"forward (/src/model.py:12)"`` -> ``{"filename": "/src/model.py", "line": 12, "name":
-    "forward"}``; a name without a source (``"builtins.sum"``, ``"aten::addmm"``) keeps the name
-    whole, with filename ``"??"`` and line 0.
-    """
+    """One memory_viz frame from a VizTracer or torch event name; one without a source keeps the
+    name whole, with filename ``"??"`` and line 0."""
     name, file, line = parse_function(event_name)
     if file is None or line is None:
         return {"filename": UNKNOWN_FILE, "line": 0, "name": event_name}
@@ -89,13 +75,8 @@ def _stack_frames(
     intervals: list[tuple[float, float, str]],
     frame_of: _FrameCache,
 ) -> dict[int, list[dict[str, Any]]]:
-    """Enclosing frames, innermost first, for each memory event of one thread.
-
-    ``memory``: (ts, event index); ``intervals``: (start, end, name) of the thread's calls. Calls
-    that do not nest properly (clock jitter between the two tracers, e.g. siblings that overlap by
-    a nanosecond) are tolerated: a call is reported exactly when its span contains the event
-    (``nest.covering``).
-    """
+    """Enclosing frames, innermost first, of each of one thread's memory events (``(ts, index)``)
+    among its ``(start, end, name)`` calls: a call whose span contains the event, nested or not."""
     ordered = outer_first(intervals, _START, _END)
     memory.sort()
     out: dict[int, list[dict[str, Any]]] = {}
@@ -112,19 +93,12 @@ def _stack_frames(
 def build_cpu_snapshot(
     trace: WindowTrace | Sequence[Mapping[str, Any]], *, include_ops: bool = True
 ) -> dict[str, Any] | None:
-    """A ``torch.cuda.memory._snapshot()``-format dict from a window's trace (or its ``traceEvents``).
+    """A ``torch.cuda.memory._snapshot()``-format dict from a window's trace (None: no ``[memory]``
+    event); ``time_us`` is the trace's own ``ts``, so it lines up with the Trace view.
 
-    Allocations and frees come from torch's ``[memory]`` instant events (``profile_memory=True``);
-    their frames from the enclosing VizTracer calls (``cat == "FEE"``) of the same pid/tid and, when
-    ``include_ops``, the enclosing torch ops and ``record_function`` ranges. Times (``time_us``) are
-    the trace's own ``ts`` (torch's timeline), so they line up with the Trace view.
-
-    There is no caching allocator on CPU, hence no ``segment_alloc``/``segment_free`` entries. The
-    ``segments`` are the address ranges the window's allocations occupied (overlapping ranges
-    merged); their blocks are the allocations still live at the window's end, with the rest of each
-    range ``inactive``. A free with no allocation in the window (memory allocated before it) is kept
-    as a free. Returns None when there is no ``[memory]`` event.
-    """
+    CPU has no caching allocator, so there are no segment allocs or frees: ``segments`` are the address
+    ranges the window's allocations occupied (merged), with the allocations live at the end as blocks
+    and the rest ``inactive``. A free of memory allocated before the window is kept."""
     if not isinstance(trace, WindowTrace):
         trace = WindowTrace.of({"traceEvents": list(trace)})
     records, memory_by_thread = _memory_records(trace.memory)
@@ -190,8 +164,7 @@ def _calls_of_threads(
     trace: WindowTrace, threads: Iterable[Thread], include_ops: bool
 ) -> dict[Thread, list[tuple[float, float, str]]]:
     """(start, end, name) of the calls (and, with ``include_ops``, the ops) of the threads that
-    allocated only, in the trace's order: a DataLoader worker's (most of a window's events when
-    workers are traced) or a helper thread's calls enclose no allocation of this trace."""
+    allocated only, in the trace's order: a worker's or helper thread's calls enclose no allocation."""
     calls_by_thread: dict[Thread, list[tuple[float, float, str]]] = {key: [] for key in threads}
     tids = {tid for _, tid in calls_by_thread}
     span = trace.python
@@ -201,8 +174,7 @@ def _calls_of_threads(
         calls = [call for thread in calls_by_thread for call in trace.threads.python.get(thread) or ()]
         parts = [trace.events[: span.start], calls, trace.events[span.stop :]]
     for part in parts:
-        # The threads' events picked first by a comprehension (~5x cheaper per event than the loop's
-        # checks): most of a window's are a DataLoader worker's, which allocated nothing here.
+        # picked by a comprehension first: most of a window's events are a worker's, which allocated nothing
         for event in [e for e in part if e.get("tid") in tids]:
             if event.get("ph") != "X":
                 continue
@@ -226,8 +198,8 @@ def _calls_of_threads(
 
 
 class _Replay:
-    """The allocator's trace per device, replayed from the window's allocations and frees in time
-    order: what is live at the end, the address ranges used, and what could not be matched."""
+    """The allocator's trace per device, replayed in time order: what is live at the end, the
+    address ranges used, and what could not be matched."""
 
     def __init__(self, devices: int) -> None:
         self.traces: list[list[dict[str, Any]]] = [[] for _ in range(devices)]

@@ -1,11 +1,8 @@
 """Which breakdown part ran at an instant: a window's phase segments, computed once. Pure.
 
-The summary's Python tables fold the frameworks' frames into the phase their call started in
-(``lightning · optimizer (folded)``), so the phases must be the breakdown's own: each piece between
-two range ends is attributed by ``breakdown.attribute_step``, the one rule that tiles the step.
-Built once per window (cost: that of the breakdown again); the Python tables look every call's
-phase up at once (``segments_at``).
-"""
+The Python tables fold the frameworks' frames by the phase their call started in, so the phases
+are the breakdown's own: each piece between two range ends is attributed by
+``breakdown.attribute_step``."""
 
 from __future__ import annotations
 
@@ -41,8 +38,7 @@ class PhaseSegments:
 
 
 def phase_segments(steps: Sequence[Span], ranges: Sequence[Range]) -> PhaseSegments | None:
-    """The phases over ``steps`` (the covered steps), as the breakdown attributes them; None when
-    no range overlaps them (every instant would be ``other``: there are no phases to tell apart)."""
+    """The phases over ``steps`` as the breakdown attributes them; None when no range overlaps them."""
     starts: list[float] = []
     parts: list[str] = []
     found = False

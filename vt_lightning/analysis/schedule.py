@@ -1,9 +1,6 @@
-"""Which training batch belongs to which profiling window.
-
-Pure step -> phase logic with ``torch.profiler.schedule`` semantics, free of torch and Lightning so it
-can be unit-tested (and property-tested against torch's own function) without a Trainer. One step is
-one training batch, counted globally across epochs from 0.
-"""
+"""Which training batch belongs to which profiling window: ``torch.profiler.schedule``'s semantics,
+free of torch (property-tested against torch's own). One step is one training batch, counted
+globally across epochs from 0."""
 
 from __future__ import annotations
 
@@ -39,9 +36,8 @@ class Window:
 
 @dataclass(frozen=True)
 class Schedule:
-    """``skip_first`` batches, then ``repeat`` cycles of ``wait`` + ``warmup`` + ``active`` batches.
-
-    ``repeat=0`` repeats until training ends, as in ``torch.profiler.schedule``.
+    """``skip_first`` batches, then ``repeat`` cycles (0: until training ends) of ``wait`` +
+    ``warmup`` + ``active`` batches.
 
     Example:
         >>> s = Schedule(skip_first=0, wait=1, warmup=1, active=2, repeat=1)

@@ -1,11 +1,8 @@
 """Window sources: "does a window start at this batch, and why?" for the schedule and the triggers.
 
-``WindowPlan`` is the one interface the callback asks. It merges the schedule's windows with the
-windows triggers asked for, applies the limits (``max_windows`` across both, a cooldown between
-triggered windows, no overlap) and numbers the windows. Pure and deterministic: fed the same
-requests at the same batches, every DDP rank plans the same windows, whatever happens locally
-(a window that fails to open on one rank still counts as planned everywhere).
-"""
+``WindowPlan`` merges the schedule's windows with triggered ones, applies the limits (``max_windows``,
+a cooldown, no overlap) and numbers them. Deterministic: fed the same requests at the same
+batches, every DDP rank plans the same windows (one that fails to open still counts everywhere)."""
 
 from __future__ import annotations
 
@@ -29,12 +26,9 @@ class Planned:
 
 
 class WindowPlan:
-    """The schedule's windows plus triggered ones.
-
-    Numbering: a scheduled window is ``cycle index + triggered windows before it`` and a triggered
-    one is ``last number + 1``, so without triggers ``window_NNN`` is the schedule's cycle index,
-    and numbers always grow with time.
-    """
+    """The schedule's windows plus triggered ones. A scheduled window is numbered ``cycle index +
+    triggered windows before it``, a triggered one ``last number + 1``: without triggers the number is
+    the cycle index, and numbers always grow with time."""
 
     def __init__(
         self, schedule: Schedule, scheduled: bool = True, max_windows: int | None = None, cooldown: int = 0
@@ -66,8 +60,8 @@ class WindowPlan:
         return Planned(scheduled, scheduled.index + self.triggered)
 
     def limited_after(self, step: int) -> int | None:
-        """Once ``max_windows`` windows have begun: the warmup batch of the first scheduled window
-        from ``step`` on that the limit stops (None: the limit stops none, or is not reached)."""
+        """Once ``max_windows`` have begun: the warmup batch of the first scheduled window from ``step``
+        that the limit stops (None otherwise)."""
         if self.max_windows is None or self.begun < self.max_windows:
             return None
         nxt = self._next_scheduled(step)
@@ -102,12 +96,8 @@ class WindowPlan:
             self._pending = None
 
     def request(self, firing: Firing, start: int, warmup: int, active: int) -> tuple[Planned | None, str]:
-        """A trigger asks for a window warming up at batch ``start``: (the window or None, why not).
-
-        Refused: "budget" (the plan is closed), "max_windows" (limit reached), "busy" (a window holds
-        ``start``: it is already recording), "cooldown" (a measured trigger too soon after the last
-        triggered window; on-demand triggers skip the cooldown: the user asked).
-        """
+        """A trigger asks for a window warming up at batch ``start``: (the window or None, why not:
+        "budget", "max_windows", "busy" or "cooldown", which on-demand triggers skip)."""
         if self.closed:
             return None, "budget"
         if self.max_windows is not None and self.begun + (self._pending is not None) >= self.max_windows:

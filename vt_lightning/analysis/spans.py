@@ -15,7 +15,7 @@ def ms(us: float) -> float:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default), no numpy needed."""
+    """Linear interpolation between closest ranks (numpy's default)."""
     ordered = sorted(values)
     if not ordered:
         return 0.0
@@ -95,8 +95,7 @@ def overlap_of_unions(spans: Iterable[Span], regions: Iterable[Span]) -> float:
 
 
 def launches_by_correlation(events: Iterable[Mapping[str, Any]], categories: Iterable[str]) -> dict[Any, Any]:
-    """``{correlation: runtime event}``: which CUDA runtime call launched each kernel (kernels
-    carry the same ``args.correlation``)."""
+    """``{correlation: runtime event}``: which CUDA runtime call launched each kernel."""
     wanted = frozenset(categories)
     out = {}
     for e in events:

@@ -1,29 +1,16 @@
 """Which rank is late, how long the others wait for it, and which of its Python lines took the time.
 
-Input: each rank's events on one aligned timeline (``job_merge``). Collectives are matched across
-ranks by ``(step, name, k)``: the k-th collective of that name inside ``ProfilerStep#step`` on
-each rank (``None`` outside steps). A collective's *arrival* on a rank is the start of its event;
-every rank leaves it when the last one has arrived, so the others wait ``last arrival - own
-arrival``.
+Collectives are matched across ranks (one aligned timeline, ``job_merge``) by ``(step, name, k)``:
+the k-th of that name inside ``ProfilerStep#step``. A rank arrives at the start of its event; all
+leave when the last arrives, so the others wait ``last arrival - own arrival``. One family counts
+per job, the first present on every rank (so the c10d op and the backend's work never both count):
+``gloo:*`` / ``nccl:*``, then ``c10d::*``, then ``record_param_comms``; send / recv are left out.
 
-Events counted as collectives, one family per job (the first present on every rank, so the c10d
-op and the backend's own work are never counted twice): the backend's work (``gloo:*``,
-``nccl:*``; on gloo it runs on gloo's thread from the moment the rank enqueues it), then torch's
-``c10d::*`` ops, then ``record_param_comms``. Point-to-point ops (send / recv, e.g. the clock
-ping-pong) are left out: nobody "arrives last" at them.
-
-Verdict, with relative thresholds: a rank is named the straggler only if the others' mean wait
-for it, less its own mean wait for them (the *net* wait), is at least ``MIN_SHARE`` (10 %) of the
-mean step time **and** at least ``MIN_WAIT_MS`` (1 ms) per step. Balanced ranks take turns being
-last (by microseconds, or by a few ms of scheduling noise on a loaded machine), so each waits
-about as long as the others wait for it, and the net wait stays below both.
-
-Where the time went: for every collective the straggler reached last, each rank's Python between
-its previous collective (or the step's start) and its arrival is attributed to the innermost
-*user* function active (``usercode.code_origin``: library and C calls count for the user
-function that called them). The straggler's time per function minus the other ranks' mean, summed
-over those intervals, names the function and file:line with the largest excess.
-"""
+A rank is the straggler only if the others' mean wait for it, less its own wait for them, is at
+least ``MIN_SHARE`` of the mean step and ``MIN_WAIT_MS`` per step: balanced ranks take turns being
+last, so their net wait stays below both. Then each rank's Python before each collective the
+straggler reached last goes to its innermost user function; the straggler's largest excess over
+the others' mean names the function."""
 
 from __future__ import annotations
 
@@ -104,7 +91,6 @@ def keyed_collectives(
     return out
 
 
-# ------------------------------------------------------------------------------ user-code attribution
 def _label(name: str) -> str | None:
     function, path, line = parse_function(name)
     if path is None or code_origin(path)[0] != "user":
@@ -113,9 +99,8 @@ def _label(name: str) -> str | None:
 
 
 def user_segments(events: Iterable[Mapping[str, Any]]) -> list[Segment]:
-    """Time of each thread attributed to its innermost user function, as sorted segments: the
-    stretches of the thread's nest (``nest.Nest.segments``), each given the label of the innermost
-    user call around its owner."""
+    """Each thread's time attributed to its innermost user function, as sorted segments (the
+    stretches of its ``Nest``, labelled by the innermost user call around their owner)."""
     segments: list[Segment] = []
     for found in ThreadSpans(cast(dict[str, Any], e) for e in events if "ts" in e).python.values():
         calls = Calls.from_events(found)
@@ -150,7 +135,6 @@ def time_in(segments: Sequence[Segment], intervals: Iterable[tuple[float, float]
     return out
 
 
-# ------------------------------------------------------------------------------ the analysis
 def analyze_straggler(
     ranks: Mapping[int, Sequence[Mapping[str, Any]]],
     min_share: float = MIN_SHARE,

@@ -1,30 +1,10 @@
-"""Where did the step go? One window's summary, computed from its merged trace dict.
+"""Where did the step go? One window's summary, from its merged trace. Pure; runs in the writer.
 
-Pure: a merged trace (and, optionally, its memory snapshot) in, a JSON-ready dict out. Runs in the
-writer process (``export/pipeline.finish_window``), never on the training thread. The dict's layout is the
-stable, versioned schema documented in docs/files.md; ``SCHEMA_VERSION`` changes whenever a key
-changes meaning or disappears (new keys may be added within a version).
-
-Sources, all from the one calibrated timeline:
-
-* **steps**: torch's ``ProfilerStep#N`` ranges on the training thread. A window's first step is
-  opened at its ``on_train_batch_start``, after its batch was fetched; every later step is opened at
-  the previous batch's end and so includes its fetch, as torch's own ``profile.step()`` does. Every
-  per-step number (step times, the breakdown, the Python and op tables) therefore covers the same
-  steps: those that include their fetch (``covers.steps``), unless the window has only one step.
-  Calls and ops are clipped to those steps' span.
-* **breakdown**: ``breakdown.py``: Lightning's stages, the user's own hook overrides and the
-  window's validation ranges; each instant of a step goes to one part, what none covers is ``other``.
-* **top_python**: VizTracer's calls (``cat == "FEE"``), self and inclusive time per function, plus
-  ``totals``: self time of every function above a threshold and the rest as one bucket, so ``diff``
-  tells "below the threshold" from "absent".
-* **top_ops**: torch's ``cpu_op`` events (annotations excluded), with ``totals`` likewise; on CUDA,
-  kernel time per launching op.
-* **gpu**: the union of kernel time over the window's recorded steps, and the largest gaps in it
-  with the Python call the training thread was in meanwhile.
-* **memory**: torch's ``[memory]`` events (``Total Allocated`` / ``Total Reserved``) and, for
-  allocation sites, the memory snapshot's ``device_traces`` frames.
-"""
+The layout is the versioned schema of ``schema.py`` (docs/files.md). Every per-step number (step
+times, the breakdown, the Python and op tables) covers the same steps (``covers.steps``): all but
+the first, which misses its batch's fetch (a later step opens at the previous batch's end, as
+torch's ``profile.step()`` does); calls and ops are clipped to their span. ``totals`` beside each
+top list hold every entry above a threshold, so ``diff`` tells "below the threshold" from "absent"."""
 
 from __future__ import annotations
 
@@ -75,8 +55,7 @@ TOP_UNFOLDED = 3  # package functions this high in a ranking keep their own line
 TOP_OPS = 10
 TOTALS_MIN_US = 1.0  # per step: ``totals`` list everything at least this long...
 TOTALS_MAX = 200  # ...up to about this many entries (the threshold rises to keep the file small)
-# Folded even when they rank in the top few: the frameworks' frames (Lightning's loop, torch's
-# module calls) sit around every step at ~100 % inclusive time and would push the user's out.
+# Folded even when they rank high: the frameworks' frames sit around every step at ~100 % inclusive.
 ALWAYS_FOLDED = frozenset({*FRAMEWORKS, GENERATED_PACKAGE})
 COVERED_KEYS = ["step_ms", "breakdown_ms", "top_python", "top_ops"]
 
@@ -113,11 +92,6 @@ def function_key(entry: Mapping[str, Any]) -> str:
     return str(entry.get("function"))
 
 
-# --------------------------------------------------------------------------------------------------
-# Python functions
-# --------------------------------------------------------------------------------------------------
-
-
 def _entry(name: str, stat: Stat, meta: Mapping[str, Any], steps: int) -> PythonEntry:
     return {
         "function": meta["function"],
@@ -143,12 +117,9 @@ def _top_python_of(
     region: Span | None,
     phases: PhaseSegments | None,
 ) -> TopPython:
-    """Top functions by self and by inclusive time, per step of ``region``: the user's code first,
-    then a model library's (litgpt, timm, transformers: the model the user built from), then the
-    rest, where the frameworks' frames and generated code are folded to one line per package and
-    breakdown phase their calls started in (``phases``; one line per package without them), other
-    packages too unless they rank in the top few; and every function's self time above a threshold
-    (``totals``: the full ranking, unfolded)."""
+    """Top functions by self and inclusive time per step of ``region``: the user's code first, then a
+    model library's, then the rest, where the frameworks' frames and generated code fold to one line
+    per package and phase their calls started in (other packages too unless they rank high)."""
     stats = python_stats_of(calls, region, phases)
     return rank_python(stats, stats.merged(), steps)
 
@@ -207,11 +178,6 @@ def rank_python(stats: PythonStats, tables: ThreadStats, steps: int, limit: int 
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# Torch ops and kernels
-# --------------------------------------------------------------------------------------------------
-
-
 def _is_op(event: Mapping[str, Any]) -> bool:
     return event.get("cat") == CPU_OP_CATEGORY and not str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
 
@@ -223,9 +189,8 @@ def top_ops(
     region: Span | None = None,
     launches: Mapping[Any, Any] | None = None,
 ) -> TopOps:
-    """Ops by CPU time (self and total) per step of ``region`` (each op clipped to it), every op's
-    self time above a threshold (``totals``), and on CUDA the kernel time they launched (kernels
-    launched in ``region``; ``launches``: ``WindowData.launches``, found here when not given)."""
+    """Ops by CPU time (self and total) per step of ``region``, ``totals``, and on CUDA the kernel
+    time they launched (``launches``: ``WindowData.launches``, found here when not given)."""
     steps = max(steps, 1)
     by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
     for event in events:
@@ -308,21 +273,14 @@ def _ops_by_kernel(
     return [{"name": name, "kernels": int(s[0]), "kernel_ms": _ms(s[1] / steps)} for name, s in ranked]
 
 
-# --------------------------------------------------------------------------------------------------
-# The summary
-# --------------------------------------------------------------------------------------------------
-
-
 def summarize(
     trace: WindowTrace | Mapping[str, Any],
     memory_snapshot: Mapping[str, Any] | None = None,
     window: WindowData | None = None,
 ) -> Summary:
-    """The summary of one window's trace (typed, or a trace dict read back; see the module
-    docstring and docs/files.md); ``window``: its ``read_window``, when the caller reads it for
-    more tables (the workers')."""
+    """The summary of one window's trace (typed, or a dict read back); ``window``: its
+    ``read_window`` when the caller has read it."""
     data = read_window(trace) if window is None else window
-    # Each table reads its bucket of the window's one classification pass (``steps.classify``).
     meta, rest, steps, thread, ranges = data.meta, data.rest, data.steps, data.thread, data.ranges
     recorded = list(steps)
     counted = data.counted  # the first step misses its fetch
@@ -334,7 +292,6 @@ def summarize(
     durations = [per_step[n] for n in counted]
     count = max(len(counted), 1)
     span = (steps[recorded[0]][0], steps[recorded[-1]][1]) if recorded else (0.0, 0.0)
-    # Every per-step table covers the steps the step time and the breakdown average over.
     region = (steps[counted[0]][0], steps[counted[-1]][1]) if counted else None
     summary: Summary = {
         "schema": SCHEMA_VERSION,
@@ -362,8 +319,7 @@ def summarize(
             "max": _ms(max(durations)) if durations else None,
         },
         "breakdown_ms": {part: _ms(us / count) for part, us in reported(parts).items()},
-        # The training thread's calls: a background thread that waits (a logger's flush loop
-        # sleeping, a queue get) would otherwise top the list with time no step spent.
+        # the training thread's calls: a background thread's waits are no step's time
         "top_python": _top_python_of(
             {t: c for t, c in data.python_calls.items() if thread is None or t == thread},
             len(counted),
@@ -377,7 +333,7 @@ def summarize(
         if recorded
         else None,
         "memory": memory_summary(data.memory, memory_snapshot),
-        "compile": compile_summary(meta.get("compile"), rest, steps),  # torch.compile (analysis/compile.py)
+        "compile": compile_summary(meta.get("compile"), rest, steps),
     }
     summary["verdicts"] = find_verdicts(data, summary, memory_snapshot)
     return summary

@@ -19,11 +19,6 @@ TOP_GAPS = 5
 TOP_SITES = 10
 
 
-# --------------------------------------------------------------------------------------------------
-# GPU
-# --------------------------------------------------------------------------------------------------
-
-
 def gpu_summary(
     events: Sequence[Mapping[str, Any]],
     window: Span,
@@ -31,10 +26,9 @@ def gpu_summary(
     limit: int = TOP_GAPS,
     calls: Calls | None = None,
 ) -> Gpu | None:
-    """Busy % (union of kernel time over the window's wall time) and the largest idle gaps, each
-    with the innermost Python call (and innermost user-code call) of the training thread in it.
-    ``calls``: that thread's Python calls, when read already (``WindowData.python_calls``);
-    ``events`` then need hold only the kernels."""
+    """Busy % (kernel time's union over the window) and the largest idle gaps, each with the
+    innermost Python call (and user call) of the training thread in it; ``calls``: that thread's
+    calls when read already (``events`` then need hold only the kernels)."""
     kernels = [span_of(e) for e in events if e.get("cat") in KERNEL_CATEGORIES]
     if not kernels:
         return None
@@ -86,19 +80,14 @@ def _gap(gap: Span, calls: Sequence[tuple[float, float, str]]) -> IdleGap:
     }
 
 
-# --------------------------------------------------------------------------------------------------
-# Memory
-# --------------------------------------------------------------------------------------------------
-
 _DEVICE_NAMES = {0: "cpu", 1: "cuda"}
 
 
 def memory_summary(
     events: Sequence[Mapping[str, Any]], snapshot: Mapping[str, Any] | None, limit: int = TOP_SITES
 ) -> Memory | None:
-    """Peak allocated (and reserved) per device from torch's ``[memory]`` events, falling back on
-    a replay of the snapshot; top allocation sites by the innermost Python frame of each allocation
-    (user code preferred) from the snapshot."""
+    """Peak allocated (and reserved) per device from torch's ``[memory]`` events, else a replay of
+    the snapshot; the top allocation sites by innermost Python frame (the user's first)."""
     peaks: dict[str, dict[str, int]] = {}
     for event in events:
         if event.get("ph") != "i" or event.get("name") != "[memory]":

@@ -1,14 +1,8 @@
 """A window's merged trace as every later stage reads it: typed, its events filed once. Pure.
 
-The merge (``merge.merge``) builds one ``WindowTrace``: torch's top-level keys and our metadata
-(``header``, in the file's order), the events in the file's order, and, filed as the merge made
-them, each thread's complete events by kind (``threads``: ``ThreadSpans``), torch's ``[memory]``
-instants and the metadata events. The later stages (the enrichments, the memory snapshot, the
-summary and its verdicts, the job file) read those tables and never group events by thread again;
-events added after the merge go through ``add``, times moved through ``shift``, so the tables
-stay true. ``Calls`` is one thread's Python calls as columns, with their ``nest.Nest`` made once.
-A trace read back from a file becomes a ``WindowTrace`` with ``WindowTrace.of``.
-"""
+Later stages read its tables and never group events by thread again; events added after the merge
+go through ``WindowTrace.add``, times moved through ``shift``, so the tables stay true. A trace
+read back from a file becomes one with ``WindowTrace.of``."""
 
 from __future__ import annotations
 
@@ -34,13 +28,9 @@ Thread = tuple[Any, Any]  # (pid, tid) as the trace has them
 Call = tuple[float, float, str]  # a Python call: start µs, end µs, VizTracer's function name
 MEMORY_EVENT = "[memory]"  # torch's allocation instants (``profile_memory=True``)
 
-# Ops nest inside the Python call that issued them. Annotations (ProfilerStep#, record_function)
-# may open in one Python call and close in another, so they are not held to nesting.
-NESTED_TORCH_CATEGORIES = (CPU_OP_CATEGORY,)
-# torch.compile's ranges, written as cpu_op: the compiled frame and AOT's runtime wrappers open them
-# in one Python call (``RecordFunctionFast.__enter__``, a ``record_function`` helper) and close them
-# in another, and dynamo's compile phases (``dynamo_timed``) span calls of their own. Measured on a
-# Trainer window (examples/vision.py, aot_eager): 7-8 crossings per window when held to nesting as ops.
+NESTED_TORCH_CATEGORIES = (CPU_OP_CATEGORY,)  # ops nest inside the Python call that issued them
+# torch.compile's ranges, written as cpu_op but opened in one Python call and closed in another
+# (the compiled frame, AOT's runtime wrappers, dynamo's compile phases): ranges, not ops.
 COMPILE_RANGE_PREFIXES = (
     "Pregraph bytecode",
     "AOTDispatcher Runtime Wrapper",
@@ -57,8 +47,8 @@ _TS, _DUR, _NAME = itemgetter("ts"), itemgetter("dur"), itemgetter("name")
 
 
 def is_range_name(name: str) -> bool:
-    """A torch event written as ``cpu_op`` that is a range opened and closed by Python calls
-    (Lightning's, the profiler's steps, torch.compile's), not an op nested in its caller."""
+    """A torch event written as ``cpu_op`` that Python calls open and close (Lightning's, the
+    profiler's steps, torch.compile's), not an op nested in its caller."""
     return (
         name.startswith(ANNOTATION_PREFIXES)
         or name.startswith(COMPILE_RANGE_PREFIXES)
@@ -68,8 +58,8 @@ def is_range_name(name: str) -> bool:
 
 class ThreadSpans:
     """One window's X events per (pid, tid), in the file's order, by the kinds the nesting passes
-    read: Python calls, torch ops (which nest in the call that issued them), annotation ranges
-    (which need not) and the rest (which the last pass holds to nesting too)."""
+    read: Python calls, torch ops (nested in the call that issued them), annotation ranges (need not
+    nest) and the rest."""
 
     __slots__ = ("annotations", "cut", "ops", "other", "python", "settled")
 
@@ -79,16 +69,14 @@ class ThreadSpans:
         self.annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.cut: set[Thread] = set()  # threads where untangle_annotations moved a call's bounds
-        # threads whose calls untangle_annotations put on the nanosecond grid as arrays (none cut):
-        # their ``ts`` and ``dur``, in the file's order
+        # threads whose calls went on the nanosecond grid as arrays: their ts and dur, in file order
         self.settled: dict[Thread, tuple[np.ndarray, np.ndarray]] = {}
         for event in events:
             if event.get("ph") == "X":
                 self.add(event, event.get("cat"), str(event.get("name", "")))
 
     def add(self, event: dict[str, Any], cat: Any, name: str) -> None:
-        """File one X event (its ``cat`` and ``name`` as read) under its thread and kind: callers
-        that already walk the events (the merge's contract loops) group them in the same pass."""
+        """File one X event (its ``cat`` and ``name`` as read) under its thread and kind."""
         key = (event.get("pid"), event.get("tid"))
         if cat == PYTHON_CATEGORY:
             self.python[key].append(event)
@@ -167,9 +155,11 @@ class Calls:
 
 
 class WindowTrace:
-    """One window's merged trace (see the module docstring). ``python``: where in ``events`` the
-    Python tracer's events lie (every Python call among them, nothing else of a complete kind);
-    the whole list for a trace read back."""
+    """One window's merged trace: ``header`` (torch's top-level keys and our metadata), ``events``
+    in the file's order, ``threads`` (``ThreadSpans``), ``memory`` (torch's ``[memory]`` instants),
+    ``metadata`` events; ``python``: where in ``events`` the Python part lies (every Python call, no
+    other complete event; the whole list for a trace read back); ``loose``: that part's timed events
+    that are no complete call."""
 
     def __init__(
         self,
@@ -235,8 +225,7 @@ class WindowTrace:
         self._calls.clear()
 
     def other_events(self) -> list[dict[str, Any]]:
-        """Every event but the Python part's (all of them in a trace read back), in order: what a
-        reader of torch's events and the ones added after the merge walks."""
+        """Every event but the Python part's (all of a trace read back), in order."""
         span = self.python
         if span.start == 0 and span.stop == len(self.events):
             return self.events

@@ -1,18 +1,9 @@
 """Triggers: pure decisions, from cheap per-step facts, that a window should start now.
 
-Free of torch and Lightning, so every rule is unit-tested without a Trainer (tests/test_triggers.py):
-
-* ``SlowStep``: a step longer than ``factor`` x the median of the last ``baseline_steps`` steps.
-  The per-batch part (``steady``) is one clock read, a subtraction, a comparison and an append; the
-  median is recomputed only at the coarse checks (``refresh``).
-* ``MemoryGrowth``: memory (CUDA allocator or process RSS, sampled at the coarse checks) grew by more
-  than ``fraction`` over ``steps`` batches.
-* ``Cadence``: how many batches until the next coarse check, so that checks come about every
-  ``interval_s`` seconds whatever the step time.
-
-What the callback does with a firing (planning a window, limits, DDP agreement) lives in
-``sources.py``, ``watch.py`` and ``agreement.py``.
-"""
+``SlowStep`` (a step longer than ``factor`` x the median of the last steps), ``MemoryGrowth``
+(memory grew by more than ``fraction`` over ``steps`` batches) and ``Cadence`` (batches until the
+next coarse check). What the callback does with a firing lives in ``sources.py`` and the
+controller."""
 
 from __future__ import annotations
 
@@ -34,8 +25,7 @@ SIGNAL = "signal"
 REASONS = (TRIGGER_FILE, SIGNAL, MEMORY_GROWTH, SLOW_STEP)
 ON_DEMAND = frozenset({TRIGGER_FILE, SIGNAL})
 
-# ``SlowStep.last`` after ``skip_next()``: the next interval comes out > 2**61 ns (73 years), above
-# any real limit, and is recognised as "not a step" instead of being compared.
+# ``SlowStep.last`` after ``skip_next()``: the next interval comes out > 2**61 ns, "not a step".
 _SKIP = -(1 << 62)
 _UNARMED = 1 << 61
 
@@ -81,8 +71,7 @@ class Firing:
 
 @dataclass(frozen=True)
 class TriggerConfig:
-    """The trigger options of ``VizTraceCallback``, validated by ``options.make_options`` (ranges in
-    docs/options.md); ``trigger_signal`` is a canonical name (``parse_trigger_signal``)."""
+    """The trigger options of ``VizTraceCallback``, checked by ``options.make_options``."""
 
     slow_step_factor: float | None = None
     slow_step_baseline: int = 50
@@ -106,11 +95,8 @@ class TriggerConfig:
 
 
 def _free_signals() -> dict[int, str]:
-    """Signals with no standard meaning, by number: SIGUSR1, SIGUSR2 and the real-time range.
-
-    Every other signal already means something (a child exited, a crash, the terminal, a timer),
-    and a trigger that took it over would break what relies on it.
-    """
+    """Signals with no standard meaning, by number: SIGUSR1, SIGUSR2 and the real-time range (a
+    trigger that took over any other would break what relies on it)."""
     free = {int(getattr(signal, n)): n for n in ("SIGUSR1", "SIGUSR2") if hasattr(signal, n)}
     low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
     if low is not None and high is not None:
@@ -131,11 +117,8 @@ ALLOWED_SIGNALS = (
 
 
 def parse_trigger_signal(value: Any) -> tuple[int, str]:
-    """``"SIGUSR1"``, ``"SIGRTMIN+3"``, ``signal.SIGUSR2`` or its number -> (number, canonical name).
-
-    Only signals with no standard meaning (``FREE_SIGNALS``); anything else is a ValueError that
-    names ``trigger_signal`` and the signal.
-    """
+    """``"SIGUSR1"``, ``"SIGRTMIN+3"``, ``signal.SIGUSR2`` or its number -> (number, canonical
+    name); a signal outside ``FREE_SIGNALS`` is a ValueError naming ``trigger_signal``."""
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = int(value)
@@ -169,16 +152,10 @@ def _standard_meaning(number: int | None) -> str | None:
 
 
 class SlowStep:
-    """Fires when one step takes longer than ``factor`` x the median of the last ``baseline_steps``.
-
-    A step is the interval between two batch starts (data fetch, forward, backward, optimizer and
-    every hook). It is measured with one clock read per batch; the callback calls ``skip_next()``
-    where an interval is not a training step (validation, an epoch boundary, a profiling window).
-    Until ``baseline_steps`` steps have been measured the limit is unreachable: the first steps,
-    compilation and cold caches only feed the baseline, and one median of many steps is not moved
-    by a few outliers (a mean would be). Slow steps are kept in the baseline, so a job that becomes
-    slower for good stops firing once they are the majority.
-    """
+    """Fires when one step (from a batch start to the next) takes longer than ``factor`` x the median
+    of the last ``baseline_steps``: one clock read per batch, the median only at coarse checks
+    (``refresh``). Unarmed until the baseline is full, so warm-up only feeds it; slow steps stay in it,
+    so a run that slows for good stops firing. ``skip_next()`` drops an interval that is no step."""
 
     def __init__(self, factor: float, baseline_steps: int, clock: Callable[[], int]) -> None:
         self.factor = float(factor)
@@ -231,13 +208,9 @@ class SlowStep:
 
 
 class MemoryGrowth:
-    """Fires when memory grew by more than ``fraction`` over ``steps`` batches.
-
-    Samples come at the coarse checks. The reference is the newest sample at least ``steps``
-    batches old, so growth is measured over at least ``steps`` batches. Nothing is sampled in the
-    first ``steps`` batches (optimizer state, compilation and caches settle there). After a firing
-    the history restarts, so the next firing needs new growth.
-    """
+    """Fires when memory grew by more than ``fraction`` over at least ``steps`` batches (against the
+    newest sample that old); nothing is sampled in the first ``steps`` batches, and the history
+    restarts after a firing."""
 
     def __init__(self, fraction: float, steps: int) -> None:
         self.fraction = float(fraction)
@@ -263,13 +236,9 @@ class MemoryGrowth:
 
 
 class Cadence:
-    """Batches until the next coarse check, so checks come about every ``interval_s`` seconds.
-
-    The step time is measured between checks (one clock read per check, none in between). Gaps start
-    at one batch and at most double from one check to the next, so the first checks (which arm the
-    slow-step baseline) come early and a slow first step cannot push the next check far away.
-    Checks are never further apart than ``max_batches``.
-    """
+    """Batches until the next coarse check, so checks come about every ``interval_s`` seconds: the
+    gap starts at one batch and at most doubles per check (a slow first step cannot push the next
+    far away), never past ``max_batches``."""
 
     def __init__(self, interval_s: float, max_batches: int = 1000) -> None:
         self.interval_ns = interval_s * 1e9

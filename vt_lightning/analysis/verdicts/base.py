@@ -1,6 +1,6 @@
 """What every verdict is made of: the ``Rule`` each kind is registered as, the ``Finding`` a rule
-returns, and ``make_verdict``, the one constructor every verdict goes through (so the advice, the
-evidence's ``share`` and the order of the list are the same for every kind). Pure."""
+returns, and ``make_verdict``, the one constructor (same advice, ``share`` and order for every
+kind). Pure."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ TOP_WHERE = 3  # places per verdict
 
 
 class Finding(NamedTuple):
-    """What a rule found: the share of step time (None: unknown, then absent from the evidence),
-    the user's code, and the rule's numbers."""
+    """What a rule found: the share of step time (None: unknown, left out), the user's code, the
+    rule's numbers."""
 
     share: float | None
     where: list[VerdictWhere]
@@ -28,8 +28,7 @@ class Finding(NamedTuple):
 
 @dataclass(frozen=True)
 class Rule:
-    """One verdict kind: the function that looks for it, the thresholds it compares against (by
-    name, as docs/verdicts.md has them) and the one line of advice every verdict of it carries."""
+    """One verdict kind: its rule, its thresholds by name (as docs/verdicts.md has them), its advice."""
 
     kind: str
     find: Callable[[WindowView], Iterable[Finding]]

@@ -1,10 +1,6 @@
 """The compile family: ``compile_time``, ``recompile`` and ``graph_break`` (docs/compile.md), from
-the summary's ``compile`` key (analysis/compile.py). Pure.
-
-``where`` is the user's code: the compiled function when it is the user's; otherwise (a compiled
-module's wrapper in ``torch/_dynamo/external_utils.py``, a library's function) the user's call
-that ran the compiled callable, found from the compile's span in the trace (``torch.compile: …``,
-placed among the Python calls that led to it)."""
+the summary's ``compile`` key. Pure. ``where`` is the compiled function when it is the user's,
+else the user's call that ran it (the innermost user call around its ``torch.compile: …`` span)."""
 
 from __future__ import annotations
 
@@ -165,8 +161,7 @@ RULES = (
 def compile_verdicts(
     info: Mapping[str, Any] | None, step_ms: float | Mapping[str, Any] | None = None, callers: Callers | None = None
 ) -> list[Verdict]:
-    """The three compile kinds of one summary's ``compile`` key, without a trace (``callers``:
-    none known). Same constructor and rules as ``find_verdicts``."""
+    """The three compile kinds of one summary's ``compile`` key, without a trace."""
     if not info:
         return []
     known = callers or Callers()

@@ -39,8 +39,8 @@ def _kernels(w: WindowView, keep: Callable[[Mapping[str, Any]], bool] | None = N
 
 def host_sync(w: WindowView) -> Iterator[Finding]:
     """The CPU blocked in a CUDA call that waited for the GPU (``.item()``, ``.cpu()``,
-    ``.tolist()``, ``synchronize``), and the GPU then sat idle for a large share of the step
-    while the CPU caught up; where: the user function around each blocking call."""
+    ``synchronize``), and the GPU then sat idle for a share of the step; where: the user function
+    around each blocking call."""
     busy = union(_kernels(w))
     if not busy:
         return

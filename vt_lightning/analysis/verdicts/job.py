@@ -1,7 +1,6 @@
-"""The job family: ``straggler``, one rank late at the collectives (analysis/straggler.py finds it
-when rank 0's writer merges every rank's trace; its thresholds are that module's). Only rank 0's
-summary has a ``job`` block, added after the window's own verdicts: ``with_job_verdicts`` adds
-this family's verdicts to them through the same constructor, and sorts again. Pure."""
+"""The job family: ``straggler``, one rank late at the collectives (``straggler.py`` finds it when
+rank 0's writer merges every rank's trace). Only rank 0's summary has the ``job`` block, added
+after its verdicts: ``with_job_verdicts`` adds this family's and sorts again. Pure."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from vt_lightning.analysis.verdicts.base import Finding, Rule, make_verdict, sor
 
 
 def straggler(job: Mapping[str, Any] | None) -> Iterator[Finding]:
-    """The late rank's verdict from rank 0's ``job`` block; where: the user function where it spent
-    the most extra time."""
+    """The late rank from the ``job`` block; where: the user function with the most extra time."""
     found = (job or {}).get("straggler")
     if not found:
         return
