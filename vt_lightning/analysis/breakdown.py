@@ -18,7 +18,7 @@ from vt_lightning.analysis.nest import outer_first
 from vt_lightning.analysis.spans import Span, span_of
 from vt_lightning.analysis.trace import Calls
 from vt_lightning.analysis.usercode import parse_function
-from vt_lightning.constants import PL_PROFILE_PREFIX, PYTHON_CATEGORY
+from vt_lightning.constants import PL_PROFILE_PREFIX
 
 BREAKDOWN_PARTS = ("data_wait", "forward", "backward", "optimizer", "other")  # always reported, in order
 # Reported only when some time went there (before ``other``); ``compile``: torch.compile's spans.
@@ -106,20 +106,11 @@ def _python_stage_part(name: str) -> str | None:
 
 
 def stage_ranges(
-    events: Sequence[Mapping[str, Any]], thread: Any, user_hooks: Mapping[str, str] | None = None
-) -> tuple[list[Range], str, dict[str, str]]:
-    """(start, end, part) ranges on the training thread, where Lightning's stages came from, and the
-    user's hooks found (hook -> part)."""
-    on_thread = [e for e in events if (e.get("pid"), e.get("tid")) == thread]
-    calls = Calls.from_events([e for e in on_thread if e.get("cat") == PYTHON_CATEGORY])
-    return stage_ranges_of(on_thread, calls, user_hooks)
-
-
-def stage_ranges_of(
     on_thread: Iterable[Mapping[str, Any]], calls: Calls, user_hooks: Mapping[str, str] | None = None
 ) -> tuple[list[Range], str, dict[str, str]]:
-    """``stage_ranges`` from the training thread's events (``on_thread``: at least its ``[pl][profile]``
-    ones) and its Python calls, each in the trace's order."""
+    """(start, end, part) ranges on the training thread, from its events (at least its
+    ``[pl][profile]`` ones) and its Python calls, each in the trace's order; where Lightning's stages
+    came from; and the user's hooks found (hook -> part)."""
     lightning: list[Range] = []
     window: list[Range] = []
     for event in on_thread:

@@ -19,7 +19,6 @@ What the plugin does (torch_tb_profiler/profiler/*.py):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any
 
@@ -215,14 +214,3 @@ def apply_lightning_view(trace: WindowTrace) -> dict[str, int]:
     if isinstance(meta, dict):
         meta["lightning_view"] = dict(summary)
     return summary
-
-
-def lightning_view_names(events: Iterable[dict[str, Any]]) -> list[str]:
-    """Module paths of the ``[pl][module]`` events the plugin will read (``cat == cpu_op``)."""
-    out = []
-    for e in events:
-        name = e.get("name")
-        if e.get("cat") == CPU_OP_CATEGORY and isinstance(name, str) and name.startswith(PL_MODULE_PREFIX):
-            rest = name[len(PL_MODULE_PREFIX) :]
-            out.append(rest[rest.find(": ") + 2 :])
-    return out

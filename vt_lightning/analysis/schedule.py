@@ -95,11 +95,6 @@ class Schedule:
             return Phase.WARMUP
         return Phase.ACTIVE
 
-    def is_window_end(self, step: int) -> bool:
-        """True on the last active batch of a window (torch's RECORD_AND_SAVE)."""
-        index = self.window_index(step)
-        return index is not None and (step - self.skip_first) - index * self.cycle == self.cycle - 1
-
     def windows_until(self, num_steps: int) -> list[Window]:
         """Windows that start before ``num_steps`` batches have run (for planning and tests)."""
         out: list[Window] = []

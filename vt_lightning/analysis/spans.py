@@ -42,11 +42,6 @@ def clip(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
     return [(max(s, lo), min(e, hi)) for s, e in spans if e > lo and s < hi]
 
 
-def x_events(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The complete (``ph == "X"``) events of a trace."""
-    return [e for e in trace.get("traceEvents", ()) if e.get("ph") == "X" and "ts" in e]
-
-
 def span_of(event: Mapping[str, Any]) -> Span:
     start = float(event["ts"])
     return start, start + float(event.get("dur", 0.0) or 0.0)

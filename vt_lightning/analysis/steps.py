@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from vt_lightning.analysis.breakdown import Range, stage_ranges_of
+from vt_lightning.analysis.breakdown import Range, stage_ranges
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX, RESUME_MARK
 from vt_lightning.analysis.python_tables import EntryTimes, PythonStats
 from vt_lightning.analysis.spans import Span, launches_by_correlation
@@ -120,7 +120,7 @@ def read_window(trace: WindowTrace | Mapping[str, Any]) -> WindowData:
     steps, thread = find_steps(rest)
     hooks = meta.get("user_hooks")
     on_thread = [e for e in rest if (e.get("pid"), e.get("tid")) == thread]
-    ranges, source, found_hooks = stage_ranges_of(
+    ranges, source, found_hooks = stage_ranges(
         on_thread,
         calls.get(thread) or Calls.of([]) if thread is not None else Calls.of([]),
         hooks if isinstance(hooks, dict) else None,

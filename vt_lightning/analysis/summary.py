@@ -38,13 +38,13 @@ from vt_lightning.analysis.schema import (
     TopPython,
     Totals,
 )
-from vt_lightning.analysis.spans import Span, launches_by_correlation
+from vt_lightning.analysis.spans import Span
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.spans import percentile as _percentile
 from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.steps import WindowData, read_window
 from vt_lightning.analysis.steps import find_steps as find_steps  # re-exported
-from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
+from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, gpu_summary, memory_summary
 from vt_lightning.analysis.trace import Calls, WindowTrace
 from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES
 from vt_lightning.analysis.verdicts import find_verdicts
@@ -185,12 +185,12 @@ def _is_op(event: Mapping[str, Any]) -> bool:
 def top_ops(
     events: Sequence[Mapping[str, Any]],
     steps: int,
+    launches: Mapping[Any, Any],
     limit: int = TOP_OPS,
     region: Span | None = None,
-    launches: Mapping[Any, Any] | None = None,
 ) -> TopOps:
     """Ops by CPU time (self and total) per step of ``region``, ``totals``, and on CUDA the kernel
-    time they launched (``launches``: ``WindowData.launches``, found here when not given)."""
+    time they launched (``launches``: ``WindowData.launches``)."""
     steps = max(steps, 1)
     by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
     for event in events:
@@ -223,8 +223,6 @@ def top_ops(
         ],
         "totals": totals({name: s[2] for name, s in stats.items()}, steps),
     }
-    if launches is None:
-        launches = launches_by_correlation(events, RUNTIME_CATEGORIES)
     kernels = []
     for kernel in events:
         if kernel.get("cat") not in KERNEL_CATEGORIES:
@@ -327,9 +325,7 @@ def summarize(
             phase_segments([steps[n] for n in counted], ranges),
         ),
         "top_ops": top_ops(rest, len(counted), region=region, launches=data.launches),
-        "gpu": gpu_summary(
-            rest, span, thread, calls=(data.python_calls.get(thread) if thread else None) or Calls.of([])
-        )
+        "gpu": gpu_summary(rest, span, (data.python_calls.get(thread) if thread else None) or Calls.of([]))
         if recorded
         else None,
         "memory": memory_summary(data.memory, memory_snapshot),

@@ -8,10 +8,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vt_lightning.analysis.schema import AllocationSite, DeviceMemory, Gpu, IdleGap, Memory
-from vt_lightning.analysis.spans import Span, clip, ms, span_of, union
+from vt_lightning.analysis.spans import Span, clip, difference, ms, span_of, union
 from vt_lightning.analysis.trace import Calls
 from vt_lightning.analysis.usercode import code_origin, parse_function
-from vt_lightning.constants import PYTHON_CATEGORY
 
 KERNEL_CATEGORIES = frozenset({"kernel"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
@@ -19,35 +18,16 @@ TOP_GAPS = 5
 TOP_SITES = 10
 
 
-def gpu_summary(
-    events: Sequence[Mapping[str, Any]],
-    window: Span,
-    thread: Any,
-    limit: int = TOP_GAPS,
-    calls: Calls | None = None,
-) -> Gpu | None:
+def gpu_summary(events: Sequence[Mapping[str, Any]], window: Span, calls: Calls, limit: int = TOP_GAPS) -> Gpu | None:
     """Busy % (kernel time's union over the window) and the largest idle gaps, each with the
-    innermost Python call (and user call) of the training thread in it; ``calls``: that thread's
-    calls when read already (``events`` then need hold only the kernels)."""
+    innermost Python call (and user call) of the training thread (``calls``) in it."""
     kernels = [span_of(e) for e in events if e.get("cat") in KERNEL_CATEGORIES]
     if not kernels:
         return None
     lo, hi = window
     busy = union(clip(kernels, lo, hi))
     busy_us = sum(e - s for s, e in busy)
-    gaps: list[Span] = []
-    cursor = lo
-    for start, end in busy:
-        if start > cursor:
-            gaps.append((cursor, start))
-        cursor = max(cursor, end)
-    if cursor < hi:
-        gaps.append((cursor, hi))
-    gaps.sort(key=lambda g: g[1] - g[0], reverse=True)
-    if calls is None:
-        calls = Calls.from_events(
-            [e for e in events if e.get("cat") == PYTHON_CATEGORY and (e.get("pid"), e.get("tid")) == thread]
-        )
+    gaps = sorted(difference([window], busy), key=lambda g: g[1] - g[0], reverse=True)
     order = calls.nest.order.tolist()
     ordered = list(zip(calls.starts[order].tolist(), calls.ends[order].tolist(), calls.ordered_names))
     devices = sorted({str(e.get("pid")) for e in events if e.get("cat") in KERNEL_CATEGORIES})

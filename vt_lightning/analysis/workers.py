@@ -208,10 +208,6 @@ def _names(calls: list[dict[str, Any]]) -> set[Any] | None:
         return None
 
 
-def _is_call(event: dict[str, Any]) -> bool:
-    return event.get("ph") in _CALLS and "ts" in event
-
-
 def _write_times(calls: list[dict[str, Any]], starts: list[float], lengths: list[float], category: str | None) -> None:
     """Each call's ``ts`` and ``dur`` (and ``cat``), in the order read (as the events lie in memory)."""
     if category is None:
