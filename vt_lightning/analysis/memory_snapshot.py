@@ -20,6 +20,7 @@ from operator import itemgetter
 from typing import Any
 
 from vt_lightning.analysis.nest import covering, outer_first
+from vt_lightning.analysis.spans import union
 from vt_lightning.analysis.trace import Thread, WindowTrace
 from vt_lightning.analysis.usercode import parse_function
 from vt_lightning.constants import CPU_OP_CATEGORY, PYTHON_CATEGORY, USER_ANNOTATION_CATEGORY
@@ -266,20 +267,10 @@ def _segments(
     device: int, ranges: list[tuple[int, int]], live_entries: Iterable[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """Merged address ranges, each tiled by its live blocks and ``inactive`` gaps."""
-    if not ranges:
-        return []
-    ranges.sort()
-    merged: list[list[int]] = []
-    for start, end in ranges:
-        if merged and start <= merged[-1][1]:
-            if end > merged[-1][1]:
-                merged[-1][1] = end
-        else:
-            merged.append([start, end])
     blocks = sorted(live_entries, key=lambda e: e["addr"])
     segments = []
     b = 0
-    for start, end in merged:
+    for start, end in union(ranges):
         seg_blocks: list[dict[str, Any]] = []
         cursor = start
         allocated = 0

@@ -21,6 +21,7 @@ from vt_lightning.analysis.clock import Calibration
 from vt_lightning.analysis.nesting import (
     repair_boundaries,
     separate_crossing_ranges,
+    snap_spans,
     untangle_annotations,
 )
 from vt_lightning.analysis.trace import MEMORY_EVENT, Calls, Thread, ThreadSpans, WindowTrace
@@ -272,18 +273,6 @@ def _settle_calls(
     return fixed, dropped
 
 
-def _snap_spans(groups: Iterable[Mapping[Thread, list[dict[str, Any]]]]) -> None:
-    """``snap_to_nanoseconds`` of the X events in ``groups`` (``ThreadSpans``' kinds)."""
-    for group in groups:
-        for thread_events in group.values():
-            for event in thread_events:
-                ts = float(event["ts"])
-                start = round(ts * 1000)
-                end = round((ts + float(event["dur"])) * 1000)
-                event["dur"] = (end - start if end > start else 0) / 1000
-                event["ts"] = start / 1000
-
-
 @dataclass
 class PythonParts:
     """A window's Python events on torch's timeline, in the file's order: ``before`` (one by one),
@@ -358,7 +347,9 @@ def merge_window(
     tolerance = calibration.uncertainty_us + STAMP_JITTER_US
     repaired, _ = repair_boundaries(events, tolerance, threads)
     untangled = untangle_annotations(events, threads, snap=True)
-    _snap_spans((threads.ops, threads.annotations, threads.other))
+    for kind in (threads.ops, threads.annotations, threads.other):
+        for thread_events in kind.values():
+            snap_spans(thread_events)
     moved, clamped = separate_crossing_ranges(events, threads, calls_nest=True)
     metadata += events[span.stop :]  # the range tracks' names
     header: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from operator import itemgetter
 from typing import Any
 
@@ -187,14 +187,32 @@ def untangle_annotations(
 
         walk([call["ts"] for call in calls], [call["ts"] + call["dur"] for call in calls], crossing=cut)
         if snap:
-            for call in calls:  # as merge.snap_to_nanoseconds would, each call once settled
-                ts = float(call["ts"])
-                end = ts + float(call["dur"])
-                start_ns = round(ts * 1000)
-                end_ns = round(end * 1000)
-                call["dur"] = (end_ns - start_ns if end_ns > start_ns else 0) / 1000
-                call["ts"] = start_ns / 1000
+            snap_spans(calls)
     return len(cuts)
+
+
+def snap_spans(spans: Iterable[dict[str, Any]]) -> None:
+    """Complete events' starts and ends on the nanosecond grid, ``dur`` their difference (rounding
+    is monotonic: what nests keeps nesting)."""
+    for event in spans:
+        ts = float(event["ts"])
+        start = round(ts * 1000)
+        end = round((ts + float(event["dur"])) * 1000)
+        event["dur"] = (end - start if end > start else 0) / 1000
+        event["ts"] = start / 1000
+
+
+def write_times(calls: list[dict[str, Any]], starts: list[float], lengths: list[float], category: str | None) -> None:
+    """Each call's ``ts`` and ``dur`` (and ``cat``), in the order read (as the events lie in memory)."""
+    if category is None:
+        for event, start, length in zip(calls, starts, lengths):
+            event["dur"] = length
+            event["ts"] = start
+        return
+    for event, start, length in zip(calls, starts, lengths):
+        event["dur"] = length
+        event["ts"] = start
+        event["cat"] = category
 
 
 def settle_as_arrays(
@@ -222,15 +240,7 @@ def settle_as_arrays(
     start_ns = np.rint(starts * 1000) + 0.0  # + 0.0: a rounded -0.0 is the 0 that round() gives
     end_ns = np.rint((starts + lengths) * 1000) + 0.0
     ts, dur = start_ns / 1000, np.where(end_ns > start_ns, end_ns - start_ns, 0.0) / 1000
-    if category is None:
-        for call, start, length in zip(calls, ts.tolist(), dur.tolist()):
-            call["dur"] = length
-            call["ts"] = start
-    else:
-        for call, start, length in zip(calls, ts.tolist(), dur.tolist()):
-            call["dur"] = length
-            call["ts"] = start
-            call["cat"] = category
+    write_times(calls, ts.tolist(), dur.tolist(), category)
     return ts, dur
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 Span = tuple[float, float]
+Number = TypeVar("Number", int, float)  # µs, or a memory address
 
 
 def ms(us: float) -> float:
@@ -25,9 +26,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def union(spans: Iterable[Span]) -> list[Span]:
-    """Overlapping spans merged, sorted."""
-    merged: list[list[float]] = []
+def union(spans: Iterable[tuple[Number, Number]]) -> list[tuple[Number, Number]]:
+    """Overlapping (or touching) spans merged, sorted; empty ones dropped."""
+    merged: list[list[Number]] = []
     for start, end in sorted(spans):
         if end <= start:
             continue

@@ -14,7 +14,7 @@ import numpy as np
 
 from vt_lightning.analysis.merge import TorchPlacement
 from vt_lightning.analysis.nest import outer_first_order
-from vt_lightning.analysis.nesting import settle_as_arrays
+from vt_lightning.analysis.nesting import settle_as_arrays, write_times
 from vt_lightning.analysis.python_tables import PythonStats
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.schema import WorkerEntry, Workers
@@ -178,7 +178,7 @@ def place_events(
         start_array, dur_array = _place_calls(ts, dur, to_main_us, to_torch if placing else None)
         group = threads.setdefault(key, []) if grouped is not None else []
         if key in mixed or not placing:
-            _write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY if placing else None)
+            write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY if placing else None)
             if key in mixed:  # its X and B calls in the dump's order
                 group += (
                     e for e in kept if (e.get("pid"), e.get("tid")) == key and e.get("ph") in _CALLS and "ts" in e
@@ -196,7 +196,7 @@ def place_events(
             if found is not None:
                 settled[key] = (found[0][order], found[1][order])
                 continue
-        _write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY)
+        write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY)
     return kept
 
 
@@ -206,19 +206,6 @@ def _names(calls: list[dict[str, Any]]) -> set[Any] | None:
         return set(map(_NAME, calls))
     except (KeyError, TypeError):
         return None
-
-
-def _write_times(calls: list[dict[str, Any]], starts: list[float], lengths: list[float], category: str | None) -> None:
-    """Each call's ``ts`` and ``dur`` (and ``cat``), in the order read (as the events lie in memory)."""
-    if category is None:
-        for event, start, length in zip(calls, starts, lengths):
-            event["dur"] = length
-            event["ts"] = start
-        return
-    for event, start, length in zip(calls, starts, lengths):
-        event["dur"] = length
-        event["ts"] = start
-        event["cat"] = category
 
 
 def _place_calls(
