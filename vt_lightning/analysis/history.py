@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from operator import itemgetter
 from typing import Any
 
 FIRST_ROWS = 3  # the run's first windows (how it started)
@@ -219,13 +221,7 @@ class WindowNumbers:
 
     def add(self, number: int) -> None:
         runs = self._runs
-        lo, hi = 0, len(runs)
-        while lo < hi:  # the first run whose last is >= number - 1
-            mid = (lo + hi) // 2
-            if runs[mid][1] < number - 1:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = bisect_left(runs, number - 1, key=itemgetter(1))  # the first run whose last is >= number - 1
         if lo < len(runs) and runs[lo][0] <= number + 1:
             run = runs[lo]
             if run[0] <= number <= run[1]:

@@ -15,7 +15,8 @@ calls (and torch ops) around it on its thread, innermost first. What memory_viz 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -43,19 +44,6 @@ def parse_frame(event_name: str) -> dict[str, Any]:
     return {"filename": file, "line": line, "name": name}
 
 
-class _FrameCache:
-    """One frame dict per distinct event name: the pickle then stores each frame once."""
-
-    def __init__(self) -> None:
-        self._frames: dict[str, dict[str, Any]] = {}
-
-    def __call__(self, event_name: str) -> dict[str, Any]:
-        frame = self._frames.get(event_name)
-        if frame is None:
-            frame = self._frames[event_name] = parse_frame(event_name)
-        return frame
-
-
 def _number(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
@@ -74,7 +62,7 @@ def _int_or(value: Any, default: int) -> int:
 def _stack_frames(
     memory: list[tuple[float, int]],
     intervals: list[tuple[float, float, str]],
-    frame_of: _FrameCache,
+    frame_of: Callable[[str], dict[str, Any]],
 ) -> dict[int, list[dict[str, Any]]]:
     """Enclosing frames, innermost first, of each of one thread's memory events (``(ts, index)``)
     among its ``(start, end, name)`` calls: a call whose span contains the event, nested or not."""
@@ -106,7 +94,7 @@ def build_cpu_snapshot(
     if not records:
         return None
     calls_by_thread = _calls_of_threads(trace, memory_by_thread.keys(), include_ops)
-    frame_of = _FrameCache()
+    frame_of = functools.lru_cache(maxsize=None)(parse_frame)  # one dict per name: pickled once
     frames_of: dict[int, list[dict[str, Any]]] = {}
     for thread, memory in memory_by_thread.items():
         frames_of.update(_stack_frames(memory, calls_by_thread[thread], frame_of))
@@ -216,14 +204,7 @@ class _Replay:
             if previous is not None:  # its free was lost: close it here so the replay stays sane
                 self.unmatched_allocs += 1
                 _append_free(trace, addr, previous["size"], time_us, previous["frames"])
-            entry = {
-                "action": "alloc",
-                "addr": addr,
-                "size": size,
-                "stream": 0,
-                "time_us": time_us,
-                "frames": frames,
-            }
+            entry = _trace_entry("alloc", addr, size, time_us, frames)
             trace.append(entry)
             alive[addr] = entry
             self.ranges[d].append((addr, addr + size))
@@ -238,18 +219,12 @@ class _Replay:
         _append_free(trace, addr, freed, time_us, frames)
 
 
+def _trace_entry(action: str, addr: int, size: int, time_us: int, frames: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": time_us, "frames": frames}
+
+
 def _append_free(trace: list[dict[str, Any]], addr: int, size: int, time_us: int, frames: list[dict[str, Any]]) -> None:
-    for action in ("free_requested", "free_completed"):
-        trace.append(
-            {
-                "action": action,
-                "addr": addr,
-                "size": size,
-                "stream": 0,
-                "time_us": time_us,
-                "frames": frames,
-            }
-        )
+    trace += (_trace_entry(action, addr, size, time_us, frames) for action in ("free_requested", "free_completed"))
 
 
 def _device_order(devices: set[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -230,10 +230,8 @@ def _sums_in_first_order(keys: np.ndarray, values: np.ndarray) -> list[tuple[int
     """``(key, sum of its values added in order)`` for each key, in the order keys first occur."""
     if not len(keys):
         return []
-    distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    sums = np.bincount(inverse.ravel(), weights=values)
-    order = np.argsort(first, kind="stable")
-    return list(zip(distinct[order].tolist(), sums[order].tolist(), strict=True))
+    distinct, index = _first_order(keys)
+    return list(zip(distinct.tolist(), np.bincount(index, weights=values).tolist(), strict=True))
 
 
 def python_stats_of(

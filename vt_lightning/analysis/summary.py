@@ -43,7 +43,6 @@ from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.spans import percentile as _percentile
 from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.steps import WindowData, read_window
-from vt_lightning.analysis.steps import find_steps as find_steps  # re-exported
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, gpu_summary, memory_summary
 from vt_lightning.analysis.trace import Calls, WindowTrace
 from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES
@@ -92,14 +91,14 @@ def function_key(entry: Mapping[str, Any]) -> str:
     return str(entry.get("function"))
 
 
-def _entry(name: str, stat: Stat, meta: Mapping[str, Any], steps: int) -> PythonEntry:
+def _entry(meta: Mapping[str, Any], stat: Stat, steps: int, folded: int = 0) -> PythonEntry:
     return {
         "function": meta["function"],
         "file": meta["file"],
         "line": meta["line"],
         "origin": meta["origin"],
         "package": meta["package"],
-        "folded": 0,
+        "folded": folded,
         "calls": stat.calls,
         "self_ms": _ms(stat.self_us / steps),
         "inclusive_ms": _ms(stat.inclusive_us / steps),
@@ -140,29 +139,23 @@ def rank_python(stats: PythonStats, tables: ThreadStats, steps: int, limit: int 
         for name in ranked:
             meta = info[name]
             if meta["origin"] == "user":
-                user.append(_entry(name, functions[name], meta, steps))
+                user.append(_entry(meta, functions[name], steps))
             elif meta["package"] in MODEL_LIBRARIES:
-                model.append(_entry(name, functions[name], meta, steps))
+                model.append(_entry(meta, functions[name], steps))
             elif meta["origin"] in FOLDED_ORIGINS and (name not in keep_whole or meta["package"] in ALWAYS_FOLDED):
                 folded_packages.add(meta["package"])
             else:
-                other.append(_entry(name, functions[name], meta, steps))
+                other.append(_entry(meta, functions[name], steps))
         for (package, phase), stat in packages.items():
-            if package not in folded_packages:
-                continue
-            other.append(
-                {
+            if package in folded_packages:
+                fold = {
                     "function": folded_name(package, phase),
                     "file": None,
                     "line": None,
                     "origin": GENERATED if package == GENERATED_PACKAGE else "package",
                     "package": package,
-                    "folded": len(stat.functions),
-                    "calls": stat.calls,
-                    "self_ms": _ms(stat.self_us / steps),
-                    "inclusive_ms": _ms(stat.inclusive_us / steps),
                 }
-            )
+                other.append(_entry(fold, stat, steps, len(stat.functions)))
         other.sort(key=by, reverse=True)
         user = [e for e in user if by(e) > 0][: limit // 2]
         model = [e for e in model if by(e) > 0][: limit - len(user)]
@@ -257,14 +250,11 @@ def _ops_by_kernel(
         if launch is not None:
             starts, ops = op_spans.get((launch.get("pid"), launch.get("tid")), ([], []))
             ts = float(launch["ts"])
-            best = None
-            for i in range(bisect_right(starts, ts) - 1, -1, -1):
+            for i in range(bisect_right(starts, ts) - 1, -1, -1):  # the innermost op around it
                 start, end, op = ops[i]
-                if start <= ts < end and (best is None or start >= best[0]):
-                    best = (start, end, op)
+                if start <= ts < end:
+                    name = op
                     break
-            if best is not None:
-                name = best[2]
         per_op[name][0] += 1
         per_op[name][1] += float(kernel.get("dur", 0.0))
     ranked = sorted(per_op.items(), key=lambda kv: kv[1][1], reverse=True)[:limit]

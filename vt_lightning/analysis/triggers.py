@@ -12,7 +12,7 @@ import signal
 import statistics
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from vt_lightning.constants import TRIGGER_FILE_NAME as TRIGGER_FILE_NAME  # where the trigger rules live
@@ -43,15 +43,7 @@ class Firing:
     detail: str | None = None  # e.g. the signal's name or the trigger file's path
 
     def to_metadata(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "batch": self.batch,
-            "value": self.value,
-            "baseline": self.baseline,
-            "unit": self.unit,
-            "rank": self.rank,
-            **({"detail": self.detail} if self.detail else {}),
-        }
+        return {key: value for key, value in asdict(self).items() if key != "detail" or value}
 
     def describe(self) -> str:
         """One line for the end-of-fit message."""

@@ -13,7 +13,6 @@ import os
 import re
 import sys
 import sysconfig
-from typing import Any
 
 # vt_lightning's own directory (the package, not this subpackage), wherever it is installed.
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,21 +95,12 @@ def library_roots() -> tuple[str, ...]:
         path = sysconfig.get_paths().get(key)
         if path:
             roots.update({os.path.abspath(path) + os.sep, os.path.realpath(path) + os.sep})
-    for module in _imported(*FRAMEWORKS):
-        roots.add(os.path.dirname(os.path.abspath(module.__file__)) + os.sep)
+    roots.update(framework_dirs(*FRAMEWORKS))
     return tuple(sorted(roots))
 
 
 def framework_dirs(*names: str) -> tuple[str, ...]:
-    """Directories of the named frameworks that are imported already (never imports one)."""
-    return tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in _imported(*names))
-
-
-def _imported(*names: str) -> list[Any]:
-    """Modules already imported (the writer imports no torch: only the training process finds them)."""
-    modules = []
-    for name in names:
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            modules.append(module)
-    return modules
+    """Directories of the named frameworks that are imported already: never imports one (the writer
+    imports no torch, so only the training process finds them)."""
+    files = [getattr(sys.modules.get(name), "__file__", None) for name in names]
+    return tuple(os.path.dirname(os.path.abspath(file)) + os.sep for file in files if file)

@@ -117,7 +117,7 @@ def comm_bound(w: WindowView) -> Iterator[Finding]:
     share = share_of(exposed, w.total_us)
     if share < COMM_BOUND_SHARE:
         return
-    launches = w.launches()
+    launches = w.data.launches
     per_user: dict[str, float] = defaultdict(float)
     for e in w.kernels:
         if _is_comm(e):

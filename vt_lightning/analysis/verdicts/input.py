@@ -27,12 +27,10 @@ Time = dict[str, float]
 _EVERYTHING = [(-math.inf, math.inf)]  # workers fetch ahead: a window's batches were fetched before its steps
 
 
-def _entries_and_callees(
-    w: WindowView, thread: object, spans: list[tuple[float, float]]
-) -> tuple[Time, dict[str, Time]]:
+def _entries_and_callees(w: WindowView, thread: Any, spans: list[tuple[float, float]]) -> tuple[Time, dict[str, Time]]:
     """µs per entry call inside ``spans``, and per entry, µs per innermost user callee under it."""
     if spans is _EVERYTHING:  # the whole thread (a worker's): the timeline's sums, without its segments
-        return w.entry_times(thread)
+        return w.data.walk(thread)
     entries: Time = defaultdict(float)
     callees: dict[str, Time] = defaultdict(lambda: defaultdict(float))
     for (lo, hi), (_, _, _, user, entry, _) in w.timeline(thread).within(spans):
@@ -102,13 +100,13 @@ def input_bound(w: WindowView) -> Iterator[Finding]:
     untraced = w.data.meta.get(UNTRACED_WAIT_KEY)
     # In process, untraced steps that did not wait mean the tracing made this wait. Not with
     # workers: their prefetch hides an epoch's first waits, and their tracing costs little.
-    in_process = all(thread[0] == w.pid for thread in w.threads())
+    in_process = all(thread[0] == w.pid for thread in w.data.python_calls)
     if in_process and untraced_clears(untraced):
         return
     entries, callees = _entries_and_callees(w, w.thread, w.data_waits())
     source = "main process"
     if not entries:
-        for thread in w.threads():
+        for thread in w.data.python_calls:
             if thread[0] == w.pid:
                 continue
             more, more_callees = _entries_and_callees(w, thread, _EVERYTHING)

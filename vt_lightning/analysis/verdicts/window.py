@@ -163,13 +163,6 @@ class WindowView:
             found = self._timelines[thread] = Timeline(self.data.python_calls.get(thread) or Calls.of([]))
         return found
 
-    def entry_times(self, thread: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        """µs per entry, and per entry and user callee, over ``thread``'s whole calls (``WindowData.walk``)."""
-        return self.data.walk(thread)
-
-    def threads(self) -> list[Any]:
-        return list(self.data.python_calls)
-
     def in_steps(self, span: Span) -> bool:
         lo, hi = span
         return any(s < hi and lo < e for s, e in self.step_spans)
@@ -184,7 +177,3 @@ class WindowView:
             return None
         _, _, _, user, _, _ = here
         return user
-
-    def launches(self) -> dict[Any, Any]:
-        """``{correlation: runtime call}`` of the window's kernel launches (the summary's map)."""
-        return self.data.launches
