@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vt_lightning.analysis.clock import Calibration
 from vt_lightning.analysis.merge import ORIGIN_GRANULARITY_US, snap_to_nanoseconds
 from vt_lightning.analysis.trace import WindowTrace
-from vt_lightning.analysis.usercode import code_origin
+from vt_lightning.analysis.usercode import is_user_file
 
 SAMPLED_CATEGORY = "sampled"  # not a category the TensorBoard plugin analyses: Trace view only
 TRACK_TID_BASE = 1_000_000_000  # a Linux tid is below 2**22: base + the training thread's tid never collides
@@ -44,19 +44,7 @@ class FlightCapture:
     detail: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "batch": self.batch,
-            "start_ns": self.start_ns,
-            "end_ns": self.end_ns,
-            "interval_ns": self.interval_ns,
-            "pid": self.pid,
-            "tid": self.tid,
-            "frames": [list(f) for f in self.frames],
-            "samples": [[t, list(stack)] for t, stack in self.samples],
-            "clock": list(self.clock) if self.clock is not None else None,
-            "truncated": self.truncated,
-            "detail": dict(self.detail),
-        }
+        return asdict(self)
 
 
 def frame_name(frame: Sequence[Any]) -> str:
@@ -84,11 +72,6 @@ def reduce_stack(
     for depth in range(max(last_user + 1, len(stack) - inner), len(stack)):
         keep[depth] = True
     return tuple(i for i, k in zip(stack, keep) if k)
-
-
-def user_file(path: str) -> bool:
-    """The one rule (``usercode.code_origin``): the user's unless stdlib, a package or vt_lightning."""
-    return code_origin(path)[0] == "user"
 
 
 def sample_spans(
@@ -131,7 +114,7 @@ def flight_track(data: dict[str, Any], calibration: Calibration, origin_us: floa
     pid, tid = data.get("pid"), TRACK_TID_BASE + int(data.get("tid") or 0)
     start_ns, end_ns, interval = int(data["start_ns"]), int(data["end_ns"]), int(data["interval_ns"])
     rate = round(1e9 / interval) if interval > 0 else 0
-    samples = [(int(t), reduce_stack(stack, frames, user_file)) for t, stack in data.get("samples", [])]
+    samples = [(int(t), reduce_stack(stack, frames, is_user_file)) for t, stack in data.get("samples", [])]
     detail = data.get("detail") or {}
 
     def span(name: str, t0: int, t1: int, args: dict[str, Any]) -> dict[str, Any]:

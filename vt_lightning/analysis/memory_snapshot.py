@@ -26,8 +26,8 @@ from vt_lightning.analysis.trace import Thread, WindowTrace
 from vt_lightning.analysis.usercode import parse_function
 from vt_lightning.constants import CPU_OP_CATEGORY, PYTHON_CATEGORY, USER_ANNOTATION_CATEGORY
 
-# torch events that may enclose an allocation
-OP_CATEGORIES = frozenset({CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY})
+# the Python calls and torch events that may enclose an allocation
+FRAME_CATEGORIES = frozenset({PYTHON_CATEGORY, CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY})
 UNKNOWN_FILE = "??"  # what torch writes for a frame without a source file
 CPU_DEVICE_TYPE = 0  # ``Device Type`` of torch's [memory] events (c10::DeviceType::CPU)
 _DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda", 13: "mps", 20: "meta", 12: "xpu", 9: "hip"}
@@ -79,9 +79,7 @@ def _stack_frames(
     return out
 
 
-def build_cpu_snapshot(
-    trace: WindowTrace | Sequence[Mapping[str, Any]], *, include_ops: bool = True
-) -> dict[str, Any] | None:
+def build_cpu_snapshot(trace: WindowTrace | Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """A ``torch.cuda.memory._snapshot()``-format dict from a window's trace (None: no ``[memory]``
     event); ``time_us`` is the trace's own ``ts``, so it lines up with the Trace view.
 
@@ -93,7 +91,7 @@ def build_cpu_snapshot(
     records, memory_by_thread = _memory_records(trace.memory)
     if not records:
         return None
-    calls_by_thread = _calls_of_threads(trace, memory_by_thread.keys(), include_ops)
+    calls_by_thread = _calls_of_threads(trace, memory_by_thread.keys())
     frame_of = functools.lru_cache(maxsize=None)(parse_frame)  # one dict per name: pickled once
     frames_of: dict[int, list[dict[str, Any]]] = {}
     for thread, memory in memory_by_thread.items():
@@ -120,7 +118,7 @@ def build_cpu_snapshot(
             "events": len(records),
             "frees_without_alloc": replay.frees_before_window,
             "allocs_without_free": replay.unmatched_allocs,
-            "frames": "viztracer+torch-ops" if include_ops else "viztracer",
+            "frames": "viztracer+torch-ops",
             "time": "trace ts (torch timeline, us)",
         },
     }
@@ -149,11 +147,9 @@ def _memory_records(
     return records, memory_by_thread
 
 
-def _calls_of_threads(
-    trace: WindowTrace, threads: Iterable[Thread], include_ops: bool
-) -> dict[Thread, list[tuple[float, float, str]]]:
-    """(start, end, name) of the calls (and, with ``include_ops``, the ops) of the threads that
-    allocated only, in the trace's order: a worker's or helper thread's calls enclose no allocation."""
+def _calls_of_threads(trace: WindowTrace, threads: Iterable[Thread]) -> dict[Thread, list[tuple[float, float, str]]]:
+    """(start, end, name) of the calls and ops of the threads that allocated only, in the trace's
+    order: a worker's or helper thread's calls enclose no allocation."""
     calls_by_thread: dict[Thread, list[tuple[float, float, str]]] = {key: [] for key in threads}
     tids = {tid for _, tid in calls_by_thread}
     span = trace.python
@@ -170,8 +166,7 @@ def _calls_of_threads(
             found = calls_by_thread.get((event.get("pid"), event.get("tid")))
             if found is None:
                 continue
-            cat = event.get("cat")
-            if cat != PYTHON_CATEGORY and not (include_ops and cat in OP_CATEGORIES):
+            if event.get("cat") not in FRAME_CATEGORIES:
                 continue
             ts = event.get("ts")
             if type(ts) is not float:  # a merged trace's are (snapped floats): skip the checks

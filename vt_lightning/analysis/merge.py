@@ -103,11 +103,6 @@ def merge_metadata_events(
     return out
 
 
-def ran_steps(steps: Iterable[int] | None) -> set[str] | None:
-    """The names of the ``ProfilerStep#N`` ranges of the steps that ran (None: not known)."""
-    return {f"{STEP_PREFIX}{step}" for step in steps} if steps is not None else None
-
-
 @dataclass(frozen=True)
 class TorchPlacement:
     """The calibration's map of VizTracer's µs onto torch's timeline less the time origin: an offset
@@ -316,7 +311,8 @@ def merge_window(
     if origin_us is None:
         origin_us = time_origin_us(torch_events)
     rebase_events(torch_events, origin_us)
-    ran = ran_steps(vt_metadata.get("steps"))
+    steps = vt_metadata.get("steps")  # the steps that ran (None: not known)
+    ran = {f"{STEP_PREFIX}{step}" for step in steps} if steps is not None else None
     before, after = ([e for e in part if e.get("ph") != "M"] for part in (python.before, python.after))
     python_meta = [e for part in (python.before, python.after) for e in part if e.get("ph") == "M"]
     events = merge_metadata_events(torch_events, python_meta, thread_names)

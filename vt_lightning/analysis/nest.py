@@ -146,12 +146,11 @@ class Nest:
     """One thread's intervals walked in ``outer_first`` order: ``order`` (each one's index in the
     input), ``starts``, ``ends`` (as nested), ``parents`` (-1: at the top)."""
 
-    def __init__(self, starts: Any, ends: Any, clip: bool = True, in_order: bool = False) -> None:
+    def __init__(self, starts: Any, ends: Any, clip: bool = True) -> None:
         starts = np.asarray(starts, dtype=float)
         ends = np.asarray(ends, dtype=float)
-        self.order = np.arange(len(starts)) if in_order else outer_first_order(starts, ends)
-        if not in_order:
-            starts, ends = starts[self.order], ends[self.order]
+        self.order = outer_first_order(starts, ends)
+        starts, ends = starts[self.order], ends[self.order]
         self.starts = starts
         self.clip = clip
         self._depths: np.ndarray | None = None

@@ -10,7 +10,7 @@ minimum (which would make a late rank look early). Ranks leave a collective toge
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 Sample = tuple[int, int, int, int]  # (t0, t1, t2, t3) ns: rank 0 sends, peer receives, peer replies, rank 0 receives
@@ -52,16 +52,10 @@ class Offset:
         return out
 
 
-def best_sample(samples: Iterable[Sample]) -> Sample | None:
-    """The sample with the smallest non-negative round trip (None without any usable sample)."""
-    usable = [s for s in samples if round_trip_ns(s) >= 0]
-    return min(usable, key=round_trip_ns) if usable else None
-
-
 def estimate_offset(rank: int, samples: Sequence[Sample], same_host: bool) -> Offset | None:
     """The NTP estimate from the tightest sample; on one host the offset is 0 (same clock) and the
     estimate only bounds it. None when no sample is usable."""
-    best = best_sample(samples)
+    best = min((s for s in samples if round_trip_ns(s) >= 0), key=round_trip_ns, default=None)
     if best is None:
         return None
     measured = sample_offset_ns(best) / 1000.0

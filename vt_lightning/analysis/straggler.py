@@ -24,7 +24,7 @@ import numpy as np
 
 from vt_lightning.analysis.python_tables import name_codes
 from vt_lightning.analysis.trace import Calls, ThreadSpans
-from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.usercode import is_user_file, parse_function
 from vt_lightning.constants import STEP_PREFIX
 
 MIN_SHARE = 0.10  # of the mean step time
@@ -93,7 +93,7 @@ def keyed_collectives(
 
 def _label(name: str) -> str | None:
     function, path, line = parse_function(name)
-    if path is None or code_origin(path)[0] != "user":
+    if not is_user_file(path):
         return None
     return f"{function} ({path}:{line})"
 
@@ -135,11 +135,7 @@ def time_in(segments: Sequence[Segment], intervals: Iterable[tuple[float, float]
     return out
 
 
-def analyze_straggler(
-    ranks: Mapping[int, Sequence[Mapping[str, Any]]],
-    min_share: float = MIN_SHARE,
-    min_wait_ms: float = MIN_WAIT_MS,
-) -> dict[str, Any]:
+def analyze_straggler(ranks: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
     """The job summary's ``straggler`` block for one window (see the module docstring)."""
     out: dict[str, Any] = {
         "family": None,
@@ -147,7 +143,7 @@ def analyze_straggler(
         "steps": [],
         "wait_ms_per_step": [],
         "straggler": None,
-        "thresholds": {"min_share_of_step": min_share, "min_wait_ms": min_wait_ms},
+        "thresholds": {"min_share_of_step": MIN_SHARE, "min_wait_ms": MIN_WAIT_MS},
     }
     if len(ranks) < 2:
         return out
@@ -189,7 +185,7 @@ def analyze_straggler(
         "own_wait_ms": round(own_wait_ms, 3),
         "share_of_step": round(share, 4),
     }
-    if net_ms < min_wait_ms or share < min_share:
+    if net_ms < MIN_WAIT_MS or share < MIN_SHARE:
         return out
     verdict: dict[str, Any] = {
         "rank": candidate,

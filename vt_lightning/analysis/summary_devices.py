@@ -10,7 +10,7 @@ from typing import Any
 from vt_lightning.analysis.schema import AllocationSite, DeviceMemory, Gpu, IdleGap, Memory
 from vt_lightning.analysis.spans import Span, clip, difference, ms, span_of, union
 from vt_lightning.analysis.trace import Calls
-from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.usercode import is_user_file, parse_function
 
 KERNEL_CATEGORIES = frozenset({"kernel"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
@@ -49,8 +49,7 @@ def _gap(gap: Span, calls: Sequence[tuple[float, float, str]]) -> IdleGap:
             break
         if end > mid:
             innermost = name
-            _, path, _ = parse_function(name)
-            if code_origin(path)[0] == "user":
+            if is_user_file(parse_function(name)[1]):
                 user = name
     return {
         "start_us": round(gap[0], 3),
@@ -148,7 +147,7 @@ def _site(frames: Sequence[Mapping[str, Any]]) -> str | None:
         label = f"{frame.get('name')} ({filename}:{frame.get('line')})"
         if first_python is None:
             first_python = label
-        if code_origin(filename)[0] == "user":
+        if is_user_file(filename):
             return label
     return first_python
 

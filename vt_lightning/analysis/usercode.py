@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import sysconfig
+from typing import Any
 
 # vt_lightning's own directory (the package, not this subpackage), wherever it is installed.
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,6 +74,11 @@ def code_origin(path: str | None) -> tuple[str, str | None]:
     if any(real.startswith(d + os.sep) for d in _STDLIB_DIRS):
         return "stdlib", None
     return "user", None
+
+
+def is_user_file(path: Any) -> bool:
+    """Whether ``path`` (a source file, or anything read from a file) is the user's code."""
+    return isinstance(path, str) and code_origin(path)[0] == "user"
 
 
 def is_generated(path: str) -> bool:

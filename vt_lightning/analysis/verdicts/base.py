@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vt_lightning.analysis.schema import Verdict, VerdictWhere
-from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.usercode import code_origin, is_user_file, parse_function
 
 if TYPE_CHECKING:
     from vt_lightning.analysis.verdicts.window import WindowView
@@ -66,10 +66,6 @@ def top_where(per_name: Mapping[str, float], steps: int, limit: int = TOP_WHERE)
     """The places with the most time, most first."""
     ranked = sorted(per_name.items(), key=lambda kv: kv[1], reverse=True)
     return [where_of(name, us, steps) for name, us in ranked[:limit] if us > 0]
-
-
-def is_user_file(path: Any) -> bool:
-    return isinstance(path, str) and code_origin(path)[0] == "user"
 
 
 def place(item: Mapping[str, Any]) -> list[VerdictWhere]:

@@ -11,10 +11,10 @@ from typing import Any
 
 from vt_lightning.analysis.schema import Verdict, VerdictWhere
 from vt_lightning.analysis.spans import span_of
+from vt_lightning.analysis.usercode import is_user_file
 from vt_lightning.analysis.verdicts.base import (
     Finding,
     Rule,
-    is_user_file,
     make_verdict,
     place,
     top_where,
@@ -32,9 +32,9 @@ FUNCTIONS_LISTED = 5  # compiled functions looked at for compile_time's ``where`
 class Callers:
     """The user's calls that ran each compile: by compile id, and µs of compile per caller."""
 
-    def __init__(self, by_id: Mapping[str, str] | None = None, us: Mapping[str, float] | None = None) -> None:
-        self.by_id: dict[str, str] = dict(by_id or {})
-        self.us: dict[str, float] = dict(us or {})
+    def __init__(self) -> None:
+        self.by_id: dict[str, str] = {}
+        self.us: dict[str, float] = {}
 
     @classmethod
     def of(cls, w: WindowView) -> Callers:

@@ -7,11 +7,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from vt_lightning.analysis.spans import span_of
+from vt_lightning.analysis.usercode import is_user_file
 from vt_lightning.analysis.verdicts.base import (
     TOP_WHERE,
     Finding,
     Rule,
-    is_user_file,
     share_of,
     top_where,
     users_first,
