@@ -1,10 +1,8 @@
 """Where each instant of a step went: the breakdown's parts and the ranges that decide them. Pure.
 
-The ranges, on the training thread: Lightning's stages (its ``[pl][profile]`` ranges, else the
-Lightning methods that run them), the user's overrides of Lightning hooks (named in the trace's
-``vt_lightning.user_hooks``, so an ``optimizer_step`` override counts whatever the profilers), and
-the window's own validation ranges. Each instant goes to the innermost range covering it, except
-that a validation, test or predict range takes everything inside it; what none covers is ``other``."""
+Each instant goes to the innermost range covering it (Lightning's stages, the user's hook overrides,
+the window's validation ranges), except that a validation, test or predict range takes everything
+inside it; what none covers is ``other``."""
 
 from __future__ import annotations
 
@@ -108,9 +106,8 @@ def _python_stage_part(name: str) -> str | None:
 def stage_ranges(
     on_thread: Iterable[Mapping[str, Any]], calls: Calls, user_hooks: Mapping[str, str] | None = None
 ) -> tuple[list[Range], str, dict[str, str]]:
-    """(start, end, part) ranges on the training thread, from its events (at least its
-    ``[pl][profile]`` ones) and its Python calls, each in the trace's order; where Lightning's stages
-    came from; and the user's hooks found (hook -> part)."""
+    """(start, end, part) ranges of the training thread's events and calls (in trace order), where
+    Lightning's stages came from, and the user's hooks found (hook -> part)."""
     lightning: list[Range] = []
     window: list[Range] = []
     for event in on_thread:
@@ -146,7 +143,6 @@ def stage_ranges(
 
 
 def _calls_named(calls: Calls, wanted: Mapping[str, Any]) -> list[tuple[float, float, str]]:
-    """``(start, end, name)`` of the calls whose name is in ``wanted``, in the trace's order."""
     if not wanted:
         return []
     picked = [i for i, name in enumerate(calls.names) if name in wanted]
@@ -170,8 +166,7 @@ def _outermost_per_part(ranges: list[Range]) -> list[Range]:
 
 
 def attribute_step(step: Span, ranges: Sequence[Range]) -> dict[str, float]:
-    """µs of ``step`` per part: each instant to the innermost range covering it, or to the innermost
-    validation / test / predict range when one does."""
+    """µs of ``step`` per part, as the module docstring says."""
     lo, hi = step
     inside = [(max(s, lo), min(e, hi), part, s, e) for s, e, part in ranges if e > lo and s < hi]
     cuts = sorted({lo, hi, *(r[0] for r in inside), *(r[1] for r in inside)})

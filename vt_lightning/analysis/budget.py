@@ -1,10 +1,7 @@
-"""The run budget: how much of a run profiling may take, in bytes written and time in windows
-(``budget_windows`` is counted by ``sources.WindowPlan``). Pure bookkeeping; once a limit is
-reached no window opens for the rest of the run.
+"""The run budget: how much of a run profiling may take, in bytes written and time in windows. Pure.
 
-Time is profiling's overhead: the training thread's time from each window's opening to its
-hand-off, less what its batches would have taken at the run's mean quiet-batch time, against the
-run's wall time. The first ``grace_seconds`` are always allowed."""
+Time is profiling's overhead: the training thread's time in windows less what their batches would
+have taken at the run's mean quiet-batch time, against the run's wall time, past ``grace_seconds``."""
 
 from __future__ import annotations
 
@@ -50,8 +47,7 @@ class RunBudget:
         self.output_bytes += max(0, nbytes)
 
     def overhead(self, now: float, batch: int) -> float:
-        """Seconds the windows added to the run by batch ``batch``: their time less their batches at
-        the mean quiet-batch time (all of it while no quiet batch has run)."""
+        """Seconds the windows added to the run by batch ``batch``."""
         elapsed = max(0.0, now - self.started_at)
         quiet_batches = batch - self.first_batch - self.window_batches
         quiet_step = max(0.0, elapsed - self.window_seconds) / quiet_batches if quiet_batches > 0 else 0.0

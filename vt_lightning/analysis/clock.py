@@ -1,9 +1,6 @@
-"""Per-window calibration of VizTracer's clock against torch.profiler's.
-
-VizTracer stamps µs of a tick counter anchored to wall time at import; torch stamps wall-clock µs
-after ``baseTimeNanoseconds``. A clock step or drift moves one against the other, so the offset is
-measured from both clocks (never from traced events, which a filter could drop) at each window's
-start and end and interpolated. The clocks are read by ``recording/clock_probes.py``."""
+"""Per-window calibration of VizTracer's clock against torch.profiler's: both clocks are read (by
+``recording/clock_probes.py``, never through traced events) at each window's start and end, and the
+offset interpolated across it, so a wall-clock step or a drift since import cannot misplace events."""
 
 from __future__ import annotations
 
@@ -34,10 +31,8 @@ MARKER_ROUNDS = 16  # marker ranges recorded per window edge
 
 @dataclass(frozen=True)
 class MarkerPair:
-    """A torch range recorded between two reads of the Python tracer's clock: it measures the offset
-    to torch's trace timeline itself, its own tick-to-wall conversion included. The offset lies in
-    ``[torch_end - after, torch_start - before]``: the midpoint is the estimate, half the width the
-    uncertainty."""
+    """A torch range recorded between two reads of the Python clock: the offset to torch's own trace
+    timeline lies in ``[torch_end - after, torch_start - before]`` (the estimate its midpoint)."""
 
     before_us: float
     after_us: float

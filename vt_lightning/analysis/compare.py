@@ -1,10 +1,8 @@
 """What got slower or faster between two windows (or runs): pure functions on summary dicts.
 
-Each side is reduced to its mean over windows, then compared part by part, function by function
-and op by op. A name missing on one side is, and each row says which: **absent** (that side's
-``totals`` list everything: 0 ms, truthfully "new" or -100 %), **below the threshold** (a lower
-bound of 0, noted), or **not in the top N** (a schema-1 summary: unknown). ``delta_percent`` is
-None unless both sides are known exactly and A is not 0."""
+Each side is its mean over windows. A name missing on one side is **absent** (that side's
+``totals`` list everything), **below the threshold** (counted as 0, noted) or **not in the top N**
+(unknown): each row says which, and ``delta_percent`` is None unless both sides are exact."""
 
 from __future__ import annotations
 
@@ -67,8 +65,7 @@ def _python_window(summary: Summary) -> _Window:
 
 
 def _user_window(summary: Summary) -> _Window:
-    """The user's own functions by inclusive time (the caller of ``time.sleep`` is named, not it);
-    the summary keeps only the top ones, so a missing one is unknown."""
+    """The user's own functions by inclusive time (the caller of ``time.sleep``, not it)."""
     user = [e for e in (summary.get("top_python") or {}).get("by_inclusive") or [] if e.get("origin") == "user"]
     values = {function_key(e): _number(e.get("inclusive_ms")) for e in user}
     return _Window(values, complete=False, threshold_ms=None, top=len(user))

@@ -1,14 +1,9 @@
 """torch.compile in a window, from what ``recording/compile_watch.py`` collected. Pure.
 
-* ``compile_span_events``: one Python-tracer event per compile, ``torch.compile: <frame> (dynamo
-  Xms, aot Yms, inductor Zms)``, placed to nest with the calls recorded around it;
-* ``compile_record``: the compiles, graph breaks and recompiles kept in the trace's metadata;
-* ``compile_summary``: the summary's ``compile`` key, from that record and the merged events (graph
-  breaks are also seen at run time, from the resume functions dynamo makes at each break).
-
-Each phase is its own time, the parts inside it taken out: dynamo's frame compile holds the
-backend's (AOT autograd), which holds inductor's. A backward compiled at the first backward has no
-dynamo part."""
+``compile_span_events`` makes one Python-tracer span per compile, ``compile_record`` what the
+trace's metadata keeps, ``compile_summary`` the summary's ``compile`` key (graph breaks also seen at
+run time, from dynamo's resume functions). A phase's time excludes the phases inside it (dynamo ⊃
+AOT autograd ⊃ inductor)."""
 
 from __future__ import annotations
 
@@ -68,8 +63,7 @@ def _frame_of(record: Mapping[str, Any]) -> str:
 
 
 def _match(span: Mapping[str, Any], records: Sequence[Mapping[str, Any]], used: set[int]) -> int | None:
-    """The metrics record of a compile span: same compile id and direction, else the first one
-    that started during it (torch before 2.6 passes no compile id)."""
+    """The metrics record of a compile span: same id and direction, else the first started in it."""
     backward = span.get("trigger") == "LAZY_BACKWARD"
     for i, record in enumerate(records):
         if i in used or span.get("compile_id") is None:
@@ -138,9 +132,8 @@ def span_name(entry: Mapping[str, Any]) -> str:
 
 
 def compile_span_events(info: Mapping[str, Any], python_events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The window's compile spans as complete events (VizTracer's clock), trimmed so no recorded call
-    crosses one: dynamo's callbacks run a few calls deep, so the calls leading to the start callback
-    end just after the span begins, and those leading to the end callback begin just before it ends."""
+    """The window's compile spans (VizTracer's clock), trimmed so no recorded call crosses one: the
+    calls around dynamo's callbacks end just after the span starts, or begin just before it ends."""
     entries = [e for e in _compiles(info) if e["span"] is not None and e["span"].get("start_us") is not None]
     if not entries:
         return []
@@ -212,8 +205,7 @@ def parse_graph_break(message: str) -> dict[str, Any] | None:
 
 
 def _parse_legacy_graph_break(message: str) -> dict[str, Any] | None:
-    """torch 2.4's record: ``Graph break: from user code at:``, the user's frames (innermost last),
-    then dynamo's traceback ending in ``torch._dynamo.exc.Unsupported: <reason>``."""
+    """torch 2.4's record: the user's frames after ``Graph break: from user code at:``."""
     _, marker, rest = message.partition(_LEGACY_BREAK)
     if not marker:
         return None
@@ -275,8 +267,7 @@ def compile_record(info: Mapping[str, Any]) -> dict[str, Any]:
 def _enclosing_function(
     place: Mapping[str, Any], compiled: Mapping[str, Any] | None, compiles: Sequence[Mapping[str, Any]]
 ) -> str | None:
-    """The function a graph break without a traceback is in: the frame compiled when it was logged,
-    else the compiled function of that file starting last before its line."""
+    """A graph break's function without a traceback: the frame then compiled, else the nearest above."""
     if compiled is not None and compiled.get("file") == place["file"] and not _RESUME.search(str(compiled["function"])):
         return compiled.get("function")
     best: tuple[int, str] | None = None
@@ -298,8 +289,7 @@ def _is_recompile_id(compile_id: str) -> bool:
 
 
 def runtime_graph_breaks(events: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
-    """Graph breaks the window's steps went through (wherever compiled): calls of dynamo's resume
-    functions, by the break's file and line."""
+    """Graph breaks the steps went through: calls of dynamo's resume functions, by file and line."""
     found: dict[tuple[str, int], dict[str, Any]] = {}
     for event in events:
         name = str(event.get("name", ""))

@@ -1,16 +1,11 @@
 """Which recorded Python calls a window's trace keeps: the user's filters, and never our own frames.
 
-VizTracer's own filters drop the whole subtree under a filtered frame, and Lightning reaches
-``training_step`` through about 20 frames of Lightning and torch, so VizTracer records unfiltered
-and this module filters each thread's calls in the writer, with the meaning a user reads:
-
-- ``include_files``: keep every call whose code lives under those paths (and the C calls it makes);
-- ``exclude_files``: drop the calls whose code lives under those paths, keep those beneath them;
-- ``max_stack_depth``: depth 1 is the outermost call of the user's code on the stack (a hook the
-  user's LightningModule defines, or any function outside the standard library and the installed
-  packages); deeper calls beneath it are dropped; calls outside any such call are kept.
-
-vt_lightning's own calls and everything they call always go. torch's events are never filtered."""
+VizTracer's own filters drop the whole subtree under a filtered frame (Lightning reaches
+``training_step`` through ~20 frames), so it records unfiltered and this module filters in the
+writer: ``include_files`` keeps the calls under those paths (and the C calls they make),
+``exclude_files`` drops them but not their callees, ``max_stack_depth`` counts from the outermost
+user call (a hook the user's LightningModule defines, or any file outside the standard library and
+packages). vt_lightning's own calls and their callees always go; torch's events are never filtered."""
 
 from __future__ import annotations
 
@@ -59,9 +54,8 @@ LIGHTNING_MODULE_HOOKS = (
 
 
 def module_hook_locations(module: Any) -> frozenset[tuple[str, int]]:
-    """(file, first line) of each LightningModule hook ``module``'s class overrides (Lightning's own
-    left out: its ``optimizer_step`` calls ``training_step``, which must stay depth 1), so a model
-    from an installed package counts as the user's code too."""
+    """(file, first line) of the LightningModule hooks ``module``'s class overrides (Lightning's own
+    left out: its ``optimizer_step`` calls ``training_step``, which must stay depth 1)."""
     lightning_dirs = framework_dirs("lightning", "pytorch_lightning", "lightning_fabric")
     found = set()
     for name in LIGHTNING_MODULE_HOOKS:
@@ -117,8 +111,7 @@ class PythonFilter:
 
 
 def _name_facts(rules: PythonFilter, name: str) -> tuple[bool, bool, bool, bool, bool]:
-    """What the filter reads of a call's name: whether it has a location, is ours, starts the
-    user's code, lies under ``include_files``, under ``exclude_files``."""
+    """What a call's name decides: has a location, is ours, starts user code, included, excluded."""
     match = _LOCATION.search(name)
     if match is None:  # a C call: judged by its caller
         return (False, False, False, False, False)
@@ -137,8 +130,7 @@ def _name_facts(rules: PythonFilter, name: str) -> tuple[bool, bool, bool, bool,
 
 
 def keeps_whole(rules: PythonFilter, names: Iterable[Any]) -> bool:
-    """Whether ``filter_python_events`` keeps a thread of calls of these names whole: no user
-    filter, and none is vt_lightning's own."""
+    """Whether a thread of calls of these names is kept whole: no user filter, none of them ours."""
     if rules.user_filters:
         return False
     return all(name.__class__ is str and not _name_facts(rules, name)[1] for name in names)
@@ -160,13 +152,10 @@ def filter_python_events(
     grouped: tuple[Mapping[Thread, list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
     ordered: Mapping[Thread, set[Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[Thread, list[dict[str, Any]]], FilterStats]:
-    """Keep the calls ``rules`` select on every thread; other events pass through. Returns those
-    events, each thread's kept calls (outer first) and what went. ``grouped``: more events after
-    ``events``, grouped as here; ``ordered``: the distinct names of ``grouped``'s threads already
-    outer first, neither sorted nor read again.
-
-    One pass per thread over its calls nested (``nest.walk``): a call's ancestry decides its depth
-    and whether it runs inside vt_lightning; what the name alone decides is read once per name."""
+    """Keep the calls ``rules`` select; other events pass. Returns them, each thread's kept calls
+    (outer first) and what went. ``grouped``: more events, grouped as here; ``ordered``: the names of
+    its threads already outer first. A call's ancestry (``nest.walk``) decides its depth; what its
+    name decides is read once per name."""
     by_thread: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
     others: list[dict[str, Any]] = []
     for event in events:

@@ -1,11 +1,9 @@
-"""The flight recorder's samples as a track of the trace. Pure.
+"""The flight recorder's samples of a slow step as a track of the trace. Pure.
 
-While the slow-step trigger is armed, ``recording/flight.py`` samples the training thread's stack
-about 100 times a second; a slow step's samples reach the writer (``WindowJob.extras["flight"]``)
-and become a track before the window's steps: the slow step itself, and beneath it one span per
-frame that stayed on the stack over consecutive samples, of category ``sampled`` on a thread named
-``sampled: …``, so nobody mistakes them for traced calls (each is good to one interval only). The
-stacks keep the user's frames, the first library frame each calls and the innermost few."""
+``recording/flight.py`` samples the training thread's stack ~100 times a second; a slow step's
+samples become a track of category ``sampled`` on a thread named ``sampled: …`` (nobody mistakes
+them for traced calls: each is good to one interval), one span per frame kept over consecutive
+samples: the user's frames, the first library frame each calls and the innermost few."""
 
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ Frame = tuple[str, str, int]  # (qualified name, file, first line), as VizTracer
 
 @dataclass(frozen=True)
 class FlightCapture:
-    """The samples of one slow step for the writer: ``samples`` are ``(perf_counter_ns, frame indices
-    outermost first)``; ``clock`` one (perf_counter ns, VizTracer µs) reading to map them."""
+    """The samples of one slow step: ``(perf_counter_ns, frame indices, outermost first)``."""
 
     batch: int
     start_ns: int
@@ -59,8 +56,7 @@ def reduce_stack(
     is_user: Callable[[str], bool],
     inner: int = INNER_LIBRARY_FRAMES,
 ) -> tuple[int, ...]:
-    """Keep the user's frames, the first library frame each calls, and the innermost ``inner``
-    library frames (all of them where no frame is the user's)."""
+    """The user's frames, the first library frame each calls, and the innermost ``inner`` frames."""
     user = [is_user(str(frames[i][1])) for i in stack]
     keep = [False] * len(stack)
     for depth, mine in enumerate(user):
@@ -77,9 +73,8 @@ def reduce_stack(
 def sample_spans(
     samples: Sequence[tuple[int, Sequence[int]]], interval_ns: int, start_ns: int, end_ns: int
 ) -> list[tuple[int, int, int, int]]:
-    """``(frame index, depth, start ns, end ns)`` spans from ordered samples, clipped to the step: a
-    frame at the same depth under the same parents in consecutive samples is one span, each sample
-    lasting to the next (the last: one interval), so spans nest exactly."""
+    """``(frame index, depth, start ns, end ns)`` from ordered samples, clipped to the step: a frame
+    kept under the same parents is one span, each sample lasting to the next, so spans nest exactly."""
     inside = [(t, tuple(stack)) for t, stack in samples if start_ns <= t < end_ns]
     spans: list[tuple[int, int, int, int]] = []
     open_: list[tuple[int, int]] = []  # (frame index, start ns) by depth
@@ -99,8 +94,7 @@ def sample_spans(
 
 
 def flight_track(data: dict[str, Any], calibration: Calibration, origin_us: float) -> list[dict[str, Any]]:
-    """The sampled track's events on the trace's timeline (µs after ``origin_us``, whole ns): its
-    thread's name and sort index, the slow step, the sampled frames."""
+    """The sampled track's events on the trace's timeline (µs after ``origin_us``, whole ns)."""
     clock = data.get("clock")
     if not clock:
         return []

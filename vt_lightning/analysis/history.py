@@ -1,8 +1,5 @@
-"""What a run keeps of its windows for the end-of-run table: the same size after 10 windows or 10,000.
-
-Each window becomes one small ``WindowRow``; ``RunHistory`` keeps the first and latest few rows,
-the slowest few, and a bounded log-bucket histogram per column for the median and p90. The full
-table goes to a file row by row (``controller/windows_table.py``). Pure."""
+"""What a run keeps of its windows for the end-of-run table: the same size after 10 windows or
+10,000 (the first, latest and slowest few rows, and a log-bucket histogram per column). Pure."""
 
 from __future__ import annotations
 
@@ -75,8 +72,7 @@ def _top_user_function(summary: Mapping[str, Any]) -> str | None:
 
 
 class QuantileSketch:
-    """Quantiles of non-negative numbers in bounded memory: counts per log-spaced bucket, so its size
-    grows with the values' range, never with their number."""
+    """Quantiles in bounded memory: counts per log-spaced bucket, growing with the range, not the count."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -183,8 +179,7 @@ class RunHistory:
         return WindowRow(None, 0, "", self.step.quantile(q), parts, gpu, self.peak.quantile(q))
 
     def table(self) -> list[TableRow]:
-        """The first windows, the slowest in between (marked), a gap row, the latest windows, then the
-        median and p90 of all windows: at most ``MAX_TABLE_ROWS`` rows."""
+        """First, slowest (marked), a gap row, latest, then the median and p90: ``MAX_TABLE_ROWS`` at most."""
         middle = sorted(self.slowest(), key=lambda r: r.index if r.index is not None else -1)
         rows = [TableRow(r.name, r) for r in self.first]
         rows += [TableRow(r.name, r, marks=("slowest",)) for r in middle]
@@ -211,8 +206,7 @@ def history_of(rows: Iterable[WindowRow]) -> RunHistory:
 
 
 class WindowNumbers:
-    """A set of window numbers kept as runs of consecutive numbers: a schedule's windows come in
-    order, so thousands of windows are one entry."""
+    """Window numbers as runs of consecutive ones: a schedule's windows in order are one entry."""
 
     def __init__(self, numbers: Iterable[int] = ()) -> None:
         self._runs: list[list[int]] = []  # sorted, disjoint, non-adjacent [first, last]

@@ -1,14 +1,11 @@
 """The ranks' traces of one window on one timeline: the job file (pure; written by export/job_file.py).
 
-* **Time.** A rank's events move by the difference of its ``baseTimeNanoseconds`` from rank 0's
-  (exact, in ns), then by minus its clock offset (``offsets.py``: 0 on rank 0's host). Nothing is
-  aligned on a file's first event.
-* **Processes.** A rank's pids become ``rank * PID_STRIDE + 1 + i`` (its own process first; never
-  pid 0, Perfetto's idle process): no collision across ranks or hosts, 32-bit up to 2,146 ranks.
-  They are named ``rank N`` / ``rank N: <name>`` and sorted by rank (``SORT_STRIDE``).
-* **Flows.** Flow ids are made unique per rank the same way.
-* **Size.** Past ``budget_bytes``, ranks other than ``keep_full`` keep only their steps,
-  collectives, metadata and the calls of their top ``TOP_FUNCTIONS`` functions."""
+* Time: a rank's events move by the difference of its ``baseTimeNanoseconds`` from rank 0's (exact
+  ns), then by its clock offset (``offsets.py``); never aligned on a file's first event.
+* Processes: a rank's pids become ``rank * PID_STRIDE + 1 + i`` (its own first; never pid 0,
+  Perfetto's idle process), named ``rank N`` and sorted by rank; flow ids likewise.
+* Size: past ``budget_bytes``, ranks but ``keep_full`` keep only steps, collectives, metadata and
+  their top ``TOP_FUNCTIONS`` functions' calls."""
 
 from __future__ import annotations
 
@@ -161,8 +158,7 @@ def aligned_events(
 
 
 def ranks_to_reduce(sizes: Mapping[int, int], keep_full: Iterable[int], budget_bytes: int) -> list[int]:
-    """Ranks that lose detail so the job stays near the budget: none if it fits; else every rank
-    but ``keep_full`` (the slowest and the fastest)."""
+    """Ranks that lose detail: none if the job fits the budget, else all but ``keep_full``."""
     if sum(sizes.values()) <= budget_bytes:
         return []
     keep = set(keep_full)
@@ -170,8 +166,7 @@ def ranks_to_reduce(sizes: Mapping[int, int], keep_full: Iterable[int], budget_b
 
 
 def slowest_and_fastest(wait_ms: Sequence[Mapping[str, Any]]) -> list[int]:
-    """From the straggler block's ``wait_ms_per_step``: the rank that waits least (the slowest:
-    the others wait for it) and the one that waits most (the fastest)."""
+    """The rank that waits least (the slowest: the others wait for it) and the one that waits most."""
     if not wait_ms:
         return [0]
     ordered = sorted(wait_ms, key=lambda w: (float(w["wait_ms"]), int(w["rank"])))

@@ -1,10 +1,7 @@
-"""The window lifecycle as a transition table, after ``torch.profiler.profile.step()``'s action map.
-
-The window sources answer "what phase is this batch in?"; this table says what to do between two
-answers, so a new phase or boundary is a new row, not a new branch. Lightning gives two boundaries
-per batch: ``BATCH_START`` (the open window's phase, this batch's; a window whose last batch end
-was never seen meets ``(…, NONE)`` here) and ``BATCH_END`` (this batch's phase, the next one's in
-the window: ``NONE`` after its last batch closes it at once, as there may be no next batch)."""
+"""The window lifecycle as a transition table, after ``torch.profiler.profile.step()``'s action map:
+a new phase or boundary is a new row, not a new branch. ``BATCH_START``: (the open window's phase,
+this batch's); ``BATCH_END``: (this batch's, the next one's in the window: ``NONE`` after its last
+batch closes it at once, as there may be no next batch)."""
 
 from __future__ import annotations
 

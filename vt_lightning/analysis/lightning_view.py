@@ -1,20 +1,11 @@
 """The "Lightning" view of torch-tb-profiler 0.4.3, written into a window's trace. Pure.
 
-The plugin builds the view from ``cpu_op`` events only, and only with the top-level ``"Framework":
-"pytorch-lightning"``; torch exports ``record_function`` ranges as ``user_annotation``. The
-ranges are recorded by ``recording/lightning_hooks.LightningViewHooks``, named by the helpers here.
-What the plugin does (torch_tb_profiler/profiler/*.py):
-
-* ``[pl][module]<type>: <path>``: the module tree is built from the paths alone, so a child of a
-  container that is never called (``nn.ModuleList``) becomes a root.
-* ``Framework`` makes it drop every ``python_function`` event (torch's own Module view): it is set
-  only when a module event is kept.
-* A ``[pl][module]`` name that is no node of the operator tree (its range partially overlaps
-  another on its thread) raises ``KeyError`` and the whole file fails to load: such events stay
-  ``user_annotation``, which it ignores.
-* The view's timeline reads the ``[pl][profile]`` ranges of the first thread and fails without
-  one: one per ``ProfilerStep#N`` is added when there is none.
-* ``gpu_user_annotation`` events must stay as they are."""
+The plugin builds it only from ``cpu_op`` events and with ``"Framework": "pytorch-lightning"``;
+the ranges (``recording/lightning_hooks.py``) are exported as ``user_annotation``. Its pitfalls:
+``Framework`` hides torch's own Module view (set only when a module event is kept); a
+``[pl][module]`` range that partially overlaps another on its thread is no node of its tree and
+fails the whole file (such ranges stay ``user_annotation``); its timeline fails without a
+``[pl][profile]`` range (one per step is added); ``gpu_user_annotation`` events stay as they are."""
 
 from __future__ import annotations
 
@@ -115,8 +106,7 @@ def _in_plugin_tree(event: dict[str, Any]) -> bool:
 
 
 def _rejected_module_events(tree_events: list[dict[str, Any]], modules: set[int]) -> set[int]:
-    """Replay the plugin's per-thread tree building (``outer_first``, then each event nested in the
-    innermost open one; one that ends after it is dropped): ids of the module events that lose a node."""
+    """Replay the plugin's tree building: ids of the module events that lose a node."""
     bad: set[int] = set()
     by_tid: dict[Any, list[tuple[float, float, dict[str, Any]]]] = defaultdict(list)
     for event in tree_events:
@@ -142,9 +132,8 @@ def _rejected_module_events(tree_events: list[dict[str, Any]], modules: set[int]
 
 
 def apply_lightning_view(trace: WindowTrace) -> dict[str, int]:
-    """Make torch-tb-profiler offer the "Lightning" view for this trace, in place; returns counts,
-    also kept in its metadata. Nothing changes when no module range survives (the view would be empty
-    and ``Framework`` would hide torch's Module view). Python calls are never a module, stage or step."""
+    """Make the plugin offer the Lightning view, in place; counts returned and kept in the metadata.
+    Nothing changes when no module range survives (``Framework`` would only hide the Module view)."""
     events = trace.other_events()
     modules: list[dict[str, Any]] = []
     stages: list[dict[str, Any]] = []

@@ -1,17 +1,10 @@
-"""CPU memory snapshots from a merged trace, in the format of ``torch.cuda.memory._snapshot()``. Pure.
+"""CPU memory snapshots from a merged trace, in ``torch.cuda.memory._snapshot()``'s format. Pure.
 
-``build_cpu_snapshot`` turns torch's ``[memory]`` instants into the dict torch's allocator writes,
-so https://pytorch.org/memory_viz opens it like a CUDA snapshot; each entry's stack is the Python
-calls (and torch ops) around it on its thread, innermost first. What memory_viz needs (torch 2.4 to
-2.13, ``_memory_viz.py`` and ``MemoryViz.js``):
-
-* ``device_traces[d]``: ``{action, addr, size, stream, time_us, frames}``; a free is
-  ``free_requested`` followed by ``free_completed`` (a lone one is drawn as "waiting for another
-  stream"). No ``category`` key: the page's typo (``snapshot.categores``) crashes on categories.
-* ``segments``: their blocks must tile the segment exactly, and every block replayed from the
-  trace must fall inside some segment (else "Allocator State History" crashes).
-* The page's unpickler knows protocols 2..4 and plain dicts, lists, str, int, float, bool, None and
-  small tuples only."""
+Torch's ``[memory]`` instants become the allocator's trace, each with the calls and ops around it
+as its stack, so https://pytorch.org/memory_viz opens it. The page's pitfalls (torch 2.4 to 2.13):
+a free is ``free_requested`` then ``free_completed``; no ``category`` key (its typo
+``snapshot.categores`` crashes on them); blocks must tile their segment and every replayed block
+lie in one; its unpickler takes plain dicts, lists, str, int, float, bool, None, small tuples."""
 
 from __future__ import annotations
 
@@ -36,8 +29,7 @@ _START, _END = itemgetter(0), itemgetter(1)
 
 
 def parse_frame(event_name: str) -> dict[str, Any]:
-    """One memory_viz frame from a VizTracer or torch event name; one without a source keeps the
-    name whole, with filename ``"??"`` and line 0."""
+    """One memory_viz frame from an event name (no source: the whole name, file ``"??"``, line 0)."""
     name, file, line = parse_function(event_name)
     if file is None or line is None:
         return {"filename": UNKNOWN_FILE, "line": 0, "name": event_name}
@@ -64,8 +56,7 @@ def _stack_frames(
     intervals: list[tuple[float, float, str]],
     frame_of: Callable[[str], dict[str, Any]],
 ) -> dict[int, list[dict[str, Any]]]:
-    """Enclosing frames, innermost first, of each of one thread's memory events (``(ts, index)``)
-    among its ``(start, end, name)`` calls: a call whose span contains the event, nested or not."""
+    """Each memory event's enclosing calls, innermost first, nested or not."""
     ordered = outer_first(intervals, _START, _END)
     memory.sort()
     out: dict[int, list[dict[str, Any]]] = {}
@@ -80,12 +71,9 @@ def _stack_frames(
 
 
 def build_cpu_snapshot(trace: WindowTrace | Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """A ``torch.cuda.memory._snapshot()``-format dict from a window's trace (None: no ``[memory]``
-    event); ``time_us`` is the trace's own ``ts``, so it lines up with the Trace view.
-
-    CPU has no caching allocator, so there are no segment allocs or frees: ``segments`` are the address
-    ranges the window's allocations occupied (merged), with the allocations live at the end as blocks
-    and the rest ``inactive``. A free of memory allocated before the window is kept."""
+    """A ``_snapshot()``-format dict of a window's trace (None: no ``[memory]`` event), times in the
+    trace's own µs. No caching allocator on CPU: ``segments`` are the address ranges used, live blocks
+    at the end, the rest ``inactive``."""
     if not isinstance(trace, WindowTrace):
         trace = WindowTrace.of({"traceEvents": list(trace)})
     records, memory_by_thread = _memory_records(trace.memory)
@@ -148,8 +136,7 @@ def _memory_records(
 
 
 def _calls_of_threads(trace: WindowTrace, threads: Iterable[Thread]) -> dict[Thread, list[tuple[float, float, str]]]:
-    """(start, end, name) of the calls and ops of the threads that allocated only, in the trace's
-    order: a worker's or helper thread's calls enclose no allocation."""
+    """The calls and ops of the threads that allocated only (others enclose no allocation)."""
     calls_by_thread: dict[Thread, list[tuple[float, float, str]]] = {key: [] for key in threads}
     tids = {tid for _, tid in calls_by_thread}
     span = trace.python
@@ -182,8 +169,7 @@ def _calls_of_threads(trace: WindowTrace, threads: Iterable[Thread]) -> dict[Thr
 
 
 class _Replay:
-    """The allocator's trace per device, replayed in time order: what is live at the end, the
-    address ranges used, and what could not be matched."""
+    """The allocator's trace per device, replayed in time order, with what could not be matched."""
 
     def __init__(self, devices: int) -> None:
         self.traces: list[list[dict[str, Any]]] = [[] for _ in range(devices)]

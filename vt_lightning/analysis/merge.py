@@ -1,9 +1,7 @@
 """Merge one window's torch trace and VizTracer events into one trace the TensorBoard plugin loads.
 
-Pure. The contract (torch-tb-profiler 0.4.3, frozen upstream): ``traceEvents`` is the last top-level
-key, every ``X`` event has a string ``cat``, torch's metadata is kept, and ``distributedInfo`` has a
-space after each colon so HTA's ``"rank":\\s+(\\d+)`` finds the rank.
-"""
+Pure. The contract (torch-tb-profiler 0.4.3): ``traceEvents`` last, a string ``cat`` on every
+``X`` event, torch's metadata kept, ``distributedInfo`` spaced for HTA's ``"rank":\\s+(\\d+)``."""
 
 from __future__ import annotations
 
@@ -54,8 +52,7 @@ def time_origin_us(events: Iterable[dict[str, Any]]) -> int:
 
 
 def rebase_events(events: Iterable[dict[str, Any]], origin_us: int) -> None:
-    """Subtract ``origin_us`` from every ``ts``: the integer part exactly, the fraction (torch's
-    nanoseconds) added back, so no digit the double still held is lost."""
+    """``ts`` less ``origin_us``: the integer part exactly, then the fraction, so no digit is lost."""
     if not origin_us:
         return
     for event in events:
@@ -66,8 +63,7 @@ def rebase_events(events: Iterable[dict[str, Any]], origin_us: int) -> None:
 
 
 def snap_to_nanoseconds(events: Iterable[dict[str, Any]]) -> None:
-    """Every start and end on the nanosecond grid, ``dur`` their difference: rounding is monotonic,
-    so what nests keeps nesting (rounding ``dur`` alone could push a child 1 ns past its parent)."""
+    """Every event on the nanosecond grid (``nesting.snap_spans``; any other timed event's start)."""
     for event in events:
         if "ts" not in event:
             continue
@@ -84,8 +80,7 @@ def merge_metadata_events(
     python_meta: list[dict[str, Any]],
     thread_names: Mapping[int, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Torch's metadata plus one ``thread_name`` per (pid, tid); ``thread_names`` (native id ->
-    name, read at window end) corrects VizTracer's early ``Dummy-N`` names (Python 3.12+)."""
+    """Torch's metadata plus one ``thread_name`` per thread (``thread_names``: the names at window end)."""
     python_threads = {(e.get("pid"), e.get("tid")): e for e in python_meta if e.get("name") == "thread_name"}
     for (_, tid), event in python_threads.items():
         if thread_names and isinstance(tid, int) and tid in thread_names:
@@ -105,9 +100,7 @@ def merge_metadata_events(
 
 @dataclass(frozen=True)
 class TorchPlacement:
-    """The calibration's map of VizTracer's µs onto torch's timeline less the time origin: an offset
-    and the drift interpolated over the window (held at its ends). Every Python event goes through
-    it once."""
+    """The calibration's map of VizTracer's µs onto torch's, less the origin: offset plus drift."""
 
     t0: float
     span: float
@@ -122,8 +115,7 @@ class TorchPlacement:
         return us + self.offset + drifted
 
     def calls(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Calls' starts and lengths, each start and end mapped (so what nests stays nested; a
-        length never negative), with ``at``'s operations element by element: the same doubles."""
+        """Calls' starts and lengths, each end mapped too (nesting kept), as ``at`` does it."""
         placed = starts + self.offset + self._drift(starts)
         ends = starts + lengths
         ends = ends + self.offset + self._drift(ends)
@@ -145,8 +137,7 @@ def torch_placement(calibration: Calibration, origin_us: int) -> TorchPlacement:
 
 
 def place_python_events(events: list[dict[str, Any]], placement: TorchPlacement) -> None:
-    """VizTracer's events onto torch's timeline, in place, of the Python category: the complete
-    calls as arrays; any other timed event on the nanosecond grid (no nesting pass reads it)."""
+    """VizTracer's events onto torch's timeline, in place (calls as arrays, the rest on the grid)."""
     calls = [e for e in events if e.get("ph") == "X" and "ts" in e]
     if calls:
         count = len(calls)
@@ -185,9 +176,7 @@ def _settle(
     loose: list[dict[str, Any]] | None = None,
 ) -> tuple[int, bool]:
     """One pass: the trace contract (a name; for X a string cat, ts and dur), the ranges of steps
-    that never ran marked for the caller to remove, and the rest filed (X into ``threads``,
-    ``[memory]`` instants, metadata). Other timed events go on the nanosecond grid, or into ``loose``
-    (the Python part's, on the grid as placed). Returns (events fixed, whether one was marked)."""
+    that never ran marked, the rest filed. Returns (events fixed, whether one was marked)."""
     add = threads.add
     dropped = False
     fixed = 0
@@ -235,8 +224,7 @@ def _unrun(name: str, ran: set[str] | None) -> bool:
 def _settle_calls(
     python: PythonParts, ran: set[str] | None, threads: ThreadSpans, loose: list[dict[str, Any]]
 ) -> tuple[int, bool]:
-    """``_settle`` for each thread's grouped calls, read by their distinct names; a "B" goes into
-    ``loose`` on the nanosecond grid."""
+    """``_settle`` for each thread's grouped calls, read by their distinct names."""
     fixed = 0
     dropped = False
     for key, group in python.calls.items():
@@ -270,10 +258,9 @@ def _settle_calls(
 
 @dataclass
 class PythonParts:
-    """A window's Python events on torch's timeline, in the file's order: ``before`` (one by one),
-    ``calls`` (each thread's kept calls, as the filter grouped them), ``after`` (gc pauses, compile
-    spans); ``settled``: threads of ``calls`` on the nanosecond grid already (their ts and dur);
-    ``names``: the distinct names of threads of ``calls`` holding complete calls only."""
+    """A window's Python events on torch's timeline: ``before`` (one by one), ``calls`` (each thread's,
+    as the filter grouped them), ``after`` (gc pauses, compile spans); ``settled`` threads are on the
+    grid already; ``names``: distinct names of threads of complete calls only."""
 
     before: list[dict[str, Any]]
     calls: dict[Thread, list[dict[str, Any]]] = field(default_factory=dict)
@@ -289,8 +276,7 @@ def merge_trace(
     vt_metadata: Mapping[str, Any],
     thread_names: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
-    """One trace dict: torch's keys, ``vt_lightning`` metadata, then ``traceEvents`` last (the
-    Python events placed here)."""
+    """One trace dict of torch's trace and the Python events (placed here)."""
     origin_us = time_origin_us(torch_trace.get("traceEvents", []))
     events = list(python_events)
     place_python_events(events, torch_placement(calibration, origin_us))
@@ -305,8 +291,7 @@ def merge_window(
     thread_names: Mapping[int, str] | None = None,
     origin_us: int | None = None,
 ) -> WindowTrace:
-    """Torch's trace and the placed Python events (less ``origin_us``) as one typed trace, every
-    thread nesting strictly: each part checked and filed once, then ``nesting.py``'s passes."""
+    """Torch's trace and the placed Python events as one typed trace, every thread nesting strictly."""
     torch_events = list(torch_trace.get("traceEvents", []))
     if origin_us is None:
         origin_us = time_origin_us(torch_events)

@@ -1,18 +1,10 @@
 """The one nesting engine: a thread's intervals ordered, nested and walked, once. Pure.
 
-No other module keeps a stack of open intervals (``tests/test_nesting_engine.py`` checks it):
-
-* **the ordering** (``outer_first``, ``outer_first_order``): by start, the longer first, equal
-  ones in the order given;
-* **the walk** (``walk``): each interval's parent (the innermost open one it starts in) and its
-  end as nested; one that outlasts its parent is cut to it, keeps its end (``clip=False``), or
-  goes to a ``crossing`` policy;
-* **a nest** (``Nest``): one thread's walk with what the tables read derived as arrays (a worker's
-  thread holds 163k calls): depths, self and inclusive time, closing order, recursion, inherited
-  values, and which interval owns each stretch of time;
-* **queries** (``covering``, ``lanes``).
-
-Sums made with ``np.bincount`` add in order from 0.0: the same doubles as a loop in the walk's order."""
+No other module keeps a stack of open intervals (``tests/test_nesting_engine.py`` checks it).
+``outer_first`` orders (by start, the longer first); ``walk`` gives each interval its parent and its
+end as nested (cut to the parent, kept, or a ``crossing`` policy's answer); ``Nest`` derives what the
+tables read as arrays (a worker's thread holds 163k calls); ``covering`` and ``lanes`` answer queries.
+Sums by ``np.bincount`` add in order from 0.0: the same doubles as a loop in the walk's order."""
 
 from __future__ import annotations
 
@@ -33,10 +25,8 @@ _TS, _DUR = itemgetter("ts"), itemgetter("dur")
 
 
 def outer_first(items: list[Any], start: Callable[[Any], Any] = _TS, length: Callable[[Any], Any] = _DUR) -> list[Any]:
-    """``items`` by ``start``, the longer (``length``, or an end) first at equal starts, equal ones in
-    their order: ``sorted(key=lambda e: (e["ts"], -e["dur"]))`` without a key tuple per item. One
-    C-level sort on the start (or none for items already in strictly increasing starts), then only
-    the runs of equal starts are sorted by length."""
+    """``items`` by ``start``, the longer (``length``) first at equal starts, ties in order: one C-level
+    sort on the start (none when already strictly increasing), then only runs of equal starts."""
     # lazily, so items out of order (a raw dump's, by end) cost only the first few keys
     if all(map(lt, map(start, items), map(start, islice(items, 1, None)))):
         return list(items)
@@ -79,10 +69,9 @@ Crossing = Callable[[int, int, float], Any]
 def walk(
     starts: Iterable[float], ends: Iterable[float], crossing: Crossing | None = None, clip: bool = True
 ) -> tuple[list[int], list[float]]:
-    """``(parents, nested ends)`` of intervals in ``outer_first`` order: each one's parent (-1: none)
-    is the innermost open interval it starts in, and its nested end its own, or its parent's where it
-    ends later (``clip``); ``crossing`` decides instead where one ends later. The open intervals are
-    the innermost one's chain of parents, so no stack is kept."""
+    """``(parents, nested ends)`` of intervals in ``outer_first`` order: the parent is the innermost
+    open interval (-1: none), an end past it is cut (``clip``) or goes to ``crossing``. The open
+    intervals are the innermost one's chain of parents, so no stack is kept."""
     parents: list[int] = []
     nested: list[float] = []
     add_parent, add_end = parents.append, nested.append
@@ -121,10 +110,8 @@ def nests(starts: np.ndarray, ends: np.ndarray) -> bool:
 
 
 def _levels(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """``walk``'s parents and each interval's depth from sorted searches, for intervals in
-    ``outer_first`` order none of which outlasts its parent; None where one does or a time is not
-    finite. With no interval outlasting its parent, the open ends never decrease down the chain, so
-    an interval closes before the first later one starting at or after its end."""
+    """``walk``'s parents and depths by sorted searches where no interval outlasts its parent (None
+    where one does, or a time is not finite): then an interval closes before the first later start."""
     count = len(starts)
     if not (np.isfinite(starts).all() and np.isfinite(ends).all()) or not (starts[1:] >= starts[:-1]).all():
         return None
@@ -143,8 +130,7 @@ def _levels(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 class Nest:
-    """One thread's intervals walked in ``outer_first`` order: ``order`` (each one's index in the
-    input), ``starts``, ``ends`` (as nested), ``parents`` (-1: at the top)."""
+    """One thread's intervals walked in ``outer_first`` order (``order``: their input indices)."""
 
     def __init__(self, starts: Any, ends: Any, clip: bool = True) -> None:
         starts = np.asarray(starts, dtype=float)
@@ -209,8 +195,7 @@ class Nest:
 
     @cached_property
     def closing(self) -> np.ndarray:
-        """The indices in the order the walk closes them: each run before a start, and the ones
-        still open at the end, innermost first."""
+        """The indices as the walk closes them: each run before a start, the rest innermost first."""
         return np.lexsort((-np.arange(len(self)), self.closed_before))
 
     @cached_property
@@ -219,8 +204,7 @@ class Nest:
         return int(np.count_nonzero(self.closed_before == len(self)))
 
     def first_opened(self, keys: np.ndarray) -> np.ndarray:
-        """Per interval, whether no interval of the same ``keys`` value is open at its start (a
-        recursion counts once): ranks among the ends, so one running maximum per key answers all."""
+        """Per interval, whether none of the same key is open at its start (a recursion counts once)."""
         count = len(keys)
         sorted_ends = np.sort(self.ends)
         end_rank = np.searchsorted(sorted_ends, self.ends, side="left")  # ends before this one
@@ -246,8 +230,8 @@ class Nest:
 
     @cached_property
     def moments(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(times, owners)``: each interval's start and its close in the walk's order, and who owns
-        the stretch up to each (a starting interval's parent, a closing interval itself)."""
+        """``(times, owners)``: starts and closes in the walk's order, and who owns the stretch up to each
+        (a starting interval's parent, a closing interval itself)."""
         count = len(self)
         closing = self.closing
         keys = np.concatenate((2 * self.closed_before[closing], 2 * np.arange(count) + 1))
@@ -257,8 +241,7 @@ class Nest:
         return times, owners
 
     def segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(starts, ends, owners)`` of the non-empty owned stretches of ``moments``: the innermost
-        open interval over each, in time order."""
+        """``(starts, ends, owners)``: the innermost open interval over each stretch, in time order."""
         times, owners = self.moments
         previous = np.concatenate(([0.0], times[:-1]))
         kept = (times > previous) & (owners >= 0)
@@ -266,9 +249,7 @@ class Nest:
 
 
 def covering(intervals: Sequence[Interval], times: Iterable[float], inclusive: bool = True) -> list[list[Interval]]:
-    """For each of ``times`` (ascending), the intervals (``outer_first`` order, own ends, nested or
-    not) that contain it, outermost first, inclusive or not. One pass: an interval that ended is
-    never looked at again."""
+    """For each of ``times`` (ascending), the intervals containing it, outermost first, in one pass."""
     out: list[list[Interval]] = []
     open_: list[Interval] = []  # intervals started, their ends not yet known to be passed
     i, count = 0, len(intervals)
@@ -287,8 +268,7 @@ def covering(intervals: Sequence[Interval], times: Iterable[float], inclusive: b
 
 
 def lanes(starts: Sequence[int], ends: Sequence[int]) -> list[int]:
-    """For intervals in ``outer_first`` order, the first track (0, 1, ...) on which each nests with
-    the ones already there."""
+    """For intervals in ``outer_first`` order, the first track on which each nests."""
     tracks: list[list[int]] = []  # each track's open ends, innermost last
     out: list[int] = []
     for start, end in zip(starts, ends):

@@ -1,11 +1,9 @@
-"""Strict nesting on every thread of a merged window: the passes the merge runs once the Python
-calls and torch's events share one timeline. Pure: they edit the events in place.
+"""Strict nesting on every thread of a merged window, in place. Pure.
 
-Perfetto drops an X event that overlaps another on its thread without nesting in it (possibly the
-step's own span). In order: ``repair_boundaries`` moves a Python call's edge within the
-calibration's tolerance so the op it issued nests in it; ``untangle_annotations`` cuts calls at the
-annotation ranges they cross; ``separate_crossing_ranges`` moves a torch range still crossing to a
-track of its own. ``count_crossings`` counts what is left (tests, benchmarks)."""
+Perfetto drops an X event that overlaps another on its thread without nesting (maybe the step's
+own span). ``repair_boundaries`` moves a call's edge within the calibration's tolerance,
+``untangle_annotations`` cuts calls at the annotation ranges they cross, ``separate_crossing_ranges``
+moves a range still crossing to a track of its own; ``count_crossings`` counts what is left."""
 
 from __future__ import annotations
 
@@ -41,8 +39,7 @@ NsSpan = tuple[int, int, dict[str, Any]]  # an event's start and end in integer 
 
 
 def _crossing_fix(ps: float, pe: float, es: float, ee: float) -> tuple[float, float, float] | None:
-    """If [ps, pe] and [es, ee] cross, the cheapest (cost, new_ps, new_pe) that moves only the
-    Python span into nesting or apart (None: they do not cross)."""
+    """The cheapest (cost, new_ps, new_pe) moving the Python span to nest or part; None: no crossing."""
     if ps < es < pe < ee:  # the torch event sticks out of the Python span's end
         options = [(ee - pe, ps, ee), (pe - es, ps, es), (es - ps, es, pe)]
     elif es < ps < ee < pe:  # ... or out of its start
@@ -55,9 +52,8 @@ def _crossing_fix(ps: float, pe: float, es: float, ee: float) -> tuple[float, fl
 def repair_boundaries(
     events: list[dict[str, Any]], tolerance_us: float, threads: ThreadSpans | None = None
 ) -> tuple[int, int]:
-    """Move each Python call that crosses a torch op of its thread by at most ``tolerance_us`` (the
-    smallest move that makes them nest or part; torch's times are kept). Returns (repaired, crossings
-    past the tolerance, left as they are)."""
+    """Move each call crossing a torch op of its thread by at most ``tolerance_us`` (torch's times
+    kept). Returns (repaired, crossings past the tolerance, left as they are)."""
     threads = threads if threads is not None else ThreadSpans(events)
     repaired = unrepaired = 0
     for key, py_events in threads.python.items():
@@ -133,14 +129,12 @@ def count_crossings(events: list[dict[str, Any]], threads: ThreadSpans | None = 
 def untangle_annotations(
     events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, snap: bool = False
 ) -> int:
-    """Make Python calls nest with the annotation ranges they open or close; returns the calls cut.
+    """Make calls nest with the annotation ranges they open or close; returns the calls cut.
 
-    A range (``ProfilerStep#N``, ``[pl][...]``, a ``record_function``) starts inside the call that
-    opens it and outlives it; Perfetto drops such a range. A call open at a range's start that ends
-    inside it is cut at the start; one open at its end that began inside it starts at the end; then a
-    call that outlasts its parent call is cut at the parent's end. A cut keeps its bounds in ``args``.
-    ``snap``: every call then goes on the nanosecond grid, a long thread of calls only that nests as
-    arrays (``settle_as_arrays``, into ``threads.settled``; a thread there already is kept as it is)."""
+    A range starts inside the call that opens it and outlives it: a call open at a range's start that
+    ends inside it is cut there, one open at its end that began inside it starts there, then a call
+    outlasting its parent is cut at its end (original bounds kept in ``args``). ``snap``: every call
+    goes on the nanosecond grid (a long calls-only thread that nests as arrays, into ``settled``)."""
     threads = threads if threads is not None else ThreadSpans(events)
     python, ranges = threads.python, threads.annotations
     cuts: dict[int, tuple[dict[str, Any], float, float]] = {}
@@ -192,8 +186,7 @@ def untangle_annotations(
 
 
 def snap_spans(spans: Iterable[dict[str, Any]]) -> None:
-    """Complete events' starts and ends on the nanosecond grid, ``dur`` their difference (rounding
-    is monotonic: what nests keeps nesting)."""
+    """Complete events on the nanosecond grid, ``dur`` the difference: monotonic, so nesting is kept."""
     for event in spans:
         ts = float(event["ts"])
         start = round(ts * 1000)
@@ -222,11 +215,8 @@ def settle_as_arrays(
     order: np.ndarray | None = None,
     category: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """A thread's calls on the nanosecond grid, as ``untangle_annotations``' walk and snap would leave
-    them (the same operations on the same doubles), where none outlasts its parent: written, and
-    their ts and dur returned in ``calls``' order; None (calls untouched) where one does. ``starts``,
-    ``lengths``, ``order``: their ts, dur and ``outer_first`` order when known; ``category``: each
-    one's ``cat`` too."""
+    """A nesting thread's calls on the grid as ``untangle_annotations`` would leave them (the same
+    doubles), their ts and dur returned; None, untouched, where one outlasts its parent."""
     if starts is None or lengths is None:
         count = len(calls)
         try:
@@ -259,11 +249,9 @@ def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
 def separate_crossing_ranges(
     events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, calls_nest: bool = False
 ) -> tuple[int, int]:
-    """The last pass, on the nanosecond grid: a torch event that still crosses another moves, at the
-    same times, to a track beside its thread (one lane per level of overlap: the time still shows and
-    Perfetto drops nothing); a Python call outliving its parent is cut at its end. Returns (moved,
-    cut). ``calls_nest``: ``untangle_annotations`` ran, so a calls-only thread it did not cut nests
-    and is skipped (one it cut may not: a cut call's start is rounded up past a sibling's)."""
+    """The last pass: a torch event still crossing another moves to a track beside its thread (one
+    lane per level), a call outliving its parent is cut. Returns (moved, cut). ``calls_nest``: a
+    calls-only thread ``untangle_annotations`` did not cut nests already and is skipped."""
     threads = threads if threads is not None else ThreadSpans(events)
     grouped = threads.all_events()
     if calls_nest:

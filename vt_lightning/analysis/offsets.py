@@ -1,11 +1,8 @@
 """Clock offsets between ranks, NTP style, and their check against the window's collectives.
 
-A sample ``(t0, t1, t2, t3)`` (ns): rank 0 sends at ``t0``, the peer receives at ``t1`` and replies
-at ``t2`` (its clock), rank 0 receives at ``t3``. The peer runs ``((t1 - t0) + (t2 - t3)) / 2``
-ahead, within half the round trip ``(t3 - t0) - (t2 - t1)``; the tightest sample is kept. On one
-host every rank reads the same clock: the offset is 0, with the measured bound, never a per-file
-minimum (which would make a late rank look early). Ranks leave a collective together, so
-``collective_residuals`` checks how far apart its aligned ends still are."""
+From rank 0's ping-pongs ``(t0, t1, t2, t3)`` the peer runs ``((t1 - t0) + (t2 - t3)) / 2`` ahead,
+within half the round trip; the tightest sample is kept. On one host the offset is 0 (one clock),
+never a per-file minimum (a late rank would look early)."""
 
 from __future__ import annotations
 
@@ -53,8 +50,7 @@ class Offset:
 
 
 def estimate_offset(rank: int, samples: Sequence[Sample], same_host: bool) -> Offset | None:
-    """The NTP estimate from the tightest sample; on one host the offset is 0 (same clock) and the
-    estimate only bounds it. None when no sample is usable."""
+    """The estimate from the tightest sample (0 on one host, only bounded); None without one."""
     best = min((s for s in samples if round_trip_ns(s) >= 0), key=round_trip_ns, default=None)
     if best is None:
         return None
@@ -68,8 +64,7 @@ def estimate_offset(rank: int, samples: Sequence[Sample], same_host: bool) -> Of
 def rank_offsets(
     samples: Mapping[int, Sequence[Sample]], same_host: Mapping[int, bool], world_size: int
 ) -> tuple[dict[int, Offset], list[int]]:
-    """Offsets of every rank (rank 0: exactly 0) and the ranks without a usable estimate (a rank
-    on rank 0's host needs none: 0, with an unknown bound)."""
+    """Every rank's offset (rank 0: 0; a rank on its host without an estimate: 0) and the unknown ones."""
     offsets: dict[int, Offset] = {0: Offset(0, 0.0, 0.0, 0, True)}
     unknown: list[int] = []
     for rank in range(1, world_size):
@@ -106,9 +101,8 @@ class CollectiveCheck:
 def collective_residuals(
     exits: Mapping[int, Sequence[tuple[str, float]]], offsets_us: Mapping[int, float]
 ) -> CollectiveCheck:
-    """``exits``: per rank, ``(collective name, end µs)`` on its own clock. The k-th collective of a
-    name is matched across ranks (one missing somewhere is skipped); its residual is the spread of
-    its aligned ends."""
+    """How far apart the ranks still leave each collective (the k-th of a name, matched across ranks)
+    once aligned: they leave together, so the spread is the offsets' error plus the exit skew."""
     keyed: dict[int, dict[tuple[str, int], float]] = {}
     for rank, events in exits.items():
         seen: dict[str, int] = {}

@@ -1,8 +1,5 @@
-"""Which breakdown part ran at an instant: a window's phase segments, computed once. Pure.
-
-The Python tables fold the frameworks' frames by the phase their call started in, so the phases
-are the breakdown's own: each piece between two range ends is attributed by
-``breakdown.attribute_step``."""
+"""Which breakdown part ran at an instant, as ``breakdown.attribute_step`` tiles the steps: the
+phases the Python tables fold the frameworks' calls by. Pure."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ OUTSIDE = "other"  # the phase of an instant outside the covered steps (the loop
 
 
 class PhaseSegments:
-    """Contiguous segments ``[starts[i], starts[i + 1])`` of part ``parts[i]``; before the first and
-    from the last boundary on, ``OUTSIDE``."""
+    """Segments ``[starts[i], starts[i + 1])`` of part ``parts[i]``; ``OUTSIDE`` around them."""
 
     __slots__ = ("parts", "starts")
 

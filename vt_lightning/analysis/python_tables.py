@@ -56,8 +56,7 @@ ThreadStats = tuple[dict[str, Stat], dict[FoldKey, Stat]]
 
 
 class PythonStats:
-    """Every thread's tables (``threads``) and what each function is (``info``); ``merged`` adds up
-    any threads (the window's, a worker's, all workers')."""
+    """Every thread's tables and what each function is; ``merged`` adds up any threads."""
 
     def __init__(self) -> None:
         self.threads: dict[Thread, ThreadStats] = {}
@@ -95,10 +94,8 @@ class PythonStats:
         phases: PhaseSegments | None = None,
         began: np.ndarray | None = None,
     ) -> tuple[list[str], np.ndarray]:
-        """One thread's calls (``nest``, ``names`` in its order; with ``phases``, where each began) into
-        its tables: calls, self time (added where positive, as calls close) and inclusive time (a call
-        inside another of the same key counts once), keys in the order calls first start. Returns the
-        distinct names and each call's index in them."""
+        """One thread's calls into its tables: calls, self time (added as calls close) and inclusive time
+        (a call inside another of its key counts once). Returns the distinct names and each call's code."""
         distinct, codes = name_codes(names)
         package_of = self.package_of
         functions: dict[str, Stat] = {}
@@ -115,8 +112,7 @@ class PythonStats:
         return distinct, codes
 
     def entry_times(self, nest: Nest, distinct: list[str], codes: np.ndarray) -> EntryTimes:
-        """Over a whole thread: µs per entry (the user call that entered user code from library code)
-        and, per entry, µs per innermost user call under it, as the verdicts' timeline sums them."""
+        """µs per entry (a user call entered from library code), and per entry per innermost user callee."""
         user_names = np.array([self.user[name] for name in distinct], dtype=bool)
         return _entry_times(nest, codes, user_names, distinct)
 
@@ -152,8 +148,7 @@ def _folds(
     phases: PhaseSegments | None,
     began: np.ndarray | None,
 ) -> tuple[dict[FoldKey, Stat], np.ndarray]:
-    """The fold lines (package, phase) of a thread's calls in the order their first calls start, each
-    with its functions, and each call's line (-1: none); the phase is where the call began."""
+    """The (package, phase) fold lines in first-call order, with their functions, and each call's line."""
     package_names = list(dict.fromkeys(package for package in folded if package))
     package_code = {package: i for i, package in enumerate(package_names)}
     name_package = np.array([package_code.get(package, -1) for package in folded], dtype=np.intp)
@@ -176,16 +171,14 @@ def _folds(
 
 
 def _close_order(nest: Nest) -> np.ndarray:
-    """The order self times are added in: calls as they close, then the ones still open at the end,
-    outermost first."""
+    """Calls as they close, then the ones open at the end, outermost first: self times' order."""
     closing = nest.closing
     still_open = nest.open_at_end
     return np.concatenate((closing[: len(closing) - still_open], closing[len(closing) - still_open :][::-1]))
 
 
 def _fill(stats: list[Stat], nest: Nest, keys: np.ndarray, by_close: np.ndarray) -> None:
-    """Each call's counts into ``stats[keys]`` (-1: none): calls; inclusive time where no call of its
-    key is open at its start; self time where positive, in ``by_close`` order."""
+    """Each call's counts into ``stats[keys]`` (-1: none), in the walk's orders."""
     count = len(stats)
     keyed = keys >= 0
     calls = np.bincount(keys[keyed], minlength=count)
@@ -201,8 +194,7 @@ def _fill(stats: list[Stat], nest: Nest, keys: np.ndarray, by_close: np.ndarray)
 
 
 def _entry_times(nest: Nest, codes: np.ndarray, user_names: np.ndarray, names: list[str]) -> EntryTimes:
-    """Each stretch of the walk's time, owned by the call open then, added to its entry and to its
-    innermost user call under that entry."""
+    """Each stretch's time to its owner's entry, and to its innermost user call under that entry."""
     count = len(codes)
     parents = nest.parents
     user_calls = user_names[codes] if count else np.empty(0, dtype=bool)
@@ -237,8 +229,7 @@ def _sums_in_first_order(keys: np.ndarray, values: np.ndarray) -> list[tuple[int
 def python_stats_of(
     calls: Mapping[Thread, Calls], region: Span | None = None, phases: PhaseSegments | None = None
 ) -> PythonStats:
-    """Each thread's tables of the calls within ``region`` (each clipped to it), folded by the phase
-    each call started in (``phases``; "" without them)."""
+    """Each thread's tables of the calls within ``region`` (clipped), folded by the phase they began in."""
     lo, hi = region if region is not None else (float("-inf"), float("inf"))
     out = PythonStats()
     for thread, found in calls.items():

@@ -1,6 +1,5 @@
-"""Which training batch belongs to which profiling window: ``torch.profiler.schedule``'s semantics,
-free of torch (property-tested against torch's own). One step is one training batch, counted
-globally across epochs from 0."""
+"""Which training batch belongs to which profiling window: ``torch.profiler.schedule``'s semantics
+without torch. One step is one training batch, counted across epochs from 0."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Window sources: "does a window start at this batch, and why?" for the schedule and the triggers.
-
-``WindowPlan`` merges the schedule's windows with triggered ones, applies the limits (``max_windows``,
-a cooldown, no overlap) and numbers them. Deterministic: fed the same requests at the same
-batches, every DDP rank plans the same windows (one that fails to open still counts everywhere)."""
+"""Window sources: does a window start at this batch, and why? ``WindowPlan`` merges the schedule's
+windows with triggered ones, applies the limits and numbers them, deterministically: every DDP rank
+fed the same requests plans the same windows (one that fails to open still counts everywhere)."""
 
 from __future__ import annotations
 
@@ -26,9 +24,8 @@ class Planned:
 
 
 class WindowPlan:
-    """The schedule's windows plus triggered ones. A scheduled window is numbered ``cycle index +
-    triggered windows before it``, a triggered one ``last number + 1``: without triggers the number is
-    the cycle index, and numbers always grow with time."""
+    """The schedule's windows plus triggered ones, numbered so that without triggers the number is
+    the cycle index, and numbers grow with time."""
 
     def __init__(
         self, schedule: Schedule, scheduled: bool = True, max_windows: int | None = None, cooldown: int = 0
@@ -60,8 +57,7 @@ class WindowPlan:
         return Planned(scheduled, scheduled.index + self.triggered)
 
     def limited_after(self, step: int) -> int | None:
-        """Once ``max_windows`` have begun: the warmup batch of the first scheduled window from ``step``
-        that the limit stops (None otherwise)."""
+        """The warmup batch of the first scheduled window ``max_windows`` stops (None: none stopped)."""
         if self.max_windows is None or self.begun < self.max_windows:
             return None
         nxt = self._next_scheduled(step)
@@ -96,8 +92,8 @@ class WindowPlan:
             self._pending = None
 
     def request(self, firing: Firing, start: int, warmup: int, active: int) -> tuple[Planned | None, str]:
-        """A trigger asks for a window warming up at batch ``start``: (the window or None, why not:
-        "budget", "max_windows", "busy" or "cooldown", which on-demand triggers skip)."""
+        """A window for a trigger at batch ``start``, or None and why ("budget", "max_windows", "busy",
+        "cooldown": on-demand triggers skip the cooldown)."""
         if self.closed:
             return None, "budget"
         if self.max_windows is not None and self.begun + (self._pending is not None) >= self.max_windows:

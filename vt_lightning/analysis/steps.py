@@ -1,8 +1,5 @@
-"""One window's trace, read once for the summary: its buckets, steps, training thread and stages.
-
-``read_window`` builds a ``WindowData`` that every part reading the window shares (the tables, the
-breakdown, the verdicts, the workers' tables): none re-reads the events or finds the steps again.
-Pure."""
+"""A window's trace read once for the summary: every part reading the window shares one
+``WindowData``, so none re-reads the events or finds the steps again. Pure."""
 
 from __future__ import annotations
 
@@ -54,10 +51,8 @@ def find_steps(events: Iterable[Mapping[str, Any]]) -> tuple[dict[int, Span], An
 
 @dataclass(frozen=True)
 class WindowData:
-    """What every part of the summary reads of one window, computed once: each thread's Python calls,
-    every other complete event (``rest``: torch's, the runtime's, kernels, fetch spans, and the Python
-    calls read by name), torch's ``[memory]`` instants, the steps, the training thread and the stage
-    ranges."""
+    """What every part of the summary reads of one window: each thread's calls, the other complete
+    events (``rest``, with the calls read by name), torch's ``[memory]`` instants, steps and stages."""
 
     trace: WindowTrace
     meta: Mapping[str, Any]  # the trace's vt_lightning metadata block
@@ -85,8 +80,7 @@ class WindowData:
         return {}
 
     def walk(self, thread: Thread) -> EntryTimes:
-        """``thread``'s whole calls read once: its tables into ``whole_threads``, its entry times returned
-        (the workers' tables and ``input_bound`` read a worker thread through it)."""
+        """``thread``'s whole calls read once: tables into ``whole_threads``, its entry times returned."""
         found = self._walks.get(thread)
         if found is None:
             calls = self.python_calls.get(thread) or Calls.of([])

@@ -1,16 +1,11 @@
 """Which rank is late, how long the others wait for it, and which of its Python lines took the time.
 
-Collectives are matched across ranks (one aligned timeline, ``job_merge``) by ``(step, name, k)``:
-the k-th of that name inside ``ProfilerStep#step``. A rank arrives at the start of its event; all
-leave when the last arrives, so the others wait ``last arrival - own arrival``. One family counts
-per job, the first present on every rank (so the c10d op and the backend's work never both count):
-``gloo:*`` / ``nccl:*``, then ``c10d::*``, then ``record_param_comms``; send / recv are left out.
-
-A rank is the straggler only if the others' mean wait for it, less its own wait for them, is at
-least ``MIN_SHARE`` of the mean step and ``MIN_WAIT_MS`` per step: balanced ranks take turns being
-last, so their net wait stays below both. Then each rank's Python before each collective the
-straggler reached last goes to its innermost user function; the straggler's largest excess over
-the others' mean names the function."""
+Collectives are matched across ranks by (step, name, k-th), from one family present on every rank
+(``FAMILIES``, in order: the c10d op and the backend's work never both count; send / recv never).
+The others wait from their arrival to the last one's. A rank is named only if its net wait (the
+others' for it, less its own) reaches ``MIN_SHARE`` of the step and ``MIN_WAIT_MS``: balanced ranks
+take turns being last. Its user function with the largest excess over the others' mean before the
+collectives it reached last names the place."""
 
 from __future__ import annotations
 
@@ -99,8 +94,7 @@ def _label(name: str) -> str | None:
 
 
 def user_segments(events: Iterable[Mapping[str, Any]]) -> list[Segment]:
-    """Each thread's time attributed to its innermost user function, as sorted segments (the
-    stretches of its ``Nest``, labelled by the innermost user call around their owner)."""
+    """Each thread's time as sorted segments, labelled by the innermost user call around them."""
     segments: list[Segment] = []
     for found in ThreadSpans(cast(dict[str, Any], e) for e in events if "ts" in e).python.values():
         calls = Calls.from_events(found)
@@ -204,9 +198,8 @@ def analyze_straggler(ranks: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[
 def _waits(
     common: Sequence[Key], keyed: Mapping[int, Mapping[Key, tuple[float, float]]]
 ) -> tuple[dict[int | None, dict[int, float]], dict[int, float], dict[int, list[Key]]]:
-    """Per collective the rank that arrived last and what the others waited for it: (per step,
-    per late rank, the others' mean wait in µs; per rank, its own total wait in µs; per rank, the
-    collectives it was last at)."""
+    """Per collective the last rank and the others' wait: per step and late rank the mean wait, per
+    rank its own total wait, and the collectives each was last at (µs)."""
     caused: dict[int | None, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     waited: dict[int, float] = defaultdict(float)
     late_at: dict[int, list[Key]] = defaultdict(list)

@@ -1,10 +1,8 @@
 """Where did the step go? One window's summary, from its merged trace. Pure; runs in the writer.
 
-The layout is the versioned schema of ``schema.py`` (docs/files.md). Every per-step number (step
-times, the breakdown, the Python and op tables) covers the same steps (``covers.steps``): all but
-the first, which misses its batch's fetch (a later step opens at the previous batch's end, as
-torch's ``profile.step()`` does); calls and ops are clipped to their span. ``totals`` beside each
-top list hold every entry above a threshold, so ``diff`` tells "below the threshold" from "absent"."""
+Every per-step number covers the same steps (``covers.steps``): all but the first, which misses its
+batch's fetch (later steps open at the previous batch's end, as torch's ``profile.step()`` does).
+``totals`` beside each top list let ``diff`` tell "below the threshold" from "absent"."""
 
 from __future__ import annotations
 
@@ -116,9 +114,8 @@ def _top_python_of(
     region: Span | None,
     phases: PhaseSegments | None,
 ) -> TopPython:
-    """Top functions by self and inclusive time per step of ``region``: the user's code first, then a
-    model library's, then the rest, where the frameworks' frames and generated code fold to one line
-    per package and phase their calls started in (other packages too unless they rank high)."""
+    """Top functions per step of ``region``: the user's first, a model library's next, then the rest
+    with the frameworks' and generated code folded per package and phase."""
     stats = python_stats_of(calls, region, phases)
     return rank_python(stats, stats.merged(), steps)
 
@@ -182,8 +179,7 @@ def top_ops(
     limit: int = TOP_OPS,
     region: Span | None = None,
 ) -> TopOps:
-    """Ops by CPU time (self and total) per step of ``region``, ``totals``, and on CUDA the kernel
-    time they launched (``launches``: ``WindowData.launches``)."""
+    """Ops by CPU time per step of ``region``, ``totals``, and on CUDA the kernel time they launched."""
     steps = max(steps, 1)
     by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
     for event in events:
@@ -266,8 +262,7 @@ def summarize(
     memory_snapshot: Mapping[str, Any] | None = None,
     window: WindowData | None = None,
 ) -> Summary:
-    """The summary of one window's trace (typed, or a dict read back); ``window``: its
-    ``read_window`` when the caller has read it."""
+    """One window's summary (``trace`` typed or read back; ``window``: its ``read_window``, if read)."""
     data = read_window(trace) if window is None else window
     meta, rest, steps, thread, ranges = data.meta, data.rest, data.steps, data.thread, data.ranges
     recorded = list(steps)

@@ -1,5 +1,5 @@
 """The device parts of a window's summary: GPU busy time and idle gaps, memory peaks and
-allocation sites. Pure: plain event dicts (and the memory snapshot) in, JSON-ready dicts out."""
+allocation sites. Pure."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ TOP_SITES = 10
 
 
 def gpu_summary(events: Sequence[Mapping[str, Any]], window: Span, calls: Calls, limit: int = TOP_GAPS) -> Gpu | None:
-    """Busy % (kernel time's union over the window) and the largest idle gaps, each with the
-    innermost Python call (and user call) of the training thread (``calls``) in it."""
+    """Busy % over the window and the largest idle gaps, each with the training thread's call in it."""
     kernels = [span_of(e) for e in events if e.get("cat") in KERNEL_CATEGORIES]
     if not kernels:
         return None
@@ -65,8 +64,7 @@ _DEVICE_NAMES = {0: "cpu", 1: "cuda"}
 def memory_summary(
     events: Sequence[Mapping[str, Any]], snapshot: Mapping[str, Any] | None, limit: int = TOP_SITES
 ) -> Memory | None:
-    """Peak allocated (and reserved) per device from torch's ``[memory]`` events, else a replay of
-    the snapshot; the top allocation sites by innermost Python frame (the user's first)."""
+    """Peaks per device (torch's ``[memory]`` events, else the snapshot) and the top allocation sites."""
     peaks: dict[str, dict[str, int]] = {}
     for event in events:
         if event.get("ph") != "i" or event.get("name") != "[memory]":

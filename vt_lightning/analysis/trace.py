@@ -1,8 +1,7 @@
 """A window's merged trace as every later stage reads it: typed, its events filed once. Pure.
 
-Later stages read its tables and never group events by thread again; events added after the merge
-go through ``WindowTrace.add``, times moved through ``shift``, so the tables stay true. A trace
-read back from a file becomes one with ``WindowTrace.of``."""
+Events added after the merge go through ``WindowTrace.add`` and times through ``shift``, so the
+tables stay true; a trace read back becomes one with ``WindowTrace.of``."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ _TS, _DUR, _NAME = itemgetter("ts"), itemgetter("dur"), itemgetter("name")
 
 
 def is_range_name(name: str) -> bool:
-    """A torch event written as ``cpu_op`` that Python calls open and close (Lightning's, the
-    profiler's steps, torch.compile's), not an op nested in its caller."""
+    """A ``cpu_op`` that Python calls open and close (steps, Lightning's, torch.compile's): not nested."""
     return (
         name.startswith(ANNOTATION_PREFIXES)
         or name.startswith(COMPILE_RANGE_PREFIXES)
@@ -57,9 +55,8 @@ def is_range_name(name: str) -> bool:
 
 
 class ThreadSpans:
-    """One window's X events per (pid, tid), in the file's order, by the kinds the nesting passes
-    read: Python calls, torch ops (nested in the call that issued them), annotation ranges (need not
-    nest) and the rest."""
+    """One window's X events per thread by kind: Python calls, ops (nested in their call), annotation
+    ranges (need not nest) and the rest."""
 
     __slots__ = ("annotations", "cut", "ops", "other", "python", "settled")
 
@@ -155,11 +152,8 @@ class Calls:
 
 
 class WindowTrace:
-    """One window's merged trace: ``header`` (torch's top-level keys and our metadata), ``events``
-    in the file's order, ``threads`` (``ThreadSpans``), ``memory`` (torch's ``[memory]`` instants),
-    ``metadata`` events; ``python``: where in ``events`` the Python part lies (every Python call, no
-    other complete event; the whole list for a trace read back); ``loose``: that part's timed events
-    that are no complete call."""
+    """One window's merged trace: ``header``, ``events`` (file order), their tables; ``python``: where
+    the Python part lies in ``events`` (all of a trace read back), ``loose``: its timed non-calls."""
 
     def __init__(
         self,
@@ -243,8 +237,7 @@ class WindowTrace:
         return [thread for thread, found in self.threads.python.items() if found]
 
     def rest(self, keep: Callable[[str], bool]) -> list[dict[str, Any]]:
-        """The complete events but the Python calls, in the file's order, with the Python calls
-        ``keep`` says a table reads by name."""
+        """The complete events but the Python calls, with those ``keep`` reads by name."""
         kept = {name for thread in self.python_threads() for name in set(self.calls(thread).names) if keep(name)}
         span = self.python
         out = [e for e in self.events[: span.start] if e.get("ph") == "X" and "ts" in e]

@@ -1,9 +1,4 @@
-"""Triggers: pure decisions, from cheap per-step facts, that a window should start now.
-
-``SlowStep`` (a step longer than ``factor`` x the median of the last steps), ``MemoryGrowth``
-(memory grew by more than ``fraction`` over ``steps`` batches) and ``Cadence`` (batches until the
-next coarse check). What the callback does with a firing lives in ``sources.py`` and the
-controller."""
+"""Triggers: pure decisions, from cheap per-step facts, that a window should start now."""
 
 from __future__ import annotations
 
@@ -87,8 +82,7 @@ class TriggerConfig:
 
 
 def _free_signals() -> dict[int, str]:
-    """Signals with no standard meaning, by number: SIGUSR1, SIGUSR2 and the real-time range (a
-    trigger that took over any other would break what relies on it)."""
+    """Signals with no standard meaning (SIGUSR1, SIGUSR2, real-time): the only ones a trigger takes."""
     free = {int(getattr(signal, n)): n for n in ("SIGUSR1", "SIGUSR2") if hasattr(signal, n)}
     low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
     if low is not None and high is not None:
@@ -109,8 +103,7 @@ ALLOWED_SIGNALS = (
 
 
 def parse_trigger_signal(value: Any) -> tuple[int, str]:
-    """``"SIGUSR1"``, ``"SIGRTMIN+3"``, ``signal.SIGUSR2`` or its number -> (number, canonical
-    name); a signal outside ``FREE_SIGNALS`` is a ValueError naming ``trigger_signal``."""
+    """A signal name or number -> (number, canonical name); ValueError naming ``trigger_signal``."""
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = int(value)
@@ -144,10 +137,9 @@ def _standard_meaning(number: int | None) -> str | None:
 
 
 class SlowStep:
-    """Fires when one step (from a batch start to the next) takes longer than ``factor`` x the median
-    of the last ``baseline_steps``: one clock read per batch, the median only at coarse checks
-    (``refresh``). Unarmed until the baseline is full, so warm-up only feeds it; slow steps stay in it,
-    so a run that slows for good stops firing. ``skip_next()`` drops an interval that is no step."""
+    """Fires when a step takes ``factor`` x the median of the last ``baseline_steps``: one clock read a
+    batch, the median at coarse checks; unarmed until the baseline is full, and slow steps stay in it
+    (a run that slows for good stops firing)."""
 
     def __init__(self, factor: float, baseline_steps: int, clock: Callable[[], int]) -> None:
         self.factor = float(factor)
@@ -200,9 +192,8 @@ class SlowStep:
 
 
 class MemoryGrowth:
-    """Fires when memory grew by more than ``fraction`` over at least ``steps`` batches (against the
-    newest sample that old); nothing is sampled in the first ``steps`` batches, and the history
-    restarts after a firing."""
+    """Fires when memory grew by ``fraction`` over at least ``steps`` batches; nothing is sampled in
+    the first ``steps`` batches, and the history restarts after a firing."""
 
     def __init__(self, fraction: float, steps: int) -> None:
         self.fraction = float(fraction)
@@ -228,9 +219,8 @@ class MemoryGrowth:
 
 
 class Cadence:
-    """Batches until the next coarse check, so checks come about every ``interval_s`` seconds: the
-    gap starts at one batch and at most doubles per check (a slow first step cannot push the next
-    far away), never past ``max_batches``."""
+    """Batches to the next coarse check (about every ``interval_s``): the gap at most doubles per
+    check, so a slow first step cannot push the next far away."""
 
     def __init__(self, interval_s: float, max_batches: int = 1000) -> None:
         self.interval_ns = interval_s * 1e9

@@ -1,10 +1,8 @@
-"""Whose code is this? The one rule for "the user's code", used by the filters, the summary, the
-memory snapshot and the tracer. Pure but for ``realpath``, cached per file.
+"""Whose code is this? The one rule for "the user's code". Pure but for ``realpath``, cached.
 
-A file is the user's unless it lies in the standard library, an installed package (or an imported
-framework's directory), vt_lightning, or is a compiler's output: inductor's and Triton's cache
-directories and in-memory FX / dynamo source (its ``Runner.call`` and ``forward`` would otherwise
-top the user's tables)."""
+A file is the user's unless it is the standard library's, an installed package's (or an imported
+framework's), vt_lightning's, or a compiler's output (inductor's and Triton's caches, FX / dynamo
+source in memory), whose ``forward`` would otherwise top the user's tables."""
 
 from __future__ import annotations
 
@@ -37,8 +35,7 @@ MODEL_LIBRARIES = ("litgpt", "timm", "transformers")
 
 
 def parse_function(name: str) -> tuple[str, str | None, int | None]:
-    """``"Model.forward (/src/model.py:12)"`` -> ``("Model.forward", "/src/model.py", 12)``; a C call
-    (``"builtins.sum"``) has no file."""
+    """``"Model.forward (/src/model.py:12)"`` -> ``("Model.forward", "/src/model.py", 12)``."""
     match = _VIZTRACER_NAME.match(name)
     if match is None:
         return name, None, None
@@ -52,8 +49,7 @@ def is_own_file(path: str) -> bool:
 
 @functools.lru_cache(maxsize=65536)  # one answer per file: realpath costs a system call or more
 def code_origin(path: str | None) -> tuple[str, str | None]:
-    """``("user", None)``, ``("package", "torch")``, ``("stdlib", None)``, ``("builtin", None)``
-    (C functions), ``("generated", None)`` or ``("vt_lightning", None)``."""
+    """``("user" | "stdlib" | "builtin" | "generated" | "vt_lightning", None)`` or ``("package", name)``."""
     if not path:
         return "builtin", None
     if is_generated(path):
@@ -82,8 +78,7 @@ def is_user_file(path: Any) -> bool:
 
 
 def is_generated(path: str) -> bool:
-    """Code a compiler wrote: in inductor's / Triton's cache directories (by name, or as
-    ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` name them) or FX / dynamo source in memory."""
+    """Code a compiler wrote: in its cache directories (default or set by their variables) or in memory."""
     if path.startswith("<"):
         return path.startswith(_GENERATED_PSEUDO_FILES)
     norm = path.replace("\\", "/")
@@ -94,8 +89,7 @@ def is_generated(path: str) -> bool:
 
 
 def library_roots() -> tuple[str, ...]:
-    """Directories of code that is not the user's: the standard library, installed packages and the
-    frameworks' own directories (an editable install puts them anywhere)."""
+    """Directories of code that is not the user's (an editable install puts a framework anywhere)."""
     roots = set()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         path = sysconfig.get_paths().get(key)
@@ -106,7 +100,6 @@ def library_roots() -> tuple[str, ...]:
 
 
 def framework_dirs(*names: str) -> tuple[str, ...]:
-    """Directories of the named frameworks that are imported already: never imports one (the writer
-    imports no torch, so only the training process finds them)."""
+    """Directories of the named frameworks already imported (the writer, without torch, finds none)."""
     files = [getattr(sys.modules.get(name), "__file__", None) for name in names]
     return tuple(os.path.dirname(os.path.abspath(file)) + os.sep for file in files if file)

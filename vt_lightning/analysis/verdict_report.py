@@ -77,8 +77,7 @@ def _kinds(summaries: Sequence[Mapping[str, Any]]) -> tuple[int, dict[str, list[
 
 
 def verdict_changes(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per kind on either side: its windows and mean share in A and B, and ``change``
-    (``appeared``, ``went away`` or ``still there``); empty when a side predates verdicts."""
+    """Per kind on either side: its windows and mean share in A and B, and whether it came or went."""
     judged_a, kinds_a = _kinds(a)
     judged_b, kinds_b = _kinds(b)
     if not judged_a or not judged_b:

@@ -1,8 +1,6 @@
-"""DataLoader workers in a window: which batches a worker traces, where its events go, what the
-summary says of them. Pure: ``recording/workers.py`` and ``export/worker_dumps.py`` do the I/O.
-
-A worker traces a fetch when its global batch (the epoch's first global batch plus the DataLoader's
-task number) falls in one of the active ranges ``[first, end)`` the training process publishes."""
+"""DataLoader workers in a window: which batches a worker traces (its global batch in a published
+active range), where its events go, what the summary says of them. Pure: the I/O is
+``recording/workers.py``'s and ``export/worker_dumps.py``'s."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ def upcoming_ranges(schedule: Schedule, step: int, count: int = PLAN_SLOTS) -> l
 
 
 def plan_ranges(scheduled: Sequence[Range], pinned: Iterable[Range] = ()) -> list[Range]:
-    """``pinned`` (windows open now, e.g. triggered ones) first, then the scheduled ones; at most
-    ``PLAN_SLOTS``, no duplicates."""
+    """``pinned`` (windows open now) first, then the scheduled ones: at most ``PLAN_SLOTS``, distinct."""
     out: list[Range] = []
     for candidate in (*pinned, *scheduled):
         if candidate not in out and candidate[1] > candidate[0]:
@@ -56,8 +53,7 @@ def plan_ranges(scheduled: Sequence[Range], pinned: Iterable[Range] = ()) -> lis
 
 
 def global_batch(epoch_base: int, epoch_limit: int, idx: Any) -> int | None:
-    """The global batch of the epoch's task ``idx``; None when unknown or past the epoch's limit (a
-    batch fetched ahead that the epoch never runs)."""
+    """The epoch's task ``idx`` as a global batch; None if unknown or past the epoch's limit."""
     if not isinstance(idx, int) or idx < 0 or idx >= epoch_limit:
         return None
     return epoch_base + idx
@@ -84,8 +80,7 @@ def _line(pairs: Sequence[ClockReading]) -> tuple[float, float, float]:
 
 
 class LinearClock:
-    """A worker's VizTracer µs -> the training process's: two lines through the shared monotonic
-    clock, kept as coefficients so ``place_events`` applies them inline."""
+    """A worker's VizTracer µs -> the training process's, as coefficients ``place_events`` inlines."""
 
     __slots__ = ("mslope", "mx", "my", "wslope", "wx", "wy")
 
@@ -99,9 +94,8 @@ class LinearClock:
 
 
 def worker_to_main_us(worker: Sequence[ClockReading], main: Sequence[ClockReading]) -> LinearClock:
-    """A worker's VizTracer µs onto the training process's. Each process anchors VizTracer's clock
-    itself (under spawn, a different zero), so both read it beside ``time.monotonic_ns``, the clock
-    they share on a host."""
+    """Each process anchors VizTracer's clock itself (under spawn, a different zero), so both read it
+    beside ``time.monotonic_ns``, the clock they share."""
     return LinearClock(_line(worker), _line(main))
 
 
@@ -115,15 +109,11 @@ def place_events(
     settle: Callable[[set[Any]], bool] | None = None,
     settled: dict[tuple[Any, Any], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> list[dict[str, Any]]:
-    """A worker's events moved onto the main process's clock in place, less its helper threads'
-    (``drop_tids``) and its ``process_name``: the events kept, in their order.
-
-    ``grouped``: also file them as ``filters.filter_python_events`` groups them. ``to_torch``: the
-    calls go on to torch's timeline, each thread's complete calls filed outer first (the other events
-    stay for ``merge.place_python_events``); ``ordered`` gets those threads' distinct names, so the
-    filter neither sorts nor reads them again. ``settle``: whether the filter keeps a thread of these
-    names whole; such a thread that nests goes on the nanosecond grid here, its times into
-    ``settled``. The complete calls, most of a window's events, are placed as arrays."""
+    """A worker's events moved onto the main process's clock in place, less its helper threads' and
+    its ``process_name``: the events kept, in order. ``grouped``: also filed as the filter groups
+    them. ``to_torch``: the calls go on to torch's timeline, outer first, their threads' names into
+    ``ordered``; a thread ``settle`` says the filter keeps whole, and that nests, goes on the grid
+    here (``settled``). The complete calls, most of a window's events, are placed as arrays."""
     wx, wy, wslope = to_main_us.wx, to_main_us.wy, to_main_us.wslope
     mx, my, mslope = to_main_us.mx, to_main_us.my, to_main_us.mslope
     kept: list[dict[str, Any]] = []
@@ -211,8 +201,7 @@ def _names(calls: list[dict[str, Any]]) -> set[Any] | None:
 def _place_calls(
     ts: list[Any], dur: list[Any], to_main_us: LinearClock, to_torch: TorchPlacement | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Complete calls' starts and durations on the main process's clock (or torch's timeline):
-    ``LinearClock``'s operations on whole arrays, in its order, so every double is the same."""
+    """Calls' starts and lengths mapped as arrays, ``LinearClock``'s operations in its order."""
     try:
         starts = np.array(ts, dtype=float)
         lengths = np.array(dur, dtype=float)
@@ -239,8 +228,7 @@ def worker_process_events(
     to_torch_us: Callable[[float], float],
     after: int = 0,
 ) -> list[dict[str, Any]]:
-    """The worker's process name and sort index (right after ``after``, the rank's main process),
-    and a ``fetch batch N`` span per traced fetch (batch, start and end in the main process's µs)."""
+    """The worker's process name, sort index (after ``after``) and a span per traced fetch."""
     events: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": process_name(rank, worker_id)}},
         {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
@@ -275,8 +263,7 @@ def main_sort_index(events: Iterable[Mapping[str, Any]], workers: set[int]) -> i
 
 
 def seconds_to_lower(earliest_us: float | None) -> int:
-    """Whole seconds to move the time origin down so no event starts before it (a worker fetches
-    ahead, possibly before torch's first event)."""
+    """Whole seconds to lower the time origin below every event (a worker fetches ahead)."""
     return 0 if earliest_us is None or earliest_us >= 0 else int(-earliest_us // 1_000_000) + 1
 
 
@@ -293,9 +280,8 @@ def lower_origin(trace: WindowTrace, seconds: int) -> None:
 
 
 def worker_summary(window: WindowData) -> Workers | None:
-    """The summary's ``workers`` key (None without workers): per worker its batches, busy time and
-    top user functions, and the top functions over all workers, from the window's one reading of
-    each worker thread (``WindowData.walk``, which ``input_bound`` reads too)."""
+    """The summary's ``workers`` key (None without workers), from the window's one reading of each
+    worker thread (``WindowData.walk``)."""
     from vt_lightning.analysis.summary import rank_python
 
     info = window.meta.get("workers")

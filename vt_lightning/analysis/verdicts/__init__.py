@@ -1,10 +1,8 @@
 """Why is my step slow? One window's verdicts, each naming the user's code beside its evidence.
 
-One module per family of rules (``input``, ``python``, ``cuda``, ``memory``, ``compile``, ``job``),
-each a ``RULES`` of ``base.Rule``s reading ``window.WindowView``; ``base.make_verdict`` is the one
-constructor. Each rule has a relative threshold (a share of the counted steps' time) and a small
-absolute floor: a healthy window gets none, as a false alarm costs more trust than a missed one.
-``where`` is the user's code (``usercode.py``). docs/verdicts.md explains every kind."""
+One module per family, each a ``RULES`` of ``base.Rule``s over ``window.WindowView``. Each rule has
+a relative threshold and a small absolute floor: a healthy window gets none, as a false alarm costs
+more trust than a missed one. docs/verdicts.md explains every kind."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What every verdict is made of: the ``Rule`` each kind is registered as, the ``Finding`` a rule
-returns, and ``make_verdict``, the one constructor (same advice, ``share`` and order for every
-kind). Pure."""
+"""What every verdict is made of: a ``Rule`` per kind, the ``Finding`` it returns, and
+``make_verdict``, the one constructor. Pure."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ TOP_WHERE = 3  # places per verdict
 
 
 class Finding(NamedTuple):
-    """What a rule found: the share of step time (None: unknown, left out), the user's code, the
-    rule's numbers."""
+    """What a rule found: the share of step time (None: unknown), the user's code, its numbers."""
 
     share: float | None
     where: list[VerdictWhere]

@@ -1,6 +1,5 @@
-"""The compile family: ``compile_time``, ``recompile`` and ``graph_break`` (docs/compile.md), from
-the summary's ``compile`` key. Pure. ``where`` is the compiled function when it is the user's,
-else the user's call that ran it (the innermost user call around its ``torch.compile: …`` span)."""
+"""The compile family (docs/compile.md), from the summary's ``compile`` key. Pure. ``where`` is the
+compiled function when it is the user's, else the user's call around its compile span."""
 
 from __future__ import annotations
 
@@ -73,8 +72,7 @@ def _user_place(item: Mapping[str, Any], callers: Callers) -> list[VerdictWhere]
 
 
 def compile_time(info: Mapping[str, Any], step_ms: Any, callers: Callers) -> Iterator[Finding]:
-    """Compile time inside the recorded steps is a share of them; where: the user's compiled
-    functions, else the user's calls that ran the compiles."""
+    """Compile time inside the recorded steps is a share of them."""
     share = info.get("share")
     in_steps = float(info.get("in_steps_ms") or 0.0)
     if not (isinstance(share, (int, float)) and share >= COMPILE_SHARE and in_steps >= COMPILE_MIN_MS):
@@ -99,8 +97,7 @@ def _strip_ms(where: VerdictWhere) -> VerdictWhere:
 
 
 def recompile(info: Mapping[str, Any], callers: Callers) -> Iterator[Finding]:
-    """A compiled function recompiled for a changed shape / stride / dtype, one verdict per
-    function; where: the function when it is the user's, else the user's call that ran it."""
+    """A compiled function recompiled for a changed shape, stride or dtype: one verdict per function."""
     share = info.get("share")
     by_function: dict[tuple[Any, Any, Any], list[Mapping[str, Any]]] = {}
     for item in info.get("recompiles") or ():
@@ -117,8 +114,7 @@ def recompile(info: Mapping[str, Any], callers: Callers) -> Iterator[Finding]:
 
 
 def graph_break(info: Mapping[str, Any]) -> Iterator[Finding]:
-    """Every graph break, at the user's line dynamo reported (always the user's code: dynamo
-    traces the user's frames)."""
+    """Every graph break, at the user's line dynamo reported (dynamo traces the user's frames)."""
     for item in info.get("graph_breaks") or ():
         if isinstance(item, Mapping):
             evidence = {

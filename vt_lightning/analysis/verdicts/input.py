@@ -1,9 +1,7 @@
 """The input family: ``input_bound``, the step waits for its batch. Pure.
 
-``where`` names the user's dataset or collate function (the user call entered from torch's
-fetcher) and, under each, the user callee that took most of its time. Tracing the fetch slows it,
-so the verdict also needs the steps no tracer recorded to wait (``UNTRACED_WAIT_KEY``, measured by
-``controller/data_wait.py``)."""
+``where`` names the user's dataset or collate code and, under each, its heaviest user callee.
+Tracing slows the fetch, so the steps no tracer recorded must wait too (``UNTRACED_WAIT_KEY``)."""
 
 from __future__ import annotations
 
@@ -59,8 +57,7 @@ def _places(entries: Time, callees: dict[str, Time], steps: int) -> list[Verdict
 
 
 def untraced_reading(waits_s: Sequence[float], busy_s: Sequence[float]) -> dict[str, Any] | None:
-    """The untraced steps' data wait: in the median step, ms and share of the step (None without a
-    step); the median, so one fetch the OS descheduled does not make the loader slow."""
+    """The untraced steps' wait in the median step (ms, share): one slow fetch makes no slow loader."""
     steps = len(waits_s)
     if not steps:
         return None
@@ -84,8 +81,7 @@ def untraced_clears(reading: Mapping[str, Any] | None) -> bool:
 
 
 def input_bound(w: WindowView) -> Iterator[Finding]:
-    """Fetching the next batch (``data_wait``) is a large share of the step; where: the user's
-    dataset / collate code that ran meanwhile, here or in workers, and its heaviest callee."""
+    """Fetching the next batch is a large share of the step; where: the user code fetching it."""
     wait_ms = float((w.summary.get("breakdown_ms") or {}).get("data_wait") or 0.0)
     step_ms = w.step_ms
     if not step_ms or wait_ms < INPUT_BOUND_MIN_MS or wait_ms / step_ms < INPUT_BOUND_SHARE:

@@ -1,6 +1,5 @@
-"""The job family: ``straggler``, one rank late at the collectives (``straggler.py`` finds it when
-rank 0's writer merges every rank's trace). Only rank 0's summary has the ``job`` block, added
-after its verdicts: ``with_job_verdicts`` adds this family's and sorts again. Pure."""
+"""The job family: ``straggler``, from rank 0's ``job`` block (``straggler.py``), added after the
+window's own verdicts by ``with_job_verdicts``. Pure."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ RULES = (
 
 
 def with_job_verdicts(summary: Summary) -> list[Verdict]:
-    """The summary's verdicts with this family's added (rank 0, once its ``job`` block is in),
-    largest share first again."""
+    """The summary's verdicts with this family's added, largest share first again."""
     job = summary.get("job")
     added = [make_verdict(rule, finding) for rule in RULES for finding in straggler(job)]
     return sort_verdicts([*summary.get("verdicts", []), *added])

@@ -1,5 +1,4 @@
-"""The Python family: ``python_bound`` (the user's own Python holds the step) and ``gc`` (the
-garbage collector's pauses). Pure."""
+"""The Python family: ``python_bound`` and ``gc``. Pure."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ PURE_ORIGINS = ("user", "builtin", "stdlib")
 
 
 def _python_upper_bound_ms(w: WindowView) -> float | None:
-    """Per step, the self time of every user, builtin and stdlib function: at least the pure Python
-    time, so a window under the threshold skips the timeline."""
+    """Per step, an upper bound of the pure Python time: a window under it skips the timeline."""
     totals = (w.summary.get("top_python") or {}).get("totals")
     if not totals:
         return None
@@ -30,8 +28,7 @@ def _python_upper_bound_ms(w: WindowView) -> float | None:
 
 
 def python_bound(w: WindowView) -> Iterator[Finding]:
-    """The user's own Python, with no torch op under it, is a large share of the step outside the
-    data wait (``input_bound``'s); where: the user functions with the most of it."""
+    """The user's own Python, with no torch op under it, outside the data wait, is a large share."""
     bound = _python_upper_bound_ms(w)
     if bound is not None and (bound < PYTHON_BOUND_SHARE * w.step_ms or bound < PYTHON_BOUND_MIN_MS):
         return
@@ -55,8 +52,7 @@ def python_bound(w: WindowView) -> Iterator[Finding]:
 
 
 def gc_pauses(w: WindowView) -> Iterator[Finding]:
-    """The garbage collector's pauses in the counted steps are a share of the step; where: the user
-    code running when each began."""
+    """The garbage collector's pauses are a share of the step; where: the user code they interrupted."""
     pauses: list[Span] = []
     per_user: dict[str, float] = defaultdict(float)
     generations: dict[str, int] = defaultdict(int)

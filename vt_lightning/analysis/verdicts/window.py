@@ -1,5 +1,4 @@
-"""The window as the rules read it: one ``WindowView`` built once from the summary's ``WindowData``,
-with one ``Timeline`` per thread made on first use. Pure."""
+"""The window as the rules read it: one ``WindowView``, with a ``Timeline`` per thread. Pure."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ def _kind(name: str) -> str:
 
 
 class Timeline:
-    """One thread's Python calls cut into non-overlapping ``Segment``s: the stretches of its
-    ``Nest``, each with its innermost call and what that call inherits."""
+    """One thread's calls cut into ``Segment``s: its ``Nest``'s stretches and what each inherits."""
 
     def __init__(self, calls: Calls) -> None:
         nest = calls.nest
@@ -95,8 +93,7 @@ class Timeline:
 
 
 class WindowView:
-    """What every rule reads: the summary, the counted steps, the training thread, the events by
-    kind, the per-thread timelines and the memory snapshot."""
+    """What every rule reads: the summary, the counted steps, the events by kind, the timelines."""
 
     def __init__(self, data: WindowData, summary: Summary, snapshot: Any = None) -> None:
         self.data = data
@@ -150,8 +147,7 @@ class WindowView:
         return self._waits
 
     def data_wait_per_step_ms(self) -> list[float]:
-        """ms of ``data_waits`` in each counted step's slot (to the next one's start), so a fetch between
-        two steps counts for the step it fed."""
+        """ms of data wait in each counted step's slot (to the next start): a fetch counts for its step."""
         waits = self.data_waits()
         starts = [s for s, _ in waits]
         edges = [*self.step_starts, self.region[1]]
