@@ -16,6 +16,7 @@ from vt_lightning.analysis.clock import Calibration
 from vt_lightning.analysis.merge import ORIGIN_GRANULARITY_US, snap_to_nanoseconds
 from vt_lightning.analysis.trace import WindowTrace
 from vt_lightning.analysis.usercode import is_user_file
+from vt_lightning.analysis.workers import lower_origin
 
 SAMPLED_CATEGORY = "sampled"  # not a category the TensorBoard plugin analyses: Trace view only
 TRACK_TID_BASE = 1_000_000_000  # a Linux tid is below 2**22: base + the training thread's tid never collides
@@ -159,12 +160,9 @@ def add_flight_track(trace: WindowTrace, data: dict[str, Any] | None, calibratio
         return
     trace.add(events)
     earliest_us = min(float(e["ts"]) for e in events if "ts" in e)
-    if earliest_us < 0:
-        # the slow step precedes the time origin: move it back by whole seconds, absolute times kept
-        shift = math.ceil(-earliest_us / ORIGIN_GRANULARITY_US) * ORIGIN_GRANULARITY_US
-        trace.shift(shift, snap=snap_to_nanoseconds)
-        trace.header["baseTimeNanoseconds"] = int(trace.header.get("baseTimeNanoseconds", 0)) - shift * 1000
-        meta["time_origin_us"] = int(meta.get("time_origin_us", 0)) - shift
+    if earliest_us < 0:  # the slow step precedes the time origin: lower it by whole seconds
+        lower_origin(trace, math.ceil(-earliest_us / ORIGIN_GRANULARITY_US))
+        snap_to_nanoseconds(trace.events)
     meta["flight"] = {
         "batch": data.get("batch"),
         "samples": events[2]["args"]["samples"],

@@ -209,13 +209,11 @@ class WindowTrace:
             elif ph == "i" and event.get("name") == MEMORY_EVENT:
                 self.memory.append(event)
 
-    def shift(self, us: float, snap: Callable[[Iterable[dict[str, Any]]], None] | None = None) -> None:
-        """Move every ``ts`` by ``us`` (and through ``snap``, when given): the tables read anew."""
+    def shift(self, us: float) -> None:
+        """Move every ``ts`` by ``us``: the tables read anew."""
         for event in self.events:
             if "ts" in event:
                 event["ts"] = float(event["ts"]) + us
-        if snap is not None:
-            snap(self.events)
         self._calls.clear()
 
     def other_events(self) -> list[dict[str, Any]]:
