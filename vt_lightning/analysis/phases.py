@@ -4,7 +4,6 @@ phases the Python tables fold the frameworks' calls by. Pure."""
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_right
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,11 +21,6 @@ class PhaseSegments:
 
     def __init__(self, starts: list[float], parts: list[str]) -> None:
         self.starts, self.parts = starts, parts
-
-    def at(self, ts: float) -> str:
-        """The part running at ``ts``."""
-        i = bisect_right(self.starts, ts) - 1
-        return self.parts[i] if i >= 0 else OUTSIDE
 
     def segments_at(self, times: np.ndarray) -> np.ndarray:
         """For each of ``times``, 1 + the index of the segment it falls in (0: before the first)."""

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from vt_lightning.analysis.schema import Verdict, VerdictWhere
+from vt_lightning.analysis.schema import VerdictWhere
 from vt_lightning.analysis.spans import span_of
 from vt_lightning.analysis.usercode import is_user_file
 from vt_lightning.analysis.verdicts.base import (
     Finding,
     Rule,
-    make_verdict,
     place,
     top_where,
     users_first,
@@ -152,18 +151,3 @@ RULES = (
         "compiled function, or rewrite it so dynamo can trace it.",
     ),
 )
-
-
-def compile_verdicts(
-    info: Mapping[str, Any] | None, step_ms: float | Mapping[str, Any] | None = None, callers: Callers | None = None
-) -> list[Verdict]:
-    """The three compile kinds of one summary's ``compile`` key, without a trace."""
-    if not info:
-        return []
-    known = callers or Callers()
-    found: list[tuple[Rule, Iterable[Finding]]] = [
-        (RULES[0], compile_time(info, step_ms, known)),
-        (RULES[1], recompile(info, known)),
-        (RULES[2], graph_break(info)),
-    ]
-    return [make_verdict(rule, finding) for rule, findings in found for finding in findings]
