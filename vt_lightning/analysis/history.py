@@ -118,8 +118,6 @@ class TableRow:
 
 
 class RunHistory:
-    """The bounded record of a run's windows (see the module docstring)."""
-
     def __init__(self) -> None:
         self.count = 0  # windows written in the run (deleted ones included)
         self.deleted = 0  # of them, removed from disk by ``keep_windows``
@@ -164,7 +162,6 @@ class RunHistory:
             heapq.heapreplace(self._slowest, item)
 
     def slowest(self) -> list[WindowRow]:
-        """The slowest windows between the first and the latest, slowest first."""
         return [row for _, _, row in sorted(self._slowest, key=lambda item: item[:2], reverse=True)]
 
     def kept(self) -> int:

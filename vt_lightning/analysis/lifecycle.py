@@ -51,7 +51,6 @@ def actions(boundary: Boundary, previous: Phase, current: Phase) -> tuple[Action
 
 
 def phase_in(window: Window, step: int) -> Phase:
-    """Phase of batch ``step`` within ``window`` (NONE outside it)."""
     if step < window.warmup_start or step >= window.end:
         return Phase.NONE
     return Phase.ACTIVE if step >= window.active_start else Phase.WARMUP

@@ -129,7 +129,6 @@ class TorchPlacement:
 
 
 def torch_placement(calibration: Calibration, origin_us: int) -> TorchPlacement:
-    """The map ``calibration`` gives, onto torch's timeline less ``origin_us``."""
     t0, t1 = calibration.start.python_us, calibration.end.python_us
     offset, drift = calibration.offset_us - origin_us, calibration.drift_us
     slope = drift / (t1 - t0) if t1 > t0 else 0.0

@@ -168,7 +168,6 @@ class Nest:
 
     @cached_property
     def lengths(self) -> np.ndarray:
-        """Each interval's inclusive time: its nested end less its start."""
         return self.ends - self.starts
 
     @cached_property

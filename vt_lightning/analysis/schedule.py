@@ -72,7 +72,6 @@ class Schedule:
         return index
 
     def window(self, index: int) -> Window:
-        """Batch bounds of window ``index`` (0-based)."""
         if index < 0 or (self.repeat and index >= self.repeat):
             raise ValueError(f"window index {index} outside schedule with repeat={self.repeat}")
         cycle_start = self.skip_first + index * self.cycle

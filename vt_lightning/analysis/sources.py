@@ -69,7 +69,6 @@ class WindowPlan:
 
     @property
     def busy_until(self) -> int:
-        """The first batch after the last begun window."""
         return self._busy_until
 
     def next_boundary(self, step: int) -> float:

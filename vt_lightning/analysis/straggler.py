@@ -114,7 +114,6 @@ def user_segments(events: Iterable[Mapping[str, Any]]) -> list[Segment]:
 
 
 def time_in(segments: Sequence[Segment], intervals: Iterable[tuple[float, float]]) -> dict[str, float]:
-    """µs per label inside the intervals."""
     out: dict[str, float] = defaultdict(float)
     starts = [s[0] for s in segments]
     longest = max((s[1] - s[0] for s in segments), default=0.0)

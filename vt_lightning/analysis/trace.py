@@ -85,7 +85,6 @@ class ThreadSpans:
             self.other[key].append(event)
 
     def all_events(self) -> dict[Thread, list[dict[str, Any]]]:
-        """Every X event per thread, whatever its kind."""
         out: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         for kind in (self.python, self.ops, self.annotations, self.other):
             for key, thread_events in kind.items():
@@ -103,7 +102,6 @@ class Calls:
 
     @classmethod
     def of(cls, calls: Sequence[Call]) -> Calls:
-        """From ``(start, end, name)`` tuples."""
         count = len(calls)
         return cls(
             np.fromiter(map(itemgetter(0), calls), dtype=float, count=count),
@@ -113,7 +111,6 @@ class Calls:
 
     @classmethod
     def from_events(cls, events: Sequence[Mapping[str, Any]]) -> Calls:
-        """From complete events: ``ts``, ``ts + dur`` and ``name``."""
         count = len(events)
         try:  # a merged trace's: floats and strings, read at C speed
             starts = np.fromiter(map(_TS, events), dtype=float, count=count)
@@ -139,7 +136,6 @@ class Calls:
 
     @cached_property
     def ordered_names(self) -> list[str]:
-        """``names`` in ``nest``'s order."""
         names = self.names
         return [names[i] for i in self.nest.order.tolist()]
 
@@ -187,7 +183,6 @@ class WindowTrace:
 
     @property
     def meta(self) -> dict[str, Any]:
-        """The trace's ``vt_lightning`` metadata block."""
         meta = self.header.get(TRACE_METADATA_KEY)
         if not isinstance(meta, dict):
             meta = self.header[TRACE_METADATA_KEY] = {}

@@ -72,7 +72,6 @@ class TriggerConfig:
 
     @property
     def armed(self) -> bool:
-        """True when any trigger can open a window."""
         return (
             self.slow_step_factor is not None
             or self.memory_growth is not None

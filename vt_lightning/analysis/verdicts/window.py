@@ -71,7 +71,6 @@ class Timeline:
         )
 
     def at(self, t: float) -> Segment | None:
-        """The segment at time ``t``; None outside every call."""
         i = bisect_right(self.starts, t) - 1
         if i >= 0:
             segment = self.segments[i]
@@ -136,7 +135,6 @@ class WindowView:
 
     @property
     def step_ms(self) -> float:
-        """The mean counted step, ms."""
         return self.total_us / 1000.0 / max(self.steps, 1)
 
     def data_waits(self) -> list[Span]:
