@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from vt_lightning import VizTraceCallback
-from vt_lightning.analysis.phases import phase_segments
+from vt_lightning.analysis.breakdown import phase_segments
 from vt_lightning.analysis.summary import (
     BREAKDOWN_PARTS,
     SCHEMA_VERSION,

@@ -10,8 +10,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from vt_lightning.analysis.breakdown import OUTSIDE, PhaseSegments
 from vt_lightning.analysis.nest import Nest
-from vt_lightning.analysis.phases import OUTSIDE, PhaseSegments
 from vt_lightning.analysis.spans import Span
 from vt_lightning.analysis.trace import Calls, Thread
 from vt_lightning.analysis.usercode import GENERATED, code_origin, parse_function

@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 
 from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  # re-exported
-from vt_lightning.analysis.breakdown import attribute_step, reported
+from vt_lightning.analysis.breakdown import PhaseSegments, attribute_step, phase_segments, reported
 from vt_lightning.analysis.compile import compile_summary
 from vt_lightning.analysis.nest import Nest
-from vt_lightning.analysis.phases import PhaseSegments, phase_segments
 from vt_lightning.analysis.python_tables import (
     FOLDED_ORIGINS,
     GENERATED_PACKAGE,
