@@ -43,7 +43,6 @@ class WindowPlan:
         self._cancelled: set[int] = set()  # schedule cycles displaced by a triggered window
         self.closed = False  # the run budget is spent: no window begins any more
 
-    # ----------------------------------------------------------------- queries
     def next_window(self, step: int) -> Planned | None:
         """The first planned window that has not ended by batch ``step``."""
         if self.closed or (self.max_windows is not None and self.begun >= self.max_windows):
@@ -76,7 +75,6 @@ class WindowPlan:
         nxt = self.next_window(step)
         return nxt.window.warmup_start if nxt is not None else float("inf")
 
-    # ----------------------------------------------------------------- transitions
     def close(self) -> None:
         """No window begins from now on (the run budget is spent); a pending triggered one is dropped."""
         self.closed = True

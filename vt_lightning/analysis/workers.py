@@ -120,7 +120,6 @@ def place_events(
     append = kept.append
     threads, others = grouped if grouped is not None else ({}, [])
     placing = to_torch is not None and grouped is not None
-    # each thread's X calls as read, with their ts and dur
     complete: dict[tuple[Any, Any], tuple[list[dict[str, Any]], list[Any], list[Any]]] = {}
     mixed: set[tuple[Any, Any]] = set()  # threads with a "B" call too: filed as read
     last_pid: Any = drop_tids  # no event's: the first call looks its thread up

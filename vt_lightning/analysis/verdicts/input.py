@@ -99,7 +99,7 @@ def input_bound(w: WindowView) -> Iterator[Finding]:
     in_process = all(thread[0] == w.pid for thread in w.data.python_calls)
     if in_process and untraced_clears(untraced):
         return
-    entries, callees = _entries_and_callees(w, w.thread, w.data_waits())
+    entries, callees = _entries_and_callees(w, w.thread, w.data_waits)
     source = "main process"
     if not entries:
         for thread in w.data.python_calls:

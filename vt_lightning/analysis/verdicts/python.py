@@ -33,7 +33,7 @@ def python_bound(w: WindowView) -> Iterator[Finding]:
     if bound is not None and (bound < PYTHON_BOUND_SHARE * w.step_ms or bound < PYTHON_BOUND_MIN_MS):
         return
     ops = union(w.ops)  # torch ops, and CUDA runtime calls (blocked in a sync, a launch): not Python
-    outside_waits = difference(w.step_spans, w.data_waits())
+    outside_waits = difference(w.step_spans, w.data_waits)
     # all the time counted below: when it is too little, the timeline (the costliest part) is never built
     most_us = sum(hi - lo for lo, hi in difference(outside_waits, ops))
     if share_of(most_us, w.total_us) < PYTHON_BOUND_SHARE or w.per_step_ms(most_us) < PYTHON_BOUND_MIN_MS:

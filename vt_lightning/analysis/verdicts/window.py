@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
+from functools import cached_property
 from itertools import pairwise
 from typing import Any
 
@@ -131,22 +132,20 @@ class WindowView:
                 if (e.get("pid"), e.get("tid")) == self.thread:
                     self.ops.append(span_of(e))
         self._timelines: dict[Any, Timeline] = {}
-        self._waits: list[Span] | None = None
 
     @property
     def step_ms(self) -> float:
         return self.total_us / 1000.0 / max(self.steps, 1)
 
+    @cached_property
     def data_waits(self) -> list[Span]:
         """The counted steps' ``data_wait`` ranges (fetching the batch), as the breakdown has them."""
-        if self._waits is None:
-            parts = [(s, e) for s, e, part in self.data.ranges if part == "data_wait"]
-            self._waits = union(clip(parts, *self.region))
-        return self._waits
+        parts = [(s, e) for s, e, part in self.data.ranges if part == "data_wait"]
+        return union(clip(parts, *self.region))
 
     def data_wait_per_step_ms(self) -> list[float]:
         """ms of data wait in each counted step's slot (to the next start): a fetch counts for its step."""
-        waits = self.data_waits()
+        waits = self.data_waits
         starts = [s for s, _ in waits]
         edges = [*self.step_starts, self.region[1]]
         return [covered((lo, hi), waits, starts) / 1000.0 for lo, hi in pairwise(edges)]
