@@ -1,8 +1,6 @@
 """What got slower or faster between two windows (or runs): pure functions on summary dicts.
-
-Each side is its mean over windows. A name missing on one side is **absent** (that side's
-``totals`` list everything), **below the threshold** (counted as 0, noted) or **not in the top N**
-(unknown): each row says which, and ``delta_percent`` is None unless both sides are exact."""
+Each side is its mean over windows; a name missing on one side is absent, below the threshold or
+not in the top N (docs/summary.md, "The `vt-lightning` command"), and each row says which."""
 
 from __future__ import annotations
 

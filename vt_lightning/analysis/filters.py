@@ -1,11 +1,7 @@
-"""Which recorded Python calls a window's trace keeps: the user's filters, and never our own frames.
-
-VizTracer's own filters drop the whole subtree under a filtered frame (Lightning reaches
-``training_step`` through ~20 frames), so it records unfiltered and this module filters in the
-writer: ``include_files`` keeps the calls under those paths (and the C calls they make),
-``exclude_files`` drops them but not their callees, ``max_stack_depth`` counts from the outermost
-user call (a hook the user's LightningModule defines, or any file outside the standard library and
-packages). vt_lightning's own calls and their callees always go; torch's events are never filtered."""
+"""Which recorded Python calls a window's trace keeps: the user's filters (their meaning is
+docs/options.md's), and never our own frames or their callees. VizTracer's own filters would drop
+the whole subtree under a filtered frame (Lightning reaches ``training_step`` through ~20 frames),
+so it records unfiltered and the writer filters here. torch's events are never filtered."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""The ranks' traces of one window on one timeline: the job file (pure; written by export/job_file.py).
-
-* Time: a rank's events move by the difference of its ``baseTimeNanoseconds`` from rank 0's (exact
-  ns), then by its clock offset (``offsets.py``); never aligned on a file's first event.
-* Processes: a rank's pids become ``rank * PID_STRIDE + 1 + i`` (its own first; never pid 0,
-  Perfetto's idle process), named ``rank N`` and sorted by rank; flow ids likewise.
-* Size: past ``budget_bytes``, ranks but ``keep_full`` keep only steps, collectives, metadata and
-  their top ``TOP_FUNCTIONS`` functions' calls."""
+"""The ranks' traces of one window on one timeline: the job file (pure; written by export/job_file.py;
+docs/distributed.md). A rank's events move by the difference of its ``baseTimeNanoseconds`` from
+rank 0's (exact ns), then by its clock offset, never onto a file's first event; its pids and flow
+ids are renumbered per rank (``PID_STRIDE``: never pid 0, Perfetto's idle process); past the budget,
+ranks but ``keep_full`` keep only steps, collectives, metadata and their top functions' calls."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """CPU memory snapshots from a merged trace, in ``torch.cuda.memory._snapshot()``'s format. Pure.
 
-Torch's ``[memory]`` instants become the allocator's trace, each with the calls and ops around it
-as its stack, so https://pytorch.org/memory_viz opens it. The page's pitfalls (torch 2.4 to 2.13):
-a free is ``free_requested`` then ``free_completed``; no ``category`` key (its typo
-``snapshot.categores`` crashes on them); blocks must tile their segment and every replayed block
-lie in one; its unpickler takes plain dicts, lists, str, int, float, bool, None, small tuples."""
+Torch's ``[memory]`` instants become the allocator's trace, each with the calls and ops around it as
+its stack, written as https://pytorch.org/memory_viz needs (docs/memory.md, "For developers": a
+free as requested then completed, no ``category`` key, blocks that tile their segments, plain
+types only)."""
 
 from __future__ import annotations
 

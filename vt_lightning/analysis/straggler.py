@@ -1,11 +1,8 @@
-"""Which rank is late, how long the others wait for it, and which of its Python lines took the time.
-
-Collectives are matched across ranks by (step, name, k-th), from one family present on every rank
-(``FAMILIES``, in order: the c10d op and the backend's work never both count; send / recv never).
-The others wait from their arrival to the last one's. A rank is named only if its net wait (the
-others' for it, less its own) reaches ``MIN_SHARE`` of the step and ``MIN_WAIT_MS``: balanced ranks
-take turns being last. Its user function with the largest excess over the others' mean before the
-collectives it reached last names the place."""
+"""Which rank is late, how long the others wait for it, and which of its Python lines took the time
+(the rule: docs/distributed.md, "The straggler"). Collectives are matched across ranks by (step,
+name, k-th), from the first family of ``FAMILIES`` on every rank (so the c10d op and the backend's
+work never both count); a rank is named only if its net wait reaches both thresholds, as balanced
+ranks take turns being last."""
 
 from __future__ import annotations
 
