@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
@@ -26,7 +27,7 @@ from vt_lightning.analysis.compile import (
     compile_summary,
 )
 from vt_lightning.analysis.usercode import code_origin, parse_function
-from vt_lightning.analysis.verdicts.compile import compile_verdicts
+from vt_lightning.analysis.verdicts.compile import RULES as COMPILE_RULES
 from vt_lightning.constants import SUMMARY_JSON_SUFFIX
 from vt_lightning.recording.compile_watch import GRAPH_BREAK_LOGGER
 
@@ -124,6 +125,12 @@ def _python_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in trace["traceEvents"] if e.get("cat") == "FEE" and e.get("ph") == "X"]
 
 
+def _compile_kinds(info: dict[str, Any] | None, step_ms: dict[str, float] | None = None) -> list[str]:
+    """The compile family's verdicts of a summary's ``compile`` key alone (no trace: no compile span)."""
+    window = SimpleNamespace(summary={"compile": info, "step_ms": step_ms}, compile_spans=[])
+    return [rule.kind for rule in COMPILE_RULES for _ in rule.find(window)]
+
+
 def _our_hooks() -> dict[str, Any]:
     """What a window could leave behind: the graph-break logger's state, dynamo's callbacks."""
     logger = logging.getLogger(GRAPH_BREAK_LOGGER)
@@ -163,11 +170,8 @@ def test_new_shape_each_step_is_a_recompile_with_its_reason_and_one_span_per_com
         assert tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5), compiled["notes"]  # only where it is missing
         return
 
-    kinds = [v["kind"] for v in compile_verdicts(compiled, summary["step_ms"])]
-    assert "recompile" in kinds, kinds
-    (recompile,) = [v for v in compile_verdicts(compiled, summary["step_ms"]) if v["kind"] == "recompile"]
+    (recompile,) = [v for v in summary["verdicts"] if v["kind"] == "recompile"]
     assert "size mismatch" in recompile["evidence"]["reason"] and recompile["where"][0]["function"] == "forward"
-    assert "recompile" in [v["kind"] for v in summary["verdicts"]], summary["verdicts"]
 
     # One span per compile on the training thread, in place of the compiler's own calls.
     events = _python_events(trace)
@@ -195,7 +199,7 @@ def test_print_in_a_compiled_forward_is_a_graph_break_at_that_line_and_nothing_o
     assert (seeded["line"], seeded["function"], seeded["source"]) == (PRINT_LINE, "forward", "compile"), seeded
     assert "print" in seeded["reason"], seeded
     assert seeded["calls"] >= 1  # and taken at run time (dynamo's resume function after the print)
-    verdicts = compile_verdicts(first["compile"], first["step_ms"])
+    verdicts = first["verdicts"]
     where = [v["where"][0] for v in verdicts if v["kind"] == "graph_break"]
     assert {"file": THIS_FILE, "line": PRINT_LINE, "function": "forward"} in where, verdicts
     assert "compile_time" in [v["kind"] for v in verdicts]  # the first compile is most of that window
@@ -206,7 +210,7 @@ def test_print_in_a_compiled_forward_is_a_graph_break_at_that_line_and_nothing_o
     assert later is not None and later["compiles"] == 0, later
     (seen,) = [b for b in later["graph_breaks"] if b["file"] == THIS_FILE]
     assert (seen["line"], seen["source"]) == (PRINT_LINE, "run") and seen["calls"] >= 2, seen
-    assert "compile_time" not in [v["kind"] for v in compile_verdicts(later, second["step_ms"])]
+    assert "compile_time" not in [v["kind"] for v in second["verdicts"]]
 
 
 def test_a_user_who_logs_graph_breaks_keeps_seeing_them(tmp_path, capfd):
@@ -314,7 +318,7 @@ def test_torch_2_4_records_give_places_phases_and_recompiles():
     steps = {3: (0.0, 500_000.0)}
     summary = compile_summary(record, [{**events[0], "ph": "X"}], steps)
     assert summary is not None and summary["share"] == 0.8 and summary["phases_ms"]["inductor"] == 200.0
-    assert [v["kind"] for v in compile_verdicts(summary, {"mean": 500.0})] == ["compile_time", "graph_break"]
+    assert _compile_kinds(summary, {"mean": 500.0}) == ["compile_time", "graph_break"]
 
 
 def test_spans_end_where_the_calls_around_dynamos_callbacks_begin_and_a_healthy_window_gets_nothing():
@@ -328,10 +332,10 @@ def test_spans_end_where_the_calls_around_dynamos_callbacks_begin_and_a_healthy_
     (span,) = compile_span_events(info, calls)
     assert (span["ts"], span["ts"] + span["dur"]) == (105.0, 890.0)
     assert compile_summary(None, [{"name": "step (/src/train.py:3)", "ts": 0.0, "dur": 5.0}], {1: (0.0, 5.0)}) is None
-    assert compile_verdicts(None) == []
+    assert _compile_kinds(None) == []
     # A recompile for another reason than a shape is listed, with no verdict.
     quiet = {"recompiles": [{"function": "f", "file": "/a.py", "line": 1, "reason": "0/0: ___check_global_state()"}]}
-    assert compile_verdicts(quiet) == []
+    assert _compile_kinds(quiet) == []
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from lightning.pytorch.profilers import PassThroughProfiler, SimpleProfiler
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from vt_lightning.analysis.lightning_view import apply_lightning_view, lightning_view_names, module_record_name
+from vt_lightning.analysis.lightning_view import apply_lightning_view, module_record_name
 from vt_lightning.analysis.trace import WindowTrace
 from vt_lightning.constants import FRAMEWORK_KEY, FRAMEWORK_LIGHTNING
 from vt_lightning.recording.lightning_hooks import LightningViewHooks
@@ -112,7 +112,11 @@ def test_rewrite_categories_and_framework_key_order():
     assert ("python_call", "FEE") in cats
     assert summary == {"modules": 3, "stages": 2, "demoted": 0, "synthesized_stages": 0, "framework": 1}
     assert trace["vt_lightning"]["lightning_view"] == summary
-    assert sorted(lightning_view_names(trace["traceEvents"])) == ["net", "net.0", "net.1"]
+    events = trace["traceEvents"]
+    modules = [
+        e["name"].split(": ", 1)[1] for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("[pl][module]")
+    ]
+    assert sorted(modules) == ["net", "net.0", "net.1"]
 
 
 @pytest.mark.unit

@@ -203,9 +203,6 @@ def test_frames_are_the_enclosing_calls_innermost_first():
     assert trace[5]["frames"] == []
     assert [e["time_us"] for e in trace] == [5, 15, 23, 75, 75, 150]
     assert all(e["stream"] == 0 for e in trace)
-    # Without torch ops only the Python calls remain.
-    no_ops = build_cpu_snapshot(events, include_ops=False)
-    assert names(no_ops["device_traces"][0][2]) == ["builtins.sum", "forward", "step"]
     check_memory_viz(snap)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from vt_lightning.analysis.breakdown import stage_ranges
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX, compile_summary
-from vt_lightning.analysis.spans import launches_by_correlation, x_events
+from vt_lightning.analysis.spans import launches_by_correlation
 from vt_lightning.analysis.steps import find_steps, read_window
 from vt_lightning.analysis.summary import summarize, top_ops
 from vt_lightning.analysis.summary_devices import RUNTIME_CATEGORIES, gpu_summary, memory_summary
@@ -94,25 +94,27 @@ def _window(seed: int) -> dict[str, Any]:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tables_read_from_the_buckets_equal_the_ones_read_from_every_event(seed: int) -> None:
     trace = _window(seed)
-    events = x_events(trace)
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "ts" in e]
     data = read_window(trace)
     assert len(data.rest) < len(events) // 3  # the Python calls stay out of ``rest``
 
     assert (data.steps, data.thread) == find_steps(events)
     assert len(data.steps) == 4 and data.thread == (MAIN, 1)
-    ranges = stage_ranges(events, data.thread, {HOOK: "training_step"})
+    on_thread = [e for e in events if (e["pid"], e["tid"]) == data.thread]
+    thread_calls = Calls.from_events([e for e in on_thread if e["cat"] == PYTHON_CATEGORY])
+    ranges = stage_ranges(on_thread, thread_calls, {HOOK: "training_step"})
     assert (data.ranges, data.breakdown_source, data.user_hooks) == ranges
     assert {part for _, _, part in data.ranges} >= {"forward", "backward", "compile"}
     assert data.launches == launches_by_correlation(events, RUNTIME_CATEGORIES) and data.launches
     counted = data.counted
     region = (data.steps[counted[0]][0], data.steps[counted[-1]][1])
-    ops = top_ops(data.rest, len(counted), region=region, launches=data.launches)
-    assert ops == top_ops(events, len(counted), region=region) and ops["by_kernel"]
+    ops = top_ops(data.rest, len(counted), data.launches, region=region)
+    launches = launches_by_correlation(events, RUNTIME_CATEGORIES)
+    assert ops == top_ops(events, len(counted), launches, region=region) and ops["by_kernel"]
     span = (data.steps[0][0], data.steps[3][1])
-    gpu = gpu_summary(data.rest, span, data.thread, calls=data.python_calls[data.thread])
-    assert gpu == gpu_summary(events, span, data.thread) and gpu is not None
-    on_thread = [e for e in events if e["cat"] == PYTHON_CATEGORY and (e["pid"], e["tid"]) == data.thread]
-    assert data.python_calls[data.thread].names == Calls.from_events(on_thread).names
+    gpu = gpu_summary(data.rest, span, data.python_calls[data.thread])
+    assert gpu == gpu_summary(events, span, thread_calls) and gpu is not None
+    assert data.python_calls[data.thread].names == thread_calls.names
     memory = memory_summary(data.memory, None)
     assert memory == memory_summary(trace["traceEvents"], None) and memory is not None
     compiled = compile_summary(None, data.rest, data.steps)

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from vt_lightning import VizTraceCallback
-from vt_lightning.analysis.phases import phase_segments
+from vt_lightning.analysis.breakdown import phase_segments
 from vt_lightning.analysis.summary import (
     BREAKDOWN_PARTS,
     SCHEMA_VERSION,
@@ -430,7 +430,8 @@ def test_phase_segments_tile_the_steps_as_the_breakdown_does() -> None:
         for part, us in attribute_step(step, ranges).items():
             expected[part] = expected.get(part, 0.0) + us
     assert {p: us for p, us in per_part.items() if us} == {p: us for p, us in expected.items() if us}
-    assert segments.at(-1.0) == "other" and segments.at(200.0) == "other" and segments.at(65.0) == "validation"
+    at = [["other", *segments.parts][i] for i in segments.segments_at([-1.0, 200.0, 65.0])]
+    assert at == ["other", "other", "validation"]
     assert phase_segments(steps, []) is None
     assert phase_segments(steps, [(300.0, 400.0, "forward")]) is None
 

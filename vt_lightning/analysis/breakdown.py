@@ -1,22 +1,9 @@
 """Where each instant of a step went: the breakdown's parts and the ranges that decide them. Pure.
 
-Three sources, all on the training thread of one calibrated timeline:
-
-* **Lightning's stages**: its ``[pl][profile]`` ranges (recorded with ``lightning_view=True`` while
-  no Trainer profiler is set), else, from the Python calls, the Lightning methods that run them.
-* **The user's own hooks**: calls of the LightningModule methods that override a Lightning hook
-  (``optimizer_step``, ``training_step``, ``on_train_batch_end``...). Their recorded names come
-  with the trace (``vt_lightning.user_hooks``: name -> hook, read from the module's class in the
-  training process), so they count whatever the Trainer's profiler and ``lightning_view``: an
-  ``optimizer_step`` override that never calls Lightning's own is still the optimizer.
-* **The window's own ranges**: ``[pl][profile]validation`` around a validation loop that ran
-  inside a training window.
-
-Each instant goes to the innermost range covering it (``optimizer_step`` wraps the closure that
-runs ``training_step`` and ``backward``), except that a validation, test or predict range takes
-everything inside it: a validation loop's fetches and forward passes are validation, not the
-training step's data wait and forward. What nothing covers is ``other``.
-"""
+Each instant goes to the innermost range covering it (Lightning's stages, the user's hook overrides,
+the window's validation ranges), except that a validation, test or predict range takes everything
+inside it; what none covers is ``other``. ``phase_segments`` gives the same parts as a timeline: the
+phases the Python tables fold the frameworks' calls by."""
 
 from __future__ import annotations
 
@@ -25,17 +12,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
+
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX
 from vt_lightning.analysis.nest import outer_first
 from vt_lightning.analysis.spans import Span, span_of
 from vt_lightning.analysis.trace import Calls
 from vt_lightning.analysis.usercode import parse_function
-from vt_lightning.constants import PL_PROFILE_PREFIX, PYTHON_CATEGORY
+from vt_lightning.constants import PL_PROFILE_PREFIX
 
-# Always in ``breakdown_ms``, in this order (``other`` last).
-BREAKDOWN_PARTS = ("data_wait", "forward", "backward", "optimizer", "other")
-# In ``breakdown_ms`` only when some time went there (before ``other``). ``compile``: torch.compile's
-# spans (analysis/compile.py), inside whichever part ran the compiled code.
+BREAKDOWN_PARTS = ("data_wait", "forward", "backward", "optimizer", "other")  # always reported, in order
+# Reported only when some time went there (before ``other``); ``compile``: torch.compile's spans.
 EXTRA_PARTS = ("hooks", "validation", "test", "predict", "compile")
 EVAL_PARTS = frozenset({"validation", "test", "predict"})
 ALL_PARTS = (*BREAKDOWN_PARTS[:-1], *EXTRA_PARTS, "other")
@@ -59,8 +46,7 @@ STAGE_PARTS = {
 # Ranges the window itself opens around work inside a training window (``ProfilingWindow.begin_range``).
 WINDOW_RANGE_PARTS = {"validation": "validation"}
 
-# A LightningModule method that overrides a Lightning hook -> part. ``on_validation_*``,
-# ``on_test_*`` and ``on_predict_*`` go to their stage, every other ``on_*`` hook to ``hooks``.
+# A user override of a Lightning hook -> part (``on_*`` hooks: their stage's, else ``hooks``).
 HOOK_PARTS = {
     "training_step": "forward",
     "backward": "backward",
@@ -87,8 +73,7 @@ _HOOK_PREFIX_PARTS = (("on_validation_", "validation"), ("on_test_", "test"), ("
 
 
 def hook_part(hook: str) -> str | None:
-    """The part a user override of Lightning hook ``hook`` belongs to (None: not a step's work,
-    e.g. ``configure_optimizers``)."""
+    """The part a user override of Lightning hook ``hook`` belongs to (None: no step's work)."""
     part = HOOK_PARTS.get(hook)
     if part is not None:
         return part
@@ -101,11 +86,6 @@ def hook_part(hook: str) -> str | None:
 def is_breakdown_hook(hook: str) -> bool:
     """Whether overrides of ``hook`` are worth recording for the breakdown."""
     return hook_part(hook) is not None
-
-
-# --------------------------------------------------------------------------------------------------
-# Ranges
-# --------------------------------------------------------------------------------------------------
 
 
 def _python_stage_part(name: str) -> str | None:
@@ -127,23 +107,10 @@ def _python_stage_part(name: str) -> str | None:
 
 
 def stage_ranges(
-    events: Sequence[Mapping[str, Any]], thread: Any, user_hooks: Mapping[str, str] | None = None
-) -> tuple[list[Range], str, dict[str, str]]:
-    """(start, end, part) ranges on the training thread; where Lightning's stages came from
-    (``"lightning stage ranges"``, ``"lightning methods (python calls)"`` or ``"none"``); and the
-    user's hooks that were found, hook -> part."""
-    on_thread = [e for e in events if (e.get("pid"), e.get("tid")) == thread]
-    calls = Calls.from_events([e for e in on_thread if e.get("cat") == PYTHON_CATEGORY])
-    return stage_ranges_of(on_thread, calls, user_hooks)
-
-
-def stage_ranges_of(
     on_thread: Iterable[Mapping[str, Any]], calls: Calls, user_hooks: Mapping[str, str] | None = None
 ) -> tuple[list[Range], str, dict[str, str]]:
-    """``stage_ranges`` from the training thread's events read apart: ``on_thread``, in the trace's
-    order, holds at least every event named ``[pl][profile]…`` (the summary passes all but the
-    ordinary Python calls), ``calls`` its Python calls, in the trace's order. What a call stands
-    for is read once per name."""
+    """(start, end, part) ranges of the training thread's events and calls (in trace order), where
+    Lightning's stages came from, and the user's hooks found (hook -> part)."""
     lightning: list[Range] = []
     window: list[Range] = []
     for event in on_thread:
@@ -162,8 +129,7 @@ def stage_ranges_of(
     if not lightning:
         lightning = _calls_as_ranges(calls, {name: part for name in names if (part := _python_stage_part(name))})
         if lightning:
-            # Nested calls of one stage (``_PrefetchDataFetcher.__next__`` calls
-            # ``_DataFetcher.__next__``) are the same stage: keep the outermost.
+            # nested calls of one stage (a fetcher's ``__next__`` in another's): the outermost
             lightning = _outermost_per_part(lightning)
             source = "lightning methods (python calls)"
     own = _calls_as_ranges(calls, {name: "compile" for name in names if name.startswith(COMPILE_SPAN_PREFIX)})
@@ -180,7 +146,6 @@ def stage_ranges_of(
 
 
 def _calls_named(calls: Calls, wanted: Mapping[str, Any]) -> list[tuple[float, float, str]]:
-    """``(start, end, name)`` of the calls whose name is in ``wanted``, in the trace's order."""
     if not wanted:
         return []
     picked = [i for i, name in enumerate(calls.names) if name in wanted]
@@ -203,14 +168,8 @@ def _outermost_per_part(ranges: list[Range]) -> list[Range]:
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# Attribution
-# --------------------------------------------------------------------------------------------------
-
-
 def attribute_step(step: Span, ranges: Sequence[Range]) -> dict[str, float]:
-    """Microseconds of ``step`` per part: each instant goes to the innermost range covering it,
-    or to the innermost validation / test / predict range when one covers it."""
+    """µs of ``step`` per part, as the module docstring says."""
     lo, hi = step
     inside = [(max(s, lo), min(e, hi), part, s, e) for s, e, part in ranges if e > lo and s < hi]
     cuts = sorted({lo, hi, *(r[0] for r in inside), *(r[1] for r in inside)})
@@ -236,3 +195,47 @@ def attribute_step(step: Span, ranges: Sequence[Range]) -> dict[str, float]:
 def reported(parts_us: Mapping[str, float]) -> dict[str, float]:
     """The parts to report: the five always, the others only when time went there."""
     return {p: parts_us.get(p, 0.0) for p in ALL_PARTS if p in BREAKDOWN_PARTS or parts_us.get(p, 0.0) > 0}
+
+
+OUTSIDE = "other"  # the phase of an instant outside the covered steps (the loop between them)
+
+
+class PhaseSegments:
+    """Segments ``[starts[i], starts[i + 1])`` of part ``parts[i]``; ``OUTSIDE`` around them."""
+
+    __slots__ = ("parts", "starts")
+
+    def __init__(self, starts: list[float], parts: list[str]) -> None:
+        self.starts, self.parts = starts, parts
+
+    def segments_at(self, times: np.ndarray) -> np.ndarray:
+        """For each of ``times``, 1 + the index of the segment it falls in (0: before the first)."""
+        return np.digitize(times, np.asarray(self.starts, dtype=float))
+
+
+def phase_segments(steps: Sequence[Span], ranges: Sequence[Range]) -> PhaseSegments | None:
+    """The phases over ``steps`` as the breakdown attributes them; None when no range overlaps them."""
+    starts: list[float] = []
+    parts: list[str] = []
+    found = False
+
+    def add(start: float, part: str) -> None:
+        if parts and parts[-1] == part:
+            return
+        if starts and starts[-1] == start:  # an empty piece: the later one replaces it
+            starts.pop()
+            parts.pop()
+            if parts and parts[-1] == part:
+                return
+        starts.append(start)
+        parts.append(part)
+
+    for lo, hi in sorted(steps):
+        inside = [r for r in ranges if r[1] > lo and r[0] < hi]
+        found = found or bool(inside)
+        cuts = sorted({lo, hi, *(max(r[0], lo) for r in inside), *(min(r[1], hi) for r in inside)})
+        for a, b in itertools.pairwise(cuts):
+            us = attribute_step((a, b), inside)
+            add(a, max(us, key=us.__getitem__))  # the one part the piece went to
+        add(hi, OUTSIDE)
+    return PhaseSegments(starts, parts) if found else None

@@ -1,16 +1,7 @@
-"""The run budget: how much of a run profiling may take, in bytes written and time in windows.
-(The third limit, ``budget_windows``, is counted by the window plan, ``sources.WindowPlan``.)
+"""The run budget: how much of a run profiling may take, in bytes written and time in windows. Pure.
 
-Pure bookkeeping, fed by the controller: a window's time on the training thread when it closes, its
-files' sizes when the writer answers. ``exhausted`` is asked before each window opens; once a limit
-is reached no window opens for the rest of the run (docs/options.md, "Run budget").
-
-Time is profiling's *overhead*: the training thread's wall time from each window's opening to its
-hand-off, less what its batches would have taken anyway (at the run's mean quiet-batch time so far),
-compared with the run's wall time so far. A window of slow steps with a cheap close costs little; a
-one-batch window at every batch is nearly all overhead. The first ``grace_seconds`` of overhead are
-always allowed, so a short run's one window never counts as "half the run".
-"""
+Time is profiling's overhead: the training thread's time in windows less what their batches would
+have taken at the run's mean quiet-batch time, against the run's wall time, past ``grace_seconds``."""
 
 from __future__ import annotations
 
@@ -21,8 +12,7 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class BudgetLimits:
-    """None lifts a limit. The defaults leave ordinary schedules alone and stop runaway ones (a
-    one-batch window at every batch made a 300-step run 65x slower)."""
+    """None lifts a limit. The defaults leave ordinary schedules alone and stop runaway ones."""
 
     budget_output_mb: float | None = 10_240.0
     budget_time_share: float | None = 0.1
@@ -57,8 +47,7 @@ class RunBudget:
         self.output_bytes += max(0, nbytes)
 
     def overhead(self, now: float, batch: int) -> float:
-        """Seconds the windows added to the run by batch ``batch``: their time less their batches at
-        the mean quiet-batch time (all of it while no quiet batch has run)."""
+        """Seconds the windows added to the run by batch ``batch``."""
         elapsed = max(0.0, now - self.started_at)
         quiet_batches = batch - self.first_batch - self.window_batches
         quiet_step = max(0.0, elapsed - self.window_seconds) / quiet_batches if quiet_batches > 0 else 0.0
@@ -89,8 +78,7 @@ class RunBudget:
 
 
 def size_text(nbytes: float) -> str:
-    """``nbytes`` in the largest binary unit in which it is at least 1, to 3 significant digits:
-    a 0.05 MB budget reached reads "51.2 KiB", not "0 MiB"."""
+    """``nbytes`` in the largest binary unit it is at least 1 of, to 3 significant digits."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
         if nbytes >= scale:
             value = nbytes / scale

@@ -1,14 +1,6 @@
-"""Per-window calibration of VizTracer's clock against torch.profiler's.
-
-VizTracer stamps events in µs of a monotonic tick counter, anchored to wall time once at import;
-torch.profiler stamps them in wall-clock µs relative to ``baseTimeNanoseconds``. A wall-clock step
-(NTP) or tick-rate drift after import moves one against the other, so the offset is measured from
-both clocks directly at each window's start and end and interpolated across the window. Sampling
-uses the clocks themselves, never traced events, so no tracer filter can break it.
-
-This module is the maths (pairs, markers, the calibration); the clocks are read in the training
-process by ``vt_lightning.recording.clock_probes``.
-"""
+"""Per-window calibration of VizTracer's clock against torch.profiler's: both clocks are read (by
+``recording/clock_probes.py``, never through traced events) at each window's start and end, and the
+offset interpolated across it, so a wall-clock step or a drift since import cannot misplace events."""
 
 from __future__ import annotations
 
@@ -39,15 +31,8 @@ MARKER_ROUNDS = 16  # marker ranges recorded per window edge
 
 @dataclass(frozen=True)
 class MarkerPair:
-    """A torch range recorded between two reads of the Python tracer's clock.
-
-    torch stamps events with its own tick counter and converts ticks to wall time with its own
-    per-profile calibration; bracketing a range torch recorded measures the offset to torch's
-    *trace* timeline itself, that conversion included, which a wall-clock read cannot. The range
-    ``[torch_start, torch_end]`` lies inside ``[before, after] + offset``, so the offset lies in
-    ``[torch_end - after, torch_start - before]``: its midpoint is the estimate, half its width
-    (the bracket's round trip less the range itself) the uncertainty.
-    """
+    """A torch range recorded between two reads of the Python clock: the offset to torch's own trace
+    timeline lies in ``[torch_end - after, torch_start - before]`` (the estimate its midpoint)."""
 
     before_us: float
     after_us: float
@@ -107,7 +92,7 @@ class Calibration:
         return max(self.start.uncertainty_us, self.end.uncertainty_us)
 
     def python_to_torch_us(self, python_us: float) -> float:
-        """Map a Python-tracer timestamp onto torch's timeline, interpolating drift."""
+        """A Python-tracer timestamp on torch's timeline, the drift interpolated."""
         span = self.end.python_us - self.start.python_us
         offset = self.offset_us
         if span > 0:
@@ -124,12 +109,9 @@ class Calibration:
             "start_round_trip_us": round(self.start.round_trip_us, 3),
             "end_round_trip_us": round(self.end.round_trip_us, 3),
         }
-        if self.wall is not None:
-            # How far a wall-clock calibration alone would have placed events (torch's own
-            # tick-to-wall conversion error shows up here).
+        if self.wall is not None:  # a wall-clock calibration's error (torch's tick-to-wall conversion)
             out["wall_clock_error_us"] = round(self.wall[0].offset_us(self.base_ns) - self.offset_us, 3)
-        if self.import_base_ns is not None:
-            # What VizTracer's import-time anchor alone would have said, against the measurement.
+        if self.import_base_ns is not None:  # VizTracer's import-time anchor's error
             import_offset = (self.import_base_ns - self.base_ns) / 1000.0
             out["import_anchor_error_us"] = round(import_offset - self.offset_us, 3)
         return out

@@ -1,21 +1,6 @@
-"""What got slower or faster between two windows (or two runs): pure functions on summary dicts.
-
-A run is several windows: each side is first reduced to one profile (the mean over its windows),
-then compared part by part, function by function and op by op.
-
-Like is compared with like. A summary keeps top lists and, since schema 2, ``totals``: the self
-time of every function and op at or above a threshold, the rest as one bucket. So a name missing on
-one side is one of three things, and each row says which:
-
-* **absent**: that side's totals list everything (nothing below the threshold), so it ran 0 ms:
-  the row is "new" or -100 %, truthfully;
-* **below the threshold**: it may have run, for less than ``threshold_ms`` per step (``a_note`` /
-  ``b_note`` say so, and ``a_ms`` / ``b_ms`` count it as 0: a lower bound);
-* **not in the top N**: a schema-1 summary kept its top lists only, so nothing is known.
-
-``delta_percent`` is ``None`` whenever a side is not known exactly or A is 0; ``diff_table`` turns
-rows into the cells a console table prints, with these words instead of "new" or -100 %.
-"""
+"""What got slower or faster between two windows (or runs): pure functions on summary dicts.
+Each side is its mean over windows; a name missing on one side is absent, below the threshold or
+not in the top N (docs/summary.md, "The `vt-lightning` command"), and each row says which."""
 
 from __future__ import annotations
 
@@ -78,8 +63,7 @@ def _python_window(summary: Summary) -> _Window:
 
 
 def _user_window(summary: Summary) -> _Window:
-    """The user's own functions by inclusive time: the one that called ``time.sleep`` is named,
-    not ``time.sleep`` (the summary keeps the user's top functions, so a missing one is unknown)."""
+    """The user's own functions by inclusive time (the caller of ``time.sleep``, not it)."""
     user = [e for e in (summary.get("top_python") or {}).get("by_inclusive") or [] if e.get("origin") == "user"]
     values = {function_key(e): _number(e.get("inclusive_ms")) for e in user}
     return _Window(values, complete=False, threshold_ms=None, top=len(user))
@@ -122,8 +106,7 @@ def _side(windows: Sequence[_Window], names: Iterable[str]) -> Side:
 
 
 def profile(summaries: Sequence[Summary]) -> dict[str, Any]:
-    """The mean over windows of step time and breakdown parts, and each window's function and op
-    tables (``python`` / ``ops``: see ``_side``)."""
+    """The mean over windows of step time and breakdown parts, and each window's tables."""
     means = [(s.get("step_ms") or {}).get("mean") for s in summaries]
     steps = [mean for mean in means if isinstance(mean, (int, float))]
     parts: dict[str, list[float]] = defaultdict(list)
@@ -186,10 +169,6 @@ def diff(a: Sequence[Summary], b: Sequence[Summary], limit: int = 10) -> dict[st
         "verdicts": verdict_changes(a, b),  # kinds that appeared or went away (analysis/verdicts/)
     }
 
-
-# --------------------------------------------------------------------------------------------------
-# Rendering
-# --------------------------------------------------------------------------------------------------
 
 DIFF_COLUMNS = [("name", False), ("A", True), ("B", True), ("change", True), ("%", True)]
 

@@ -1,23 +1,9 @@
 """torch.compile in a window, from what ``recording/compile_watch.py`` collected. Pure.
 
-Three steps, all on plain data:
-
-* ``compile_span_events``: one Python-tracer event per compile, ``torch.compile: <frame> (dynamo
-  Xms, aot Yms, inductor Zms)``, on the compiling thread and VizTracer's clock, placed so that it
-  nests with the calls recorded around it (the writer adds them before the merge).
-* ``compile_record``: the window's compiles, graph breaks and recompiles, kept in the trace's
-  ``vt_lightning`` metadata (``compile``).
-* ``compile_summary``: the summary's ``compile`` key, from that record and the merged events
-  (compile time inside the recorded steps; graph breaks also seen at run time, from the resume
-  functions dynamo makes at each break: ``torch_dynamo_resume_in_<function>_at_<line>``). Its
-  verdicts (``compile_time``, ``recompile``, ``graph_break``) are the compile family of the rules
-  in analysis/verdicts/ (``verdicts/compile.py``; docs/compile.md has the rules).
-
-Phases: dynamo's ``CompilationMetrics`` time the whole frame compile, the backend's compile inside
-it (AOT autograd, which runs inductor inside it) and inductor's own part; each phase here is its
-own time, the parts inside it taken out. A backward compiled at the first backward (``is_forward``
-false) has no dynamo part.
-"""
+``compile_span_events`` makes one Python-tracer span per compile, ``compile_record`` what the
+trace's metadata keeps, ``compile_summary`` the summary's ``compile`` key (graph breaks also seen at
+run time, from dynamo's resume functions). A phase's time excludes the phases inside it (dynamo ⊃
+AOT autograd ⊃ inductor)."""
 
 from __future__ import annotations
 
@@ -46,11 +32,6 @@ RESUME_MARK = "torch_dynamo_resume_in_"  # in the name of every resume function 
 _RESUME = re.compile(r"torch_dynamo_resume_in_(?P<function>\w+?)_at_(?P<line>\d+)$")
 
 
-# --------------------------------------------------------------------------------------------------
-# Compiles and their phases
-# --------------------------------------------------------------------------------------------------
-
-
 def _us(record: Mapping[str, Any], us_key: str, s_key: str) -> float | None:
     value = record.get(us_key)
     if isinstance(value, (int, float)):
@@ -62,7 +43,7 @@ def _us(record: Mapping[str, Any], us_key: str, s_key: str) -> float | None:
 
 
 def phases_us(record: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
-    """(total µs, own µs per phase) of one ``CompilationMetrics`` record (see the module doc)."""
+    """(total µs, own µs per phase) of one ``CompilationMetrics`` record."""
     total = _us(record, "duration_us", "entire_frame_compile_time_s")
     if total is None:
         total = _us(record, "dynamo_cumulative_compile_time_us", "entire_frame_compile_time_s") or 0.0
@@ -82,8 +63,7 @@ def _frame_of(record: Mapping[str, Any]) -> str:
 
 
 def _match(span: Mapping[str, Any], records: Sequence[Mapping[str, Any]], used: set[int]) -> int | None:
-    """The metrics record of a compile span: same compile id and direction, else the first one
-    that started during it (torch before 2.6 passes no compile id)."""
+    """The metrics record of a compile span: same id and direction, else the first started in it."""
     backward = span.get("trigger") == "LAZY_BACKWARD"
     for i, record in enumerate(records):
         if i in used or span.get("compile_id") is None:
@@ -151,16 +131,9 @@ def span_name(entry: Mapping[str, Any]) -> str:
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# The spans, placed among the Python calls
-# --------------------------------------------------------------------------------------------------
-
-
 def compile_span_events(info: Mapping[str, Any], python_events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Complete events (VizTracer's clock) for the window's compile spans, trimmed so that no
-    recorded call crosses one: dynamo's callbacks run a few calls deep, so the calls that lead to
-    the start callback end just after the span begins, and those that lead to the end callback
-    begin just before it ends; the span covers the time between (where the calls were skipped)."""
+    """The window's compile spans (VizTracer's clock), trimmed so no recorded call crosses one: the
+    calls around dynamo's callbacks end just after the span starts, or begin just before it ends."""
     entries = [e for e in _compiles(info) if e["span"] is not None and e["span"].get("start_us") is not None]
     if not entries:
         return []
@@ -201,11 +174,6 @@ def compile_span_events(info: Mapping[str, Any], python_events: Iterable[Mapping
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# Graph breaks and recompiles
-# --------------------------------------------------------------------------------------------------
-
-
 def _short_reason(text: str) -> str:
     """The reason's first lines, without dynamo's hints and stack (one line, capped)."""
     kept: list[str] = []
@@ -237,8 +205,7 @@ def parse_graph_break(message: str) -> dict[str, Any] | None:
 
 
 def _parse_legacy_graph_break(message: str) -> dict[str, Any] | None:
-    """torch 2.4's record: ``Graph break: from user code at:``, the user's frames (innermost last),
-    then dynamo's traceback ending in ``torch._dynamo.exc.Unsupported: <reason>``."""
+    """torch 2.4's record: the user's frames after ``Graph break: from user code at:``."""
     _, marker, rest = message.partition(_LEGACY_BREAK)
     if not marker:
         return None
@@ -253,8 +220,7 @@ def _parse_legacy_graph_break(message: str) -> dict[str, Any] | None:
 
 
 def compile_record(info: Mapping[str, Any]) -> dict[str, Any]:
-    """What the trace's metadata keeps of a window's torch.compile: compiles, graph breaks,
-    recompiles and notes (plain data; ``compile_summary`` reads it)."""
+    """What the trace's metadata keeps of a window's torch.compile (``compile_summary`` reads it)."""
     compiles = _compiles(info)
     by_id = {c["compile_id"]: c for c in compiles if c.get("compile_id")}
     breaks: dict[tuple[str, int], dict[str, Any]] = {}
@@ -301,8 +267,7 @@ def compile_record(info: Mapping[str, Any]) -> dict[str, Any]:
 def _enclosing_function(
     place: Mapping[str, Any], compiled: Mapping[str, Any] | None, compiles: Sequence[Mapping[str, Any]]
 ) -> str | None:
-    """The function a graph break without a traceback is in: the frame being compiled when it was
-    logged, else the compiled function of that file starting last before its line."""
+    """A graph break's function without a traceback: the frame then compiled, else the nearest above."""
     if compiled is not None and compiled.get("file") == place["file"] and not _RESUME.search(str(compiled["function"])):
         return compiled.get("function")
     best: tuple[int, str] | None = None
@@ -323,14 +288,8 @@ def _is_recompile_id(compile_id: str) -> bool:
     return match is not None and int(match[2]) > 0
 
 
-# --------------------------------------------------------------------------------------------------
-# The summary's ``compile`` key
-# --------------------------------------------------------------------------------------------------
-
-
 def runtime_graph_breaks(events: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
-    """Graph breaks the window's steps went through, compiled before the window or in it: calls of
-    the resume functions dynamo makes at each break (file and line of the break)."""
+    """Graph breaks the steps went through: calls of dynamo's resume functions, by file and line."""
     found: dict[tuple[str, int], dict[str, Any]] = {}
     for event in events:
         name = str(event.get("name", ""))
@@ -353,8 +312,7 @@ def compile_summary(
     events: Sequence[Mapping[str, Any]],
     steps: Mapping[int, tuple[float, float]],
 ) -> CompileSummary | None:
-    """The summary's ``compile`` key (docs/files.md); None when nothing compiled, recompiled or
-    broke a graph in the window (or torch.compile was not in use)."""
+    """The summary's ``compile`` key; None when nothing compiled, recompiled or broke a graph."""
     runtime = runtime_graph_breaks(events)
     if record is None and not runtime:
         return None

@@ -1,24 +1,7 @@
-"""Which recorded Python calls a window's trace keeps: the user's filters, and never our own frames.
-
-VizTracer's own filters (``include_files``, ``exclude_files``, ``max_stack_depth``) drop the WHOLE
-subtree under a filtered frame, and Lightning reaches ``training_step`` through about 20 frames of
-Lightning and torch, so used raw they remove the user's code. VizTracer therefore records unfiltered
-and this pure module filters each thread's calls afterwards, in the writer process, with the
-meaning a user reads:
-
-- ``include_files``: keep every Python call whose code lives under those paths, wherever its callers
-  live (and the C calls it makes directly);
-- ``exclude_files``: drop the calls whose code lives under those paths, keep the others beneath them;
-- ``max_stack_depth``: depth 1 is the outermost call of the user's code on the stack -- a
-  LightningModule hook the user's class defines (``training_step``, ``validation_step``,
-  ``forward``...) or any function in a file outside the standard library and the installed packages
-  (a Dataset's ``__getitem__``, a callback, a thread-pool task); calls beneath it deeper than the
-  limit are dropped. Calls that are not inside any such call (Lightning's loop) count as depth 0
-  and are kept.
-
-vt_lightning's own calls (the callback, window, tracer start/stop) and everything they call are
-always dropped. torch's events are never filtered here: ops and kernels stay whatever the filters.
-"""
+"""Which recorded Python calls a window's trace keeps: the user's filters (their meaning is
+docs/options.md's), and never our own frames or their callees. VizTracer's own filters would drop
+the whole subtree under a filtered frame (Lightning reaches ``training_step`` through ~20 frames),
+so it records unfiltered and the writer filters here. torch's events are never filtered."""
 
 from __future__ import annotations
 
@@ -67,12 +50,8 @@ LIGHTNING_MODULE_HOOKS = (
 
 
 def module_hook_locations(module: Any) -> frozenset[tuple[str, int]]:
-    """(file, first line) of each LightningModule hook that ``module``'s class overrides.
-
-    Lightning's default hooks are left out: its ``optimizer_step`` calls ``training_step``, which
-    must stay depth 1. Listing the overrides makes a model that lives in an installed package
-    count as the user's code too.
-    """
+    """(file, first line) of the LightningModule hooks ``module``'s class overrides (Lightning's own
+    left out: its ``optimizer_step`` calls ``training_step``, which must stay depth 1)."""
     lightning_dirs = framework_dirs("lightning", "pytorch_lightning", "lightning_fabric")
     found = set()
     for name in LIGHTNING_MODULE_HOOKS:
@@ -128,8 +107,7 @@ class PythonFilter:
 
 
 def _name_facts(rules: PythonFilter, name: str) -> tuple[bool, bool, bool, bool, bool]:
-    """What the filter reads of a call's name: whether it has a location, is vt_lightning's own,
-    starts the user's code, lies under ``include_files``, under ``exclude_files``."""
+    """What a call's name decides: has a location, is ours, starts user code, included, excluded."""
     match = _LOCATION.search(name)
     if match is None:  # a C call: judged by its caller
         return (False, False, False, False, False)
@@ -148,8 +126,7 @@ def _name_facts(rules: PythonFilter, name: str) -> tuple[bool, bool, bool, bool,
 
 
 def keeps_whole(rules: PythonFilter, names: Iterable[Any]) -> bool:
-    """Whether ``filter_python_events`` keeps a thread whose calls have these names whole, reading
-    nothing of them but their names: no user filter, and none of them is vt_lightning's own."""
+    """Whether a thread of calls of these names is kept whole: no user filter, none of them ours."""
     if rules.user_filters:
         return False
     return all(name.__class__ is str and not _name_facts(rules, name)[1] for name in names)
@@ -171,21 +148,10 @@ def filter_python_events(
     grouped: tuple[Mapping[Thread, list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
     ordered: Mapping[Thread, set[Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[Thread, list[dict[str, Any]]], FilterStats]:
-    """Keep the calls ``rules`` select, on every thread; the events that are no call (metadata) pass
-    through. Returns those events in their order, each thread's kept calls (outer first: by start,
-    the longer first), the threads in the order their first call came, and what went.
-    ``grouped``: more events after ``events``, already grouped as here (calls per (pid, tid),
-    the rest apart; ``workers.place_events`` groups a DataLoader worker's as it reads them).
-    ``ordered``: the distinct names of ``grouped``'s threads whose calls come outer first already
-    (``workers.place_events`` sorts them as it places them), neither sorted again nor read for
-    their names.
-
-    One pass per thread over its calls nested (``nest.walk``: a call that ends a hair after the
-    one it starts in is still inside it): a call's ancestry decides its depth and whether it runs
-    inside vt_lightning. What depends on the name alone (its file, whether it is ours / a hook /
-    the user's / under a filter path) is computed once per distinct name: a window repeats a few
-    thousand names over millions of calls.
-    """
+    """Keep the calls ``rules`` select; other events pass. Returns them, each thread's kept calls
+    (outer first) and what went. ``grouped``: more events, grouped as here; ``ordered``: the names of
+    its threads already outer first. A call's ancestry (``nest.walk``) decides its depth; what its
+    name decides is read once per name."""
     by_thread: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
     others: list[dict[str, Any]] = []
     for event in events:
@@ -216,8 +182,7 @@ def filter_python_events(
         if not select:  # only vt_lightning's own calls go: a thread with none of them is kept whole
             if names is None:
                 try:
-                    names = set(map(_NAME, unordered))  # at C speed (VizTracer names every call),
-                    # in the order read, which visits the events where they lie in memory
+                    names = set(map(_NAME, unordered))  # at C speed, in memory order
                 except KeyError:
                     names = {event.get("name", "") for event in unordered}
             if not any((facts.get(n) or facts.setdefault(n, _name_facts(rules, n)))[1] for n in names):
@@ -225,8 +190,7 @@ def filter_python_events(
                 continue
         starts = [float(event["ts"]) for event in calls]
         parents, _ = walk(starts, [start + float(event.get("dur", 0.0)) for start, event in zip(starts, calls)])
-        # per call, as its callees inherit them: ours, depth (-1: outside the user's code), under
-        # include_files, under exclude_files
+        # per call, as its callees inherit them: ours, depth (-1: outside the user's code), included, excluded
         inherited: list[tuple[bool, int, bool, bool]] = []
         kept: list[dict[str, Any]] = []
         for event, parent in zip(calls, parents):

@@ -1,33 +1,22 @@
-"""The flight recorder's samples as a track of the trace: pure functions, no I/O.
+"""The flight recorder's samples of a slow step as a track of the trace. Pure.
 
-While the slow-step trigger is armed, a background thread samples the training thread's Python
-stack about 100 times a second (``recording/flight.py``). When a step is judged slow, the samples
-that fell inside it cross to the writer as ``WindowJob.extras["flight"]`` (``FlightCapture.as_dict``),
-and ``flight_track`` turns them into a track of nested spans before the window's traced steps:
-
-* one span for the slow step itself (its exact boundaries, from the trigger's own clock reads);
-* beneath it, one span per stack frame that stayed on the stack over consecutive samples, from the
-  first sample that saw it to the next sample that did not (a sample stands for one interval);
-* a thread named ``sampled: training thread (100 Hz)`` and spans of category ``sampled``, so that
-  nobody mistakes them for traced calls: a span's start and length are only good to one interval,
-  and a call shorter than an interval may be missing.
-
-The stacks are filtered (``reduce_stack``) to the user's frames, the first library frame each of
-them calls (``Trainer.fit``, ``Module._call_impl``) and the innermost few library frames (what the
-user's code was waiting in).
-"""
+``recording/flight.py`` samples the training thread's stack ~100 times a second; a slow step's
+samples become a track of category ``sampled`` on a thread named ``sampled: …`` (nobody mistakes
+them for traced calls: each is good to one interval), one span per frame kept over consecutive
+samples: the user's frames, the first library frame each calls and the innermost few."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vt_lightning.analysis.clock import Calibration
 from vt_lightning.analysis.merge import ORIGIN_GRANULARITY_US, snap_to_nanoseconds
 from vt_lightning.analysis.trace import WindowTrace
-from vt_lightning.analysis.usercode import code_origin
+from vt_lightning.analysis.usercode import is_user_file
+from vt_lightning.analysis.workers import lower_origin
 
 SAMPLED_CATEGORY = "sampled"  # not a category the TensorBoard plugin analyses: Trace view only
 TRACK_TID_BASE = 1_000_000_000  # a Linux tid is below 2**22: base + the training thread's tid never collides
@@ -38,12 +27,7 @@ Frame = tuple[str, str, int]  # (qualified name, file, first line), as VizTracer
 
 @dataclass(frozen=True)
 class FlightCapture:
-    """The samples of one slow step, as plain data for the writer.
-
-    ``samples`` are ``(perf_counter_ns, frame indices outermost first)``; ``frames`` the table the
-    indices point into; ``clock`` one reading of (perf_counter ns, VizTracer µs) that maps the
-    samples onto the Python tracer's clock, from which the window's calibration maps them on.
-    """
+    """The samples of one slow step: ``(perf_counter_ns, frame indices, outermost first)``."""
 
     batch: int
     start_ns: int
@@ -58,19 +42,7 @@ class FlightCapture:
     detail: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "batch": self.batch,
-            "start_ns": self.start_ns,
-            "end_ns": self.end_ns,
-            "interval_ns": self.interval_ns,
-            "pid": self.pid,
-            "tid": self.tid,
-            "frames": [list(f) for f in self.frames],
-            "samples": [[t, list(stack)] for t, stack in self.samples],
-            "clock": list(self.clock) if self.clock is not None else None,
-            "truncated": self.truncated,
-            "detail": dict(self.detail),
-        }
+        return asdict(self)
 
 
 def frame_name(frame: Sequence[Any]) -> str:
@@ -85,9 +57,7 @@ def reduce_stack(
     is_user: Callable[[str], bool],
     inner: int = INNER_LIBRARY_FRAMES,
 ) -> tuple[int, ...]:
-    """Keep the user's frames, the first library frame each calls, and the innermost ``inner``
-    library frames (outermost first, as given). A stack with no user frame keeps its innermost
-    ``inner`` frames: where Lightning or a DataLoader was at that moment."""
+    """The user's frames, the first library frame each calls, and the innermost ``inner`` frames."""
     user = [is_user(str(frames[i][1])) for i in stack]
     keep = [False] * len(stack)
     for depth, mine in enumerate(user):
@@ -101,19 +71,11 @@ def reduce_stack(
     return tuple(i for i, k in zip(stack, keep) if k)
 
 
-def user_file(path: str) -> bool:
-    """The one rule (``usercode.code_origin``): the user's unless stdlib, a package or vt_lightning."""
-    return code_origin(path)[0] == "user"
-
-
 def sample_spans(
     samples: Sequence[tuple[int, Sequence[int]]], interval_ns: int, start_ns: int, end_ns: int
 ) -> list[tuple[int, int, int, int]]:
-    """``(frame index, depth, start ns, end ns)`` spans from ordered samples, clipped to the step.
-
-    A frame that sits at the same depth, under the same parents, in consecutive samples is one span;
-    each sample covers up to the next one (the last one: one interval), so spans nest exactly.
-    """
+    """``(frame index, depth, start ns, end ns)`` from ordered samples, clipped to the step: a frame
+    kept under the same parents is one span, each sample lasting to the next, so spans nest exactly."""
     inside = [(t, tuple(stack)) for t, stack in samples if start_ns <= t < end_ns]
     spans: list[tuple[int, int, int, int]] = []
     open_: list[tuple[int, int]] = []  # (frame index, start ns) by depth
@@ -133,8 +95,7 @@ def sample_spans(
 
 
 def flight_track(data: dict[str, Any], calibration: Calibration, origin_us: float) -> list[dict[str, Any]]:
-    """The sampled track's events on the merged trace's timeline (µs after ``origin_us``, on whole
-    nanoseconds): its thread's name and sort index, the slow step, then the sampled frames."""
+    """The sampled track's events on the trace's timeline (µs after ``origin_us``, whole ns)."""
     clock = data.get("clock")
     if not clock:
         return []
@@ -148,7 +109,7 @@ def flight_track(data: dict[str, Any], calibration: Calibration, origin_us: floa
     pid, tid = data.get("pid"), TRACK_TID_BASE + int(data.get("tid") or 0)
     start_ns, end_ns, interval = int(data["start_ns"]), int(data["end_ns"]), int(data["interval_ns"])
     rate = round(1e9 / interval) if interval > 0 else 0
-    samples = [(int(t), reduce_stack(stack, frames, user_file)) for t, stack in data.get("samples", [])]
+    samples = [(int(t), reduce_stack(stack, frames, is_user_file)) for t, stack in data.get("samples", [])]
     detail = data.get("detail") or {}
 
     def span(name: str, t0: int, t1: int, args: dict[str, Any]) -> dict[str, Any]:
@@ -190,8 +151,7 @@ def flight_track(data: dict[str, Any], calibration: Calibration, origin_us: floa
 
 
 def add_flight_track(trace: WindowTrace, data: dict[str, Any] | None, calibration: Calibration) -> None:
-    """Add the sampled track of ``data`` (``WindowJob.extras["flight"]``) to a window's trace, and
-    say in its ``vt_lightning`` metadata which step it samples; nothing when there is none."""
+    """Add the sampled track of ``data`` to the trace and name its step in the metadata."""
     if not data:
         return
     meta = trace.meta
@@ -200,14 +160,9 @@ def add_flight_track(trace: WindowTrace, data: dict[str, Any] | None, calibratio
         return
     trace.add(events)
     earliest_us = min(float(e["ts"]) for e in events if "ts" in e)
-    if earliest_us < 0:
-        # The slow step precedes the trace's time origin (whole seconds below torch's first event):
-        # move the origin back by whole seconds, as ``merge.time_origin_us`` would have placed it,
-        # so no ``ts`` is negative; ``baseTimeNanoseconds`` moves with it, absolute times stay.
-        shift = math.ceil(-earliest_us / ORIGIN_GRANULARITY_US) * ORIGIN_GRANULARITY_US
-        trace.shift(shift, snap=snap_to_nanoseconds)
-        trace.header["baseTimeNanoseconds"] = int(trace.header.get("baseTimeNanoseconds", 0)) - shift * 1000
-        meta["time_origin_us"] = int(meta.get("time_origin_us", 0)) - shift
+    if earliest_us < 0:  # the slow step precedes the time origin: lower it by whole seconds
+        lower_origin(trace, math.ceil(-earliest_us / ORIGIN_GRANULARITY_US))
+        snap_to_nanoseconds(trace.events)
     meta["flight"] = {
         "batch": data.get("batch"),
         "samples": events[2]["args"]["samples"],

@@ -1,20 +1,15 @@
-"""What a run keeps of its windows for the end-of-run table: the same size after 10 windows or 10,000.
-
-A run of days opens thousands of windows; keeping every window's summary until the end grew the
-training process by ~21 KiB per window and printed a table with a row per window. Instead each
-window becomes one small ``WindowRow`` as its result arrives, and ``RunHistory`` keeps only the
-first and the latest few rows, the slowest few, and streaming aggregates (a bounded log-bucket
-histogram per column for the median and p90). The full table goes to a file, row by row, as the
-rows arrive (``controller/windows_table.py``). Pure: no I/O.
-"""
+"""What a run keeps of its windows for the end-of-run table: the same size after 10 windows or
+10,000 (the first, latest and slowest few rows, and a log-bucket histogram per column). Pure."""
 
 from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from operator import itemgetter
 from typing import Any
 
 FIRST_ROWS = 3  # the run's first windows (how it started)
@@ -77,8 +72,7 @@ def _top_user_function(summary: Mapping[str, Any]) -> str | None:
 
 
 class QuantileSketch:
-    """Quantiles of a stream of non-negative numbers in bounded memory: counts per log-spaced bucket
-    (``BUCKET_RATIO`` wide), so its size grows with the values' range, never with their number."""
+    """Quantiles in bounded memory: counts per log-spaced bucket, growing with the range, not the count."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -124,15 +118,12 @@ class TableRow:
 
 
 class RunHistory:
-    """The bounded record of a run's windows (see the module docstring)."""
-
     def __init__(self) -> None:
         self.count = 0  # windows written in the run (deleted ones included)
         self.deleted = 0  # of them, removed from disk by ``keep_windows``
         self.first: list[WindowRow] = []
         self.last: deque[WindowRow] = deque(maxlen=LAST_ROWS)
-        # The slowest of the windows between the first and the latest (a min-heap): a window
-        # enters it when it leaves ``last``.
+        # the slowest between the first and the latest (a min-heap), entered on leaving ``last``
         self._slowest: list[tuple[float, int, WindowRow]] = []
         self.step = QuantileSketch()
         self.parts: dict[str, QuantileSketch] = {}  # one per breakdown part (a fixed set)
@@ -171,7 +162,6 @@ class RunHistory:
             heapq.heapreplace(self._slowest, item)
 
     def slowest(self) -> list[WindowRow]:
-        """The slowest windows between the first and the latest, slowest first."""
         return [row for _, _, row in sorted(self._slowest, key=lambda item: item[:2], reverse=True)]
 
     def kept(self) -> int:
@@ -186,9 +176,7 @@ class RunHistory:
         return WindowRow(None, 0, "", self.step.quantile(q), parts, gpu, self.peak.quantile(q))
 
     def table(self) -> list[TableRow]:
-        """The first windows, the slowest of the ones in between (in window order, marked), a gap
-        row counting the rest, the latest windows, then the median and p90 rows of all windows:
-        ``MAX_TABLE_ROWS`` once the run has that many windows, whatever its length."""
+        """First, slowest (marked), a gap row, latest, then the median and p90: ``MAX_TABLE_ROWS`` at most."""
         middle = sorted(self.slowest(), key=lambda r: r.index if r.index is not None else -1)
         rows = [TableRow(r.name, r) for r in self.first]
         rows += [TableRow(r.name, r, marks=("slowest",)) for r in middle]
@@ -215,8 +203,7 @@ def history_of(rows: Iterable[WindowRow]) -> RunHistory:
 
 
 class WindowNumbers:
-    """A set of window numbers kept as runs of consecutive numbers: a schedule's windows come in
-    order, so a run of thousands of windows is one entry, not thousands (``WindowController.completed``)."""
+    """Window numbers as runs of consecutive ones: a schedule's windows in order are one entry."""
 
     def __init__(self, numbers: Iterable[int] = ()) -> None:
         self._runs: list[list[int]] = []  # sorted, disjoint, non-adjacent [first, last]
@@ -225,13 +212,7 @@ class WindowNumbers:
 
     def add(self, number: int) -> None:
         runs = self._runs
-        lo, hi = 0, len(runs)
-        while lo < hi:  # the first run whose last is >= number - 1
-            mid = (lo + hi) // 2
-            if runs[mid][1] < number - 1:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = bisect_left(runs, number - 1, key=itemgetter(1))  # the first run whose last is >= number - 1
         if lo < len(runs) and runs[lo][0] <= number + 1:
             run = runs[lo]
             if run[0] <= number <= run[1]:

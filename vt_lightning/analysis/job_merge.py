@@ -1,24 +1,8 @@
-"""The ranks' traces of one window on one timeline: the job file (pure; written by export/job_file.py).
-
-* **Time.** Each rank's file stamps events in µs after its own ``baseTimeNanoseconds`` on torch's
-  trace clock (wall time, fitted per process). The job file keeps rank 0's base; a rank's events
-  move by the difference of the bases (exact, integer ns) and then by minus its clock offset to
-  rank 0 (``analysis/offsets.py``: 0 on rank 0's host, where every process reads the same clock).
-  Nothing is ever aligned on a file's first event.
-* **Processes.** Every pid of a rank's trace (the rank's own process, and any other it holds:
-  DataLoader workers, GPU device tracks, torch's ``Traces`` / ``Spans`` rows) becomes
-  ``rank * PID_STRIDE + 1 + i``, ``i`` counting that rank's pids in order of first appearance
-  with the rank's own process first (``i = 0``: rank 0 is pid 1, rank 1 pid 1000001; never pid 0,
-  which Perfetto keeps for the idle process). pids of different ranks, hosts included, never
-  collide, and a job of up to 2,146 ranks stays within a 32-bit pid. The rank's own process is named
-  ``rank N`` (``process_name``), the others ``rank N: <their name>``; all of a rank's processes
-  get ``process_sort_index`` N * SORT_STRIDE + 1 (their workers and kineto's rows the next ones), so
-  Perfetto lists the ranks in order.
-* **Flows.** Flow ids (torch's CPU-to-GPU arrows) are made unique per rank the same way.
-* **Size.** Past ``budget_bytes`` of JSON, ranks other than ``keep_full`` keep only their steps,
-  collectives, metadata and the Python calls of their top ``TOP_FUNCTIONS`` functions (by
-  inclusive time); ``left_out`` in the metadata counts what went.
-"""
+"""The ranks' traces of one window on one timeline: the job file (pure; written by export/job_file.py;
+docs/distributed.md). A rank's events move by the difference of its ``baseTimeNanoseconds`` from
+rank 0's (exact ns), then by its clock offset, never onto a file's first event; its pids and flow
+ids are renumbered per rank (``PID_STRIDE``: never pid 0, Perfetto's idle process); past the budget,
+ranks but ``keep_full`` keep only steps, collectives, metadata and their top functions' calls."""
 
 from __future__ import annotations
 
@@ -52,8 +36,7 @@ def rank_pids(trace: Mapping[str, Any], rank: int) -> dict[Any, int]:
 
 
 def shift_us(trace: Mapping[str, Any], base_ns: int, offset_us: float) -> float:
-    """What to add to this rank's ``ts`` to land on the job's timeline (based at ``base_ns``), in
-    whole ns, so that calls nesting in the rank's file still nest after the shift."""
+    """What to add to this rank's ``ts`` to land on the job's timeline, in whole ns (nesting is kept)."""
     own_base = int(trace.get("baseTimeNanoseconds", 0) or 0)
     return round((own_base - base_ns) - offset_us * 1000.0) / 1000.0
 
@@ -100,8 +83,7 @@ def rank_events(
     labels = {
         pid: f"rank {rank}" if pid == own else _child_name(rank, names.get(pid) or f"pid {pid or '?'}") for pid in pids
     }
-    # Within a rank: its main process, then its DataLoader workers, then kineto's own rows. Sort indices
-    # start at 1 (rank * SORT_STRIDE + 1...): ranks in order, and no index is 0, which viewers may read as unset.
+    # its main process, then its workers, then kineto's rows; no index is 0 (viewers may read it as unset)
     order = sorted(pids, key=lambda pid: (pid != own, "DataLoader worker" not in labels[pid], str(pid)))
     for position, pid in enumerate(order):
         new = pids[pid]
@@ -173,8 +155,7 @@ def aligned_events(
 
 
 def ranks_to_reduce(sizes: Mapping[int, int], keep_full: Iterable[int], budget_bytes: int) -> list[int]:
-    """Ranks that lose detail so the job stays near the budget: none if it fits; else every rank
-    but ``keep_full`` (the slowest and the fastest)."""
+    """Ranks that lose detail: none if the job fits the budget, else all but ``keep_full``."""
     if sum(sizes.values()) <= budget_bytes:
         return []
     keep = set(keep_full)
@@ -182,8 +163,7 @@ def ranks_to_reduce(sizes: Mapping[int, int], keep_full: Iterable[int], budget_b
 
 
 def slowest_and_fastest(wait_ms: Sequence[Mapping[str, Any]]) -> list[int]:
-    """From the straggler block's ``wait_ms_per_step``: the rank that waits least (the slowest:
-    the others wait for it) and the one that waits most (the fastest)."""
+    """The rank that waits least (the slowest: the others wait for it) and the one that waits most."""
     if not wait_ms:
         return [0]
     ordered = sorted(wait_ms, key=lambda w: (float(w["wait_ms"]), int(w["rank"])))

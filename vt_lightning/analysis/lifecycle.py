@@ -1,19 +1,7 @@
-"""The window lifecycle as a transition table, after ``torch.profiler.profile.step()``.
-
-torch looks up ``action_map[(previous_action, current_action)]`` at every step and runs the listed
-actions. Here the window sources (the schedule and the triggers, merged by ``sources.WindowPlan``)
-answer "what phase is this batch in?", and this table says what to do between two answers. The
-controller only runs what the table lists: a new phase or a new kind of boundary is a new row, not
-a new branch.
-
-Two boundaries exist per batch, because Lightning gives two hooks:
-
-* ``BATCH_START``: ``(phase the open window was in, phase of this batch)``. A window whose last
-  batch end was never seen (an exception skipped it, or steps jumped) meets ``(…, NONE)`` here.
-* ``BATCH_END``: ``(phase of this batch, phase of the next batch in the same window)`` — ``NONE``
-  after the window's last batch, which closes it right away (the export must not wait for the
-  next batch to start: there may be none).
-"""
+"""The window lifecycle as a transition table, after ``torch.profiler.profile.step()``'s action map:
+a new phase or boundary is a new row, not a new branch. ``BATCH_START``: (the open window's phase,
+this batch's); ``BATCH_END``: (this batch's, the next one's in the window: ``NONE`` after its last
+batch closes it at once, as there may be no next batch)."""
 
 from __future__ import annotations
 
@@ -63,7 +51,6 @@ def actions(boundary: Boundary, previous: Phase, current: Phase) -> tuple[Action
 
 
 def phase_in(window: Window, step: int) -> Phase:
-    """Phase of batch ``step`` within ``window`` (NONE outside it)."""
     if step < window.warmup_start or step >= window.end:
         return Phase.NONE
     return Phase.ACTIVE if step >= window.active_start else Phase.WARMUP

@@ -1,35 +1,15 @@
-"""The "Lightning" view of torch-tb-profiler 0.4.3: how to write it into a trace.
+"""The "Lightning" view of torch-tb-profiler 0.4.3, written into a window's trace. Pure.
 
-``apply_lightning_view(trace)``: pure post-processing of one window's trace (``trace.WindowTrace``). torch exports
-``record_function`` ranges with ``cat: "user_annotation"`` but the plugin only builds the view from
-``cpu_op`` events, and only when the top-level ``"Framework": "pytorch-lightning"`` is set. The
-ranges themselves are recorded in the training process by
-``vt_lightning.recording.lightning_hooks.LightningViewHooks``, named by the helpers below.
-
-Plugin facts this module is built around (torch_tb_profiler/profiler/{trace,data,event_parser,
-module_op,run_generator,run}.py):
-
-* ``PLModuleEvent`` strips ``[pl][module]`` and splits at the first ``": "``: the type before it is
-  informational, the module path after it is the key. The module tree is built from the PATHS
-  alone (parent = path up to the last dot, only if the parent itself has an event), so a child of a
-  container that is never called (``nn.ModuleList``, ``nn.ModuleDict``) becomes a root.
-* Setting ``Framework`` makes the plugin drop every ``python_function`` event, so torch's own Module
-  view (``with_modules``) disappears; we therefore set it only when at least one module event is kept.
-* Every ``[pl][module]`` name found in the events must also be reachable as a node in the operator
-  tree, else ``module_op._process_module_statistics`` raises ``KeyError`` and the WHOLE worker fails
-  to load (Overview and Trace included). A node is lost when its range partially overlaps another
-  range of the same thread. ``apply_lightning_view`` replays the plugin's tree building and leaves
-  such events as ``user_annotation`` (the plugin ignores those), so a bad range can never kill a file.
-* The view's timeline (``/tree``) reads ``next(iter(pl_tid2tree.values()))``, the ``[pl][profile]``
-  ranges of the first thread: with none it raises ``StopIteration`` (HTTP 500, empty chart). When the
-  trace has module events but no ``[pl][profile]`` event we add one per ``ProfilerStep#N``.
-* ``gpu_user_annotation`` events (the GPU-side mirror of a ``record_function``) must stay as they are.
-"""
+The plugin builds it only from ``cpu_op`` events and with ``"Framework": "pytorch-lightning"``;
+the ranges (``recording/lightning_hooks.py``) are exported as ``user_annotation``. Its pitfalls:
+``Framework`` hides torch's own Module view (set only when a module event is kept); a
+``[pl][module]`` range that partially overlaps another on its thread is no node of its tree and
+fails the whole file (such ranges stay ``user_annotation``); its timeline fails without a
+``[pl][profile]`` range (one per step is added); ``gpu_user_annotation`` events stay as they are."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any
 
@@ -47,8 +27,7 @@ from vt_lightning.constants import (
     USER_ANNOTATION_CATEGORY,
 )
 
-# Lightning's main step stages; every other profiled action (each callback hook, each module hook)
-# would add a range per batch for little insight, at a measurable cost in active steps.
+# Lightning's main step stages: a range per other action and batch costs more than it tells.
 MAIN_STAGES = frozenset(
     {
         "run_training_batch",
@@ -84,11 +63,6 @@ _COMM_NAMES = frozenset(
 )
 
 
-# --------------------------------------------------------------------------------------------------
-# Naming
-# --------------------------------------------------------------------------------------------------
-
-
 def module_record_name(module: Any, path: str) -> str:
     """``[pl][module]<module>.<Type>: <path>`` — the form Lightning's own profiler writes."""
     cls = type(module)
@@ -97,11 +71,6 @@ def module_record_name(module: Any, path: str) -> str:
 
 def profile_record_name(action_name: str) -> str:
     return f"{PL_PROFILE_PREFIX}{action_name}"
-
-
-# --------------------------------------------------------------------------------------------------
-# Writing: the pure rewrite
-# --------------------------------------------------------------------------------------------------
 
 
 def _is_pl_candidate(event: dict[str, Any], prefix: str) -> bool:
@@ -137,11 +106,7 @@ def _in_plugin_tree(event: dict[str, Any]) -> bool:
 
 
 def _rejected_module_events(tree_events: list[dict[str, Any]], modules: set[int]) -> set[int]:
-    """Replay the plugin's per-thread tree building; ids of module events that lose a node.
-
-    The plugin sorts each thread's events by (start, -end), stably (``nest.outer_first``), and
-    nests each in the innermost open one that it starts in; one that ends after it is logged and
-    dropped (``nest.walk``'s ``SKIP``): the module event of the two is rejected."""
+    """Replay the plugin's tree building: ids of the module events that lose a node."""
     bad: set[int] = set()
     by_tid: dict[Any, list[tuple[float, float, dict[str, Any]]]] = defaultdict(list)
     for event in tree_events:
@@ -167,19 +132,9 @@ def _rejected_module_events(tree_events: list[dict[str, Any]], modules: set[int]
 
 
 def apply_lightning_view(trace: WindowTrace) -> dict[str, int]:
-    """Make torch-tb-profiler offer the "Lightning" view for this trace; mutates ``trace``.
-
-    Rewrites ``[pl][module]`` / ``[pl][profile]`` ``user_annotation`` X events to ``cpu_op``, except
-    module ranges the plugin could not place in its operator tree (those stay ``user_annotation`` and
-    are ignored by it), adds one ``[pl][profile]ProfilerStep#N`` per step when there is no stage
-    range, and sets ``"Framework": "pytorch-lightning"`` before ``traceEvents`` (which stays last).
-    Does nothing when no module range survives (the view would be empty and ``Framework`` would hide
-    torch's Module view). Returns counts, also stored in the trace's ``vt_lightning`` metadata when
-    it has one. Reads the events outside the Python part (``WindowTrace.other_events``): no Python
-    call is a module, stage or step.
-    """
+    """Make the plugin offer the Lightning view, in place; counts returned and kept in the metadata.
+    Nothing changes when no module range survives (``Framework`` would only hide the Module view)."""
     events = trace.other_events()
-    # One pass, skipping VizTracer's calls: never a module, stage or tree event.
     modules: list[dict[str, Any]] = []
     stages: list[dict[str, Any]] = []
     tree_events: list[dict[str, Any]] = []
@@ -248,14 +203,3 @@ def apply_lightning_view(trace: WindowTrace) -> dict[str, int]:
     if isinstance(meta, dict):
         meta["lightning_view"] = dict(summary)
     return summary
-
-
-def lightning_view_names(events: Iterable[dict[str, Any]]) -> list[str]:
-    """Module paths of the ``[pl][module]`` events the plugin will read (``cat == cpu_op``)."""
-    out = []
-    for e in events:
-        name = e.get("name")
-        if e.get("cat") == CPU_OP_CATEGORY and isinstance(name, str) and name.startswith(PL_MODULE_PREFIX):
-            rest = name[len(PL_MODULE_PREFIX) :]
-            out.append(rest[rest.find(": ") + 2 :])
-    return out

@@ -1,41 +1,25 @@
-"""CPU memory snapshots from a merged trace, in the format of ``torch.cuda.memory._snapshot()``.
+"""CPU memory snapshots from a merged trace, in ``torch.cuda.memory._snapshot()``'s format. Pure.
 
-``build_cpu_snapshot`` turns the profiler's ``[memory]`` instant events of the merged trace into
-the dict torch's allocator writes (so https://pytorch.org/memory_viz and ``python -m
-torch.cuda._memory_viz`` open it like a CUDA snapshot; the CUDA side is
-``vt_lightning.recording.memory``). The stack of each allocation and free is made of the VizTracer
-calls (and, by default, the torch ops) that enclose the event on the same thread, innermost first,
-as torch writes its own frames. Pure: plain event dicts in, a plain dict out.
-
-What memory_viz needs from a snapshot (torch 2.4 ... 2.13, ``torch/cuda/_memory_viz.py`` and
-``torch/utils/viz/MemoryViz.js``):
-
-* ``device_traces[d]``: list of entries ``{action, addr, size, stream, time_us, frames}``. A free is
-  ``free_requested`` immediately followed by ``free_completed`` for the same address (the page
-  folds the pair into one ``free``; a lone ``free_completed`` is drawn as "waiting for another
-  stream" and ``_memory_viz trace_plot -f`` prints a complaint for it). No ``category`` key: the page
-  has a typo (``snapshot.categores``) that crashes when categories exist and none is ``unknown``.
-* ``segments``: ``{device, address, total_size, allocated_size, active_size, requested_size,
-  stream, segment_type, segment_pool_id, blocks}``; the blocks must tile the segment exactly
-  (``stats`` asserts it) and every block the page replays from the trace must fall inside some
-  segment (the "Allocator State History" view crashes on a block outside every segment).
-* The page's unpickler knows protocols 2..4 and a fixed set of opcodes: plain dicts, lists, str,
-  int, float, bool, None and small tuples only (no bytes, no sets).
-"""
+Torch's ``[memory]`` instants become the allocator's trace, each with the calls and ops around it as
+its stack, written as https://pytorch.org/memory_viz needs (docs/memory.md, "For developers": a
+free as requested then completed, no ``category`` key, blocks that tile their segments, plain
+types only)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
 from vt_lightning.analysis.nest import covering, outer_first
+from vt_lightning.analysis.spans import union
 from vt_lightning.analysis.trace import Thread, WindowTrace
 from vt_lightning.analysis.usercode import parse_function
 from vt_lightning.constants import CPU_OP_CATEGORY, PYTHON_CATEGORY, USER_ANNOTATION_CATEGORY
 
-# torch events that may enclose an allocation
-OP_CATEGORIES = frozenset({CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY})
+# the Python calls and torch events that may enclose an allocation
+FRAME_CATEGORIES = frozenset({PYTHON_CATEGORY, CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY})
 UNKNOWN_FILE = "??"  # what torch writes for a frame without a source file
 CPU_DEVICE_TYPE = 0  # ``Device Type`` of torch's [memory] events (c10::DeviceType::CPU)
 _DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda", 13: "mps", 20: "meta", 12: "xpu", 9: "hip"}
@@ -44,29 +28,11 @@ _START, _END = itemgetter(0), itemgetter(1)
 
 
 def parse_frame(event_name: str) -> dict[str, Any]:
-    """One memory_viz frame from a VizTracer or torch event name.
-
-    ``"forward (/src/model.py:12)"`` -> ``{"filename": "/src/model.py", "line": 12, "name":
-    "forward"}``; a name without a source (``"builtins.sum"``, ``"aten::addmm"``) keeps the name
-    whole, with filename ``"??"`` and line 0.
-    """
+    """One memory_viz frame from an event name (no source: the whole name, file ``"??"``, line 0)."""
     name, file, line = parse_function(event_name)
     if file is None or line is None:
         return {"filename": UNKNOWN_FILE, "line": 0, "name": event_name}
     return {"filename": file, "line": line, "name": name}
-
-
-class _FrameCache:
-    """One frame dict per distinct event name: the pickle then stores each frame once."""
-
-    def __init__(self) -> None:
-        self._frames: dict[str, dict[str, Any]] = {}
-
-    def __call__(self, event_name: str) -> dict[str, Any]:
-        frame = self._frames.get(event_name)
-        if frame is None:
-            frame = self._frames[event_name] = parse_frame(event_name)
-        return frame
 
 
 def _number(value: Any) -> float | None:
@@ -87,15 +53,9 @@ def _int_or(value: Any, default: int) -> int:
 def _stack_frames(
     memory: list[tuple[float, int]],
     intervals: list[tuple[float, float, str]],
-    frame_of: _FrameCache,
+    frame_of: Callable[[str], dict[str, Any]],
 ) -> dict[int, list[dict[str, Any]]]:
-    """Enclosing frames, innermost first, for each memory event of one thread.
-
-    ``memory``: (ts, event index); ``intervals``: (start, end, name) of the thread's calls. Calls
-    that do not nest properly (clock jitter between the two tracers, e.g. siblings that overlap by
-    a nanosecond) are tolerated: a call is reported exactly when its span contains the event
-    (``nest.covering``).
-    """
+    """Each memory event's enclosing calls, innermost first, nested or not."""
     ordered = outer_first(intervals, _START, _END)
     memory.sort()
     out: dict[int, list[dict[str, Any]]] = {}
@@ -109,29 +69,17 @@ def _stack_frames(
     return out
 
 
-def build_cpu_snapshot(
-    trace: WindowTrace | Sequence[Mapping[str, Any]], *, include_ops: bool = True
-) -> dict[str, Any] | None:
-    """A ``torch.cuda.memory._snapshot()``-format dict from a window's trace (or its ``traceEvents``).
-
-    Allocations and frees come from torch's ``[memory]`` instant events (``profile_memory=True``);
-    their frames from the enclosing VizTracer calls (``cat == "FEE"``) of the same pid/tid and, when
-    ``include_ops``, the enclosing torch ops and ``record_function`` ranges. Times (``time_us``) are
-    the trace's own ``ts`` (torch's timeline), so they line up with the Trace view.
-
-    There is no caching allocator on CPU, hence no ``segment_alloc``/``segment_free`` entries. The
-    ``segments`` are the address ranges the window's allocations occupied (overlapping ranges
-    merged); their blocks are the allocations still live at the window's end, with the rest of each
-    range ``inactive``. A free with no allocation in the window (memory allocated before it) is kept
-    as a free. Returns None when there is no ``[memory]`` event.
-    """
+def build_cpu_snapshot(trace: WindowTrace | Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """A ``_snapshot()``-format dict of a window's trace (None: no ``[memory]`` event), times in the
+    trace's own µs. No caching allocator on CPU: ``segments`` are the address ranges used, live blocks
+    at the end, the rest ``inactive``."""
     if not isinstance(trace, WindowTrace):
         trace = WindowTrace.of({"traceEvents": list(trace)})
     records, memory_by_thread = _memory_records(trace.memory)
     if not records:
         return None
-    calls_by_thread = _calls_of_threads(trace, memory_by_thread.keys(), include_ops)
-    frame_of = _FrameCache()
+    calls_by_thread = _calls_of_threads(trace, memory_by_thread.keys())
+    frame_of = functools.lru_cache(maxsize=None)(parse_frame)  # one dict per name: pickled once
     frames_of: dict[int, list[dict[str, Any]]] = {}
     for thread, memory in memory_by_thread.items():
         frames_of.update(_stack_frames(memory, calls_by_thread[thread], frame_of))
@@ -157,7 +105,7 @@ def build_cpu_snapshot(
             "events": len(records),
             "frees_without_alloc": replay.frees_before_window,
             "allocs_without_free": replay.unmatched_allocs,
-            "frames": "viztracer+torch-ops" if include_ops else "viztracer",
+            "frames": "viztracer+torch-ops",
             "time": "trace ts (torch timeline, us)",
         },
     }
@@ -186,12 +134,8 @@ def _memory_records(
     return records, memory_by_thread
 
 
-def _calls_of_threads(
-    trace: WindowTrace, threads: Iterable[Thread], include_ops: bool
-) -> dict[Thread, list[tuple[float, float, str]]]:
-    """(start, end, name) of the calls (and, with ``include_ops``, the ops) of the threads that
-    allocated only, in the trace's order: a DataLoader worker's (most of a window's events when
-    workers are traced) or a helper thread's calls enclose no allocation of this trace."""
+def _calls_of_threads(trace: WindowTrace, threads: Iterable[Thread]) -> dict[Thread, list[tuple[float, float, str]]]:
+    """The calls and ops of the threads that allocated only (others enclose no allocation)."""
     calls_by_thread: dict[Thread, list[tuple[float, float, str]]] = {key: [] for key in threads}
     tids = {tid for _, tid in calls_by_thread}
     span = trace.python
@@ -201,16 +145,14 @@ def _calls_of_threads(
         calls = [call for thread in calls_by_thread for call in trace.threads.python.get(thread) or ()]
         parts = [trace.events[: span.start], calls, trace.events[span.stop :]]
     for part in parts:
-        # The threads' events picked first by a comprehension (~5x cheaper per event than the loop's
-        # checks): most of a window's are a DataLoader worker's, which allocated nothing here.
+        # picked by a comprehension first: most of a window's events are a worker's, which allocated nothing
         for event in [e for e in part if e.get("tid") in tids]:
             if event.get("ph") != "X":
                 continue
             found = calls_by_thread.get((event.get("pid"), event.get("tid")))
             if found is None:
                 continue
-            cat = event.get("cat")
-            if cat != PYTHON_CATEGORY and not (include_ops and cat in OP_CATEGORIES):
+            if event.get("cat") not in FRAME_CATEGORIES:
                 continue
             ts = event.get("ts")
             if type(ts) is not float:  # a merged trace's are (snapped floats): skip the checks
@@ -226,8 +168,7 @@ def _calls_of_threads(
 
 
 class _Replay:
-    """The allocator's trace per device, replayed from the window's allocations and frees in time
-    order: what is live at the end, the address ranges used, and what could not be matched."""
+    """The allocator's trace per device, replayed in time order, with what could not be matched."""
 
     def __init__(self, devices: int) -> None:
         self.traces: list[list[dict[str, Any]]] = [[] for _ in range(devices)]
@@ -243,14 +184,7 @@ class _Replay:
             if previous is not None:  # its free was lost: close it here so the replay stays sane
                 self.unmatched_allocs += 1
                 _append_free(trace, addr, previous["size"], time_us, previous["frames"])
-            entry = {
-                "action": "alloc",
-                "addr": addr,
-                "size": size,
-                "stream": 0,
-                "time_us": time_us,
-                "frames": frames,
-            }
+            entry = _trace_entry("alloc", addr, size, time_us, frames)
             trace.append(entry)
             alive[addr] = entry
             self.ranges[d].append((addr, addr + size))
@@ -265,18 +199,12 @@ class _Replay:
         _append_free(trace, addr, freed, time_us, frames)
 
 
+def _trace_entry(action: str, addr: int, size: int, time_us: int, frames: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": time_us, "frames": frames}
+
+
 def _append_free(trace: list[dict[str, Any]], addr: int, size: int, time_us: int, frames: list[dict[str, Any]]) -> None:
-    for action in ("free_requested", "free_completed"):
-        trace.append(
-            {
-                "action": action,
-                "addr": addr,
-                "size": size,
-                "stream": 0,
-                "time_us": time_us,
-                "frames": frames,
-            }
-        )
+    trace += (_trace_entry(action, addr, size, time_us, frames) for action in ("free_requested", "free_completed"))
 
 
 def _device_order(devices: set[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -294,20 +222,10 @@ def _segments(
     device: int, ranges: list[tuple[int, int]], live_entries: Iterable[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """Merged address ranges, each tiled by its live blocks and ``inactive`` gaps."""
-    if not ranges:
-        return []
-    ranges.sort()
-    merged: list[list[int]] = []
-    for start, end in ranges:
-        if merged and start <= merged[-1][1]:
-            if end > merged[-1][1]:
-                merged[-1][1] = end
-        else:
-            merged.append([start, end])
     blocks = sorted(live_entries, key=lambda e: e["addr"])
     segments = []
     b = 0
-    for start, end in merged:
+    for start, end in union(ranges):
         seg_blocks: list[dict[str, Any]] = []
         cursor = start
         allocated = 0

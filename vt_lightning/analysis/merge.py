@@ -1,11 +1,7 @@
 """Merge one window's torch trace and VizTracer events into one trace the TensorBoard plugin loads.
 
-Pure functions: dicts in, dict or bytes out. The contract (torch-tb-profiler 0.4.3, frozen upstream):
-``traceEvents`` is the last top-level key, every ``X`` event has a string ``cat``, torch's metadata
-(``schemaVersion``, ``deviceProperties``, ``distributedInfo``, ``baseTimeNanoseconds``...) is kept,
-and ``distributedInfo`` is written with a space after each colon so HTA's ``"rank":\\s+(\\d+)`` finds
-the rank.
-"""
+Pure. The contract (torch-tb-profiler 0.4.3): ``traceEvents`` last, a string ``cat`` on every
+``X`` event, torch's metadata kept, ``distributedInfo`` spaced for HTA's ``"rank":\\s+(\\d+)``."""
 
 from __future__ import annotations
 
@@ -23,6 +19,7 @@ from vt_lightning.analysis.clock import Calibration
 from vt_lightning.analysis.nesting import (
     repair_boundaries,
     separate_crossing_ranges,
+    snap_spans,
     untangle_annotations,
 )
 from vt_lightning.analysis.trace import MEMORY_EVENT, Calls, Thread, ThreadSpans, WindowTrace
@@ -36,19 +33,15 @@ FALLBACK_CATEGORY = "unknown"
 _SPACED_KEYS = ("distributedInfo",)
 _UNRUN = "\0unrun step"  # the name _settle marks an unrun step's range with, compared by identity
 _TS, _NAME, _PH = itemgetter("ts"), itemgetter("name"), itemgetter("ph")
-# Beyond the calibration's uncertainty, each tracer stamps an event a little after or before the
-# instant it describes (VizTracer in its profile hook, torch in its op callbacks). With wall-clock
-# calibration, residual crossings of up to ~0.1 µs were measured between a Python call and the op
-# it issued; twice that is allowed. (Marker calibration has shown none in 60 runs.)
+# Beyond the calibration's uncertainty, each tracer stamps an event a little off the instant it
+# describes: Python calls crossed the ops they issued by up to ~0.1 µs; twice that is allowed.
 STAMP_JITTER_US = 0.2
 
 
-# Where torch's timestamps live (µs on its steady clock, e.g. 4.5e12 after 52 days of uptime) a
-# double resolves only ~0.001 µs, so ``ts + dur`` is off by up to a nanosecond and a child can end
-# "after" its parent once parsed. The merged trace is therefore moved to an origin of whole
-# seconds (``baseTimeNanoseconds`` moves with it, so absolute time is unchanged), all arithmetic
-# happens there, and every boundary is finally snapped to whole nanoseconds: exactly the integers
-# Perfetto reads (``llround(ts * 1000)``), so what nests here nests there.
+# At torch's timestamps (µs on its steady clock, ~4.5e12) a double resolves only ~0.001 µs, so a
+# child could end after its parent once parsed: the trace moves to an origin of whole seconds
+# (``baseTimeNanoseconds`` with it) and every boundary is snapped to whole nanoseconds, the integers
+# Perfetto reads (``llround(ts * 1000)``): what nests here nests there.
 ORIGIN_GRANULARITY_US = 1_000_000
 
 
@@ -59,12 +52,7 @@ def time_origin_us(events: Iterable[dict[str, Any]]) -> int:
 
 
 def rebase_events(events: Iterable[dict[str, Any]], origin_us: int) -> None:
-    """Subtract ``origin_us`` from every ``ts`` without losing the digits a double still holds.
-
-    The integer part is subtracted exactly and the fractional part (the nanoseconds torch wrote)
-    is added back, so a value written as ``4544795024354.149`` becomes exactly ``354.149`` later
-    than its origin as long as the parsed double still told the nanoseconds apart (< ~100 days).
-    """
+    """``ts`` less ``origin_us``: the integer part exactly, then the fraction, so no digit is lost."""
     if not origin_us:
         return
     for event in events:
@@ -75,11 +63,7 @@ def rebase_events(events: Iterable[dict[str, Any]], origin_us: int) -> None:
 
 
 def snap_to_nanoseconds(events: Iterable[dict[str, Any]]) -> None:
-    """Put every start and end on the nanosecond grid, ``dur`` as the difference of the two.
-
-    Rounding is monotonic, so spans that nest (or touch) keep nesting (or touching); rounding
-    ``ts`` and ``dur`` separately could push a child's end 1 ns past its parent's.
-    """
+    """Every event on the nanosecond grid (``nesting.snap_spans``; any other timed event's start)."""
     for event in events:
         if "ts" not in event:
             continue
@@ -96,11 +80,7 @@ def merge_metadata_events(
     python_meta: list[dict[str, Any]],
     thread_names: Mapping[int, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Torch's metadata plus the real thread names, one ``thread_name`` per (pid, tid).
-
-    ``thread_names`` (native thread id -> ``threading`` name, read at window end) corrects
-    VizTracer's names where it read them too early (``Dummy-N`` on Python 3.12+).
-    """
+    """Torch's metadata plus one ``thread_name`` per thread (``thread_names``: the names at window end)."""
     python_threads = {(e.get("pid"), e.get("tid")): e for e in python_meta if e.get("name") == "thread_name"}
     for (_, tid), event in python_threads.items():
         if thread_names and isinstance(tid, int) and tid in thread_names:
@@ -118,17 +98,9 @@ def merge_metadata_events(
     return out
 
 
-def ran_steps(steps: Iterable[int] | None) -> set[str] | None:
-    """The names of the ``ProfilerStep#N`` ranges of the steps that ran (None: not known)."""
-    return {f"{STEP_PREFIX}{step}" for step in steps} if steps is not None else None
-
-
 @dataclass(frozen=True)
 class TorchPlacement:
-    """The calibration's map of VizTracer's µs onto torch's timeline (less the time origin): an
-    offset, and the clocks' drift interpolated over the window (held at its ends). Every Python
-    event is placed through it, once (``place_python_events``; a DataLoader worker's calls as
-    they are read, ``workers.place_events``)."""
+    """The calibration's map of VizTracer's µs onto torch's, less the origin: offset plus drift."""
 
     t0: float
     span: float
@@ -136,7 +108,6 @@ class TorchPlacement:
     slope: float
 
     def at(self, us: float) -> float:
-        """One instant."""
         since = us - self.t0
         drifted = (
             self.slope * (0.0 if since < 0.0 else self.span if since > self.span else since) if self.slope else 0.0
@@ -144,10 +115,7 @@ class TorchPlacement:
         return us + self.offset + drifted
 
     def calls(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Calls' starts and lengths: the start and the end of each through the map, so calls that
-        nest on VizTracer's clock nest on torch's (shifting the start alone and keeping the length
-        would let a child outlast its parent by the drift between their starts); a length never
-        negative. Each operation ``at``'s, element by element: the same doubles."""
+        """Calls' starts and lengths, each end mapped too (nesting kept), as ``at`` does it."""
         placed = starts + self.offset + self._drift(starts)
         ends = starts + lengths
         ends = ends + self.offset + self._drift(ends)
@@ -161,7 +129,6 @@ class TorchPlacement:
 
 
 def torch_placement(calibration: Calibration, origin_us: int) -> TorchPlacement:
-    """The map ``calibration`` gives, onto torch's timeline less ``origin_us``."""
     t0, t1 = calibration.start.python_us, calibration.end.python_us
     offset, drift = calibration.offset_us - origin_us, calibration.drift_us
     slope = drift / (t1 - t0) if t1 > t0 else 0.0
@@ -169,10 +136,7 @@ def torch_placement(calibration: Calibration, origin_us: int) -> TorchPlacement:
 
 
 def place_python_events(events: list[dict[str, Any]], placement: TorchPlacement) -> None:
-    """VizTracer's events (on its clock) onto torch's timeline, in place: the complete calls as
-    arrays (``TorchPlacement.calls``), of the Python category; every other event with a time its
-    start, on the nanosecond grid (no nesting pass reads it), of the Python category unless it
-    has one; a call without a time gets the category and a zero length (the merge counts it)."""
+    """VizTracer's events onto torch's timeline, in place (calls as arrays, the rest on the grid)."""
     calls = [e for e in events if e.get("ph") == "X" and "ts" in e]
     if calls:
         count = len(calls)
@@ -210,13 +174,8 @@ def _settle(
     metadata: list[dict[str, Any]],
     loose: list[dict[str, Any]] | None = None,
 ) -> tuple[int, bool]:
-    """In one pass over events: give every event a name and every X event a string cat/ts/dur (the
-    trace contract), mark the ``ProfilerStep#N`` ranges opened for a batch that never ran (training
-    ended first; only when ``ran`` is given) for the caller to remove, and file the rest: the X
-    events into ``threads``, the ``[memory]`` instants into ``memory``, the metadata events into
-    ``metadata``. The events that are not X and have a time go on the nanosecond grid (no nesting
-    pass reads them), or, with ``loose`` (the Python part's: on the grid as placed), into it.
-    Returns (events fixed, whether one was marked)."""
+    """One pass: the trace contract (a name; for X a string cat, ts and dur), the ranges of steps
+    that never ran marked, the rest filed. Returns (events fixed, whether one was marked)."""
     add = threads.add
     dropped = False
     fixed = 0
@@ -264,10 +223,7 @@ def _unrun(name: str, ran: set[str] | None) -> bool:
 def _settle_calls(
     python: PythonParts, ran: set[str] | None, threads: ThreadSpans, loose: list[dict[str, Any]]
 ) -> tuple[int, bool]:
-    """``_settle`` for each thread's grouped calls, read by their distinct names: each call named,
-    the unrun steps' ranges marked, the complete calls filed into ``threads``, a "B" into ``loose``
-    on the nanosecond grid (a worker's is placed, not snapped, where the filter reads it).
-    Returns (calls fixed, whether one was marked)."""
+    """``_settle`` for each thread's grouped calls, read by their distinct names."""
     fixed = 0
     dropped = False
     for key, group in python.calls.items():
@@ -299,32 +255,16 @@ def _settle_calls(
     return fixed, dropped
 
 
-def _snap_spans(groups: Iterable[Mapping[Thread, list[dict[str, Any]]]]) -> None:
-    """``snap_to_nanoseconds`` of the X events in ``groups`` (``ThreadSpans``' kinds)."""
-    for group in groups:
-        for thread_events in group.values():
-            for event in thread_events:
-                ts = float(event["ts"])
-                start = round(ts * 1000)
-                end = round((ts + float(event["dur"])) * 1000)
-                event["dur"] = (end - start if end > start else 0) / 1000
-                event["ts"] = start / 1000
-
-
 @dataclass
 class PythonParts:
-    """A window's Python events, on torch's timeline already (``place_python_events``), as the
-    merge takes them, in the file's order: ``before`` (events one by one: the training process's,
-    and the DataLoader workers' when no filter grouped them), ``calls`` (each thread's calls, in
-    the filter's order: its kept calls), ``after`` (the gc pauses and the compile spans)."""
+    """A window's Python events on torch's timeline: ``before`` (one by one), ``calls`` (each thread's,
+    as the filter grouped them), ``after`` (gc pauses, compile spans); ``settled`` threads are on the
+    grid already; ``names``: distinct names of threads of complete calls only."""
 
     before: list[dict[str, Any]]
     calls: dict[Thread, list[dict[str, Any]]] = field(default_factory=dict)
     after: list[dict[str, Any]] = field(default_factory=list)
-    # threads of ``calls`` on the nanosecond grid already (``nesting.settle_as_arrays``, as placed):
-    # their ``ts`` and ``dur`` in their order, taken where the thread's calls are those
     settled: dict[Thread, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    # the distinct names of threads of ``calls`` that hold complete calls only, where known
     names: dict[Thread, set[Any]] = field(default_factory=dict)
 
 
@@ -335,8 +275,7 @@ def merge_trace(
     vt_metadata: Mapping[str, Any],
     thread_names: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
-    """One trace dict: torch's keys, ``vt_lightning`` metadata, then ``traceEvents`` last (the
-    Python events placed here)."""
+    """One trace dict of torch's trace and the Python events (placed here)."""
     origin_us = time_origin_us(torch_trace.get("traceEvents", []))
     events = list(python_events)
     place_python_events(events, torch_placement(calibration, origin_us))
@@ -351,20 +290,13 @@ def merge_window(
     thread_names: Mapping[int, str] | None = None,
     origin_us: int | None = None,
 ) -> WindowTrace:
-    """Torch's trace and the window's Python events (placed on its timeline, less ``origin_us``:
-    ``time_origin_us`` of torch's events) on one timeline, every thread nesting strictly: the
-    typed trace every later stage reads.
-
-    One pass checks (the contract) and files each torch event, one each Python event one by one,
-    one each grouped thread by its distinct names. Then the nesting passes (``nesting.py``): the
-    boundaries repaired within the calibration's tolerance, the calls cut at the annotation ranges
-    they cross and put on the nanosecond grid, the torch spans snapped, and what still crosses
-    moved to a track of its own."""
+    """Torch's trace and the placed Python events as one typed trace, every thread nesting strictly."""
     torch_events = list(torch_trace.get("traceEvents", []))
     if origin_us is None:
         origin_us = time_origin_us(torch_events)
     rebase_events(torch_events, origin_us)
-    ran = ran_steps(vt_metadata.get("steps"))
+    steps = vt_metadata.get("steps")  # the steps that ran (None: not known)
+    ran = {f"{STEP_PREFIX}{step}" for step in steps} if steps is not None else None
     before, after = ([e for e in part if e.get("ph") != "M"] for part in (python.before, python.after))
     python_meta = [e for part in (python.before, python.after) for e in part if e.get("ph") == "M"]
     events = merge_metadata_events(torch_events, python_meta, thread_names)
@@ -395,15 +327,16 @@ def merge_window(
     tolerance = calibration.uncertainty_us + STAMP_JITTER_US
     repaired, _ = repair_boundaries(events, tolerance, threads)
     untangled = untangle_annotations(events, threads, snap=True)
-    _snap_spans((threads.ops, threads.annotations, threads.other))
+    for kind in (threads.ops, threads.annotations, threads.other):
+        for thread_events in kind.values():
+            snap_spans(thread_events)
     moved, clamped = separate_crossing_ranges(events, threads, calls_nest=True)
     metadata += events[span.stop :]  # the range tracks' names
     header: dict[str, Any] = {k: v for k, v in torch_trace.items() if k != "traceEvents"}
     if origin_us:
         header["baseTimeNanoseconds"] = int(header.get("baseTimeNanoseconds", 0)) + origin_us * 1000
     if "distributedInfo" not in header and isinstance(vt_metadata.get("global_rank"), int):
-        # torch writes it only under torch.distributed; HTA reads the rank from it and otherwise
-        # warns and guesses rank 0 (wrong for every rank but one when ranks trace without DDP).
+        # torch writes it only under torch.distributed; without it HTA guesses rank 0
         header["distributedInfo"] = {
             "backend": None,
             "rank": vt_metadata["global_rank"],
@@ -425,7 +358,6 @@ def merge_window(
     if fixed:
         meta["contract_fixes"] = fixed
     header[TRACE_METADATA_KEY] = meta
-    # the threads settled as arrays, read as a reader of the written trace reads them
     columns = {
         key: Calls(starts, starts + lengths, [call["name"] for call in threads.python[key]])
         for key, (starts, lengths) in threads.settled.items()

@@ -1,27 +1,10 @@
 """The one nesting engine: a thread's intervals ordered, nested and walked, once. Pure.
 
-Every reader of nested time in the package asks this module, and no other module keeps a stack
-of open intervals (``tests/test_nesting_engine.py`` checks both):
-
-* **the ordering** (``outer_first``, ``outer_first_order``): by start, the longer first at equal
-  starts, equal ones in the order given: an outer interval comes before the ones it holds;
-* **the walk** (``walk``): in that order, each interval's parent (the innermost open one it
-  starts in: one that ends after its start) and its end as nested. An interval that outlasts its
-  parent is cut to the parent's end (as a trace viewer nests it), keeps its own (``clip=False``:
-  torch's ops), or goes to a ``crossing`` policy (the merge's repairs, the Lightning view's replay
-  of the TensorBoard plugin): cut it some other way, leave it out of the nest, or take the parent
-  out and try again;
-* **a nest** (``Nest``): the walk of one thread, with what the tables read derived from it as
-  arrays (vectorised: a DataLoader worker's thread holds 163k calls): each interval's depth, self
-  and inclusive time, the order intervals close in, whether another of the same key is open at
-  its start (recursion), values handed down the tree, and the walk's moments (which interval owns
-  each stretch of time);
-* **queries** (``covering``, ``lanes``): the intervals open at some instants, and tracks on which
-  crossing intervals nest.
-
-Sums built from the derived arrays with ``np.bincount`` add their weights one by one, in order,
-from 0.0, so they are what a loop adding the same doubles in the walk's order gives, to the bit.
-"""
+No other module keeps a stack of open intervals (``tests/test_nesting_engine.py`` checks it).
+``outer_first`` orders (by start, the longer first); ``walk`` gives each interval its parent and its
+end as nested (cut to the parent, kept, or a ``crossing`` policy's answer); ``Nest`` derives what the
+tables read as arrays (a worker's thread holds 163k calls); ``covering`` and ``lanes`` answer queries.
+Sums by ``np.bincount`` add in order from 0.0: the same doubles as a loop in the walk's order."""
 
 from __future__ import annotations
 
@@ -41,17 +24,9 @@ Interval = tuple[Any, ...]  # ``(start, end, *what it stands for)``
 _TS, _DUR = itemgetter("ts"), itemgetter("dur")
 
 
-# --------------------------------------------------------------------------------------------------
-# The ordering
-# --------------------------------------------------------------------------------------------------
-
-
 def outer_first(items: list[Any], start: Callable[[Any], Any] = _TS, length: Callable[[Any], Any] = _DUR) -> list[Any]:
-    """``items`` by ``start``, the longer (``length``, or an end) first at equal starts, equal ones
-    in their order: ``sorted(key=lambda e: (e["ts"], -e["dur"]))`` without a tuple and a lambda call
-    per item. One sort on a C-level key (a thread's calls come nearly in order: almost linear), then
-    only the runs of equal starts, usually none, are sorted by length. Items already in strictly
-    increasing starts (a DataLoader worker's calls once placed) are checked at C speed and kept."""
+    """``items`` by ``start``, the longer (``length``) first at equal starts, ties in order: one C-level
+    sort on the start (none when already strictly increasing), then only runs of equal starts."""
     # lazily, so items out of order (a raw dump's, by end) cost only the first few keys
     if all(map(lt, map(start, items), map(start, islice(items, 1, None)))):
         return list(items)
@@ -59,9 +34,7 @@ def outer_first(items: list[Any], start: Callable[[Any], Any] = _TS, length: Cal
     if all(map(le, starts, islice(starts, 1, None))):  # in order but for ties: only those are sorted
         ordered = list(items)
     else:
-        # the starts sorted on their own take the steps the items take, so give the same order,
-        # without reading each item's key again where it lies (each read there is a cache miss)
-        starts.sort()
+        starts.sort()  # the same order as the items', without reading each item's key again
         ordered = sorted(items, key=start)
         if all(map(lt, starts, islice(starts, 1, None))):  # no equal starts, the usual case
             return ordered
@@ -78,18 +51,13 @@ def outer_first(items: list[Any], start: Callable[[Any], Any] = _TS, length: Cal
 
 
 def outer_first_order(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The indices ``outer_first`` puts intervals in, from their starts and lengths (or ends): one
-    stable sort of the starts, and by both keys only where two starts are equal."""
+    """The indices ``outer_first`` puts intervals in, from their starts and lengths (or ends)."""
     order = np.argsort(starts, kind="stable")
     in_order = starts[order]
     if (in_order[1:] == in_order[:-1]).any():
         order = np.lexsort((-lengths, starts))
     return order
 
-
-# --------------------------------------------------------------------------------------------------
-# The walk
-# --------------------------------------------------------------------------------------------------
 
 SKIP = "skip"  # a crossing policy's answer: leave the interval out of the nest (never a parent)
 DROP_PARENT = "drop parent"  # ... take the parent out of the nest and try the interval again
@@ -101,13 +69,9 @@ Crossing = Callable[[int, int, float], Any]
 def walk(
     starts: Iterable[float], ends: Iterable[float], crossing: Crossing | None = None, clip: bool = True
 ) -> tuple[list[int], list[float]]:
-    """``(parents, nested ends)`` of intervals in ``outer_first`` order: each one's parent (-1: at
-    the top) is the innermost open interval it starts in (one whose nested end is after its start),
-    and its nested end is its own, or its parent's where it ends later (``clip``; else its own, and
-    later intervals nest in that); ``crossing`` decides instead where one ends later.
-
-    The open intervals are the innermost one's chain of parents: closing the top one opens its
-    parent, whose nested end is kept already, so no stack of its own is kept."""
+    """``(parents, nested ends)`` of intervals in ``outer_first`` order: the parent is the innermost
+    open interval (-1: none), an end past it is cut (``clip``) or goes to ``crossing``. The open
+    intervals are the innermost one's chain of parents, so no stack is kept."""
     parents: list[int] = []
     nested: list[float] = []
     add_parent, add_end = parents.append, nested.append
@@ -146,14 +110,8 @@ def nests(starts: np.ndarray, ends: np.ndarray) -> bool:
 
 
 def _levels(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """``walk``'s parents, and each interval's depth, from sorted searches, for intervals in
-    ``outer_first`` order none of which outlasts its parent; None where one does (the walk cuts
-    it) or a time is not finite.
-
-    An interval is closed before the first later one that starts at or after its end; its depth is
-    how many earlier ones are not closed yet when it starts, its parent the last one before it one
-    level up. With no interval outlasting its parent, the open ones' ends never decrease down the
-    chain, so this is the walk at every step."""
+    """``walk``'s parents and depths by sorted searches where no interval outlasts its parent (None
+    where one does, or a time is not finite): then an interval closes before the first later start."""
     count = len(starts)
     if not (np.isfinite(starts).all() and np.isfinite(ends).all()) or not (starts[1:] >= starts[:-1]).all():
         return None
@@ -172,16 +130,13 @@ def _levels(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 class Nest:
-    """One thread's intervals walked (``walk``, cutting each to its parent unless ``clip`` is
-    false), in ``outer_first`` order, with what the tables read as arrays: ``order`` (each one's
-    index in the input), ``starts``, ``ends`` (as nested), ``parents`` (-1: at the top)."""
+    """One thread's intervals walked in ``outer_first`` order (``order``: their input indices)."""
 
-    def __init__(self, starts: Any, ends: Any, clip: bool = True, in_order: bool = False) -> None:
+    def __init__(self, starts: Any, ends: Any, clip: bool = True) -> None:
         starts = np.asarray(starts, dtype=float)
         ends = np.asarray(ends, dtype=float)
-        self.order = np.arange(len(starts)) if in_order else outer_first_order(starts, ends)
-        if not in_order:
-            starts, ends = starts[self.order], ends[self.order]
+        self.order = outer_first_order(starts, ends)
+        starts, ends = starts[self.order], ends[self.order]
         self.starts = starts
         self.clip = clip
         self._depths: np.ndarray | None = None
@@ -213,7 +168,6 @@ class Nest:
 
     @cached_property
     def lengths(self) -> np.ndarray:
-        """Each interval's inclusive time: its nested end less its start."""
         return self.ends - self.starts
 
     @cached_property
@@ -240,8 +194,7 @@ class Nest:
 
     @cached_property
     def closing(self) -> np.ndarray:
-        """The indices in the order the walk closes them: each run before a start, and the ones
-        still open at the end, innermost first."""
+        """The indices as the walk closes them: each run before a start, the rest innermost first."""
         return np.lexsort((-np.arange(len(self)), self.closed_before))
 
     @cached_property
@@ -250,10 +203,7 @@ class Nest:
         return int(np.count_nonzero(self.closed_before == len(self)))
 
     def first_opened(self, keys: np.ndarray) -> np.ndarray:
-        """Per interval, whether no interval of the same ``keys`` value (-1 too) is open at
-        its start: the calls a recursion (or a package's calls under its own) counts once. An
-        earlier one is open at a start exactly when it ends after it, compared as ranks among the
-        ends so that one running maximum over each key's intervals answers all of them at once."""
+        """Per interval, whether none of the same key is open at its start (a recursion counts once)."""
         count = len(keys)
         sorted_ends = np.sort(self.ends)
         end_rank = np.searchsorted(sorted_ends, self.ends, side="left")  # ends before this one
@@ -267,8 +217,7 @@ class Nest:
         return out
 
     def inherited(self, values: np.ndarray, keeps: np.ndarray) -> np.ndarray:
-        """Per interval, ``values`` where ``keeps`` is true, else its parent's result (-1 at the
-        top): a value handed down the tree, by pointer doubling up the parents."""
+        """Per interval, ``values`` where ``keeps`` is true, else its parent's result (-1 at the top)."""
         count = len(self)
         source = np.where(keeps, np.arange(count), self.parents)  # who decides it, or -1
         while True:
@@ -280,10 +229,8 @@ class Nest:
 
     @cached_property
     def moments(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(times, owners)``: the walk's moments in its order, each interval's start and its close
-        (before the start that closes it), and who owns the stretch of time up to each: a starting
-        interval's parent (-1: none), a closing interval itself. Read as segments: ``(times[k - 1],
-        times[k])`` belongs to ``owners[k]`` where it is not empty and has an owner."""
+        """``(times, owners)``: starts and closes in the walk's order, and who owns the stretch up to each
+        (a starting interval's parent, a closing interval itself)."""
         count = len(self)
         closing = self.closing
         keys = np.concatenate((2 * self.closed_before[closing], 2 * np.arange(count) + 1))
@@ -293,24 +240,15 @@ class Nest:
         return times, owners
 
     def segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(starts, ends, owners)`` of the non-empty stretches of ``moments`` that have an owner:
-        which interval is the innermost open one over each stretch, in time order."""
+        """``(starts, ends, owners)``: the innermost open interval over each stretch, in time order."""
         times, owners = self.moments
         previous = np.concatenate(([0.0], times[:-1]))
         kept = (times > previous) & (owners >= 0)
         return previous[kept], times[kept], owners[kept]
 
 
-# --------------------------------------------------------------------------------------------------
-# Queries
-# --------------------------------------------------------------------------------------------------
-
-
 def covering(intervals: Sequence[Interval], times: Iterable[float], inclusive: bool = True) -> list[list[Interval]]:
-    """For each of ``times`` (ascending), the ``(start, end, ...)`` intervals (in ``outer_first``
-    order, each with its own end, nested or not) that contain it, outermost first: ``start <= t <=
-    end`` (``inclusive``) or ``start < t < end``. One pass over both: an interval that ended is
-    never looked at again, so siblings that overlap by a hair do not pile up."""
+    """For each of ``times`` (ascending), the intervals containing it, outermost first, in one pass."""
     out: list[list[Interval]] = []
     open_: list[Interval] = []  # intervals started, their ends not yet known to be passed
     i, count = 0, len(intervals)
@@ -323,16 +261,13 @@ def covering(intervals: Sequence[Interval], times: Iterable[float], inclusive: b
             i += 1
         alive = [iv for iv in open_ if iv[1] >= t] if inclusive else [iv for iv in open_ if iv[1] > t]
         if len(alive) != len(open_):
-            # those that ended can hold no later instant: drop them for good, also from under one
-            # still open, so the list never grows past the depth plus the intervals since the last
-            open_ = alive.copy()  # not the list answered: later intervals are pushed on it
+            open_ = alive.copy()  # those that ended hold no later instant; a copy: more are pushed
         out.append(alive)
     return out
 
 
 def lanes(starts: Sequence[int], ends: Sequence[int]) -> list[int]:
-    """For intervals in ``outer_first`` order, the first of the tracks (0, 1, ...) on which each
-    nests with the ones already there: a track holds no two intervals that cross."""
+    """For intervals in ``outer_first`` order, the first track on which each nests."""
     tracks: list[list[int]] = []  # each track's open ends, innermost last
     out: list[int] = []
     for start, end in zip(starts, ends):

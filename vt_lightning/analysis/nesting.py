@@ -1,21 +1,16 @@
-"""Strict nesting on every thread of a merged window: the passes ``merge.merge_trace`` runs once
-the Python calls and torch's events share one timeline. Pure: they edit the events in place.
+"""Strict nesting on every thread of a merged window, in place. Pure.
 
-Perfetto drops an X event that overlaps another on its thread without nesting in it, and the one
-it drops may be the span around the whole step. In order: ``repair_boundaries`` moves a Python
-call's edge by at most the calibration's tolerance so that the op it issued nests in it;
-``untangle_annotations`` cuts Python calls at the annotation ranges they cross;
-``separate_crossing_ranges`` moves any torch range still crossing another event to a track of its
-own beside its thread (``RANGE_TRACK_TID_BASE``). ``count_crossings`` counts what is left (tests,
-benchmarks). They read the window's events grouped per thread once (``trace.ThreadSpans``).
-"""
+Perfetto drops an X event that overlaps another on its thread without nesting (maybe the step's
+own span). ``repair_boundaries`` moves a call's edge within the calibration's tolerance,
+``untangle_annotations`` cuts calls at the annotation ranges they cross, ``separate_crossing_ranges``
+moves a range still crossing to a track of its own; ``count_crossings`` counts what is left."""
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from operator import itemgetter
 from typing import Any
 
@@ -35,9 +30,7 @@ from vt_lightning.analysis.nest import (
 from vt_lightning.analysis.trace import Thread, ThreadSpans
 from vt_lightning.constants import PYTHON_CATEGORY
 
-# A torch range still crossing another event once all repairs are done moves to a track of its own
-# beside its thread: base + lane * LANE_STRIDE + tid (a Linux tid is below 2**22; flight.py's
-# sampled track uses 1e9 + tid).
+# A range's track: base + lane * LANE_STRIDE + tid (a Linux tid is below 2**22; flight's is 1e9 + tid).
 RANGE_TRACK_TID_BASE = 2_000_000_000
 RANGE_TRACK_LANE_STRIDE = 1 << 22
 _TS, _DUR, _NAME = itemgetter("ts"), itemgetter("dur"), itemgetter("name")
@@ -46,8 +39,7 @@ NsSpan = tuple[int, int, dict[str, Any]]  # an event's start and end in integer 
 
 
 def _crossing_fix(ps: float, pe: float, es: float, ee: float) -> tuple[float, float, float] | None:
-    """If [ps, pe] and [es, ee] cross (neither contains the other, yet they overlap), return the
-    cheapest (cost, new_ps, new_pe) that moves only the Python span into nesting or apart."""
+    """The cheapest (cost, new_ps, new_pe) moving the Python span to nest or part; None: no crossing."""
     if ps < es < pe < ee:  # the torch event sticks out of the Python span's end
         options = [(ee - pe, ps, ee), (pe - es, ps, es), (es - ps, es, pe)]
     elif es < ps < ee < pe:  # ... or out of its start
@@ -60,13 +52,8 @@ def _crossing_fix(ps: float, pe: float, es: float, ee: float) -> tuple[float, fl
 def repair_boundaries(
     events: list[dict[str, Any]], tolerance_us: float, threads: ThreadSpans | None = None
 ) -> tuple[int, int]:
-    """Resolve Python/torch spans of one thread that cross by at most ``tolerance_us``.
-
-    Torch's timestamps are authoritative; a Python span (placed with the calibration's uncertainty)
-    that crosses a torch span is moved by the smallest amount that makes them nest or not overlap.
-    Returns (repaired, crossings larger than the tolerance, left as they are). Nothing is dropped.
-    ``threads``: ``events`` already grouped (``merge_trace`` groups once for every pass).
-    """
+    """Move each call crossing a torch op of its thread by at most ``tolerance_us`` (torch's times
+    kept). Returns (repaired, crossings past the tolerance, left as they are)."""
     threads = threads if threads is not None else ThreadSpans(events)
     repaired = unrepaired = 0
     for key, py_events in threads.python.items():
@@ -83,16 +70,13 @@ def repair_boundaries(
         for event in py_events:
             ps = float(event["ts"])
             pe = ps + float(event["dur"])
-            # Most calls have no torch boundary within the tolerance of either of their own: the
-            # candidates below would be empty, so two searches settle them.
+            # most calls have no torch boundary near either of their own: two searches settle them
             near_start = bisect_left(edges, ps - tolerance_us)
             near_end = bisect_left(edges, pe - tolerance_us)
             if (near_start == last or edges[near_start] > ps + tolerance_us) and (
                 near_end == last or edges[near_end] > pe + tolerance_us
             ):
                 continue
-            # A crossing that tolerance can fix puts some torch boundary near a Python boundary;
-            # larger crossings are counted from spans starting inside the Python span.
             candidates = set()
             for edge in (ps, pe):
                 lo, hi = bisect_left(starts, edge - tolerance_us), bisect_right(starts, edge + tolerance_us)
@@ -117,14 +101,9 @@ def repair_boundaries(
 
 
 def count_crossings(events: list[dict[str, Any]], threads: ThreadSpans | None = None) -> int:
-    """Python calls and torch ops of one thread that overlap without nesting (any amount): each one
-    that ends after the innermost open span of the other kind it starts in (``nest.walk``, every
-    span keeping its own end: open spans form a nested chain, so crossing any of them means
-    crossing the innermost)."""
+    """Python calls and torch ops of one thread that overlap without nesting, by any amount."""
     threads = threads if threads is not None else ThreadSpans(events)
     crossings = 0
-    # A thread with no op (a DataLoader worker's, a helper thread) or no Python call has no crossing
-    # to count: its spans are not even sorted.
     for key in threads.python.keys() & threads.ops.keys():
         spans = outer_first(
             [
@@ -150,20 +129,12 @@ def count_crossings(events: list[dict[str, Any]], threads: ThreadSpans | None = 
 def untangle_annotations(
     events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, snap: bool = False
 ) -> int:
-    """Make Python calls nest with the annotation ranges they open or close.
+    """Make calls nest with the annotation ranges they open or close; returns the calls cut.
 
-    A range (``ProfilerStep#N``, ``[pl][...]``, a ``record_function``) starts inside the Python call
-    that opens it and outlives that call, so the two overlap without nesting. TensorBoard's viewer
-    tolerates that; Perfetto (ui.perfetto.dev, vizviewer) drops the range. Each Python call open at a
-    range's start that ends inside the range is cut at the range's start; each one open at its end
-    that began inside the range starts at the range's end. Then each call that outlasts the call it
-    starts in is cut at that call's end (``nest.walk``). A cut keeps its original bounds in ``args``
-    (``vt_lightning.ts`` / ``vt_lightning.dur``). Returns how many calls were cut.
-    ``snap``: then put every call on the nanosecond grid as ``merge.snap_to_nanoseconds`` would; a
-    long thread of nothing but calls none of which outlasts its parent (a DataLoader worker's) as
-    arrays (``settle_as_arrays``), its times kept in ``threads.settled`` for the trace's tables. A
-    thread in ``threads.settled`` already is taken as it is.
-    """
+    A range starts inside the call that opens it and outlives it: a call open at a range's start that
+    ends inside it is cut there, one open at its end that began inside it starts there, then a call
+    outlasting its parent is cut at its end (original bounds kept in ``args``). ``snap``: every call
+    goes on the nanosecond grid (a long calls-only thread that nests as arrays, into ``settled``)."""
     threads = threads if threads is not None else ThreadSpans(events)
     python, ranges = threads.python, threads.annotations
     cuts: dict[int, tuple[dict[str, Any], float, float]] = {}
@@ -189,7 +160,6 @@ def untangle_annotations(
                     cuts[id(call)] = (call, max(new_start, t), new_end)
     for call, new_start, new_end in cuts.values():
         _set_bounds(call, new_start, new_end)
-    # A cut parent can leave a child (placed within the calibration's uncertainty) sticking out.
     threads.cut.update(call_key(call) for call, _, _ in cuts.values())
     for key, thread_calls in python.items():
         if key in threads.settled:  # on the grid already (a worker's, as placed)
@@ -211,14 +181,31 @@ def untangle_annotations(
 
         walk([call["ts"] for call in calls], [call["ts"] + call["dur"] for call in calls], crossing=cut)
         if snap:
-            for call in calls:  # as merge.snap_to_nanoseconds would, each call once settled
-                ts = float(call["ts"])
-                end = ts + float(call["dur"])
-                start_ns = round(ts * 1000)
-                end_ns = round(end * 1000)
-                call["dur"] = (end_ns - start_ns if end_ns > start_ns else 0) / 1000
-                call["ts"] = start_ns / 1000
+            snap_spans(calls)
     return len(cuts)
+
+
+def snap_spans(spans: Iterable[dict[str, Any]]) -> None:
+    """Complete events on the nanosecond grid, ``dur`` the difference: monotonic, so nesting is kept."""
+    for event in spans:
+        ts = float(event["ts"])
+        start = round(ts * 1000)
+        end = round((ts + float(event["dur"])) * 1000)
+        event["dur"] = (end - start if end > start else 0) / 1000
+        event["ts"] = start / 1000
+
+
+def write_times(calls: list[dict[str, Any]], starts: list[float], lengths: list[float], category: str | None) -> None:
+    """Each call's ``ts`` and ``dur`` (and ``cat``), in the order read (as the events lie in memory)."""
+    if category is None:
+        for event, start, length in zip(calls, starts, lengths):
+            event["dur"] = length
+            event["ts"] = start
+        return
+    for event, start, length in zip(calls, starts, lengths):
+        event["dur"] = length
+        event["ts"] = start
+        event["cat"] = category
 
 
 def settle_as_arrays(
@@ -228,12 +215,8 @@ def settle_as_arrays(
     order: np.ndarray | None = None,
     category: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """A thread's calls on the nanosecond grid where none outlasts the call it starts in, as
-    ``untangle_annotations``' walk and snap would leave them (the same test on the same ends, each
-    operation on the same doubles, element by element): written, and their ``ts`` and ``dur``
-    returned, in ``calls``' order; None, and the calls untouched, where one does. ``starts``,
-    ``lengths``: their ``ts`` and ``dur``, when the caller holds them as arrays already, and
-    ``order`` their ``outer_first`` order; ``category``: written as each one's ``cat`` too."""
+    """A nesting thread's calls on the grid as ``untangle_annotations`` would leave them (the same
+    doubles), their ts and dur returned; None, untouched, where one outlasts its parent."""
     if starts is None or lengths is None:
         count = len(calls)
         try:
@@ -247,15 +230,7 @@ def settle_as_arrays(
     start_ns = np.rint(starts * 1000) + 0.0  # + 0.0: a rounded -0.0 is the 0 that round() gives
     end_ns = np.rint((starts + lengths) * 1000) + 0.0
     ts, dur = start_ns / 1000, np.where(end_ns > start_ns, end_ns - start_ns, 0.0) / 1000
-    if category is None:
-        for call, start, length in zip(calls, ts.tolist(), dur.tolist()):
-            call["dur"] = length
-            call["ts"] = start
-    else:
-        for call, start, length in zip(calls, ts.tolist(), dur.tolist()):
-            call["dur"] = length
-            call["ts"] = start
-            call["cat"] = category
+    write_times(calls, ts.tolist(), dur.tolist(), category)
     return ts, dur
 
 
@@ -274,19 +249,9 @@ def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
 def separate_crossing_ranges(
     events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, calls_nest: bool = False
 ) -> tuple[int, int]:
-    """The last nesting pass, on the nanosecond grid: nothing on a thread may overlap without nesting.
-
-    What the earlier passes leave (a torch.compile range closed in a call that began inside it, a
-    range crossing an op or another range) is settled here: a torch event that crosses moves, at
-    the same times, to a track of its own beside its thread (``<thread> · torch ranges``, one lane
-    per level of overlap), so the compile time still shows where it happened and Perfetto drops
-    nothing; a Python call that outlives its parent is cut at the parent's end (original bounds in
-    ``args``). Returns (moved, cut). Run after ``snap_to_nanoseconds``; ``threads``: ``events``
-    already grouped. ``calls_nest``: ``untangle_annotations`` ran on ``threads``, so a thread with
-    nothing but calls (a DataLoader worker's, most of a window's events) whose calls it left as they
-    were nests (snapping keeps every start and end in order) and is skipped. One it cut is not: a cut
-    call's start is rounded up, and a sibling that started with it may now start before it.
-    """
+    """The last pass: a torch event still crossing another moves to a track beside its thread (one
+    lane per level), a call outliving its parent is cut. Returns (moved, cut). ``calls_nest``: a
+    calls-only thread ``untangle_annotations`` did not cut nests already and is skipped."""
     threads = threads if threads is not None else ThreadSpans(events)
     grouped = threads.all_events()
     if calls_nest:
@@ -334,7 +299,7 @@ def separate_crossing_ranges(
 def _range_tracks(
     events: list[dict[str, Any]], moved: Mapping[Thread, list[tuple[int, int, dict[str, Any]]]]
 ) -> list[dict[str, Any]]:
-    """Put each thread's moved ranges on lanes where they nest; returns the lanes' metadata events."""
+    """Each thread's moved ranges on lanes where they nest; returns the lanes' metadata events."""
     names = {
         (e.get("pid"), e.get("tid")): str(e.get("args", {}).get("name", e.get("tid")))
         for e in events

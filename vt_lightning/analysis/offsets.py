@@ -1,25 +1,13 @@
 """Clock offsets between ranks, NTP style, and their check against the window's collectives.
 
-At a window's start rank 0 exchanges a few ping-pongs with every other rank
-(``recording/clock_sync.py``). One sample is ``(t0, t1, t2, t3)`` in ns: rank 0 sends at ``t0``
-(its clock), the peer receives at ``t1`` and replies at ``t2`` (the peer's clock), rank 0 receives
-at ``t3``. With symmetric one-way delays the peer's clock runs ``((t1 - t0) + (t2 - t3)) / 2``
-ahead of rank 0's; any asymmetry is at most the round trip ``(t3 - t0) - (t2 - t1)``, so the error
-is bounded by half of it. The sample with the smallest round trip (least queueing) is kept.
-
-On one host every rank reads the same clock, so the offset is 0 by construction: it is reported as
-0 with the measured half round trip as its bound, never replaced by a per-file minimum (which
-would make a rank that started late look early).
-
-The check: ranks leave a collective together (the last arrival releases everybody), so after
-alignment the end times of one collective on all ranks differ only by the collective's own exit
-skew plus the offset error. ``collective_residuals`` reports how far apart they still are.
-"""
+From rank 0's ping-pongs ``(t0, t1, t2, t3)`` the peer runs ``((t1 - t0) + (t2 - t3)) / 2`` ahead,
+within half the round trip; the tightest sample is kept. On one host the offset is 0 (one clock),
+never a per-file minimum (a late rank would look early)."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 Sample = tuple[int, int, int, int]  # (t0, t1, t2, t3) ns: rank 0 sends, peer receives, peer replies, rank 0 receives
@@ -61,16 +49,9 @@ class Offset:
         return out
 
 
-def best_sample(samples: Iterable[Sample]) -> Sample | None:
-    """The sample with the smallest non-negative round trip (None without any usable sample)."""
-    usable = [s for s in samples if round_trip_ns(s) >= 0]
-    return min(usable, key=round_trip_ns) if usable else None
-
-
 def estimate_offset(rank: int, samples: Sequence[Sample], same_host: bool) -> Offset | None:
-    """The NTP estimate from the tightest sample; on one host the offset is 0 (same clock) and the
-    estimate only bounds it. None when no sample is usable."""
-    best = best_sample(samples)
+    """The estimate from the tightest sample (0 on one host, only bounded); None without one."""
+    best = min((s for s in samples if round_trip_ns(s) >= 0), key=round_trip_ns, default=None)
     if best is None:
         return None
     measured = sample_offset_ns(best) / 1000.0
@@ -83,9 +64,7 @@ def estimate_offset(rank: int, samples: Sequence[Sample], same_host: bool) -> Of
 def rank_offsets(
     samples: Mapping[int, Sequence[Sample]], same_host: Mapping[int, bool], world_size: int
 ) -> tuple[dict[int, Offset], list[int]]:
-    """Offsets of every rank (rank 0: exactly 0) and the ranks without a usable estimate. A rank
-    without one on rank 0's host still gets 0 (the shared clock needs no estimate), with an
-    unknown (0) bound; a rank on another host without one is returned in the second list."""
+    """Every rank's offset (rank 0: 0; a rank on its host without an estimate: 0) and the unknown ones."""
     offsets: dict[int, Offset] = {0: Offset(0, 0.0, 0.0, 0, True)}
     unknown: list[int] = []
     for rank in range(1, world_size):
@@ -122,10 +101,8 @@ class CollectiveCheck:
 def collective_residuals(
     exits: Mapping[int, Sequence[tuple[str, float]]], offsets_us: Mapping[int, float]
 ) -> CollectiveCheck:
-    """``exits``: per rank, ``(collective name, end µs)`` in time order, on each rank's own clock.
-    The k-th collective of a name on one rank is the k-th of that name on every rank; a collective
-    missing on some rank is skipped. The residual of one collective is the spread of its aligned
-    end times (max minus min)."""
+    """How far apart the ranks still leave each collective (the k-th of a name, matched across ranks)
+    once aligned: they leave together, so the spread is the offsets' error plus the exit skew."""
     keyed: dict[int, dict[tuple[str, int], float]] = {}
     for rank, events in exits.items():
         seen: dict[str, int] = {}

@@ -1,10 +1,6 @@
 """The Python tables: per thread, per function and per package and phase, calls, self and
-inclusive time, read off the thread's one ``nest.Nest``. Pure.
-
-``summary.py`` ranks them (the window's ``top_python``), ``workers.worker_summary`` reads the
-DataLoader workers' threads whole, and ``entry_times`` gives the ``input_bound`` verdict the time
-each user entry (and each user callee under it) owned, from the same nest.
-"""
+inclusive time, read off the thread's one ``nest.Nest``; and the entry times ``input_bound`` reads.
+Pure."""
 
 from __future__ import annotations
 
@@ -14,8 +10,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from vt_lightning.analysis.breakdown import OUTSIDE, PhaseSegments
 from vt_lightning.analysis.nest import Nest
-from vt_lightning.analysis.phases import OUTSIDE, PhaseSegments
 from vt_lightning.analysis.spans import Span
 from vt_lightning.analysis.trace import Calls, Thread
 from vt_lightning.analysis.usercode import GENERATED, code_origin, parse_function
@@ -23,8 +19,7 @@ from vt_lightning.constants import GC_SPAN_PREFIX
 
 FOLDED_ORIGINS = ("package", GENERATED)  # folded to one line per package and phase in the rankings
 GENERATED_PACKAGE = "torch.compile generated code"  # the one line of every compiler-generated function
-# Per entry (the user call that entered user code from library code), µs; and per entry, µs per
-# innermost user callee: ``entry_times``' result.
+# µs per entry, and per entry µs per innermost user callee: ``entry_times``' result
 EntryTimes = tuple[dict[str, float], dict[str, dict[str, float]]]
 
 
@@ -61,9 +56,7 @@ ThreadStats = tuple[dict[str, Stat], dict[FoldKey, Stat]]
 
 
 class PythonStats:
-    """Every thread's tables (``threads``) and what each function is (``info``); ``merged`` adds
-    up any threads, so one nest per thread feeds every table that reads them (the window's, each
-    DataLoader worker's, all workers')."""
+    """Every thread's tables and what each function is; ``merged`` adds up any threads."""
 
     def __init__(self) -> None:
         self.threads: dict[Thread, ThreadStats] = {}
@@ -101,12 +94,8 @@ class PythonStats:
         phases: PhaseSegments | None = None,
         began: np.ndarray | None = None,
     ) -> tuple[list[str], np.ndarray]:
-        """One thread's calls into its tables: ``nest`` of them, ``names`` in its order, and with
-        ``phases`` where each began (``began``, in that order: before it was cut to a region). A
-        function's calls, self time (added where positive, as calls close) and inclusive time (a
-        call inside another of the same function, or of the same package and phase, counts once);
-        the keys in the order calls first start. Returns the distinct names and each call's index
-        in them."""
+        """One thread's calls into its tables: calls, self time (added as calls close) and inclusive time
+        (a call inside another of its key counts once). Returns the distinct names and each call's code."""
         distinct, codes = name_codes(names)
         package_of = self.package_of
         functions: dict[str, Stat] = {}
@@ -123,16 +112,13 @@ class PythonStats:
         return distinct, codes
 
     def entry_times(self, nest: Nest, distinct: list[str], codes: np.ndarray) -> EntryTimes:
-        """Over a whole thread (``add``'s nest, names and codes): µs per entry (the user call that
-        entered user code from library code) and, per entry, µs per innermost user call under it
-        other than the entry, as summing the verdicts' timeline segments in time order gives them."""
+        """µs per entry (a user call entered from library code), and per entry per innermost user callee."""
         user_names = np.array([self.user[name] for name in distinct], dtype=bool)
         return _entry_times(nest, codes, user_names, distinct)
 
 
 class _Codes(dict[str, int]):
-    """Each name's index in the order names are first looked up: one dict lookup per call, at C
-    speed but for each name's first."""
+    """Each name's index in the order names are first looked up."""
 
     def __missing__(self, name: str) -> int:
         code = self[name] = len(self)
@@ -162,10 +148,7 @@ def _folds(
     phases: PhaseSegments | None,
     began: np.ndarray | None,
 ) -> tuple[dict[FoldKey, Stat], np.ndarray]:
-    """The fold lines (package, phase) of a thread's calls (``codes`` into ``distinct``, whose
-    packages are ``folded``: "" where not folded), in the order their first calls start, each with
-    its functions; and each call's line (-1: none). The phase is where the call began (``began``)
-    in ``phases``; "" without them."""
+    """The (package, phase) fold lines in first-call order, with their functions, and each call's line."""
     package_names = list(dict.fromkeys(package for package in folded if package))
     package_code = {package: i for i, package in enumerate(package_names)}
     name_package = np.array([package_code.get(package, -1) for package in folded], dtype=np.intp)
@@ -188,16 +171,14 @@ def _folds(
 
 
 def _close_order(nest: Nest) -> np.ndarray:
-    """The order self times are added in: calls as they close, then the ones still open at the
-    end from the outermost (read off the bottom of a stack)."""
+    """Calls as they close, then the ones open at the end, outermost first: self times' order."""
     closing = nest.closing
     still_open = nest.open_at_end
     return np.concatenate((closing[: len(closing) - still_open], closing[len(closing) - still_open :][::-1]))
 
 
 def _fill(stats: list[Stat], nest: Nest, keys: np.ndarray, by_close: np.ndarray) -> None:
-    """Each call's counts into ``stats[keys]`` (-1: none): calls; inclusive time where no call of
-    its key is open at its start, in order; self time where positive, in ``by_close`` order."""
+    """Each call's counts into ``stats[keys]`` (-1: none), in the walk's orders."""
     count = len(stats)
     keyed = keys >= 0
     calls = np.bincount(keys[keyed], minlength=count)
@@ -213,9 +194,7 @@ def _fill(stats: list[Stat], nest: Nest, keys: np.ndarray, by_close: np.ndarray)
 
 
 def _entry_times(nest: Nest, codes: np.ndarray, user_names: np.ndarray, names: list[str]) -> EntryTimes:
-    """The time of each stretch of the walk (``Nest.moments``), owned by the call open then, added
-    to its entry (the user call that entered user code from library code) and to its innermost
-    user call under that entry."""
+    """Each stretch's time to its owner's entry, and to its innermost user call under that entry."""
     count = len(codes)
     parents = nest.parents
     user_calls = user_names[codes] if count else np.empty(0, dtype=bool)
@@ -243,19 +222,14 @@ def _sums_in_first_order(keys: np.ndarray, values: np.ndarray) -> list[tuple[int
     """``(key, sum of its values added in order)`` for each key, in the order keys first occur."""
     if not len(keys):
         return []
-    distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    sums = np.bincount(inverse.ravel(), weights=values)
-    order = np.argsort(first, kind="stable")
-    return list(zip(distinct[order].tolist(), sums[order].tolist(), strict=True))
+    distinct, index = _first_order(keys)
+    return list(zip(distinct.tolist(), np.bincount(index, weights=values).tolist(), strict=True))
 
 
 def python_stats_of(
     calls: Mapping[Thread, Calls], region: Span | None = None, phases: PhaseSegments | None = None
 ) -> PythonStats:
-    """Per thread, per function and per package and phase (the breakdown part its call started in,
-    from ``phases``; "" without them): calls, self time, inclusive time (a recursive call or a call
-    under another call of the same package and phase is counted once), of the calls within
-    ``region`` (each clipped to it; a call that started before it is in phase ``other``)."""
+    """Each thread's tables of the calls within ``region`` (clipped), folded by the phase they began in."""
     lo, hi = region if region is not None else (float("-inf"), float("inf"))
     out = PythonStats()
     for thread, found in calls.items():

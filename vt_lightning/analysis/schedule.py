@@ -1,9 +1,5 @@
-"""Which training batch belongs to which profiling window.
-
-Pure step -> phase logic with ``torch.profiler.schedule`` semantics, free of torch and Lightning so it
-can be unit-tested (and property-tested against torch's own function) without a Trainer. One step is
-one training batch, counted globally across epochs from 0.
-"""
+"""Which training batch belongs to which profiling window: ``torch.profiler.schedule``'s semantics
+without torch. One step is one training batch, counted across epochs from 0."""
 
 from __future__ import annotations
 
@@ -39,9 +35,8 @@ class Window:
 
 @dataclass(frozen=True)
 class Schedule:
-    """``skip_first`` batches, then ``repeat`` cycles of ``wait`` + ``warmup`` + ``active`` batches.
-
-    ``repeat=0`` repeats until training ends, as in ``torch.profiler.schedule``.
+    """``skip_first`` batches, then ``repeat`` cycles (0: until training ends) of ``wait`` +
+    ``warmup`` + ``active`` batches.
 
     Example:
         >>> s = Schedule(skip_first=0, wait=1, warmup=1, active=2, repeat=1)
@@ -77,7 +72,6 @@ class Schedule:
         return index
 
     def window(self, index: int) -> Window:
-        """Batch bounds of window ``index`` (0-based)."""
         if index < 0 or (self.repeat and index >= self.repeat):
             raise ValueError(f"window index {index} outside schedule with repeat={self.repeat}")
         cycle_start = self.skip_first + index * self.cycle
@@ -98,11 +92,6 @@ class Schedule:
         if offset < self.wait + self.warmup:
             return Phase.WARMUP
         return Phase.ACTIVE
-
-    def is_window_end(self, step: int) -> bool:
-        """True on the last active batch of a window (torch's RECORD_AND_SAVE)."""
-        index = self.window_index(step)
-        return index is not None and (step - self.skip_first) - index * self.cycle == self.cycle - 1
 
     def windows_until(self, num_steps: int) -> list[Window]:
         """Windows that start before ``num_steps`` batches have run (for planning and tests)."""

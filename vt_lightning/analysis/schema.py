@@ -1,15 +1,6 @@
-"""The summary's JSON schema, as types: one definition read by the writer (which computes it), the
-CLI and ``diff`` (which read it back) and the logger code (which logs its scalars).
-
-``.summary.jsonc`` carries ``"schema": SCHEMA_VERSION``; a change that renames or removes a key, or
-changes its meaning, bumps it. Keys documented in docs/files.md. Readers must not trust files (they
-may be older, newer or hand-edited), so these types describe what the writer writes, and readers
-still use ``.get``.
-
-Versions: 1, the per-step tables (``top_python``, ``top_ops``) per recorded step and only their top
-lists; 2, every per-step number over the same steps (``covers``), ``totals`` beside the top lists,
-and the user's hook overrides and validation / test / predict as breakdown parts.
-"""
+"""The summary's JSON schema, as types: one definition for the writer, the CLI, ``diff`` and the
+loggers. A change that renames or removes a key, or changes its meaning, bumps ``SCHEMA_VERSION``
+(docs/files.md); readers must not trust files, so they still use ``.get``."""
 
 from __future__ import annotations
 

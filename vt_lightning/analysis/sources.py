@@ -1,11 +1,6 @@
-"""Window sources: "does a window start at this batch, and why?" for the schedule and the triggers.
-
-``WindowPlan`` is the one interface the callback asks. It merges the schedule's windows with the
-windows triggers asked for, applies the limits (``max_windows`` across both, a cooldown between
-triggered windows, no overlap) and numbers the windows. Pure and deterministic: fed the same
-requests at the same batches, every DDP rank plans the same windows, whatever happens locally
-(a window that fails to open on one rank still counts as planned everywhere).
-"""
+"""Window sources: does a window start at this batch, and why? ``WindowPlan`` merges the schedule's
+windows with triggered ones, applies the limits and numbers them, deterministically: every DDP rank
+fed the same requests plans the same windows (one that fails to open still counts everywhere)."""
 
 from __future__ import annotations
 
@@ -29,12 +24,8 @@ class Planned:
 
 
 class WindowPlan:
-    """The schedule's windows plus triggered ones.
-
-    Numbering: a scheduled window is ``cycle index + triggered windows before it`` and a triggered
-    one is ``last number + 1``, so without triggers ``window_NNN`` is the schedule's cycle index,
-    and numbers always grow with time.
-    """
+    """The schedule's windows plus triggered ones, numbered so that without triggers the number is
+    the cycle index, and numbers grow with time."""
 
     def __init__(
         self, schedule: Schedule, scheduled: bool = True, max_windows: int | None = None, cooldown: int = 0
@@ -52,7 +43,6 @@ class WindowPlan:
         self._cancelled: set[int] = set()  # schedule cycles displaced by a triggered window
         self.closed = False  # the run budget is spent: no window begins any more
 
-    # ----------------------------------------------------------------- queries
     def next_window(self, step: int) -> Planned | None:
         """The first planned window that has not ended by batch ``step``."""
         if self.closed or (self.max_windows is not None and self.begun >= self.max_windows):
@@ -66,8 +56,7 @@ class WindowPlan:
         return Planned(scheduled, scheduled.index + self.triggered)
 
     def limited_after(self, step: int) -> int | None:
-        """Once ``max_windows`` windows have begun: the warmup batch of the first scheduled window
-        from ``step`` on that the limit stops (None: the limit stops none, or is not reached)."""
+        """The warmup batch of the first scheduled window ``max_windows`` stops (None: none stopped)."""
         if self.max_windows is None or self.begun < self.max_windows:
             return None
         nxt = self._next_scheduled(step)
@@ -79,7 +68,6 @@ class WindowPlan:
 
     @property
     def busy_until(self) -> int:
-        """The first batch after the last begun window."""
         return self._busy_until
 
     def next_boundary(self, step: int) -> float:
@@ -87,7 +75,6 @@ class WindowPlan:
         nxt = self.next_window(step)
         return nxt.window.warmup_start if nxt is not None else float("inf")
 
-    # ----------------------------------------------------------------- transitions
     def close(self) -> None:
         """No window begins from now on (the run budget is spent); a pending triggered one is dropped."""
         self.closed = True
@@ -102,12 +89,8 @@ class WindowPlan:
             self._pending = None
 
     def request(self, firing: Firing, start: int, warmup: int, active: int) -> tuple[Planned | None, str]:
-        """A trigger asks for a window warming up at batch ``start``: (the window or None, why not).
-
-        Refused: "budget" (the plan is closed), "max_windows" (limit reached), "busy" (a window holds
-        ``start``: it is already recording), "cooldown" (a measured trigger too soon after the last
-        triggered window; on-demand triggers skip the cooldown: the user asked).
-        """
+        """A window for a trigger at batch ``start``, or None and why ("budget", "max_windows", "busy",
+        "cooldown": on-demand triggers skip the cooldown)."""
         if self.closed:
             return None, "budget"
         if self.max_windows is not None and self.begun + (self._pending is not None) >= self.max_windows:

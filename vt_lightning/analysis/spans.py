@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 Span = tuple[float, float]
+Number = TypeVar("Number", int, float)  # µs, or a memory address
 
 
 def ms(us: float) -> float:
@@ -15,7 +16,7 @@ def ms(us: float) -> float:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default), no numpy needed."""
+    """Linear interpolation between closest ranks (numpy's default)."""
     ordered = sorted(values)
     if not ordered:
         return 0.0
@@ -25,9 +26,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def union(spans: Iterable[Span]) -> list[Span]:
-    """Overlapping spans merged, sorted."""
-    merged: list[list[float]] = []
+def union(spans: Iterable[tuple[Number, Number]]) -> list[tuple[Number, Number]]:
+    """Overlapping (or touching) spans merged, sorted; empty ones dropped."""
+    merged: list[list[Number]] = []
     for start, end in sorted(spans):
         if end <= start:
             continue
@@ -40,11 +41,6 @@ def union(spans: Iterable[Span]) -> list[Span]:
 
 def clip(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
     return [(max(s, lo), min(e, hi)) for s, e in spans if e > lo and s < hi]
-
-
-def x_events(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The complete (``ph == "X"``) events of a trace."""
-    return [e for e in trace.get("traceEvents", ()) if e.get("ph") == "X" and "ts" in e]
 
 
 def span_of(event: Mapping[str, Any]) -> Span:
@@ -95,8 +91,7 @@ def overlap_of_unions(spans: Iterable[Span], regions: Iterable[Span]) -> float:
 
 
 def launches_by_correlation(events: Iterable[Mapping[str, Any]], categories: Iterable[str]) -> dict[Any, Any]:
-    """``{correlation: runtime event}``: which CUDA runtime call launched each kernel (kernels
-    carry the same ``args.correlation``)."""
+    """``{correlation: runtime event}``: which CUDA runtime call launched each kernel."""
     wanted = frozenset(categories)
     out = {}
     for e in events:

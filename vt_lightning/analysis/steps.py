@@ -1,9 +1,5 @@
-"""One window's trace, read once for the summary: its buckets, steps, training thread and stages.
-
-The summary builds a ``WindowData`` once (``read_window``, from the typed ``trace.WindowTrace``) and
-hands the same object to every part that reads the window (the tables, the breakdown, the
-verdicts, the workers' tables), so no part re-reads the events or finds the steps again. Pure.
-"""
+"""A window's trace read once for the summary: every part reading the window shares one
+``WindowData``, so none re-reads the events or finds the steps again. Pure."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from vt_lightning.analysis.breakdown import Range, stage_ranges_of
+from vt_lightning.analysis.breakdown import Range, stage_ranges
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX, RESUME_MARK
 from vt_lightning.analysis.python_tables import EntryTimes, PythonStats
 from vt_lightning.analysis.spans import Span, launches_by_correlation
@@ -55,15 +51,8 @@ def find_steps(events: Iterable[Mapping[str, Any]]) -> tuple[dict[int, Span], An
 
 @dataclass(frozen=True)
 class WindowData:
-    """What every part of the summary reads of one window's trace, computed once.
-
-    ``read_window`` takes the trace's tables (``trace.WindowTrace``): each thread's Python calls
-    (``python_calls``, most of a window's events: the DataLoader workers' above all), every other
-    complete event (``rest``: torch's ops and annotations, CUDA runtime calls, kernels, the
-    workers' fetch spans, and the Python-category spans that are read by name: gc pauses, compile
-    spans, Lightning's stage ranges, dynamo's resume calls) and torch's ``[memory]`` instants, and
-    finds the steps, the training thread and the stage ranges once. Each table reads its bucket,
-    in the trace's order, never the whole list."""
+    """What every part of the summary reads of one window: each thread's calls, the other complete
+    events (``rest``, with the calls read by name), torch's ``[memory]`` instants, steps and stages."""
 
     trace: WindowTrace
     meta: Mapping[str, Any]  # the trace's vt_lightning metadata block
@@ -78,14 +67,12 @@ class WindowData:
 
     @cached_property
     def launches(self) -> dict[Any, Any]:
-        """``{correlation: CUDA runtime call}``: which call launched each kernel (the one map the
-        op table and the verdicts read; empty on the CPU)."""
+        """``{correlation: CUDA runtime call}``: which call launched each kernel (empty on the CPU)."""
         return launches_by_correlation(self.rest, RUNTIME_CATEGORIES)
 
     @cached_property
     def whole_threads(self) -> PythonStats:
-        """The Python tables of the threads ``walk`` went through, each thread whole (unclipped,
-        without phases): the DataLoader workers' tables read them."""
+        """The Python tables of the threads ``walk`` went through, each whole (unclipped, no phases)."""
         return PythonStats()
 
     @cached_property
@@ -93,9 +80,7 @@ class WindowData:
         return {}
 
     def walk(self, thread: Thread) -> EntryTimes:
-        """``thread``'s whole calls, once per thread: its tables into ``whole_threads`` and its
-        entry times (``PythonStats.entry_times``), returned; the workers' tables and
-        ``input_bound`` read a worker thread through it."""
+        """``thread``'s whole calls read once: tables into ``whole_threads``, its entry times returned."""
         found = self._walks.get(thread)
         if found is None:
             calls = self.python_calls.get(thread) or Calls.of([])
@@ -110,8 +95,7 @@ class WindowData:
         return recorded[1:] if len(recorded) > 1 else recorded
 
 
-# Python calls whose names a table reads (gc pauses, compile spans, Lightning's ranges) go to
-# ``WindowData.rest`` as well; so do dynamo's resume calls (``RESUME_MARK`` in the name).
+# Python calls a table reads by name go to ``WindowData.rest`` too, and dynamo's resume calls.
 _NAMED_PREFIXES = (GC_SPAN_PREFIX, COMPILE_SPAN_PREFIX, PL_PROFILE_PREFIX)
 
 
@@ -121,7 +105,7 @@ def read_by_name(name: str) -> bool:
 
 
 def read_window(trace: WindowTrace | Mapping[str, Any]) -> WindowData:
-    """The one read of a window's trace (a ``WindowTrace``, or a trace dict read back)."""
+    """The one read of a window's trace (a ``WindowTrace``, or a dict read back)."""
     if not isinstance(trace, WindowTrace):
         trace = WindowTrace.of(trace)
     meta = trace.header.get(TRACE_METADATA_KEY) or {}
@@ -130,7 +114,7 @@ def read_window(trace: WindowTrace | Mapping[str, Any]) -> WindowData:
     steps, thread = find_steps(rest)
     hooks = meta.get("user_hooks")
     on_thread = [e for e in rest if (e.get("pid"), e.get("tid")) == thread]
-    ranges, source, found_hooks = stage_ranges_of(
+    ranges, source, found_hooks = stage_ranges(
         on_thread,
         calls.get(thread) or Calls.of([]) if thread is not None else Calls.of([]),
         hooks if isinstance(hooks, dict) else None,

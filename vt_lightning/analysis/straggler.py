@@ -1,29 +1,8 @@
-"""Which rank is late, how long the others wait for it, and which of its Python lines took the time.
-
-Input: each rank's events on one aligned timeline (``job_merge``). Collectives are matched across
-ranks by ``(step, name, k)``: the k-th collective of that name inside ``ProfilerStep#step`` on
-each rank (``None`` outside steps). A collective's *arrival* on a rank is the start of its event;
-every rank leaves it when the last one has arrived, so the others wait ``last arrival - own
-arrival``.
-
-Events counted as collectives, one family per job (the first present on every rank, so the c10d
-op and the backend's own work are never counted twice): the backend's work (``gloo:*``,
-``nccl:*``; on gloo it runs on gloo's thread from the moment the rank enqueues it), then torch's
-``c10d::*`` ops, then ``record_param_comms``. Point-to-point ops (send / recv, e.g. the clock
-ping-pong) are left out: nobody "arrives last" at them.
-
-Verdict, with relative thresholds: a rank is named the straggler only if the others' mean wait
-for it, less its own mean wait for them (the *net* wait), is at least ``MIN_SHARE`` (10 %) of the
-mean step time **and** at least ``MIN_WAIT_MS`` (1 ms) per step. Balanced ranks take turns being
-last (by microseconds, or by a few ms of scheduling noise on a loaded machine), so each waits
-about as long as the others wait for it, and the net wait stays below both.
-
-Where the time went: for every collective the straggler reached last, each rank's Python between
-its previous collective (or the step's start) and its arrival is attributed to the innermost
-*user* function active (``usercode.code_origin``: library and C calls count for the user
-function that called them). The straggler's time per function minus the other ranks' mean, summed
-over those intervals, names the function and file:line with the largest excess.
-"""
+"""Which rank is late, how long the others wait for it, and which of its Python lines took the time
+(the rule: docs/distributed.md, "The straggler"). Collectives are matched across ranks by (step,
+name, k-th), from the first family of ``FAMILIES`` on every rank (so the c10d op and the backend's
+work never both count); a rank is named only if its net wait reaches both thresholds, as balanced
+ranks take turns being last."""
 
 from __future__ import annotations
 
@@ -37,7 +16,7 @@ import numpy as np
 
 from vt_lightning.analysis.python_tables import name_codes
 from vt_lightning.analysis.trace import Calls, ThreadSpans
-from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.usercode import is_user_file, parse_function
 from vt_lightning.constants import STEP_PREFIX
 
 MIN_SHARE = 0.10  # of the mean step time
@@ -104,18 +83,15 @@ def keyed_collectives(
     return out
 
 
-# ------------------------------------------------------------------------------ user-code attribution
 def _label(name: str) -> str | None:
     function, path, line = parse_function(name)
-    if path is None or code_origin(path)[0] != "user":
+    if not is_user_file(path):
         return None
     return f"{function} ({path}:{line})"
 
 
 def user_segments(events: Iterable[Mapping[str, Any]]) -> list[Segment]:
-    """Time of each thread attributed to its innermost user function, as sorted segments: the
-    stretches of the thread's nest (``nest.Nest.segments``), each given the label of the innermost
-    user call around its owner."""
+    """Each thread's time as sorted segments, labelled by the innermost user call around them."""
     segments: list[Segment] = []
     for found in ThreadSpans(cast(dict[str, Any], e) for e in events if "ts" in e).python.values():
         calls = Calls.from_events(found)
@@ -135,7 +111,6 @@ def user_segments(events: Iterable[Mapping[str, Any]]) -> list[Segment]:
 
 
 def time_in(segments: Sequence[Segment], intervals: Iterable[tuple[float, float]]) -> dict[str, float]:
-    """µs per label inside the intervals."""
     out: dict[str, float] = defaultdict(float)
     starts = [s[0] for s in segments]
     longest = max((s[1] - s[0] for s in segments), default=0.0)
@@ -150,12 +125,7 @@ def time_in(segments: Sequence[Segment], intervals: Iterable[tuple[float, float]
     return out
 
 
-# ------------------------------------------------------------------------------ the analysis
-def analyze_straggler(
-    ranks: Mapping[int, Sequence[Mapping[str, Any]]],
-    min_share: float = MIN_SHARE,
-    min_wait_ms: float = MIN_WAIT_MS,
-) -> dict[str, Any]:
+def analyze_straggler(ranks: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
     """The job summary's ``straggler`` block for one window (see the module docstring)."""
     out: dict[str, Any] = {
         "family": None,
@@ -163,7 +133,7 @@ def analyze_straggler(
         "steps": [],
         "wait_ms_per_step": [],
         "straggler": None,
-        "thresholds": {"min_share_of_step": min_share, "min_wait_ms": min_wait_ms},
+        "thresholds": {"min_share_of_step": MIN_SHARE, "min_wait_ms": MIN_WAIT_MS},
     }
     if len(ranks) < 2:
         return out
@@ -205,7 +175,7 @@ def analyze_straggler(
         "own_wait_ms": round(own_wait_ms, 3),
         "share_of_step": round(share, 4),
     }
-    if net_ms < min_wait_ms or share < min_share:
+    if net_ms < MIN_WAIT_MS or share < MIN_SHARE:
         return out
     verdict: dict[str, Any] = {
         "rank": candidate,
@@ -224,9 +194,8 @@ def analyze_straggler(
 def _waits(
     common: Sequence[Key], keyed: Mapping[int, Mapping[Key, tuple[float, float]]]
 ) -> tuple[dict[int | None, dict[int, float]], dict[int, float], dict[int, list[Key]]]:
-    """Per collective the rank that arrived last and what the others waited for it: (per step,
-    per late rank, the others' mean wait in µs; per rank, its own total wait in µs; per rank, the
-    collectives it was last at)."""
+    """Per collective the last rank and the others' wait: per step and late rank the mean wait, per
+    rank its own total wait, and the collectives each was last at (µs)."""
     caused: dict[int | None, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     waited: dict[int, float] = defaultdict(float)
     late_at: dict[int, list[Key]] = defaultdict(list)

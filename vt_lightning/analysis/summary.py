@@ -1,30 +1,8 @@
-"""Where did the step go? One window's summary, computed from its merged trace dict.
+"""Where did the step go? One window's summary, from its merged trace. Pure; runs in the writer.
 
-Pure: a merged trace (and, optionally, its memory snapshot) in, a JSON-ready dict out. Runs in the
-writer process (``export/pipeline.finish_window``), never on the training thread. The dict's layout is the
-stable, versioned schema documented in docs/files.md; ``SCHEMA_VERSION`` changes whenever a key
-changes meaning or disappears (new keys may be added within a version).
-
-Sources, all from the one calibrated timeline:
-
-* **steps**: torch's ``ProfilerStep#N`` ranges on the training thread. A window's first step is
-  opened at its ``on_train_batch_start``, after its batch was fetched; every later step is opened at
-  the previous batch's end and so includes its fetch, as torch's own ``profile.step()`` does. Every
-  per-step number (step times, the breakdown, the Python and op tables) therefore covers the same
-  steps: those that include their fetch (``covers.steps``), unless the window has only one step.
-  Calls and ops are clipped to those steps' span.
-* **breakdown**: ``breakdown.py``: Lightning's stages, the user's own hook overrides and the
-  window's validation ranges; each instant of a step goes to one part, what none covers is ``other``.
-* **top_python**: VizTracer's calls (``cat == "FEE"``), self and inclusive time per function, plus
-  ``totals``: self time of every function above a threshold and the rest as one bucket, so ``diff``
-  tells "below the threshold" from "absent".
-* **top_ops**: torch's ``cpu_op`` events (annotations excluded), with ``totals`` likewise; on CUDA,
-  kernel time per launching op.
-* **gpu**: the union of kernel time over the window's recorded steps, and the largest gaps in it
-  with the Python call the training thread was in meanwhile.
-* **memory**: torch's ``[memory]`` events (``Total Allocated`` / ``Total Reserved``) and, for
-  allocation sites, the memory snapshot's ``device_traces`` frames.
-"""
+Every per-step number covers the same steps (``covers.steps``): all but the first, which misses its
+batch's fetch (later steps open at the previous batch's end, as torch's ``profile.step()`` does).
+``totals`` beside each top list let ``diff`` tell "below the threshold" from "absent"."""
 
 from __future__ import annotations
 
@@ -36,10 +14,9 @@ from typing import Any
 import numpy as np
 
 from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  # re-exported
-from vt_lightning.analysis.breakdown import attribute_step, reported
+from vt_lightning.analysis.breakdown import PhaseSegments, attribute_step, phase_segments, reported
 from vt_lightning.analysis.compile import compile_summary
 from vt_lightning.analysis.nest import Nest
-from vt_lightning.analysis.phases import PhaseSegments, phase_segments
 from vt_lightning.analysis.python_tables import (
     FOLDED_ORIGINS,
     GENERATED_PACKAGE,
@@ -58,13 +35,12 @@ from vt_lightning.analysis.schema import (
     TopPython,
     Totals,
 )
-from vt_lightning.analysis.spans import Span, launches_by_correlation
+from vt_lightning.analysis.spans import Span
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.spans import percentile as _percentile
 from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.steps import WindowData, read_window
-from vt_lightning.analysis.steps import find_steps as find_steps  # re-exported
-from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES, gpu_summary, memory_summary
+from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, gpu_summary, memory_summary
 from vt_lightning.analysis.trace import Calls, WindowTrace
 from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES
 from vt_lightning.analysis.verdicts import find_verdicts
@@ -75,8 +51,7 @@ TOP_UNFOLDED = 3  # package functions this high in a ranking keep their own line
 TOP_OPS = 10
 TOTALS_MIN_US = 1.0  # per step: ``totals`` list everything at least this long...
 TOTALS_MAX = 200  # ...up to about this many entries (the threshold rises to keep the file small)
-# Folded even when they rank in the top few: the frameworks' frames (Lightning's loop, torch's
-# module calls) sit around every step at ~100 % inclusive time and would push the user's out.
+# Folded even when they rank high: the frameworks' frames sit around every step at ~100 % inclusive.
 ALWAYS_FOLDED = frozenset({*FRAMEWORKS, GENERATED_PACKAGE})
 COVERED_KEYS = ["step_ms", "breakdown_ms", "top_python", "top_ops"]
 
@@ -113,19 +88,14 @@ def function_key(entry: Mapping[str, Any]) -> str:
     return str(entry.get("function"))
 
 
-# --------------------------------------------------------------------------------------------------
-# Python functions
-# --------------------------------------------------------------------------------------------------
-
-
-def _entry(name: str, stat: Stat, meta: Mapping[str, Any], steps: int) -> PythonEntry:
+def _entry(meta: Mapping[str, Any], stat: Stat, steps: int, folded: int = 0) -> PythonEntry:
     return {
         "function": meta["function"],
         "file": meta["file"],
         "line": meta["line"],
         "origin": meta["origin"],
         "package": meta["package"],
-        "folded": 0,
+        "folded": folded,
         "calls": stat.calls,
         "self_ms": _ms(stat.self_us / steps),
         "inclusive_ms": _ms(stat.inclusive_us / steps),
@@ -143,12 +113,8 @@ def _top_python_of(
     region: Span | None,
     phases: PhaseSegments | None,
 ) -> TopPython:
-    """Top functions by self and by inclusive time, per step of ``region``: the user's code first,
-    then a model library's (litgpt, timm, transformers: the model the user built from), then the
-    rest, where the frameworks' frames and generated code are folded to one line per package and
-    breakdown phase their calls started in (``phases``; one line per package without them), other
-    packages too unless they rank in the top few; and every function's self time above a threshold
-    (``totals``: the full ranking, unfolded)."""
+    """Top functions per step of ``region``: the user's first, a model library's next, then the rest
+    with the frameworks' and generated code folded per package and phase."""
     stats = python_stats_of(calls, region, phases)
     return rank_python(stats, stats.merged(), steps)
 
@@ -169,29 +135,23 @@ def rank_python(stats: PythonStats, tables: ThreadStats, steps: int, limit: int 
         for name in ranked:
             meta = info[name]
             if meta["origin"] == "user":
-                user.append(_entry(name, functions[name], meta, steps))
+                user.append(_entry(meta, functions[name], steps))
             elif meta["package"] in MODEL_LIBRARIES:
-                model.append(_entry(name, functions[name], meta, steps))
+                model.append(_entry(meta, functions[name], steps))
             elif meta["origin"] in FOLDED_ORIGINS and (name not in keep_whole or meta["package"] in ALWAYS_FOLDED):
                 folded_packages.add(meta["package"])
             else:
-                other.append(_entry(name, functions[name], meta, steps))
+                other.append(_entry(meta, functions[name], steps))
         for (package, phase), stat in packages.items():
-            if package not in folded_packages:
-                continue
-            other.append(
-                {
+            if package in folded_packages:
+                fold = {
                     "function": folded_name(package, phase),
                     "file": None,
                     "line": None,
                     "origin": GENERATED if package == GENERATED_PACKAGE else "package",
                     "package": package,
-                    "folded": len(stat.functions),
-                    "calls": stat.calls,
-                    "self_ms": _ms(stat.self_us / steps),
-                    "inclusive_ms": _ms(stat.inclusive_us / steps),
                 }
-            )
+                other.append(_entry(fold, stat, steps, len(stat.functions)))
         other.sort(key=by, reverse=True)
         user = [e for e in user if by(e) > 0][: limit // 2]
         model = [e for e in model if by(e) > 0][: limit - len(user)]
@@ -207,11 +167,6 @@ def rank_python(stats: PythonStats, tables: ThreadStats, steps: int, limit: int 
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# Torch ops and kernels
-# --------------------------------------------------------------------------------------------------
-
-
 def _is_op(event: Mapping[str, Any]) -> bool:
     return event.get("cat") == CPU_OP_CATEGORY and not str(event.get("name", "")).startswith(ANNOTATION_PREFIXES)
 
@@ -219,13 +174,11 @@ def _is_op(event: Mapping[str, Any]) -> bool:
 def top_ops(
     events: Sequence[Mapping[str, Any]],
     steps: int,
+    launches: Mapping[Any, Any],
     limit: int = TOP_OPS,
     region: Span | None = None,
-    launches: Mapping[Any, Any] | None = None,
 ) -> TopOps:
-    """Ops by CPU time (self and total) per step of ``region`` (each op clipped to it), every op's
-    self time above a threshold (``totals``), and on CUDA the kernel time they launched (kernels
-    launched in ``region``; ``launches``: ``WindowData.launches``, found here when not given)."""
+    """Ops by CPU time per step of ``region``, ``totals``, and on CUDA the kernel time they launched."""
     steps = max(steps, 1)
     by_thread: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
     for event in events:
@@ -258,8 +211,6 @@ def top_ops(
         ],
         "totals": totals({name: s[2] for name, s in stats.items()}, steps),
     }
-    if launches is None:
-        launches = launches_by_correlation(events, RUNTIME_CATEGORIES)
     kernels = []
     for kernel in events:
         if kernel.get("cat") not in KERNEL_CATEGORIES:
@@ -294,23 +245,15 @@ def _ops_by_kernel(
         if launch is not None:
             starts, ops = op_spans.get((launch.get("pid"), launch.get("tid")), ([], []))
             ts = float(launch["ts"])
-            best = None
-            for i in range(bisect_right(starts, ts) - 1, -1, -1):
+            for i in range(bisect_right(starts, ts) - 1, -1, -1):  # the innermost op around it
                 start, end, op = ops[i]
-                if start <= ts < end and (best is None or start >= best[0]):
-                    best = (start, end, op)
+                if start <= ts < end:
+                    name = op
                     break
-            if best is not None:
-                name = best[2]
         per_op[name][0] += 1
         per_op[name][1] += float(kernel.get("dur", 0.0))
     ranked = sorted(per_op.items(), key=lambda kv: kv[1][1], reverse=True)[:limit]
     return [{"name": name, "kernels": int(s[0]), "kernel_ms": _ms(s[1] / steps)} for name, s in ranked]
-
-
-# --------------------------------------------------------------------------------------------------
-# The summary
-# --------------------------------------------------------------------------------------------------
 
 
 def summarize(
@@ -318,11 +261,8 @@ def summarize(
     memory_snapshot: Mapping[str, Any] | None = None,
     window: WindowData | None = None,
 ) -> Summary:
-    """The summary of one window's trace (typed, or a trace dict read back; see the module
-    docstring and docs/files.md); ``window``: its ``read_window``, when the caller reads it for
-    more tables (the workers')."""
+    """One window's summary (``trace`` typed or read back; ``window``: its ``read_window``, if read)."""
     data = read_window(trace) if window is None else window
-    # Each table reads its bucket of the window's one classification pass (``steps.classify``).
     meta, rest, steps, thread, ranges = data.meta, data.rest, data.steps, data.thread, data.ranges
     recorded = list(steps)
     counted = data.counted  # the first step misses its fetch
@@ -334,7 +274,6 @@ def summarize(
     durations = [per_step[n] for n in counted]
     count = max(len(counted), 1)
     span = (steps[recorded[0]][0], steps[recorded[-1]][1]) if recorded else (0.0, 0.0)
-    # Every per-step table covers the steps the step time and the breakdown average over.
     region = (steps[counted[0]][0], steps[counted[-1]][1]) if counted else None
     summary: Summary = {
         "schema": SCHEMA_VERSION,
@@ -362,8 +301,7 @@ def summarize(
             "max": _ms(max(durations)) if durations else None,
         },
         "breakdown_ms": {part: _ms(us / count) for part, us in reported(parts).items()},
-        # The training thread's calls: a background thread that waits (a logger's flush loop
-        # sleeping, a queue get) would otherwise top the list with time no step spent.
+        # the training thread's calls: a background thread's waits are no step's time
         "top_python": _top_python_of(
             {t: c for t, c in data.python_calls.items() if thread is None or t == thread},
             len(counted),
@@ -371,13 +309,11 @@ def summarize(
             phase_segments([steps[n] for n in counted], ranges),
         ),
         "top_ops": top_ops(rest, len(counted), region=region, launches=data.launches),
-        "gpu": gpu_summary(
-            rest, span, thread, calls=(data.python_calls.get(thread) if thread else None) or Calls.of([])
-        )
+        "gpu": gpu_summary(rest, span, (data.python_calls.get(thread) if thread else None) or Calls.of([]))
         if recorded
         else None,
         "memory": memory_summary(data.memory, memory_snapshot),
-        "compile": compile_summary(meta.get("compile"), rest, steps),  # torch.compile (analysis/compile.py)
+        "compile": compile_summary(meta.get("compile"), rest, steps),
     }
     summary["verdicts"] = find_verdicts(data, summary, memory_snapshot)
     return summary

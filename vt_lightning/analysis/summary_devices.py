@@ -1,5 +1,5 @@
 """The device parts of a window's summary: GPU busy time and idle gaps, memory peaks and
-allocation sites. Pure: plain event dicts (and the memory snapshot) in, JSON-ready dicts out."""
+allocation sites. Pure."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vt_lightning.analysis.schema import AllocationSite, DeviceMemory, Gpu, IdleGap, Memory
-from vt_lightning.analysis.spans import Span, clip, ms, span_of, union
+from vt_lightning.analysis.spans import Span, clip, difference, ms, span_of, union
 from vt_lightning.analysis.trace import Calls
-from vt_lightning.analysis.usercode import code_origin, parse_function
-from vt_lightning.constants import PYTHON_CATEGORY
+from vt_lightning.analysis.usercode import is_user_file, parse_function
 
 KERNEL_CATEGORIES = frozenset({"kernel"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
@@ -19,41 +18,15 @@ TOP_GAPS = 5
 TOP_SITES = 10
 
 
-# --------------------------------------------------------------------------------------------------
-# GPU
-# --------------------------------------------------------------------------------------------------
-
-
-def gpu_summary(
-    events: Sequence[Mapping[str, Any]],
-    window: Span,
-    thread: Any,
-    limit: int = TOP_GAPS,
-    calls: Calls | None = None,
-) -> Gpu | None:
-    """Busy % (union of kernel time over the window's wall time) and the largest idle gaps, each
-    with the innermost Python call (and innermost user-code call) of the training thread in it.
-    ``calls``: that thread's Python calls, when read already (``WindowData.python_calls``);
-    ``events`` then need hold only the kernels."""
+def gpu_summary(events: Sequence[Mapping[str, Any]], window: Span, calls: Calls, limit: int = TOP_GAPS) -> Gpu | None:
+    """Busy % over the window and the largest idle gaps, each with the training thread's call in it."""
     kernels = [span_of(e) for e in events if e.get("cat") in KERNEL_CATEGORIES]
     if not kernels:
         return None
     lo, hi = window
     busy = union(clip(kernels, lo, hi))
     busy_us = sum(e - s for s, e in busy)
-    gaps: list[Span] = []
-    cursor = lo
-    for start, end in busy:
-        if start > cursor:
-            gaps.append((cursor, start))
-        cursor = max(cursor, end)
-    if cursor < hi:
-        gaps.append((cursor, hi))
-    gaps.sort(key=lambda g: g[1] - g[0], reverse=True)
-    if calls is None:
-        calls = Calls.from_events(
-            [e for e in events if e.get("cat") == PYTHON_CATEGORY and (e.get("pid"), e.get("tid")) == thread]
-        )
+    gaps = sorted(difference([window], busy), key=lambda g: g[1] - g[0], reverse=True)
     order = calls.nest.order.tolist()
     ordered = list(zip(calls.starts[order].tolist(), calls.ends[order].tolist(), calls.ordered_names))
     devices = sorted({str(e.get("pid")) for e in events if e.get("cat") in KERNEL_CATEGORIES})
@@ -75,8 +48,7 @@ def _gap(gap: Span, calls: Sequence[tuple[float, float, str]]) -> IdleGap:
             break
         if end > mid:
             innermost = name
-            _, path, _ = parse_function(name)
-            if code_origin(path)[0] == "user":
+            if is_user_file(parse_function(name)[1]):
                 user = name
     return {
         "start_us": round(gap[0], 3),
@@ -86,19 +58,13 @@ def _gap(gap: Span, calls: Sequence[tuple[float, float, str]]) -> IdleGap:
     }
 
 
-# --------------------------------------------------------------------------------------------------
-# Memory
-# --------------------------------------------------------------------------------------------------
-
 _DEVICE_NAMES = {0: "cpu", 1: "cuda"}
 
 
 def memory_summary(
     events: Sequence[Mapping[str, Any]], snapshot: Mapping[str, Any] | None, limit: int = TOP_SITES
 ) -> Memory | None:
-    """Peak allocated (and reserved) per device from torch's ``[memory]`` events, falling back on
-    a replay of the snapshot; top allocation sites by the innermost Python frame of each allocation
-    (user code preferred) from the snapshot."""
+    """Peaks per device (torch's ``[memory]`` events, else the snapshot) and the top allocation sites."""
     peaks: dict[str, dict[str, int]] = {}
     for event in events:
         if event.get("ph") != "i" or event.get("name") != "[memory]":
@@ -179,7 +145,7 @@ def _site(frames: Sequence[Mapping[str, Any]]) -> str | None:
         label = f"{frame.get('name')} ({filename}:{frame.get('line')})"
         if first_python is None:
             first_python = label
-        if code_origin(filename)[0] == "user":
+        if is_user_file(filename):
             return label
     return first_python
 

@@ -1,14 +1,7 @@
 """A window's merged trace as every later stage reads it: typed, its events filed once. Pure.
 
-The merge (``merge.merge``) builds one ``WindowTrace``: torch's top-level keys and our metadata
-(``header``, in the file's order), the events in the file's order, and, filed as the merge made
-them, each thread's complete events by kind (``threads``: ``ThreadSpans``), torch's ``[memory]``
-instants and the metadata events. The later stages (the enrichments, the memory snapshot, the
-summary and its verdicts, the job file) read those tables and never group events by thread again;
-events added after the merge go through ``add``, times moved through ``shift``, so the tables
-stay true. ``Calls`` is one thread's Python calls as columns, with their ``nest.Nest`` made once.
-A trace read back from a file becomes a ``WindowTrace`` with ``WindowTrace.of``.
-"""
+Events added after the merge go through ``WindowTrace.add`` and times through ``shift``, so the
+tables stay true; a trace read back becomes one with ``WindowTrace.of``."""
 
 from __future__ import annotations
 
@@ -34,13 +27,9 @@ Thread = tuple[Any, Any]  # (pid, tid) as the trace has them
 Call = tuple[float, float, str]  # a Python call: start µs, end µs, VizTracer's function name
 MEMORY_EVENT = "[memory]"  # torch's allocation instants (``profile_memory=True``)
 
-# Ops nest inside the Python call that issued them. Annotations (ProfilerStep#, record_function)
-# may open in one Python call and close in another, so they are not held to nesting.
-NESTED_TORCH_CATEGORIES = (CPU_OP_CATEGORY,)
-# torch.compile's ranges, written as cpu_op: the compiled frame and AOT's runtime wrappers open them
-# in one Python call (``RecordFunctionFast.__enter__``, a ``record_function`` helper) and close them
-# in another, and dynamo's compile phases (``dynamo_timed``) span calls of their own. Measured on a
-# Trainer window (examples/vision.py, aot_eager): 7-8 crossings per window when held to nesting as ops.
+NESTED_TORCH_CATEGORIES = (CPU_OP_CATEGORY,)  # ops nest inside the Python call that issued them
+# torch.compile's ranges, written as cpu_op but opened in one Python call and closed in another
+# (the compiled frame, AOT's runtime wrappers, dynamo's compile phases): ranges, not ops.
 COMPILE_RANGE_PREFIXES = (
     "Pregraph bytecode",
     "AOTDispatcher Runtime Wrapper",
@@ -57,8 +46,7 @@ _TS, _DUR, _NAME = itemgetter("ts"), itemgetter("dur"), itemgetter("name")
 
 
 def is_range_name(name: str) -> bool:
-    """A torch event written as ``cpu_op`` that is a range opened and closed by Python calls
-    (Lightning's, the profiler's steps, torch.compile's), not an op nested in its caller."""
+    """A ``cpu_op`` that Python calls open and close (steps, Lightning's, torch.compile's): not nested."""
     return (
         name.startswith(ANNOTATION_PREFIXES)
         or name.startswith(COMPILE_RANGE_PREFIXES)
@@ -67,9 +55,8 @@ def is_range_name(name: str) -> bool:
 
 
 class ThreadSpans:
-    """One window's X events per (pid, tid), in the file's order, by the kinds the nesting passes
-    read: Python calls, torch ops (which nest in the call that issued them), annotation ranges
-    (which need not) and the rest (which the last pass holds to nesting too)."""
+    """One window's X events per thread by kind: Python calls, ops (nested in their call), annotation
+    ranges (need not nest) and the rest."""
 
     __slots__ = ("annotations", "cut", "ops", "other", "python", "settled")
 
@@ -79,16 +66,14 @@ class ThreadSpans:
         self.annotations: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.other: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         self.cut: set[Thread] = set()  # threads where untangle_annotations moved a call's bounds
-        # threads whose calls untangle_annotations put on the nanosecond grid as arrays (none cut):
-        # their ``ts`` and ``dur``, in the file's order
+        # threads whose calls went on the nanosecond grid as arrays: their ts and dur, in file order
         self.settled: dict[Thread, tuple[np.ndarray, np.ndarray]] = {}
         for event in events:
             if event.get("ph") == "X":
                 self.add(event, event.get("cat"), str(event.get("name", "")))
 
     def add(self, event: dict[str, Any], cat: Any, name: str) -> None:
-        """File one X event (its ``cat`` and ``name`` as read) under its thread and kind: callers
-        that already walk the events (the merge's contract loops) group them in the same pass."""
+        """File one X event (its ``cat`` and ``name`` as read) under its thread and kind."""
         key = (event.get("pid"), event.get("tid"))
         if cat == PYTHON_CATEGORY:
             self.python[key].append(event)
@@ -100,7 +85,6 @@ class ThreadSpans:
             self.other[key].append(event)
 
     def all_events(self) -> dict[Thread, list[dict[str, Any]]]:
-        """Every X event per thread, whatever its kind."""
         out: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
         for kind in (self.python, self.ops, self.annotations, self.other):
             for key, thread_events in kind.items():
@@ -118,7 +102,6 @@ class Calls:
 
     @classmethod
     def of(cls, calls: Sequence[Call]) -> Calls:
-        """From ``(start, end, name)`` tuples."""
         count = len(calls)
         return cls(
             np.fromiter(map(itemgetter(0), calls), dtype=float, count=count),
@@ -128,7 +111,6 @@ class Calls:
 
     @classmethod
     def from_events(cls, events: Sequence[Mapping[str, Any]]) -> Calls:
-        """From complete events: ``ts``, ``ts + dur`` and ``name``."""
         count = len(events)
         try:  # a merged trace's: floats and strings, read at C speed
             starts = np.fromiter(map(_TS, events), dtype=float, count=count)
@@ -154,7 +136,6 @@ class Calls:
 
     @cached_property
     def ordered_names(self) -> list[str]:
-        """``names`` in ``nest``'s order."""
         names = self.names
         return [names[i] for i in self.nest.order.tolist()]
 
@@ -167,9 +148,8 @@ class Calls:
 
 
 class WindowTrace:
-    """One window's merged trace (see the module docstring). ``python``: where in ``events`` the
-    Python tracer's events lie (every Python call among them, nothing else of a complete kind);
-    the whole list for a trace read back."""
+    """One window's merged trace: ``header``, ``events`` (file order), their tables; ``python``: where
+    the Python part lies in ``events`` (all of a trace read back), ``loose``: its timed non-calls."""
 
     def __init__(
         self,
@@ -203,7 +183,6 @@ class WindowTrace:
 
     @property
     def meta(self) -> dict[str, Any]:
-        """The trace's ``vt_lightning`` metadata block."""
         meta = self.header.get(TRACE_METADATA_KEY)
         if not isinstance(meta, dict):
             meta = self.header[TRACE_METADATA_KEY] = {}
@@ -225,18 +204,15 @@ class WindowTrace:
             elif ph == "i" and event.get("name") == MEMORY_EVENT:
                 self.memory.append(event)
 
-    def shift(self, us: float, snap: Callable[[Iterable[dict[str, Any]]], None] | None = None) -> None:
-        """Move every ``ts`` by ``us`` (and through ``snap``, when given): the tables read anew."""
+    def shift(self, us: float) -> None:
+        """Move every ``ts`` by ``us``: the tables read anew."""
         for event in self.events:
             if "ts" in event:
                 event["ts"] = float(event["ts"]) + us
-        if snap is not None:
-            snap(self.events)
         self._calls.clear()
 
     def other_events(self) -> list[dict[str, Any]]:
-        """Every event but the Python part's (all of them in a trace read back), in order: what a
-        reader of torch's events and the ones added after the merge walks."""
+        """Every event but the Python part's (all of a trace read back), in order."""
         span = self.python
         if span.start == 0 and span.stop == len(self.events):
             return self.events
@@ -254,8 +230,7 @@ class WindowTrace:
         return [thread for thread, found in self.threads.python.items() if found]
 
     def rest(self, keep: Callable[[str], bool]) -> list[dict[str, Any]]:
-        """The complete events but the Python calls, in the file's order, with the Python calls
-        ``keep`` says a table reads by name."""
+        """The complete events but the Python calls, with those ``keep`` reads by name."""
         kept = {name for thread in self.python_threads() for name in set(self.calls(thread).names) if keep(name)}
         span = self.python
         out = [e for e in self.events[: span.start] if e.get("ph") == "X" and "ts" in e]

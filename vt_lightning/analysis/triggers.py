@@ -1,18 +1,4 @@
-"""Triggers: pure decisions, from cheap per-step facts, that a window should start now.
-
-Free of torch and Lightning, so every rule is unit-tested without a Trainer (tests/test_triggers.py):
-
-* ``SlowStep``: a step longer than ``factor`` x the median of the last ``baseline_steps`` steps.
-  The per-batch part (``steady``) is one clock read, a subtraction, a comparison and an append; the
-  median is recomputed only at the coarse checks (``refresh``).
-* ``MemoryGrowth``: memory (CUDA allocator or process RSS, sampled at the coarse checks) grew by more
-  than ``fraction`` over ``steps`` batches.
-* ``Cadence``: how many batches until the next coarse check, so that checks come about every
-  ``interval_s`` seconds whatever the step time.
-
-What the callback does with a firing (planning a window, limits, DDP agreement) lives in
-``sources.py``, ``watch.py`` and ``agreement.py``.
-"""
+"""Triggers: pure decisions, from cheap per-step facts, that a window should start now."""
 
 from __future__ import annotations
 
@@ -21,7 +7,7 @@ import signal
 import statistics
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from vt_lightning.constants import TRIGGER_FILE_NAME as TRIGGER_FILE_NAME  # where the trigger rules live
@@ -34,8 +20,7 @@ SIGNAL = "signal"
 REASONS = (TRIGGER_FILE, SIGNAL, MEMORY_GROWTH, SLOW_STEP)
 ON_DEMAND = frozenset({TRIGGER_FILE, SIGNAL})
 
-# ``SlowStep.last`` after ``skip_next()``: the next interval comes out > 2**61 ns (73 years), above
-# any real limit, and is recognised as "not a step" instead of being compared.
+# ``SlowStep.last`` after ``skip_next()``: the next interval comes out > 2**61 ns, "not a step".
 _SKIP = -(1 << 62)
 _UNARMED = 1 << 61
 
@@ -53,15 +38,7 @@ class Firing:
     detail: str | None = None  # e.g. the signal's name or the trigger file's path
 
     def to_metadata(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "batch": self.batch,
-            "value": self.value,
-            "baseline": self.baseline,
-            "unit": self.unit,
-            "rank": self.rank,
-            **({"detail": self.detail} if self.detail else {}),
-        }
+        return {key: value for key, value in asdict(self).items() if key != "detail" or value}
 
     def describe(self) -> str:
         """One line for the end-of-fit message."""
@@ -81,8 +58,7 @@ class Firing:
 
 @dataclass(frozen=True)
 class TriggerConfig:
-    """The trigger options of ``VizTraceCallback``, validated by ``options.make_options`` (ranges in
-    docs/options.md); ``trigger_signal`` is a canonical name (``parse_trigger_signal``)."""
+    """The trigger options of ``VizTraceCallback``, checked by ``options.make_options``."""
 
     slow_step_factor: float | None = None
     slow_step_baseline: int = 50
@@ -96,7 +72,6 @@ class TriggerConfig:
 
     @property
     def armed(self) -> bool:
-        """True when any trigger can open a window."""
         return (
             self.slow_step_factor is not None
             or self.memory_growth is not None
@@ -106,11 +81,7 @@ class TriggerConfig:
 
 
 def _free_signals() -> dict[int, str]:
-    """Signals with no standard meaning, by number: SIGUSR1, SIGUSR2 and the real-time range.
-
-    Every other signal already means something (a child exited, a crash, the terminal, a timer),
-    and a trigger that took it over would break what relies on it.
-    """
+    """Signals with no standard meaning (SIGUSR1, SIGUSR2, real-time): the only ones a trigger takes."""
     free = {int(getattr(signal, n)): n for n in ("SIGUSR1", "SIGUSR2") if hasattr(signal, n)}
     low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
     if low is not None and high is not None:
@@ -131,11 +102,7 @@ ALLOWED_SIGNALS = (
 
 
 def parse_trigger_signal(value: Any) -> tuple[int, str]:
-    """``"SIGUSR1"``, ``"SIGRTMIN+3"``, ``signal.SIGUSR2`` or its number -> (number, canonical name).
-
-    Only signals with no standard meaning (``FREE_SIGNALS``); anything else is a ValueError that
-    names ``trigger_signal`` and the signal.
-    """
+    """A signal name or number -> (number, canonical name); ValueError naming ``trigger_signal``."""
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = int(value)
@@ -169,16 +136,9 @@ def _standard_meaning(number: int | None) -> str | None:
 
 
 class SlowStep:
-    """Fires when one step takes longer than ``factor`` x the median of the last ``baseline_steps``.
-
-    A step is the interval between two batch starts (data fetch, forward, backward, optimizer and
-    every hook). It is measured with one clock read per batch; the callback calls ``skip_next()``
-    where an interval is not a training step (validation, an epoch boundary, a profiling window).
-    Until ``baseline_steps`` steps have been measured the limit is unreachable: the first steps,
-    compilation and cold caches only feed the baseline, and one median of many steps is not moved
-    by a few outliers (a mean would be). Slow steps are kept in the baseline, so a job that becomes
-    slower for good stops firing once they are the majority.
-    """
+    """Fires when a step takes ``factor`` x the median of the last ``baseline_steps``: one clock read a
+    batch, the median at coarse checks; unarmed until the baseline is full, and slow steps stay in it
+    (a run that slows for good stops firing)."""
 
     def __init__(self, factor: float, baseline_steps: int, clock: Callable[[], int]) -> None:
         self.factor = float(factor)
@@ -231,13 +191,8 @@ class SlowStep:
 
 
 class MemoryGrowth:
-    """Fires when memory grew by more than ``fraction`` over ``steps`` batches.
-
-    Samples come at the coarse checks. The reference is the newest sample at least ``steps``
-    batches old, so growth is measured over at least ``steps`` batches. Nothing is sampled in the
-    first ``steps`` batches (optimizer state, compilation and caches settle there). After a firing
-    the history restarts, so the next firing needs new growth.
-    """
+    """Fires when memory grew by ``fraction`` over at least ``steps`` batches; nothing is sampled in
+    the first ``steps`` batches, and the history restarts after a firing."""
 
     def __init__(self, fraction: float, steps: int) -> None:
         self.fraction = float(fraction)
@@ -263,13 +218,8 @@ class MemoryGrowth:
 
 
 class Cadence:
-    """Batches until the next coarse check, so checks come about every ``interval_s`` seconds.
-
-    The step time is measured between checks (one clock read per check, none in between). Gaps start
-    at one batch and at most double from one check to the next, so the first checks (which arm the
-    slow-step baseline) come early and a slow first step cannot push the next check far away.
-    Checks are never further apart than ``max_batches``.
-    """
+    """Batches to the next coarse check (about every ``interval_s``): the gap at most doubles per
+    check, so a slow first step cannot push the next far away."""
 
     def __init__(self, interval_s: float, max_batches: int = 1000) -> None:
         self.interval_ns = interval_s * 1e9

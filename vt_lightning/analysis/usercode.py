@@ -1,16 +1,8 @@
-"""Whose code is this? The one rule for "the user's code", used by the filters, the summary, the
-memory snapshot and the tracer.
+"""Whose code is this? The one rule for "the user's code". Pure but for ``realpath``, cached.
 
-VizTracer names a Python call ``"<qualname> (<file>:<first line>)"``; C calls carry no location.
-A file is the user's unless it lies in the standard library, in an installed package
-(``site-packages`` / ``dist-packages``, or the directory of an imported torch / Lightning /
-VizTracer), in vt_lightning itself, or is code a compiler generated: inductor's and Triton's cache
-directories (``torchinductor_<user>`` under the temp dir, ``TORCHINDUCTOR_CACHE_DIR``,
-``TRITON_CACHE_DIR``, ``~/.triton/cache``) and FX / dynamo source with no file
-(``<eval_with_key>.N``). Generated code is nobody's: it defines ``Runner.call`` and ``forward``
-functions that would otherwise top the user's tables. Pure: paths in, labels out (``realpath`` is
-the only system call, cached per file).
-"""
+A file is the user's unless it is the standard library's, an installed package's (or an imported
+framework's), vt_lightning's, or a compiler's output (inductor's and Triton's caches, FX / dynamo
+source in memory), whose ``forward`` would otherwise top the user's tables."""
 
 from __future__ import annotations
 
@@ -31,23 +23,19 @@ _SITE_DIRS = ("site-packages", "dist-packages")
 _STDLIB_DIRS = tuple(
     {os.path.realpath(p) for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")) if p}
 )
-# Where compilers write the modules they generate: their default directories by name, and the
-# directories these variables name (read at each classification, so a test's setting counts).
+# Compilers' default output directories by name, and the variables that move them (read each time).
 _GENERATED_DIR = re.compile(r"/(torchinductor_[^/]*|\.triton/cache|triton_cache)/")
 _GENERATED_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 # FX and dynamo compile source held in memory: ``<eval_with_key>.3``, ``<fx_graph>``.
 _GENERATED_PSEUDO_FILES = ("<eval_with_key>", "<fx", "<torch_dynamo", "<dynamo")
-# Frameworks whose directories are never the user's, even when installed from a source checkout;
-# their frames are folded in the summary's tables.
+# Frameworks whose directories are never the user's, even from a source checkout.
 FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer")
-# Libraries whose code is a model the user built from (a litgpt GPT, a timm ResNet): "the model's",
-# listed below the user's own functions and above the frameworks' in the summary's tables.
+# Libraries of the model the user built from: ranked below the user's code, above the frameworks'.
 MODEL_LIBRARIES = ("litgpt", "timm", "transformers")
 
 
 def parse_function(name: str) -> tuple[str, str | None, int | None]:
-    """``"Model.forward (/src/model.py:12)"`` -> ``("Model.forward", "/src/model.py", 12)``; a C call
-    (``"builtins.sum"``) has no file."""
+    """``"Model.forward (/src/model.py:12)"`` -> ``("Model.forward", "/src/model.py", 12)``."""
     match = _VIZTRACER_NAME.match(name)
     if match is None:
         return name, None, None
@@ -61,9 +49,7 @@ def is_own_file(path: str) -> bool:
 
 @functools.lru_cache(maxsize=65536)  # one answer per file: realpath costs a system call or more
 def code_origin(path: str | None) -> tuple[str, str | None]:
-    """Where a function's code lives: ``("user", None)``, ``("package", "torch")``, ``("stdlib",
-    None)``, ``("builtin", None)`` (C functions), ``("generated", None)`` (a compiler's output, see
-    ``is_generated``) or ``("vt_lightning", None)`` (this profiler)."""
+    """``("user" | "stdlib" | "builtin" | "generated" | "vt_lightning", None)`` or ``("package", name)``."""
     if not path:
         return "builtin", None
     if is_generated(path):
@@ -86,10 +72,13 @@ def code_origin(path: str | None) -> tuple[str, str | None]:
     return "user", None
 
 
+def is_user_file(path: Any) -> bool:
+    """Whether ``path`` (a source file, or anything read from a file) is the user's code."""
+    return isinstance(path, str) and code_origin(path)[0] == "user"
+
+
 def is_generated(path: str) -> bool:
-    """Code a compiler wrote: inductor's / Triton's cache directories (by their directory names, or
-    the directories ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` name) and FX / dynamo source
-    held in memory (``<eval_with_key>.N``)."""
+    """Code a compiler wrote: in its cache directories (default or set by their variables) or in memory."""
     if path.startswith("<"):
         return path.startswith(_GENERATED_PSEUDO_FILES)
     norm = path.replace("\\", "/")
@@ -100,29 +89,17 @@ def is_generated(path: str) -> bool:
 
 
 def library_roots() -> tuple[str, ...]:
-    """Directories of code that is not the user's: the standard library and installed packages
-    (and the frameworks' own directories, which an editable install puts anywhere)."""
+    """Directories of code that is not the user's (an editable install puts a framework anywhere)."""
     roots = set()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         path = sysconfig.get_paths().get(key)
         if path:
             roots.update({os.path.abspath(path) + os.sep, os.path.realpath(path) + os.sep})
-    for module in _imported(*FRAMEWORKS):
-        roots.add(os.path.dirname(os.path.abspath(module.__file__)) + os.sep)
+    roots.update(framework_dirs(*FRAMEWORKS))
     return tuple(sorted(roots))
 
 
 def framework_dirs(*names: str) -> tuple[str, ...]:
-    """Directories of the named frameworks that are imported already (never imports one)."""
-    return tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in _imported(*names))
-
-
-def _imported(*names: str) -> list[Any]:
-    """Modules already imported by the process: the writer process imports no torch, so only the
-    training process (where the filter's roots are computed) finds them."""
-    modules = []
-    for name in names:
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            modules.append(module)
-    return modules
+    """Directories of the named frameworks already imported (the writer, without torch, finds none)."""
+    files = [getattr(sys.modules.get(name), "__file__", None) for name in names]
+    return tuple(os.path.dirname(os.path.abspath(file)) + os.sep for file in files if file)

@@ -60,11 +60,6 @@ def verdicts_markdown(verdicts: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-# --------------------------------------------------------------------------------------------------
-# diff: verdicts that appeared or went away
-# --------------------------------------------------------------------------------------------------
-
-
 def _kinds(summaries: Sequence[Mapping[str, Any]]) -> tuple[int, dict[str, list[float]]]:
     """How many summaries have verdicts at all, and per kind the share in each window that had it."""
     judged = 0
@@ -82,9 +77,7 @@ def _kinds(summaries: Sequence[Mapping[str, Any]]) -> tuple[int, dict[str, list[
 
 
 def verdict_changes(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per kind found on either side: in how many windows of A and of B, the mean share there, and
-    ``change``: ``appeared``, ``went away`` or ``still there``. Empty when a side's summaries
-    predate verdicts (nothing is known there)."""
+    """Per kind on either side: its windows and mean share in A and B, and whether it came or went."""
     judged_a, kinds_a = _kinds(a)
     judged_b, kinds_b = _kinds(b)
     if not judged_a or not judged_b:

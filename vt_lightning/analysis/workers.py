@@ -1,12 +1,6 @@
-"""DataLoader workers in a window: which batches a worker traces, where its events go, what the
-summary says of them. Pure: the worker side (``recording/workers.py``) and the writer
-(``export/worker_dumps.py``) do the I/O.
-
-A worker decides per fetch from a plan the training process publishes: the epoch's first global
-batch index, the epoch's batch limit and the active ranges ``[first, end)`` of the next windows.
-Batch ``idx`` of the epoch (the DataLoader's own task number, 0-based each epoch) is global batch
-``epoch_base + idx``; the worker traces the fetch when that falls in a range.
-"""
+"""DataLoader workers in a window: which batches a worker traces (its global batch in a published
+active range), where its events go, what the summary says of them. Pure: the I/O is
+``recording/workers.py``'s and ``export/worker_dumps.py``'s."""
 
 from __future__ import annotations
 
@@ -18,7 +12,7 @@ import numpy as np
 
 from vt_lightning.analysis.merge import TorchPlacement
 from vt_lightning.analysis.nest import outer_first_order
-from vt_lightning.analysis.nesting import settle_as_arrays
+from vt_lightning.analysis.nesting import settle_as_arrays, write_times
 from vt_lightning.analysis.python_tables import PythonStats
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.schema import WorkerEntry, Workers
@@ -34,12 +28,9 @@ TOP_WORKER_PYTHON = 5
 _NAME = itemgetter("name")
 _CALLS = ("X", "B")
 
-Range = tuple[int, int]
-# Events grouped as filters.filter_python_events groups them: the calls (X and B events with a
-# start) per (pid, tid) in their order, and the rest in theirs.
-ThreadCalls = tuple[
-    dict[tuple[Any, Any], list[dict[str, Any]]], list[dict[str, Any]]
-]  # [first, end) global batch indices of a window's active batches
+Range = tuple[int, int]  # [first, end) global batch indices of a window's active batches
+# Events as filters.filter_python_events groups them: the calls per (pid, tid), and the rest.
+ThreadCalls = tuple[dict[tuple[Any, Any], list[dict[str, Any]]], list[dict[str, Any]]]
 
 
 def upcoming_ranges(schedule: Schedule, step: int, count: int = PLAN_SLOTS) -> list[Range]:
@@ -53,8 +44,7 @@ def upcoming_ranges(schedule: Schedule, step: int, count: int = PLAN_SLOTS) -> l
 
 
 def plan_ranges(scheduled: Sequence[Range], pinned: Iterable[Range] = ()) -> list[Range]:
-    """``pinned`` (windows open now, e.g. triggered ones) first, then the scheduled ones; at most
-    ``PLAN_SLOTS``, no duplicates."""
+    """``pinned`` (windows open now) first, then the scheduled ones: at most ``PLAN_SLOTS``, distinct."""
     out: list[Range] = []
     for candidate in (*pinned, *scheduled):
         if candidate not in out and candidate[1] > candidate[0]:
@@ -63,8 +53,7 @@ def plan_ranges(scheduled: Sequence[Range], pinned: Iterable[Range] = ()) -> lis
 
 
 def global_batch(epoch_base: int, epoch_limit: int, idx: Any) -> int | None:
-    """The global batch index of the epoch's task ``idx``; None past the epoch's limit (a batch the
-    DataLoader fetched ahead that the epoch never runs) or when ``idx`` is unknown."""
+    """The epoch's task ``idx`` as a global batch; None if unknown or past the epoch's limit."""
     if not isinstance(idx, int) or idx < 0 or idx >= epoch_limit:
         return None
     return epoch_base + idx
@@ -79,10 +68,6 @@ def range_of(ranges: Iterable[Range], batch: int | None) -> Range | None:
     return None
 
 
-# --------------------------------------------------------------------------------------------------
-# Clocks: a worker's VizTracer clock -> the monotonic clock -> the main process's VizTracer clock
-# --------------------------------------------------------------------------------------------------
-
 ClockReading = tuple[float, int]  # (VizTracer µs, monotonic ns) read together
 
 
@@ -95,9 +80,7 @@ def _line(pairs: Sequence[ClockReading]) -> tuple[float, float, float]:
 
 
 class LinearClock:
-    """A worker's VizTracer µs -> the training process's VizTracer µs: two lines through the shared
-    monotonic clock, kept as coefficients so ``place_events`` can apply them inline (a call per
-    timestamp cost a fifth of reading the workers' parts)."""
+    """A worker's VizTracer µs -> the training process's, as coefficients ``place_events`` inlines."""
 
     __slots__ = ("mslope", "mx", "my", "wslope", "wx", "wy")
 
@@ -111,13 +94,8 @@ class LinearClock:
 
 
 def worker_to_main_us(worker: Sequence[ClockReading], main: Sequence[ClockReading]) -> LinearClock:
-    """Map a worker's VizTracer µs onto the training process's VizTracer µs.
-
-    Each process anchors VizTracer's tick clock itself (at import; under spawn, a different zero),
-    so both read it beside the one clock they share on a host, ``time.monotonic_ns``: the worker
-    at its first traced fetch and at its dump, the training process at the window's start and
-    end. The main process's calibration then maps the result onto torch's timeline as it does its
-    own Python events."""
+    """Each process anchors VizTracer's clock itself (under spawn, a different zero), so both read it
+    beside ``time.monotonic_ns``, the clock they share."""
     return LinearClock(_line(worker), _line(main))
 
 
@@ -131,29 +109,17 @@ def place_events(
     settle: Callable[[set[Any]], bool] | None = None,
     settled: dict[tuple[Any, Any], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> list[dict[str, Any]]:
-    """A worker's VizTracer events moved onto the main process's clock in place (start and end each
-    mapped), less its own helper thread's (``drop_tids``) and its ``process_name`` (the writer
-    names the worker's process): the events kept, in their order.
-    ``grouped``: also file each kept event as ``filters.filter_python_events`` groups them (its
-    calls per thread, the rest apart). ``to_torch`` (with ``grouped``): the calls go on to torch's
-    timeline (``merge.TorchPlacement``: the map every Python event goes through), each thread's
-    complete calls filed outer first (``nest.outer_first_order``); the other events stay on the
-    main process's clock, for ``merge.place_python_events``. ``ordered`` (with ``to_torch``): gets
-    each thread filed outer first, with its distinct names, for the filter (which then neither sorts
-    it again nor reads its names). ``settle`` (with ``to_torch``): says,
-    of a thread's distinct names, that the filter keeps the thread whole without reading a time;
-    such a thread none of whose calls outlasts its parent goes on the nanosecond grid at once
-    (``nesting.settle_as_arrays``: what the merge would do to it), its times into ``settled``.
-
-    One loop sorts the events out and reads each complete call's times; those calls, most of a
-    window's events, are placed as arrays (``_place_calls``) and written back in one more loop."""
+    """A worker's events moved onto the main process's clock in place, less its helper threads' and
+    its ``process_name``: the events kept, in order. ``grouped``: also filed as the filter groups
+    them. ``to_torch``: the calls go on to torch's timeline, outer first, their threads' names into
+    ``ordered``; a thread ``settle`` says the filter keeps whole, and that nests, goes on the grid
+    here (``settled``). The complete calls, most of a window's events, are placed as arrays."""
     wx, wy, wslope = to_main_us.wx, to_main_us.wy, to_main_us.wslope
     mx, my, mslope = to_main_us.mx, to_main_us.my, to_main_us.mslope
     kept: list[dict[str, Any]] = []
     append = kept.append
     threads, others = grouped if grouped is not None else ({}, [])
     placing = to_torch is not None and grouped is not None
-    # each thread's X calls as read, with their ts and dur
     complete: dict[tuple[Any, Any], tuple[list[dict[str, Any]], list[Any], list[Any]]] = {}
     mixed: set[tuple[Any, Any]] = set()  # threads with a "B" call too: filed as read
     last_pid: Any = drop_tids  # no event's: the first call looks its thread up
@@ -184,7 +150,7 @@ def place_events(
             start = mx + ((wy + (float(event["ts"]) - wx) * wslope) - my) / mslope
             event["ts"] = start
             if ph == "B" and grouped is not None:
-                if to_torch is not None:  # placed as merge.place_python_events places one (the merge snaps it)
+                if to_torch is not None:  # placed as merge.place_python_events places one
                     if not isinstance(get("cat"), str):
                         event["cat"] = PYTHON_CATEGORY
                     event["ts"] = to_torch.at(start)
@@ -201,7 +167,7 @@ def place_events(
         start_array, dur_array = _place_calls(ts, dur, to_main_us, to_torch if placing else None)
         group = threads.setdefault(key, []) if grouped is not None else []
         if key in mixed or not placing:
-            _write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY if placing else None)
+            write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY if placing else None)
             if key in mixed:  # its X and B calls in the dump's order
                 group += (
                     e for e in kept if (e.get("pid"), e.get("tid")) == key and e.get("ph") in _CALLS and "ts" in e
@@ -215,12 +181,11 @@ def place_events(
         if ordered is not None and names is not None:
             ordered[key] = names
         if settle is not None and settled is not None and names is not None and settle(names):
-            # written in the order read, where the events lie in memory; kept in the group's order
             found = settle_as_arrays(calls, start_array, dur_array, order, PYTHON_CATEGORY)
             if found is not None:
                 settled[key] = (found[0][order], found[1][order])
                 continue
-        _write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY)
+        write_times(calls, start_array.tolist(), dur_array.tolist(), PYTHON_CATEGORY)
     return kept
 
 
@@ -232,30 +197,10 @@ def _names(calls: list[dict[str, Any]]) -> set[Any] | None:
         return None
 
 
-def _is_call(event: dict[str, Any]) -> bool:
-    return event.get("ph") in _CALLS and "ts" in event
-
-
-def _write_times(calls: list[dict[str, Any]], starts: list[float], lengths: list[float], category: str | None) -> None:
-    """Each call's ``ts`` and ``dur`` (and ``cat``), in the order read: where the events lie in memory."""
-    if category is None:
-        for event, start, length in zip(calls, starts, lengths):
-            event["dur"] = length
-            event["ts"] = start
-        return
-    for event, start, length in zip(calls, starts, lengths):
-        event["dur"] = length
-        event["ts"] = start
-        event["cat"] = category
-
-
 def _place_calls(
     ts: list[Any], dur: list[Any], to_main_us: LinearClock, to_torch: TorchPlacement | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Complete calls' starts and durations (``ts``, ``dur`` as read) on the main process's clock,
-    or with ``to_torch`` on torch's timeline: ``LinearClock`` on each start and end, the duration
-    kept from going negative, then ``TorchPlacement.calls``. Written with whole arrays, each
-    operation the one the scalar code does, in its order: every double is the same."""
+    """Calls' starts and lengths mapped as arrays, ``LinearClock``'s operations in its order."""
     try:
         starts = np.array(ts, dtype=float)
         lengths = np.array(dur, dtype=float)
@@ -282,9 +227,7 @@ def worker_process_events(
     to_torch_us: Callable[[float], float],
     after: int = 0,
 ) -> list[dict[str, Any]]:
-    """The worker's process name and sort index, and one ``fetch batch N`` span per traced fetch
-    (``fetches``: batch, start and end in the main process's VizTracer µs). ``after``: the sort
-    index of the rank's main process; the workers sort right after it, by index."""
+    """The worker's process name, sort index (after ``after``) and a span per traced fetch."""
     events: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": process_name(rank, worker_id)}},
         {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
@@ -308,8 +251,7 @@ def worker_process_events(
 
 
 def main_sort_index(events: Iterable[Mapping[str, Any]], workers: set[int]) -> int:
-    """The largest numeric ``process_sort_index`` of the trace's processes other than ``workers``
-    (torch gives its process its pid; its named tracks, e.g. ``Spans``, sort far after)."""
+    """The largest numeric ``process_sort_index`` of the trace's processes other than ``workers``."""
     found = [
         int(e["args"]["sort_index"])
         for e in events
@@ -320,8 +262,7 @@ def main_sort_index(events: Iterable[Mapping[str, Any]], workers: set[int]) -> i
 
 
 def seconds_to_lower(earliest_us: float | None) -> int:
-    """Whole seconds to move the time origin down so no event starts before it (a worker fetches
-    its batches ahead, possibly before the first torch event the origin was taken from)."""
+    """Whole seconds to lower the time origin below every event (a worker fetches ahead)."""
     return 0 if earliest_us is None or earliest_us >= 0 else int(-earliest_us // 1_000_000) + 1
 
 
@@ -337,17 +278,9 @@ def lower_origin(trace: WindowTrace, seconds: int) -> None:
         meta["time_origin_us"] = int(meta["time_origin_us"]) - shift_us
 
 
-# --------------------------------------------------------------------------------------------------
-# The summary's ``workers`` key
-# --------------------------------------------------------------------------------------------------
-
-
 def worker_summary(window: WindowData) -> Workers | None:
-    """The summary's ``workers`` key, for a window that recorded DataLoader workers (None
-    otherwise): per worker, the batches it fetched in the window, its busy time (its fetches'
-    total) and its top user functions; and the top functions over all workers (an input-bound
-    verdict's ``where``). Each worker thread's table is the window's one reading of it
-    (``WindowData.walk``: ``input_bound`` reads the same one)."""
+    """The summary's ``workers`` key (None without workers), from the window's one reading of each
+    worker thread (``WindowData.walk``)."""
     from vt_lightning.analysis.summary import rank_python
 
     info = window.meta.get("workers")

@@ -1,22 +1,8 @@
 """Why is my step slow? One window's verdicts, each naming the user's code beside its evidence.
 
-One room per answer, the way HTA keeps one analyzer per module:
-
-* ``steps.WindowData`` (analysis/steps.py): the window read once by the summary; ``window.py``
-  turns it into the ``WindowView`` every rule reads (counted steps, events by kind, per-thread
-  timelines);
-* one module per family of rules: ``input.py``, ``python.py``, ``cuda.py`` (CUDA and host),
-  ``memory.py``, ``compile.py``, ``job.py``; each rule returns ``Finding``s;
-* ``base.py``: ``Rule`` and ``make_verdict``, the one constructor every verdict goes through;
-* here: ``RULES`` (kind, rule, thresholds, advice, in the order docs/verdicts.md lists them) and
-  ``find_verdicts``, which runs them over one window and sorts once every verdict is in.
-
-Each rule has one relative threshold (a share of the counted steps' time) and a small absolute
-floor, so a tiny step never earns a verdict for microseconds; a healthy window gets none: a false
-alarm costs more trust than a missed one. ``where`` is the user's code (analysis/usercode.py:
-never a framework's or a compiler's generated code when a user frame exists). docs/verdicts.md
-explains every kind.
-"""
+One module per family, each a ``RULES`` of ``base.Rule``s over ``window.WindowView``. Each rule has
+a relative threshold and a small absolute floor: a healthy window gets none, as a false alarm costs
+more trust than a missed one. docs/verdicts.md explains every kind."""
 
 from __future__ import annotations
 
@@ -29,8 +15,6 @@ from vt_lightning.analysis.verdicts.job import with_job_verdicts
 from vt_lightning.analysis.verdicts.memory import MEMORY_RESERVED_SHARE
 from vt_lightning.analysis.verdicts.window import WindowView
 
-# (family module, its rules): input, Python, CUDA and host, memory, compile, job. Adding a kind is
-# adding one ``Rule`` to its family's ``RULES`` (docs/architecture.md, "a verdict kind").
 FAMILIES = (input, python, cuda, memory, compile_rules, job)
 RULES: tuple[Rule, ...] = tuple(rule for family in FAMILIES for rule in family.RULES)
 KINDS = tuple(rule.kind for rule in RULES)
@@ -38,8 +22,7 @@ ADVICE = {rule.kind: rule.advice for rule in RULES}
 
 
 def find_verdicts(data: WindowData, summary: Summary, memory_snapshot: object = None) -> list[Verdict]:
-    """Every rule over one window, largest share first (``[]``: nothing stands out). ``data`` is
-    the summary's own read of the window (analysis/steps.py), not redone here."""
+    """Every rule over one window (``data``: the summary's own read of it), largest share first."""
     view = WindowView(data, summary, memory_snapshot)
     if not view.steps or view.total_us <= 0:
         return []

@@ -1,6 +1,5 @@
-"""What every verdict is made of: the ``Rule`` each kind is registered as, the ``Finding`` a rule
-returns, and ``make_verdict``, the one constructor every verdict goes through (so the advice, the
-evidence's ``share`` and the order of the list are the same for every kind). Pure."""
+"""What every verdict is made of: a ``Rule`` per kind, the ``Finding`` it returns, and
+``make_verdict``, the one constructor. Pure."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vt_lightning.analysis.schema import Verdict, VerdictWhere
-from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.usercode import code_origin, is_user_file, parse_function
 
 if TYPE_CHECKING:
     from vt_lightning.analysis.verdicts.window import WindowView
@@ -18,8 +17,7 @@ TOP_WHERE = 3  # places per verdict
 
 
 class Finding(NamedTuple):
-    """What a rule found: the share of step time (None: unknown, then absent from the evidence),
-    the user's code, and the rule's numbers."""
+    """What a rule found: the share of step time (None: unknown), the user's code, its numbers."""
 
     share: float | None
     where: list[VerdictWhere]
@@ -28,8 +26,7 @@ class Finding(NamedTuple):
 
 @dataclass(frozen=True)
 class Rule:
-    """One verdict kind: the function that looks for it, the thresholds it compares against (by
-    name, as docs/verdicts.md has them) and the one line of advice every verdict of it carries."""
+    """One verdict kind: its rule, its thresholds by name (as docs/verdicts.md has them), its advice."""
 
     kind: str
     find: Callable[[WindowView], Iterable[Finding]]
@@ -67,10 +64,6 @@ def top_where(per_name: Mapping[str, float], steps: int, limit: int = TOP_WHERE)
     """The places with the most time, most first."""
     ranked = sorted(per_name.items(), key=lambda kv: kv[1], reverse=True)
     return [where_of(name, us, steps) for name, us in ranked[:limit] if us > 0]
-
-
-def is_user_file(path: Any) -> bool:
-    return isinstance(path, str) and code_origin(path)[0] == "user"
 
 
 def place(item: Mapping[str, Any]) -> list[VerdictWhere]:

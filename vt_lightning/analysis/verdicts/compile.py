@@ -1,25 +1,19 @@
-"""The compile family: ``compile_time``, ``recompile`` and ``graph_break`` (docs/compile.md), from
-the summary's ``compile`` key (analysis/compile.py). Pure.
-
-``where`` is the user's code: the compiled function when it is the user's; otherwise (a compiled
-module's wrapper in ``torch/_dynamo/external_utils.py``, a library's function) the user's call
-that ran the compiled callable, found from the compile's span in the trace (``torch.compile: …``,
-placed among the Python calls that led to it)."""
+"""The compile family (docs/compile.md), from the summary's ``compile`` key. Pure. ``where`` is the
+compiled function when it is the user's, else the user's call around its compile span."""
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from vt_lightning.analysis.schema import Verdict, VerdictWhere
+from vt_lightning.analysis.schema import VerdictWhere
 from vt_lightning.analysis.spans import span_of
+from vt_lightning.analysis.usercode import is_user_file
 from vt_lightning.analysis.verdicts.base import (
     Finding,
     Rule,
-    is_user_file,
-    make_verdict,
     place,
     top_where,
     users_first,
@@ -36,9 +30,9 @@ FUNCTIONS_LISTED = 5  # compiled functions looked at for compile_time's ``where`
 class Callers:
     """The user's calls that ran each compile: by compile id, and µs of compile per caller."""
 
-    def __init__(self, by_id: Mapping[str, str] | None = None, us: Mapping[str, float] | None = None) -> None:
-        self.by_id: dict[str, str] = dict(by_id or {})
-        self.us: dict[str, float] = dict(us or {})
+    def __init__(self) -> None:
+        self.by_id: dict[str, str] = {}
+        self.us: dict[str, float] = {}
 
     @classmethod
     def of(cls, w: WindowView) -> Callers:
@@ -77,8 +71,7 @@ def _user_place(item: Mapping[str, Any], callers: Callers) -> list[VerdictWhere]
 
 
 def compile_time(info: Mapping[str, Any], step_ms: Any, callers: Callers) -> Iterator[Finding]:
-    """Compile time inside the recorded steps is a share of them; where: the user's compiled
-    functions, else the user's calls that ran the compiles."""
+    """Compile time inside the recorded steps is a share of them."""
     share = info.get("share")
     in_steps = float(info.get("in_steps_ms") or 0.0)
     if not (isinstance(share, (int, float)) and share >= COMPILE_SHARE and in_steps >= COMPILE_MIN_MS):
@@ -103,8 +96,7 @@ def _strip_ms(where: VerdictWhere) -> VerdictWhere:
 
 
 def recompile(info: Mapping[str, Any], callers: Callers) -> Iterator[Finding]:
-    """A compiled function recompiled for a changed shape / stride / dtype, one verdict per
-    function; where: the function when it is the user's, else the user's call that ran it."""
+    """A compiled function recompiled for a changed shape, stride or dtype: one verdict per function."""
     share = info.get("share")
     by_function: dict[tuple[Any, Any, Any], list[Mapping[str, Any]]] = {}
     for item in info.get("recompiles") or ():
@@ -121,8 +113,7 @@ def recompile(info: Mapping[str, Any], callers: Callers) -> Iterator[Finding]:
 
 
 def graph_break(info: Mapping[str, Any]) -> Iterator[Finding]:
-    """Every graph break, at the user's line dynamo reported (always the user's code: dynamo
-    traces the user's frames)."""
+    """Every graph break, at the user's line dynamo reported (dynamo traces the user's frames)."""
     for item in info.get("graph_breaks") or ():
         if isinstance(item, Mapping):
             evidence = {
@@ -160,19 +151,3 @@ RULES = (
         "compiled function, or rewrite it so dynamo can trace it.",
     ),
 )
-
-
-def compile_verdicts(
-    info: Mapping[str, Any] | None, step_ms: float | Mapping[str, Any] | None = None, callers: Callers | None = None
-) -> list[Verdict]:
-    """The three compile kinds of one summary's ``compile`` key, without a trace (``callers``:
-    none known). Same constructor and rules as ``find_verdicts``."""
-    if not info:
-        return []
-    known = callers or Callers()
-    found: list[tuple[Rule, Iterable[Finding]]] = [
-        (RULES[0], compile_time(info, step_ms, known)),
-        (RULES[1], recompile(info, known)),
-        (RULES[2], graph_break(info)),
-    ]
-    return [make_verdict(rule, finding) for rule, findings in found for finding in findings]

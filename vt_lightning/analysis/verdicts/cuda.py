@@ -1,6 +1,4 @@
-"""The CUDA and host family: ``host_sync`` (the CPU waited for the GPU, which then sat idle),
-``gpu_idle`` (the GPU waits for the CPU) and ``comm_bound`` (communication not hidden behind
-compute). CUDA windows only: a CPU window has no kernels. Pure."""
+"""The CUDA and host family: ``host_sync``, ``gpu_idle`` and ``comm_bound`` (CUDA windows only). Pure."""
 
 from __future__ import annotations
 
@@ -38,9 +36,8 @@ def _kernels(w: WindowView, keep: Callable[[Mapping[str, Any]], bool] | None = N
 
 
 def host_sync(w: WindowView) -> Iterator[Finding]:
-    """The CPU blocked in a CUDA call that waited for the GPU (``.item()``, ``.cpu()``,
-    ``.tolist()``, ``synchronize``), and the GPU then sat idle for a large share of the step
-    while the CPU caught up; where: the user function around each blocking call."""
+    """The CPU blocked in a CUDA call that waited for the GPU (``.item()``, ``.cpu()``), and the GPU
+    then sat idle; where: the user function around each blocking call."""
     busy = union(_kernels(w))
     if not busy:
         return
@@ -86,8 +83,7 @@ def host_sync(w: WindowView) -> Iterator[Finding]:
 
 
 def gpu_idle(w: WindowView) -> Iterator[Finding]:
-    """The GPU was idle for most of the window's steps; where: the user code the training thread
-    was in during the largest idle gaps."""
+    """The GPU was idle most of the steps; where: the user code in the largest idle gaps."""
     gpu = w.summary.get("gpu")
     if not gpu or not gpu.get("wall_ms"):
         return
@@ -108,8 +104,7 @@ def _is_comm(event: Mapping[str, Any]) -> bool:
 
 
 def comm_bound(w: WindowView) -> Iterator[Finding]:
-    """Communication kernels (NCCL) not overlapped by compute kernels are a large share of the
-    step; where: the user code that launched them."""
+    """Communication kernels not hidden behind compute; where: the user code that launched them."""
     comm = clip(_kernels(w, _is_comm), *w.region)
     if not comm:
         return
@@ -117,7 +112,7 @@ def comm_bound(w: WindowView) -> Iterator[Finding]:
     share = share_of(exposed, w.total_us)
     if share < COMM_BOUND_SHARE:
         return
-    launches = w.launches()
+    launches = w.data.launches
     per_user: dict[str, float] = defaultdict(float)
     for e in w.kernels:
         if _is_comm(e):

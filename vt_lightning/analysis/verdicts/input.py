@@ -1,14 +1,7 @@
 """The input family: ``input_bound``, the step waits for its batch. Pure.
 
-``where`` names the user's dataset or collate function (the user call that entered user code from
-torch's fetcher) and, under each, the user callee that took most of its time with its share, so a
-slow ``__getitem__`` points at the helper that made it slow.
-
-Tracing the fetch costs time (every Python call of an in-process fetch, a worker's user code), so a
-window's wait can exceed the loader's own. The training process measures the wait of the steps no
-Python tracer records (``controller/data_wait.py``) and puts it in the window's metadata
-(``UNTRACED_WAIT_KEY``): the verdict is raised only when those steps waited too
-(``untraced_clears``)."""
+``where`` names the user's dataset or collate code and, under each, its heaviest user callee.
+Tracing slows the fetch, so the steps no tracer recorded must wait too (``UNTRACED_WAIT_KEY``)."""
 
 from __future__ import annotations
 
@@ -32,13 +25,10 @@ Time = dict[str, float]
 _EVERYTHING = [(-math.inf, math.inf)]  # workers fetch ahead: a window's batches were fetched before its steps
 
 
-def _entries_and_callees(
-    w: WindowView, thread: object, spans: list[tuple[float, float]]
-) -> tuple[Time, dict[str, Time]]:
-    """µs per entry call (``Segment.entry``, its callees included) inside ``spans``, and per entry,
-    µs per innermost user callee under it (the entry itself excluded)."""
+def _entries_and_callees(w: WindowView, thread: Any, spans: list[tuple[float, float]]) -> tuple[Time, dict[str, Time]]:
+    """µs per entry call inside ``spans``, and per entry, µs per innermost user callee under it."""
     if spans is _EVERYTHING:  # the whole thread (a worker's): the timeline's sums, without its segments
-        return w.entry_times(thread)
+        return w.data.walk(thread)
     entries: Time = defaultdict(float)
     callees: dict[str, Time] = defaultdict(lambda: defaultdict(float))
     for (lo, hi), (_, _, _, user, entry, _) in w.timeline(thread).within(spans):
@@ -67,10 +57,7 @@ def _places(entries: Time, callees: dict[str, Time], steps: int) -> list[Verdict
 
 
 def untraced_reading(waits_s: Sequence[float], busy_s: Sequence[float]) -> dict[str, Any] | None:
-    """The untraced steps' data wait (seconds of waiting and of the step's own time, per step): in
-    the median step, ms and share of the step (wait plus own time); None without a step. The
-    median, as ``input_bound`` reads the window's steps: one fetch the OS descheduled on a busy
-    machine does not make the loader slow."""
+    """The untraced steps' wait in the median step (ms, share): one slow fetch makes no slow loader."""
     steps = len(waits_s)
     if not steps:
         return None
@@ -83,8 +70,7 @@ def untraced_reading(waits_s: Sequence[float], busy_s: Sequence[float]) -> dict[
 
 
 def untraced_clears(reading: Mapping[str, Any] | None) -> bool:
-    """Whether the untraced steps' reading says the loader itself does not hold the step up: enough
-    steps, and their wait under either threshold. Then a window's wait past them is the tracing's."""
+    """Whether the untraced steps' reading says the loader itself does not hold the step up."""
     if not isinstance(reading, Mapping):
         return False
     try:
@@ -95,15 +81,12 @@ def untraced_clears(reading: Mapping[str, Any] | None) -> bool:
 
 
 def input_bound(w: WindowView) -> Iterator[Finding]:
-    """Fetching the next batch (the breakdown's ``data_wait``) is a large share of the step; where:
-    the user's dataset / collate code that ran meanwhile, on the training thread or in workers,
-    and the callee that took most of its time."""
+    """Fetching the next batch is a large share of the step; where: the user code fetching it."""
     wait_ms = float((w.summary.get("breakdown_ms") or {}).get("data_wait") or 0.0)
     step_ms = w.step_ms
     if not step_ms or wait_ms < INPUT_BOUND_MIN_MS or wait_ms / step_ms < INPUT_BOUND_SHARE:
         return
-    # The typical step must wait too: one fetch the OS descheduled on a busy machine lifts the mean
-    # of a few steps past the threshold (a healthy model on a loaded CI box: 32 %), never the median.
+    # the typical step must wait too: one descheduled fetch lifts the mean, never the median
     per_step = w.data_wait_per_step_ms()
     median_wait_ms = statistics.median(per_step) if per_step else None
     if median_wait_ms is not None and (
@@ -111,17 +94,15 @@ def input_bound(w: WindowView) -> Iterator[Finding]:
     ):
         return
     untraced = w.data.meta.get(UNTRACED_WAIT_KEY)
-    # Where the fetch ran in the training process (no worker's calls in the window), the tracer
-    # recorded all of it: if the steps no tracer slowed did not wait, the tracing made this wait.
-    # Not with workers: their prefetch fills a buffer at each epoch's start, so the first untraced
-    # steps do not wait even when the loader cannot keep up, and their tracing costs little.
-    in_process = all(thread[0] == w.pid for thread in w.threads())
+    # In process, untraced steps that did not wait mean the tracing made this wait. Not with
+    # workers: their prefetch hides an epoch's first waits, and their tracing costs little.
+    in_process = all(thread[0] == w.pid for thread in w.data.python_calls)
     if in_process and untraced_clears(untraced):
         return
-    entries, callees = _entries_and_callees(w, w.thread, w.data_waits())
+    entries, callees = _entries_and_callees(w, w.thread, w.data_waits)
     source = "main process"
     if not entries:
-        for thread in w.threads():
+        for thread in w.data.python_calls:
             if thread[0] == w.pid:
                 continue
             more, more_callees = _entries_and_callees(w, thread, _EVERYTHING)

@@ -1,7 +1,5 @@
-"""The job family: ``straggler``, one rank late at the collectives (analysis/straggler.py finds it
-when rank 0's writer merges every rank's trace; its thresholds are that module's). Only rank 0's
-summary has a ``job`` block, added after the window's own verdicts: ``with_job_verdicts`` adds
-this family's verdicts to them through the same constructor, and sorts again. Pure."""
+"""The job family: ``straggler``, from rank 0's ``job`` block (``straggler.py``), added after the
+window's own verdicts by ``with_job_verdicts``. Pure."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from vt_lightning.analysis.verdicts.base import Finding, Rule, make_verdict, sor
 
 
 def straggler(job: Mapping[str, Any] | None) -> Iterator[Finding]:
-    """The late rank's verdict from rank 0's ``job`` block; where: the user function where it spent
-    the most extra time."""
+    """The late rank from the ``job`` block; where: the user function with the most extra time."""
     found = (job or {}).get("straggler")
     if not found:
         return
@@ -43,8 +40,7 @@ RULES = (
 
 
 def with_job_verdicts(summary: Summary) -> list[Verdict]:
-    """The summary's verdicts with this family's added (rank 0, once its ``job`` block is in),
-    largest share first again."""
+    """The summary's verdicts with this family's added, largest share first again."""
     job = summary.get("job")
     added = [make_verdict(rule, finding) for rule in RULES for finding in straggler(job)]
     return sort_verdicts([*summary.get("verdicts", []), *added])

@@ -7,11 +7,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from vt_lightning.analysis.spans import span_of
+from vt_lightning.analysis.usercode import is_user_file
 from vt_lightning.analysis.verdicts.base import (
     TOP_WHERE,
     Finding,
     Rule,
-    is_user_file,
     share_of,
     top_where,
     users_first,
@@ -25,10 +25,9 @@ FREE_CALLS = frozenset({"cudaFree", "cuMemFree_v2", "cudaFreeAsync"})
 
 
 def memory_pressure(w: WindowView) -> Iterator[Finding]:
-    """CUDA only: the allocator reserved nearly all of the device's memory, or it returned memory
-    to the driver inside the steps (``cudaFree``: a retry after a failed ``cudaMalloc``, or
-    ``empty_cache``), or the snapshot saw an out-of-memory; where: the user code that freed / the
-    user's top allocation sites."""
+    """CUDA only: the allocator reserved nearly all device memory, freed memory inside the steps (a
+    failed malloc's retry, ``empty_cache``) or ran out; where: the user code that freed, else the
+    top allocation sites."""
     memory: Mapping[str, Any] = w.summary.get("memory") or {}
     totals = {
         f"cuda:{d.get('id')}": float(d.get("totalGlobalMem") or 0)

@@ -1,5 +1,4 @@
-"""The Python family: ``python_bound`` (the user's own Python holds the step) and ``gc`` (the
-garbage collector's pauses). Pure."""
+"""The Python family: ``python_bound`` and ``gc``. Pure."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ PURE_ORIGINS = ("user", "builtin", "stdlib")
 
 
 def _python_upper_bound_ms(w: WindowView) -> float | None:
-    """Per step, the self time of every user, builtin and stdlib function (``top_python.totals``):
-    at least the pure-Python time, so a window under the threshold skips the timeline."""
+    """Per step, an upper bound of the pure Python time: a window under it skips the timeline."""
     totals = (w.summary.get("top_python") or {}).get("totals")
     if not totals:
         return None
@@ -30,17 +28,13 @@ def _python_upper_bound_ms(w: WindowView) -> float | None:
 
 
 def python_bound(w: WindowView) -> Iterator[Finding]:
-    """The user's own Python, with no torch op running under it, is a large share of the step
-    outside fetching the batch (that is ``input_bound``'s); where: the user functions with the most
-    such time."""
+    """The user's own Python, with no torch op under it, outside the data wait, is a large share."""
     bound = _python_upper_bound_ms(w)
     if bound is not None and (bound < PYTHON_BOUND_SHARE * w.step_ms or bound < PYTHON_BOUND_MIN_MS):
         return
     ops = union(w.ops)  # torch ops, and CUDA runtime calls (blocked in a sync, a launch): not Python
-    outside_waits = difference(w.step_spans, w.data_waits())
-    # The time counted below lies in the steps outside the waits and outside every op (the
-    # timeline's segments are disjoint): when even all of that is too little, the timeline (the
-    # rules' costliest structure) is never built. An op-bound step ends here.
+    outside_waits = difference(w.step_spans, w.data_waits)
+    # all the time counted below: when it is too little, the timeline (the costliest part) is never built
     most_us = sum(hi - lo for lo, hi in difference(outside_waits, ops))
     if share_of(most_us, w.total_us) < PYTHON_BOUND_SHARE or w.per_step_ms(most_us) < PYTHON_BOUND_MIN_MS:
         return
@@ -58,8 +52,7 @@ def python_bound(w: WindowView) -> Iterator[Finding]:
 
 
 def gc_pauses(w: WindowView) -> Iterator[Finding]:
-    """The garbage collector's pauses (recording/gc_watch.py's spans) inside the counted steps are
-    a share of the step; where: the user code that was running when each pause began."""
+    """The garbage collector's pauses are a share of the step; where: the user code they interrupted."""
     pauses: list[Span] = []
     per_user: dict[str, float] = defaultdict(float)
     generations: dict[str, int] = defaultdict(int)

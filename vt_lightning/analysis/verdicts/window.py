@@ -1,15 +1,10 @@
-"""The window as the rules read it: one typed view, built once from the summary's ``WindowData``.
-
-``WindowView`` holds the counted steps, the training thread, the events sorted by what the rules
-read (Python calls per thread, torch ops, CUDA runtime calls, kernels, gc pauses) and, built on
-first use, one ``Timeline`` per thread: which call, and which of the user's calls, each instant
-belongs to. Pure.
-"""
+"""The window as the rules read it: one ``WindowView``, with a ``Timeline`` per thread. Pure."""
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
+from functools import cached_property
 from itertools import pairwise
 from typing import Any
 
@@ -25,28 +20,24 @@ from vt_lightning.analysis.trace import Calls, Thread
 from vt_lightning.analysis.usercode import code_origin, parse_function
 from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, GC_SPAN_PREFIX, PYTHON_CATEGORY
 
-# Builtins that wait rather than compute (``time.sleep``, lock and queue waits, I/O polling): time
-# in them is not "Python-bound", even when the user's code called them.
+# Builtins that wait rather than compute: time in them is not "Python-bound".
 BLOCKING_SUFFIXES = ("sleep", "acquire", "wait", "select", "poll", "recv", "recv_into", "join")
 
 
-# A stretch of one thread's time owned by one innermost call, as a plain tuple (the timeline holds
-# one per call boundary: a NamedTuple costs several times a tuple to build). Read it by unpacking:
-# ``start, end, call, user, entry, owner = segment``:
-#   call: the innermost call; user: the innermost user-code call around it;
-#   entry: the user call that entered user code from library code (``__getitem__`` under torch's
-#   fetcher); owner: who owns it as pure Python (a user call, or a builtin / stdlib call made from one).
+# ``start, end, call, user, entry, owner``: a stretch owned by one innermost call (a plain tuple:
+# one per call boundary); user: the innermost user call around it; entry: the user call entered
+# from library code; owner: who owns it as pure Python (a user call, or a builtin / stdlib call
+# made from one).
 Segment = tuple[float, float, str, str | None, str | None, str | None]
 
 
 def _kind(name: str) -> str:
-    """What a call is, as the timeline tells the user's code from the rest (``"gc"``: a gc pause)."""
+    """What a call is to the timeline: its code's origin, or ``"gc"`` for a gc pause."""
     return "gc" if name.startswith(GC_SPAN_PREFIX) else code_origin(parse_function(name)[1])[0]
 
 
 class Timeline:
-    """One thread's Python calls cut into non-overlapping ``Segment``s: the stretches of its
-    ``nest.Nest``'s walk, each with its innermost call and what that call inherits."""
+    """One thread's calls cut into ``Segment``s: its ``Nest``'s stretches and what each inherits."""
 
     def __init__(self, calls: Calls) -> None:
         nest = calls.nest
@@ -63,9 +54,6 @@ class Timeline:
         is_user = user_names[codes]
         parents = nest.parents
         parent_is_user = np.where(parents >= 0, is_user[np.maximum(parents, 0)], False) if len(codes) else is_user
-        # the innermost user call around each call; the user call that entered user code from
-        # library code, handed down; who owns it as pure Python (a user call, or a builtin / stdlib
-        # call made from one)
         users = nest.inherited(codes, is_user)
         entries = nest.inherited(codes, is_user & ~parent_is_user)
         owners = nest.inherited(np.where(is_user, codes, -1), is_user | ~pure_names[codes])
@@ -84,7 +72,6 @@ class Timeline:
         )
 
     def at(self, t: float) -> Segment | None:
-        """The segment at time ``t``; None outside every call."""
         i = bisect_right(self.starts, t) - 1
         if i >= 0:
             segment = self.segments[i]
@@ -93,8 +80,7 @@ class Timeline:
         return None
 
     def within(self, spans: Sequence[Span]) -> Iterator[tuple[Span, Segment]]:
-        """(the part inside ``spans``, segment) for every segment overlapping the sorted, disjoint
-        ``spans``."""
+        """(the part inside ``spans``, segment) for every segment overlapping the sorted, disjoint spans."""
         segments = self.segments
         for lo, hi in spans:
             i = max(bisect_right(self.starts, lo) - 1, 0)
@@ -107,8 +93,7 @@ class Timeline:
 
 
 class WindowView:
-    """What every rule reads: the summary, the counted steps, the training thread, the events by
-    kind, per-thread timelines (built on first use) and the memory snapshot."""
+    """What every rule reads: the summary, the counted steps, the events by kind, the timelines."""
 
     def __init__(self, data: WindowData, summary: Summary, snapshot: Any = None) -> None:
         self.data = data
@@ -124,8 +109,6 @@ class WindowView:
         self.total_us = sum(steps[n][1] - steps[n][0] for n in counted)
         self.region: Span = (self.step_spans[0][0], self.step_spans[-1][1]) if self.step_spans else (0.0, 0.0)
         self.pid = self.thread[0] if self.thread else None
-        # One pass over the window's events other than Python calls (``data.rest``), by what the
-        # rules read (the Python calls: ``data.python_calls``).
         self.ops: list[Span] = []  # the training thread's torch ops and CUDA runtime calls
         self.runtime: list[dict[str, Any]] = []
         self.kernels: list[dict[str, Any]] = []
@@ -149,24 +132,20 @@ class WindowView:
                 if (e.get("pid"), e.get("tid")) == self.thread:
                     self.ops.append(span_of(e))
         self._timelines: dict[Any, Timeline] = {}
-        self._waits: list[Span] | None = None
 
     @property
     def step_ms(self) -> float:
-        """The mean counted step, ms."""
         return self.total_us / 1000.0 / max(self.steps, 1)
 
+    @cached_property
     def data_waits(self) -> list[Span]:
         """The counted steps' ``data_wait`` ranges (fetching the batch), as the breakdown has them."""
-        if self._waits is None:
-            parts = [(s, e) for s, e, part in self.data.ranges if part == "data_wait"]
-            self._waits = union(clip(parts, *self.region))
-        return self._waits
+        parts = [(s, e) for s, e, part in self.data.ranges if part == "data_wait"]
+        return union(clip(parts, *self.region))
 
     def data_wait_per_step_ms(self) -> list[float]:
-        """ms of ``data_waits`` in each counted step's slot (from its start to the next one's, the
-        last to the region's end), so a fetch between two steps counts for the step it fed."""
-        waits = self.data_waits()
+        """ms of data wait in each counted step's slot (to the next start): a fetch counts for its step."""
+        waits = self.data_waits
         starts = [s for s, _ in waits]
         edges = [*self.step_starts, self.region[1]]
         return [covered((lo, hi), waits, starts) / 1000.0 for lo, hi in pairwise(edges)]
@@ -176,15 +155,6 @@ class WindowView:
         if found is None:
             found = self._timelines[thread] = Timeline(self.data.python_calls.get(thread) or Calls.of([]))
         return found
-
-    def entry_times(self, thread: Any) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        """µs per entry and per entry and user callee over ``thread``'s whole calls, from the
-        window's one reading of them (which makes the thread's Python tables too:
-        ``WindowData.walk``)."""
-        return self.data.walk(thread)
-
-    def threads(self) -> list[Any]:
-        return list(self.data.python_calls)
 
     def in_steps(self, span: Span) -> bool:
         lo, hi = span
@@ -200,7 +170,3 @@ class WindowView:
             return None
         _, _, _, user, _, _ = here
         return user
-
-    def launches(self) -> dict[Any, Any]:
-        """``{correlation: runtime call}`` of the window's kernel launches (the summary's map)."""
-        return self.data.launches
