@@ -21,7 +21,7 @@ class SideRecorder(Protocol):
         """Begin recording (and install any hook); raise to be dropped from this window."""
 
     def stop(self) -> None:
-        """Stop recording and remove every hook; called once, also on abort. Must not raise."""
+        """Stop recording and remove every hook; called once, also on abort; raise to lose its data."""
 
     def collect(self) -> Any:
         """What was recorded, as plain data for the writer (None: nothing to hand over)."""
