@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from vt_lightning.recording.pytracer import PythonTracer
@@ -63,19 +64,6 @@ def metrics_record(record: Any) -> dict[str, Any]:
     return {name: _plain(getattr(record, name)) for name in _METRIC_FIELDS if getattr(record, name, None) is not None}
 
 
-class _GraphBreakFilter(logging.Filter):
-    """Takes each graph-break record; lets it through only if the user's settings would have."""
-
-    def __init__(self, watch: CompileWatch, pass_through: bool) -> None:
-        super().__init__()
-        self.watch = watch
-        self.pass_through = pass_through
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        self.watch._graph_break(record)
-        return self.pass_through
-
-
 class CompileWatch:
     """One window's torch.compile recorder (``WindowJob.extras["compile"]``)."""
 
@@ -93,7 +81,8 @@ class CompileWatch:
         self._metrics: list[dict[str, Any]] = []
         self._handler: Any = None  # torch._dynamo.callback.callback_handler while registered
         self._logger: logging.Logger | None = None
-        self._filter: _GraphBreakFilter | None = None
+        self._filter: Callable[[logging.LogRecord], bool] | None = None
+        self._pass_through = False  # the user's settings would show graph breaks
         self._level_before: int | None = None
         self._paused = False
         self._torch_dir = ""
@@ -136,8 +125,8 @@ class CompileWatch:
             self._note("this torch has no graph_breaks logging artifact: graph breaks seen only at run time")
             return
         logger = logging.getLogger(GRAPH_BREAK_LOGGER)
-        enabled = logger.isEnabledFor(logging.DEBUG)
-        self._filter = _GraphBreakFilter(self, pass_through=enabled)
+        enabled = self._pass_through = logger.isEnabledFor(logging.DEBUG)
+        self._filter = self._graph_break
         logger.addFilter(self._filter)
         self._logger = logger
         if not enabled:
@@ -230,7 +219,8 @@ class CompileWatch:
         except Exception as err:  # in torch's compile callback: never fail the user's compile
             self._note(f"compile end not recorded ({type(err).__name__}: {err})")
 
-    def _graph_break(self, record: logging.LogRecord) -> None:
+    def _graph_break(self, record: logging.LogRecord) -> bool:
+        """The logger's filter: takes the record, lets it through where the user's settings would."""
         try:
             message = record.getMessage()
             error = record.exc_info[1] if record.exc_info else None
@@ -238,12 +228,13 @@ class CompileWatch:
                 message += f"\n{type(error).__module__}.{type(error).__qualname__}: {error}"
             compile_id = _current_compile_id()
         except Exception:  # in torch's logging: never fail the user's compile
-            return
+            return self._pass_through
         with self._lock:
             if len(self._breaks) < MAX_GRAPH_BREAK_RECORDS:
                 # The head has the place and reason, the tail the innermost frame (its function).
                 kept = message if len(message) <= 6000 else f"{message[:3000]}\n…\n{message[-3000:]}"
                 self._breaks.append({"message": kept, "compile_id": compile_id})
+        return self._pass_through
 
     def _clock(self) -> float | None:
         return self.python.clock_us() if self.python is not None else None

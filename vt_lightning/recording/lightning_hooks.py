@@ -23,6 +23,7 @@ from collections import defaultdict
 from typing import Any
 
 # True while dynamo traces: a hook that returns at once costs a compiled region no graph break.
+from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 from torch.compiler import is_compiling as _is_compiling
 
 from vt_lightning.analysis.breakdown import HOOK_PARTS, is_breakdown_hook
@@ -85,47 +86,42 @@ def _end_ranges(records: list[tuple[Any, Any]]) -> None:
             pass
 
 
-def _stage_profiler_class() -> type:
-    from lightning.pytorch.profilers import Profiler
+class LightningViewProfiler(Profiler):
+    """Records ``[pl][profile]<action>`` ranges; installed only while a window is active."""
 
-    class LightningViewProfiler(Profiler):
-        """Records ``[pl][profile]<action>`` ranges; installed only while a window is active."""
+    def __init__(self) -> None:
+        super().__init__()
+        self._open: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
 
-        def __init__(self) -> None:
-            super().__init__()
-            self._open: list[tuple[str, Any]] = []
-            self._lock = threading.Lock()
+    def start(self, action_name: str) -> None:
+        if not is_main_stage(action_name):  # per-hook ranges cost ~0.5 ms a step; keep the stages
+            return
+        record = profiler_range(profile_record_name(action_name))
+        record.__enter__()
+        with self._lock:
+            self._open.append((action_name, record))
 
-        def start(self, action_name: str) -> None:
-            if not is_main_stage(action_name):  # per-hook ranges cost ~0.5 ms a step; keep the stages
+    def stop(self, action_name: str) -> None:
+        # Actions started on the profiler we replaced end there (Profiler.profile keeps its own
+        # ``self``); a stop for an action we never started is simply ignored.
+        with self._lock:
+            for i in range(len(self._open) - 1, -1, -1):
+                if self._open[i][0] == action_name:
+                    _, record = self._open.pop(i)
+                    break
+            else:
                 return
-            record = profiler_range(profile_record_name(action_name))
-            record.__enter__()
-            with self._lock:
-                self._open.append((action_name, record))
+        record.__exit__(None, None, None)
 
-        def stop(self, action_name: str) -> None:
-            # Actions started on the profiler we replaced end there (Profiler.profile keeps its own
-            # ``self``); a stop for an action we never started is simply ignored.
-            with self._lock:
-                for i in range(len(self._open) - 1, -1, -1):
-                    if self._open[i][0] == action_name:
-                        _, record = self._open.pop(i)
-                        break
-                else:
-                    return
-            record.__exit__(None, None, None)
+    def close_all(self) -> None:
+        """End every open range, innermost first (window end inside a Lightning hook)."""
+        with self._lock:
+            records, self._open = self._open, []
+        _end_ranges(records)
 
-        def close_all(self) -> None:
-            """End every open range, innermost first (window end inside a Lightning hook)."""
-            with self._lock:
-                records, self._open = self._open, []
-            _end_ranges(records)
-
-        def summary(self) -> str:
-            return ""
-
-    return LightningViewProfiler
+    def summary(self) -> str:
+        return ""
 
 
 class LightningViewHooks:
@@ -251,13 +247,11 @@ class LightningViewHooks:
         if trainer is None or not hasattr(trainer, "profiler"):
             self.stage_note = "no trainer profiler attribute"
             return
-        from lightning.pytorch.profilers import PassThroughProfiler
-
         current = trainer.profiler
         if type(current) is not PassThroughProfiler:
             # A profiler the user configured: leave it alone (no [pl][profile] ranges).
             self.stage_note = f"trainer.profiler is {type(current).__name__}, left alone"
             return
-        self._profiler = _stage_profiler_class()()
+        self._profiler = LightningViewProfiler()
         self._original_profiler = current
         trainer.profiler = self._profiler

@@ -86,8 +86,11 @@ class CudaMemoryRecorder:
         memory = _cuda_memory()
         # Some versions hide the parameters behind *args/**kwargs: ask the implementation it forwards to.
         target = getattr(memory, "_record_memory_history_impl", memory._record_memory_history)
-        if _accepts(target, "clear_history"):
-            kwargs["clear_history"] = True  # torch >= 2.5: drop the previous window's entries
+        try:
+            if "clear_history" in inspect.signature(target).parameters:
+                kwargs["clear_history"] = True  # torch >= 2.5: drop the previous window's entries
+        except (TypeError, ValueError):  # no signature to read
+            pass
         return kwargs
 
     def start(self) -> None:
@@ -122,11 +125,3 @@ class CudaMemoryRecorder:
             _cuda_memory()._record_memory_history(enabled=None)
         except Exception as exc:  # any error of torch's allocator API, named with the step that failed
             raise MemorySnapshotError(f"could not stop CUDA memory history: {exc}") from exc
-
-
-def _accepts(fn: Any, name: str) -> bool:
-    try:
-        parameters = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in parameters
