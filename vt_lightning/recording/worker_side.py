@@ -13,7 +13,7 @@ library, installed packages, torch and vt_lightning is skipped with its subtree
 in the frame that started the tracer, as torch's two fetchers do it (``_replay_map``,
 ``_replay_iterable``), not through torch's fetcher; a library callable among them (a torchvision
 dataset's ``__getitem__``, ``default_collate``) becomes one span of its own, timed here on the
-tracer's clock (``_spanned``). ``worker_calls="all"``: every call, through torch's own fetcher.
+tracer's clock (``_Fetch.span``). ``worker_calls="all"``: every call, through torch's own fetcher.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from vt_lightning.recording.worker_plan import SharedPlan, WorkerSetup, clock_re
 
 WORKER_TRACER_ENTRIES = 250_000  # a few batches' fetches: each worker allocates its own buffer
 WATCH_INTERVAL_S = 0.05
-PAUSE_FOR_SPANS = sys.version_info < (3, 12)  # see ``_spanned``
+PAUSE_FOR_SPANS = sys.version_info < (3, 12)  # see ``_Fetch.span``
 
 
 class TracedWorkerInit:
@@ -66,7 +66,7 @@ class _Part:
     stem: str
     clock: list[tuple[float, int]]
     fetches: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
-    spans: list[tuple[str, float, float]] = dataclasses.field(default_factory=list)  # library calls (``_spanned``)
+    spans: list[tuple[str, float, float]] = dataclasses.field(default_factory=list)  # library calls (``_Fetch.span``)
     tid: int = 0  # the fetching thread's native id
     stop_watch: threading.Event = dataclasses.field(default_factory=threading.Event)
     watcher: threading.Thread | None = None
@@ -109,8 +109,9 @@ class _WorkerSide:
             tracer = self._arm(window)
             if tracer is None:
                 return original(index)
-            if replayed is None:
-                return self._traced(tracer, original, index, batch)
+            if replayed is None:  # torch's own fetch, traced (untraced where the tracer cannot start)
+                with _Fetch(self, tracer, batch):
+                    return original(index)
             if hasattr(replayed, "dataset_iter"):
                 return self._replay_iterable(tracer, replayed, index, batch)
             return self._replay_map(tracer, replayed, index, batch)
@@ -126,11 +127,6 @@ class _WorkerSide:
             self.names.stop()
             self.broken = True
             return None
-
-    def _traced(self, tracer: PythonTracer, original: Callable[[Any], Any], index: Any, batch: int) -> Any:
-        """torch's own fetch, traced (``worker_calls="all"``, or a fetcher the worker does not replay)."""
-        with _Fetch(self, tracer, batch):  # untraced where the tracer could not start
-            return original(index)
 
     # The two replays: ``_MapDatasetFetcher.fetch`` and ``_IterableDatasetFetcher.fetch`` step for
     # step. The user's callables are called right here, never through a helper, whose frame in this
@@ -300,19 +296,15 @@ class _WorkerSide:
                 self.lock.release()
 
 
-_worker_side: _WorkerSide | None = None
-
-
 def _install_in_worker(setup: WorkerSetup, worker_id: int) -> None:
     """Wrap the fetcher torch's worker loop builds next (and rebuilds at each epoch of a
     persistent worker); write the open part at the worker's exit."""
-    global _worker_side
     from multiprocessing import util
 
     from torch.utils.data import _DatasetKind, get_worker_info
 
     info = get_worker_info()
-    side = _worker_side = _WorkerSide(setup, worker_id, info.num_workers if info is not None else 1)
+    side = _WorkerSide(setup, worker_id, info.num_workers if info is not None else 1)
     side.tasks_seen = _watch_tasks(side)
     create = _DatasetKind.create_fetcher
 
@@ -347,11 +339,9 @@ def _watch_tasks(side: _WorkerSide) -> bool:
 
 def _replayed_fetcher(fetch: Callable[[Any], Any]) -> Any:
     """The fetcher behind ``fetch`` when it is one of torch's two (which the worker replays)."""
+    from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
+
     fetcher = getattr(fetch, "__self__", None)
-    try:
-        from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
-    except ImportError:
-        return None
     return fetcher if type(fetcher) in (_MapDatasetFetcher, _IterableDatasetFetcher) else None
 
 
@@ -393,7 +383,22 @@ class _Fetch:
             self.side._fetched(self.tracer, self.batch, self.started)
 
     def span(self, name: str, function: Callable[[Any], Any], arg: Any) -> Any:
-        return _spanned(self.spans, self.viz, name, function, arg)
+        """``function(arg)``, a library call the tracer skips, noted in the part's spans as (name,
+        start, end) on the tracer's clock (the writer makes it one call). On Python <= 3.11 VizTracer
+        is paused for it (its hook off on this thread, not called for every skipped function); on
+        3.12+ its ``pause`` is process-wide, so the hook stays on."""
+        viz = self.viz
+        start = viz.getts()
+        if PAUSE_FOR_SPANS:
+            viz.pause()
+            try:
+                result = function(arg)
+            finally:
+                viz.resume()
+        else:
+            result = function(arg)
+        self.spans.append((name, start, viz.getts()))
+        return result
 
 
 @dataclass(frozen=True)
@@ -416,26 +421,6 @@ class _Names:
             item = library_name(getattr(type(iterator), "__next__", None), skipped)
         items = library_name(getattr(type(dataset), "__getitems__", None), skipped)
         return _Names(item, items, library_name(fetcher.collate_fn, skipped))
-
-
-def _spanned(
-    spans: list[tuple[str, float, float]], viz: Any, name: str, function: Callable[[Any], Any], arg: Any
-) -> Any:
-    """``function(arg)``, a library call the tracer skips, noted in ``spans`` as (name, start, end)
-    on the tracer's clock (the writer makes it one call). On Python <= 3.11 VizTracer is paused
-    for it (its hook off on this thread, not called for every skipped function); on 3.12+ its
-    ``pause`` is process-wide, so the hook stays on."""
-    start = viz.getts()
-    if PAUSE_FOR_SPANS:
-        viz.pause()
-        try:
-            result = function(arg)
-        finally:
-            viz.resume()
-    else:
-        result = function(arg)
-    spans.append((name, start, viz.getts()))
-    return result
 
 
 class _TracedFetch:

@@ -54,50 +54,35 @@ class WorkerTracing:
         (``_load_combined_loader_states``: after Lightning's samplers and seeding, right before
         ``iter()``), and publish each epoch's start (the epoch loop's ``on_run_start``)."""
         self.fit_loop = fit_loop
-        self._patch(fit_loop, "_load_combined_loader_states", lambda original: self._before_iter(fit_loop, original))
-        self._patch(fit_loop.epoch_loop, "on_run_start", self._before_epoch)
+        self._patch(fit_loop, "_load_combined_loader_states", self._wrap_loaders)
+        self._patch(fit_loop.epoch_loop, "on_run_start", self.new_epoch)
         self.new_epoch()
 
-    def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    def _patch(self, owner: Any, name: str, before: Callable[[], None]) -> None:
+        """``owner.name`` runs ``before()`` first, on the instance only."""
         original = getattr(owner, name, None)
         if original is None or name in vars(owner):
             return
-        setattr(owner, name, make(original))
-        self.patched.append((owner, name))
 
-    def _before_iter(self, fit_loop: Any, original: Callable[[], Any]) -> Callable[[], Any]:
-        def wrapped() -> Any:
+        def patched(*args: Any, **kwargs: Any) -> Any:
             try:
-                loader = fit_loop._combined_loader
-                self.wrap(loader.flattened if loader is not None else [])
-                self.new_epoch()
-            except Exception:  # inside Lightning's loop: a fault costs the workers' events, never the fit
-                pass
-            return original()
-
-        return wrapped
-
-    def _before_epoch(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            try:
-                self.new_epoch()
+                before()
             except Exception:  # inside Lightning's loop: a fault costs the workers' events, never the fit
                 pass
             return original(*args, **kwargs)
 
-        return wrapped
+        setattr(owner, name, patched)
+        self.patched.append((owner, name))
 
-    def wrap(self, loaders: list[Any]) -> int:
-        """Wrap the ``worker_init_fn`` of every DataLoader with workers; returns how many."""
-        count = 0
-        for loader in loaders:
+    def _wrap_loaders(self) -> None:
+        """Wrap the ``worker_init_fn`` of every DataLoader with workers, and start the epoch."""
+        combined = self.fit_loop._combined_loader
+        for loader in combined.flattened if combined is not None else []:
             current = getattr(loader, "worker_init_fn", None)
-            if getattr(loader, "num_workers", 0) <= 0 or isinstance(current, TracedWorkerInit):
-                continue
-            loader.worker_init_fn = TracedWorkerInit(current, self.setup)
-            self.wrapped.append((loader, current))
-            count += 1
-        return count
+            if getattr(loader, "num_workers", 0) > 0 and not isinstance(current, TracedWorkerInit):
+                loader.worker_init_fn = TracedWorkerInit(current, self.setup)
+                self.wrapped.append((loader, current))
+        self.new_epoch()
 
     def new_epoch(self) -> None:
         """An iterator is about to be created: its task 0 is the next global batch."""
