@@ -43,17 +43,13 @@ def running_threads(skip: set[int], task_dir: Path = TASK_DIR) -> list[int]:
     return busy
 
 
-def python_thread_ids() -> set[int]:
-    """Native ids of the interpreter's threads (this one, ours, the user's): never in a gloo tail."""
-    return {t.native_id for t in threading.enumerate() if t.native_id is not None}
-
-
 def wait_for_native_threads(
     timeout_s: float = SETTLE_TIMEOUT_S, skip: set[int] | None = None, task_dir: Path = TASK_DIR
 ) -> float | None:
-    """Wait until no thread outside ``skip`` (default: the Python threads) is running; return the
-    seconds waited, or None when one still ran after ``timeout_s`` (then the caller goes on)."""
-    skip = python_thread_ids() if skip is None else skip
+    """Wait until no thread outside ``skip`` (default: the Python threads, never in a gloo tail) is
+    running; the seconds waited, or None when one still ran after ``timeout_s``."""
+    if skip is None:
+        skip = {t.native_id for t in threading.enumerate() if t.native_id is not None}
     start = time.perf_counter()
     while running_threads(skip, task_dir):
         if time.perf_counter() - start >= timeout_s:

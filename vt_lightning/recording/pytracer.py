@@ -143,7 +143,7 @@ def _idle_viztracer_hook(hook: Any) -> bool:
 
 # One VizTracer per configuration, for the process: deallocating one resets ``threading.setprofile``
 # (threads started in another callback's window went untraced), and reuse spares its ring buffer.
-_TRACERS: dict[tuple[Any, ...], Any] = {}
+_TRACERS: dict[tuple[int, float, bool], Any] = {}
 
 
 def _release_tracers_at_exit() -> None:
@@ -163,11 +163,6 @@ def _release_tracers_at_exit() -> None:
 
 
 atexit.register(_release_tracers_at_exit)
-
-
-def _config_key(config: PythonTracerConfig) -> tuple[Any, ...]:
-    # include/exclude/max_stack_depth are applied by ``filters.py`` after recording, not by VizTracer.
-    return (config.tracer_entries, config.min_duration, config.ignore_c_function)
 
 
 class PythonTracer:
@@ -370,7 +365,8 @@ class PythonTracer:
     def ensure_tracer(self) -> Any:
         """This configuration's one VizTracer, built on first use and kept for the process."""
         if self._tracer is None:
-            key = _config_key(self.config)
+            c = self.config  # include/exclude/max_stack_depth are applied after recording: not in the key
+            key = (c.tracer_entries, c.min_duration, c.ignore_c_function)
             self._tracer = _TRACERS.get(key)
             if self._tracer is None:
                 self._tracer = _TRACERS[key] = thread_keys.build_noting_key(self._build_tracer)

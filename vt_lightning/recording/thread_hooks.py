@@ -82,14 +82,6 @@ def remove_profile_hooks(thread_states: dict[int, int]) -> None:
         pass
 
 
-def _monitoring_events() -> list[int]:
-    """Every single ``sys.monitoring`` event (3.12+): the slots a tool can hold a callback in."""
-    if sys.version_info < (3, 12):  # no sys.monitoring before 3.12 (and mypy checks for 3.10)
-        return []
-    events = sys.monitoring.events
-    return sorted({v for k, v in vars(events).items() if k.isupper() and v and v & (v - 1) == 0})
-
-
 def monitoring_callbacks_of(tracer: Any, release: bool) -> int:
     """Count (and with ``release``, unregister) ``tracer``'s callbacks in ``sys.monitoring`` (3.12+).
 
@@ -104,7 +96,8 @@ def monitoring_callbacks_of(tracer: Any, release: bool) -> int:
     if tracer is None or monitoring.get_tool(tool) not in (None, "viztracer"):
         return 0  # another tool holds the id: the callbacks are its own
     found = 0
-    for event in _monitoring_events():
+    single_events = {v for k, v in vars(monitoring.events).items() if k.isupper() and v and v & (v - 1) == 0}
+    for event in sorted(single_events):  # the slots a tool can hold a callback in
         previous = monitoring.register_callback(tool, event, None)
         if previous is not None and getattr(previous, "__self__", None) is tracer:
             found += 1

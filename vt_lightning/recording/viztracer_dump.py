@@ -78,7 +78,9 @@ def write_dump(viz: Any, entries: int, path: str, *, fork: bool) -> int | None:
             finally:
                 os._exit(code)
         if pid is not None:
-            children.dump_children[pid] = _crash_hint(thread)
+            # What its death of a signal most likely means, for ``wait_for_dump``.
+            hint = f" (a thread named {thread!a}, not valid UTF-8, ran while VizTracer recorded)"
+            children.dump_children[pid] = hint if thread is not None else ""
             viz.clear()
             return pid
     if thread is not None:
@@ -90,13 +92,6 @@ def write_dump(viz: Any, entries: int, path: str, *, fork: bool) -> int | None:
         )
     viz.dump(path)
     return None
-
-
-def _crash_hint(thread: str | None) -> str:
-    """The likely cause of the child's death of a signal, if known, for ``wait_for_dump``."""
-    if thread is None:
-        return ""
-    return f" (a thread named {thread!a}, not valid UTF-8, ran while VizTracer recorded: its dump cannot write it)"
 
 
 # The held dumps (``HeldDump``) not written yet, by ``id`` of the VizTracer whose buffer holds them.
@@ -119,39 +114,35 @@ class HeldDump:
         self._refused: UnsafeDumpName | None = None  # for the window's job, whoever wrote
         _held_dumps[id(self.viz)] = self
 
-    def _claim(self) -> bool:
-        """Whether the calls were still unwritten (then the caller writes or drops them); under the lock."""
+    def _empty(self, *, drop: bool = False, in_process: bool = False) -> None:
+        """Under the lock, once: write the calls (forked unless ``in_process``), or ``drop`` them.
+        Only once the buffer is emptied does this dump leave ``_held_dumps``: until then the next
+        recording's ``flush_held`` must find it and wait on its lock, or its first calls would go
+        into this window's file."""
         if self._written:
-            return False
+            return
         self._written = True
-        return True
-
-    def _unregister(self) -> None:
-        """Leave ``_held_dumps`` once the buffer is emptied, not at the claim: until then the next
-        recording's ``flush_held`` must find this dump and wait on its lock, or its first calls
-        would go into this window's file."""
-        if _held_dumps.get(id(self.viz)) is self:
-            del _held_dumps[id(self.viz)]
-
-    def _write(self, *, in_process: bool) -> None:
-        if self._claim():
-            try:
+        try:
+            if drop:
+                self.viz.clear()
+            else:
                 self._pid = write_dump(self.viz, self._entries, self.path, fork=not in_process)
-            except UnsafeDumpName as err:  # the window's, not the next recording's: its job says so
-                self._refused = err
-            finally:
-                self._unregister()
+        except UnsafeDumpName as err:  # the window's, not the next recording's: its job says so
+            self._refused = err
+        finally:
+            if _held_dumps.get(id(self.viz)) is self:
+                del _held_dumps[id(self.viz)]
 
     def flush(self) -> None:
         """The buffer is needed for new calls: fork the dump now (the job reaps the child)."""
         with self._lock:
-            self._write(in_process=False)
+            self._empty()
 
     def write(self, *, in_process: bool) -> int | None:
         """Complete the dump for the window's job (``in_process``: here, training has stopped); the
         child to reap, or None."""
         with self._lock:
-            self._write(in_process=in_process)
+            self._empty(in_process=in_process)
             if self._refused is not None:
                 raise self._refused
             pid, self._pid = self._pid, None
@@ -161,11 +152,7 @@ class HeldDump:
         """The window is given up: its calls leave the buffer unwritten (a child already forked for
         them is reaped)."""
         with self._lock:
-            if self._claim():
-                try:
-                    self.viz.clear()
-                finally:
-                    self._unregister()
+            self._empty(drop=True)
             pid, self._pid = self._pid, None
         try:
             wait_for_dump(pid)
