@@ -10,8 +10,7 @@ while they are installed graph-breaks on ``record_function``, and the broken gra
 after the hooks are gone. So an ``OptimizedModule`` and a module whose instance ``forward`` is
 compiled are recorded from the outside, their descendants skipped; a module compiled in place
 (``module.compile()``) is skipped with its descendants; a LightningModule compiled for Lightning
-(``_compiler_ctx``, or ``forward`` / ``training_step`` compiled) gets no module hooks
-(``hooks.skipped`` says what was skipped).
+(``_compiler_ctx``, or ``forward`` / ``training_step`` compiled) gets no module hooks.
 """
 
 from __future__ import annotations
@@ -131,8 +130,6 @@ class LightningViewHooks:
     def __init__(self, trainer: Any, pl_module: Any) -> None:
         self.trainer = trainer
         self.pl_module = pl_module
-        self.skipped: list[str] = []  # module paths not hooked (compiled regions), with the reason
-        self.stage_note: str | None = None  # why [pl][profile] ranges were not recorded, if so
         self._handles: list[Any] = []
         self._original_profiler: Any = None
         self._profiler: Any = None
@@ -170,41 +167,29 @@ class LightningViewHooks:
         self._installed = False
 
     def _module_plan(self) -> list[tuple[str, Any, Any]]:
-        """(path, module to hook, module whose type names it), skipping compiled regions."""
+        """(path, module to hook, module whose type names it), compiled regions left out."""
         root = self.pl_module
-        if root is None:
-            return []
-        if getattr(root, "_compiler_ctx", None) is not None or any(
-            _is_compiled_function(root.__dict__.get(attr)) for attr in ("forward", "training_step")
-        ):
-            self.skipped.append("<all>: the LightningModule is compiled (torch.compile)")
+        if root is None or getattr(root, "_compiler_ctx", None) is not None:
+            return []  # no module, or one compiled for Lightning
+        if any(_is_compiled_function(root.__dict__.get(attr)) for attr in ("forward", "training_step")):
             return []
         from torch._dynamo.eval_frame import OptimizedModule
 
         plan: list[tuple[str, Any, Any]] = []
-        skip_under: list[str] = []
+        skip_under: list[str] = []  # compiled regions
         for path, module in root.named_modules():
-            if not path:
-                continue  # the LightningModule itself, as Lightning's profiler does
-            if any(path == p or path.startswith(p + ".") for p in skip_under):
-                continue
-            if getattr(module, "_compiled_call_impl", None) is not None:
-                self.skipped.append(f"{path}: compiled in place (module.compile())")
+            if not path or any(path == p or path.startswith(p + ".") for p in skip_under):
+                continue  # the LightningModule itself (as Lightning's profiler does), or compiled
+            if getattr(module, "_compiled_call_impl", None) is not None:  # compiled in place
                 skip_under.append(path)
                 continue
-            if isinstance(module, OptimizedModule):
-                plan.append((path, module, getattr(module, "_orig_mod", module)))
-                skip_under.append(path)
-                self.skipped.append(f"{path}.*: inside torch.compile")
-                continue
-            plan.append((path, module, module))
-            if _is_compiled_function(module.__dict__.get("forward")):
-                skip_under.append(path)
-                self.skipped.append(f"{path}.*: forward is compiled")
+            optimized = isinstance(module, OptimizedModule)
+            plan.append((path, module, getattr(module, "_orig_mod", module) if optimized else module))
+            if optimized or _is_compiled_function(module.__dict__.get("forward")):
+                skip_under.append(path)  # recorded from the outside only
         return plan
 
     def _install_module_hooks(self) -> None:
-        self.skipped = []
         for path, module, named_as in self._module_plan():
             name = module_record_name(named_as, path)
             self._handles.append(
@@ -242,16 +227,8 @@ class LightningViewHooks:
             _end_ranges(stack)
 
     def _install_profiler(self) -> None:
-        self.stage_note = None
         trainer = self.trainer
-        if trainer is None or not hasattr(trainer, "profiler"):
-            self.stage_note = "no trainer profiler attribute"
-            return
-        current = trainer.profiler
-        if type(current) is not PassThroughProfiler:
-            # A profiler the user configured: leave it alone (no [pl][profile] ranges).
-            self.stage_note = f"trainer.profiler is {type(current).__name__}, left alone"
-            return
-        self._profiler = LightningViewProfiler()
-        self._original_profiler = current
-        trainer.profiler = self._profiler
+        if type(getattr(trainer, "profiler", None)) is not PassThroughProfiler:
+            return  # a profiler the user configured is left alone: no [pl][profile] ranges
+        self._original_profiler = trainer.profiler
+        self._profiler = trainer.profiler = LightningViewProfiler()
