@@ -75,9 +75,9 @@ def exchange(
 
     clock = clock_probes.wall_clock_ns
     samples: dict[int, list[list[int]]] = {}
+    ping = torch.zeros(1, dtype=torch.int64)
+    pong = torch.zeros(3, dtype=torch.int64)  # t1, t2, the peer's host id
     if rank == 0:
-        ping = torch.zeros(1, dtype=torch.int64)
-        pong = torch.zeros(3, dtype=torch.int64)
         hosts = [host_id()]
         for peer in range(1, world_size):
             mine = samples[peer] = []
@@ -91,8 +91,6 @@ def exchange(
                 mine.append([t0, t1, t2, t3])
             hosts.append(peer_host)
         return samples, hosts
-    ping = torch.zeros(1, dtype=torch.int64)
-    pong = torch.zeros(3, dtype=torch.int64)
     me = host_id()
     for _ in range(rounds):
         dist.recv(ping, src=0, group=group)

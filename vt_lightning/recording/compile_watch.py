@@ -20,7 +20,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from vt_lightning.recording.pytracer import PythonTracer
@@ -80,8 +79,7 @@ class CompileWatch:
         self._metrics_kept: list[Any] = []
         self._metrics: list[dict[str, Any]] = []
         self._handler: Any = None  # torch._dynamo.callback.callback_handler while registered
-        self._logger: logging.Logger | None = None
-        self._filter: Callable[[logging.LogRecord], bool] | None = None
+        self._logger: logging.Logger | None = None  # with ``_graph_break`` as its filter
         self._pass_through = False  # the user's settings would show graph breaks
         self._level_before: int | None = None
         self._paused = False
@@ -126,8 +124,7 @@ class CompileWatch:
             return
         logger = logging.getLogger(GRAPH_BREAK_LOGGER)
         enabled = self._pass_through = logger.isEnabledFor(logging.DEBUG)
-        self._filter = self._graph_break
-        logger.addFilter(self._filter)
+        logger.addFilter(self._graph_break)
         self._logger = logger
         if not enabled:
             self._level_before = logger.level
@@ -148,11 +145,9 @@ class CompileWatch:
                     pass
         logger, self._logger = self._logger, None
         if logger is not None:
-            if self._filter is not None:
-                logger.removeFilter(self._filter)
+            logger.removeFilter(self._graph_break)
             if self._level_before is not None:
                 logger.setLevel(self._level_before)
-        self._filter = None
         self._level_before = None
         self._paused = False
         if self.python is not None and self._active:

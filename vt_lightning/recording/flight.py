@@ -64,16 +64,16 @@ class FlightRecorder:
         self._marked: tuple[int, int, int, list[Sample], bool] | None = None  # (batch, start, end, samples, cut)
         self._assigned: dict[int, tuple[int, int, int, list[Sample], bool]] = {}  # by window warmup start
 
-    # ------------------------------------------------------------------ the sampler thread
     def start(self) -> None:
         """Begin sampling (from setup, on the training thread); an earlier recorder of the thread stops."""
         previous = _ARMED.get(self.thread.ident or 0)
         if previous is not None and previous is not self:
             previous.stop()
         _ARMED[self.thread.ident or 0] = self
-        self._start_sampler()
+        self.resume()
 
-    def _start_sampler(self) -> None:
+    def resume(self) -> None:
+        """A fresh sampler thread (after a window), unless one runs or the recorder stopped for good."""
         if self.stopped or self.sampler is not None:
             return
         self._stop_sampler = stop = threading.Event()
@@ -90,10 +90,6 @@ class FlightRecorder:
             if sampler is not threading.current_thread():
                 sampler.join(timeout=1.0)
 
-    def resume(self) -> None:
-        """A fresh sampler thread after a window (unless stopped for good)."""
-        self._start_sampler()
-
     def stop(self) -> None:
         """For good (idempotent): the thread ends, the ring and the captures are dropped."""
         self.stopped = True
@@ -104,7 +100,6 @@ class FlightRecorder:
         self._marked = None
         self._assigned.clear()
 
-    # ------------------------------------------------------------------ slow steps
     def mark(self, batch: int, end_ns: int, duration_ns: int) -> None:
         """Step ``batch`` ran from ``end_ns - duration_ns`` to ``end_ns`` and was slow: set its samples
         aside before the ring forgets them."""

@@ -55,11 +55,7 @@ def check_spool_dir(spool_dir: Any) -> str | None:
             f"`spool_dir` must be a local directory (scratch space for raw dumps), got the URL {spool_dir!r}"
         )
     path = where.absolute()
-    existing = path
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
+    existing = next((p for p in (path, *path.parents) if p.exists()), path)
     if not existing.is_dir():
         raise ValueError(f"`spool_dir` must be a directory, but {existing} is not one")
     if not os.access(existing, os.W_OK | os.X_OK):

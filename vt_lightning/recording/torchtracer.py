@@ -216,13 +216,11 @@ class TorchTracer:
                     _recording.discard(self)
 
     def _stop_session(self) -> None:
-        if self.started and not torch_profiler_active():
-            self.lost = True  # another tool stopped it: stopping (or exporting) again crashes torch
-            self._session_closed = True
-            return
-        if not self._starting and torch_profiler_active():
-            self.lost = True  # another profiler runs now: starting ours to close it would clash
-            self._session_closed = True
+        active = torch_profiler_active()
+        if (self.started and not active) or (not self._starting and active):
+            # Another tool stopped ours (stopping or exporting it again crashes torch), or, ended in
+            # warmup, another profiler runs now (starting ours to close it would clash).
+            self.lost = self._session_closed = True
             return
         try:
             with own_calls():
