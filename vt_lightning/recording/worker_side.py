@@ -75,10 +75,9 @@ class _Part:
 class _WorkerSide:
     """One worker's tracing: idle (one plan read per fetch) until a fetch falls in a window."""
 
-    def __init__(self, setup: WorkerSetup, worker_id: int, num_workers: int) -> None:
+    def __init__(self, setup: WorkerSetup, worker_id: int) -> None:
         self.setup = setup
         self.worker_id = worker_id
-        self.num_workers = num_workers
         self.plan = SharedPlan(setup.plan_path, create=False)
         self.lock = threading.Lock()
         self.part: _Part | None = None
@@ -301,10 +300,9 @@ def _install_in_worker(setup: WorkerSetup, worker_id: int) -> None:
     persistent worker); write the open part at the worker's exit."""
     from multiprocessing import util
 
-    from torch.utils.data import _DatasetKind, get_worker_info
+    from torch.utils.data import _DatasetKind
 
-    info = get_worker_info()
-    side = _WorkerSide(setup, worker_id, info.num_workers if info is not None else 1)
+    side = _WorkerSide(setup, worker_id)
     side.tasks_seen = _watch_tasks(side)
     create = _DatasetKind.create_fetcher
 
