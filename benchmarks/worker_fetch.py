@@ -88,7 +88,7 @@ def run_arm(arm: str, fetcher: Any, spool: str, first_batch: int, fetches: int, 
     plan = SharedPlan(os.path.join(spool, f"plan-{arm}"), create=True)
     window = [] if arm == "untraced" else [(first_batch, first_batch + fetches)]
     plan.publish(0, 10**9, window)
-    side = _WorkerSide(WorkerSetup(plan.path, spool, 0, PythonTracerConfig(), "all" if arm == "all" else "user"), 0, 2)
+    side = _WorkerSide(WorkerSetup(plan.path, spool, 0, PythonTracerConfig(), "all" if arm == "all" else "user"), 0)
     times = []
     try:
         for k in range(fetches):

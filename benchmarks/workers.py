@@ -126,7 +126,7 @@ def check_cost(calls: int = 200_000) -> tuple[float, float]:
         direct = min(_worker_loop(_IndexQueue(), fetch, None, calls) for _ in range(3))
         traced = []
         for _ in range(3):
-            side = _WorkerSide(WorkerSetup(plan.path, spool, 0, PythonTracerConfig()), 0, 2)
+            side = _WorkerSide(WorkerSetup(plan.path, spool, 0, PythonTracerConfig()), 0)
             traced.append(_worker_loop(_IndexQueue(), _TracedFetch(side, fetch), side, calls))
             side.plan.close()
         plan.close()

@@ -1,11 +1,8 @@
-"""The children ``viztracer_dump.write_dump`` forks to write VizTracer's buffer: every wait on one is bounded.
+"""The children ``viztracer_dump.write_dump`` forks: every wait on one is bounded.
 
-A dump child normally ends within milliseconds. One that does not (stopped; or, on CPython before
-3.11, deadlocked in ``PyOS_AfterFork_Child`` before its first line: ``FORK_CAN_DEADLOCK``) is
-killed and reaped at its bound, so no writer thread waits forever and no copy of the training
-process stays behind; its window is dropped (``DumpTimeout``). One that dies of a signal (VizTracer's
-dump crashing on a name that is not UTF-8: docs/upstream.md) drops only its window
-(``DumpChildFailed``).
+A dump child that does not end (stopped, or deadlocked before its first line: ``FORK_CAN_DEADLOCK``)
+is killed and reaped at its bound, and its window dropped (``DumpTimeout``); one that dies of a
+signal (VizTracer's dump crashing on a name that is not UTF-8) drops only its window.
 """
 
 from __future__ import annotations
@@ -15,18 +12,13 @@ import signal
 import sys
 import time
 
-# Dump children not reaped yet, each with what its death of a signal most likely means ("" when
-# nothing is known). A job reaps its own (``wait_for_dump``); one whose window was interrupted
-# between the fork and the hand-off is reaped at the end of fit (``reap_dump_children``).
+# Dump children not reaped yet -> the likely cause of a death by signal (""). A job reaps its own;
+# one whose window was interrupted before the hand-off is reaped at the end of fit.
 dump_children: dict[int, str] = {}
-# Seconds a dump child may take before it is killed (``wait_for_dump``): a full default buffer
-# (1,000,000 calls, ~0.9 µs each) dumps in about a second; a child stuck before its first line
-# (``FORK_CAN_DEADLOCK``) or stopped never ends by itself.
+# A full default buffer (1,000,000 calls, ~0.9 µs each) dumps in about a second.
 DUMP_TIMEOUT_S = 60.0
-# CPython before 3.11 can deadlock a forked child in ``PyOS_AfterFork_Child``: it deletes the other
-# threads' states while holding the interpreter's head lock and re-initialises that lock only after,
-# so a thread that held it at the fork (one being created or ending, ``sys._current_frames()``)
-# leaves the child waiting forever (seen in CI on a window's dump child). Dump in this process there.
+# CPython before 3.11 can deadlock a forked child in ``PyOS_AfterFork_Child`` when another thread
+# held the interpreter's head lock at the fork (seen in CI): dump in this process there.
 FORK_CAN_DEADLOCK = sys.version_info < (3, 11)
 
 
@@ -39,9 +31,8 @@ class DumpTimeout(DumpChildFailed):
 
 
 def wait_for_dump(pid: int | None, timeout: float | None = None) -> None:
-    """Reap the child ``viztracer_dump.write_dump`` forked; raise if it did not write its file. A child
-    still running after ``timeout`` seconds (default ``DUMP_TIMEOUT_S``) is killed and reaped, and
-    ``DumpTimeout`` raised: no wait on it is unbounded, and no process stays behind."""
+    """Reap a dump child; raise if it did not write its file. One still running after ``timeout``
+    seconds (default ``DUMP_TIMEOUT_S``) is killed and reaped, and ``DumpTimeout`` raised."""
     if pid is None:
         return
     limit = DUMP_TIMEOUT_S if timeout is None else timeout
@@ -58,8 +49,8 @@ def wait_for_dump(pid: int | None, timeout: float | None = None) -> None:
 
 
 def _reap_within(pid: int, timeout: float) -> int | None:
-    """The child's wait status, or None when it was killed (and reaped) at the bound. Polls with a
-    delay that grows from 1 ms to 20 ms: a dump of a few thousand calls ends within milliseconds."""
+    """The child's wait status, or None when it was killed (and reaped) at the bound; polled every
+    1 ms growing to 20 ms."""
     deadline = time.monotonic() + timeout
     delay = 0.001
     while True:
@@ -76,8 +67,8 @@ def _reap_within(pid: int, timeout: float) -> int | None:
 
 
 def reap_dump_children(timeout: float = 5.0) -> None:
-    """Reap every dump child no job took (no zombie stays behind); one that is still writing after
-    ``timeout`` seconds in all (a hung spool filesystem) is killed first."""
+    """Reap every dump child no job took; one still writing after ``timeout`` seconds in all (a hung
+    spool filesystem) is killed first."""
     deadline = time.monotonic() + timeout
     for pid in list(dump_children):
         try:

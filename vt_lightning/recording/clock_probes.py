@@ -1,8 +1,5 @@
-"""Reading the two clocks at a window's edges, in the training process (the maths that turns the
-readings into a calibration is ``vt_lightning.analysis.clock``).
-
-Sampling uses the clocks themselves, never traced events, so no tracer filter can break it.
-"""
+"""The two clocks read at a window's edges (the calibration's maths: ``analysis/clock.py``), from the
+clocks themselves, never from traced events, so that no tracer filter can break it."""
 
 from __future__ import annotations
 
@@ -39,10 +36,8 @@ def sample_pair(
 def emit_markers(
     python_clock_us: Callable[[], float], make_range: Callable[[str], Any], edge: str, rounds: int = MARKER_ROUNDS
 ) -> list[tuple[str, float, float]]:
-    """Record ``rounds`` empty torch ranges, each bracketed by two Python-clock reads.
-
-    The range object is built before the first read, so the bracket holds only its enter and exit.
-    """
+    """Record ``rounds`` empty torch ranges, each bracketed by two Python-clock reads (the range is
+    built before the first, so the bracket holds only its enter and exit)."""
     samples = []
     for i in range(rounds):
         name = f"{CLOCK_MARKER_PREFIX}/{edge}#{i}"

@@ -1,16 +1,11 @@
-"""Clock offsets between ranks, measured at each window's start (a side recorder, recording/side.py).
+"""Clock offsets between ranks, measured at each window's start (a side recorder).
 
-When torch.distributed runs with several ranks and every rank traces (``ranks=None``), rank 0
-exchanges ``ROUNDS`` ping-pongs with each other rank over a small gloo group (CPU tensors, whatever
-backend training uses), reading the clock torch's trace timeline follows (``clock_probes.wall_clock_ns``:
-torch.profiler stamps events in wall-clock time, fitted per process). Rank 0 keeps the samples; its
-writer turns them into offsets (``analysis/offsets.py``) and merges the ranks' traces into the job
-file (``export/job_file.py``). The other ranks hand nothing over.
-
-The gloo group is created at setup on every rank (``prepare``: ``new_group`` is collective), never
-inside a window. The exchange is bounded by the group's timeout (``TIMEOUT_S``); a failure costs one
-warning, and later windows of the run go without it (their job file then relies on the shared
-clock of one host).
+When several ranks all trace (``ranks=None``), rank 0 exchanges ``ROUNDS`` ping-pongs with each
+other rank over a small gloo group, reading the clock torch's timeline follows
+(``clock_probes.wall_clock_ns``); its writer turns them into offsets (``analysis/offsets.py``) for
+the job file. The group is made at setup on every rank (``new_group`` is collective), never in a
+window. The exchange is bounded by ``TIMEOUT_S``; a failure costs one warning, and later windows go
+without it (the job file then relies on one host's shared clock).
 """
 
 from __future__ import annotations
@@ -73,16 +68,16 @@ def group_for_this_run() -> Any:
 def exchange(
     group: Any, rank: int, world_size: int, rounds: int = ROUNDS
 ) -> tuple[dict[int, list[list[int]]], list[int]]:
-    """The ping-pong. Rank 0 returns ``({peer: [[t0, t1, t2, t3], ...]}, host id of each rank)``;
-    the others return empty ones."""
+    """The ping-pong: on rank 0 ``({peer: [[t0, t1, t2, t3], ...]}, host id of each rank)``, empty
+    elsewhere."""
     import torch
     import torch.distributed as dist
 
     clock = clock_probes.wall_clock_ns
     samples: dict[int, list[list[int]]] = {}
+    ping = torch.zeros(1, dtype=torch.int64)
+    pong = torch.zeros(3, dtype=torch.int64)  # t1, t2, the peer's host id
     if rank == 0:
-        ping = torch.zeros(1, dtype=torch.int64)
-        pong = torch.zeros(3, dtype=torch.int64)
         hosts = [host_id()]
         for peer in range(1, world_size):
             mine = samples[peer] = []
@@ -96,8 +91,6 @@ def exchange(
                 mine.append([t0, t1, t2, t3])
             hosts.append(peer_host)
         return samples, hosts
-    ping = torch.zeros(1, dtype=torch.int64)
-    pong = torch.zeros(3, dtype=torch.int64)
     me = host_id()
     for _ in range(rounds):
         dist.recv(ping, src=0, group=group)

@@ -1,22 +1,16 @@
-"""torch.compile inside a window: compile spans with their phases, graph breaks and recompiles.
+"""torch.compile inside a window (a side recorder): compile spans, their phases, graph breaks and
+recompiles. Nothing of the user's logging or dynamo settings changes beyond the window.
 
-A side recorder (``recording/side.py``). It changes none of the user's logging or dynamo settings
-for longer than the window, and leaves nothing behind at ``stop``:
+* **Compile spans**: dynamo's compile start/end callbacks (private: every name looked up with a
+  guard) time each compile on VizTracer's clock. Meanwhile the Python tracer skips torch's own
+  files (``PythonTracer.pause_files``): one compile is about 618,000 events otherwise.
+* **Phases and recompile reasons**: the ``CompilationMetrics`` new since ``start``
+  (``get_compilation_metrics()`` keeps the last 64).
+* **Graph breaks** with the user's file:line: for the window, a filter on the ``graph_breaks``
+  logger takes each record; a logger lowered to DEBUG for it lets none reach a handler. Never
+  ``torch._logging.set_logs``, which resets the user's settings.
 
-* **Compile spans.** dynamo's compile start/end callbacks (``torch._dynamo.callback``; private, so
-  every name is looked up with a guard) time each compile on VizTracer's clock, on the compiling
-  thread. While a compile runs the Python tracer records no call into torch's own files
-  (``PythonTracer.pause_files``): one compile made about 618,000 events otherwise. The writer puts
-  one span ``torch.compile: <frame> (dynamo …, aot …, inductor …)`` where those calls would be.
-* **Phases and recompile reasons**: the ``CompilationMetrics`` records dynamo appends per compile
-  (``torch._dynamo.utils.get_compilation_metrics()``, the last 64), those new since ``start``.
-* **Graph breaks** with the user's file:line: the ``graph_breaks`` logging artifact. For the window
-  only, a filter on that one logger takes each record; the logger is lowered to DEBUG only when it
-  was not already, and then the filter keeps the records from reaching any handler (the user sees
-  no new output). The level and the filter go at ``stop``.
-
-On a torch without one of these (the project supports torch >= 2.4), that part is skipped and one
-note says so in the summary.
+A part this torch lacks is skipped, with one note in the summary.
 """
 
 from __future__ import annotations
@@ -69,19 +63,6 @@ def metrics_record(record: Any) -> dict[str, Any]:
     return {name: _plain(getattr(record, name)) for name in _METRIC_FIELDS if getattr(record, name, None) is not None}
 
 
-class _GraphBreakFilter(logging.Filter):
-    """Takes each graph-break record; lets it through only if the user's settings would have."""
-
-    def __init__(self, watch: CompileWatch, pass_through: bool) -> None:
-        super().__init__()
-        self.watch = watch
-        self.pass_through = pass_through
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        self.watch._graph_break(record)
-        return self.pass_through
-
-
 class CompileWatch:
     """One window's torch.compile recorder (``WindowJob.extras["compile"]``)."""
 
@@ -98,17 +79,13 @@ class CompileWatch:
         self._metrics_kept: list[Any] = []
         self._metrics: list[dict[str, Any]] = []
         self._handler: Any = None  # torch._dynamo.callback.callback_handler while registered
-        self._logger: logging.Logger | None = None
-        self._filter: _GraphBreakFilter | None = None
+        self._logger: logging.Logger | None = None  # with ``_graph_break`` as its filter
+        self._pass_through = False  # the user's settings would show graph breaks
         self._level_before: int | None = None
         self._paused = False
         self._torch_dir = ""
         self._always_skipped: tuple[str, ...] = ()
         self._active = False
-
-    # ---------------------------------------------------------------------------------------------
-    # start / stop
-    # ---------------------------------------------------------------------------------------------
 
     def start(self) -> None:
         # A model compiled before the window imported torch._dynamo; without it nothing compiles.
@@ -146,9 +123,8 @@ class CompileWatch:
             self._note("this torch has no graph_breaks logging artifact: graph breaks seen only at run time")
             return
         logger = logging.getLogger(GRAPH_BREAK_LOGGER)
-        enabled = logger.isEnabledFor(logging.DEBUG)
-        self._filter = _GraphBreakFilter(self, pass_through=enabled)
-        logger.addFilter(self._filter)
+        enabled = self._pass_through = logger.isEnabledFor(logging.DEBUG)
+        logger.addFilter(self._graph_break)
         self._logger = logger
         if not enabled:
             self._level_before = logger.level
@@ -165,15 +141,13 @@ class CompileWatch:
                 try:
                     if remove is not None:
                         remove(callback)
-                except Exception:  # already gone (torch._dynamo.reset() clears the lists)
+                except ValueError:  # already gone (torch._dynamo.reset() clears the lists)
                     pass
         logger, self._logger = self._logger, None
         if logger is not None:
-            if self._filter is not None:
-                logger.removeFilter(self._filter)
+            logger.removeFilter(self._graph_break)
             if self._level_before is not None:
                 logger.setLevel(self._level_before)
-        self._filter = None
         self._level_before = None
         self._paused = False
         if self.python is not None and self._active:
@@ -205,12 +179,8 @@ class CompileWatch:
             "notes": list(self._notes),
         }
 
-    # ---------------------------------------------------------------------------------------------
-    # callbacks (on the compiling thread)
-    # ---------------------------------------------------------------------------------------------
-
     def _compile_started(self, *args: Any) -> None:
-        """dynamo's start callback (a ``CallbackArgs`` since torch 2.6; no argument before)."""
+        """dynamo's start callback, on the compiling thread (a ``CallbackArgs`` since torch 2.6)."""
         try:
             info = args[0] if args else None
             span = {
@@ -224,7 +194,7 @@ class CompileWatch:
             with self._lock:
                 self._open[span["tid"]] = span
             self._pause()
-        except Exception as err:  # never fail the user's compile
+        except Exception as err:  # in torch's compile callback: never fail the user's compile
             self._note(f"compile start not recorded ({type(err).__name__}: {err})")
 
     def _compile_ended(self, *args: Any) -> None:
@@ -244,30 +214,30 @@ class CompileWatch:
         except Exception as err:  # in torch's compile callback: never fail the user's compile
             self._note(f"compile end not recorded ({type(err).__name__}: {err})")
 
-    def _graph_break(self, record: logging.LogRecord) -> None:
+    def _graph_break(self, record: logging.LogRecord) -> bool:
+        """The logger's filter: takes the record, lets it through where the user's settings would."""
         try:
             message = record.getMessage()
             error = record.exc_info[1] if record.exc_info else None
             if error is not None:  # torch 2.4 logs the reason as the record's exception, not in its text
                 message += f"\n{type(error).__module__}.{type(error).__qualname__}: {error}"
+            compile_id = _current_compile_id()
         except Exception:  # in torch's logging: never fail the user's compile
-            return
+            return self._pass_through
         with self._lock:
             if len(self._breaks) < MAX_GRAPH_BREAK_RECORDS:
                 # The head has the place and reason, the tail the innermost frame (its function).
                 kept = message if len(message) <= 6000 else f"{message[:3000]}\n…\n{message[-3000:]}"
-                self._breaks.append({"message": kept, "compile_id": _current_compile_id()})
-
-    # ---------------------------------------------------------------------------------------------
+                self._breaks.append({"message": kept, "compile_id": compile_id})
+        return self._pass_through
 
     def _clock(self) -> float | None:
         return self.python.clock_us() if self.python is not None else None
 
     def _skip_always(self) -> None:
-        """Never the user's code, skipped for the rest of the window: dynamo's frame callback with
-        all it calls (a cache miss: the compile, its checks before and its logging after), and the
-        compile metrics' logging at the end of a backward compile. Only once the run compiles:
-        every skipped file costs VizTracer a comparison per call."""
+        """Skip, for the rest of the window, what is never the user's code: dynamo's frame callback
+        with all it calls, and the compile metrics' logging. Only once the run compiles: every
+        skipped file costs VizTracer a comparison per call."""
         if self._always_skipped:
             return
         files = (getattr(sys.modules.get(name), "__file__", None) for name in ALWAYS_SKIPPED_MODULES)
@@ -294,32 +264,19 @@ class CompileWatch:
 
     @staticmethod
     def _read_metrics() -> list[Any]:
-        utils = sys.modules.get("torch._dynamo.utils")
-        read = getattr(utils, "get_compilation_metrics", None)
-        if read is None:
-            return []
-        try:
-            return list(read())
-        except Exception:  # torch's private metrics: the window goes without them
-            return []
+        read = getattr(sys.modules.get("torch._dynamo.utils"), "get_compilation_metrics", None)
+        return [] if read is None else list(read())
 
 
 def _frames_seen() -> bool:
     """Whether dynamo has looked at any frame in this process (``counters["frames"]``)."""
     counters = getattr(sys.modules.get("torch._dynamo.utils"), "counters", None)
-    try:
-        return bool(counters is not None and any(counters.get("frames", {}).values()))
-    except Exception:  # torch's private counters: read as none
-        return False
+    return bool(counters is not None and any(counters.get("frames", {}).values()))
 
 
 def _current_compile_id() -> str | None:
-    guards = sys.modules.get("torch._guards")
-    context = getattr(guards, "CompileContext", None)
-    try:
-        current = context.current_compile_id() if context is not None else None
-    except Exception:  # torch's private compile context: read as none
-        return None
+    context = getattr(sys.modules.get("torch._guards"), "CompileContext", None)
+    current = context.current_compile_id() if context is not None else None
     return None if current is None else str(current)
 
 

@@ -1,23 +1,15 @@
 """The flight recorder: the last seconds of the training thread's Python stack, sampled cheaply, so
-that a triggered window can show the slow step that fired it (which it never traces itself).
+that a slow-step window can show the step that fired it (which it never traces itself).
 
-While the slow-step trigger is armed, one daemon thread wakes about 100 times a second. Once the
-step under way has run longer than half the median step (only such a step can turn out slow), it
-reads the training thread's stack with ``sys._current_frames`` and keeps ``(perf_counter_ns, code
-objects)`` in a bounded ring (about 20 s). A quiet step is therefore never walked: a tick costs a
-clock read and two attribute reads; a sample one dict and a walk up ``f_back`` (about 5 µs of the
-GIL). The step boundaries are the trigger's own clock reads (``SlowStep.last`` and the duration it
-measured), so nothing more runs on the training thread per batch.
+While the slow-step trigger is armed, a daemon thread wakes 100 times a second; once the step under
+way has run longer than half the median step (only such a step can turn out slow), it keeps the
+training thread's stack (``sys._current_frames``) in a ring of about 20 s. A quiet step is never
+walked. The step's bounds are the trigger's own clock reads: nothing more runs per batch on the
+training thread. A slow step's samples are set aside (``mark``), given to its window (``assign``)
+and handed over at its close (``FlightSide``); ``analysis/flight.py`` makes the track.
 
-When a step is judged slow (``mark``, at the batch start after it) its samples are set aside; when
-the triggered window is planned they are assigned to it (``assign``); the window's side recorder
-(``FlightSide``) turns them into plain data at the window's close, with one clock pair that maps
-them onto the Python tracer's clock. ``analysis/flight.py`` makes the track.
-
-The sampler never runs while a window traces (the side recorder stops it before the Python tracer
-starts and starts a fresh one after it stops: a sampler thread in the trace would be noise), stops
-for good when the triggers are disarmed (teardown, exception), when the training thread ends, when
-the recorder is dropped, and in a forked child (its thread does not exist there).
+The sampler never runs while a window traces (it would be noise in the trace), and stops for good
+when the triggers are disarmed, the training thread ends, the recorder is dropped, or in a fork.
 """
 
 from __future__ import annotations
@@ -35,6 +27,7 @@ from typing import Any
 from vt_lightning.analysis.flight import FlightCapture
 from vt_lightning.analysis.schedule import Window
 from vt_lightning.analysis.triggers import SlowStep
+from vt_lightning.recording.clock_probes import sample_pair
 
 RATE_HZ = 100
 RING_SAMPLES = 2048  # about 20 s at 100 Hz: a slow step longer than that keeps its last 20 s
@@ -71,16 +64,16 @@ class FlightRecorder:
         self._marked: tuple[int, int, int, list[Sample], bool] | None = None  # (batch, start, end, samples, cut)
         self._assigned: dict[int, tuple[int, int, int, list[Sample], bool]] = {}  # by window warmup start
 
-    # ------------------------------------------------------------------ the sampler thread
     def start(self) -> None:
         """Begin sampling (from setup, on the training thread); an earlier recorder of the thread stops."""
         previous = _ARMED.get(self.thread.ident or 0)
         if previous is not None and previous is not self:
             previous.stop()
         _ARMED[self.thread.ident or 0] = self
-        self._start_sampler()
+        self.resume()
 
-    def _start_sampler(self) -> None:
+    def resume(self) -> None:
+        """A fresh sampler thread (after a window), unless one runs or the recorder stopped for good."""
         if self.stopped or self.sampler is not None:
             return
         self._stop_sampler = stop = threading.Event()
@@ -97,10 +90,6 @@ class FlightRecorder:
             if sampler is not threading.current_thread():
                 sampler.join(timeout=1.0)
 
-    def resume(self) -> None:
-        """A fresh sampler thread after a window (unless stopped for good)."""
-        self._start_sampler()
-
     def stop(self) -> None:
         """For good (idempotent): the thread ends, the ring and the captures are dropped."""
         self.stopped = True
@@ -111,10 +100,9 @@ class FlightRecorder:
         self._marked = None
         self._assigned.clear()
 
-    # ------------------------------------------------------------------ slow steps
     def mark(self, batch: int, end_ns: int, duration_ns: int) -> None:
         """Step ``batch`` ran from ``end_ns - duration_ns`` to ``end_ns`` and was slow: set its samples
-        aside before the ring forgets them. A list copy of the ring and a filter: no conversion yet."""
+        aside before the ring forgets them."""
         start_ns = end_ns - duration_ns
         ring = list(self.ring)
         cut = bool(ring) and len(ring) == self.ring.maxlen and ring[0][0] > start_ns
@@ -134,6 +122,7 @@ class FlightRecorder:
         if marked is None:
             return None
         batch, start_ns, end_ns, samples, cut = marked
+        pair = sample_pair(python_clock_us, time.perf_counter_ns, rounds=8) if python_clock_us is not None else None
         frames: list[tuple[str, str, int]] = []
         index: dict[CodeType, int] = {}
         plain: list[tuple[int, tuple[int, ...]]] = []
@@ -155,7 +144,7 @@ class FlightRecorder:
             tid=self.thread.native_id or 0,
             frames=frames,
             samples=plain,
-            clock=clock_pair(python_clock_us) if python_clock_us is not None else None,
+            clock=(pair.wall_ns, pair.python_us) if pair is not None else None,
             truncated=cut,
         )
 
@@ -183,22 +172,9 @@ def _sample(owner: weakref.ref[FlightRecorder], stop: threading.Event) -> None:
             return
 
 
-def clock_pair(python_clock_us: Callable[[], float], rounds: int = 8) -> tuple[int, float]:
-    """(perf_counter ns, Python-tracer µs) at one instant: the tightest of ``rounds`` brackets."""
-    best: tuple[int, int, float] | None = None
-    for _ in range(rounds):
-        before = time.perf_counter_ns()
-        python_us = python_clock_us()
-        after = time.perf_counter_ns()
-        if best is None or after - before < best[0]:
-            best = (after - before, (before + after) // 2, python_us)
-    assert best is not None
-    return best[1], best[2]
-
-
 class FlightSide:
-    """The side recorder (``recording/side.py``) of a window while a flight recorder is armed: the
-    sampler stops while the window traces, and a slow-step window gets its step's samples."""
+    """A window's side recorder while a flight recorder is armed: the sampler stops while the window
+    traces, and a slow-step window gets its step's samples."""
 
     name = "flight"
 
@@ -225,9 +201,7 @@ def flight_for(slow: SlowStep | None, clock: Callable[[], int]) -> FlightRecorde
         return None
 
     def running_long(now_ns: int) -> bool:
-        """The step under way (from the trigger's last batch-start read) has run for more than
-        ``LATE_FRACTION`` of the median step: only such a step can turn out slow, so quiet steps
-        cost one clock read and two attribute reads per tick, not a stack walk."""
+        """The step under way has run for more than ``LATE_FRACTION`` of the median step."""
         started, median = slow.last, slow.baseline_ns
         return started > 0 and median is not None and now_ns - started > LATE_FRACTION * median
 

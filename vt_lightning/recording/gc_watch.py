@@ -1,11 +1,8 @@
-"""Garbage-collector pauses during a window, as spans on the thread that paused (a side recorder).
+"""Garbage-collector pauses during a window (a side recorder), as spans on the thread that paused.
 
-A collection stops the thread that triggered it (and, holding the GIL, every other Python thread):
-VizTracer shows it only as a gap inside whatever call allocated. ``gc.callbacks`` tells the start
-and the end of every collection; the pauses are stamped with the Python tracer's own clock, so the
-writer places them on the merged timeline with the same calibration as the Python calls
-(``export/pipeline.py``), named ``"[gc] generation N"`` (``constants.GC_SPAN_PREFIX``), where
-the ``gc`` verdict reads them.
+VizTracer shows a collection only as a gap inside whatever call allocated. ``gc.callbacks`` gives
+each collection's start and end, stamped with the Python tracer's clock so that the writer places
+them as it places the Python calls, named ``"[gc] generation N"``, where the ``gc`` verdict reads them.
 """
 
 from __future__ import annotations

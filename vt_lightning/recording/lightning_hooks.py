@@ -1,32 +1,16 @@
-"""The "Lightning" view of torch-tb-profiler 0.4.3: what to record during a window.
+"""The "Lightning" view of torch-tb-profiler 0.4.3, recorded during a window's active steps.
 
-``LightningViewHooks(trainer, pl_module)``: the window's ``step_hooks`` (``install()`` at the first
-active step, ``remove()`` at window end). While installed it records
-``[pl][module]<module type>: <module path>`` around each submodule's forward (forward pre/post
-hooks) and ``[pl][profile]<action>`` around Lightning's step stages (``run_training_batch``,
-``[LightningModule]X.training_step``, ``[Strategy]X.backward``, ``optimizer_step``, ``zero_grad``,
-``train_dataloader_next``...), by swapping ``trainer.profiler`` for a tiny recording profiler when
-the user did not configure one. Nothing is left behind after ``remove()``: no hook, no profiler.
-How the writer turns these ranges into the plugin's view: ``vt_lightning.analysis.lightning_view``.
+``LightningViewHooks``, the window's ``step_hooks``: ``[pl][module]<module type>: <module path>``
+around each submodule's forward, and ``[pl][profile]<action>`` around Lightning's step stages
+(through a small recording profiler in ``trainer.profiler``, only where the user configured none).
+Nothing stays after ``remove()``. The writer's side: ``analysis/lightning_view.py``.
 
-``user_hook_names(pl_module)``: the Lightning hooks the user's module overrides, named as VizTracer
-names their calls; read once per run into every window's metadata, so the summary's breakdown
-attributes the user's own hooks whatever the Trainer's profiler and ``lightning_view``.
-
-torch.compile (measured on torch 2.13, dynamo ``skip_nnmodule_hook_guards=True``):
-
-* hooks added to modules inside an already compiled region are silently NOT called (no events, no
-  recompile, no cost);
-* but if dynamo compiles (or recompiles, e.g. on a new batch shape) while such hooks are installed,
-  it graph-breaks on ``record_function`` (its ranges are dropped anyway) and the broken graphs stay
-  in use after the hooks are removed: a lasting slowdown.
-
-So we never hook inside a compiled region: an ``OptimizedModule`` (``torch.compile(module)``) and a
-module whose instance ``forward`` is compiled are recorded from the outside (their pre/post hooks run
-eagerly) and their descendants are skipped; a module compiled in place (``module.compile()``, whose
-``_call_impl`` is compiled) is skipped with its descendants; a LightningModule compiled for
-Lightning (``trainer.fit(torch.compile(model))``: ``_compiler_ctx`` set, ``forward`` and
-``training_step`` compiled) gets no module hooks at all. What was skipped is in ``hooks.skipped``.
+Never a hook inside a compiled region (torch 2.13): there the hooks are not called, but a compile
+while they are installed graph-breaks on ``record_function``, and the broken graphs stay in use
+after the hooks are gone. So an ``OptimizedModule`` and a module whose instance ``forward`` is
+compiled are recorded from the outside, their descendants skipped; a module compiled in place
+(``module.compile()``) is skipped with its descendants; a LightningModule compiled for Lightning
+(``_compiler_ctx``, or ``forward`` / ``training_step`` compiled) gets no module hooks.
 """
 
 from __future__ import annotations
@@ -37,51 +21,21 @@ import threading
 from collections import defaultdict
 from typing import Any
 
-# True while dynamo traces: a hook that returns at once then costs a compiled region no graph break
-# and no guard (its ranges belong to eager code only).
+# True while dynamo traces: a hook that returns at once costs a compiled region no graph break.
+from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 from torch.compiler import is_compiling as _is_compiling
 
 from vt_lightning.analysis.breakdown import HOOK_PARTS, is_breakdown_hook
 from vt_lightning.analysis.lightning_view import is_main_stage, module_record_name, profile_record_name
 from vt_lightning.analysis.usercode import framework_dirs
-
-_RANGE_TYPE: Any = None
-
-
-def profiler_range(name: str) -> Any:
-    """A torch.profiler range: torch's C ``_RecordFunctionFast`` (~0.7 µs, written as ``cpu_op``)
-    where it exists, else ``record_function`` (~6 µs, written as ``user_annotation``).
-
-    Runs around every submodule forward of an active step: the type is looked up once.
-    """
-    global _RANGE_TYPE
-    if _RANGE_TYPE is None:
-        try:
-            from torch._C._profiler import _RecordFunctionFast
-
-            _RANGE_TYPE = _RecordFunctionFast
-        except ImportError:  # pragma: no cover - torch < 2.2
-            from torch.autograd.profiler import record_function
-
-            _RANGE_TYPE = record_function
-    return _RANGE_TYPE(name)
-
-
-# --------------------------------------------------------------------------------------------------
-# The user's own hooks, named as VizTracer names their calls
-# --------------------------------------------------------------------------------------------------
+from vt_lightning.recording.torchtracer import profiler_range
 
 
 def user_hook_names(pl_module: Any) -> dict[str, str]:
     """``{"Model.optimizer_step (/src/model.py:40)": "optimizer_step", ...}``: each Lightning hook
-    the module overrides (its instance or its class, Lightning's own implementations left out),
-    named as VizTracer names its calls.
-
-    Goes into every window's metadata (``user_hooks``), so the summary finds the user's own hooks
-    among the Python calls whatever the Trainer's profiler and ``lightning_view``: an
-    ``optimizer_step`` override that never calls Lightning's is still the optimizer. Read once per
-    run; never raises (a module it cannot read simply gives nothing).
-    """
+    the module overrides (in its instance or class), named as VizTracer names its calls, for every
+    window's metadata: the summary finds the user's own hooks whatever the Trainer's profiler and
+    ``lightning_view``. Read once per run."""
     if pl_module is None:
         return {}
     try:
@@ -96,7 +50,7 @@ def user_hook_names(pl_module: Any) -> dict[str, str]:
                 qualname = getattr(code, "co_qualname", code.co_name)  # 3.10: VizTracer records co_name
                 names[f"{qualname} ({code.co_filename}:{code.co_firstlineno})"] = hook
         return names
-    except Exception:  # pragma: no cover - an exotic module: the breakdown goes without its hooks
+    except Exception:  # pragma: no cover - an exotic module costs the breakdown its hooks, not the run
         return {}
 
 
@@ -118,11 +72,6 @@ def _override_code(pl_module: Any, hook: str) -> Any:
     return getattr(function, "__code__", None)
 
 
-# --------------------------------------------------------------------------------------------------
-# Recording: the window's step hooks
-# --------------------------------------------------------------------------------------------------
-
-
 def _is_compiled_function(fn: Any) -> bool:
     return fn is not None and hasattr(fn, "_torchdynamo_orig_callable")
 
@@ -136,85 +85,57 @@ def _end_ranges(records: list[tuple[Any, Any]]) -> None:
             pass
 
 
-def _optimized_module_type() -> type | None:
-    try:
-        from torch._dynamo.eval_frame import OptimizedModule
-    except Exception:  # pragma: no cover - torch without dynamo
-        return None
-    return OptimizedModule
+class LightningViewProfiler(Profiler):
+    """Records ``[pl][profile]<action>`` ranges; installed only while a window is active."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._open: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
 
-def _stage_profiler_class() -> type:
-    from lightning.pytorch.profilers import Profiler
+    def start(self, action_name: str) -> None:
+        if not is_main_stage(action_name):  # per-hook ranges cost ~0.5 ms a step; keep the stages
+            return
+        record = profiler_range(profile_record_name(action_name))
+        record.__enter__()
+        with self._lock:
+            self._open.append((action_name, record))
 
-    class LightningViewProfiler(Profiler):
-        """Records ``[pl][profile]<action>`` ranges; installed only while a window is active."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self._open: list[tuple[str, Any]] = []
-            self._lock = threading.Lock()
-
-        def start(self, action_name: str) -> None:
-            if not is_main_stage(action_name):  # per-hook ranges cost ~0.5 ms a step; keep the stages
+    def stop(self, action_name: str) -> None:
+        # Actions started on the profiler we replaced end there (Profiler.profile keeps its own
+        # ``self``); a stop for an action we never started is simply ignored.
+        with self._lock:
+            for i in range(len(self._open) - 1, -1, -1):
+                if self._open[i][0] == action_name:
+                    _, record = self._open.pop(i)
+                    break
+            else:
                 return
-            record = profiler_range(profile_record_name(action_name))
-            record.__enter__()
-            with self._lock:
-                self._open.append((action_name, record))
+        record.__exit__(None, None, None)
 
-        def stop(self, action_name: str) -> None:
-            # Actions started on the profiler we replaced end there (Profiler.profile keeps its own
-            # ``self``); a stop for an action we never started is simply ignored.
-            with self._lock:
-                for i in range(len(self._open) - 1, -1, -1):
-                    if self._open[i][0] == action_name:
-                        _, record = self._open.pop(i)
-                        break
-                else:
-                    return
-            record.__exit__(None, None, None)
+    def close_all(self) -> None:
+        """End every open range, innermost first (window end inside a Lightning hook)."""
+        with self._lock:
+            records, self._open = self._open, []
+        _end_ranges(records)
 
-        def close_all(self) -> None:
-            """End every open range, innermost first (window end inside a Lightning hook)."""
-            with self._lock:
-                records, self._open = self._open, []
-            _end_ranges(records)
-
-        def summary(self) -> str:
-            return ""
-
-    return LightningViewProfiler
+    def summary(self) -> str:
+        return ""
 
 
 class LightningViewHooks:
-    """``step_hooks`` for ``ProfilingWindow``: module ranges and Lightning stage ranges.
+    """``step_hooks`` for ``ProfilingWindow``: module ranges and Lightning stage ranges. ``install()``
+    is idempotent; ``remove()`` removes everything, any number of times."""
 
-    ``install()`` is idempotent; ``remove()`` always removes everything and is safe to call twice
-    (or without ``install()``). Nothing of this object is active between ``remove()`` and the next
-    ``install()``.
-    """
-
-    def __init__(
-        self,
-        trainer: Any,
-        pl_module: Any,
-        record_modules: bool = True,
-        record_stages: bool = True,
-    ) -> None:
+    def __init__(self, trainer: Any, pl_module: Any) -> None:
         self.trainer = trainer
         self.pl_module = pl_module
-        self.record_modules = record_modules
-        self.record_stages = record_stages
-        self.skipped: list[str] = []  # module paths not hooked (compiled regions), with the reason
-        self.stage_note: str | None = None  # why [pl][profile] ranges were not recorded, if so
         self._handles: list[Any] = []
         self._original_profiler: Any = None
         self._profiler: Any = None
         self._open: dict[int, list[tuple[int, Any]]] = defaultdict(list)  # thread id -> open module ranges
         self._installed = False
 
-    # -- public protocol ----------------------------------------------------------------------------
     @property
     def hooked_modules(self) -> int:
         return len(self._handles) // 2
@@ -224,10 +145,8 @@ class LightningViewHooks:
             return
         self._installed = True
         try:
-            if self.record_modules:
-                self._install_module_hooks()
-            if self.record_stages:
-                self._install_profiler()
+            self._install_module_hooks()
+            self._install_profiler()
         except BaseException:  # cleanup: a half install is removed; re-raised
             self.remove()
             raise
@@ -235,10 +154,7 @@ class LightningViewHooks:
     def remove(self) -> None:
         handles, self._handles = self._handles, []
         for handle in handles:
-            try:
-                handle.remove()
-            except Exception:  # best-effort removal: every other handle is still removed
-                pass
+            handle.remove()
         self._close_module_ranges()
         profiler, self._profiler = self._profiler, None
         original, self._original_profiler = self._original_profiler, None
@@ -250,42 +166,30 @@ class LightningViewHooks:
                 profiler.close_all()
         self._installed = False
 
-    # -- modules --------------------------------------------------------------------------------------
     def _module_plan(self) -> list[tuple[str, Any, Any]]:
-        """(path, module to hook, module whose type names it), skipping compiled regions."""
+        """(path, module to hook, module whose type names it), compiled regions left out."""
         root = self.pl_module
-        if root is None:
+        if root is None or getattr(root, "_compiler_ctx", None) is not None:
+            return []  # no module, or one compiled for Lightning
+        if any(_is_compiled_function(root.__dict__.get(attr)) for attr in ("forward", "training_step")):
             return []
-        if getattr(root, "_compiler_ctx", None) is not None or any(
-            _is_compiled_function(root.__dict__.get(attr)) for attr in ("forward", "training_step")
-        ):
-            self.skipped.append("<all>: the LightningModule is compiled (torch.compile)")
-            return []
-        optimized = _optimized_module_type()
+        from torch._dynamo.eval_frame import OptimizedModule
+
         plan: list[tuple[str, Any, Any]] = []
-        skip_under: list[str] = []
+        skip_under: list[str] = []  # compiled regions
         for path, module in root.named_modules():
-            if not path:
-                continue  # the LightningModule itself, as Lightning's profiler does
-            if any(path == p or path.startswith(p + ".") for p in skip_under):
-                continue
-            if getattr(module, "_compiled_call_impl", None) is not None:
-                self.skipped.append(f"{path}: compiled in place (module.compile())")
+            if not path or any(path == p or path.startswith(p + ".") for p in skip_under):
+                continue  # the LightningModule itself (as Lightning's profiler does), or compiled
+            if getattr(module, "_compiled_call_impl", None) is not None:  # compiled in place
                 skip_under.append(path)
                 continue
-            if optimized is not None and isinstance(module, optimized):
-                plan.append((path, module, getattr(module, "_orig_mod", module)))
-                skip_under.append(path)
-                self.skipped.append(f"{path}.*: inside torch.compile")
-                continue
-            plan.append((path, module, module))
-            if _is_compiled_function(module.__dict__.get("forward")):
-                skip_under.append(path)
-                self.skipped.append(f"{path}.*: forward is compiled")
+            optimized = isinstance(module, OptimizedModule)
+            plan.append((path, module, getattr(module, "_orig_mod", module) if optimized else module))
+            if optimized or _is_compiled_function(module.__dict__.get("forward")):
+                skip_under.append(path)  # recorded from the outside only
         return plan
 
     def _install_module_hooks(self) -> None:
-        self.skipped = []
         for path, module, named_as in self._module_plan():
             name = module_record_name(named_as, path)
             self._handles.append(
@@ -322,20 +226,9 @@ class LightningViewHooks:
         for stack in open_ranges.values():
             _end_ranges(stack)
 
-    # -- Lightning stages ----------------------------------------------------------------------------
     def _install_profiler(self) -> None:
-        self.stage_note = None
         trainer = self.trainer
-        if trainer is None or not hasattr(trainer, "profiler"):
-            self.stage_note = "no trainer profiler attribute"
-            return
-        from lightning.pytorch.profilers import PassThroughProfiler
-
-        current = trainer.profiler
-        if type(current) is not PassThroughProfiler:
-            # A profiler the user configured: leave it alone (no [pl][profile] ranges).
-            self.stage_note = f"trainer.profiler is {type(current).__name__}, left alone"
-            return
-        self._profiler = _stage_profiler_class()()
-        self._original_profiler = current
-        trainer.profiler = self._profiler
+        if type(getattr(trainer, "profiler", None)) is not PassThroughProfiler:
+            return  # a profiler the user configured is left alone: no [pl][profile] ranges
+        self._original_profiler = trainer.profiler
+        self._profiler = trainer.profiler = LightningViewProfiler()

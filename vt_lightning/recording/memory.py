@@ -1,11 +1,7 @@
-"""CUDA memory snapshots per window, in the format of ``torch.cuda.memory._snapshot()``.
-
-``CudaMemoryRecorder`` records the caching allocator's history for the window
-(``torch.cuda.memory._record_memory_history``) and takes ``_snapshot()`` at the window's end;
-``dump_oom_snapshot`` writes the allocator's state at an out-of-memory error. Where no allocator
-history is available, the writer builds the same format from the trace's ``[memory]`` events
-(``vt_lightning.analysis.memory_snapshot``, which also lists what https://pytorch.org/memory_viz
-needs from a snapshot); the files are written by ``vt_lightning.export.atomic.write_snapshot``.
+"""CUDA memory snapshots in the format of ``torch.cuda.memory._snapshot()``: a window's allocator
+history (``CudaMemoryRecorder``) and the allocator's state at an out-of-memory error
+(``dump_oom_snapshot``). Without allocator history the writer builds the same format from the
+trace's ``[memory]`` events (``analysis/memory_snapshot.py``).
 """
 
 from __future__ import annotations
@@ -14,15 +10,16 @@ import inspect
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vt_lightning.constants import LOGGER_NAME
 from vt_lightning.export.atomic import write_snapshot
 
-if TYPE_CHECKING:
-    from vt_lightning.recording.window import MemoryRecorder
-
 log = logging.getLogger(LOGGER_NAME)
+
+
+class MemorySnapshotError(RuntimeError):
+    """Recording or taking a memory snapshot failed; the message says which step and why."""
 
 
 def is_cuda_oom(exc: BaseException | None) -> bool:
@@ -41,35 +38,20 @@ def is_cuda_oom(exc: BaseException | None) -> bool:
     return False
 
 
-def dump_oom_snapshot(path: str | os.PathLike[str], recorder: MemoryRecorder | None = None) -> Path:
+def dump_oom_snapshot(path: str | os.PathLike[str], recorder: CudaMemoryRecorder | None = None) -> Path:
     """Write the allocator's state and history at an out-of-memory error to ``path``.
 
-    Call it where the ``OutOfMemoryError`` is caught (Lightning's ``on_exception``), while the
-    history is still being recorded: the trace then ends with the allocator's ``oom`` entry and the
-    tensors still referenced by the traceback's frames. With ``recorder`` its snapshot is used;
-    without, ``torch.cuda.memory._snapshot()`` (the state only, unless history is on). Raises
-    ``MemorySnapshotError`` when no snapshot can be taken or written.
+    From Lightning's ``on_exception`` while history still records: the trace then ends with the
+    allocator's ``oom`` entry and the tensors the traceback's frames hold. Without ``recorder``:
+    ``torch.cuda.memory._snapshot()`` (the state only, unless history is on).
     """
     path = Path(path)
     try:
-        snapshot = recorder.snapshot() if recorder is not None else _cuda_memory()._snapshot()
-    except Exception as exc:  # any error of torch's allocator API, named with the step that failed
-        raise MemorySnapshotError(f"could not take the out-of-memory snapshot for {path}: {exc}") from exc
-    try:
-        write_snapshot(path, snapshot)
-    except Exception as exc:  # any error of the write, named with the file
-        raise MemorySnapshotError(f"could not write the out-of-memory snapshot {path}: {exc}") from exc
+        write_snapshot(path, recorder.snapshot() if recorder is not None else _cuda_memory()._snapshot())
+    except Exception as exc:  # any error of torch's allocator API or of the write, named with the file
+        raise MemorySnapshotError(f"could not take or write the out-of-memory snapshot {path}: {exc}") from exc
     log.warning("CUDA out of memory: allocator snapshot written to %s", path)
     return path
-
-
-# ---------------------------------------------------------------------------------------------
-# CUDA allocator history
-# ---------------------------------------------------------------------------------------------
-
-
-class MemorySnapshotError(RuntimeError):
-    """Recording or taking a memory snapshot failed; the message says which step and why."""
 
 
 def _cuda_memory() -> Any:
@@ -79,15 +61,9 @@ def _cuda_memory() -> Any:
 
 
 class CudaMemoryRecorder:
-    """The CUDA caching allocator's history for one window at a time.
-
-    ``start()`` turns on ``_record_memory_history`` (alloc/free history with Python and C++ stacks,
-    at most ``max_entries`` entries, history cleared when torch supports it so each window's
-    snapshot holds that window only); ``snapshot()`` returns ``torch.cuda.memory._snapshot()``;
-    ``stop()`` turns recording off. ``stop()`` without a successful ``start()`` does nothing; a
-    failed ``start()`` leaves recording off and raises ``MemorySnapshotError``. Only for processes
-    where ``torch.cuda.is_available()``.
-    """
+    """The CUDA caching allocator's history (at most ``max_entries`` entries, with Python and C++
+    stacks) for one window at a time, cleared at each start where torch can, so that a snapshot holds
+    its window only. A failed ``start()`` leaves recording off; ``stop()`` without one does nothing."""
 
     def __init__(self, max_entries: int) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
@@ -100,7 +76,7 @@ class CudaMemoryRecorder:
         return self._recording
 
     def start_kwargs(self) -> dict[str, Any]:
-        """Arguments for ``_record_memory_history`` (torch >= 2.4 string API)."""
+        """Arguments for ``_record_memory_history``."""
         kwargs: dict[str, Any] = {
             "enabled": "all",
             "context": "all",
@@ -108,11 +84,13 @@ class CudaMemoryRecorder:
             "max_entries": self.max_entries,
         }
         memory = _cuda_memory()
-        # The public function hides its parameters behind *args/**kwargs on some versions: ask the
-        # implementation it forwards to when there is one.
+        # Some versions hide the parameters behind *args/**kwargs: ask the implementation it forwards to.
         target = getattr(memory, "_record_memory_history_impl", memory._record_memory_history)
-        if _accepts(target, "clear_history"):
-            kwargs["clear_history"] = True  # torch >= 2.5: drop the previous window's entries
+        try:
+            if "clear_history" in inspect.signature(target).parameters:
+                kwargs["clear_history"] = True  # torch >= 2.5: drop the previous window's entries
+        except (TypeError, ValueError):  # no signature to read
+            pass
         return kwargs
 
     def start(self) -> None:
@@ -147,11 +125,3 @@ class CudaMemoryRecorder:
             _cuda_memory()._record_memory_history(enabled=None)
         except Exception as exc:  # any error of torch's allocator API, named with the step that failed
             raise MemorySnapshotError(f"could not stop CUDA memory history: {exc}") from exc
-
-
-def _accepts(fn: Any, name: str) -> bool:
-    try:
-        parameters = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in parameters

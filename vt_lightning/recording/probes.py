@@ -1,9 +1,4 @@
-"""The facts triggers read at the coarse checks: a trigger file, a signal, the memory in use.
-
-Each probe is cheap (one ``stat``, one flag, one allocator counter or one read of
-``/proc/self/statm``) and never raises into training: a probe that fails reports once through
-``on_problem`` and then stays quiet.
-"""
+"""The facts triggers read at the coarse checks, each cheap: a trigger file, a signal, the memory in use."""
 
 from __future__ import annotations
 
@@ -18,13 +13,9 @@ Problem = Callable[[str, str], Any]
 
 
 class TriggerFile:
-    """``<output_dir>/vt_lightning.trigger``: seen once, then deleted (consumed).
-
-    If it cannot be deleted (a read-only directory), it is still seen once: the file's identity
-    (inode, size, mtime) is remembered and ignored until it changes, and a warning says so once.
-    On a URL root (``s3://bucket/run``) the file is looked for there, where the user's run is,
-    through fsspec (Lightning's ``get_filesystem``): one metadata request per coarse check.
-    """
+    """``<output_dir>/vt_lightning.trigger``: seen once, then deleted. One that cannot be deleted is
+    ignored until it changes (its identity), with one warning. On a URL root it is looked for there,
+    through fsspec: one metadata request per coarse check."""
 
     def __init__(self, path: Path | str, on_problem: Problem) -> None:
         self.path = path
@@ -74,11 +65,8 @@ class TriggerFile:
 
 
 class SignalTrigger:
-    """Opt-in: a signal (e.g. SIGUSR1) requests a window. The handler only sets a flag.
-
-    ``restore`` puts back the handler found at ``install``, unless someone replaced ours since:
-    their handler stays.
-    """
+    """Opt-in: a signal (e.g. SIGUSR1) requests a window; the handler only sets a flag. ``restore``
+    puts back the handler found at ``install``, unless someone replaced ours since."""
 
     def __init__(self, signum: int, name: str | None = None) -> None:
         self.signum = int(signum)
@@ -138,11 +126,8 @@ def foreign_signal_handler(signum: int) -> Any:
 
 
 def memory_reader(cuda_device: Any = None) -> tuple[Callable[[], int], str]:
-    """A zero-argument reader of the memory in use, and what it reads.
-
-    CUDA: the caching allocator's allocated bytes (live tensors; not the cache, which only grows).
-    CPU: the process's resident set size.
-    """
+    """A reader of the memory in use, and what it reads: on CUDA the allocator's allocated bytes
+    (live tensors; not the cache, which only grows), else the process's resident set size."""
     if cuda_device is not None:
         import torch
 

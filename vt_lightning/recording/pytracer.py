@@ -1,11 +1,9 @@
-"""VizTracer's C tracer behind a small interface: start/stop per window, raw events out.
+"""VizTracer's C tracer per window: its hooks started and stopped, its buffer dumped.
 
-VizTracer installs its profile hook when it is *constructed* (Python <= 3.11) and keeps it until the
-first ``stop()``, so the tracer is built only at the first window's start, right before ``start()``;
-between windows it exists with no hook installed. Events leave the ring buffer through VizTracer's C
-``dump`` (a tenth of the cost of ``load()`` into Python objects): the training thread pays only that.
-Hooking threads that already run, and unhooking them all at ``stop()``: ``thread_hooks``; the
-dump itself (forked, held, or refused) and the threads' names it needs to know: ``viztracer_dump``.
+On Python <= 3.11 VizTracer installs its profile hook when it is constructed, and everything runs
+about 3x slower until its first ``stop()``: the tracer is built at the first window's start, and
+between windows it exists with no hook. Threads already running are hooked by ``thread_hooks``;
+the buffer leaves through VizTracer's C ``dump`` (``viztracer_dump``).
 """
 
 from __future__ import annotations
@@ -70,13 +68,10 @@ class PythonTracerConfig:
 
 def foreign_profiler() -> str | None:
     """Name the tool that already owns the profile hook, or None when it is free."""
-    try:
-        from viztracer import get_tracer
+    from viztracer import get_tracer
 
-        if get_tracer() is not None and getattr(get_tracer(), "enable", False):
-            return "VizTracer (e.g. the `viztracer` command)"
-    except ImportError:  # pragma: no cover - viztracer is a dependency
-        pass
+    if getattr(get_tracer(), "enable", False):
+        return "VizTracer (e.g. the `viztracer` command)"
     hook = sys.getprofile()
     if hook is not None:
         return f"another tool's sys.setprofile hook ({type(hook).__name__})"
@@ -91,12 +86,9 @@ def foreign_profiler() -> str | None:
 
 
 def interpreter_warning(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> str | None:
-    """A known interpreter bug that can crash VizTracer on this Python, or None.
-
-    CPython 3.12.0-3.12.4 can deliver a C function's return without its call to a profiler
-    (cpython #122029, fixed in 3.12.5), which breaks VizTracer's call stack and can crash the
-    process (viztracer #486, seen there at ``import torch``). Ubuntu 24.04 ships 3.12.3.
-    """
+    """A known interpreter bug that can crash VizTracer on this Python, or None: CPython
+    3.12.0-3.12.4 can deliver a C function's return without its call (cpython #122029, viztracer
+    #486). Ubuntu 24.04 ships 3.12.3."""
     if (3, 12, 0) <= version[:3] < (3, 12, 5):
         shown = ".".join(str(part) for part in version[:3])
         return (
@@ -116,6 +108,7 @@ def _profiler_in_place() -> Any:
 
 
 def describe_profiler(found: Any) -> str:
+    """``found`` (from ``_profiler_in_place``) as the warning names it."""
     if found is None:
         return "another tool (it removed VizTracer's hook)"
     if isinstance(found, str):
@@ -134,7 +127,7 @@ def _reinstall(hook: Any) -> None:
             _lsprof.Profiler.enable(hook)  # cProfile's C hook: only it can install itself again
         elif callable(hook):
             sys.setprofile(hook)
-    except Exception:  # an audit hook may refuse it: ``stop`` still takes every hook of ours off after
+    except Exception:  # an audit hook may refuse it: ``stop`` must still take every hook of ours off
         pass
 
 
@@ -148,20 +141,15 @@ def _idle_viztracer_hook(hook: Any) -> bool:
     return type(owner).__module__.startswith("viztracer") and not getattr(owner, "enable", True)
 
 
-# VizTracer objects live for the whole process, one per distinct configuration: deallocating one
-# resets ``threading.setprofile`` (found when an old callback was garbage-collected during another's
-# window: threads started in that window went untraced), and reuse spares reallocating the ring buffer.
-_TRACERS: dict[tuple[Any, ...], Any] = {}
+# One VizTracer per configuration, for the process: deallocating one resets ``threading.setprofile``
+# (threads started in another callback's window went untraced), and reuse spares its ring buffer.
+_TRACERS: dict[tuple[int, float, bool], Any] = {}
 
 
 def _release_tracers_at_exit() -> None:
-    """Stop and drop every VizTracer before interpreter finalization begins.
-
-    Otherwise the last references (``_TRACERS``, and on 3.12+ the callbacks sys.monitoring kept)
-    go only during finalization, and the tracer is torn down after the modules it refers to. A
-    torch.compile'd CUDA job on Python 3.12.3 that had run VizTracer exited with SIGSEGV there,
-    after all its files were written.
-    """
+    """Stop and drop every VizTracer before finalization, which would tear it down after the
+    modules it refers to (on 3.12+ sys.monitoring keeps its callbacks): a compiled CUDA job
+    exited with SIGSEGV there."""
     for tracer in list(_TRACERS.values()):
         try:
             if getattr(tracer, "enable", False):
@@ -175,11 +163,6 @@ def _release_tracers_at_exit() -> None:
 
 
 atexit.register(_release_tracers_at_exit)
-
-
-def _config_key(config: PythonTracerConfig) -> tuple[Any, ...]:
-    # include/exclude/max_stack_depth are applied by ``filters.py`` after recording, not by VizTracer.
-    return (config.tracer_entries, config.min_duration, config.ignore_c_function)
 
 
 class PythonTracer:
@@ -204,13 +187,8 @@ class PythonTracer:
         return self._running
 
     def installed_hooks(self) -> list[str]:
-        """Every hook of ours in place right now, described (empty: none).
-
-        Asks the tracer's own mechanism on each version instead of one interpreter call that sees
-        only some of them: on <= 3.11 the profile hook of this thread, the hook new threads get and
-        the threads hooked during a window; on 3.12+ VizTracer's ``sys.monitoring`` tool, which
-        ``sys.getprofile()`` never shows.
-        """
+        """Every hook of ours in place right now, described (empty: none): on 3.12+ VizTracer's
+        ``sys.monitoring`` tool, which ``sys.getprofile()`` never shows, is asked too."""
         found = []
         tracer = self._tracer
         if tracer is not None and sys.getprofile() is tracer:
@@ -242,7 +220,7 @@ class PythonTracer:
         return self.ensure_tracer().getts()
 
     def base_time_ns(self) -> int:
-        """Wall-clock time (ns) of VizTracer's clock zero, fixed once at import."""
+        """Wall-clock time (ns) of VizTracer's clock zero."""
         return int(self.ensure_tracer().get_base_time())
 
     def start(self) -> None:
@@ -251,11 +229,9 @@ class PythonTracer:
         self._new_thread_names = {}
         self._previous_thread_hook = threading.getprofile()
         if sys.version_info < (3, 12):
-            # Threads started during the window are traced too (VizTracer's own behaviour).
             threading.setprofile(self._thread_hook if NEEDS_THREAD_CLEANUP else tracer.threadtracefunc)
         else:
-            # sys.monitoring traces every thread, but VizTracer names one started in the window before
-            # threading registers it ("Dummy-N"); note its real name at its first call.
+            # VizTracer names a thread started in the window "Dummy-N": its real name at its first call.
             threading.setprofile(self._name_hook)
         note_threads(tracer, _thread_names())  # those it meets from now on with the names they have
         with self._lock:
@@ -270,8 +246,8 @@ class PythonTracer:
         self._own_profiler = _profiler_in_place()
 
     def rival(self) -> str | None:
-        """While running: the tool that took the profile hook (or the sys.monitoring profiler id)
-        from VizTracer since ``start``, or None. Cheap: one interpreter query."""
+        """While running: the tool that took the profile hook (or sys.monitoring's profiler id) from
+        VizTracer since ``start``, or None. One interpreter query."""
         if not self._running:
             return None
         now = _profiler_in_place()
@@ -295,8 +271,8 @@ class PythonTracer:
         self._note_thread_name()
 
     def _thread_hook(self, frame: Any, event: str, arg: Any) -> Any:
-        """First profile event of a thread started during the window (Python <= 3.11): hand it to
-        VizTracer's C hook, which replaces this one, and remember the thread so stop() can unhook it."""
+        """Python <= 3.11: first profile event of a thread started during the window, handed to
+        VizTracer's C hook (which replaces this one); the thread is noted for ``stop`` to unhook."""
         with self._lock:
             if not self._running or self._tracer is None:
                 sys.setprofile(None)  # the window closed before this thread ran any code
@@ -308,22 +284,19 @@ class PythonTracer:
             return self._tracer.threadtracefunc(frame, event, arg)
 
     def stop(self) -> None:
-        """Remove every hook; events stay in the ring buffer. A profile hook another tool installed
-        over VizTracer's (Python <= 3.11) is put back: VizTracer's stop would remove it."""
+        """Remove every hook; events stay in the buffer. A profile hook another tool installed over
+        VizTracer's (Python <= 3.11), which VizTracer's stop removes, is put back."""
         foreign = None
         if sys.version_info < (3, 12) and self._tracer is not None:
             hook = sys.getprofile()
             foreign = hook if hook is not None and hook is not self._tracer else None
-        # ``enable``: VizTracer's own flag, set even when an interruption hit between its start and
-        # ours (then only it knows that a hook is in place).
+        # VizTracer's own ``enable`` knows of a start that an interruption cut short.
         held = self._tracer is not None and (self._running or bool(getattr(self._tracer, "enable", False)))
         try:
             with self._lock:
                 self._running = False
                 if held:
-                    with own_calls():
-                        # Calls still open (the window's closing frames, other threads' work) become
-                        # complete events ending now, not unclosed "B" events.
+                    with own_calls():  # calls still open become complete events ending now
                         self._tracer.stop("flush_as_finish")
         finally:
             stop_adopting()
@@ -337,17 +310,13 @@ class PythonTracer:
             hooked, self._hooked_threads = self._hooked_threads, {}
             starter, self._starter = self._starter, {}
             if starter and current_thread_state() not in starter:
-                # Stopped from another thread (``unsafe_names.ImportGuard``): VizTracer's stop took
-                # only that thread's hook off; the starting thread's goes too.
-                hooked.update(starter)
+                hooked.update(starter)  # stopped from another thread (``ImportGuard``)
             remove_profile_hooks(hooked)
             if held and sys.version_info >= (3, 12):
-                # Only after our own session: swapping the callbacks of a VizTracer the user started
-                # since (it is "viztracer" too) silently stopped it recording.
+                # Only after our own session: releasing those of the user's VizTracer stops it.
                 monitoring_callbacks_of(self._tracer, release=True)
 
     def _release_thread_hook(self) -> None:
-        # VizTracer sets threading.setprofile at construction and never takes it back.
         if self._tracer is not None and threading.getprofile() in (
             self._tracer.threadtracefunc,
             self._thread_hook,
@@ -357,15 +326,11 @@ class PythonTracer:
         self._previous_thread_hook = None
 
     def pause_files(self, prefixes: tuple[str, ...]) -> bool:
-        """Record no call into files under ``prefixes`` (and nothing below such a call) until
-        ``resume_files``; a later call replaces the prefixes. False when VizTracer already filters
-        by ``include_files`` (then nothing is paused).
+        """Record no call into files under ``prefixes``, nor below one, until ``resume_files``; a
+        later call replaces the prefixes. False (nothing paused) where ``include_files`` is set.
 
-        For torch.compile (``compile_watch``). Not VizTracer's ``pause()``: that keeps the frames
-        open at the pause on its stack, and resumed from another frame (dynamo's end-of-compile
-        callback) the next return no longer matches, so VizTracer stops recording ("Unexpected
-        function return"). An excluded file's call is skipped with its whole subtree, counted by
-        depth, so VizTracer's stack stays in step with the interpreter's.
+        Not VizTracer's ``pause()``: resumed from another frame (dynamo's end-of-compile callback),
+        its stack no longer matches and it stops recording ("Unexpected function return").
         """
         tracer = self.ensure_tracer()
         if tracer.include_files is not None:
@@ -384,14 +349,9 @@ class PythonTracer:
         self._files_before = None
 
     def dump(self, path: str, *, hold: bool = False) -> int | HeldDump | None:
-        """Write the ring buffer as JSON to ``path`` and empty it.
-
-        On Linux the C ``dump`` runs in a forked child (copy-on-write: the training thread pays only
-        the fork and ``clear()``); the caller must ``wait_for_dump(pid)`` before reading ``path``.
-        Elsewhere, on an interpreter whose fork can deadlock (``FORK_CAN_DEADLOCK``), or if fork
-        fails, it dumps in this thread and returns None. ``hold``: nothing is
-        written now; the returned ``HeldDump`` writes it later.
-        """
+        """Write the buffer as JSON to ``path`` and empty it: by a forked child where that is safe
+        (its pid: ``wait_for_dump`` before reading ``path``), else here (None). ``hold``: the
+        returned ``HeldDump`` writes it later."""
         if hold and self._tracer is not None:
             return HeldDump(self._tracer, self.config.tracer_entries, path)
         return write_dump(self._tracer, self.config.tracer_entries, path, fork=True)
@@ -403,10 +363,10 @@ class PythonTracer:
             self._tracer.clear()
 
     def ensure_tracer(self) -> Any:
-        """This configuration's one VizTracer (built on first use, kept for the process: deleting one
-        resets ``threading.setprofile``); DataLoader workers ask for it too (recording/worker_side.py)."""
+        """This configuration's one VizTracer, built on first use and kept for the process."""
         if self._tracer is None:
-            key = _config_key(self.config)
+            c = self.config  # include/exclude/max_stack_depth are applied after recording: not in the key
+            key = (c.tracer_entries, c.min_duration, c.ignore_c_function)
             self._tracer = _TRACERS.get(key)
             if self._tracer is None:
                 self._tracer = _TRACERS[key] = thread_keys.build_noting_key(self._build_tracer)
@@ -417,8 +377,8 @@ class PythonTracer:
         from viztracer.snaptrace import Tracer
 
         c = self.config
-        # No include_files / exclude_files / max_stack_depth here: VizTracer would drop the whole
-        # subtree under a filtered frame, and with it the user's code (see filters.py).
+        # No include_files / exclude_files / max_stack_depth: VizTracer would drop the whole subtree
+        # under a filtered frame, the user's code with it (``analysis/filters.py`` applies them).
         with own_calls():  # the rival guard lets our own VizTracer through
             tracer = VizTracer(
                 tracer_entries=c.tracer_entries,
@@ -427,9 +387,8 @@ class PythonTracer:
                 min_duration=c.min_duration,
                 register_global=False,
             )
-        # Construction installs the hooks on Python <= 3.11; take them off until start(). Not on
-        # 3.12+: construction installs nothing there, and stop() would free sys.monitoring tool 2
-        # even when another tool holds it.
+        # Construction hooks on Python <= 3.11: off until start(). Not on 3.12+, where it hooks
+        # nothing and stop() would free sys.monitoring's tool 2 even when another tool holds it.
         if sys.version_info < (3, 12):
             Tracer.stop(tracer, None)
         if threading.getprofile() == tracer.threadtracefunc:

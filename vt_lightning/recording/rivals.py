@@ -1,20 +1,14 @@
 """Other profilers in this process: a window yields to them, whenever they start.
 
-Two torch profilers at once crashed the process (a segfault when the window stopped, 6 of 6 runs
-with a user's ``torch.profiler.profile()`` around a step of a window), and on Python 3.12+ a
-``cProfile`` started mid-window raised ``ValueError: Another profiling tool is already active``
-(VizTracer holds ``sys.monitoring``'s profiler id) and stopped training. So while a window is live
-(from its warmup to its close) ``RivalGuard`` intercepts the entry points another profiler starts
-through, and lets the window stop cleanly *before* the other tool starts:
-
-- ``torch.autograd.profiler.profile._prepare_trace`` / ``_start_trace`` (every torch profiler,
-  Lightning's ``PyTorchProfiler`` included, starts through them);
-- ``cProfile.Profile.enable`` (``cProfile.run``, ``with cProfile.Profile()``, ``profile.enable()``);
-- ``sys.monitoring.use_tool_id`` for the profiler id (3.12+: any tool, cProfile's C code included).
-
-A tool that starts some other way (``sys.setprofile``, a C extension) is caught at the window's next
-step boundary (``ProfilingWindow.check_rivals``), which then yields too. The patches exist only
-while a window is live; our own calls into torch and VizTracer run inside ``own_calls()``.
+Two torch profilers at once crash the process (a segfault at the window's stop), and on Python
+3.12+ a ``cProfile`` started mid-window raises ``Another profiling tool is already active``. So
+while a window is live (warmup to close) ``RivalGuard`` intercepts the entry points another
+profiler starts through, and the window stops cleanly *before* that tool starts: torch's
+``profile._prepare_trace`` / ``_start_trace`` (Lightning's ``PyTorchProfiler`` included),
+``cProfile.Profile.enable``, VizTracer's construction and ``start``, and ``sys.monitoring.use_tool_id``
+for the profiler id (3.12+). A tool that starts another way (``sys.setprofile``, a C extension) is
+caught at the next step boundary (``ProfilingWindow.check_rivals``). Our own calls into torch and
+VizTracer run inside ``own_calls()``.
 """
 
 from __future__ import annotations
@@ -71,12 +65,11 @@ class RivalGuard:
         self._restore: list[Callable[[], None]] = []
 
     def _rival(self, name: str) -> None:
+        """Inside the other tool's call, which goes on: ``on_rival`` must raise nothing
+        (``ProfilingWindow.abort`` raises only an interruption)."""
         if self.installed and not _owned():
             self.remove()  # first: the other tool's own calls must go straight through
-            try:
-                self.on_rival(name)
-            except Exception:  # the other tool's call goes on whatever our callback does
-                pass
+            self.on_rival(name)
 
     def install(self) -> None:
         if self.installed:
@@ -84,9 +77,17 @@ class RivalGuard:
         self.installed = True
         _installed.add(self)
         try:
-            self._patch_torch()
-            self._patch_cprofile()
-            self._patch_viztracer()
+            import cProfile
+
+            from torch.autograd.profiler import profile
+            from viztracer import VizTracer
+
+            self._patch_method(profile, "_prepare_trace", "a torch profiler")
+            self._patch_method(profile, "_start_trace", "a torch profiler")
+            self._patch_method(cProfile.Profile, "enable", "cProfile")
+            # The user's own VizTracer: its construction hooks on Python <= 3.11, its start() takes ours.
+            self._patch_method(VizTracer, "__init__", "VizTracer")
+            self._patch_method(VizTracer, "start", "VizTracer")
             if sys.version_info >= (3, 12):
                 self._patch_monitoring()
         except BaseException:  # cleanup: a half install is removed; re-raised
@@ -94,17 +95,13 @@ class RivalGuard:
             raise
 
     def remove(self) -> None:
-        """Undo every patch (each one only if it is still ours); never raises."""
+        """Undo every patch (each one only if it is still ours)."""
         self.installed = False
         _installed.discard(self)
         restore, self._restore = self._restore, []
         for undo in reversed(restore):
-            try:
-                undo()
-            except Exception:  # best-effort undo: every other patch is still undone
-                pass
+            undo()
 
-    # ------------------------------------------------------------------ the patches
     def _patch_method(self, owner: Any, name: str, label: str) -> None:
         had_own = name in owner.__dict__
         original = owner.__dict__[name] if had_own else getattr(owner, name)
@@ -126,29 +123,6 @@ class RivalGuard:
 
         setattr(owner, name, intercepted)
         self._restore.append(undo)
-
-    def _patch_torch(self) -> None:
-        try:
-            from torch.autograd.profiler import profile
-        except ImportError:  # pragma: no cover - torch is a dependency
-            return
-        self._patch_method(profile, "_prepare_trace", "a torch profiler")
-        self._patch_method(profile, "_start_trace", "a torch profiler")
-
-    def _patch_viztracer(self) -> None:
-        """The user's own VizTracer: its construction installs hooks on Python <= 3.11 and its
-        start() takes the profile hook (or sys.monitoring's profiler id) that ours holds."""
-        try:
-            from viztracer import VizTracer
-        except ImportError:  # pragma: no cover - viztracer is a dependency
-            return
-        self._patch_method(VizTracer, "__init__", "VizTracer")
-        self._patch_method(VizTracer, "start", "VizTracer")
-
-    def _patch_cprofile(self) -> None:
-        import cProfile
-
-        self._patch_method(cProfile.Profile, "enable", "cProfile")
 
     def _patch_monitoring(self) -> None:  # pragma: no cover - Python 3.12+
         if sys.version_info < (3, 12):

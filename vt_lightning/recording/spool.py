@@ -1,11 +1,10 @@
 """Scratch space for a window's raw dumps, between the training process and the writer.
 
-Raw dumps go to disk-backed scratch space (``default_spool_base()``, or ``spool_dir``), never to
-``/dev/shm``: DataLoader workers pass batches through shared memory, and a 900k-event window there
-starved them (Docker's default ``/dev/shm`` is 64 MB). Each training process owns one spool
-directory named ``vt_lightning-spool-<host>-<pid>-<random>`` and holds an advisory lock on a file in
-it for its whole life; ``remove_dead_spools`` (run at setup) deletes only directories whose owner is
-gone by all three tests: same host and no such pid, lock free, and untouched for a minute.
+On disk (``default_spool_base()``, or ``spool_dir``), never ``/dev/shm``: DataLoader workers pass
+batches through shared memory, and a big window there starved them. Each training process owns
+``vt_lightning-spool-<host>-<pid>-<random>`` and holds a lock in it for its life;
+``remove_dead_spools`` deletes only directories whose owner is gone by all three tests: same host
+and no such pid, lock free, untouched for a minute.
 """
 
 from __future__ import annotations
@@ -56,11 +55,7 @@ def check_spool_dir(spool_dir: Any) -> str | None:
             f"`spool_dir` must be a local directory (scratch space for raw dumps), got the URL {spool_dir!r}"
         )
     path = where.absolute()
-    existing = path
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
+    existing = next((p for p in (path, *path.parents) if p.exists()), path)
     if not existing.is_dir():
         raise ValueError(f"`spool_dir` must be a directory, but {existing} is not one")
     if not os.access(existing, os.W_OK | os.X_OK):
@@ -128,9 +123,8 @@ RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 
 
 def default_spool_base(mounts: str | None = None) -> str:
-    """``$TMPDIR`` (or ``TEMP``/``TMP``) when set; else the system temp dir, unless that is RAM
-    (``/tmp`` is a tmpfs on some distributions) and ``/var/tmp``, disk-backed by convention, is
-    usable. ``mounts`` is ``/proc/mounts``' text (read when None)."""
+    """``$TMPDIR`` (or ``TEMP``/``TMP``) when set; else the system temp dir, unless that is RAM and
+    ``/var/tmp`` (disk by convention) is usable. ``mounts``: ``/proc/mounts``' text."""
     if any(os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")):
         return tempfile.gettempdir()
     system = tempfile.gettempdir()

@@ -1,14 +1,11 @@
-"""Profile hooks on threads that already exist, through CPython's C API (Python <= 3.11), and
-VizTracer's leftover ``sys.monitoring`` callbacks (3.12+): the thread plumbing of ``pytracer``.
+"""The thread plumbing of ``pytracer``: profile hooks on threads that already run (Python <= 3.11,
+through CPython's C API), and VizTracer's leftover ``sys.monitoring`` callbacks (3.12+).
 
-Python <= 3.11 only. VizTracer's start() hooks the calling thread and, through threading.setprofile,
-threads started later; threads already running (a persistent ThreadPoolExecutor, the DataLoader's
-pin-memory thread) would go untraced. start() therefore puts a one-shot trampoline on every other
-thread state (CPython's _PyEval_SetProfile(tstate), under the GIL, as 3.12's
-threading.setprofile_all_threads() does): at that thread's next call it hands over to VizTracer's C
-hook. stop() takes every hook off again: VizTracer's own stop() unhooks only the calling thread, and
-a hook left on a thread makes it 1.5x (3.10) to 3.4x (3.11) slower for the rest of its life.
-On 3.12+ VizTracer uses sys.monitoring, which covers every thread and is freed by stop().
+VizTracer hooks only the thread that starts it and threads started later, so ``start`` puts a
+one-shot trampoline on every other thread state (``_PyEval_SetProfile(tstate)``, under the GIL, as
+3.12's ``threading.setprofile_all_threads()`` does), which hands over to VizTracer's C hook at that
+thread's next call. ``stop`` takes every hook off again: a hook left on a thread makes it 1.5x (3.10)
+to 3.4x (3.11) slower for the rest of its life, and VizTracer's stop unhooks only its own thread.
 """
 
 from __future__ import annotations
@@ -28,33 +25,29 @@ _trampoline: Any = None  # the ctypes function pointer; created once, never free
 
 
 def _trampoline_marker() -> None:
-    """Passed as the trampoline's profile object, so ``sys.getprofile()`` in a thread shows it."""
+    """The trampoline's profile object, so that ``sys.getprofile()`` in a thread shows it."""
 
 
 def c_api() -> Any:
-    """Our own handle on the C API (restype/argtypes set here do not touch ``ctypes.pythonapi``)."""
+    """Our own handle on the C API (types set here leave ``ctypes.pythonapi`` as it is)."""
     global _capi
     if _capi is None:
         import ctypes
 
         api = ctypes.PyDLL(None)  # PyDLL: calls keep the GIL
         ptr = ctypes.c_void_p
-        api.PyThreadState_Get.restype = ptr
-        api.PyThreadState_Get.argtypes = []
-        api.PyInterpreterState_Get.restype = ptr
-        api.PyInterpreterState_Get.argtypes = []
-        api.PyInterpreterState_ThreadHead.restype = ptr
-        api.PyInterpreterState_ThreadHead.argtypes = [ptr]
-        api.PyThreadState_Next.restype = ptr
-        api.PyThreadState_Next.argtypes = [ptr]
-        api.PyThreadState_GetID.restype = ctypes.c_uint64
-        api.PyThreadState_GetID.argtypes = [ptr]
-        api.PyThreadState_GetFrame.restype = ptr
-        api.PyThreadState_GetFrame.argtypes = [ptr]
-        api.Py_DecRef.restype = None
-        api.Py_DecRef.argtypes = [ptr]
-        api._PyEval_SetProfile.restype = ctypes.c_int
-        api._PyEval_SetProfile.argtypes = [ptr, ptr, ptr]
+        for name, restype, argtypes in (
+            ("PyThreadState_Get", ptr, []),
+            ("PyInterpreterState_Get", ptr, []),
+            ("PyInterpreterState_ThreadHead", ptr, [ptr]),
+            ("PyThreadState_Next", ptr, [ptr]),
+            ("PyThreadState_GetID", ctypes.c_uint64, [ptr]),
+            ("PyThreadState_GetFrame", ptr, [ptr]),
+            ("Py_DecRef", None, [ptr]),
+            ("_PyEval_SetProfile", ctypes.c_int, [ptr, ptr, ptr]),
+        ):
+            function = getattr(api, name)
+            function.restype, function.argtypes = restype, argtypes
         _capi = api
     return _capi
 
@@ -76,8 +69,8 @@ def _live_thread_states(api: Any) -> list[int]:
 
 
 def remove_profile_hooks(thread_states: dict[int, int]) -> None:
-    """Remove the profile hook of the given threads (state pointer -> state id); the GIL is held
-    throughout. The id guards against a state freed since and its address reused by a new thread."""
+    """Remove the profile hook of the given threads (state pointer -> state id, which tells a state
+    freed since from a new one at its address), holding the GIL throughout."""
     if not thread_states:
         return
     try:
@@ -89,21 +82,12 @@ def remove_profile_hooks(thread_states: dict[int, int]) -> None:
         pass
 
 
-def _monitoring_events() -> list[int]:
-    """Every single ``sys.monitoring`` event (3.12+): the slots a tool can hold a callback in."""
-    if sys.version_info < (3, 12):  # no sys.monitoring before 3.12 (and mypy checks for 3.10)
-        return []
-    events = sys.monitoring.events
-    return sorted({v for k, v in vars(events).items() if k.isupper() and v and v & (v - 1) == 0})
-
-
 def monitoring_callbacks_of(tracer: Any, release: bool) -> int:
     """Count (and with ``release``, unregister) ``tracer``'s callbacks in ``sys.monitoring`` (3.12+).
 
-    VizTracer's stop() sets its events to 0 and frees the tool id, but ``free_tool_id`` (3.12,
-    3.13) leaves the registered callbacks in place: the interpreter keeps VizTracer's bound methods,
-    and so the tracer, until its own finalization, and hands them to the next tool that takes the
-    id. Reading a slot means swapping it, so every slot that is not ours is put back as it was.
+    ``free_tool_id`` (3.12, 3.13) leaves them registered: they keep the tracer alive into
+    finalization and go to the next tool that takes the id. Reading a slot swaps it, so a slot that
+    is not ours is put back.
     """
     if sys.version_info < (3, 12):  # no sys.monitoring before 3.12 (and mypy checks for 3.10)
         return 0
@@ -112,7 +96,8 @@ def monitoring_callbacks_of(tracer: Any, release: bool) -> int:
     if tracer is None or monitoring.get_tool(tool) not in (None, "viztracer"):
         return 0  # another tool holds the id: the callbacks are its own
     found = 0
-    for event in _monitoring_events():
+    single_events = {v for k, v in vars(monitoring.events).items() if k.isupper() and v and v & (v - 1) == 0}
+    for event in sorted(single_events):  # the slots a tool can hold a callback in
         previous = monitoring.register_callback(tool, event, None)
         if previous is not None and getattr(previous, "__self__", None) is tracer:
             found += 1
@@ -124,14 +109,14 @@ def monitoring_callbacks_of(tracer: Any, release: bool) -> int:
 
 
 def _package_frames() -> list[Any]:
-    """The current frames of our own threads (the background writer's pool, named
-    ``vt_lightning-...``), which idle in the standard library between jobs."""
+    """The current frames of our own threads (named ``vt_lightning-...``), which idle in the
+    standard library between jobs."""
     ours = {t.ident for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)}
     return [frame for ident, frame in sys._current_frames().items() if ident in ours]
 
 
 def _runs_package_code(api: Any, state: int, our_frames: list[Any]) -> bool:
-    """True for our own threads: tracing them would only add frames the writer drops anyway."""
+    """True for our own threads: the writer would drop their frames anyway."""
     import ctypes
 
     pointer = api.PyThreadState_GetFrame(state)
@@ -158,11 +143,11 @@ def _make_trampoline() -> Any:
         prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
 
         def adopt(_obj: int, frame: int, what: int, arg: int) -> int:
-            # Runs as the profile hook of a thread that existed before the window, at its first call.
+            """A pre-existing thread's first profile event: VizTracer's ``threadtracefunc`` hooks
+            the thread and records the event."""
             tracer = _adopting
             try:
                 if tracer is not None and what in _PROFILE_EVENTS and frame:
-                    # threadtracefunc installs VizTracer's C hook on this thread, then records the event.
                     tracer.threadtracefunc(
                         ctypes.cast(frame, ctypes.py_object).value,
                         _PROFILE_EVENTS[what],

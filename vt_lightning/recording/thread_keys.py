@@ -1,19 +1,13 @@
-"""VizTracer's per-thread key, deleted before the interpreter finalizes.
+"""VizTracer's per-thread pthread key, deleted before the interpreter finalizes.
 
-VizTracer keeps each traced thread's state under a pthread key whose destructor takes the GIL
-(``snaptrace_threaddestructor``: ``PyGILState_Ensure``) and is never deleted, not even with its
-tracer. A thread that is not Python's own but ran Python code in a window keeps that state until
-it exits, and torch's autograd device threads (``pt_autograd_0``: a compiled model's backward is
-Python) exit only when torch's engine is torn down, after ``Py_Finalize``. The destructor then
-crashed the process: a torch.compile'd CUDA job exited with SIGSEGV after writing every file
-(Python 3.12.3, torch 2.11, VizTracer 1.1.1, H200; backtrace in ``snaptrace_threaddestructor`` on
-``pt_autograd_0``). A deleted key's destructor never runs (POSIX), and the states it leaves are a
-few hundred bytes per thread at exit.
+The key's destructor takes the GIL and the key is never deleted. torch's autograd device threads
+(which run a compiled backward's Python) exit after ``Py_Finalize``, and the destructor then
+crashed the process: a compiled CUDA job exited with SIGSEGV after writing every file. A deleted
+key's destructor never runs (POSIX).
 
-VizTracer does not expose the key. Its constructor creates exactly one, so the key is found by
-bracketing the construction with two keys of our own: glibc and musl hand out the lowest free
-index, and when the two brackets are exactly two apart, the one between is VizTracer's. Anything
-else (another thread creating a key meanwhile, another platform) and nothing is deleted.
+VizTracer does not expose the key, and its constructor creates exactly one: bracketed by two keys
+of our own (glibc and musl hand out the lowest free index), the one between them is VizTracer's
+when the brackets are exactly two apart. Anything else, and nothing is deleted.
 """
 
 from __future__ import annotations

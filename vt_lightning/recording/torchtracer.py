@@ -1,14 +1,11 @@
-"""torch.profiler behind a small interface: prepare (warmup), start, per-step markers, stop, save.
+"""torch.profiler for a window: prepare (warmup), start, per-step ranges, stop, save.
 
-One long-lived ``torch.profiler.profile`` per process and configuration (``shared_profile``), driven
-by hand, window after window, instead of by torch's schedule so that window bounds are
-training-batch bounds and ``ProfilerStep#<n>`` carries the global batch index. A fresh ``profile()``
-per window grew the training process by 7-12 KiB per window (torch 2.13, CPU; what ``profile()``'s
-constructor registers is never freed), one reused profile by 0.0 (docs/architecture.md, "Long
-runs"). Each window keeps the results object of its own session (captured at ``stop``), so the next
-window's ``prepare`` never touches a window whose export is still pending. ``stop()`` is cheap
-(torch post-processes lazily); the trace JSON is written by torch's C++ exporter later, on the
-writer thread (``ClosedWindow.collect``).
+One long-lived ``torch.profiler.profile`` per process and configuration (``shared_profile``):
+``profile()``'s constructor leaks host memory each time (docs/architecture.md, "Long runs"). It is
+driven by hand, not by torch's schedule, so that window bounds are batch bounds and
+``ProfilerStep#<n>`` carries the global batch. Each window keeps its own session's results
+(taken at ``stop``), so the next window's ``prepare`` never touches one whose export is pending;
+torch's exporter runs later, on the writer thread (``ClosedWindow.collect``).
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._C._profiler import _RecordFunctionFast
 from torch.profiler import ProfilerActivity
 
 from vt_lightning.constants import KINETO_LOG_LEVEL, STEP_PREFIX
@@ -32,14 +30,14 @@ from vt_lightning.recording.rivals import RivalProfiler, own_calls
 _recording: weakref.WeakSet[TorchTracer] = weakref.WeakSet()
 _kineto_started = False  # a window has started torch's profiler in this process (kineto is up)
 _PROFILES: dict[tuple[TorchTracerConfig, bool], Any] = {}  # see ``shared_profile``
-# Kineto prints two lines per window on stderr (``profiler_start`` / ``profiler_stop``, at its USDT
-# level 5, above ERROR) unless KINETO_LOG_LEVEL, read once when kineto starts, is above 5.
+# Kineto prints two lines per window on stderr (its level 5) unless KINETO_LOG_LEVEL, read once
+# when kineto starts, is above 5.
 QUIET_KINETO_LEVEL = "6"
 
 
 def _disable_in_forked_child() -> None:
-    """A child forked while a window records (a DataLoader worker) inherits torch's profiler
-    state and would record its ops in memory for its whole life, never saved."""
+    """A child forked while a window records (a DataLoader worker) would record its ops for its
+    whole life, never saved."""
     _PROFILES.clear()  # the parent's sessions: a child never stops or exports them
     if _kineto_started:
         _skip_static_destructors_at_exit()
@@ -55,12 +53,10 @@ def _disable_in_forked_child() -> None:
 
 
 def _skip_static_destructors_at_exit() -> None:
-    """Kineto's ConfigLoader (torch <= 2.13 at least) waits in its static destructor on a condition
-    variable its polling thread sleeps on. A forked child has no such thread, so a child that leaves
-    through ``exit()`` (``sys.exit``, the end of its script) hangs there forever, once the parent
-    has run torch.profiler. In such a child, ``_exit`` with the same status runs after Python has
-    finished (``on_exit`` handlers run last-registered first, before that destructor), as
-    multiprocessing's children always do. glibc only; elsewhere nothing changes."""
+    """Kineto's ConfigLoader (torch 2.13) waits in its static destructor for a polling thread a
+    forked child does not have: a child of a process that ran torch.profiler hangs in ``exit()``.
+    There ``_exit`` with the same status runs once Python has finished (``on_exit`` handlers run
+    before that destructor), as multiprocessing's children do. glibc only."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -83,29 +79,21 @@ class TorchTracerConfig:
 
 
 def torch_profiler_active() -> bool:
-    """True when some torch profiler (the user's, Lightning's) is already recording in this process."""
-    try:
-        return bool(torch.autograd.profiler._is_profiler_enabled)
-    except AttributeError:  # pragma: no cover - older torch
-        return bool(torch._C._autograd._profiler_enabled())
+    """True when some torch profiler (the user's, Lightning's, ours) is recording in this process."""
+    return bool(torch.autograd.profiler._is_profiler_enabled)
 
 
-def activities(cuda_available: bool | None = None) -> list[ProfilerActivity]:
-    """CPU always, CUDA when this process can use it."""
-    if cuda_available is None:
-        cuda_available = torch.cuda.is_available()
-    acts = [ProfilerActivity.CPU]
-    if cuda_available:
-        acts.append(ProfilerActivity.CUDA)
-    return acts
+def profiler_range(name: str) -> Any:
+    """A torch.profiler range named ``name``, not yet entered: torch's C ``_RecordFunctionFast``
+    (~0.7 µs, written as ``cpu_op``), not ``record_function`` (~6 µs)."""
+    return _RecordFunctionFast(name)
 
 
 def experimental_config(all_threads: bool) -> Any:
-    """Skip building Python event objects at stop (``trace_only``) where this torch supports it.
+    """``trace_only`` (no Python event objects built at stop) where this torch has it.
 
-    ``all_threads`` records ops issued by every thread (Python threads do not inherit torch's
-    thread-local profiler state), but torch (2.13) then drops the ``[memory]`` events the Memory
-    view and snapshots need, so it is used only when ``profile_memory`` is off.
+    ``all_threads`` records every thread's ops, but torch (2.13) then drops the ``[memory]``
+    events, so it is used only when ``profile_memory`` is off.
     """
     from torch._C._profiler import _ExperimentalConfig
 
@@ -126,7 +114,7 @@ def shared_profile(config: TorchTracerConfig, cuda_available: bool) -> Any:
     profile = _PROFILES.get(key)
     if profile is None:
         profile = _PROFILES[key] = torch.profiler.profile(
-            activities=activities(cuda_available),
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda_available else [ProfilerActivity.CPU],
             record_shapes=config.record_shapes,
             profile_memory=config.profile_memory,
             with_flops=config.with_flops,
@@ -137,8 +125,8 @@ def shared_profile(config: TorchTracerConfig, cuda_available: bool) -> Any:
 
 @contextlib.contextmanager
 def _quiet_kineto() -> Iterator[None]:
-    """Around kineto's start in this process: its per-window lines stay off the console unless the
-    user chose a level. Set only for kineto's one read, then removed, so no child inherits it."""
+    """Around kineto's first start in this process: its per-window lines stay off the console unless
+    the user chose a level. Removed after kineto's one read, so no child inherits it."""
     ours = not _kineto_started and KINETO_LOG_LEVEL not in os.environ
     if ours:
         os.environ[KINETO_LOG_LEVEL] = QUIET_KINETO_LEVEL
@@ -209,18 +197,11 @@ class TorchTracer:
             step, self._step = self._step, None
             step.__exit__(None, None, None)
 
-    @staticmethod
-    def make_range(name: str) -> Any:
-        """A torch range named ``name``, not yet entered (clock markers; see ``clock.emit_markers``)."""
-        try:
-            from torch._C._profiler import _RecordFunctionFast
-        except ImportError:  # pragma: no cover - torch < 2.2
-            return torch.autograd.profiler.record_function(name)
-        return _RecordFunctionFast(name)
+    make_range = staticmethod(profiler_range)
 
     def stop(self) -> None:
-        """Stop recording; safe to call in any state, more than once, and after an interruption
-        anywhere in it (each part runs even if an earlier one raised; torch is left not recording)."""
+        """Stop recording, in any state, any number of times: each part runs whatever an earlier one
+        raised, and torch is left not recording."""
         if self.stopped:
             return
         try:
@@ -235,13 +216,11 @@ class TorchTracer:
                     _recording.discard(self)
 
     def _stop_session(self) -> None:
-        if self.started and not torch_profiler_active():
-            self.lost = True  # another tool stopped it: stopping (or exporting) again crashes torch
-            self._session_closed = True
-            return
-        if not self._starting and torch_profiler_active():
-            self.lost = True  # another profiler runs now: starting ours to close it would clash
-            self._session_closed = True
+        active = torch_profiler_active()
+        if (self.started and not active) or (not self._starting and active):
+            # Another tool stopped ours (stopping or exporting it again crashes torch), or, ended in
+            # warmup, another profiler runs now (starting ours to close it would clash).
+            self.lost = self._session_closed = True
             return
         try:
             with own_calls():
@@ -252,8 +231,7 @@ class TorchTracer:
                     # A gloo worker may still be ending a collective's range in this session.
                     wait_for_native_threads()
                 self._profile.stop_trace()
-                # This window's results, for its export on the writer thread; the shared profile
-                # lets go of them, so the next window's prepare starts afresh.
+                # This window's results, for its export; the shared profile lets go of them.
                 self._results, self._profile.profiler = self._profile.profiler, None
         except BaseException:  # cleanup: an interrupted stop leaves no profiler recording; re-raised
             self.lost = True
@@ -277,9 +255,6 @@ def _force_disable() -> None:
     try:
         if torch._C._autograd._profiler_enabled():
             torch._C._autograd._disable_profiler()
-    except Exception:  # last resort after an interrupted stop: best effort
+    except Exception:  # best effort, inside the interrupted stop's cleanup: its own error goes on
         pass
-    try:
-        torch.autograd.profiler._is_profiler_enabled = False
-    except Exception:  # last resort after an interrupted stop: best effort
-        pass
+    torch.autograd.profiler._is_profiler_enabled = False

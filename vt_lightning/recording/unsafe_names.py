@@ -1,29 +1,20 @@
-"""Names VizTracer cannot take, found where plain Python can see them, before the tracer meets them.
+"""Names VizTracer cannot take, found in plain Python before the tracer meets them.
 
-VizTracer (1.0.1 and 1.1.1, the versions CI tests) converts every name it meets with an unchecked
-``PyUnicode_AsUTF8``: a name that is not UTF-8 (a lone surrogate, as Python decodes a byte that is
-not UTF-8 in a file name: ``caf\\udcff_module.py``) crashes the process with SIGSEGV; a file name at
-the first traced call of its code (even with ``exclude_files``, whose filter does the same
-conversion), a function's or a thread's name in the dump. Reproducers: docs/upstream.md.
+VizTracer converts every name it meets with an unchecked ``PyUnicode_AsUTF8``: a name that is not
+UTF-8 (a lone surrogate: ``caf\\udcff_module.py``) crashes the process (SIGSEGV), a file name at
+the first traced call of its code, a function's or thread's name in the dump (docs/upstream.md).
 
-- Loaded before a window (the realistic way: a module imported from a directory whose name holds
-  such a byte): no window records Python calls while it is loaded. ``unsafe_module_file`` names it,
-  and the window is skipped with a warning (``controller/windows.py``). It reads ``sys.modules``
-  once per change of its size (a few thousand ``__file__`` strings, about a millisecond).
-- Imported during a window: ``ImportGuard``, first on ``sys.meta_path`` (the import system's hook)
-  only while the window records, sees the module's spec before its code exists. Its callback stops
-  the Python tracer (VizTracer's ``collecting`` flag is process-wide, so no thread's hook reads a
-  file name after that), and the window is dropped (``UnsafeImport``); the import goes on untouched.
-- In a DataLoader worker's traced fetch: the same two checks (``TracingGuard``); the worker's
-  tracing stops for good, with one warning of its own.
-- A thread's name (``unsafe_name`` over the names ``threading`` knows): VizTracer keeps every
-  thread's name for the tracer's life, and its dump crashes on one of these. ``viztracer_dump``
-  notes them per tracer and never dumps such a buffer in a process that must live.
+- Loaded before a window (a module imported from a directory whose name holds such a byte):
+  ``unsafe_module_file`` names it and the window is skipped (``controller/windows.py``).
+- Imported during a window: ``ImportGuard``, first on ``sys.meta_path`` only while the window
+  records, sees the module's spec before its code exists, stops the Python tracer (its
+  ``collecting`` flag is process-wide), and the window is dropped (``UnsafeImport``).
+- In a DataLoader worker's traced fetch: the same two checks (``TracingGuard``).
+- A thread's name (``unsafe_thread_name``): ``viztracer_dump`` never dumps a buffer that met one
+  in a process that must live.
 
-Left to VizTracer, as Python shows them only to an audit hook (never removable) or a patched
-``compile``: code compiled under such a file name (``compile()``, ``code.replace``, a loader run by
-hand) and run during a window ends the process; code whose *name* is not UTF-8 crashes the dump,
-which in a forked child drops only the window (docs/troubleshooting.md).
+Code compiled by hand under such a name (``compile()``, ``code.replace``) is left to VizTracer:
+only an audit hook or a patched ``compile`` sees it (docs/troubleshooting.md).
 """
 
 from __future__ import annotations
@@ -54,7 +45,8 @@ def unsafe_thread_name(names: Iterable[str]) -> str | None:
 
 
 def unsafe_module_file() -> str | None:
-    """``module (file)`` of a loaded module whose file name VizTracer cannot take, or None."""
+    """``module (file)`` of a loaded module whose file name VizTracer cannot take, or None (read
+    again only when ``sys.modules`` changes size: a few thousand names, about a millisecond)."""
     global _checked
     size = len(sys.modules)
     if size != _checked[0]:
@@ -80,8 +72,7 @@ def skipped_message(unsafe: str, index: int) -> str:
 
 
 class UnsafeImport(RuntimeError):
-    """A module whose file name VizTracer cannot take was imported during window ``index``: Python
-    tracing stopped before its code ran, and the window is dropped (the message says so)."""
+    """A module whose file name VizTracer cannot take was imported during window ``index``."""
 
     def __init__(self, unsafe: str, index: int) -> None:
         self.unsafe = unsafe
@@ -94,11 +85,10 @@ class UnsafeImport(RuntimeError):
 
 
 class ImportGuard:
-    """A ``sys.meta_path`` finder, first in line while a window records: it asks the finders after it
-    for the spec (as the import system would, so nothing is searched twice) and hands ``on_unsafe``
-    the ``module (file)`` of one whose file name VizTracer cannot take, before the module's code is
-    loaded. Finds nothing itself, raises nothing of its own, and in a forked child (or behind a
-    legacy finder with no ``find_spec``) leaves the search to the import system."""
+    """A ``sys.meta_path`` finder, first while a window records: it asks the finders after it for the
+    spec (nothing is searched twice) and hands ``on_unsafe`` the ``module (file)`` of one whose
+    file name VizTracer cannot take, before its code is loaded. It raises nothing into the import,
+    and leaves the search to the import system in a forked child or behind a legacy finder."""
 
     def __init__(self, on_unsafe: Callable[[str], None]) -> None:
         self._on_unsafe = on_unsafe
@@ -123,8 +113,7 @@ class ImportGuard:
                 return None
             spec = find(fullname, path, target)
             if spec is not None:
-                # The file VizTracer meets as the module code's ``co_filename``: its source, or
-                # the ``.pyc`` of a sourceless module.
+                # The module code's ``co_filename``: its source, or a sourceless module's ``.pyc``.
                 origin = getattr(spec, "origin", None)
                 if isinstance(origin, str) and unsafe_name(origin):
                     try:
@@ -136,14 +125,11 @@ class ImportGuard:
 
 
 class TracingGuard:
-    """The checks above around a tracer run outside a ``ProfilingWindow``: a DataLoader worker's
-    traced fetch (``recording/worker_side.py``), whose worker runs VizTracer itself.
+    """The checks above around a DataLoader worker's traced fetch (``worker_side.py``).
 
-    ``start(tracer)``: False (nothing started) once such a name was met in this process or while
-    one is loaded; else the import guard goes in and the tracer starts, and the thread that imports
-    such a module stops it before that code runs. ``stop(tracer)`` stops it, and the guard goes
-    whatever happens (``stop()``: only the guard); True once such a name was met (trace no more).
-    One warning per process.
+    ``start(tracer)``: False (nothing started) once such a name was met or while one is loaded;
+    else the import guard goes in and the tracer starts. ``stop(tracer)``: the tracer stops and the
+    guard goes; True once such a name was met (trace no more). One warning per process.
     """
 
     def __init__(self) -> None:

@@ -1,12 +1,10 @@
 """VizTracer's C dump of a window's calls: forked, held for later (``HeldDump``), or in process.
 
-On Linux the dump runs in a forked child (copy-on-write: the training thread pays the fork and
-``clear()``), so a crash of VizTracer's dump (a name that is not UTF-8: ``unsafe_names``) ends only
-the child, and the window is dropped. A window held to the end of fit leaves its calls in the
-buffer until its job or the next recording writes them. A dump in this process (Python 3.10, whose
-forked child can deadlock; a held window once training has stopped; a DataLoader worker's part)
-is forked all the same, or refused, once a thread whose name the dump cannot write has met the
-tracer (``note_threads``); a function whose name it cannot write still crashes it (docs/upstream.md).
+Forked on Linux (the training thread pays the fork and ``clear()``), so that a crash of the dump on
+a name that is not UTF-8 ends only the child and its window. ``setpid()`` first: the dump writes
+the dumping process's pid. A dump in this process (Python 3.10, whose forked child can deadlock; a
+held window once training has stopped; a DataLoader worker's part) is forked all the same, or
+refused, once a thread whose name the dump cannot write has met the tracer (``note_threads``).
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ from vt_lightning.recording.unsafe_names import unsafe_thread_name
 
 _dump_child = False  # True only in the child ``write_dump`` forks to write the buffer
 _TERMINAL_SIGNALS = {signal.SIGINT, signal.SIGQUIT}
-# By ``id`` of a VizTracer (each lives for the process): the name, not UTF-8, of a thread that was
-# alive while it recorded. VizTracer keeps every thread's name for its life, and its dump crashes
-# on such a name, so every later dump of that tracer could.
+# By ``id`` of a VizTracer (each lives for the process): the name, not UTF-8, of a thread alive while
+# it recorded. VizTracer keeps every thread's name for its life: every later dump of it could crash.
 _unsafe_threads: dict[int, str] = {}
 
 
@@ -41,10 +38,8 @@ def in_dump_child() -> bool:
 
 
 def note_threads(viz: Any, names: Iterable[str]) -> None:
-    """Note the threads (their names, as ``threading`` knows them) that ``viz`` may have met: those
-    alive while it records, and those started then. More than VizTracer met (an idle thread, or
-    one it named before ``threading`` did, as 3.12+ does with a thread started while it records):
-    a dump it would have written is then forked, or refused where a fork is not safe."""
+    """Note the names (as ``threading`` knows them) of the threads ``viz`` may have met: those alive
+    while it records and those started then, more than it met rather than fewer."""
     if id(viz) not in _unsafe_threads:
         name = unsafe_thread_name(names)
         if name is not None:
@@ -52,18 +47,17 @@ def note_threads(viz: Any, names: Iterable[str]) -> None:
 
 
 def write_dump(viz: Any, entries: int, path: str, *, fork: bool) -> int | None:
-    """Write VizTracer ``viz``'s buffer (``entries`` long) as JSON to ``path`` and empty it: by a
-    forked child where ``fork`` allows (returns its pid, to reap with ``wait_for_dump``), else in
-    this thread (None). Once a thread named so that the dump could crash has met ``viz``, forked
-    wherever forking is safe, and refused elsewhere (``UnsafeDumpName``)."""
+    """Write ``viz``'s buffer (``entries`` long) as JSON to ``path`` and empty it: by a forked child
+    where ``fork`` allows (its pid, for ``wait_for_dump``), else here (None). Once a thread whose
+    name could crash the dump has met ``viz``: forked wherever that is safe, else refused
+    (``UnsafeDumpName``)."""
     global _dump_child
     thread = _unsafe_threads.get(id(viz))
     if (fork or thread is not None) and sys.platform.startswith("linux") and not children.FORK_CAN_DEADLOCK:
         pid: int | None = None
         _dump_child = True
-        viz.setpid()  # events keep this process's pid, not the child's (as fork_save does)
-        # Ctrl-C reaches the whole process group: the child writes on with them blocked for its
-        # short life (the parent gets them back at once), so the window recorded is not lost.
+        viz.setpid()  # events keep this process's pid, not the child's
+        # Ctrl-C reaches the whole process group: the child writes on with it blocked.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINAL_SIGNALS)
         try:
             with warnings.catch_warnings():
@@ -84,7 +78,9 @@ def write_dump(viz: Any, entries: int, path: str, *, fork: bool) -> int | None:
             finally:
                 os._exit(code)
         if pid is not None:
-            children.dump_children[pid] = _crash_hint(thread)
+            # What its death of a signal most likely means, for ``wait_for_dump``.
+            hint = f" (a thread named {thread!a}, not valid UTF-8, ran while VizTracer recorded)"
+            children.dump_children[pid] = hint if thread is not None else ""
             viz.clear()
             return pid
     if thread is not None:
@@ -98,28 +94,15 @@ def write_dump(viz: Any, entries: int, path: str, *, fork: bool) -> int | None:
     return None
 
 
-def _crash_hint(thread: str | None) -> str:
-    """What ``wait_for_dump`` says after the child's death of a signal: its likely cause, if known."""
-    if thread is None:
-        return ""
-    return f" (a thread named {thread!a}, not valid UTF-8, ran while VizTracer recorded: its dump cannot write it)"
-
-
 # The held dumps (``HeldDump``) not written yet, by ``id`` of the VizTracer whose buffer holds them.
 _held_dumps: dict[int, HeldDump] = {}
 
 
 class HeldDump:
-    """A closed window's calls, left in VizTracer's buffer: their dump waits.
-
-    For a window held to the end of fit (``handoff.finishes_at_end``), so that nothing of it runs
-    while training steps: not the fork of the dump child (16-28 ms on the training thread in a
-    short CPU fit, its whole heap's page tables copied) nor the child's CPU beside the next steps.
-    Written once, by whichever comes first: the window's job (``write``; in this thread once
-    training has stopped: ~10 ms for that fit's 4,000 calls), or the next recording into the same
-    buffer (``PythonTracer.start`` / ``discard``: the fork, as at any close; the job reaps it).
-    ``drop``: the window was abandoned, its calls go.
-    """
+    """A closed window's calls left in VizTracer's buffer, for a window held to the end of fit
+    (``handoff.finishes_at_end``): no fork runs while training steps. Written once, by whichever
+    comes first: the window's job (``write``), or the next recording into the buffer (``flush``: a
+    fork, which the job reaps). ``drop``: the window was abandoned."""
 
     def __init__(self, viz: Any, entries: int, path: str) -> None:
         self.path = path
@@ -131,55 +114,45 @@ class HeldDump:
         self._refused: UnsafeDumpName | None = None  # for the window's job, whoever wrote
         _held_dumps[id(self.viz)] = self
 
-    def _claim(self) -> bool:
-        """Whether the calls were still unwritten (then the caller writes or drops them); under the lock."""
+    def _empty(self, *, drop: bool = False, in_process: bool = False) -> None:
+        """Under the lock, once: write the calls (forked unless ``in_process``), or ``drop`` them.
+        Only once the buffer is emptied does this dump leave ``_held_dumps``: until then the next
+        recording's ``flush_held`` must find it and wait on its lock, or its first calls would go
+        into this window's file."""
         if self._written:
-            return False
+            return
         self._written = True
-        return True
-
-    def _unregister(self) -> None:
-        """Leave ``_held_dumps`` once the buffer is emptied, not at the claim: until then the next
-        recording's ``flush_held`` must find this dump and wait on its lock. Left at the claim, a
-        write on the writer thread (a window released mid-training) let the next window start
-        recording before its fork: the new window's first calls went into this one's file and the
-        ``clear()`` after the fork erased them from the new window."""
-        if _held_dumps.get(id(self.viz)) is self:
-            del _held_dumps[id(self.viz)]
-
-    def _write(self, *, in_process: bool) -> None:
-        if self._claim():
-            try:
+        try:
+            if drop:
+                self.viz.clear()
+            else:
                 self._pid = write_dump(self.viz, self._entries, self.path, fork=not in_process)
-            except UnsafeDumpName as err:  # the window's, not the next recording's: its job says so
-                self._refused = err
-            finally:
-                self._unregister()
+        except UnsafeDumpName as err:  # the window's, not the next recording's: its job says so
+            self._refused = err
+        finally:
+            if _held_dumps.get(id(self.viz)) is self:
+                del _held_dumps[id(self.viz)]
 
     def flush(self) -> None:
         """The buffer is needed for new calls: fork the dump now (the job reaps the child)."""
         with self._lock:
-            self._write(in_process=False)
+            self._empty()
 
     def write(self, *, in_process: bool) -> int | None:
-        """Complete the dump for the window's job: in this thread (``in_process``: training has
-        stopped and waits), else by a forked child. Returns the child to reap (None: done)."""
+        """Complete the dump for the window's job (``in_process``: here, training has stopped); the
+        child to reap, or None."""
         with self._lock:
-            self._write(in_process=in_process)
+            self._empty(in_process=in_process)
             if self._refused is not None:
                 raise self._refused
             pid, self._pid = self._pid, None
             return pid
 
     def drop(self) -> None:
-        """The window is given up: its calls leave the buffer unwritten (a child already forked
-        for them is reaped; its file goes with the window's other raw dumps)."""
+        """The window is given up: its calls leave the buffer unwritten (a child already forked for
+        them is reaped)."""
         with self._lock:
-            if self._claim():
-                try:
-                    self.viz.clear()
-                finally:
-                    self._unregister()
+            self._empty(drop=True)
             pid, self._pid = self._pid, None
         try:
             wait_for_dump(pid)

@@ -1,9 +1,8 @@
-"""One profiling window on the training thread: start and stop the tracers together, in order.
+"""One profiling window on the training thread: the tracers started and stopped together, in order.
 
-Order matters for what the timeline shows: torch starts first and stops last, the clocks are read
-just outside the Python tracer's span (so calibration never depends on traced events), and the
-Python hook is installed as late and removed as early as possible. Closing a window only stops
-recording and dumps VizTracer's ring buffer; everything else happens in the writer (``export/pipeline.finish_window``).
+torch starts first and stops last; the clocks are read just outside the Python tracer's span (so
+calibration never depends on traced events); the Python hook goes in last and comes off first.
+Closing only stops recording and dumps VizTracer's buffer: the rest is the writer's.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from vt_lightning.analysis.clock import ClockPair
 from vt_lightning.analysis.schedule import Window
@@ -24,6 +23,7 @@ from vt_lightning.export.job import Destination, WindowJob
 from vt_lightning.export.raw_json import readable
 from vt_lightning.recording.children import DumpChildFailed, wait_for_dump
 from vt_lightning.recording.clock_probes import emit_markers, sample_pair
+from vt_lightning.recording.memory import CudaMemoryRecorder
 from vt_lightning.recording.pytracer import HeldDump, PythonTracer, foreign_profiler
 from vt_lightning.recording.rivals import RivalGuard, RivalProfiler
 from vt_lightning.recording.side import SideRecorder
@@ -32,20 +32,9 @@ from vt_lightning.recording.torchtracer import TorchTracer
 from vt_lightning.recording.unsafe_names import ImportGuard, UnsafeImport
 
 
-class MemoryRecorder(Protocol):
-    """Device memory history for one window (CUDA allocator); see ``memory.py``."""
-
-    def start(self) -> None: ...
-
-    def snapshot(self) -> Any: ...
-
-    def stop(self) -> None: ...
-
-
 def thread_names_now(started: dict[int, str]) -> dict[int, str]:
-    """Native id -> name of the threads alive now and of ``started`` (those started in the window,
-    some ended since). A name that is not UTF-8 (lone surrogates) is made ``readable``: the
-    writer's JSON could not hold it, and the whole window would be refused."""
+    """Native id -> name of the threads alive now and of ``started`` (started in the window, some
+    ended since), made ``readable``: one name that is not UTF-8 would make the writer refuse the window."""
     names = {**started, **{t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}}
     return {tid: readable(name) for tid, name in names.items()}
 
@@ -58,7 +47,7 @@ class ProfilingWindow:
         window: Window,
         python: PythonTracer,
         torch_tracer: TorchTracer,
-        memory_recorder: MemoryRecorder | None = None,
+        memory_recorder: CudaMemoryRecorder | None = None,
         step_hooks: Any = None,
         on_problem: Callable[[str, str], Any] | None = None,
         side: list[SideRecorder] | None = None,
@@ -84,8 +73,7 @@ class ProfilingWindow:
         self._range_log: dict[str, list[dict[str, Any]]] = {}
 
     def warmup(self) -> None:
-        """Install the rival guard and start torch's profiler in warmup; if that fails or is
-        interrupted, nothing of the window stays installed."""
+        """Install the rival guard and start torch's profiler in warmup."""
         try:
             self._guard.install()
             self.torch.prepare()
@@ -105,7 +93,7 @@ class ProfilingWindow:
         if self.memory_recorder is not None:
             try:
                 self.memory_recorder.start()
-            except Exception as err:  # go on without the snapshot rather than lose the window
+            except Exception as err:  # a failing memory recorder costs the snapshot, not the window
                 self.memory_recorder = None
                 self.on_problem(
                     "memory-start",
@@ -122,9 +110,9 @@ class ProfilingWindow:
         self.active = True
 
     def check_rivals(self) -> None:
-        """Raise ``RivalProfiler`` (after yielding) if another profiler took over since the last
-        check: at every step boundary and at close, on top of ``RivalGuard``'s interception. Raise
-        ``UnsafeImport`` once a module VizTracer cannot take was imported: the window is dropped."""
+        """At every step boundary and at close: raise ``RivalProfiler`` (after yielding) if another
+        profiler took over unseen by ``RivalGuard``, or ``UnsafeImport`` once a module VizTracer
+        cannot take was imported (the window is dropped)."""
         if self.unsafe_import is not None:
             raise self.unsafe_import
         if self.yielded is None:
@@ -140,17 +128,11 @@ class ProfilingWindow:
             raise RivalProfiler(self.yielded)
 
     def _unsafe_import(self, unsafe: str) -> None:
-        """From ``ImportGuard``, on the importing thread, before the module's code exists: stop the
-        Python tracer for the rest of the window (never the import: nothing is raised into it)."""
-        self._unsafe(UnsafeImport(unsafe, self.window.index))
-
-    def _unsafe(self, err: UnsafeImport) -> None:
+        """From ``ImportGuard``, on the importing thread, before the module's code exists: Python
+        tracing stops for the rest of the window (the guard raises nothing into the import)."""
         if self.unsafe_import is None:
-            self.unsafe_import = err
-        try:
-            self.python.stop()
-        except Exception:  # pragma: no cover - stop() is best effort and raises nothing of its own
-            pass
+            self.unsafe_import = UnsafeImport(unsafe, self.window.index)
+        self.python.stop()
 
     def _yield_to(self, rival: str) -> None:
         """Another profiler starts: stop everything now (before it does), keep nothing."""
@@ -168,19 +150,16 @@ class ProfilingWindow:
         self.steps.append(step)
 
     def step_end(self, step: int) -> None:
-        """Close ``ProfilerStep#step``; open the next one right away if it is active too.
-
-        As torch's own ``profile.step()`` does, a step then also covers fetching its batch (and
-        Lightning's per-batch bookkeeping), which the plugin's Overview counts as DataLoader time.
-        """
+        """Close ``ProfilerStep#step`` and open the next active one at once: as with torch's own
+        ``profile.step()``, a step covers fetching its batch (the plugin's DataLoader time)."""
         self.check_rivals()
         self.torch.step_end()
         if step + 1 < self.window.end:
             self.torch.step_begin(step + 1)
 
     def begin_range(self, kind: str) -> None:
-        """Open a ``[pl][profile]<kind>`` range (e.g. validation run inside a training window), so
-        the step it inflates explains itself in the trace; no-op outside active batches."""
+        """Open a ``[pl][profile]<kind>`` range (validation inside a training window), so that the
+        step it inflates explains itself; no-op outside active batches."""
         if not self.active or self.closed or kind in self._open_ranges:
             return
         marker = self.torch.make_range(f"{PL_PROFILE_PREFIX}{kind}")
@@ -198,23 +177,20 @@ class ProfilingWindow:
         )
 
     def range_log(self, kind: str) -> list[dict[str, Any]]:
-        """The ``kind`` ranges recorded: the step each fell in and how long it took."""
+        """The step each ``kind`` range fell in and how long it took."""
         return list(self._range_log.get(kind, []))
 
     def close(
         self, spool: str | os.PathLike[str], destination: Destination, *, hold_dump: bool = False
     ) -> ClosedWindow | None:
-        """Stop everything; return the job that writes the window (None if nothing was recorded).
-        ``hold_dump``: VizTracer's buffer is written when the job is collected, not now (a window
-        held to the run's end: ``viztracer_dump.HeldDump``).
-
-        Whatever goes wrong (or interrupts) on the way, every tracer and hook is off afterwards."""
+        """Stop everything, leaving nothing installed whatever fails; the job that writes the window
+        (None: nothing recorded). ``hold_dump``: VizTracer's buffer is written when the job is
+        collected (``viztracer_dump.HeldDump``)."""
         self.closed = True
         try:
             self.check_rivals()
             self.python.stop()
             self._imports.remove()
-            # Threads alive now, and those started in the window that have ended since.
             thread_names = thread_names_now(self.python.new_thread_names)
             clock_end = sample_pair(self.python.clock_us) if self.active else None
             markers_end = emit_markers(self.python.clock_us, self.torch.make_range, "end") if self.active else []
@@ -265,8 +241,8 @@ class ProfilingWindow:
         return ClosedWindow(job, self.torch.save, python_dump)
 
     def abort(self) -> None:
-        """Stop every tracer and hook and drop what was recorded. Every step runs even if an earlier
-        one fails or is interrupted; an interruption (KeyboardInterrupt) is re-raised at the end."""
+        """Stop every tracer and hook and drop what was recorded. Every step runs whatever an earlier
+        one raised; raises only an interruption (KeyboardInterrupt), at the end."""
         self.closed = True
         interrupted: BaseException | None = None
         for action in (
@@ -286,28 +262,30 @@ class ProfilingWindow:
         if interrupted is not None:
             raise interrupted
 
+    def _side_call(self, recorder: SideRecorder, what: str) -> tuple[bool, Any]:
+        """(whether it succeeded, what it returned) of ``recorder.<what>()``."""
+        try:
+            return True, getattr(recorder, what)()
+        except Exception as err:  # a failing side recorder costs itself, never the window
+            self.on_problem(
+                f"side-{recorder.name}-{what}",
+                f"vt_lightning: the {recorder.name} recorder failed to {what} ({type(err).__name__}: {err}); "
+                "windows go on without it.",
+            )
+            return False, None
+
     def _start_side_recorders(self) -> None:
         for recorder in self.side:
-            try:
-                recorder.start()
-            except Exception as err:  # one tool less, never the window
-                self._side_problem(recorder, "start", err)
-                continue
-            self._side_started.append(recorder)
+            if self._side_call(recorder, "start")[0]:
+                self._side_started.append(recorder)
 
     def _collect_side_recorders(self) -> dict[str, Any]:
-        """Stop the side recorders (so nothing they record is our own collecting) and take the data
-        of those that started and stopped cleanly."""
+        """Stop the side recorders (so that nothing they record is our collecting), then take the
+        data of those that started and stopped cleanly."""
         stopped = self._stop_side_recorders()
         extras: dict[str, Any] = {}
         for recorder in self.side:
-            if recorder not in stopped:
-                continue
-            try:
-                data = recorder.collect()
-            except Exception as err:  # one tool less, never the window
-                self._side_problem(recorder, "collect", err)
-                continue
+            data = self._side_call(recorder, "collect")[1] if recorder in stopped else None
             if data is not None:
                 extras[recorder.name] = data
         return extras
@@ -315,22 +293,7 @@ class ProfilingWindow:
     def _stop_side_recorders(self) -> list[SideRecorder]:
         """Stop those started, in reverse; return those that stopped cleanly."""
         started, self._side_started = self._side_started, []
-        stopped = []
-        for recorder in reversed(started):
-            try:
-                recorder.stop()
-            except Exception as err:  # one tool less, never the window
-                self._side_problem(recorder, "stop", err)
-            else:
-                stopped.append(recorder)
-        return stopped
-
-    def _side_problem(self, recorder: SideRecorder, what: str, err: Exception) -> None:
-        self.on_problem(
-            f"side-{recorder.name}-{what}",
-            f"vt_lightning: the {recorder.name} recorder failed to {what} ({type(err).__name__}: {err}); "
-            "windows go on without it.",
-        )
+        return [recorder for recorder in reversed(started) if self._side_call(recorder, "stop")[0]]
 
     def _stop_side_tools(self) -> None:
         try:
@@ -344,18 +307,17 @@ class ProfilingWindow:
 
 @dataclass(frozen=True)
 class ClosedWindow:
-    """A closed window on its way to the writer: the immutable job, plus the two things that must
-    still happen in this process before the raw dumps are complete (``collect``)."""
+    """A closed window on its way to the writer: the job, and what must still happen in this process
+    before its raw dumps are complete (``collect``)."""
 
     job: WindowJob
     export_torch: Callable[[str], None] | None  # torch's exporter: its results live in this process
-    # VizTracer's dump: the forked child writing it, to be reaped; or, held, still to be written
-    python_dump: int | HeldDump | None
+    python_dump: int | HeldDump | None  # VizTracer's dump: its child to reap, or still held
 
     def collect(self, *, in_process: bool = False) -> None:
         """Run torch's exporter and complete VizTracer's dump (on the writer thread, once): reap its
-        child, or write a held one (``in_process``: here, training has stopped; else forked). A
-        failure names the spool directory: the output directory is not at fault."""
+        child, or write a held one (``in_process``: here, training has stopped). A failure names the
+        spool directory, not the output directory."""
         job = self.job
         try:
             try:

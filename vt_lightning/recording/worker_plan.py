@@ -1,23 +1,23 @@
-"""The plan DataLoader workers read per fetch to know whether to trace it (``SharedPlan``), and what a
-worker is sent to set itself up (``WorkerSetup``).
+"""The plan DataLoader workers read per fetch (``SharedPlan``), and what a worker is sent to set
+itself up (``WorkerSetup``).
 
-Workers fetch ahead (``num_workers × prefetch_factor`` batches, plus the one Lightning holds), so
-arming them when a window opens would miss its first batches, and arming them that many batches
-early would trace batches outside it. Instead each worker decides per fetch, from a plan the
-training process publishes in a small memory-mapped file in the spool: the epoch's first global
-batch, the epoch's length and the active ranges of the next windows. The DataLoader's task number
-of a fetch (``idx`` in torch's ``_worker_loop``, 0-based each epoch) plus the epoch's first batch is
-the global batch index the controller counts; a fetch inside a range is traced
-(``recording/worker_side.py``), every other fetch costs one read of the plan.
+Workers fetch ahead (``num_workers × prefetch_factor`` batches), so they cannot be armed when a
+window opens: each decides per fetch, from a plan the training process publishes in a small
+memory-mapped file in the spool (the epoch's first global batch, its length, the next windows'
+active ranges). A fetch's task number (``idx`` in torch's ``_worker_loop``, 0-based each epoch)
+plus the epoch's first batch is its global batch.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from vt_lightning.analysis.workers import NO_LIMIT, PLAN_SLOTS, Range
+from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.pytracer import PythonTracerConfig
 
 CLOCK_ROUNDS = 16  # clock pairs read at each edge of a part (worker) or window (training process)
@@ -83,6 +83,13 @@ class SharedPlan:
             self._map.close()
         except (BufferError, ValueError):
             pass
+
+
+def clock_reading(python_clock_us: Callable[[], float]) -> tuple[float, int]:
+    """(Python tracer µs, CLOCK_MONOTONIC ns) at one instant: system-wide, so workers and the
+    training process place their calls by the same clock."""
+    pair = sample_pair(python_clock_us, time.monotonic_ns, rounds=CLOCK_ROUNDS)
+    return pair.python_us, pair.wall_ns
 
 
 @dataclass(frozen=True)

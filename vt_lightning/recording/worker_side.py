@@ -1,32 +1,19 @@
-"""The worker side of DataLoader worker tracing: in each worker, trace the fetches that fall in a
-window (``recording/worker_plan.py``'s plan) and write them to the spool as a "part".
+"""What runs in a DataLoader worker: trace the fetches that fall in a window (``worker_plan.py``'s
+plan) and write them to the spool as a "part".
 
-The training process (``recording/workers.py``) wraps each train DataLoader's ``worker_init_fn``
-with ``TracedWorkerInit``; the user's (or Lightning's ``pl_worker_init_function`` under
-``seed_everything(workers=True)``) runs first, unchanged. A worker writes its events (a part) to
-the spool at its first fetch past the window, when the window closes (a helper thread that lives
-only while a part is open), or at exit; never right after a window batch, which the window is
-measuring. VizTracer's dump first, then a small ``.meta.json`` that marks the part complete. The
-writer merges the complete parts; a worker that died or hung loses only its own part
-(``export/worker_dumps.py``).
+A worker writes its part at its first fetch past the window, when the window closes (a helper
+thread that lives only while a part is open), or at exit; never right after a window batch, which
+the window is measuring. VizTracer's dump first, then a ``.meta.json`` that marks the part complete:
+a worker that died or hung loses only its own part (``export/worker_dumps.py``).
 
-What a traced fetch records (``worker_calls``): by default the user's code only. An augmenting
-dataset makes tens of thousands of library calls per batch (PIL, torchvision, NumPy's Python
-layer), which traced in full cost 8-20x the fetch itself (issue 39). So every Python call into the
-standard library, installed packages, torch and vt_lightning is skipped with everything it calls
-(VizTracer's ``exclude_files``, set through ``PythonTracer.pause_files``), and the C calls the
-user's code makes are kept. A skipped frame drops its whole subtree, so the dataset must not be
-reached through torch's fetcher: the fetch is replayed in the frame that started the tracer, as
-torch's two fetchers do it (``_WorkerSide._replay_map``: ``dataset[i]`` per index, or
-``__getitems__``, then the collate function; ``_replay_iterable``: ``next()`` of the dataset's
-iterator per sample, then the collate function). Where one of those callables is library code (a
-torchvision dataset's ``__getitem__``, ``default_collate``), each call of it is one span of its
-own, named after it, with nothing under it: VizTracer's C tracer has no "this call but not its
-subtree" filter (it skips an excluded frame with everything under it), so the worker times the
-call on the tracer's clock (paused for it on Python <= 3.11) and the writer adds the span
-(``_spanned``). A library call made by the user's own code (PIL's
-``Image.open`` inside ``__getitem__``) is skipped with its subtree; its C calls are kept.
-``worker_calls="all"``: every call, through torch's own fetcher.
+``worker_calls="user"`` (the default) traces the user's code only: traced in full, an augmenting
+dataset's library calls (PIL, torchvision) cost many times the fetch. Every call into the standard
+library, installed packages, torch and vt_lightning is skipped with its subtree
+(``PythonTracer.pause_files``). A skipped frame drops everything under it, so the fetch is replayed
+in the frame that started the tracer, as torch's two fetchers do it (``_replay_map``,
+``_replay_iterable``), not through torch's fetcher; a library callable among them (a torchvision
+dataset's ``__getitem__``, ``default_collate``) becomes one span of its own, timed here on the
+tracer's clock (``_Fetch.span``). ``worker_calls="all"``: every call, through torch's own fetcher.
 """
 
 from __future__ import annotations
@@ -35,7 +22,6 @@ import dataclasses
 import os
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,20 +33,19 @@ from vt_lightning.analysis.usercode import PACKAGE_ROOT, library_roots
 from vt_lightning.analysis.workers import Range, global_batch, range_of
 from vt_lightning.constants import THREAD_PREFIX
 from vt_lightning.recording.children import DumpChildFailed, wait_for_dump
-from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.pytracer import PythonTracer
 from vt_lightning.recording.unsafe_names import TracingGuard
 from vt_lightning.recording.viztracer_dump import write_dump
-from vt_lightning.recording.worker_plan import CLOCK_ROUNDS, SharedPlan, WorkerSetup
+from vt_lightning.recording.worker_plan import SharedPlan, WorkerSetup, clock_reading
 
-WORKER_TRACER_ENTRIES = 250_000  # per worker: a few batches' fetches; each worker allocates its own
+WORKER_TRACER_ENTRIES = 250_000  # a few batches' fetches: each worker allocates its own buffer
 WATCH_INTERVAL_S = 0.05
-PAUSE_FOR_SPANS = sys.version_info < (3, 12)  # see ``_spanned``
+PAUSE_FOR_SPANS = sys.version_info < (3, 12)  # see ``_Fetch.span``
 
 
 class TracedWorkerInit:
-    """The train DataLoader's ``worker_init_fn``: the one it had first (the user's, or Lightning's
-    seeding), then worker tracing. Picklable, so spawn and forkserver workers get it too."""
+    """The train DataLoader's ``worker_init_fn``: the one it had (the user's, or Lightning's
+    seeding), then worker tracing. Picklable, for spawn and forkserver workers."""
 
     def __init__(self, inner: Callable[[int], Any] | None, setup: WorkerSetup) -> None:
         self.inner = inner
@@ -81,7 +66,7 @@ class _Part:
     stem: str
     clock: list[tuple[float, int]]
     fetches: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
-    spans: list[tuple[str, float, float]] = dataclasses.field(default_factory=list)  # library calls (``_spanned``)
+    spans: list[tuple[str, float, float]] = dataclasses.field(default_factory=list)  # library calls (``_Fetch.span``)
     tid: int = 0  # the fetching thread's native id
     stop_watch: threading.Event = dataclasses.field(default_factory=threading.Event)
     watcher: threading.Thread | None = None
@@ -90,10 +75,9 @@ class _Part:
 class _WorkerSide:
     """One worker's tracing: idle (one plan read per fetch) until a fetch falls in a window."""
 
-    def __init__(self, setup: WorkerSetup, worker_id: int, num_workers: int) -> None:
+    def __init__(self, setup: WorkerSetup, worker_id: int) -> None:
         self.setup = setup
         self.worker_id = worker_id
-        self.num_workers = num_workers
         self.plan = SharedPlan(setup.plan_path, create=False)
         self.lock = threading.Lock()
         self.part: _Part | None = None
@@ -102,8 +86,7 @@ class _WorkerSide:
         self.broken = False
         self.task: int | None = None  # the task number of the fetch in progress (see ``_watch_tasks``)
         self.tasks_seen = False  # ``task`` is kept by the wrapped index queue (else: read the frame)
-        # What ``worker_calls="user"`` skips. "<frozen abc>", "<string>"...: the standard library's,
-        # as usercode.py reads them.
+        # What ``worker_calls="user"`` skips ("<frozen abc>", "<string>": the standard library's).
         self.skipped = (*library_roots(), PACKAGE_ROOT + os.sep, "<")
         self.library: tuple[Any, _Names] | None = None  # (fetcher, its library callables)
         self.names = TracingGuard()  # file names VizTracer cannot take, met while a fetch is traced
@@ -125,8 +108,9 @@ class _WorkerSide:
             tracer = self._arm(window)
             if tracer is None:
                 return original(index)
-            if replayed is None:
-                return self._traced(tracer, original, index, batch)
+            if replayed is None:  # torch's own fetch, traced (untraced where the tracer cannot start)
+                with _Fetch(self, tracer, batch):
+                    return original(index)
             if hasattr(replayed, "dataset_iter"):
                 return self._replay_iterable(tracer, replayed, index, batch)
             return self._replay_map(tracer, replayed, index, batch)
@@ -143,19 +127,9 @@ class _WorkerSide:
             self.broken = True
             return None
 
-    def _traced(self, tracer: PythonTracer, original: Callable[[Any], Any], index: Any, batch: int) -> Any:
-        """torch's own fetch, traced (``worker_calls="all"``, or a fetcher the worker does not replay)."""
-        with _Fetch(self, tracer, batch):  # untraced where the tracer could not start
-            return original(index)
-
-    # The two replays below call the user's code from the frame that started the tracer, not from
-    # torch's fetcher, whose skipped frame would hide it: ``_MapDatasetFetcher.fetch`` and
-    # ``_IterableDatasetFetcher.fetch``, step for step. A library callable among the dataset's item
-    # access, its iterator and the collate function is skipped by the tracer with its subtree; each
-    # call of it gets one span named as VizTracer names the function (``_Names``), so a library
-    # dataset or ``default_collate`` still shows what it cost. The user's callables are called
-    # right here, never through a helper: a helper's frame is in this (skipped) file, and the
-    # tracer would drop the user's call with it. Hence ``f(x) if name is None else fetch.span(...)``.
+    # The two replays: ``_MapDatasetFetcher.fetch`` and ``_IterableDatasetFetcher.fetch`` step for
+    # step. The user's callables are called right here, never through a helper, whose frame in this
+    # (skipped) file would drop the user's call with it: ``f(x) if name is None else fetch.span(...)``.
 
     def _replay_map(self, tracer: PythonTracer, fetcher: Any, index: Any, batch: int) -> Any:
         names = self._names_of(fetcher)
@@ -205,9 +179,7 @@ class _WorkerSide:
         return self.library[1]
 
     def _fetched(self, tracer: PythonTracer, batch: int, started: float) -> None:
-        """Stop tracing and note the fetch. The part is written later (the next fetch outside the
-        window, the window's close, the worker's exit): writing it now would delay this batch,
-        which the window is measuring."""
+        """Stop tracing and note the fetch; the part is written later, not in this batch."""
         try:
             ended = tracer.clock_us()
             self.broken = self.names.stop(tracer) or self.broken  # such a name met: no more tracing here
@@ -227,7 +199,6 @@ class _WorkerSide:
                 )
                 self.tracer = PythonTracer(config)
                 if self.setup.calls == "user":
-                    # "<frozen abc>", "<string>"...: the standard library's, as usercode.py reads them.
                     self.tracer.pause_files(self.skipped)
             if self.part is None:
                 self._begin(window, self.tracer)
@@ -244,15 +215,14 @@ class _WorkerSide:
         )
         with open(f"{stem}.started", "w") as f:
             f.write(str(os.getpid()))
-        pair = sample_pair(tracer.clock_us, time.monotonic_ns, rounds=CLOCK_ROUNDS)
-        part = self.part = _Part(window, stem, [(pair.python_us, pair.wall_ns)], tid=threading.get_native_id())
+        part = self.part = _Part(window, stem, [clock_reading(tracer.clock_us)], tid=threading.get_native_id())
         part.watcher = threading.Thread(
             target=self._watch, args=(part,), name=f"{THREAD_PREFIX}-worker-watch", daemon=True
         )
         part.watcher.start()
 
     def _watch(self, part: _Part) -> None:
-        """Write the part once the training process has closed its window (no fetch may come)."""
+        """Write the part once the training process has closed its window."""
         while not part.stop_watch.wait(WATCH_INTERVAL_S):
             _, _, ranges = self.plan.read()
             if part.window not in ranges:
@@ -273,8 +243,7 @@ class _WorkerSide:
             return
         part.stop_watch.set()
         try:
-            pair = sample_pair(tracer.clock_us, time.monotonic_ns, rounds=CLOCK_ROUNDS)
-            part.clock.append((pair.python_us, pair.wall_ns))
+            part.clock.append(clock_reading(tracer.clock_us))
             viz = tracer.ensure_tracer()
             viz.setpid()  # this process's pid, whatever a forked parent fixed
             try:
@@ -302,10 +271,9 @@ class _WorkerSide:
             self.broken = True
 
     def _write_events(self, viz: Any, entries: int, path: str) -> None:
-        """VizTracer's dump of the part, in this worker; forked, or refused, once a thread named so
-        that the dump would crash ran here (``viztracer_dump.write_dump``). A dump that failed so
-        leaves an empty part (the part stays complete) and this worker stops tracing, with one
-        warning: VizTracer keeps the name, so every later dump would fail the same way."""
+        """VizTracer's dump of the part, here (``viztracer_dump.write_dump``). One that failed (a
+        thread's name the dump cannot write, which VizTracer keeps) leaves an empty, complete part,
+        and this worker stops tracing, with one warning."""
         try:
             wait_for_dump(write_dump(viz, entries, path, fork=False))
         except DumpChildFailed as err:
@@ -327,19 +295,14 @@ class _WorkerSide:
                 self.lock.release()
 
 
-_worker_side: _WorkerSide | None = None
-
-
 def _install_in_worker(setup: WorkerSetup, worker_id: int) -> None:
     """Wrap the fetcher torch's worker loop builds next (and rebuilds at each epoch of a
     persistent worker); write the open part at the worker's exit."""
-    global _worker_side
     from multiprocessing import util
 
-    from torch.utils.data import _DatasetKind, get_worker_info
+    from torch.utils.data import _DatasetKind
 
-    info = get_worker_info()
-    side = _worker_side = _WorkerSide(setup, worker_id, info.num_workers if info is not None else 1)
+    side = _WorkerSide(setup, worker_id)
     side.tasks_seen = _watch_tasks(side)
     create = _DatasetKind.create_fetcher
 
@@ -353,8 +316,8 @@ def _install_in_worker(setup: WorkerSetup, worker_id: int) -> None:
 
 
 def _watch_tasks(side: _WorkerSide) -> bool:
-    """Note each task's number as torch's worker loop takes it from its index queue: ``(idx,
-    index)``. Cheaper per fetch than reading the loop's frame (its locals, ~2 µs on 3.11)."""
+    """Note each task's number as torch's worker loop takes it, ``(idx, index)``, from its index
+    queue: cheaper per fetch than reading the loop's frame's locals."""
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_name != "_worker_loop":
         frame = frame.f_back  # type: ignore[assignment]
@@ -373,13 +336,10 @@ def _watch_tasks(side: _WorkerSide) -> bool:
 
 
 def _replayed_fetcher(fetch: Callable[[Any], Any]) -> Any:
-    """The fetcher behind ``fetch`` when it is one of torch's two (which the worker replays), else
-    None."""
+    """The fetcher behind ``fetch`` when it is one of torch's two (which the worker replays)."""
+    from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
+
     fetcher = getattr(fetch, "__self__", None)
-    try:
-        from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
-    except ImportError:
-        return None
     return fetcher if type(fetcher) in (_MapDatasetFetcher, _IterableDatasetFetcher) else None
 
 
@@ -397,10 +357,8 @@ def library_name(function: Any, skipped: tuple[str, ...]) -> str | None:
 
 
 class _Fetch:
-    """One traced fetch (a ``with`` block): the tracer started on entry (``started``: its clock then,
-    or None when this worker cannot trace, and nothing is noted), stopped and the fetch noted on
-    exit (``_WorkerSide._fetched``), exception or not. ``span``: a library call, timed as one
-    span of the open part."""
+    """One traced fetch: the tracer started on entry (``started``: its clock then, None when this
+    worker cannot trace), stopped and the fetch noted on exit. ``span``: a library call."""
 
     __slots__ = ("batch", "side", "spans", "started", "tracer", "viz")
 
@@ -423,7 +381,22 @@ class _Fetch:
             self.side._fetched(self.tracer, self.batch, self.started)
 
     def span(self, name: str, function: Callable[[Any], Any], arg: Any) -> Any:
-        return _spanned(self.spans, self.viz, name, function, arg)
+        """``function(arg)``, a library call the tracer skips, noted in the part's spans as (name,
+        start, end) on the tracer's clock (the writer makes it one call). On Python <= 3.11 VizTracer
+        is paused for it (its hook off on this thread, not called for every skipped function); on
+        3.12+ its ``pause`` is process-wide, so the hook stays on."""
+        viz = self.viz
+        start = viz.getts()
+        if PAUSE_FOR_SPANS:
+            viz.pause()
+            try:
+                result = function(arg)
+            finally:
+                viz.resume()
+        else:
+            result = function(arg)
+        self.spans.append((name, start, viz.getts()))
+        return result
 
 
 @dataclass(frozen=True)
@@ -446,29 +419,6 @@ class _Names:
             item = library_name(getattr(type(iterator), "__next__", None), skipped)
         items = library_name(getattr(type(dataset), "__getitems__", None), skipped)
         return _Names(item, items, library_name(fetcher.collate_fn, skipped))
-
-
-def _spanned(
-    spans: list[tuple[str, float, float]], viz: Any, name: str, function: Callable[[Any], Any], arg: Any
-) -> Any:
-    """``function(arg)``, a library call the tracer skips, noted in ``spans`` as (name, start, end)
-    on the tracer's clock: the writer adds it as one call of its own (``export/worker_dumps.py``).
-    Called from a skipped file itself, so the tracer ignores
-    this frame and everything under it. On Python <= 3.11 the tracer is paused for the call
-    (VizTracer's ``pause``: its profile hook off on this thread), so the library code runs at full
-    speed instead of calling the hook for every function only to skip it; 3.12+ (sys.monitoring,
-    where ``pause`` is process-wide) keeps the hook on."""
-    start = viz.getts()
-    if PAUSE_FOR_SPANS:
-        viz.pause()
-        try:
-            result = function(arg)
-        finally:
-            viz.resume()
-    else:
-        result = function(arg)
-    spans.append((name, start, viz.getts()))
-    return result
 
 
 class _TracedFetch:

@@ -1,10 +1,9 @@
 """DataLoader workers traced, only for the batches of a window: the training process's side.
 
-``WorkerTracing`` publishes the plan (``recording/worker_plan.py``) and wraps each train
-DataLoader's ``worker_init_fn`` with ``TracedWorkerInit`` (``recording/worker_side.py``, which
-runs in the workers) right before Lightning creates its iterator, and undoes it at the end of fit.
-``WorkerRecorder`` is a window's side recorder: it pins the window's range in the plan while the
-window is open and tells the writer where the workers' parts are (``export/worker_dumps.py``).
+``WorkerTracing`` publishes the plan (``worker_plan.py``) and wraps each train DataLoader's
+``worker_init_fn`` with ``TracedWorkerInit`` (``worker_side.py``) right before Lightning creates its
+iterator, until the end of fit. ``WorkerRecorder``, a window's side recorder, pins the window's
+range in the plan while it is open and tells the writer where the workers' parts are.
 """
 
 from __future__ import annotations
@@ -12,16 +11,14 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from vt_lightning.analysis.schedule import Window
 from vt_lightning.analysis.workers import NO_LIMIT, Range, plan_ranges
-from vt_lightning.recording.clock_probes import sample_pair
 from vt_lightning.recording.pytracer import PythonTracer, PythonTracerConfig
-from vt_lightning.recording.worker_plan import CLOCK_ROUNDS, WORKERS_DIR, SharedPlan, WorkerSetup
+from vt_lightning.recording.worker_plan import WORKERS_DIR, SharedPlan, WorkerSetup, clock_reading
 from vt_lightning.recording.worker_side import TracedWorkerInit
 
 WAIT_FOR_WORKERS_S = 10.0  # the most the writer waits for a live worker's part (dead ones: not at all)
@@ -53,55 +50,39 @@ class WorkerTracing:
         self.patched: list[tuple[Any, str]] = []  # (loop object, method name) patched on the instance
 
     def install(self, fit_loop: Any) -> None:
-        """Wrap the DataLoaders each time Lightning (re)builds them, before their iterator exists:
-        ``_load_combined_loader_states`` runs in ``FitLoop.setup_data`` after Lightning's own
-        processing (samplers, seeding) and right before ``iter()``; ``on_run_start`` of the epoch
-        loop runs before each later epoch's ``iter()``."""
+        """Wrap the DataLoaders each time Lightning (re)builds them, before their iterator exists
+        (``_load_combined_loader_states``: after Lightning's samplers and seeding, right before
+        ``iter()``), and publish each epoch's start (the epoch loop's ``on_run_start``)."""
         self.fit_loop = fit_loop
-        self._patch(fit_loop, "_load_combined_loader_states", lambda original: self._before_iter(fit_loop, original))
-        self._patch(fit_loop.epoch_loop, "on_run_start", self._before_epoch)
+        self._patch(fit_loop, "_load_combined_loader_states", self._wrap_loaders)
+        self._patch(fit_loop.epoch_loop, "on_run_start", self.new_epoch)
         self.new_epoch()
 
-    def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    def _patch(self, owner: Any, name: str, before: Callable[[], None]) -> None:
+        """``owner.name`` runs ``before()`` first, on the instance only."""
         original = getattr(owner, name, None)
         if original is None or name in vars(owner):
             return
-        setattr(owner, name, make(original))
-        self.patched.append((owner, name))
 
-    def _before_iter(self, fit_loop: Any, original: Callable[[], Any]) -> Callable[[], Any]:
-        def wrapped() -> Any:
+        def patched(*args: Any, **kwargs: Any) -> Any:
             try:
-                loader = fit_loop._combined_loader
-                self.wrap(loader.flattened if loader is not None else [])
-                self.new_epoch()
-            except Exception:  # inside Lightning's loop: a fault costs the workers' events, never the fit
-                pass
-            return original()
-
-        return wrapped
-
-    def _before_epoch(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            try:
-                self.new_epoch()
+                before()
             except Exception:  # inside Lightning's loop: a fault costs the workers' events, never the fit
                 pass
             return original(*args, **kwargs)
 
-        return wrapped
+        setattr(owner, name, patched)
+        self.patched.append((owner, name))
 
-    def wrap(self, loaders: list[Any]) -> int:
-        """Wrap the ``worker_init_fn`` of every DataLoader with workers; returns how many."""
-        count = 0
-        for loader in loaders:
+    def _wrap_loaders(self) -> None:
+        """Wrap the ``worker_init_fn`` of every DataLoader with workers, and start the epoch."""
+        combined = self.fit_loop._combined_loader
+        for loader in combined.flattened if combined is not None else []:
             current = getattr(loader, "worker_init_fn", None)
-            if getattr(loader, "num_workers", 0) <= 0 or isinstance(current, TracedWorkerInit):
-                continue
-            loader.worker_init_fn = TracedWorkerInit(current, self.setup)
-            self.wrapped.append((loader, current))
-            count += 1
-        return count
+            if getattr(loader, "num_workers", 0) > 0 and not isinstance(current, TracedWorkerInit):
+                loader.worker_init_fn = TracedWorkerInit(current, self.setup)
+                self.wrapped.append((loader, current))
+        self.new_epoch()
 
     def new_epoch(self) -> None:
         """An iterator is about to be created: its task 0 is the next global batch."""
@@ -133,17 +114,15 @@ class WorkerTracing:
 
 
 def _epoch_limit(fit_loop: Any) -> int:
-    """Batches the epoch runs (``limit_train_batches`` applied): Lightning sets the combined
-    loader's limits before creating its iterator. Fetches past it belong to no window."""
+    """Batches the epoch runs (``limit_train_batches`` applied): fetches past it belong to no window."""
     limits = getattr(getattr(fit_loop, "_combined_loader", None), "limits", None)
     finite = [int(n) for n in limits or () if isinstance(n, (int, float)) and n != float("inf")]
     return max(finite) if finite and len(finite) == len(limits or ()) else NO_LIMIT
 
 
 class WorkerRecorder:
-    """The side recorder of one window (``recording/side.py``): pins the window's range in the plan
-    while it is open (a triggered window is not in the schedule) and reads the main process's
-    clocks at its edges; ``collect`` tells the writer where the workers' parts are."""
+    """A window's side recorder: pins its range in the plan while it is open (a triggered window is
+    not in the schedule) and reads this process's clocks at its edges."""
 
     name = "workers"
 
@@ -153,21 +132,17 @@ class WorkerRecorder:
         self.range: Range = (target.active_start, target.end)
         self.clock: list[tuple[float, int]] = []
 
-    def _read_clock(self) -> None:
-        pair = sample_pair(self.python.clock_us, time.monotonic_ns, rounds=CLOCK_ROUNDS)
-        self.clock.append((pair.python_us, pair.wall_ns))
-
     def start(self) -> None:
         if self.range not in self.tracing.pinned:
             self.tracing.pinned.append(self.range)
             self.tracing.publish(self.range[0])
-        self._read_clock()
+        self.clock.append(clock_reading(self.python.clock_us))
 
     def stop(self) -> None:
         if self.range in self.tracing.pinned:
             self.tracing.pinned.remove(self.range)
             self.tracing.publish(max(self.range[1], self.tracing.next_batch()))  # the window's parts are due
-            self._read_clock()
+            self.clock.append(clock_reading(self.python.clock_us))
 
     def collect(self) -> dict[str, Any] | None:
         if len(self.clock) < 2:
@@ -186,16 +161,13 @@ _TORCH_SIGNALS = "torch.utils.data._utils.signal_handling"
 
 @contextmanager
 def worker_failures_deferred() -> Iterator[None]:
-    """Hold off torch's SIGCHLD handler while vt_lightning's own code runs in a batch hook (past
-    the quiet-batch gate) or finishes its window after an exception.
+    """Hold off torch's SIGCHLD handler while our own code runs in a batch hook or finishes its
+    window after an exception.
 
-    Once a DataLoader worker has died, torch's handler raises the worker's error at *every*
-    SIGCHLD (the dead worker stays unreaped), wherever the training thread is. Inside our
-    ``on_exception`` (our own dump child's exit sends one) it cut the window's close short and
-    left the tracers running: the process died of SIGSEGV at exit instead of exiting 1. Inside a
-    batch hook it was taken for a profiling fault: the window was dropped and the error swallowed.
-    Held off, the DataLoader still reports the dead worker itself, at its next fetch (torch checks
-    its workers whenever it waits for a batch), and the window is written."""
+    Once a DataLoader worker has died, torch's handler raises its error at *every* SIGCHLD (our dump
+    child's exit sends one), wherever the training thread is: it cut a window's close short (a
+    SIGSEGV at exit instead of exit status 1). Held off, the DataLoader reports the dead worker
+    itself at its next fetch, and the window is written."""
     handler: Any = None
     try:
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGCHLD"):
@@ -214,9 +186,8 @@ def worker_failures_deferred() -> Iterator[None]:
 
 def raised_by_signal_handler(err: BaseException) -> bool:
     """Whether ``err`` came out of a Python signal handler of this process that ran while our code
-    did (torch's SIGCHLD handler for a dead DataLoader worker, the user's own, Lightning's): the
-    run's exception, not a fault of ours. Read from the frames ``err`` passed through, compared
-    with the handlers installed now (a function, a method, or an object's ``__call__``)."""
+    did (torch's for a dead DataLoader worker, the user's, Lightning's): the run's exception, not a
+    fault of ours. Read from the frames ``err`` passed through."""
     handlers = set()
     for signum in signal.valid_signals():
         try:
