@@ -1,20 +1,16 @@
-"""Files that are complete or absent: write under a temporary name, then rename.
+"""Files that are complete or absent: written under a temporary name, then renamed.
 
-The temporary name starts with a dot and ends in ``.tmp`` (the plugin's pattern never matches it)
-and carries ``<host>-<pid>`` of the writing process, so leftovers of a process killed mid-write
-(SIGKILL, OOM) can be told from a live writer's and removed (``remove_stale_temporaries``).
-
-Permissions: the temporary is created with mode 0o666 and the kernel applies the umask in force at
-that moment (and any default ACL), as for the user's other files. Nothing caches the umask: a
-process that changes it between windows gets the new one on the next file.
-
-Claims: a file published without clobbering (``overwrite=False``) may carry a *claim*, a second
-name of the same inode (``claim_name``), so a retry of the same window after its writer was killed
-recognizes the file as its own (``owns``) instead of taking it for another run's.
+A temporary never matches the plugin's pattern (a leading dot, ``.tmp``) and names its writer's
+``<host>-<pid>``, so a leftover of a process killed mid-write is told from a live writer's
+(``remove_stale_temporaries``). It is created with mode 0o666 under the umask in force (and any
+default ACL), as the user's other files are. A file published without clobbering may carry a
+*claim*, a second name of its inode (``layout.claim_name``), so a retry of the same window after its
+writer was killed knows the file for its own (``owns``), not another run's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import os
@@ -73,16 +69,15 @@ def atomic_write(
                 _publish_new(tmp, path)
             except BaseException:  # whatever stops the publish, the claim of an unpublished file goes
                 if claim_path is not None:
-                    _unlink_quietly(claim_path)
+                    remove_quietly(claim_path)
                 raise
     except BaseException:  # complete or absent: whatever stops the write, the temporary goes
-        _unlink_quietly(tmp)
+        remove_quietly(tmp)
         raise
 
 
 def _create_temporary(directory: str, name: str) -> tuple[int, str]:
-    """A new file ``.<name>.<host>-<pid>.<random>.tmp`` opened for writing, created with mode
-    0o666 so the kernel applies the current umask (``mkstemp`` would make it 0600)."""
+    """A new temporary opened for writing, mode 0o666 under the umask (``mkstemp`` makes 0600)."""
     prefix = f".{name}.{host_name()}-{os.getpid()}."
     for _ in range(100):
         tmp = os.path.join(directory, f"{prefix}{os.urandom(6).hex()}.tmp")
@@ -96,7 +91,7 @@ def _create_temporary(directory: str, name: str) -> tuple[int, str]:
 def _link_claim(tmp: str, claim_path: str) -> None:
     """Make ``claim_path`` a second name of ``tmp``'s inode (an empty file where the filesystem has
     no hard links). A claim left by an earlier attempt has this job's name, so it is replaced."""
-    _unlink_quietly(claim_path)
+    remove_quietly(claim_path)
     try:
         os.link(tmp, claim_path)
     except OSError as err:
@@ -119,24 +114,16 @@ def owns(path: str | os.PathLike[str], claim_path: str | os.PathLike[str]) -> bo
     return same_inode or claim.st_size == 0
 
 
-def release_claim(claim_path: str | os.PathLike[str]) -> None:
-    """Drop a claim once the window's result reached the training process (nothing retries it)."""
-    _unlink_quietly(claim_path)
-
-
-def _unlink_quietly(path: str | os.PathLike[str]) -> None:
-    try:
+def remove_quietly(path: str | os.PathLike[str]) -> None:
+    """Remove a file of ours if it is there (a raw dump, a claim, a temporary)."""
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def _publish_new(tmp: str, path: str) -> None:
     """Give ``tmp`` the name ``path`` only if nothing has it (``link`` fails on any existing name)."""
     try:
         os.link(tmp, path)
-    except FileExistsError:
-        raise
     except OSError as err:  # no hard links here (some network/FUSE filesystems): check, then rename
         if err.errno not in _NO_HARD_LINKS:
             raise
@@ -185,10 +172,8 @@ def remove_stale_temporaries(root: str | os.PathLike[str], pid: int | None = Non
 
 
 def scheduler_state(stat: bytes) -> str:
-    """The scheduler state letter of a ``/proc/<pid>[/task/<tid>]/stat`` line ("R" running or
-    runnable, "S" asleep, "Z" zombie, ...), or "" for a line without one. The process's name comes
-    before it in parentheses and may itself hold ")" and spaces, so the state is read after the
-    *last* ")"."""
+    """The scheduler state letter ("R", "S", "Z", ...) of a ``/proc/<pid>[/task/<tid>]/stat`` line, or
+    "". Read after the *last* ")": the process's name before it may hold ")" and spaces."""
     end = stat.rfind(b")")
     return stat[end + 2 : end + 3].decode("ascii", "replace") if end >= 0 else ""
 
@@ -221,9 +206,7 @@ def gzip_bytes(data: bytes, level: int) -> bytes:
 
 class GzipAside:
     """``gzip_bytes(data, level)`` on a thread of its own, started at once; ``result()`` waits for
-    it. zlib lets go of the GIL while it compresses, so the caller's next work (a window's summary)
-    runs meanwhile on another core: the idle one at the end of CPU training, where fit waits for a
-    held window."""
+    it. zlib lets go of the GIL while it compresses, so the window's summary is made meanwhile."""
 
     def __init__(self, data: bytes, level: int) -> None:
         self._compressed: bytes | None = None
