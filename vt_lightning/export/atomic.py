@@ -42,12 +42,10 @@ def atomic_write(
     claim: str | None = None,
 ) -> None:
     """Write ``data`` (bytes, or a callable given the open file) so ``path`` is complete or absent.
-
     ``overwrite=False`` never replaces an existing ``path`` (nor a symlink there): it raises
     ``FileExistsError`` instead, atomically where the filesystem supports hard links. ``claim`` (a
     file name in the same directory, with ``overwrite=False``) is linked to the file *before* it is
-    published, so a kill right after the publish still leaves proof of whose file it is.
-    """
+    published, so a kill right after the publish still leaves proof of whose file it is."""
     path = os.fspath(path)
     directory, name = os.path.split(path)
     fd, tmp = _create_temporary(directory or ".", name)
@@ -135,11 +133,9 @@ def _publish_new(tmp: str, path: str) -> None:
 
 
 def remove_stale_temporaries(root: str | os.PathLike[str], pid: int | None = None) -> int:
-    """Remove temporaries left in ``root``'s run directories by dead writers; returns how many.
-
-    A temporary is removed when this host wrote it and its process is gone (or is ``pid``, a writer
-    known dead), or when it is older than a day. A live process's temporary is never touched.
-    """
+    """Remove temporaries left in ``root``'s run directories by dead writers, and return how many:
+    those this host wrote whose process is gone (or is ``pid``, a writer known dead), and any older
+    than a day. A live process's temporary is never touched."""
     removed = 0
     host = host_name()
     now = time.time()

@@ -24,7 +24,7 @@ import stat
 import types
 import typing
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import IO, Any, cast
@@ -51,9 +51,8 @@ class UnreadableFile(SummaryNotFound):
 
 
 def locate_target(target: str | os.PathLike[str]) -> Location:
-    """Where a command's argument points, by the rule the callback reads its output root with
-    (``export.job.locate``): a local ``Path`` (``file:/x`` is ``/x``, ``~`` expanded) or a ``URL``.
-    A URL whose filesystem cannot be had here is one line naming it."""
+    """Where a command's argument points, by the callback's rule for its output root (``job.locate``);
+    a URL whose filesystem cannot be had here is one line naming it."""
     try:
         return locate(target)
     except UnusableURL as err:
@@ -77,9 +76,8 @@ def _filesystem(url: str) -> tuple[Any, str]:
 
 def list_files(place: Location, suffixes: tuple[str, ...]) -> list[tuple[Location, float]] | None:
     """(file, modification time or 0) of every file under the directory ``place`` whose name ends
-    with one of ``suffixes``, in name order; None when ``place`` is a file. Raises SummaryNotFound
-    when nothing is there. A local entry that is not a regular file is listed too: reading it
-    refuses it by name."""
+    with one of ``suffixes``, in name order; None when ``place`` is a file; SummaryNotFound when
+    nothing is there. A local entry that is not a regular file is listed: reading it refuses it."""
     if isinstance(place, URL):
         return _remote_files(place, suffixes)
     if not place.exists():
@@ -380,20 +378,13 @@ def schema_problems(value: Any, expected: Any, field: str, described: str | None
             elif key in expected.__required_keys__:
                 yield f"{prefix}{key}: missing"
         return
-    if origin is list:
-        if not isinstance(value, list):
+    if origin in (list, dict):
+        if not isinstance(value, origin):
             yield wrong()
             return
-        (item,) = typing.get_args(expected)
-        for i, element in enumerate(value):
-            yield from schema_problems(element, item, f"{field}.{i}")
-        return
-    if origin is dict:
-        if not isinstance(value, dict):
-            yield wrong()
-            return
-        _, item = typing.get_args(expected)
-        for key, element in value.items():
+        item = typing.get_args(expected)[-1]  # list[item], dict[str, item]
+        entries: Iterable[tuple[Any, Any]] = enumerate(value) if origin is list else value.items()
+        for key, element in entries:
             yield from schema_problems(element, item, f"{field}.{key}")
         return
     if not _matches_scalar(value, expected):

@@ -145,13 +145,8 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
         lines += workers_markdown(summary["workers"])
     memory = summary.get("memory")
     if memory:
-        reserved = memory.get("peak_reserved_mb")
-        lines += [
-            "",
-            f"Memory peak: **{_num(memory.get('peak_allocated_mb'))} MB** allocated"
-            + (f", {_num(reserved)} MB reserved" if reserved else "")
-            + ".",
-        ]
+        reserved = f", {_num(memory['peak_reserved_mb'])} MB reserved" if memory.get("peak_reserved_mb") else ""
+        lines += ["", f"Memory peak: **{_num(memory.get('peak_allocated_mb'))} MB** allocated{reserved}."]
         sites = memory.get("top_allocation_sites") or []
         if sites:
             lines += ["", "| allocation site | MB allocated | allocations |", "|---|---:|---:|"]

@@ -92,7 +92,7 @@ class WriterProcess:
                 writer_command(),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                env=_child_env(),
+                env={k: v for k, v in os.environ.items() if k != ENV_SWITCH},  # it never trains: no switch
                 close_fds=True,
                 # Its own session: a terminal's Ctrl-C and hang-up reach training only, which then hands
                 # over what it recorded; this process finishes it before its stdin closes.
@@ -171,9 +171,8 @@ _BOOT = (
 
 
 def writer_import_path() -> list[str]:
-    """Where the writer finds what it imports: the directory holding vt_lightning/, then orjson's
-    and numpy's (its dependencies outside the standard library), then ``PYTHONPATH``'s absolute
-    entries."""
+    """The writer's import path: vt_lightning's root, orjson's and numpy's (its dependencies outside
+    the standard library), then ``PYTHONPATH``'s absolute entries."""
     import numpy
     import orjson
 
@@ -191,12 +190,6 @@ def writer_command() -> list[str]:
     cwd), without ``site``: the writer needs nothing it sets up, and an environment's ``.pth`` files
     may run any code on training's cores (a CPU run starts the writer at its first window)."""
     return [sys.executable, "-I", "-S", "-c", _BOOT, *writer_import_path()]
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop(ENV_SWITCH, None)  # the child never trains, but keep the switch from leaking
-    return env
 
 
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
