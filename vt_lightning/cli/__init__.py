@@ -10,13 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vt_lightning.cli.lightning import (
-    ENV_PREFIX,
-    ENV_SWITCH,
-    add_viztrace_arguments,
-    callbacks_from_env,
-    options_from_env,
-)
+from vt_lightning.cli.lightning import add_viztrace_arguments, callbacks_from_env, options_from_env
+from vt_lightning.constants import ENV_PREFIX, ENV_SWITCH
 
 __all__ = [
     "ENV_PREFIX",

@@ -4,14 +4,10 @@
     vt-lightning diff A B [--json]           what got slower/faster from A to B (windows or runs)
     vt-lightning view [LOGDIR|FILE]          the latest (or given) window in the Perfetto UI
 
-Arguments are parsed by jsonargparse. Files are never trusted (export/reading.py): regular files
-only, bounded reads within one memory budget, summaries checked field by field against
-analysis/schema.py, and every character printed made safe for a terminal (export/terminal.py).
-
-Exit status: 0, all read; 1, a problem: nothing readable where the user pointed, or a file
-refused. A file named on the command line that cannot be read ends the command; a file found in a
-directory scan is skipped with one warning line naming it, the rest are shown, and the status is
-still 1. 2: bad arguments (jsonargparse). Never a traceback.
+Files are never trusted (export/reading.py), and every character printed is made safe for a
+terminal (export/terminal.py). Exit status: 0, all read; 1, nothing readable where the user pointed
+or a file refused (a file named on the command line ends the command, one found in a directory is
+skipped with one warning line); 2, bad arguments (jsonargparse). Never a traceback.
 """
 
 from __future__ import annotations
@@ -29,35 +25,26 @@ from typing import Any, cast
 import orjson
 
 from vt_lightning.analysis.schema import Summary
-from vt_lightning.constants import ENV_COMMAND_PREFIX
+from vt_lightning.constants import ENV_COMMAND_PREFIX, SUMMARY_JSON_SUFFIX, TRACE_SUFFIX
 from vt_lightning.export.job import URL, Location
-from vt_lightning.export.job_file import JOB_DIR, job_file_of, job_names
+from vt_lightning.export.job_file import job_file_of
 from vt_lightning.export.reading import (
     DEFAULT_MEMORY_BUDGET,
     MIB,
     MemoryBudget,
+    SummaryNotFound,
     UnreadableFile,
     check_summary,
     check_trace_stream,
     download,
     is_regular_file,
+    list_files,
     locate_target,
     parsed_size_bound,
+    read_summary,
     read_trace,
-    remote_files,
 )
-from vt_lightning.export.report import (
-    SUMMARY_JSON_SUFFIX,
-    TRACE_SUFFIX,
-    SummaryNotFound,
-    find_traces,
-    load_summary,
-    print_table,
-    print_windows_table,
-    render_markdown,
-    summary_names,
-    summary_stem,
-)
+from vt_lightning.export.report import print_table, print_windows_table, render_markdown, summary_names, summary_stem
 from vt_lightning.export.terminal import json_for_terminal, printable, printable_lines
 
 EXIT_OK = 0
@@ -85,8 +72,7 @@ def _parser() -> Any:
     )
 
     summary = ArgumentParser(description="Print every window's summary found under LOGDIR.")
-    # Optional positionals carry no default: jsonargparse 4.38.0-4.46.0 refuse one ("Positional arguments not
-    # allowed to have a default value"), so an omitted one is None and ``main`` reads it as CURRENT_DIR.
+    # No default on an optional positional (jsonargparse 4.38-4.46 refuse one): ``main`` reads None as CURRENT_DIR.
     summary.add_argument("logdir", nargs="?", help="a log dir, run dir, window dir, trace or summary file (default .)")
     summary.add_argument("--json", action="store_true", default=False, help="print the summaries as JSON (a list)")
     summary.add_argument("--max-memory-mb", type=PositiveInt, default=DEFAULT_MEMORY_BUDGET // MIB, help=memory_help)
@@ -106,11 +92,6 @@ def _parser() -> Any:
     view.add_argument("--no-browser", action="store_true", default=False, help="only serve; do not open a browser")
     commands.add_subcommand("view", view, help="open a window in the Perfetto UI (offline)")
     return parser
-
-
-# --------------------------------------------------------------------------------------------------
-# Output: everything printed goes through export/terminal.py
-# --------------------------------------------------------------------------------------------------
 
 
 def _out(text: str = "", end: str = "\n") -> None:
@@ -140,18 +121,13 @@ class Refusals:
         return EXIT_NOT_FOUND if self.count else EXIT_OK
 
 
-# --------------------------------------------------------------------------------------------------
-# Loading windows: summary files, or traces summarised on the spot
-# --------------------------------------------------------------------------------------------------
-
-
 def _summary_of_trace(trace: Location, budget: MemoryBudget, refused: Warn | None, beside_first: bool) -> Summary:
     """The summary beside the trace if it reads (else, with ``refused``, a warning), or the trace's
     own, computed now."""
     beside = trace.with_name(summary_names(trace.name)[0])
     if beside_first and beside != trace and is_regular_file(beside):
         try:
-            return load_summary(beside, budget)
+            return read_summary(beside, budget)
         except UnreadableFile as problem:
             if refused is None:
                 raise
@@ -172,13 +148,13 @@ def _summary_of_trace(trace: Location, budget: MemoryBudget, refused: Warn | Non
         budget.charge(parsed_size_bound(orjson.dumps(summary)))
     except orjson.JSONEncodeError as err:  # an integer past 64 bits, summed from the file's
         raise UnreadableFile(f"{trace}: not a trace vt-lightning can summarise ({err})") from None
-    cast(dict[str, Any], summary)["_path"] = str(trace)  # where it came from, as load_summary marks it
+    cast(dict[str, Any], summary)["_path"] = str(trace)  # where it came from, as read_summary marks it
     return summary
 
 
 def _load_file(path: Location, budget: MemoryBudget, refused: Warn | None = None, beside_first: bool = True) -> Summary:
     if path.name.endswith(SUMMARY_JSON_SUFFIX):
-        return load_summary(path, budget)
+        return read_summary(path, budget)
     if path.name.endswith((".json", ".json.gz")):
         return _summary_of_trace(path, budget, refused, beside_first)
     raise SummaryNotFound(f"{path}: not a vt_lightning trace (*{TRACE_SUFFIX}) or summary (*{SUMMARY_JSON_SUFFIX})")
@@ -203,13 +179,9 @@ def load_windows(target: str, budget: MemoryBudget | None = None, refused: Warn 
                 raise
             refused(problem)
 
-    stems: set[str] = set()
     for summary_path in found_summaries:
-        stem = str(summary_path.parent / str(summary_stem(summary_path.name)))
-        if stem not in stems:  # a window with both names (rewritten by a newer version): read once
-            stems.add(stem)
-            attempt(summary_path, stem)
-    for trace in found_traces:  # older windows, summary=False, or a refused summary
+        attempt(summary_path, str(summary_path.parent / str(summary_stem(summary_path.name))))
+    for trace in found_traces:  # windows written with summary=False, or whose summary was refused
         stem = str(trace.parent / trace.name[: -len(TRACE_SUFFIX)])
         if stem not in covered:
             attempt(trace, stem)
@@ -222,42 +194,21 @@ def load_windows(target: str, budget: MemoryBudget | None = None, refused: Warn 
 
 def _window_files(target: str) -> tuple[list[Location] | None, list[Location]]:
     """(summary files, trace files) under the directory ``target``, each sorted; (None, [target])
-    when ``target`` is a file. A URL is listed through its filesystem (export/reading.py)."""
+    when ``target`` is a file."""
     place = locate_target(target)
-    if isinstance(place, URL):
-        url = place
-        suffixes = (SUMMARY_JSON_SUFFIX, TRACE_SUFFIX)
-        listed = remote_files(url, suffixes)
-        if listed is None:
-            return None, [url]
-        files: list[Location] = [found for found, _ in listed]
-        return (
-            sorted(f for f in files if f.name.endswith(SUMMARY_JSON_SUFFIX)),
-            sorted(f for f in files if f.name.endswith(TRACE_SUFFIX)),
-        )
-    path = place
-    if not path.exists():
-        raise SummaryNotFound(f"{path}: no such file or directory")
-    if not path.is_dir():
-        return None, [path]
-    summaries = sorted(path.rglob(f"*{SUMMARY_JSON_SUFFIX}"))
-    return list(summaries), list(sorted(path.rglob(f"*{TRACE_SUFFIX}")))
-
-
-# --------------------------------------------------------------------------------------------------
-# Commands
-# --------------------------------------------------------------------------------------------------
-
-
-def _public(summary: Summary) -> dict[str, Any]:
-    return {k: v for k, v in summary.items() if not k.startswith("_")}
+    listed = list_files(place, (SUMMARY_JSON_SUFFIX, TRACE_SUFFIX))
+    if listed is None:
+        return None, [place]
+    files = [found for found, _ in listed]
+    summaries = [f for f in files if f.name.endswith(SUMMARY_JSON_SUFFIX)]
+    return summaries, [f for f in files if f.name.endswith(TRACE_SUFFIX)]
 
 
 def run_summary(logdir: str, as_json: bool, max_memory_mb: int = DEFAULT_MEMORY_BUDGET // MIB) -> int:
     refused = Refusals("summary")
     windows = load_windows(logdir, MemoryBudget(max_memory_mb * MIB), refused)
     if as_json:
-        _out_json([_public(w) for w in windows])
+        _out_json([{k: v for k, v in w.items() if not k.startswith("_")} for w in windows])  # no _path
         return refused.status()
     print_windows_table(windows, title=f"vt_lightning: {len(windows)} window(s) under {logdir} (ms per step)")
     for window in windows:
@@ -340,68 +291,34 @@ def short_paths(names: Sequence[str], cwd: str | None = None) -> tuple[list[str]
 
 def step_change(result: dict[str, Any]) -> str:
     step = result["step"]
-    change = f"{_signed(step['delta_ms'])} ms, {_percent(step['delta_percent'])}"
-    return f"{step['a_ms']:.1f} -> {step['b_ms']:.1f} ms ({change})"
-
-
-def _signed(value: float) -> str:
-    return f"{value:+.2f}"
-
-
-def _percent(value: float | None) -> str:
-    return "new" if value is None else f"{value:+.1f}%"
+    percent = "new" if step["delta_percent"] is None else f"{step['delta_percent']:+.1f}%"
+    return f"{step['a_ms']:.1f} -> {step['b_ms']:.1f} ms ({step['delta_ms']:+.2f} ms, {percent})"
 
 
 def latest_trace(target: str, refused: Warn | None = None) -> Location:
-    """The trace itself, the trace beside a summary file, or the newest regular trace under a
-    directory (entries that are not regular files go to ``refused``). A URL is listed through its
-    filesystem."""
-    path = locate_target(target)
-    if isinstance(path, URL):
-        return _latest_remote_trace(path)
-    if path.name.endswith(SUMMARY_JSON_SUFFIX) and path.exists() and not path.is_dir():
-        trace = path.with_name(str(summary_stem(path.name)) + TRACE_SUFFIX)
-        if not trace.exists():
-            raise SummaryNotFound(f"{path}: no trace beside this summary ({trace.name})")
-        return trace
-    skipped: list[str] = []
-    traces = find_traces(path, skipped)
-    for problem in skipped:
-        if refused is not None:
-            refused(UnreadableFile(problem))
-    return traces[-1]
-
-
-def _latest_remote_trace(url: URL) -> URL:
-    """As ``latest_trace``, under a URL: the newest trace by the store's modification time (by name
-    where the store keeps none)."""
-    if url.name.endswith(SUMMARY_JSON_SUFFIX):
-        trace = url.with_name(str(summary_stem(url.name)) + TRACE_SUFFIX)
+    """The trace itself, the trace beside a summary file, or the newest trace under a directory (by
+    modification time, by name where a store keeps none; local entries that are not regular files
+    go to ``refused``)."""
+    place = locate_target(target)
+    listed = list_files(place, (TRACE_SUFFIX,))
+    if listed is None and place.name.endswith(SUMMARY_JSON_SUFFIX):
+        trace = place.with_name(str(summary_stem(place.name)) + TRACE_SUFFIX)
         if not is_regular_file(trace):
-            raise SummaryNotFound(f"{url}: no trace beside this summary ({trace.name})")
+            raise SummaryNotFound(f"{place}: no trace beside this summary ({trace.name})")
         return trace
-    listed = remote_files(url, (TRACE_SUFFIX,))
     if listed is None:
-        if not url.name.endswith((TRACE_SUFFIX, ".json", ".json.gz")):
-            raise SummaryNotFound(f"{url}: not a trace file (*{TRACE_SUFFIX})")
-        return url
-    if not listed:
-        raise SummaryNotFound(f"{url}: no vt_lightning traces (*{TRACE_SUFFIX}) under it")
-    return max(listed, key=lambda found: (found[1], str(found[0])))[0]
-
-
-def _local_copy(trace: Location, scratch: str) -> Path:
-    """The trace to serve: itself when local; a remote one copied into ``scratch`` (removed when
-    the command ends), within the size ``view`` serves, and the job file of its window instead
-    when there is one (export/job_file.py)."""
-    if not isinstance(trace, URL):
-        return Path(trace).resolve()
-    if trace.name.endswith(TRACE_SUFFIX):
-        span = trace.name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1]
-        job = trace.parent / JOB_DIR / job_names(span)[0]
-        if is_regular_file(job):
-            trace = job
-    return download(trace, Path(scratch))
+        if not place.name.endswith((TRACE_SUFFIX, ".json", ".json.gz")):
+            raise SummaryNotFound(f"{place}: not a trace file (*{TRACE_SUFFIX})")
+        return place
+    traces = []
+    for trace, modified in listed:
+        if isinstance(trace, URL) or is_regular_file(trace):  # a store lists only files
+            traces.append((modified, str(trace), trace))
+        elif refused is not None:
+            refused(UnreadableFile(f"{trace}: not a regular file, skipped"))
+    if not traces:
+        raise SummaryNotFound(f"{place}: no vt_lightning traces (*{TRACE_SUFFIX}) under it")
+    return max(traces)[2]
 
 
 def run_view(target: str, port: int, open_browser: bool) -> int:
@@ -412,12 +329,13 @@ def run_view(target: str, port: int, open_browser: bool) -> int:
     refused = Refusals("view")
     found = latest_trace(target, refused)
     place = locate_target(target)
-    with tempfile.TemporaryDirectory(prefix="vt-lightning-view-") as scratch:
-        trace = _local_copy(found, scratch)
-        if not isinstance(place, URL) and place.is_dir():  # a DDP window: its job file holds every rank
-            trace = job_file_of(trace) or trace
-        check_trace_stream(trace)  # one line now rather than a blank Perfetto tab later
-        return _serve(trace, found if isinstance(found, URL) else trace, port, open_browser, refused)
+    trace = found if isinstance(found, URL) else Path(found).resolve()
+    if isinstance(place, URL) or place.is_dir():  # a DDP window: its job file holds every rank
+        trace = job_file_of(trace) or trace
+    with tempfile.TemporaryDirectory(prefix="vt-lightning-view-") as scratch:  # a remote trace's copy, within its cap
+        local = download(trace, Path(scratch)) if isinstance(trace, URL) else trace
+        check_trace_stream(local)  # one line now rather than a blank Perfetto tab later
+        return _serve(local, found if isinstance(found, URL) else local, port, open_browser, refused)
 
 
 def _serve(trace: Path, shown: Location, port: int, open_browser: bool, refused: Refusals) -> int:

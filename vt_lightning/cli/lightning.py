@@ -1,25 +1,10 @@
-"""Turning VizTraceCallback on from outside the code: LightningCLI flags and environment variables.
+"""Turning VizTraceCallback on from outside the code (docs/cli.md): 1. any stock ``LightningCLI``
+reads the typed constructor (``--trainer.callbacks+=vt_lightning.VizTraceCallback``) and needs
+nothing from here; 2. an off-by-default ``--viztrace`` option for projects that own their CLI
+(``VizTraceLightningCLI``); 3. ``VT_LIGHTNING=1`` for any ``Trainer``, through Lightning's
+``lightning.pytorch.callbacks_factory`` entry point (``callbacks_from_env``).
 
-Three ways, none of which needs a code change in a training script (see docs/cli.md):
-
-1. Any stock ``LightningCLI`` script::
-
-       python train.py fit --trainer.callbacks+=vt_lightning.VizTraceCallback --trainer.callbacks.active=2
-
-   This needs nothing from this module: LightningCLI/jsonargparse read the typed constructor.
-
-2. Projects that own their CLI get a dedicated, off-by-default ``--viztrace`` option::
-
-       from vt_lightning.cli import VizTraceLightningCLI
-       VizTraceLightningCLI(MyModel, MyData)       # python train.py fit --viztrace=true --viztrace.active=2
-
-   or, in an existing ``LightningCLI`` subclass, ``add_viztrace_arguments(parser)`` (see its caveat).
-
-3. Any ``Trainer`` (CLI or not), through Lightning's ``lightning.pytorch.callbacks_factory`` entry
-   point: ``VT_LIGHTNING=1 VT_LIGHTNING_ACTIVE=2 python train.py``. See :func:`callbacks_from_env`.
-
-Importing this module is cheap: ``lightning.pytorch.cli`` (jsonargparse) and the callback are only
-imported when the CLI class / helper / switched-on entry point is actually used.
+Importing this module is cheap: jsonargparse and the callback are imported only when used.
 """
 
 from __future__ import annotations
@@ -38,15 +23,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     VizTraceLightningCLI: type  # built on first use by ``__getattr__`` below
 
-__all__ = [
-    "ENV_PREFIX",
-    "ENV_SWITCH",
-    "VizTraceLightningCLI",
-    "add_viztrace_arguments",
-    "callbacks_from_env",
-    "options_from_env",
-]
-
 DEFAULT_KEY = "viztrace"
 
 _TRUE = frozenset({"1", "true", "yes", "on", "y", "t"})
@@ -54,18 +30,11 @@ _FALSE = frozenset({"0", "false", "no", "off", "n", "f", ""})
 _NONE = frozenset({"none", "null"})
 
 
-# ---------------------------------------------------------------------------------------------
 # 3. environment switch (entry point group "lightning.pytorch.callbacks_factory")
-# ---------------------------------------------------------------------------------------------
 def callbacks_from_env(environ: Mapping[str, str] | None = None) -> list[Any]:
-    """Entry point for Lightning's ``lightning.pytorch.callbacks_factory`` group.
-
-    Lightning calls it in every ``Trainer.__init__``. Returns ``[]`` unless ``VT_LIGHTNING`` is
-    set to a true value (1/true/yes/on); then ``[VizTraceCallback(**options)]`` with the options
-    read from ``VT_LIGHTNING_<OPTION>`` variables (see :func:`options_from_env`).
-
-    Off, it only reads one environment variable: nothing is imported.
-    """
+    """Entry point for Lightning's ``lightning.pytorch.callbacks_factory`` group, called in every
+    ``Trainer.__init__``: ``[]`` (and nothing imported) unless ``VT_LIGHTNING`` is true, else
+    ``[VizTraceCallback(**options_from_env())]``."""
     env = os.environ if environ is None else environ
     if not _env_switch(env):
         return []
@@ -88,13 +57,9 @@ def callbacks_from_env(environ: Mapping[str, str] | None = None) -> list[Any]:
 
 
 def options_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """``VizTraceCallback`` keyword arguments from ``VT_LIGHTNING_<OPTION>`` environment variables.
-
-    Values are parsed by the constructor's type hints: ``int`` / ``float`` / ``str``; ``bool`` as
-    1/0, true/false, yes/no, on/off; lists (``include_files``, ``exclude_files``, ``ranks``) split
-    on ``,`` and on ``os.pathsep``; an optional option accepts ``none`` / ``null`` (or an empty value) for
-    None. Every bad or unknown variable is reported in one ``ValueError`` naming the variables.
-    """
+    """``VizTraceCallback`` keyword arguments from ``VT_LIGHTNING_<OPTION>`` environment variables,
+    parsed by the constructor's type hints (docs/cli.md); every bad or unknown variable is named in
+    one ``ValueError``."""
     env = os.environ if environ is None else environ
     hints = _constructor_hints()
     options: dict[str, Any] = {}
@@ -147,7 +112,7 @@ def _parse(raw: str, hint: Any) -> Any:
     """One environment value by its type hint; raises ValueError('must be ...') on a bad value."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
-    if origin is typing.Union or (hasattr(types, "UnionType") and origin is types.UnionType):
+    if origin in (typing.Union, types.UnionType):
         members = [a for a in args if a is not type(None)]
         if len(members) < len(args) and raw.strip().lower() in _NONE | {""}:
             return None
@@ -166,16 +131,11 @@ def _parse(raw: str, hint: Any) -> Any:
         if value in _FALSE - {""}:
             return False
         raise ValueError("must be true or false (1/0, true/false, yes/no, on/off)")
-    if hint is int:
+    if hint in (int, float):
         try:
-            return int(raw.strip())
+            return hint(raw.strip())
         except ValueError:
-            raise ValueError("must be an integer") from None
-    if hint is float:
-        try:
-            return float(raw.strip())
-        except ValueError:
-            raise ValueError("must be a number") from None
+            raise ValueError("must be an integer" if hint is int else "must be a number") from None
     if hint is str or hint is Any:
         return raw
     if origin in (list, tuple, Sequence):
@@ -191,23 +151,13 @@ def _parse(raw: str, hint: Any) -> Any:
     raise ValueError(f"has a type vt_lightning cannot read from the environment ({hint!r})")
 
 
-# ---------------------------------------------------------------------------------------------
 # 2. --viztrace for projects that own their LightningCLI
-# ---------------------------------------------------------------------------------------------
 def add_viztrace_arguments(parser: LightningArgumentParser, nested_key: str = DEFAULT_KEY) -> list[str]:
-    """Add an off-by-default ``--viztrace`` option (all ``VizTraceCallback`` arguments) to a parser.
-
-    For ``LightningCLI.add_arguments_to_parser``. It is Lightning's own
-    ``parser.add_lightning_class_args(VizTraceCallback, "viztrace", subclass_mode=True, required=False)``:
-    the callback is created and handed to the Trainer only when the command line or config
-    mentions it: ``--viztrace=VizTraceCallback``, ``--viztrace.active=2`` (any option), or a
-    ``viztrace:`` section in the YAML config. ``--viztrace.help VizTraceCallback`` lists the options.
-
-    Caveat: when the option is left unset, LightningCLI (2.6.6) appends ``None`` to the Trainer's
-    callbacks, which crashes ``fit``; and ``--viztrace=true`` needs the argument rewrite.
-    :class:`VizTraceLightningCLI` does both, so derive your CLI from it rather than calling this
-    helper from a plain ``LightningCLI`` subclass (it calls this helper itself).
-    """
+    """Add an off-by-default ``--viztrace`` option (all ``VizTraceCallback`` arguments) to a parser:
+    Lightning's ``parser.add_lightning_class_args(VizTraceCallback, "viztrace", subclass_mode=True,
+    required=False)``. Left unset, LightningCLI (2.6) hands the Trainer a ``None`` callback that
+    crashes ``fit``: derive from :class:`VizTraceLightningCLI`, which removes it, rather than calling
+    this from a plain ``LightningCLI`` subclass."""
     from vt_lightning.callback import VizTraceCallback
 
     return parser.add_lightning_class_args(VizTraceCallback, nested_key, subclass_mode=True, required=False)
@@ -246,17 +196,11 @@ def _make_cli_class() -> type:
     class_path = f"{VizTraceCallback.__module__.split('.')[0]}.{VizTraceCallback.__name__}"
 
     class VizTraceLightningCLI(LightningCLI):
-        """``LightningCLI`` with an off-by-default ``--viztrace`` option for :class:`VizTraceCallback`.
-
-        Turn it on with ``--viztrace=true`` (or ``--viztrace=VizTraceCallback``), with any
-        ``--viztrace.<option>=...``, or with a ``viztrace:`` section in a config file;
-        ``--viztrace=false`` turns it off again. ``--viztrace.help VizTraceCallback`` lists the
-        options, ``--print_config`` shows them. Everything else is ``LightningCLI``.
-
-        The option is added in ``add_default_arguments_to_parser``, so subclasses may override
-        ``add_arguments_to_parser`` without calling ``super()``. Set the class attribute
-        ``viztrace_key`` to rename it.
-        """
+        """``LightningCLI`` with an off-by-default ``--viztrace`` option for :class:`VizTraceCallback`:
+        on with ``--viztrace=true``, any ``--viztrace.<option>=...`` or a ``viztrace:`` section in a
+        config file, off again with ``--viztrace=false``; ``--viztrace.help VizTraceCallback`` lists
+        the options. Added in ``add_default_arguments_to_parser``, so subclasses may override
+        ``add_arguments_to_parser`` without calling ``super()``; ``viztrace_key`` renames it."""
 
         viztrace_key: str = DEFAULT_KEY
 

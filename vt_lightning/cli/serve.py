@@ -1,20 +1,14 @@
 """``vt-lightning view``'s web server: one trace and vizviewer's bundled Perfetto UI, for the one
-browser tab the user opens, and for nobody else.
+browser tab the user opens, and for nobody else. vizviewer's own server binds 0.0.0.0 and answers
+with ``Access-Control-Allow-Origin: *``, so any web page (and anyone on the network) could fetch the
+trace's source paths and function names. This one binds 127.0.0.1; answers only under a random
+256-bit path prefix (a page that guesses the port gets a 404); sends no cross-origin header but
+``Cross-Origin-Resource-Policy: same-origin``, ``Referrer-Policy: no-referrer`` (the secret path
+never leaks in a Referer), ``no-store`` and a Content-Security-Policy (``PERFETTO_CSP``); and
+streams the trace from disk (regular files only).
 
-vizviewer's own server answers every request with ``Access-Control-Allow-Origin: *`` and binds
-0.0.0.0, so any web page open in the user's browser (and anyone on the network) can fetch the
-trace: source paths, function names. This one
-
-* binds 127.0.0.1, on a random free port unless told otherwise;
-* answers only under a random path prefix (``secrets.token_urlsafe``, 256 bits): the printed URL
-  works, every other path is a 404, so a page that guesses the port still gets nothing;
-* sends no cross-origin header, and ``Cross-Origin-Resource-Policy: same-origin``,
-  ``Referrer-Policy: no-referrer`` (the secret path never leaks in a Referer) and ``no-store``;
-* and a Content-Security-Policy (``PERFETTO_CSP``) that keeps the UI to its own origin;
-* streams the trace from disk (regular files only), never holding it in memory.
-
-The Perfetto UI opens the trace through its ``#!/?url=`` route (same origin); the index page gets
-one line that sets that route, so the printed URL is short and works through an ssh tunnel too.
+The index page gets one line that opens the trace through Perfetto's ``#!/?url=`` route (same
+origin), so the printed URL is short and works through an ssh tunnel too.
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
-"""Files that are complete or absent: write under a temporary name, then rename.
+"""Files that are complete or absent: written under a temporary name, then renamed.
 
-The temporary name starts with a dot and ends in ``.tmp`` (the plugin's pattern never matches it)
-and carries ``<host>-<pid>`` of the writing process, so leftovers of a process killed mid-write
-(SIGKILL, OOM) can be told from a live writer's and removed (``remove_stale_temporaries``).
-
-Permissions: the temporary is created with mode 0o666 and the kernel applies the umask in force at
-that moment (and any default ACL), as for the user's other files. Nothing caches the umask: a
-process that changes it between windows gets the new one on the next file.
-
-Claims: a file published without clobbering (``overwrite=False``) may carry a *claim*, a second
-name of the same inode (``claim_name``), so a retry of the same window after its writer was killed
-recognizes the file as its own (``owns``) instead of taking it for another run's.
+A temporary never matches the plugin's pattern (a leading dot, ``.tmp``) and names its writer's
+``<host>-<pid>``, so a leftover of a process killed mid-write is told from a live writer's
+(``remove_stale_temporaries``). It is created with mode 0o666 under the umask in force (and any
+default ACL), as the user's other files are. A file published without clobbering may carry a
+*claim*, a second name of its inode (``layout.claim_name``), so a retry of the same window after its
+writer was killed knows the file for its own (``owns``), not another run's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import os
@@ -46,12 +42,10 @@ def atomic_write(
     claim: str | None = None,
 ) -> None:
     """Write ``data`` (bytes, or a callable given the open file) so ``path`` is complete or absent.
-
     ``overwrite=False`` never replaces an existing ``path`` (nor a symlink there): it raises
     ``FileExistsError`` instead, atomically where the filesystem supports hard links. ``claim`` (a
     file name in the same directory, with ``overwrite=False``) is linked to the file *before* it is
-    published, so a kill right after the publish still leaves proof of whose file it is.
-    """
+    published, so a kill right after the publish still leaves proof of whose file it is."""
     path = os.fspath(path)
     directory, name = os.path.split(path)
     fd, tmp = _create_temporary(directory or ".", name)
@@ -73,16 +67,15 @@ def atomic_write(
                 _publish_new(tmp, path)
             except BaseException:  # whatever stops the publish, the claim of an unpublished file goes
                 if claim_path is not None:
-                    _unlink_quietly(claim_path)
+                    remove_quietly(claim_path)
                 raise
     except BaseException:  # complete or absent: whatever stops the write, the temporary goes
-        _unlink_quietly(tmp)
+        remove_quietly(tmp)
         raise
 
 
 def _create_temporary(directory: str, name: str) -> tuple[int, str]:
-    """A new file ``.<name>.<host>-<pid>.<random>.tmp`` opened for writing, created with mode
-    0o666 so the kernel applies the current umask (``mkstemp`` would make it 0600)."""
+    """A new temporary opened for writing, mode 0o666 under the umask (``mkstemp`` makes 0600)."""
     prefix = f".{name}.{host_name()}-{os.getpid()}."
     for _ in range(100):
         tmp = os.path.join(directory, f"{prefix}{os.urandom(6).hex()}.tmp")
@@ -96,7 +89,7 @@ def _create_temporary(directory: str, name: str) -> tuple[int, str]:
 def _link_claim(tmp: str, claim_path: str) -> None:
     """Make ``claim_path`` a second name of ``tmp``'s inode (an empty file where the filesystem has
     no hard links). A claim left by an earlier attempt has this job's name, so it is replaced."""
-    _unlink_quietly(claim_path)
+    remove_quietly(claim_path)
     try:
         os.link(tmp, claim_path)
     except OSError as err:
@@ -119,24 +112,16 @@ def owns(path: str | os.PathLike[str], claim_path: str | os.PathLike[str]) -> bo
     return same_inode or claim.st_size == 0
 
 
-def release_claim(claim_path: str | os.PathLike[str]) -> None:
-    """Drop a claim once the window's result reached the training process (nothing retries it)."""
-    _unlink_quietly(claim_path)
-
-
-def _unlink_quietly(path: str | os.PathLike[str]) -> None:
-    try:
+def remove_quietly(path: str | os.PathLike[str]) -> None:
+    """Remove a file of ours if it is there (a raw dump, a claim, a temporary)."""
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def _publish_new(tmp: str, path: str) -> None:
     """Give ``tmp`` the name ``path`` only if nothing has it (``link`` fails on any existing name)."""
     try:
         os.link(tmp, path)
-    except FileExistsError:
-        raise
     except OSError as err:  # no hard links here (some network/FUSE filesystems): check, then rename
         if err.errno not in _NO_HARD_LINKS:
             raise
@@ -148,11 +133,9 @@ def _publish_new(tmp: str, path: str) -> None:
 
 
 def remove_stale_temporaries(root: str | os.PathLike[str], pid: int | None = None) -> int:
-    """Remove temporaries left in ``root``'s run directories by dead writers; returns how many.
-
-    A temporary is removed when this host wrote it and its process is gone (or is ``pid``, a writer
-    known dead), or when it is older than a day. A live process's temporary is never touched.
-    """
+    """Remove temporaries left in ``root``'s run directories by dead writers, and return how many:
+    those this host wrote whose process is gone (or is ``pid``, a writer known dead), and any older
+    than a day. A live process's temporary is never touched."""
     removed = 0
     host = host_name()
     now = time.time()
@@ -185,10 +168,8 @@ def remove_stale_temporaries(root: str | os.PathLike[str], pid: int | None = Non
 
 
 def scheduler_state(stat: bytes) -> str:
-    """The scheduler state letter of a ``/proc/<pid>[/task/<tid>]/stat`` line ("R" running or
-    runnable, "S" asleep, "Z" zombie, ...), or "" for a line without one. The process's name comes
-    before it in parentheses and may itself hold ")" and spaces, so the state is read after the
-    *last* ")"."""
+    """The scheduler state letter ("R", "S", "Z", ...) of a ``/proc/<pid>[/task/<tid>]/stat`` line, or
+    "". Read after the *last* ")": the process's name before it may hold ")" and spaces."""
     end = stat.rfind(b")")
     return stat[end + 2 : end + 3].decode("ascii", "replace") if end >= 0 else ""
 
@@ -221,9 +202,8 @@ def gzip_bytes(data: bytes, level: int) -> bytes:
 
 class GzipAside:
     """``gzip_bytes(data, level)`` on a thread of its own, started at once; ``result()`` waits for
-    it. zlib lets go of the GIL while it compresses, so the caller's next work (a window's summary)
-    runs meanwhile on another core: the idle one at the end of CPU training, where fit waits for a
-    held window."""
+    it. zlib lets go of the GIL while it compresses, so the window's summary is made meanwhile.
+    Not a ``concurrent.futures.Future``: that import brings ``logging`` (~20 ms) into the writer."""
 
     def __init__(self, data: bytes, level: int) -> None:
         self._compressed: bytes | None = None

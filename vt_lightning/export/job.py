@@ -1,9 +1,6 @@
-"""What crosses from training to the writer, and what comes back: both immutable.
-
-The training thread builds one ``WindowJob`` per closed window and hands it over; from then on
-nobody changes it (it is pickled to the writer process as it is). The writer answers with one
-``WindowResult`` (or the job is dropped with a reason); the training thread reads the answers from
-its inbox at step boundaries. Neither side ever writes into the other's state.
+"""What crosses from training to the writer, and what comes back: both immutable. The training
+thread hands over one ``WindowJob`` per closed window (pickled to the writer process as it is); the
+writer answers with one ``WindowResult``, or the job is dropped with a reason.
 """
 
 from __future__ import annotations
@@ -96,29 +93,31 @@ class UnusableURL(ValueError):
 
 def locate(where: str | os.PathLike[str]) -> Location:
     """Where a user's path or URL points: the one rule for the callback's output root and the
-    ``vt-lightning`` command's arguments, so both read ``file:/x`` and ``~/x`` alike.
-
-    A URL is anything with a protocol of two or more characters before ``://`` (fsspec's rule:
-    ``C://x`` stays a Windows path), or a ``file:``/``local:`` prefix. A local-filesystem URL is
-    its path (``file:/x``, ``file:///x`` and ``local:///x`` are ``/x``); any other URL is a ``URL``
-    once fsspec knows its filesystem (``UnusableURL`` if not). A plain path has ``~`` expanded, as
-    Lightning does for its own directories, and stays relative if it was."""
+    ``vt-lightning`` command's arguments. A URL has a protocol of two or more characters before
+    ``://`` (fsspec's rule: ``C://x`` stays a Windows path) or a ``file:``/``local:`` prefix; a local
+    one is its path (``file:///x`` is ``/x``), any other a ``URL`` once fsspec knows its filesystem
+    (``UnusableURL`` if not). A plain path has ``~`` expanded, as Lightning does, and stays relative."""
     text = os.fspath(where)
     if not isinstance(text, str):
         raise TypeError(f"expected a path or URL as text, got {type(text).__name__}")
     protocol, separator, _ = text.partition("://")
     if not (separator and len(protocol) > 1) and text.partition(":")[0].lower() not in _LOCAL_PROTOCOLS:
         return Path(text).expanduser()
-    from fsspec.core import url_to_fs
-
-    try:
-        fs, stripped = url_to_fs(text)
-    except Exception as err:  # ValueError (unknown protocol), ImportError (s3fs missing)
-        raise UnusableURL(text, err) from err
+    fs, stripped = url_filesystem(text)
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
     if set(_LOCAL_PROTOCOLS) & set(protocols):
         return Path(stripped)  # fsspec made it absolute
     return URL(text.rstrip("/"))
+
+
+def url_filesystem(url: str) -> tuple[Any, str]:
+    """(the fsspec filesystem of ``url``, its path as that filesystem's listings name it)."""
+    from fsspec.core import url_to_fs
+
+    try:
+        return url_to_fs(url)
+    except Exception as err:  # ValueError (unknown protocol), ImportError (s3fs missing)
+        raise UnusableURL(url, err) from err
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,16 @@
 """The job file: rank 0's writer waits (bounded) for every rank's trace of a window, then merges
 them into one timeline (``analysis/job_merge.py``) with the straggler named (``analysis/straggler.py``).
 
-Where: ``<window dir>/job/job.<span>.json.gz`` and, beside it, ``job.<span>.ranks.json`` (ranks,
-their clock offsets, the straggler). A directory of its own, and names that do not end in
-``.pt.trace.json(.gz)``: TensorBoard's profiler plugin takes every such file of a run directory for
-one more worker, and HTA's directory scan takes every ``*.json`` / ``*.gz`` of the directory it is
-given; neither looks into ``job/``. ``.ranks.json`` does not end in ``.summary.jsonc``, so
-``vt-lightning summary`` never takes it for a window's summary.
+Where: ``<window dir>/job/job.<span>.json.gz`` and ``job.<span>.ranks.json`` (ranks, clock offsets,
+the straggler). In a directory of its own, under names that end neither in ``.pt.trace.json(.gz)``
+nor ``.summary.jsonc``: TensorBoard's profiler plugin and HTA's directory scan would take it for one
+more rank, ``vt-lightning summary`` for a window's summary.
 
-The wait: the ranks share the run directory on one host (or on a shared filesystem). Rank 0's
-writer, after writing rank 0's own files, polls for the other ranks' files up to ``job_wait_s`` (at
-most ``MAX_JOB_WAIT_S`` and half of ``writer_timeout``); rank 0's later windows queue behind it in
-its writer (training does not wait, unless windows pile up past the writer's ``max_in_flight``).
-After one timeout, later windows of the run wait at most ``WAIT_AFTER_TIMEOUT_S``. When ranks on
-other hosts never show up it says once that the log dir is not shared and stops waiting for them;
-no job file is written without every rank.
+The wait: rank 0's writer polls for the other ranks' files in the shared run directory up to
+``job_wait_s`` (at most ``MAX_JOB_WAIT_S``); its later windows queue behind it. After one timeout,
+later windows of the run wait at most ``WAIT_AFTER_TIMEOUT_S``; when ranks on other hosts never show
+up it says once that the log dir is not shared and stops waiting for them. No job file is written
+without every rank.
 """
 
 from __future__ import annotations
@@ -38,7 +34,8 @@ from vt_lightning.analysis.schema import JobInfo
 from vt_lightning.analysis.straggler import analyze_straggler, choose_family, is_collective
 from vt_lightning.constants import TRACE_METADATA_KEY, TRACE_SUFFIX
 from vt_lightning.export.atomic import atomic_write, gzip_bytes
-from vt_lightning.export.job import WindowJob
+from vt_lightning.export.job import Location, WindowJob
+from vt_lightning.export.reading import is_regular_file
 
 JOB_EXTRA = "clock_sync"  # the side recorder's key in WindowJob.extras (recording/clock_sync.py)
 JOB_DIR = "job"
@@ -56,32 +53,25 @@ def job_names(span: str) -> tuple[str, str]:
     return f"job.{span}{JOB_SUFFIX}", f"job.{span}{JOB_SUMMARY_SUFFIX}"
 
 
-def job_file_of(trace: Path) -> Path | None:
-    """The job file of the window a rank's trace belongs to, if one was written."""
+def job_file_of(trace: Location) -> Location | None:
+    """The job file of the window a rank's trace belongs to (a local path or a URL), if one was written."""
     if not trace.name.endswith(TRACE_SUFFIX):
         return None
     span = trace.name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1]
     path = trace.parent / JOB_DIR / job_names(span)[0]
-    return path if path.is_file() else None
-
-
-def rank_files(run_dir: Path, span: str, world_size: int) -> dict[int, Path]:
-    """The ranks' traces of one window found in ``run_dir`` (any host)."""
-    found: dict[int, Path] = {}
-    for path in run_dir.glob(f"*.{span}{TRACE_SUFFIX}"):
-        worker = path.name[: -len(f".{span}{TRACE_SUFFIX}")]
-        rank = worker.rsplit("_", 1)[-1]
-        if rank.isdigit() and int(rank) < world_size:
-            found[int(rank)] = path
-    return found
+    return path if is_regular_file(path) else None
 
 
 def wait_for_ranks(run_dir: Path, span: str, world_size: int, timeout_s: float) -> dict[int, Path]:
-    """The other ranks' traces (rank 0's own is in memory), polled for until all are there or
-    ``timeout_s`` has passed."""
+    """The ranks' traces of one window in ``run_dir`` (any host), polled for until the other ranks'
+    are all there (rank 0's own is in memory) or ``timeout_s`` has passed."""
     deadline = time.monotonic() + max(timeout_s, 0.0)
     while True:
-        found = rank_files(run_dir, span, world_size)
+        found: dict[int, Path] = {}
+        for path in run_dir.glob(f"*.{span}{TRACE_SUFFIX}"):
+            rank = path.name[: -len(f".{span}{TRACE_SUFFIX}")].rsplit("_", 1)[-1]
+            if rank.isdigit() and int(rank) < world_size:
+                found[int(rank)] = path
         if set(range(1, world_size)) <= set(found) or time.monotonic() >= deadline:
             return found
         time.sleep(POLL_S)
@@ -89,8 +79,7 @@ def wait_for_ranks(run_dir: Path, span: str, world_size: int, timeout_s: float) 
 
 def _read(path: Path) -> tuple[dict[str, Any], int]:
     """(the trace, its JSON size in bytes)."""
-    with open(path, "rb") as f:
-        data = f.read()
+    data = path.read_bytes()
     if path.name.endswith(".gz"):
         data = gzip.decompress(data)
     return orjson.loads(data), len(data)

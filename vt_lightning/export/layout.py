@@ -1,4 +1,4 @@
-"""Names and paths of what a window leaves on disk (pure: no I/O beyond ``mkdir``).
+"""Names and paths of what a window leaves on disk (pure: no I/O).
 
 The TensorBoard plugin loads a run directory once, so every window gets a run directory of its own;
 it finds traces by ``TRACE_PATTERN`` and compares spans as strings, hence the fixed width.
@@ -10,16 +10,13 @@ import os
 import platform
 import re
 
-from vt_lightning.constants import MEMORY_SUFFIX as MEMORY_SUFFIX  # re-exported: names of a window's files
-from vt_lightning.constants import OOM_MEMORY_SUFFIX, SPAN_WIDTH
-from vt_lightning.constants import TRACE_PATTERN as TRACE_PATTERN
-from vt_lightning.constants import TRACE_SUFFIX as TRACE_SUFFIX
+from vt_lightning.constants import MEMORY_SUFFIX, OOM_MEMORY_SUFFIX, SPAN_WIDTH, TRACE_SUFFIX
+from vt_lightning.constants import TRACE_PATTERN as TRACE_PATTERN  # re-exported: the plugin's pattern of a trace
 
 
 def host_name() -> str:
-    """Host part of the worker name; the plugin splits workers at the last ``_<digits>``.
-
-    ``platform.node()`` is ``gethostname()`` without importing ``socket`` in the writer process."""
+    """Host part of the worker name, which the plugin splits at the last ``_<digits>``
+    (``platform.node()``: ``gethostname()`` without importing ``socket`` in the writer process)."""
     return re.sub(r"[^A-Za-z0-9-]+", "-", platform.node()) or "host"
 
 

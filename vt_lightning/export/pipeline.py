@@ -1,18 +1,9 @@
 """Turn one window's raw dumps into its files. Runs on the background writer, never in training.
 
 ``finish_window`` is a chain of named stages, each taking the previous one's output and nothing
-else of the window:
+else of the window (what each takes and gives: docs/architecture.md):
 
     read -> calibrate -> place -> merge -> enrich -> encode -> summarise -> write
-
-``read``: torch's and VizTracer's raw JSON from the spool. ``calibrate``: the clocks tied
-(``analysis/clock.py``). ``place``: the Python events on torch's timeline, the DataLoader workers'
-parts with them (``worker_dumps.py``), filtered (``analysis/filters.py``), the gc pauses and
-compile spans added. ``merge``: the typed trace (``analysis/trace.WindowTrace``), every thread
-nesting strictly (``analysis/merge.py``). ``enrich``: the flight recorder's track, the workers'
-processes, the Lightning view. ``encode``: the trace's JSON, compressed on a thread of its own
-while the next stage runs. ``summarise``: the memory snapshot and the summary
-(``analysis/summary.py``). ``write``: every file, atomically, and the ``WindowResult``.
 
 The window's optional files (the memory snapshot, the summary, the job file) fail alone: each fault
 becomes one note (``_optional``), the trace is written all the same. Any other fault fails the
@@ -52,13 +43,9 @@ from vt_lightning.analysis.summary import summarize
 from vt_lightning.analysis.trace import WindowTrace
 from vt_lightning.analysis.verdicts import with_job_verdicts
 from vt_lightning.analysis.workers import worker_summary
-from vt_lightning.constants import (
-    CLOCK_MARKER_PREFIX,
-    CPU_OP_CATEGORY,
-    USER_ANNOTATION_CATEGORY,
-)
+from vt_lightning.constants import CLOCK_MARKER_PREFIX, CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY
 from vt_lightning.export import raw_json
-from vt_lightning.export.atomic import GzipAside, atomic_write, owns, release_claim, write_snapshot
+from vt_lightning.export.atomic import GzipAside, atomic_write, owns, remove_quietly, write_snapshot
 from vt_lightning.export.job import WindowJob, WindowResult
 from vt_lightning.export.job_file import JOB_EXTRA, job_summary, write_job_file
 from vt_lightning.export.layout import claim_name
@@ -69,12 +56,10 @@ T = TypeVar("T")
 
 
 def finish_window(job: WindowJob) -> WindowResult:
-    """Merge, encode, compress and write one window. The raw dumps are removed if it fails, and
-    kept when it succeeds: the training process removes them once the result has reached it
-    (``delivered``), so a writer killed after writing, before answering, is retried from them.
-
-    The raw dumps must be complete (torch's export done, VizTracer's dump child reaped): the
-    training process's writer thread sees to that before the job reaches here."""
+    """Merge, encode, compress and write one window, from complete raw dumps (torch's export done,
+    VizTracer's dump child reaped). They are removed if it fails, and kept when it succeeds: the
+    training process removes them once the result reached it (``delivered``), so a writer killed
+    after writing, before answering, is retried from them."""
     try:
         clocks = calibrate(job, read(job))
         merged = merge(job, place(job, clocks))
@@ -82,11 +67,6 @@ def finish_window(job: WindowJob) -> WindowResult:
     except BaseException:  # the job's boundary: its raw dumps go, the writer reports the fault
         remove_raw(job)
         raise
-
-
-# --------------------------------------------------------------------------------------------------
-# read
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -107,16 +87,9 @@ def _read_json(path: Path) -> Any:
         return raw_json.loads(f.read())  # names a tracer wrote unescaped: escaped, not refused
 
 
-# --------------------------------------------------------------------------------------------------
-# calibrate
-# --------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class Calibrated:
-    """The dumps with their clocks tied: torch's trace (its clock markers taken out), VizTracer's
-    events, the calibration, the window's metadata (the ring buffer's overflow noted), the merged
-    trace's time origin and the map onto torch's timeline."""
+    """The dumps with their clocks tied; torch's clock markers are taken out of its trace."""
 
     torch: dict[str, Any]
     python_events: list[dict[str, Any]]
@@ -127,9 +100,8 @@ class Calibrated:
 
 
 def calibrate(job: WindowJob, raw: Read) -> Calibrated:
-    """Calibrate on the clock markers torch recorded (removing them from its events), or on the
-    wall-clock pairs where torch recorded none; note an overflow of VizTracer's ring buffer, with
-    the buffer size that would have held the window."""
+    """Calibrate on the clock markers torch recorded, or on the wall-clock pairs where it recorded
+    none; note an overflow of VizTracer's ring buffer, with the size that would have held the window."""
     torch_trace, python_events = raw.torch, raw.python.get("traceEvents", [])
     calibration = _calibration(job, torch_trace)
     metadata = dict(job.metadata)
@@ -139,8 +111,8 @@ def calibrate(job: WindowJob, raw: Read) -> Calibrated:
             python_events,
             job.clock_start,
             job.clock_end,
-            torch_events=torch_trace.get("traceEvents", []),
-            to_torch_us=calibration.python_to_torch_us,
+            torch_trace.get("traceEvents", []),
+            calibration.python_to_torch_us,
         )
     origin_us = time_origin_us(torch_trace.get("traceEvents", []))
     to_torch = torch_placement(calibration, origin_us)
@@ -176,19 +148,14 @@ def suggest_tracer_entries(
     events: list[dict[str, Any]],
     start: ClockPair,
     end: ClockPair,
-    torch_events: list[dict[str, Any]] | None = None,
-    to_torch_us: Callable[[float], float] | None = None,
+    torch_events: list[dict[str, Any]],
+    to_torch_us: Callable[[float], float],
 ) -> int:
     """After an overflow the ring buffer holds the window's last entries: scale their count to the
-    whole window, from the span they were actually *written* in.
-
-    VizTracer writes an entry when a call returns, so the kept entries were written between the
-    earliest kept end time and the window's end. Their start times say nothing about that span: an
-    outer call that began at the window's start is among the last to return, and measuring from its
-    start made the rate look tiny (advice 16x too low). Two scalings, the larger wins: by time, and
-    by torch's ops (recorded in full for the whole window) — Python calls follow the ops more
-    closely than the clock when a step's phases differ. A margin covers the rest.
-    """
+    whole window, from the span they were *written* in. VizTracer writes an entry when its call
+    returns, so that span starts at the earliest kept end (an outer call's start says nothing of
+    it). Two scalings, the larger wins: by time, and by torch's ops (recorded in full), which the
+    Python calls follow more closely when a step's phases differ. A margin covers the rest."""
     ends = [float(e["ts"]) + float(e.get("dur", 0.0)) for e in events if e.get("ph") != "M" and "ts" in e]
     if not ends:
         return 0
@@ -198,7 +165,7 @@ def suggest_tracer_entries(
     first_kept = min(ends)
     covered = max(end.python_us - first_kept, window / 1000.0)  # never scale one burst by more than 1000x
     scale = min(window / covered, 1000.0)
-    if torch_events and to_torch_us is not None:
+    if torch_events:
         since = to_torch_us(first_kept)
         op_ends = [
             float(e["ts"]) + float(e.get("dur", 0.0))
@@ -218,17 +185,10 @@ def _round_up(entries: float) -> int:
     return int(math.ceil(entries / 1000.0) * 1000)
 
 
-# --------------------------------------------------------------------------------------------------
-# place
-# --------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class Placed:
-    """The window's Python events as the merge takes them (``PythonParts``: the DataLoader workers'
-    calls on torch's timeline already, as they were read), with torch's trace, the calibration,
-    the metadata (the filter's and the compile watch's records added), the time origin, the
-    workers' parts as read, and the notes so far."""
+    """The Python events as the merge takes them (``PythonParts``: the DataLoader workers' calls
+    already on torch's timeline), the filter's and the compile watch's records in the metadata."""
 
     torch: dict[str, Any]
     python: PythonParts
@@ -240,15 +200,13 @@ class Placed:
 
 
 def place(job: WindowJob, clocks: Calibrated) -> Placed:
-    """VizTracer's calls with the DataLoader workers' parts (``worker_dumps.py``: their calls placed
-    on torch's timeline as they are read, when the filter runs), filtered, then the gc pauses and
-    compile spans the side recorders took; all on torch's timeline (``merge.place_python_events``)."""
+    """VizTracer's calls with the DataLoader workers' (placed as they are read when the filter runs),
+    filtered, and the gc pauses and compile spans the side recorders took, on torch's timeline."""
     metadata, notes = clocks.metadata, []
     rules, to_torch = job.python_filter, clocks.to_torch
     settle = partial(keeps_whole, rules) if rules is not None else None
     workers = collect_worker_dumps(job.extras.get("workers"), to_torch if rules is not None else None, settle)
-    # Copies: placing moves events in place, and the job stays as handed over (a retry of the same
-    # job on the writer thread would otherwise shift these a second time).
+    # Copies: placing moves events, and a retry of the same job must find them as handed over.
     gc_pauses = job.extras.get("gc")  # recording/gc_watch.py, on the Python clock
     after = [dict(event) for event in gc_pauses.get("events") or ()] if isinstance(gc_pauses, dict) else []
     before: list[dict[str, Any]] = clocks.python_events
@@ -281,15 +239,9 @@ def place(job: WindowJob, clocks: Calibrated) -> Placed:
     return Placed(clocks.torch, parts, clocks.calibration, metadata, clocks.origin_us, workers, notes)
 
 
-# --------------------------------------------------------------------------------------------------
-# merge
-# --------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class Merged:
-    """The window's typed trace, with what the later stages add to it from: the calibration, the
-    workers' parts, the notes so far."""
+    """The window's typed trace, and what the later stages add to it from."""
 
     trace: WindowTrace
     calibration: Calibration
@@ -309,11 +261,6 @@ def merge(job: WindowJob, placed: Placed) -> Merged:
     return Merged(trace, placed.calibration, placed.workers, placed.notes)
 
 
-# --------------------------------------------------------------------------------------------------
-# enrich
-# --------------------------------------------------------------------------------------------------
-
-
 def enrich(job: WindowJob, merged: Merged) -> Merged:
     """The flight recorder's track of the slow step, the DataLoader workers' processes and fetch
     spans, and the Lightning view, added to the trace."""
@@ -330,15 +277,9 @@ def enrich(job: WindowJob, merged: Merged) -> Merged:
     return Merged(trace, merged.calibration, merged.workers, notes)
 
 
-# --------------------------------------------------------------------------------------------------
-# encode
-# --------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class Encoded:
-    """The trace, its JSON, and that JSON compressing on a thread of its own (``GzipAside``):
-    meanwhile, the snapshot and the summary are made."""
+    """The trace, its JSON, and that JSON compressing meanwhile on a thread of its own."""
 
     trace: WindowTrace
     raw: bytes
@@ -351,15 +292,9 @@ def encode(job: WindowJob, enriched: Merged) -> Encoded:
     return Encoded(enriched.trace, raw, GzipAside(raw, job.gzip_level), enriched.notes)
 
 
-# --------------------------------------------------------------------------------------------------
-# summarise
-# --------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class Summarised:
-    """What is written: the encoded trace, the memory snapshot (None: none), the summary (None:
-    none, or a note says why), the seconds the summary took, the notes."""
+    """What is written; a snapshot or summary that is None has none, or a note says why."""
 
     encoded: Encoded
     snapshot: Any
@@ -369,8 +304,8 @@ class Summarised:
 
 
 def summarise(job: WindowJob, encoded: Encoded) -> Summarised:
-    """The memory snapshot (the job's own, or built from the trace's ``[memory]`` events; None
-    where it holds none) and the summary, its DataLoader workers' tables included."""
+    """The memory snapshot (the job's own, or built from the trace's ``[memory]`` events) and the
+    summary, its DataLoader workers' tables included."""
     trace, notes = encoded.trace, list(encoded.notes)
     snapshot = job.memory_snapshot
     if job.memory_name is not None and snapshot is None:
@@ -391,18 +326,12 @@ def _summary(job: WindowJob, trace: WindowTrace, snapshot: Any) -> Summary:
 
 
 def _optional(what: str, notes: list[str], make: Callable[[], T]) -> T | None:
-    """``make()``, or None and one note where it fails: a window's optional file never costs its
-    trace (the boundary of each: the memory snapshot, the summary, the job file)."""
+    """``make()``, or None and one note where it fails: an optional file never costs the trace."""
     try:
         return make()
     except Exception as err:  # the boundary of the window's optional files: the trace is written all the same
         notes.append(f"{what} not written ({type(err).__name__}: {err})")
         return None
-
-
-# --------------------------------------------------------------------------------------------------
-# write
-# --------------------------------------------------------------------------------------------------
 
 
 def write(job: WindowJob, summarised: Summarised) -> WindowResult:
@@ -426,22 +355,15 @@ def write(job: WindowJob, summarised: Summarised) -> WindowResult:
         )
     job_info = None
     if JOB_EXTRA in job.extras:  # rank 0 of a job whose ranks all trace: the job file (export/job_file.py)
-        trace, json_bytes = encoded.trace.as_dict(), len(encoded.raw)
-        written = _optional("job file", notes, lambda: write_job_file(job, run_dir, trace, json_bytes))
-        if written is not None:
-            job_info, job_notes = written
-            notes.extend(job_notes)
-    summary = summarised.summary
+        write_job = partial(write_job_file, job, run_dir, encoded.trace.as_dict(), len(encoded.raw))
+        job_info, job_notes = _optional("job file", notes, write_job) or (None, [])
+        notes.extend(job_notes)
     summary_path = markdown = None
-    seconds = summarised.summary_seconds
-    if summary is not None:
-        start = time.perf_counter()
-        written_summary = _optional("summary", notes, partial(_write_summary, job, run_dir, summary, job_info))
-        seconds += time.perf_counter() - start
-        if written_summary is not None:
-            summary_path, markdown = written_summary
-        else:
-            summary = None
+    start = time.perf_counter()
+    if summarised.summary is not None:
+        write_summary = partial(_write_summary, job, run_dir, summarised.summary, job_info)
+        summary_path, markdown = _optional("summary", notes, write_summary) or (None, None)
+    seconds = summarised.summary_seconds + time.perf_counter() - start
     return WindowResult(
         trace_path=trace_path,
         trace_bytes=len(compressed),
@@ -453,7 +375,7 @@ def write(job: WindowJob, summarised: Summarised) -> WindowResult:
         memory_path=memory_path,
         memory_bytes=memory_path.stat().st_size if memory_path is not None else 0,
         notes=tuple(notes),
-        summary=summary,
+        summary=summarised.summary if summary_path is not None else None,
         summary_path=summary_path,
         summary_markdown=markdown,
         summary_seconds=seconds,
@@ -484,10 +406,7 @@ def _write_summary(
 def remove_raw(job: WindowJob) -> None:
     for raw_path in (job.torch_raw, job.python_raw):
         if raw_path is not None:
-            try:
-                os.unlink(raw_path)
-            except OSError:
-                pass
+            remove_quietly(raw_path)
     remove_parts(job.extras.get("workers"))
 
 
@@ -519,11 +438,8 @@ def usable_run_dir(path: Path) -> bool:
 def write_new(run_dir: Path, name: str, data: bytes, claim: str | None = None) -> Path:
     """Write ``data`` as ``name`` in the first candidate run directory that is a real directory and
     holds no file of that name: another run sharing the directory (or a resumed run) keeps its files.
-    Ranks of one run share a run directory: their file names differ.
-
-    With ``claim`` (``layout.claim_name``), a candidate whose ``name`` this same window already
-    published (its writer was killed before answering, and this is the retry) is the answer: no
-    second directory, and no word about another run."""
+    With ``claim`` (``layout.claim_name``), a candidate where this same window already published
+    ``name`` (its writer was killed before answering) is the answer: no second directory."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     for candidate in run_dir_candidates(run_dir):
         if not usable_run_dir(candidate):
@@ -543,4 +459,4 @@ def delivered(job: WindowJob, result: WindowResult) -> None:
     dumps and its claim."""
     remove_raw(job)
     if job.job_id and isinstance(result.trace_path, Path):
-        release_claim(result.trace_path.parent / claim_name(job.trace_name, job.job_id))
+        remove_quietly(result.trace_path.parent / claim_name(job.trace_name, job.job_id))

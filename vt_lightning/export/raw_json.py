@@ -1,15 +1,12 @@
 """Decoding a raw dump whose strings a tracer wrote unescaped.
 
-VizTracer's C ``dump`` (1.1.1) copies function and file names into its JSON as they are: a name
-that holds a control character (ESC, BEL, CR, a newline: legal in a file name, and in a code
-object's name) makes the whole dump invalid JSON, and a name that is not valid UTF-8 makes it
-invalid UTF-8. ``loads`` parses the dump as it is, and only when that fails escapes what a JSON
-string may not hold raw and parses it again: the names reach the trace escaped, the window is
-written, and a valid dump pays nothing. (``escape_raw_strings`` is the whole repair, for callers
-that read dumps their own way.) A name Python decoded from bytes that are not UTF-8 (a thread's,
-a file's) holds lone surrogates, which JSON cannot carry either: ``readable`` writes each as
-U+FFFD, as ``loads`` reads such bytes, and ``loads`` does the same to a lone surrogate's ``\\u``
-escape (what ``json.dumps`` writes for such a name).
+VizTracer's C ``dump`` (1.1.1) copies function and file names into its JSON as they are: a control
+character in a name (legal in a file name and a code object's name) makes the dump invalid JSON, a
+name that is not UTF-8 makes it invalid UTF-8. ``loads`` parses the dump as it is and, only when
+that fails, repairs it and parses again: the names reach the trace escaped, and a valid dump pays
+nothing. A name Python decoded from bytes that are not UTF-8 holds lone surrogates, which JSON
+cannot carry either: ``readable`` writes each as U+FFFD, as ``loads`` reads such bytes and a lone
+surrogate's ``\\u`` escape.
 """
 
 from __future__ import annotations
@@ -59,8 +56,7 @@ def loads(data: bytes) -> Any:
 def escape_unambiguous(data: bytes) -> bytes:
     """``data`` with every control byte that is not JSON whitespace written as its ``\\u00XX``
     escape (valid nowhere raw, so inside a string wherever it is found), and every byte sequence
-    that is not UTF-8 replaced by U+FFFD. A scan at C speed: a 100 MB dump with one ESC costs about
-    what parsing it does."""
+    that is not UTF-8 replaced by U+FFFD, at C speed."""
     data = _NOT_WHITESPACE.sub(_escape_byte, data)
     try:
         data.decode("utf-8")
@@ -71,10 +67,8 @@ def escape_unambiguous(data: bytes) -> bytes:
 
 def escape_raw_strings(data: bytes) -> bytes:
     """``escape_unambiguous``, and inside every JSON string a raw CR, newline or tab escaped and a
-    backslash that starts no JSON escape doubled (VizTracer writes a function's name unescaped);
-    whitespace between tokens is kept. Calls Python once per string: ~10x the cost of parsing. A
-    raw ``"`` in a function's name cannot be told from the string's end: such a dump stays
-    invalid."""
+    backslash that starts no JSON escape doubled; whitespace between tokens is kept. Python runs
+    once per string (~10x the parse). A raw ``"`` in a name cannot be told from the string's end."""
     return _STRING.sub(_escape_string, escape_unambiguous(data))
 
 

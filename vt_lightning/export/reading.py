@@ -1,23 +1,15 @@
-"""Reading files back without trusting them: what the ``vt-lightning`` command opens goes through here.
+"""Reading files back without trusting them: what the ``vt-lightning`` command and the TensorBoard
+tab open goes through here. A file under a log dir may be truncated, hostile or not a file at all:
 
-A file found under a log dir may be old, new, hand-edited, truncated, hostile or not a file at all.
-So:
-
-* **Regular files only.** A FIFO, device, socket or directory named like our files is refused by
-  ``os.stat`` before it is opened, and opened with ``O_NONBLOCK`` and checked again with
-  ``fstat``, so nothing ever blocks on it.
-* **Bounded reads.** Files are read in 1 MiB chunks and gzip is inflated as a stream. Before any
-  JSON is parsed, its size *in memory* is estimated from its bytes (``parsed_size_bound``) and
-  charged to one ``MemoryBudget`` for the whole command: a gzip bomb or a file of a million tiny
-  objects is refused after reading at most the budget, not after filling the machine.
-* **Schema-checked values.** A summary is checked field by field against the TypedDicts of
-  ``analysis/schema.py``: a missing field or a wrong type is one message naming the file and the
-  field (``steps.recorded.1``), never a traceback further on.
-
-* **Remote roots the same way.** A URL (``s3://bucket/run``, ``memory://x``) is read through fsspec,
-  the library Lightning's ``get_filesystem`` wraps, as a stream of the same chunks: the same budget,
-  the same checks; only "a regular file" becomes "what the store calls a file". ``Path()`` never
-  sees a URL (it would turn ``s3://b`` into ``s3:/b``).
+* **Regular files only**: checked by ``os.stat`` before opening (with ``O_NONBLOCK``) and by
+  ``fstat`` after, so nothing ever blocks on a FIFO or a device.
+* **Bounded reads**: 1 MiB chunks, gzip inflated as a stream, and a file's size *in memory*
+  (``parsed_size_bound``) charged to the command's one ``MemoryBudget`` before it is parsed: a gzip
+  bomb or a million tiny objects is refused after reading at most the budget.
+* **Schema-checked values**: a summary is checked field by field against ``analysis/schema.py``;
+  a wrong value is one message naming the file and the field (``steps.recorded.1``).
+* **Remote roots the same way**, through fsspec (what Lightning's ``get_filesystem`` wraps): the
+  same chunks, budget and checks; "a regular file" becomes "what the store calls a file".
 
 Caps (docs/cli.md): ``DEFAULT_MEMORY_BUDGET`` for everything a command parses,
 ``SUMMARY_MAX_BYTES`` per summary file, ``VIEW_MAX_INFLATED_BYTES`` for a trace ``view`` serves.
@@ -32,7 +24,7 @@ import stat
 import types
 import typing
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import IO, Any, cast
@@ -40,7 +32,7 @@ from typing import IO, Any, cast
 import orjson
 
 from vt_lightning.analysis.schema import SCHEMA_VERSION, Summary
-from vt_lightning.export.job import URL, Location, UnusableURL, locate
+from vt_lightning.export.job import URL, Location, UnusableURL, locate, url_filesystem
 from vt_lightning.export.terminal import printable
 
 MIB = 1 << 20
@@ -58,15 +50,9 @@ class UnreadableFile(SummaryNotFound):
     """One file is not what its name says; with several files, the command skips it and warns."""
 
 
-# --------------------------------------------------------------------------------------------------
-# Regular files, bounded reads
-# --------------------------------------------------------------------------------------------------
-
-
 def locate_target(target: str | os.PathLike[str]) -> Location:
-    """Where a command's argument points, by the rule the callback reads its output root with
-    (``export.job.locate``): a local ``Path`` (``file:/x`` is ``/x``, ``~`` expanded) or a ``URL``.
-    A URL whose filesystem cannot be had here is one line naming it."""
+    """Where a command's argument points, by the callback's rule for its output root (``job.locate``);
+    a URL whose filesystem cannot be had here is one line naming it."""
     try:
         return locate(target)
     except UnusableURL as err:
@@ -80,28 +66,36 @@ def _cannot_read(url: str, err: Exception) -> str:
     )
 
 
-def remote_filesystem(url: str) -> Any:
-    """The fsspec filesystem of ``url`` (what Lightning's ``get_filesystem`` returns); one line
-    naming the URL and what is missing when it cannot be had (s3fs not installed, a protocol fsspec
-    does not know)."""
-    return _filesystem_and_path(url)[0]
-
-
-def _filesystem_and_path(url: str) -> tuple[Any, str]:
-    """(filesystem, the URL's path as that filesystem's listings name it: no protocol)."""
-    from fsspec.core import url_to_fs
-
+def _filesystem(url: str) -> tuple[Any, str]:
+    """``job.url_filesystem``; a filesystem that cannot be had is one line naming the URL."""
     try:
-        return url_to_fs(url)
-    except Exception as err:  # ImportError (s3fs missing), ValueError (unknown protocol)
-        raise SummaryNotFound(_cannot_read(url, err)) from None
+        return url_filesystem(url)
+    except UnusableURL as err:
+        raise SummaryNotFound(_cannot_read(url, err.cause)) from None
 
 
-def remote_files(url: URL, suffixes: tuple[str, ...]) -> list[tuple[URL, float]] | None:
-    """(URL, modification time or 0) of every file under the directory ``url`` whose name ends with
-    one of ``suffixes``, in name order; None when ``url`` is a file. Raises SummaryNotFound when
-    nothing is there."""
-    fs, root = _filesystem_and_path(url)
+def list_files(place: Location, suffixes: tuple[str, ...]) -> list[tuple[Location, float]] | None:
+    """(file, modification time or 0) of every file under the directory ``place`` whose name ends
+    with one of ``suffixes``, in name order; None when ``place`` is a file; SummaryNotFound when
+    nothing is there. A local entry that is not a regular file is listed: reading it refuses it."""
+    if isinstance(place, URL):
+        return _remote_files(place, suffixes)
+    if not place.exists():
+        raise SummaryNotFound(f"{place}: no such file or directory")
+    if not place.is_dir():
+        return None
+    return [(path, _mtime(path)) for path in sorted(place.rglob("*")) if path.name.endswith(suffixes)]
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:  # a dangling link: refused when read
+        return 0.0
+
+
+def _remote_files(url: URL, suffixes: tuple[str, ...]) -> list[tuple[Location, float]] | None:
+    fs, root = _filesystem(url)
     root = root.rstrip("/")
     try:
         info = fs.info(root)
@@ -111,10 +105,10 @@ def remote_files(url: URL, suffixes: tuple[str, ...]) -> list[tuple[URL, float]]
         raise SummaryNotFound(f"{url}: cannot read it ({type(err).__name__}: {err})") from None
     if info.get("type") != "directory":
         return None
-    found = []
+    found: list[tuple[Location, float]] = []
     for path, details in sorted(fs.find(root, detail=True).items()):
         if "://" in path:  # a filesystem whose listings keep the protocol
-            path = _filesystem_and_path(path)[1]
+            path = _filesystem(path)[1]
         relative = path[len(root) :].lstrip("/")
         if details.get("type", "file") == "file" and relative.endswith(suffixes):
             found.append((url / relative, _modified(details)))
@@ -136,19 +130,17 @@ def _modified(info: dict[str, Any]) -> float:
 def _open_remote(url: URL) -> IO[bytes]:
     """A remote file opened for reading if the store calls it a file; anything else (a directory, a
     missing key, a refusal) is an ``UnreadableFile``."""
-    fs = remote_filesystem(url)
+    fs = _filesystem(url)[0]
     try:
-        info = fs.info(url)
-        if info.get("type") != "file":
-            raise UnreadableFile(f"{url}: not a file; vt-lightning reads only files")
-        return cast(IO[bytes], fs.open(url, "rb", block_size=CHUNK_BYTES))
-    except UnreadableFile:
-        raise
+        if fs.info(url).get("type") == "file":
+            return cast(IO[bytes], fs.open(url, "rb", block_size=CHUNK_BYTES))
     except Exception as err:  # a store's own errors (network, credentials, permissions): one message
         raise UnreadableFile(f"{url}: cannot open it ({type(err).__name__}: {err})") from None
+    raise UnreadableFile(f"{url}: not a file; vt-lightning reads only files")
 
 
-def _kind(mode: int) -> str:
+def _not_regular(path: str | os.PathLike[str], mode: int) -> UnreadableFile:
+    kind = "not a regular file"
     for test, name in (
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISFIFO, "a named pipe (FIFO)"),
@@ -157,15 +149,15 @@ def _kind(mode: int) -> str:
         (stat.S_ISSOCK, "a socket"),
     ):
         if test(mode):
-            return name
-    return "not a regular file"
+            kind = name
+    return UnreadableFile(f"{path}: {kind}, not a regular file; vt-lightning reads only regular files")
 
 
 def is_regular_file(path: str | os.PathLike[str]) -> bool:
     """Follows symlinks, never opens: safe on a FIFO. A URL: what its store calls a file."""
     if isinstance(path, URL):
         try:
-            return bool(remote_filesystem(path).isfile(path))
+            return bool(_filesystem(path)[0].isfile(path))
         except Exception:  # a store's own errors (network, credentials): not a file we can read
             return False
     try:
@@ -182,7 +174,7 @@ def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
     try:
         mode = os.stat(path).st_mode
         if not stat.S_ISREG(mode):
-            raise UnreadableFile(f"{path}: {_kind(mode)}, not a regular file; vt-lightning reads only regular files")
+            raise _not_regular(path, mode)
         flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
         fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
     except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
@@ -190,7 +182,7 @@ def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):  # replaced between stat and open
         os.close(fd)
-        raise UnreadableFile(f"{path}: {_kind(mode)}, not a regular file; vt-lightning reads only regular files")
+        raise _not_regular(path, mode)
     return os.fdopen(fd, "rb")
 
 
@@ -201,16 +193,12 @@ def _chunks(path: Path | URL) -> Iterator[bytes]:
         try:
             while chunk := stream.read(CHUNK_BYTES):
                 yield chunk
-        except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError
-            raise UnreadableFile(f"{path}: not readable ({_gzip_problem(err)})") from None
+        except EOFError:
+            raise UnreadableFile(f"{path}: not readable (truncated gzip: it ends before the end of its data)") from None
+        except (OSError, zlib.error) as err:  # BadGzipFile is an OSError
+            raise UnreadableFile(f"{path}: not readable ({type(err).__name__}: {err})") from None
         finally:
             stream.close()
-
-
-def _gzip_problem(err: BaseException) -> str:
-    if isinstance(err, EOFError):
-        return "truncated gzip: it ends before the end of its data"
-    return f"{type(err).__name__}: {err}"
 
 
 def _first_byte_is_brace(chunk: bytes) -> bool:
@@ -249,16 +237,10 @@ def download(url: URL, directory: Path, max_bytes: int = VIEW_MAX_INFLATED_BYTES
     return target
 
 
-# --------------------------------------------------------------------------------------------------
-# JSON within a memory budget
-# --------------------------------------------------------------------------------------------------
-
-
 def parsed_size_bound(data: bytes | bytearray) -> int:
     """An upper bound, in bytes, of what ``orjson.loads(data)`` allocates: per object, list and
-    value from the bytes that open them, plus the strings (4 bytes a character unless all ASCII).
-    Measured on CPython 3.11: ``[0,0,...]`` takes 45x its size, ``[{},{},...]`` 33x, our traces 9x;
-    this bound is 10-13x on our traces and above every shape tried (tests/test_cli_hostile.py)."""
+    value from the bytes that open them, plus the strings (4 bytes a character unless all ASCII);
+    above every shape tried (tests/test_cli_hostile.py)."""
     return _containers_and_values(data) + (1 if _narrow(data) else 4) * len(data)
 
 
@@ -275,10 +257,9 @@ class MemoryBudget:
     """What one command may hold of parsed files, charged before each parse; refusing a file
     names the budget and the option that raises it."""
 
-    def __init__(self, limit_bytes: int = DEFAULT_MEMORY_BUDGET, option: str = "--max-memory-mb") -> None:
+    def __init__(self, limit_bytes: int = DEFAULT_MEMORY_BUDGET) -> None:
         self.limit = limit_bytes
         self.used = 0
-        self.option = option
 
     def require(self, path: Path | URL, need: int, read: int) -> None:
         """``need``: bytes the file takes once parsed, by what ``read`` bytes of it show so far."""
@@ -286,7 +267,7 @@ class MemoryBudget:
             spent = f" ({self.used // MIB} MiB already taken by earlier files)" if self.used else ""
             raise UnreadableFile(
                 f"{path}: refused after reading {read / MIB:.0f} MiB of it: parsing it would take more than the "
-                f"{self.limit // MIB} MiB memory budget{spent}; raise it with {self.option}"
+                f"{self.limit // MIB} MiB memory budget{spent}; raise it with --max-memory-mb"
             )
 
     def charge(self, amount: int) -> None:
@@ -315,16 +296,6 @@ def read_json(path: Path | URL, budget: MemoryBudget, max_bytes: int | None = No
     except orjson.JSONDecodeError as err:
         raise UnreadableFile(f"{path}: not valid JSON ({err})") from None
     return value, bound
-
-
-# --------------------------------------------------------------------------------------------------
-# Summaries checked against analysis/schema.py
-# --------------------------------------------------------------------------------------------------
-
-
-# Required fields a summary of an older schema lacks: `diff` across an upgrade still reads the old
-# run. Add a field here when it becomes required in analysis/schema.py (readers .get() it).
-FIELDS_ADDED_IN = {"covers": 2, "steps.user_hooks": 2, "top_python.totals": 2}
 
 
 @cache
@@ -365,17 +336,6 @@ def _got(value: Any) -> str:
     return "a list" if isinstance(value, list) else "an object"
 
 
-class _Mismatch:
-    """The message for a value of the wrong kind, built only when it is reported."""
-
-    def __init__(self, field: str, expected: Any, value: Any) -> None:
-        self.field, self.expected, self.value = field, expected, value
-
-    def __str__(self) -> str:
-        expected = self.expected if isinstance(self.expected, str) else _describe(self.expected)
-        return f"{self.field}: expected {expected}, got {_got(self.value)}"
-
-
 def _matches_scalar(value: Any, expected: type) -> bool:
     if expected is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -386,56 +346,49 @@ def _matches_scalar(value: Any, expected: type) -> bool:
     return isinstance(value, expected)
 
 
-def schema_problems(
-    value: Any, expected: Any, field: str, described: str | None = None, absent_ok: frozenset[str] = frozenset()
-) -> Iterator[str]:
+def schema_problems(value: Any, expected: Any, field: str, described: str | None = None) -> Iterator[str]:
     """Each way ``value`` differs from the schema type ``expected``, as ``field: what``. Keys the
     schema does not know are allowed (a newer writer's); only the schema's depth is walked.
-    ``described``: how to name the expected type when the value is the wrong kind altogether;
-    ``absent_ok``: required fields an older file may lack."""
+    ``described``: how to name the expected type when the value is the wrong kind altogether."""
     origin = typing.get_origin(expected)
     if expected is Any:
         return
-    wrong = _Mismatch(field, described or expected, value)
+
+    def wrong() -> str:  # built only when it is reported
+        return f"{field}: expected {described or _describe(expected)}, got {_got(value)}"
+
     if origin in (typing.Union, types.UnionType):
         arms = typing.get_args(expected)
         if value is None and type(None) in arms:
             return
         others = [arm for arm in arms if arm is not type(None)]
         if len(others) == 1:
-            yield from schema_problems(value, others[0], field, _describe(expected), absent_ok)
+            yield from schema_problems(value, others[0], field, _describe(expected))
         elif all(list(schema_problems(value, arm, field)) for arm in arms):
-            yield str(wrong)
+            yield wrong()
         return
     if typing.is_typeddict(expected):
         if not isinstance(value, dict):
-            yield str(wrong)
+            yield wrong()
             return
         prefix = f"{field}." if field else ""
         for key, inner in _fields(expected).items():  # in the schema's order
             if key in value:
-                yield from schema_problems(value[key], inner, prefix + key, None, absent_ok)
-            elif key in expected.__required_keys__ and prefix + key not in absent_ok:
+                yield from schema_problems(value[key], inner, prefix + key)
+            elif key in expected.__required_keys__:
                 yield f"{prefix}{key}: missing"
         return
-    if origin is list:
-        if not isinstance(value, list):
-            yield str(wrong)
+    if origin in (list, dict):
+        if not isinstance(value, origin):
+            yield wrong()
             return
-        (item,) = typing.get_args(expected)
-        for i, element in enumerate(value):
-            yield from schema_problems(element, item, f"{field}.{i}", None, absent_ok)
-        return
-    if origin is dict:
-        if not isinstance(value, dict):
-            yield str(wrong)
-            return
-        _, item = typing.get_args(expected)
-        for key, element in value.items():
-            yield from schema_problems(element, item, f"{field}.{key}", None, absent_ok)
+        item = typing.get_args(expected)[-1]  # list[item], dict[str, item]
+        entries: Iterable[tuple[Any, Any]] = enumerate(value) if origin is list else value.items()
+        for key, element in entries:
+            yield from schema_problems(element, item, f"{field}.{key}")
         return
     if not _matches_scalar(value, expected):
-        yield str(wrong) + (" (not finite)" if expected is float and isinstance(value, float) else "")
+        yield wrong() + (" (not finite)" if expected is float and isinstance(value, float) else "")
 
 
 def check_summary(data: Any, source: str) -> Summary:
@@ -449,9 +402,7 @@ def check_summary(data: Any, source: str) -> Summary:
             f"{source}: written by a newer vt_lightning (summary schema {schema}; this version reads "
             f"{SCHEMA_VERSION}): upgrade vt_lightning to read it"
         )
-    older = schema if isinstance(schema, int) else SCHEMA_VERSION
-    absent_ok = frozenset(field for field, version in FIELDS_ADDED_IN.items() if older < version)
-    problems = list(schema_problems(data, Summary, "", None, absent_ok))
+    problems = list(schema_problems(data, Summary, ""))
     if problems:
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
         raise UnreadableFile(f"{source}: field {problems[0]}{more}")

@@ -14,26 +14,15 @@ from typing import Any
 
 import orjson
 
+from vt_lightning.analysis.breakdown import ALL_PARTS, BREAKDOWN_PARTS
 from vt_lightning.analysis.compile import compile_markdown
 from vt_lightning.analysis.history import RunHistory, TableRow, WindowRow, history_of, row_of
 from vt_lightning.analysis.schema import Summary
 from vt_lightning.analysis.verdict_report import verdicts_markdown
 from vt_lightning.analysis.workers import workers_markdown
-from vt_lightning.constants import (
-    SUMMARY_JSON_SUFFIX,
-    SUMMARY_MD_SUFFIX,
-    TRACE_SUFFIX,
-)
-from vt_lightning.export.reading import MemoryBudget, SummaryNotFound, UnreadableFile, is_regular_file, read_summary
+from vt_lightning.constants import SUMMARY_JSON_SUFFIX, SUMMARY_MD_SUFFIX, TRACE_SUFFIX
+from vt_lightning.export.reading import SummaryNotFound, read_summary
 from vt_lightning.export.terminal import printable, printable_lines
-
-PART_LABELS = {
-    "data_wait": "data wait",
-    "forward": "forward",
-    "backward": "backward",
-    "optimizer": "optimizer",
-    "other": "other",
-}
 
 
 def summary_names(trace_name: str) -> tuple[str, str]:
@@ -49,11 +38,6 @@ def summary_stem(name: str) -> str | None:
 
 def encode_summary(summary: Summary) -> bytes:
     return orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n"
-
-
-# --------------------------------------------------------------------------------------------------
-# Markdown
-# --------------------------------------------------------------------------------------------------
 
 
 def _num(value: Any, digits: int = 1) -> str:
@@ -115,12 +99,12 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
         f"max {_num(step.get('max'))} ms over batches {', '.join(map(str, counted)) or '–'} "
         f"(breakdown from {steps.get('breakdown_source', '?')})."
     )
-    if summary.get("verdicts") is not None:  # absent in summaries written before verdicts
+    if summary.get("verdicts") is not None:  # optional in the schema
         lines += ["", *verdicts_markdown(summary.get("verdicts") or [])]
     lines += ["", "| part | ms/step | share |", "|---|---:|---:|"]
     for part, ms in (summary.get("breakdown_ms") or {}).items():
         share = f"{100 * ms / mean:.0f}%" if mean else "–"
-        lines.append(f"| {PART_LABELS.get(part, part)} | {_num(ms)} | {share} |")
+        lines.append(f"| {part.replace('_', ' ')} | {_num(ms)} | {share} |")
     python = (summary.get("top_python") or {}).get("by_inclusive") or []
     if python:
         lines += [
@@ -161,13 +145,8 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
         lines += workers_markdown(summary["workers"])
     memory = summary.get("memory")
     if memory:
-        reserved = memory.get("peak_reserved_mb")
-        lines += [
-            "",
-            f"Memory peak: **{_num(memory.get('peak_allocated_mb'))} MB** allocated"
-            + (f", {_num(reserved)} MB reserved" if reserved else "")
-            + ".",
-        ]
+        reserved = f", {_num(memory['peak_reserved_mb'])} MB reserved" if memory.get("peak_reserved_mb") else ""
+        lines += ["", f"Memory peak: **{_num(memory.get('peak_allocated_mb'))} MB** allocated{reserved}."]
         sites = memory.get("top_allocation_sites") or []
         if sites:
             lines += ["", "| allocation site | MB allocated | allocations |", "|---|---:|---:|"]
@@ -176,46 +155,12 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --------------------------------------------------------------------------------------------------
-# Finding summaries on disk
-# --------------------------------------------------------------------------------------------------
-
-
-def load_summary(path: str | os.PathLike[str], budget: MemoryBudget | None = None) -> Summary:
-    """A ``.summary.jsonc`` read back without trusting it (bounded, regular files only, checked
-    against analysis/schema.py): any problem is a SummaryNotFound naming the file and the field."""
-    return read_summary(path, budget)
-
-
-def find_traces(target: str | os.PathLike[str], skipped: list[str] | None = None) -> list[Path]:
-    """Trace files under a directory (or the file itself), oldest first by modification time.
-    Entries that are not regular files (FIFOs, directories named like traces) are left out and
-    named in ``skipped``."""
-    path = Path(target)
-    if not path.exists():
-        raise SummaryNotFound(f"{path}: no such file or directory")
-    if not path.is_dir():
-        if not path.name.endswith((TRACE_SUFFIX, ".json", ".json.gz")):
-            raise SummaryNotFound(f"{path}: not a trace file (*{TRACE_SUFFIX})")
-        return [path]
-    found: list[tuple[float, str, Path]] = []
-    for trace in path.rglob(f"*{TRACE_SUFFIX}"):
-        if is_regular_file(trace):
-            found.append((trace.stat().st_mtime, str(trace), trace))
-        elif skipped is not None:
-            skipped.append(f"{trace}: not a regular file, skipped")
-    if not found:
-        raise SummaryNotFound(f"{path}: no vt_lightning traces (*{TRACE_SUFFIX}) under it")
-    return [trace for _, _, trace in sorted(found)]
-
-
 def hta_trace_files(window_dir: str | os.PathLike[str]) -> dict[int, str]:
     """``{global rank: trace path}`` of one window directory, for HTA's
     ``TraceAnalysis(trace_files=..., trace_dir=...)``, which then reads exactly the traces."""
     out: dict[int, str] = {}
     for trace in sorted(Path(window_dir).glob(f"*{TRACE_SUFFIX}")):
-        worker = trace.name.split(".", 1)[0]
-        rank = worker.rsplit("_", 1)[-1]
+        rank = trace.name.split(".", 1)[0].rsplit("_", 1)[-1]  # <host>_<rank>.<span>...
         if rank.isdigit():
             out[int(rank)] = str(trace)
     if not out:
@@ -224,10 +169,9 @@ def hta_trace_files(window_dir: str | os.PathLike[str]) -> dict[int, str]:
 
 
 def gpu_breakdowns_missing(window_dir: str | os.PathLike[str]) -> str | None:
-    """None when the window recorded GPU kernels; otherwise the one line that explains why HTA's
-    temporal, kernel and idle-time breakdowns (which index the window's first GPU kernel, and raise
-    a bare ``IndexError`` on a window that recorded none) do not apply to it: no trace, no summary
-    to tell (only GPU windows carry a ``gpu`` section), or a CPU-only window."""
+    """None when the window recorded GPU kernels; else the one line that says why HTA's temporal,
+    kernel and idle-time breakdowns (a bare ``IndexError`` on a window without GPU kernels) do not
+    apply: no trace, no summary to tell (only GPU windows have a ``gpu`` section), or a CPU run."""
     window = Path(window_dir)
     try:
         traces = hta_trace_files(window)
@@ -236,8 +180,8 @@ def gpu_breakdowns_missing(window_dir: str | os.PathLike[str]) -> str | None:
     for trace in traces.values():
         summary_path = window / summary_names(Path(trace).name)[0]
         try:
-            summary = load_summary(summary_path)
-        except (SummaryNotFound, UnreadableFile, OSError):
+            summary = read_summary(summary_path)
+        except (SummaryNotFound, OSError):
             return f"{window}: no summary beside {Path(trace).name} to tell whether GPU kernels were recorded"
         if summary.get("gpu"):
             return None
@@ -247,13 +191,9 @@ def gpu_breakdowns_missing(window_dir: str | os.PathLike[str]) -> str | None:
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# Console tables: rich when it is installed, plain text otherwise
-# --------------------------------------------------------------------------------------------------
-#
-# rich is optional on purpose: Lightning switches its default progress bar and model summary to
-# their rich versions whenever rich is importable, so depending on it would change every user's
-# Trainer output just by installing a profiler.
+# Console tables: rich when it is installed, plain text otherwise. rich stays optional: Lightning
+# switches its progress bar and model summary to rich whenever rich is importable, so depending on
+# it would change every user's Trainer output.
 
 Column = tuple[str, bool]  # (header, right-aligned)
 MAX_CELL_CHARS = 300
@@ -325,19 +265,15 @@ def print_table(
             print(textwrap.fill(part, width=100), file=out)
 
 
-SHORT_PARTS = {
+SHORT_PARTS = {  # the column of each part of the breakdown whose name is too long for it
     "data_wait": "data",
     "forward": "fwd",
     "backward": "bwd",
     "optimizer": "optim",
-    "hooks": "hooks",
     "validation": "val",
-    "test": "test",
     "predict": "pred",
-    "compile": "comp",  # torch.compile (analysis/compile.py)
-    "other": "other",
+    "compile": "comp",
 }
-ALWAYS_SHOWN = ("data_wait", "forward", "backward", "optimizer", "other")  # the others when a window has them
 
 
 def print_windows_table(summaries: Sequence[Summary], file: Any = None, title: str | None = None) -> None:
@@ -363,9 +299,8 @@ def run_labels(summaries: Sequence[Summary]) -> list[str] | None:
 
 
 def print_history_table(history: RunHistory, file: Any = None) -> None:
-    """The end-of-run table: the same number of lines after 10 windows or 10,000 (the first and
-    latest windows, the slowest, the median and p90 over all of them); the caller says where the
-    full one is."""
+    """The end-of-run table, as many lines after 10 windows as after 10,000 (the first and latest
+    windows, the slowest, the median and p90 of all); the caller says where the full one is."""
     rows = history.table()
     latest = history.latest_top_user(limit=1)  # one line, whatever the run's length
     caption = f"busiest user function (incl.) of window {latest[0][0]}: {latest[0][1]}" if latest else None
@@ -384,7 +319,7 @@ def write_full_table(history: RunHistory, rows: Iterable[WindowRow], out: Any) -
 
 
 def _shown_parts(history: RunHistory) -> list[str]:
-    return [p for p in SHORT_PARTS if p in ALWAYS_SHOWN or p in history.parts_seen]
+    return [p for p in ALL_PARTS if p in BREAKDOWN_PARTS or p in history.parts_seen]  # the others when seen
 
 
 def _caption(tops: Sequence[tuple[str, str | None]]) -> str | None:
@@ -398,7 +333,7 @@ def _caption(tops: Sequence[tuple[str, str | None]]) -> str | None:
 
 def _columns(parts: Sequence[str], with_gpu: bool) -> list[Column]:
     columns: list[Column] = [("win", False), ("batches", True), ("step", True)]
-    columns += [(SHORT_PARTS[p], True) for p in parts]
+    columns += [(SHORT_PARTS.get(p, p), True) for p in parts]
     columns += [("GPU", True)] if with_gpu else []
     return [*columns, ("peak MB", True)]
 

@@ -28,7 +28,7 @@ from vt_lightning.analysis.workers import (
 )
 from vt_lightning.constants import PYTHON_CATEGORY
 from vt_lightning.export import raw_json
-from vt_lightning.export.atomic import process_alive, scheduler_state
+from vt_lightning.export.atomic import process_alive, remove_quietly, scheduler_state
 
 POLL_S = 0.02
 
@@ -66,19 +66,19 @@ def _stem_pid(stem: str) -> int:
     return -1
 
 
-def _files_starting(directory: str, prefix: str, suffix: str = "") -> list[str]:
-    """Paths in ``directory`` named ``prefix…suffix``. Not ``glob``: its fnmatch cache keeps every
-    pattern (32,768 of them), and each window's pattern is new, so a long run grew by each."""
+def _part_files(extras: dict[str, Any], suffix: str = "") -> list[str]:
+    """The spool's files of one window's worker parts (``b<first>-r<rank>-…``). Not ``glob``: its
+    fnmatch cache keeps every pattern (32,768 of them), and each window's pattern is new."""
+    prefix = f"b{int(extras['first'])}-r{int(extras['rank'])}-"
     try:
-        with os.scandir(directory) as entries:
+        with os.scandir(str(extras["dir"])) as entries:
             return [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(suffix)]
     except OSError:
         return []
 
 
 def part_stems(extras: dict[str, Any]) -> list[str]:
-    prefix = f"b{int(extras['first'])}-r{int(extras['rank'])}-"
-    return sorted(path[: -len(".started")] for path in _files_starting(str(extras["dir"]), prefix, ".started"))
+    return sorted(path[: -len(".started")] for path in _part_files(extras, ".started"))
 
 
 def wait_for_parts(
@@ -90,9 +90,7 @@ def wait_for_parts(
     pending = list(stems)
     while True:
         pending = [s for s in pending if not os.path.exists(f"{s}.meta.json")]
-        gone = [s for s in pending if not alive(_stem_pid(s))]
-        waiting = [s for s in pending if s not in gone]
-        if not waiting or time.monotonic() >= deadline:
+        if not any(alive(_stem_pid(s)) for s in pending) or time.monotonic() >= deadline:
             break
         time.sleep(POLL_S)
     pending = [s for s in pending if not os.path.exists(f"{s}.meta.json")]  # completed at the last moment
@@ -169,14 +167,6 @@ def library_spans(meta: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def remove_files(paths: list[str]) -> None:
-    for path in paths:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-
 def add_to_trace(trace: WindowTrace, dumps: WorkerDumps, to_torch_us: Callable[[float], float]) -> list[str]:
     """Name the workers' processes, add their ``fetch batch N`` spans and record them in the
     trace's metadata (the summary reads it); move the trace's time origin down should a worker
@@ -207,4 +197,5 @@ def remove_parts(extras: dict[str, Any] | None) -> None:
     """Delete every file of one window's worker parts (once the window is delivered, or failed)."""
     if not extras:
         return
-    remove_files(_files_starting(str(extras["dir"]), f"b{int(extras['first'])}-r{int(extras['rank'])}-"))
+    for path in _part_files(extras):
+        remove_quietly(path)

@@ -1,17 +1,14 @@
-"""The writer process: finishes windows (parse, merge, encode, compress, write) outside the
-training process, so that work never competes with training for the GIL.
+"""The writer process: finishes windows outside the training process, so that work never competes
+with training for the GIL.
 
-Started outside any window (at train start, or setup for other stages, when the first window is far
-enough ahead and within the run; else at the first window's hand-off; see
-``controller/handoff.py``), so it inherits no hook, as
+Started outside any window (when, see ``controller/handoff.py``), so it inherits no hook, as
 ``python -I -S -c <boot>`` (``writer_command``): a fresh interpreter that imports neither torch nor
-Lightning and never re-runs the user's script (as ``multiprocessing``'s spawn would). Isolated mode
-(``-I``) keeps the working directory, ``PYTHONPATH`` and user site-packages off its import path, so a
-stray ``orjson.py`` where training was started never runs in it, and ``-S`` skips ``site`` (no
-``.pth`` file runs code in it); the boot code then puts on its import path this package's root,
-the directories orjson and numpy were imported from, and the absolute ``PYTHONPATH`` entries (where
-clusters install packages). Jobs and results travel as length-prefixed pickles over its
-stdin/stdout; it exits when its stdin closes.
+Lightning and never re-runs the user's script (as ``multiprocessing``'s spawn would). ``-I`` keeps
+the working directory, ``PYTHONPATH`` and user site-packages off its import path (a stray
+``orjson.py`` where training started never runs in it); the boot code puts there this package's
+root, orjson's and numpy's directories and the absolute ``PYTHONPATH`` entries (where clusters
+install packages). Jobs and results travel as length-prefixed pickles over its stdin/stdout; it
+exits when its stdin closes.
 """
 
 from __future__ import annotations
@@ -54,17 +51,12 @@ def _receive(stream: IO[bytes]) -> Any:
 class WriterError(RuntimeError):
     """A window failed in the writer process; the message carries the original error."""
 
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(f"{kind}: {message}" if message else kind)
-        self.kind = kind
-
 
 # Popen runs on the writer thread while the training thread may fork (DataLoader workers, VizTracer's
 # dump child). A child forked during Popen inherits its exec-status pipe, and Popen then waits for
-# that child to exit before it returns: the writer stalled for a whole epoch (or until
-# writer_timeout dropped its windows; seen 1 run in 4 of tests/test_ddp.py on 3.12). Forks in this
-# process wait for the few milliseconds Popen holds this lock (``os.register_at_fork``); Popen's own
-# fork runs no Python fork handlers, and the lock is reentrant in case a future version does.
+# that child to exit: the writer stalled for a whole epoch. Forks in this process wait for the few
+# milliseconds Popen holds this lock (``os.register_at_fork``); Popen's own fork runs no Python fork
+# handlers, and the lock is reentrant in case a future version does.
 _SPAWNING = threading.RLock()
 _held = threading.local()  # the lock this thread took before its fork (released after it, the same one)
 
@@ -100,11 +92,10 @@ class WriterProcess:
                 writer_command(),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                env=_child_env(),
+                env={k: v for k, v in os.environ.items() if k != ENV_SWITCH},  # it never trains: no switch
                 close_fds=True,
-                # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group) and
-                # hang-up reach training only; training then hands over what it recorded, and this
-                # process finishes it before it sees its stdin close.
+                # Its own session: a terminal's Ctrl-C and hang-up reach training only, which then hands
+                # over what it recorded; this process finishes it before its stdin closes.
                 start_new_session=True,
             )
         self._lock = threading.Lock()
@@ -125,15 +116,14 @@ class WriterProcess:
             _send(self._proc.stdin, request)
             status, payload = _receive(self._proc.stdout)
         if status == "error":
-            raise WriterError(*payload)
+            kind, message = payload
+            raise WriterError(f"{kind}: {message}" if message else kind)
         return payload
 
     def kill(self) -> None:
         """Kill and reap at once (a writer stuck past its time limit, or idle at the run's end)."""
-        try:
+        with contextlib.suppress(OSError):
             self._proc.kill()
-        except OSError:
-            pass
         self._proc.wait()
         self._close_pipes()
 
@@ -155,11 +145,9 @@ class WriterProcess:
             return
         try:
             for pipe in (self._proc.stdin, self._proc.stdout):
-                try:
+                with contextlib.suppress(OSError):  # a request still buffered for a writer that is gone
                     if pipe is not None:
                         pipe.close()
-                except OSError:  # a request still buffered for a writer that is gone
-                    pass
         finally:
             self._lock.release()
 
@@ -167,8 +155,12 @@ class WriterProcess:
 WRITER_NICE = 10
 AUTOGROUP_NICE = 19
 
-# Lowered before its imports, not after: its start-up then yields to training's steps (it is started
-# in the background, possibly during quiet steps). The code is ``yield_cpu_to_training`` inlined.
+# The boot code yields the CPU to training before any import, so the writer's start-up, in the
+# background during steps, lands later on a busy machine rather than slowing them. ``nice`` alone is
+# not enough: in its own session (see ``WriterProcess``) the writer is its own scheduling group
+# where Linux groups tasks by session (``sched_autogroup``), an equal of training's group whatever
+# its nice (torch's threads ran 8x slower on 2 cores), so the group's nice is raised too (allowed
+# without privileges; no-op where there is no autogroup).
 _BOOT = (
     "import os, sys\n"
     f"try: os.nice({WRITER_NICE})\nexcept (AttributeError, OSError): pass\n"
@@ -178,32 +170,9 @@ _BOOT = (
 )
 
 
-def yield_cpu_to_training() -> None:
-    """Lowers this process's CPU share below training's, on a busy machine windows just land later.
-
-    ``nice`` alone is not enough: the writer runs in its own session (see ``WriterProcess``), and
-    where Linux groups tasks by session (``/proc/sys/kernel/sched_autogroup_enabled``, the default
-    on many distributions) a new session is a new scheduling group that competes with training's
-    group as an equal, whatever its nice. On 2 cores a busy writer at nice 10 in its own session made
-    torch's two intra-op threads 8x slower (40 -> 320 ms; nice 19 for its group: 40 -> 41 ms), so
-    the group's nice is raised too (allowed without privileges; no-op where there is no autogroup).
-    """
-    try:
-        if os.getpriority(os.PRIO_PROCESS, 0) < WRITER_NICE:
-            os.nice(WRITER_NICE - os.getpriority(os.PRIO_PROCESS, 0))
-    except (AttributeError, OSError):
-        pass
-    try:
-        with open("/proc/self/autogroup", "w") as group:
-            group.write(str(AUTOGROUP_NICE))
-    except OSError:
-        pass
-
-
 def writer_import_path() -> list[str]:
-    """Where the writer finds what it imports: the directory holding vt_lightning/, then orjson's
-    and numpy's (its dependencies outside the standard library), then ``PYTHONPATH``'s absolute
-    entries."""
+    """The writer's import path: vt_lightning's root, orjson's and numpy's (its dependencies outside
+    the standard library), then ``PYTHONPATH``'s absolute entries."""
     import numpy
     import orjson
 
@@ -217,22 +186,10 @@ def writer_import_path() -> list[str]:
 
 
 def writer_command() -> list[str]:
-    """The writer's command line: an isolated interpreter without ``site`` and an explicit import
-    path (never the cwd).
-
-    ``site`` is skipped (``-S``): the writer needs nothing it sets up, and an environment's ``.pth``
-    files may run any code (an editable install's finder, namespace-package hooks) on training's
-    cores (a CPU run starts the writer at its first window). Measured in the team's editable
-    environment: 1-6 ms of the ~110 ms the writer's imports take; ``site`` mostly imports what the
-    pipeline needs anyway, so the saving grows only with what the ``.pth`` files do.
-    """
+    """The writer's command line: an isolated interpreter with an explicit import path (never the
+    cwd), without ``site``: the writer needs nothing it sets up, and an environment's ``.pth`` files
+    may run any code on training's cores (a CPU run starts the writer at its first window)."""
     return [sys.executable, "-I", "-S", "-c", _BOOT, *writer_import_path()]
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop(ENV_SWITCH, None)  # the child never trains, but keep the switch from leaking
-    return env
 
 
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
@@ -264,17 +221,12 @@ def main() -> None:
     for name in ("SIGINT", "SIGQUIT", "SIGHUP"):  # a kill aimed at the group still finds nothing to stop
         with contextlib.suppress(AttributeError, OSError, ValueError):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
-    yield_cpu_to_training()  # the boot code did it already; here for any other way in
     # Results go over the real stdout; anything printed by accident goes to stderr instead.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     _serve(sys.stdin.buffer, out)
-    # Every answer is sent and every file written (atomically): skip the interpreter's teardown,
-    # which took 0.4-1.2 s at nice 10 on a loaded machine while fit waited for this exit.
+    # Every answer is sent and every file written: skip the interpreter's teardown (up to 1 s at
+    # nice 10 on a loaded machine) while fit waits for this exit.
     out.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-if __name__ == "__main__":
-    main()
