@@ -1,11 +1,7 @@
-"""The one way back from the writer: an inbox the training thread reads at safe points.
-
-The writer thread only ever *puts* into the inbox: a ``WindowResult`` (written), a ``Dropped`` (why
-a window was lost) or a ``Notice`` (a problem worth one warning). It never touches the controller.
-The training thread reads the inbox at step boundaries (while windows are outstanding, every batch
-start looks) and at the end of a run; that is where results are kept, warnings are raised and
-summaries go to Lightning's loggers, which are not thread-safe.
-"""
+"""The one way back from the writer: it only puts answers into the inbox (a ``WindowResult``, a
+``Dropped`` or a ``Notice``); the training thread reads them at batch starts and at the end of a
+run, where results are kept, warnings raised and summaries given to Lightning's loggers, which are
+not thread-safe."""
 
 from __future__ import annotations
 
@@ -21,6 +17,8 @@ from vt_lightning.analysis.history import RunHistory, row_of
 from vt_lightning.constants import BROWSER_LIMIT_BYTES, LOGGER_NAME
 from vt_lightning.controller.loggers import log_summary
 from vt_lightning.controller.messages import job_written, print_verdicts
+from vt_lightning.controller.retention import Retention
+from vt_lightning.controller.windows_table import WindowsTable
 from vt_lightning.export.job import WindowResult
 
 log = logging.getLogger(LOGGER_NAME)
@@ -59,9 +57,8 @@ class Inbox:
         self.outstanding = 0
 
     def expect(self, answer: Future[Outcome]) -> None:
-        """On the training thread, at hand-off: the writer's future answer for one window. Exactly
-        one outcome arrives for it, also when the writer is abandoned (then ``Dropped(None)``: the
-        abandonment was reported when it happened)."""
+        """At hand-off: exactly one outcome arrives for ``answer``, ``Dropped(None)`` when the writer
+        was abandoned (reported when it happened)."""
         self.outstanding += 1
         answer.add_done_callback(self._answered)
 
@@ -106,16 +103,14 @@ class Outcomes:
         # Summaries not yet given to the loggers: they wait for a batch start outside any window,
         # which back-to-back windows never leave; past UNLOGGED_KEPT the oldest are not logged.
         self.unlogged: deque[WindowResult] = deque(maxlen=UNLOGGED_KEPT)
-        self.unlogged_dropped = 0
-        self.table: Any = None  # windows_table.WindowsTable: every row, on disk (set at setup)
-        self.retention: Any = None  # retention.Retention: deletes windows past ``keep_windows``
+        self.table: WindowsTable | None = None  # every row, on disk (set at setup)
+        self.retention: Retention | None = None  # deletes windows past ``keep_windows``
         self._verdicts_shown = 0
         self.dropped = 0  # windows the writer answered for without writing them (each kind warned once)
         self.skipped = 0  # windows skipped at their start (set by the controller at the end of a run)
 
     def not_written(self) -> str | None:
-        """The end of a run's line for the windows it opened or scheduled and did not write, each
-        reported once per kind of problem as it happened; None when every one was written."""
+        """The end of a run's line for the windows it did not write; None when it wrote them all."""
         if not (self.dropped or self.skipped):
             return None
         parts = [
@@ -126,9 +121,6 @@ class Outcomes:
 
     def start(self, spool: Any, submit: Callable[..., Any], keep_windows: int | None) -> None:
         """At setup, once the run has a spool and a writer (whose thread deletes old windows)."""
-        from vt_lightning.controller.retention import Retention
-        from vt_lightning.controller.windows_table import WindowsTable
-
         self.table = WindowsTable(spool)
         self.retention = Retention(keep_windows, submit)
 
@@ -179,7 +171,6 @@ class Outcomes:
             job_written(result.trace_path, result.job)
         if result.summary is not None:
             if len(self.unlogged) == UNLOGGED_KEPT:
-                self.unlogged_dropped += 1
                 self.warn(
                     "unlogged",
                     "vt_lightning: windows follow each other with no batch outside a window, where "

@@ -1,13 +1,9 @@
-"""Arming the triggers of one run: the ranks' agreement, the probes, the watch; and disarming them.
-
-The decisions themselves are pure (``analysis/triggers.py``); this module wires them to the probes
-of this process and to the other ranks, and gives everything back at the end of the run.
-"""
+"""Arming the triggers of one run (the ranks' agreement, the probes, the watch) and disarming them;
+the decisions themselves are pure (``analysis/triggers.py``)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import weakref
 from collections.abc import Callable
@@ -60,19 +56,12 @@ def agree(
 class ArmedTriggers:
     """The watch of one run, and what must be given back at its end (signal handler, group)."""
 
-    def __init__(
-        self,
-        watch: TriggerWatch,
-        signal: SignalTrigger | None,
-        group: Any,
-        trainer: Any = None,
-        warn: Warn | None = None,
-    ) -> None:
+    def __init__(self, watch: TriggerWatch, signal: SignalTrigger | None, group: Any, trainer: Any, warn: Warn) -> None:
         self.watch = watch
         self.signal = signal
         self.group = group
-        self.trainer = weakref.ref(trainer) if trainer is not None else lambda: None
-        self.warn = warn
+        self.trainer = weakref.ref(trainer)
+        self.warn: Warn | None = warn
         self.earliest_memory_batch = 0  # for the end-of-run note
 
     def ask(self, step: int, plan: WindowPlan, options: Any, warn: Warn) -> None:
@@ -103,8 +92,8 @@ class ArmedTriggers:
         return True
 
     def disarm(self) -> None:
-        """Give everything back (idempotent): the signal handler, in Lightning's snapshot too, and
-        the group; then say once which trigger never armed."""
+        """Give back the signal handler (in Lightning's snapshot too) and the group, idempotently;
+        then say once which trigger never armed."""
         if self.watch.flight is not None:
             self.watch.flight.stop()  # the sampler thread never outlives the run
         if self.signal is not None:
@@ -143,9 +132,8 @@ def _ended_normally(trainer: Any) -> bool:
 
 
 def _forget_in_lightning_snapshot(trainer: Any, trigger: SignalTrigger) -> None:
-    """Lightning's signal connector snapshots every handler after setup (ours included) and puts
-    them back when fit ends: after ``teardown`` (harmless) but also after ``on_exception``, which
-    would re-install ours once the run is over. Give the snapshot the handler from before fit."""
+    """Lightning's signal connector puts the handlers it saw after setup (ours included) back when fit
+    ends, also after ``on_exception``, which would re-install ours: give it the one from before."""
     snapshot = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
     if isinstance(snapshot, dict) and trigger.owns(snapshot.get(trigger.signum)):
         snapshot[trigger.signum] = trigger.previous if trigger.previous is not None else signal.SIG_DFL
@@ -205,24 +193,7 @@ def arm(
     watch.flight = flight_for(watch.slow, clock)
     armed = ArmedTriggers(watch, signal_trigger, group, trainer, warn)
     armed.earliest_memory_batch = max(first_check, config.memory_growth_steps) + config.memory_growth_steps
-    lines = []
-    if config.slow_step_factor is not None:
-        baseline = config.slow_step_baseline
-        lines.append(messages.slow_step_arms(config.slow_step_factor, baseline, first_check + baseline))
-    if config.memory_growth is not None and read_memory is not None:
-        lines.append(
-            messages.memory_growth_arms(
-                memory_kind or "memory", config.memory_growth, config.memory_growth_steps, armed.earliest_memory_batch
-            )
-        )
-    if signal_trigger is not None:
-        lines.append(
-            messages.on_demand_arms(f"signal {signal_trigger.name} (kill -{signal_trigger.name[3:]} {os.getpid()})")
-        )
-    if trigger_path is not None:
-        lines.append(messages.on_demand_arms(f"file {trigger_path} (create it to open a window)"))
-    if lines:
-        messages.triggers_armed(lines)
+    messages.triggers_armed(watch, first_check, armed.earliest_memory_batch)
     return armed
 
 
