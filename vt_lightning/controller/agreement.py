@@ -1,22 +1,19 @@
 """DDP: every rank opens the same triggered window at the same batch.
 
-Ranks see different step times and only some see the trigger file or the signal, so at each coarse
-check (the same batch on every rank: the check batches themselves are agreed) the ranks exchange
-what fired with ONE all-reduce (MAX) of ``1 + len(REASONS)`` int64s on a dedicated gloo group:
+At each coarse check (the same batch on every rank) the ranks exchange what fired with one
+all-reduce (MAX) of ``1 + len(REASONS)`` int64s on a gloo group of its own (off the GPU):
 
 * slot 0: minus the batches each rank proposes until the next check -> all agree on the smallest;
 * one slot per reason: ``(2**40 - batch) * 2**20 + (2**20 - 1 - rank)`` if it fired, else 0 -> the
   earliest batch that fired, lowest rank on a tie, and who it was.
 
-Only when something fired, a second all-reduce (SUM of 2 float64s, the winner's value and
-baseline) gives every rank the measured numbers for its metadata. The window then warms up at
-the check batch itself on every rank. A gloo group keeps this off the GPU: no CUDA tensor, no
-stream sync, whatever backend the training uses. The encoding is pure and unit-tested with fake
-collectives (tests/test_triggers.py).
+Only when something fired, a second all-reduce (SUM of the winner's value and baseline) gives
+every rank the measured numbers for its metadata.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -68,7 +65,7 @@ class Agreement:
             for reason in REASONS:
                 for firing in firings:
                     if firing.reason == reason:
-                        return _with_rank(firing, self.rank), gap
+                        return dataclasses.replace(firing, rank=self.rank), gap
             return None, gap
         winner, agreed_gap = decode(self.reduce_max(encode(firings, gap, self.rank)))
         if winner is None:
@@ -80,7 +77,7 @@ class Agreement:
             numbers = [1.0, float(mine.value), float(mine.baseline or 0.0)]
         have, value, baseline = self.reduce_sum(numbers)
         if mine is not None:
-            return _with_rank(mine, rank), agreed_gap
+            return dataclasses.replace(mine, rank=rank), agreed_gap
         unit = "s" if reason == "slow_step" else "bytes" if reason == "memory_growth" else None
         return Firing(
             reason,
@@ -93,17 +90,10 @@ class Agreement:
         ), agreed_gap
 
 
-def _with_rank(firing: Firing, rank: int) -> Firing:
-    if firing.rank == rank:
-        return firing
-    return Firing(firing.reason, firing.batch, firing.value, firing.baseline, firing.unit, rank, firing.detail)
-
-
 def first_failure(problem: str | None) -> tuple[int, str] | None:
-    """(rank, problem) of the lowest rank whose ``problem`` is not None, on every rank; None when no
-    rank has one. Collective once ``torch.distributed`` is initialised: every rank calls it, those
-    that failed and those that did not, so a check that fails on one rank stops all of them with the
-    same error instead of leaving the others waiting in their next collective."""
+    """(rank, problem) of the lowest rank whose ``problem`` is not None, on every rank (None: none).
+    Collective: every rank calls it, so a check failed on one rank stops them all with one error
+    instead of leaving the others waiting in their next collective."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:

@@ -1,14 +1,10 @@
-"""The triggers of one rank, checked together: what the callback asks at a batch that needs a look.
+"""The triggers of one rank, checked together at a batch that needs a look: did anything fire that
+should open a window now?
 
-``TriggerWatch.check(step, plan)`` answers "did anything fire that should open a window now?":
-
-* a slow step is known at the batch start after it (``SlowStep.steady`` runs on every batch in the
-  callback's hook); in one process it is answered at once, in DDP at the next agreed check;
-* the trigger file, the signal flag and the memory counter are read only at the coarse checks,
-  about every ``trigger_interval`` seconds (``Cadence``), which also refresh the slow-step median;
-* with several ranks, each check is one all-reduce (``agreement.py``), so every rank gets the same
-  answer at the same batch; no check (and no collective) runs inside a planned window: it waits
-  for the first batch after it, the same batch on every rank.
+A slow step is known at the batch start after it (in DDP, answered at the next agreed check). The
+trigger file, the signal flag and the memory counter are read only at the coarse checks, about
+every ``trigger_interval`` seconds (``Cadence``). With several ranks each check is one all-reduce
+(``agreement.py``), never inside a planned window, so every rank gets one answer at one batch.
 """
 
 from __future__ import annotations
@@ -74,11 +70,11 @@ class TriggerWatch:
                 self.flight.mark(step - 1, self.slow.last, self.slow.fired[0])
             slow = self.slow.take(step)
             if slow is not None:
-                slow = dataclasses.replace(slow, detail=self._detail(SLOW_STEP))
-            if slow is not None and not self.agreement.distributed:
-                return _with_rank(slow, self.agreement.rank)
-            if slow is not None and not self._seen:
-                self._seen.append(slow)
+                slow = dataclasses.replace(slow, detail=self._detail(SLOW_STEP), rank=self.agreement.rank)
+                if not self.agreement.distributed:
+                    return slow
+                if not self._seen:
+                    self._seen.append(slow)
         if step < self.next_check:
             return None
         if plan.busy(step):  # no check inside a window: wait for the batch after it (same on every rank)
@@ -133,7 +129,3 @@ class TriggerWatch:
         if reason == SLOW_STEP and self.slow is not None:  # the rule that fired (docs/triggers.md)
             return f"over {self.slow.factor:g}x the median of the last {self.config.slow_step_baseline} steps"
         return None
-
-
-def _with_rank(firing: Firing, rank: int) -> Firing:
-    return dataclasses.replace(firing, rank=rank)
