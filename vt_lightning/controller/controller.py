@@ -1,10 +1,5 @@
-"""The window controller: one object per callback, driven by Lightning's hooks.
-
-At each batch boundary it asks the window plan (the schedule and the triggers) what phase the
-batch is in, looks the transition up in ``analysis.lifecycle.TRANSITIONS`` and runs the listed
-actions. A closed window becomes an immutable job for the writer; the writer's answers come back
-through the inbox, which is read here at batch starts and at the end of a run.
-"""
+"""The window controller, driven by the callback's hooks: at each batch boundary it asks the plan
+for the batch's phase and runs the actions ``analysis.lifecycle.TRANSITIONS`` lists for it."""
 
 from __future__ import annotations
 
@@ -131,9 +126,8 @@ class WindowController:
         side_recorders.start_run(o, run, self.spool, trainer, self.plan, self.warn)  # DataLoader workers (workers.py)
 
     def train_start(self, trainer: Any) -> None:
-        """Fit's data is set up: start the writer ahead of the first window only if that window lies
-        within the run, so a run with no window in it starts no process (and not on the CPU, where
-        it starts at the first hand-off: ``BackgroundWriter.prestart``)."""
+        """Fit's length is known now: start the writer ahead of the first window if it lies within
+        the run (``BackgroundWriter.prestart``)."""
         if self.writer is not None and self.stage == "fit" and self.run is not None:
             now = runs.global_batch(trainer)
             self.train_started = (time.perf_counter_ns(), now)
@@ -296,8 +290,7 @@ class WindowController:
             self.budget.closed(window)
 
     def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
-        """Name the closed window's files, close its recording into the spool and give the job to
-        the writer; look at the next batch start for the answer."""
+        """Close the window's recording into the spool and give its job to the writer."""
         assert self.run is not None and self.spool is not None and self.writer is not None
         target, planned = window.window, self.planned
         trigger = planned.trigger if planned is not None else None
@@ -324,9 +317,8 @@ class WindowController:
         self._quiet_until(self.next_look)  # look at the next batch start for the answer
 
     def _fit_remaining(self) -> tuple[int | None, float | None]:
-        """Batches left to fit's end by its own limits, and the mean batch since train start in
-        seconds (validation and the window's own steps included: an overestimate); None where
-        unknown (another stage, no limit, no batch run yet)."""
+        """Batches left to fit's end by its limits, and the mean batch in seconds since train start
+        (an overestimate: validation included); None where unknown."""
         trainer = self.trainer()
         if self.stage != "fit" or trainer is None or self.train_started is None:
             return None, None
@@ -339,9 +331,8 @@ class WindowController:
         return end - now - 1, (time.perf_counter_ns() - started_ns) / 1e9 / done
 
     def fail(self, err: Exception, hook: str) -> None:
-        """The fault boundary of the callback's hooks caught ``err``, a fault of vt_lightning's in
-        ``hook``: the open window is dropped with nothing of it installed, the user is told once
-        per kind of fault, and training goes on."""
+        """A hook's fault boundary caught ``err``: drop the open window with nothing of it left
+        installed and warn once per kind of fault."""
         window, self.window, self.phase = self.window, None, Phase.NONE
         if window is not None:
             self._skip(window.window)
@@ -409,12 +400,9 @@ def _python_filter(options: Options, pl_module: Any) -> PythonFilter:
 
 
 def _forget_in_forked_child() -> None:
-    """A child forked from a training process (``os.fork`` in user code, a multiprocessing "fork"
-    target, a non-persistent DataLoader worker) did not start the parent's windows: its controllers
-    forget them, with no wait, write or removal, so the child's exit (and any exception or teardown
-    hook Lightning runs in it) finds nothing to finish. Only the process that started a window
-    finishes it; the tracers stop themselves in the child (``recording.pytracer`` / ``torchtracer``
-    / ``rivals`` register their own handlers)."""
+    """A forked child (user code, a "fork" target, a DataLoader worker) did not start the parent's
+    windows: only the process that started a window finishes it, so the child's controllers forget
+    them, with no wait, write or removal (the tracers stop themselves in the child)."""
     for controller in list(_LIVE):
         try:
             triggers = controller.triggers

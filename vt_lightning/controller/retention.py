@@ -1,13 +1,8 @@
 """``keep_windows``: at most the newest K windows of this run stay on disk.
 
-Only windows this process wrote and the writer *finished* are ever deleted: they are known from
-their ``WindowResult`` (read on the training thread), never from a scan of the log directory, so a
-window another run (or another process) wrote, and one still being written, are never touched.
-Of a window's run directory, only this worker's files (``<worker>.<span>.*``: trace, memory
-snapshot, summaries) go; the directory itself goes once it is empty, so with DDP the last rank to
-delete its files removes it. The deletion runs on the writer thread (``BackgroundWriter.submit``),
-after everything queued before it, never on the training thread; a remote root is reached through
-the filesystem Lightning uses (``get_filesystem``), as ``remote.py`` does.
+Only windows this process wrote and the writer finished are deleted, known from their results,
+never from a scan, and of each only this worker's files (``<worker>.<span>.*``); the directory goes
+once empty (with DDP, by the last rank). Deletions run on the writer thread, after what was queued.
 """
 
 from __future__ import annotations
@@ -47,8 +42,8 @@ class Retention:
 
 
 def delete_window_files(trace: Location) -> int:
-    """On the writer thread: remove this worker's files of the window whose trace is ``trace``,
-    then its run directory if nothing else is left in it. Returns the files removed."""
+    """This worker's files of the window whose trace is ``trace``, then its directory if empty;
+    how many files were removed."""
     if isinstance(trace, URL):
         return _delete_remote(trace)
     run_dir = os.path.dirname(os.fspath(trace))

@@ -1,8 +1,5 @@
-"""What a run (one fit / validate / test / predict) is, read from the Trainer once at setup.
-
-The only module of the controller that reads the Trainer's attributes, so a Lightning change lands
-in one place.
-"""
+"""What a run (one fit / validate / test / predict) is, read from the Trainer: the controller's
+reads of the Trainer's attributes, so that a Lightning change lands here."""
 
 from __future__ import annotations
 
@@ -71,9 +68,7 @@ def read_run(trainer: Any, stage: str, dirpath: str | None, spool_dir: str | Non
 
 
 def trains_on_cpu(run: Run) -> bool:
-    """Training's own threads take every core (the root device is the CPU, not an accelerator):
-    the writer then starts at the first hand-off, not ahead of it (``BackgroundWriter.prestart``,
-    ``handoff.HAND_OFF_START_ON_CPU``)."""
+    """Training's own threads take every core (``handoff.HAND_OFF_START_ON_CPU``)."""
     return run.device == "cpu"
 
 
@@ -88,11 +83,9 @@ def global_batch(trainer: Any) -> int:
 
 
 def fit_end_batch(trainer: Any) -> int | None:
-    """The global batch count at which fit stops by its own limits: ``max_steps`` (optimizer
-    steps, so times ``accumulate_grad_batches``) or the remaining epochs of ``max_epochs`` times the
-    batches per epoch, whichever comes first. None when neither bounds it (an iterable without a
-    length, ``max_time`` alone, ``max_epochs=-1``). Known from ``on_train_start`` on, once fit's data
-    is set up; an early stop is never foreseen, so this is an upper bound."""
+    """The global batch count at which fit stops by ``max_steps`` (optimizer steps) or ``max_epochs``,
+    whichever comes first; None when neither bounds it. Known from ``on_train_start`` on; an upper
+    bound, as an early stop is never foreseen."""
     bounds = []
     max_steps = getattr(trainer, "max_steps", -1)
     if isinstance(max_steps, int) and max_steps > 0:
@@ -119,23 +112,12 @@ def log_step(trainer: Any) -> int:
 
 
 def any_rank(trainer: Any) -> Callable[[bool], bool]:
-    """A decision every rank takes together: True on all ranks when it is True on any (one small
-    all-reduce over the Trainer's own process group; nothing on one process). Asked at batches that
-    are the same on every rank, so every rank keeps tracing the same windows."""
+    """A decision every rank takes together, at the same batch: True on all when True on any (one
+    small all-reduce over the Trainer's process group)."""
     if trainer.world_size <= 1:
         return bool
     strategy = trainer.strategy
     return lambda flag: bool(strategy.reduce_boolean_decision(flag, all=False))
-
-
-def rival_lightning_profiler(trainer: Any) -> str | None:
-    """Lightning profilers that own torch.profiler or the profile hook (Simple/PassThrough are fine)."""
-    from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler
-
-    profiler = getattr(trainer, "profiler", None)
-    if isinstance(profiler, (PyTorchProfiler, AdvancedProfiler)):
-        return type(profiler).__name__
-    return None
 
 
 def should_record(
@@ -165,7 +147,11 @@ def should_record(
     known_bug = interpreter_warning()
     if known_bug and enabled:
         warn("interpreter", known_bug)
-    rival = rival_lightning_profiler(trainer)
+    # These own torch.profiler or the profile hook (SimpleProfiler and PassThroughProfiler do not).
+    from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler
+
+    profiler = getattr(trainer, "profiler", None)
+    rival = type(profiler).__name__ if isinstance(profiler, (PyTorchProfiler, AdvancedProfiler)) else None
     if rival is not None and enabled:
         enabled = False
         warn(

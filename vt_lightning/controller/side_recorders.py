@@ -1,5 +1,5 @@
-"""Which side recorders (``recording/side.py``) a window gets: one line per kind, decided here so
-that ``windows.open_window`` and ``ProfilingWindow`` stay the same as kinds are added."""
+"""Which side recorders (``recording/side.py``) a window gets, one line per kind, so that
+``windows.open_window`` and ``ProfilingWindow`` stay the same as kinds are added."""
 
 from __future__ import annotations
 
@@ -26,10 +26,12 @@ def side_recorders(
     options: Options, run: Run, python: PythonTracer, trainer: Any, target: Window
 ) -> list[SideRecorder]:
     """The side recorders of one window, in start order (stopped in reverse)."""
-    recorders: list[SideRecorder] = [*flight_side(target, python.clock_us)]
-    recorders.append(GcWatch(python.clock_us))  # collector pauses, for the ``gc`` verdict
-    recorders.append(CompileWatch(python))  # torch.compile: spans, graph breaks, recompiles
-    recorders[:0] = clock_sync_recorders(run.rank_info, options.writer_timeout)  # ranks' clock offsets (job file)
+    recorders: list[SideRecorder] = [
+        *clock_sync_recorders(run.rank_info, options.writer_timeout),  # ranks' clock offsets (job file)
+        *flight_side(target, python.clock_us),
+        GcWatch(python.clock_us),  # collector pauses, for the ``gc`` verdict
+        CompileWatch(python),  # torch.compile: spans, graph breaks, recompiles
+    ]
     workers = _WORKERS.get(trainer)
     if workers is not None:  # DataLoader workers (recording/workers.py)
         recorders.append(workers.recorder(python, target))
@@ -43,8 +45,7 @@ _WORKERS: weakref.WeakKeyDictionary[Any, WorkerTracing] = weakref.WeakKeyDiction
 def start_run(
     options: Options, run: Run, spool: Any, trainer: Any, plan: WindowPlan, warn: Callable[[str, str], Any]
 ) -> None:
-    """Fit only: wrap the train DataLoaders' workers before Lightning creates their iterator. A
-    failure costs the workers' events, never the run."""
+    """Fit only: wrap the train DataLoaders' workers before Lightning creates their iterator."""
     end_run(trainer)
     if not options.trace_workers or run.stage != "fit" or spool is None:
         return

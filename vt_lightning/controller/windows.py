@@ -1,7 +1,5 @@
-"""Opening a window (or declining to) and naming what a closed one becomes.
-
-Functions, not state: the controller owns the open window; these build it and its destination.
-"""
+"""Opening a window (or declining to) and naming what a closed one becomes; the controller owns
+the open window."""
 
 from __future__ import annotations
 
@@ -120,6 +118,7 @@ def destination(
     target = window.window
     trigger = planned.trigger if planned is not None else None
     run_dir, worker, span, memory_name = paths(options, run, window, planned)
+    settings = options.settings()
     metadata = {
         "version": VERSION,
         "stage": run.stage,
@@ -128,11 +127,11 @@ def destination(
         # First and last batch (inclusive), not lists: metadata scales with what was recorded.
         "scheduled_steps": _bounds(target.active_start, target.end),
         "warmup_steps": _bounds(target.warmup_start, target.active_start),
-        "schedule": options.settings()["schedule"],
+        "schedule": settings["schedule"],
         "partial": partial,
         **({"partial_reason": reason} if partial and reason else {}),
-        "tracer": options.settings()["tracer"],
-        "torch": options.settings()["torch"],
+        "tracer": settings["tracer"],
+        "torch": settings["torch"],
         "lightning_view": options.lightning_view,
         "validation": window.range_log("validation"),
         "user_hooks": run.user_hooks,
@@ -173,8 +172,8 @@ def dump_oom(options: Options, run: Run, window: ProfilingWindow, planned: Plann
 
 
 def release(spool: Spool | None, triggers: ArmedTriggers | None) -> None:
-    """At a run's end: reap dump children of windows interrupted between their dump and hand-off,
-    remove this process's spool, and uninstall the triggers (kept for inspection until the next run)."""
+    """At a run's end: reap dump children of windows interrupted before their hand-off, remove this
+    process's spool and disarm the triggers."""
     reap_dump_children()
     if spool is not None:
         spool.remove()

@@ -1,11 +1,6 @@
-"""Every window's row of the end-of-run table, kept on disk rather than in memory.
-
-The console's table is bounded (``analysis/history.py``); the full one is written at the end of a
-run as ``vt_lightning.windows.txt`` (``<stage>-vt_lightning.windows.txt`` outside fit) in the output
-root, atomically. Until then each row waits as one JSON line in this process's spool directory
-(local scratch space, removed with the spool), appended when the window's result is read: a small
-append, never a read of earlier windows.
-"""
+"""Every window's row of the end-of-run table, kept on disk rather than in memory: one JSON line
+each in the spool, rendered at the end of the run into ``vt_lightning.windows.txt``
+(``<stage>-vt_lightning.windows.txt`` outside fit) in the output root."""
 
 from __future__ import annotations
 
@@ -26,10 +21,6 @@ log = logging.getLogger(LOGGER_NAME)
 
 FULL_TABLE_NAME = "vt_lightning.windows.txt"
 JOURNAL_NAME = "windows.jsonl"
-
-
-def full_table_name(stage: str | None) -> str:
-    return FULL_TABLE_NAME if stage in (None, "fit") else f"{stage}-{FULL_TABLE_NAME}"
 
 
 class WindowsTable:
@@ -70,7 +61,7 @@ class WindowsTable:
         text.write("\n")
         write_full_table(history, self.rows(), text)
         data = text.getvalue().encode()
-        name = full_table_name(stage)
+        name = FULL_TABLE_NAME if stage in (None, "fit") else f"{stage}-{FULL_TABLE_NAME}"
         try:
             if isinstance(root, URL):
                 return _write_remote(root / name, data)
@@ -83,7 +74,7 @@ class WindowsTable:
 
 
 def _write_remote(target: URL, data: bytes) -> str:
-    """Through the filesystem Lightning uses; a hidden temporary, then a move (as ``remote._upload``)."""
+    """Through the filesystem Lightning uses; a hidden temporary, then a move."""
     from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
 
     fs = get_filesystem(target)
