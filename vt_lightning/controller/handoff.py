@@ -1,15 +1,8 @@
 """The training process's side of the writer: one daemon thread that hands windows, in order, to
-the writer process (``export/writer_process.py``), so that parsing, merging and compression never
-compete with training for its GIL.
-
-At most ``max_in_flight`` windows are pending (the next one waits for room at its start), and
-training waits for the writer at most ``timeout`` seconds in all (``StallAllowance``). A writer
-that overruns it is abandoned: its pending windows are dropped, its process killed and reaped, and a
-fresh thread writes later windows itself, never waited for again.
-
-On the CPU, a window that closes a few seconds of steps before the run's end is held and finished
-on this thread once training stops, with no writer process at all (``finishes_at_end``); any wait
-by training releases the hold.
+the writer process (``export/writer_process.py``), where parsing and compression never compete
+with training for its GIL. At most ``max_in_flight`` windows are pending, and training waits for the
+writer at most ``timeout`` seconds in all; a writer that overruns it is abandoned (its windows
+dropped, its process killed) and a fresh thread writes later windows itself, never waited for.
 """
 
 from __future__ import annotations
@@ -27,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from vt_lightning.constants import WRITER_TIMEOUT_S
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
+from vt_lightning.controller.messages import Warn
 from vt_lightning.controller.remote import deliver
 from vt_lightning.export.atomic import remove_stale_temporaries
 from vt_lightning.export.job import WindowJob, WindowResult
@@ -55,10 +49,9 @@ SAY_WAIT_S = 0.25  # an end-of-run wait for the writer at least this long is sai
 
 
 def finishes_at_end(cpu_bound: bool, process_started: bool, batches_left: int | None, step_s: float | None) -> bool:
-    """Whether a closing window is held and finished in this process at the run's end: only where the
-    writer process would start for it (CPU training, none running) and the run's known end is within
-    ``FINISH_AT_END_WITHIN_S`` seconds of steps (``batches_left`` x ``step_s``); later, the files
-    would come too late to be worth the start-up saved."""
+    """Whether a closing window is held and finished in this process once training stops: only where
+    the writer process would start for it (CPU training, none running) and the run's known end is
+    within ``FINISH_AT_END_WITHIN_S`` seconds of steps; any wait by training releases the hold."""
     if not (cpu_bound and HAND_OFF_START_ON_CPU) or process_started:
         return False
     if batches_left is None or step_s is None or batches_left < 0 or step_s <= 0:
@@ -106,7 +99,7 @@ class BackgroundWriter:
         max_in_flight: int = 2,
         use_process: bool | None = None,
         timeout: float = WRITER_TIMEOUT_S,
-        on_problem: Callable[[str, str], Any] | None = None,
+        on_problem: Warn | None = None,
     ) -> None:
         self.max_in_flight = max_in_flight
         self.use_process = USE_WRITER_PROCESS if use_process is None else use_process
@@ -186,13 +179,12 @@ class BackgroundWriter:
 
     @property
     def process_started(self) -> bool:
-        """Whether a writer process is (being) started: a held window would save nothing."""
+        """Whether a writer process is (being) started: holding a window would save nothing."""
         return self.process is not None or not self.use_process or self.process_error is not None
 
     def hand_off(self, closed: ClosedWindow, *, at_end: bool = False) -> Future[Outcome]:
         """Queue a closed window; its future answers with exactly one outcome, never raises.
-        ``at_end``: hold it until training stops or waits (``finishes_at_end``); a window handed
-        off without it releases the held ones first, to the writer process."""
+        ``at_end``: hold it until training stops or waits (``finishes_at_end``)."""
         if not at_end:
             self._release(ending=False)
         future = self.submit(self._finish, closed, at_end)
@@ -212,19 +204,13 @@ class BackgroundWriter:
         except WriterAbandoned:  # reported once, when the writer was given up
             return Dropped(None)
         except DumpChildFailed as err:  # a dump child stuck (killed and reaped) or crashed
-            return Dropped(Notice(f"dump:{type(err).__name__}", f"vt_lightning: window dropped: {err}; {_GOES_ON}"))
+            key, text = f"dump:{type(err).__name__}", f"window dropped: {err}; {_GOES_ON}"
         except SpoolError as err:  # the raw dumps, not the output directory, are the problem
-            return Dropped(
-                Notice(f"spool:{err.errno}", f"vt_lightning: window dropped: {err.strerror}; training goes on.")
-            )
+            key, text = f"spool:{err.errno}", f"window dropped: {err.strerror}; training goes on."
         except Exception as err:  # the writer job's boundary: any fault drops this window with one notice
-            return Dropped(
-                Notice(
-                    f"write:{type(err).__name__}:{job.run_dir.parent}",
-                    f"vt_lightning: could not write the window to {job.run_dir} ({type(err).__name__}: {err}); "
-                    + _GOES_ON,
-                )
-            )
+            key = f"write:{type(err).__name__}:{job.run_dir.parent}"
+            text = f"could not write the window to {job.run_dir} ({type(err).__name__}: {err}); {_GOES_ON}"
+        return Dropped(Notice(key, f"vt_lightning: {text}"))
 
     def run(self, closed: ClosedWindow, at_end: bool = False) -> WindowResult:
         """On the writer thread: complete the raw dumps, then write the window in the writer process,
@@ -282,9 +268,8 @@ class BackgroundWriter:
         return len(self._pending())
 
     def wait_for_room(self) -> tuple[float, bool]:
-        """Wait until fewer than ``max_in_flight`` windows are pending, within the allowance.
-        Returns (seconds waited, whether there is room). After a timeout the writer is abandoned;
-        once one has been, no later window waits at all."""
+        """(seconds waited, whether there is room) for a window, within the allowance; past it the
+        writer is abandoned, and no later window waits at all."""
         limit = self.allowance.left()
         start = time.monotonic()
         try:
@@ -307,8 +292,7 @@ class BackgroundWriter:
         return waited, False
 
     def drain(self) -> bool:
-        """Wait until every submitted window is on disk (or failed), within the allowance; abandon
-        the writer and return False if it did not finish."""
+        """Wait until every submitted window is written (or failed), within the allowance; else abandon."""
         start = time.monotonic()
         deadline = start + self.allowance.left()
         self._release(ending=True)  # training has stopped: held windows are finished on the writer thread
@@ -328,8 +312,7 @@ class BackgroundWriter:
                 rank_zero_info(f"vt_lightning: waited {waited:.1f} s for the writer to finish {which}")
 
     def abandon(self) -> None:
-        """Give up on a stuck writer: drop its pending windows, kill and reap its process, and
-        start a fresh thread (the stuck one is a daemon and dies with the interpreter)."""
+        """Drop the pending windows, kill and reap the process, and start a fresh thread."""
         with self._lock:
             self.abandoned += 1
             self.allowance.for_good = True
@@ -352,8 +335,7 @@ class BackgroundWriter:
         self._thread = self._start_thread()
 
     def close(self) -> bool:
-        """Drain (bounded), stop the thread and the process, also when interrupted; True when
-        nothing was abandoned."""
+        """Drain, then stop the thread and the process, also when interrupted; True unless abandoned."""
         finished = False
         try:
             finished = self.drain()

@@ -16,7 +16,7 @@ from typing import Any
 from vt_lightning.analysis.history import RunHistory, row_of
 from vt_lightning.constants import BROWSER_LIMIT_BYTES, LOGGER_NAME
 from vt_lightning.controller.loggers import log_summary
-from vt_lightning.controller.messages import job_written, print_verdicts
+from vt_lightning.controller.messages import Warn, job_written, print_verdicts
 from vt_lightning.controller.retention import Retention
 from vt_lightning.controller.windows_table import WindowsTable
 from vt_lightning.export.job import WindowResult
@@ -26,8 +26,6 @@ log = logging.getLogger(LOGGER_NAME)
 RESULTS_KEPT = 16  # newest WindowResults kept (``VizTraceCallback.results``); the rest: ``history``
 UNLOGGED_KEPT = 64  # summaries waiting for a batch outside any window to reach the loggers
 VERDICT_WINDOWS = 5  # windows whose verdicts are printed; later ones are in their summary files
-
-Warn = Callable[[str, str], Any]
 
 
 @dataclass(frozen=True)
@@ -49,8 +47,7 @@ Outcome = WindowResult | Dropped | Notice
 
 
 class Inbox:
-    """Thread-safe in, training thread out. ``outstanding`` counts windows handed off and not yet
-    answered; only the training thread changes it."""
+    """Thread-safe in, training thread out; ``outstanding``: windows handed off and not answered."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
@@ -80,10 +77,7 @@ class Inbox:
         """On the training thread: everything that arrived, in order."""
         out: list[Outcome] = []
         while not self._queue.empty():  # polled every batch while answers are owed: no exception
-            try:
-                outcome = self._queue.get_nowait()
-            except queue.Empty:
-                return out
+            outcome = self._queue.get_nowait()  # the one reader: never empty here
             if not isinstance(outcome, Notice):
                 self.outstanding -= 1
             out.append(outcome)
@@ -92,16 +86,14 @@ class Inbox:
 
 class Outcomes:
     """What the training thread keeps of the writer's answers, bounded however long the run: the
-    newest results, one small row per window in ``history`` (and in ``table``'s file, which holds
-    them all), and summaries not yet given to the loggers."""
+    newest results, a row per window in ``history`` and ``table``, summaries for the loggers."""
 
     def __init__(self, warn: Warn, tracer_entries: int) -> None:
         self.warn = warn
         self.tracer_entries = tracer_entries
         self.results: deque[WindowResult] = deque(maxlen=RESULTS_KEPT)
         self.history = RunHistory()
-        # Summaries not yet given to the loggers: they wait for a batch start outside any window,
-        # which back-to-back windows never leave; past UNLOGGED_KEPT the oldest are not logged.
+        # Summaries wait for a batch start outside any window; past UNLOGGED_KEPT the oldest are not logged.
         self.unlogged: deque[WindowResult] = deque(maxlen=UNLOGGED_KEPT)
         self.table: WindowsTable | None = None  # every row, on disk (set at setup)
         self.retention: Retention | None = None  # deletes windows past ``keep_windows``
