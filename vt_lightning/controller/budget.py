@@ -9,6 +9,7 @@ from typing import Any
 
 from vt_lightning.analysis.budget import BudgetLimits, RunBudget
 from vt_lightning.analysis.sources import Planned, WindowPlan
+from vt_lightning.controller.messages import Warn
 from vt_lightning.export.job import WindowResult
 from vt_lightning.recording.window import ProfilingWindow
 
@@ -17,9 +18,7 @@ class BudgetGuard:
     """One per run. ``begin`` as a window begins; ``opened`` / ``closed`` around its recording;
     ``received`` with the writer's answers."""
 
-    def __init__(
-        self, limits: BudgetLimits, warn: Callable[[str, str], Any], clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, limits: BudgetLimits, warn: Warn, clock: Callable[[], float] = time.monotonic) -> None:
         self.budget = RunBudget(limits, clock())
         self.warn = warn
         self.clock = clock

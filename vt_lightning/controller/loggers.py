@@ -60,10 +60,6 @@ def log_summary(loggers: Iterable[Any], summary: Summary, markdown: str | None =
 
 def _experiment(logger: Any) -> Any:
     """TensorBoard's SummaryWriter; other loggers are not asked (their ``experiment`` may start a remote run)."""
-    try:
-        from lightning.pytorch.loggers import TensorBoardLogger
-    except ImportError:  # pragma: no cover
-        return None
-    if isinstance(logger, TensorBoardLogger):
-        return logger.experiment
-    return None
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return logger.experiment if isinstance(logger, TensorBoardLogger) else None

@@ -21,6 +21,7 @@ from vt_lightning.controller.watch import TriggerWatch
 from vt_lightning.options import Options
 
 log = logging.getLogger(LOGGER_NAME)
+Warn = Callable[[str, str], Any]  # (key, message): said once per key (``WarnOnce``)
 
 
 class WarnOnce:
@@ -41,7 +42,7 @@ class WarnOnce:
 
 
 def warn_cut_window(
-    warn: Callable[[str, str], Any],
+    warn: Warn,
     stage: str | None,
     target: Window,
     steps: Sequence[int],
@@ -201,26 +202,23 @@ def triggers_armed(watch: TriggerWatch, first_check: int, earliest_memory: int) 
 
 
 @rank_zero_only
-def triggers_never_armed(warn: Callable[[str, str], Any], notes: Sequence[tuple[str, str]]) -> None:
+def triggers_never_armed(warn: Warn, watch: TriggerWatch, earliest_memory: int) -> None:
     """At the end of a run (rank 0), once per trigger that never could fire, with its option."""
-    for key, text in notes:
-        warn(f"never-armed:{key}", text)
-
-
-def slow_step_never_armed(measured: int, baseline: int) -> str:
-    return (
-        f"vt_lightning: the slow-step trigger never armed in this run: it measured {measured} of the "
-        f"{baseline} steps its median needs (`slow_step_baseline`={baseline}; batches of windows, "
-        "epoch edges and validation do not count). Lower `slow_step_baseline` (>= 5) or run more batches."
-    )
-
-
-def memory_growth_never_armed(steps: int, earliest: int) -> str:
-    return (
-        f"vt_lightning: the memory-growth trigger never armed in this run: growth is measured over "
-        f"`memory_growth_steps`={steps} batches, from batch {earliest} at the earliest. Lower "
-        "`memory_growth_steps` or run more batches."
-    )
+    slow, memory, baseline = watch.slow, watch.memory, watch.config.slow_step_baseline
+    if slow is not None and not slow.armed:
+        warn(
+            "never-armed:slow_step",
+            f"vt_lightning: the slow-step trigger never armed in this run: it measured {len(slow.durations)} of "
+            f"the {baseline} steps its median needs (`slow_step_baseline`={baseline}; batches of windows, "
+            "epoch edges and validation do not count). Lower `slow_step_baseline` (>= 5) or run more batches.",
+        )
+    if memory is not None and watch.read_memory is not None and not memory.compared:
+        warn(
+            "never-armed:memory_growth",
+            f"vt_lightning: the memory-growth trigger never armed in this run: growth is measured over "
+            f"`memory_growth_steps`={memory.steps} batches, from batch {earliest_memory} at the earliest. Lower "
+            "`memory_growth_steps` or run more batches.",
+        )
 
 
 def signal_owned_by_slurm(name: str, alternative: str | None) -> str:

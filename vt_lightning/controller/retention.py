@@ -15,13 +15,11 @@ from typing import Any
 from vt_lightning.constants import TRACE_SUFFIX
 from vt_lightning.export.job import URL, Location, WindowResult
 
-Submit = Callable[..., Any]
-
 
 class Retention:
     """Counts finished windows in order and hands the oldest past ``keep`` to ``submit``."""
 
-    def __init__(self, keep: int | None, submit: Submit) -> None:
+    def __init__(self, keep: int | None, submit: Callable[..., Any]) -> None:
         self.keep = keep
         self.submit = submit
         self._kept: deque[Location] = deque()  # trace paths of the windows on disk, oldest first

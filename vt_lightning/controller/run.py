@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vt_lightning.constants import STAGES
+from vt_lightning.controller.messages import Warn
 from vt_lightning.controller.remote import output_root
 from vt_lightning.export.job import URL
 from vt_lightning.options import ConfigurationError
@@ -121,7 +122,7 @@ def any_rank(trainer: Any) -> Callable[[bool], bool]:
 
 
 def should_record(
-    run: Run, options: Any, trainer: Any, superseded_by: str | None, warn: Callable[[str, str], Any]
+    run: Run, options: Any, trainer: Any, superseded_by: str | None, warn: Warn
 ) -> tuple[bool, str | None]:
     """Whether this rank records in this run, and the rival Lightning profiler if any; warns once
     about each reason it will not (or will record less)."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from vt_lightning.analysis.schedule import Window
 from vt_lightning.analysis.sources import WindowPlan
 from vt_lightning.analysis.workers import upcoming_ranges
+from vt_lightning.controller.messages import Warn
 from vt_lightning.controller.run import Run, batches_started
 from vt_lightning.options import Options
 from vt_lightning.recording.clock_sync import clock_sync_recorders
@@ -42,9 +42,7 @@ def side_recorders(
 _WORKERS: weakref.WeakKeyDictionary[Any, WorkerTracing] = weakref.WeakKeyDictionary()
 
 
-def start_run(
-    options: Options, run: Run, spool: Any, trainer: Any, plan: WindowPlan, warn: Callable[[str, str], Any]
-) -> None:
+def start_run(options: Options, run: Run, spool: Any, trainer: Any, plan: WindowPlan, warn: Warn) -> None:
     """Fit only: wrap the train DataLoaders' workers before Lightning creates their iterator."""
     end_run(trainer)
     if not options.trace_workers or run.stage != "fit" or spool is None:

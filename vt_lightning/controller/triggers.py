@@ -15,12 +15,11 @@ from vt_lightning.analysis.triggers import FREE_SIGNALS, ON_DEMAND, SLOW_STEP, T
 from vt_lightning.constants import TRIGGER_FILE_NAME
 from vt_lightning.controller import messages
 from vt_lightning.controller.agreement import Agreement, gloo_agreement
+from vt_lightning.controller.messages import Warn
 from vt_lightning.controller.watch import TriggerWatch
 from vt_lightning.export.job import URL
 from vt_lightning.recording.flight import flight_for
 from vt_lightning.recording.probes import SignalTrigger, memory_reader
-
-Warn = Callable[[str, str], Any]
 
 
 def agree(
@@ -108,20 +107,7 @@ class ArmedTriggers:
                 dist.destroy_process_group(group)
         warn, self.warn = self.warn, None
         if warn is not None and _ended_normally(self.trainer()):
-            messages.triggers_never_armed(warn, self.never_armed())
-
-    def never_armed(self) -> list[tuple[str, str]]:
-        """(key, message) for each trigger that never could have fired in this run."""
-        notes = []
-        config, slow, memory = self.watch.config, self.watch.slow, self.watch.memory
-        if slow is not None and not slow.armed:
-            measured = len(slow.durations)
-            notes.append(("slow_step", messages.slow_step_never_armed(measured, config.slow_step_baseline)))
-        if memory is not None and self.watch.read_memory is not None and not memory.compared:
-            notes.append(
-                ("memory_growth", messages.memory_growth_never_armed(memory.steps, self.earliest_memory_batch))
-            )
-        return notes
+            messages.triggers_never_armed(warn, self.watch, self.earliest_memory_batch)
 
 
 def _ended_normally(trainer: Any) -> bool:

@@ -3,7 +3,6 @@ the open window."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from vt_lightning.analysis.sources import Planned
 from vt_lightning.constants import VERSION
 from vt_lightning.controller import messages
 from vt_lightning.controller.handoff import BackgroundWriter
+from vt_lightning.controller.messages import Warn
 from vt_lightning.controller.run import Run, log_step
 from vt_lightning.controller.side_recorders import side_recorders
 from vt_lightning.controller.triggers import ArmedTriggers
@@ -36,8 +36,6 @@ from vt_lightning.recording.spool import Spool
 from vt_lightning.recording.torchtracer import TorchTracer, torch_profiler_active
 from vt_lightning.recording.unsafe_names import skipped_message, unsafe_module_file
 from vt_lightning.recording.window import ProfilingWindow
-
-Warn = Callable[[str, str], Any]
 
 
 def open_window(
