@@ -52,8 +52,7 @@ class WindowController:
         _LIVE.add(self)  # a forked child forgets this controller's windows: ``_forget_in_forked_child``
 
     def reset(self, stage: str | None) -> None:
-        """Forget the previous run (a callback reused on another Trainer profiles by its schedule),
-        or in a forked child, the parent's windows, writer and spool, with no wait, write or removal."""
+        """Forget the previous run, or in a forked child the parent's windows, with no wait, write or removal."""
         o = self.options
         self.stage = stage
         self.next_look: float = math.inf  # batches started up to here need no look (the hot path)
@@ -126,8 +125,7 @@ class WindowController:
         side_recorders.start_run(o, run, self.spool, trainer, self.plan, self.warn)  # DataLoader workers (workers.py)
 
     def train_start(self, trainer: Any) -> None:
-        """Fit's length is known now: start the writer ahead of the first window if it lies within
-        the run (``BackgroundWriter.prestart``)."""
+        """Fit's length is known now: start the writer ahead of a first window within the run (``prestart``)."""
         if self.writer is not None and self.stage == "fit" and self.run is not None:
             now = runs.global_batch(trainer)
             self.train_started = (time.perf_counter_ns(), now)
@@ -317,8 +315,7 @@ class WindowController:
         self._quiet_until(self.next_look)  # look at the next batch start for the answer
 
     def _fit_remaining(self) -> tuple[int | None, float | None]:
-        """Batches left to fit's end by its limits, and the mean batch in seconds since train start
-        (an overestimate: validation included); None where unknown."""
+        """Batches left to fit's known end, and the mean batch since train start in seconds (None: unknown)."""
         trainer = self.trainer()
         if self.stage != "fit" or trainer is None or self.train_started is None:
             return None, None
@@ -331,8 +328,7 @@ class WindowController:
         return end - now - 1, (time.perf_counter_ns() - started_ns) / 1e9 / done
 
     def fail(self, err: Exception, hook: str) -> None:
-        """A hook's fault boundary caught ``err``: drop the open window with nothing of it left
-        installed and warn once per kind of fault."""
+        """A hook's fault boundary caught ``err``: drop the open window, uninstalled, and warn once per kind."""
         window, self.window, self.phase = self.window, None, Phase.NONE
         if window is not None:
             self._skip(window.window)
@@ -355,8 +351,7 @@ class WindowController:
         self._quiet_until(self.plan.next_boundary(step))
 
     def _quiet_until(self, boundary: float) -> None:
-        """Batches before ``boundary`` need no look (with the slow-step trigger: only its clock read);
-        while the writer owes answers, every batch start looks into the inbox."""
+        """Batches before ``boundary`` need no look (but the slow step's clock read); with answers owed, all do."""
         if self.triggers is not None:
             boundary = min(boundary, self.triggers.watch.next_check)
         if self.inbox.outstanding or self.outcomes.unlogged:
@@ -400,14 +395,13 @@ def _python_filter(options: Options, pl_module: Any) -> PythonFilter:
 
 
 def _forget_in_forked_child() -> None:
-    """A forked child (user code, a "fork" target, a DataLoader worker) did not start the parent's
-    windows: only the process that started a window finishes it, so the child's controllers forget
-    them, with no wait, write or removal (the tracers stop themselves in the child)."""
+    """Only the process that started a window finishes it: a forked child (a DataLoader worker, a "fork"
+    target) forgets the parent's, with no wait, write or removal (the tracers stop themselves)."""
     for controller in list(_LIVE):
         try:
             triggers = controller.triggers
-            if triggers is not None and triggers.signal is not None:
-                triggers.signal.restore()  # the child's copy of our handler; the parent keeps its own
+            if triggers is not None and triggers.watch.signal is not None:
+                triggers.watch.signal.restore()  # the child's copy of our handler; the parent keeps its own
             controller.reset(None)
         except BaseException:  # at a fork, in the child: the user's fork must never fail for our sake (Ctrl-C too)
             pass

@@ -10,6 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment
+
 from vt_lightning.analysis.sources import WindowPlan
 from vt_lightning.analysis.triggers import FREE_SIGNALS, ON_DEMAND, SLOW_STEP, TriggerConfig, parse_trigger_signal
 from vt_lightning.constants import TRIGGER_FILE_NAME
@@ -25,39 +28,28 @@ from vt_lightning.recording.probes import SignalTrigger, memory_reader
 def agree(
     trainer: Any, config: TriggerConfig, ranks: tuple[int, ...] | None, warn: Warn
 ) -> tuple[Agreement | None, Any]:
-    """How this rank's triggers agree with the others' (None: no trigger armed) and the process
-    group made for it. Collective: every rank calls it, tracing or not."""
+    """(How this rank's triggers agree with the others', None: none armed; its group). Collective."""
     rank = trainer.global_rank
     if not config.armed:
         return None, None
     if trainer.world_size <= 1:
         return Agreement(rank), None
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        warn(
-            "no-agreement",
-            "vt_lightning: several ranks but no torch.distributed process group: "
-            "each rank's triggers open windows on that rank only.",
-        )
-        return Agreement(rank), None
-    try:
-        return gloo_agreement(rank, list(ranks) if ranks is not None else None)
-    except Exception as err:  # no gloo group: each rank's triggers act alone, said once
-        warn(
-            "no-agreement",
-            f"vt_lightning: could not create the gloo group for the triggers' "
-            f"agreement ({err}); each rank's triggers open windows on that rank only.",
-        )
-        return Agreement(rank), None
+    if dist.is_available() and dist.is_initialized():
+        try:
+            return gloo_agreement(rank, list(ranks) if ranks is not None else None)
+        except Exception as err:  # no gloo group: each rank's triggers act alone, said once
+            why = f"could not create the gloo group for the triggers' agreement ({err})"
+    else:
+        why = "several ranks but no torch.distributed process group"
+    warn("no-agreement", f"vt_lightning: {why}; each rank's triggers open windows on that rank only.")
+    return Agreement(rank), None
 
 
 class ArmedTriggers:
     """The watch of one run, and what must be given back at its end (signal handler, group)."""
 
-    def __init__(self, watch: TriggerWatch, signal: SignalTrigger | None, group: Any, trainer: Any, warn: Warn) -> None:
+    def __init__(self, watch: TriggerWatch, group: Any, trainer: Any, warn: Warn) -> None:
         self.watch = watch
-        self.signal = signal
         self.group = group
         self.trainer = weakref.ref(trainer)
         self.warn: Warn | None = warn
@@ -83,27 +75,23 @@ class ArmedTriggers:
             self.watch.hold(firing)
 
     def request_now(self) -> bool:
-        """A signal came: in one process, check at the next batch (True); with several ranks the
-        request waits for the next agreed check (False)."""
+        """A signal came: in one process, check at the next batch (True); in DDP, at the agreed check."""
         if self.watch.agreement.distributed:
             return False
         self.watch.request_now()
         return True
 
     def disarm(self) -> None:
-        """Give back the signal handler (in Lightning's snapshot too) and the group, idempotently;
-        then say once which trigger never armed."""
+        """Give back the signal handler and the group (idempotent); say which trigger never armed."""
         if self.watch.flight is not None:
             self.watch.flight.stop()  # the sampler thread never outlives the run
-        if self.signal is not None:
-            self.signal.restore()
-            _forget_in_lightning_snapshot(self.trainer(), self.signal)
-            self.signal = None
+        if self.watch.signal is not None:
+            self.watch.signal.restore()
+            _forget_in_lightning_snapshot(self.trainer(), self.watch.signal)
+            self.watch.signal = None
         group, self.group = self.group, None
         if group is not None:
             with contextlib.suppress(Exception):
-                import torch.distributed as dist
-
                 dist.destroy_process_group(group)
         warn, self.warn = self.warn, None
         if warn is not None and _ended_normally(self.trainer()):
@@ -118,8 +106,8 @@ def _ended_normally(trainer: Any) -> bool:
 
 
 def _forget_in_lightning_snapshot(trainer: Any, trigger: SignalTrigger) -> None:
-    """Lightning's signal connector puts the handlers it saw after setup (ours included) back when fit
-    ends, also after ``on_exception``, which would re-install ours: give it the one from before."""
+    """Lightning puts the handlers it saw at setup back after fit, even after ``on_exception``:
+    give it the one from before ours."""
     snapshot = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
     if isinstance(snapshot, dict) and trigger.owns(snapshot.get(trigger.signum)):
         snapshot[trigger.signum] = trigger.previous if trigger.previous is not None else signal.SIG_DFL
@@ -127,8 +115,6 @@ def _forget_in_lightning_snapshot(trainer: Any, trigger: SignalTrigger) -> None:
 
 def slurm_requeue_signal(trainer: Any) -> int | None:
     """The signal Lightning's SLURM auto-requeue handles in this run (its ``requeue_signal``), or None."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
     connector = getattr(trainer, "_accelerator_connector", None)
     environment = getattr(connector, "cluster_environment", None) or getattr(
         trainer.strategy, "cluster_environment", None
@@ -177,7 +163,7 @@ def arm(
     if signal_trigger is not None:
         signal_trigger.on_request = on_signal
     watch.flight = flight_for(watch.slow, clock)
-    armed = ArmedTriggers(watch, signal_trigger, group, trainer, warn)
+    armed = ArmedTriggers(watch, group, trainer, warn)
     armed.earliest_memory_batch = max(first_check, config.memory_growth_steps) + config.memory_growth_steps
     messages.triggers_armed(watch, first_check, armed.earliest_memory_batch)
     return armed

@@ -102,7 +102,7 @@ class TriggerWatch:
         if self.memory is not None and self.read_memory is not None:
             try:
                 grown = self.memory.observe(step, self.read_memory())
-            except Exception as err:  # never stop training for a probe
+            except Exception as err:  # the trigger goes off, the check goes on (DDP ranks stay in step)
                 self.memory = None
                 self.on_problem(
                     "memory-probe",
