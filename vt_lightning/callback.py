@@ -50,10 +50,9 @@ class TwoCallbacks(ConfigurationError, RuntimeError):
 class VizTraceCallback(Callback):
     """Trace your Python code (VizTracer) and torch's ops (torch.profiler) on one timeline.
 
-    For the training batches a schedule selects (``torch.profiler.schedule`` semantics, one step =
-    one training batch, counted globally from 0), each window becomes one trace with its summary
-    and verdicts, in a directory of its own under the logger's log dir: see TensorBoard's
-    VT_LIGHTNING tab, or ``vt-lightning summary|view <log dir>``.
+    Each window of training batches the schedule selects (``torch.profiler.schedule`` semantics,
+    batches counted globally from 0) becomes a trace with its summary and verdicts under the
+    logger's log dir: see TensorBoard's VT_LIGHTNING tab, or ``vt-lightning summary|view <log dir>``.
 
     Args:
         skip_first: batches to skip before the first cycle.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
@@ -15,7 +15,7 @@ from vt_lightning.analysis.budget import BudgetLimits
 from vt_lightning.analysis.filters import path_matches_anything
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.analysis.triggers import TriggerConfig, parse_trigger_signal
-from vt_lightning.constants import STAGES, WRITER_TIMEOUT_S
+from vt_lightning.constants import STAGES
 from vt_lightning.recording.probes import foreign_signal_handler
 from vt_lightning.recording.pytracer import PythonTracerConfig
 from vt_lightning.recording.spool import check_spool_dir
@@ -30,27 +30,27 @@ class ConfigurationError(ValueError):
 
 @dataclass(frozen=True)
 class Options:
-    """The validated options, grouped by who reads them."""
+    """The validated options, grouped by who reads them (the defaults are ``VizTraceCallback``'s)."""
 
     schedule: Schedule
     python: PythonTracerConfig
     torch: TorchTracerConfig
     triggers: TriggerConfig
-    dirpath: str | None = None
-    memory_snapshot: bool = True
-    memory_max_entries: int = 100_000
-    lightning_view: bool = True
-    ranks: tuple[int, ...] | None = None
-    compression_level: int = 3
-    stages: tuple[str, ...] = ("fit",)
-    summary: bool = True
-    scheduled_windows: bool = True
-    spool_dir: str | None = None
-    writer_timeout: float = WRITER_TIMEOUT_S
-    keep_windows: int | None = None  # newest windows kept on disk (None: all)
-    trace_workers: bool = True  # DataLoader workers' Python calls for a window's batches (recording/workers.py)
-    worker_calls: str = "user"  # what a traced worker records: WORKER_CALLS (recording/worker_side.py)
-    budget: BudgetLimits = field(default_factory=BudgetLimits)
+    dirpath: str | None
+    memory_snapshot: bool
+    memory_max_entries: int
+    lightning_view: bool
+    ranks: tuple[int, ...] | None
+    compression_level: int
+    stages: tuple[str, ...]
+    summary: bool
+    scheduled_windows: bool
+    spool_dir: str | None
+    writer_timeout: float
+    keep_windows: int | None  # newest windows kept on disk (None: all)
+    trace_workers: bool  # DataLoader workers' Python calls for a window's batches (recording/workers.py)
+    worker_calls: str  # what a traced worker records: WORKER_CALLS (recording/worker_side.py)
+    budget: BudgetLimits
 
     def settings(self) -> dict[str, Any]:
         """The options a window's metadata records."""

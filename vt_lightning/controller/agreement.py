@@ -1,14 +1,12 @@
-"""DDP: every rank opens the same triggered window at the same batch.
-
-At each coarse check (the same batch on every rank) the ranks exchange what fired with one
-all-reduce (MAX) of ``1 + len(REASONS)`` int64s on a gloo group of its own (off the GPU):
+"""DDP: every rank opens the same triggered window at the same batch. At each coarse check (the
+same batch on every rank) the ranks exchange what fired with one all-reduce (MAX) of
+``1 + len(REASONS)`` int64s on a gloo group of its own (off the GPU):
 
 * slot 0: minus the batches each rank proposes until the next check -> all agree on the smallest;
 * one slot per reason: ``(2**40 - batch) * 2**20 + (2**20 - 1 - rank)`` if it fired, else 0 -> the
   earliest batch that fired, lowest rank on a tie, and who it was.
 
-Only when something fired, a second all-reduce (SUM of the winner's value and baseline) gives
-every rank the measured numbers for its metadata.
+Only when something fired, a second all-reduce (SUM) gives every rank the winner's numbers.
 """
 
 from __future__ import annotations
@@ -16,6 +14,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
+import torch.distributed as dist
 
 from vt_lightning.analysis.triggers import REASONS, Firing
 
@@ -91,11 +92,8 @@ class Agreement:
 
 
 def first_failure(problem: str | None) -> tuple[int, str] | None:
-    """(rank, problem) of the lowest rank whose ``problem`` is not None, on every rank (None: none).
-    Collective: every rank calls it, so a check failed on one rank stops them all with one error
-    instead of leaving the others waiting in their next collective."""
-    import torch.distributed as dist
-
+    """(rank, problem) of the lowest rank with a ``problem``, on every rank: collective, so that a check
+    failed on one rank stops them all, none left waiting in its next collective."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return (0, problem) if problem is not None else None
     gathered: list[str | None] = [None] * dist.get_world_size()
@@ -104,11 +102,7 @@ def first_failure(problem: str | None) -> tuple[int, str] | None:
 
 
 def gloo_agreement(rank: int, ranks: Sequence[int] | None) -> tuple[Agreement, Any]:
-    """An Agreement over a new gloo group of ``ranks`` (None: all). Every rank of the job must call
-    this (``new_group`` is collective), members or not; returns (agreement, group)."""
-    import torch
-    import torch.distributed as dist
-
+    """(An Agreement over a new gloo group of ``ranks`` (None: all), the group); collective."""
     group = dist.new_group(ranks=list(ranks) if ranks is not None else None, backend="gloo")
 
     def reduce_max(values: list[int]) -> list[int]:

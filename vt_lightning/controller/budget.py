@@ -15,8 +15,7 @@ from vt_lightning.recording.window import ProfilingWindow
 
 
 class BudgetGuard:
-    """One per run. ``begin`` as a window begins; ``opened`` / ``closed`` around its recording;
-    ``received`` with the writer's answers."""
+    """``begin`` as a window begins, ``opened`` / ``closed`` around it, ``received`` the writer's answers."""
 
     def __init__(self, limits: BudgetLimits, warn: Warn, clock: Callable[[], float] = time.monotonic) -> None:
         self.budget = RunBudget(limits, clock())

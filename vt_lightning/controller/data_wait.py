@@ -1,10 +1,6 @@
-"""The data wait of the training steps outside windows, so that a window's ``input_bound`` verdict
-can tell the loader's own wait from what tracing the fetch added (``analysis/verdicts/input.py``).
-
-A step's wait runs from one batch's ``on_train_batch_end`` to the next one's start, where Lightning
-fetches the batch (a little more: other callbacks' hooks, logging). It counts only when no window
-was open meanwhile: even a warmup's torch.profiler lengthens an in-process fetch.
-"""
+"""The data wait of the steps outside windows, for ``input_bound`` to tell the loader's own wait from
+what tracing added: from one batch's end hook to the next one's start, counted only when no window
+was open meanwhile (even a warmup's torch.profiler lengthens an in-process fetch)."""
 
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ class UntracedWaits:
         self.started = now
 
     def batch_end(self, now: float, traced: bool) -> None:
-        """At the batch-end hook's entry; ``traced``: the step ran under the Python tracer (its busy
-        time is then the last untraced step's)."""
+        """At the batch-end hook's entry; ``traced``: the step ran under the Python tracer."""
         busy = self.busy_last if traced else now - self.started
         if self.wait >= 0 and self.started and busy > 0:
             slot = self.slot

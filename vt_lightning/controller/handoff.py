@@ -7,6 +7,7 @@ dropped, its process killed) and a fresh thread writes later windows itself, nev
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import queue
@@ -35,15 +36,11 @@ from vt_lightning.recording.window import ClosedWindow
 
 # False finishes windows on the writer thread, with no writer process (fault-injection tests).
 USE_WRITER_PROCESS = True
-# The writer process starts ahead when the first window warms up at least this many batches later,
-# within the run; else at the first hand-off (``BackgroundWriter.prestart``).
-PRESTART_LEAD_BATCHES = 8
+PRESTART_LEAD_BATCHES = 8  # the writer process starts ahead of a window this far off (``prestart``)
 # CPU training starts the writer at the first hand-off: its start-up cannot hide on a spare core
 # (docs/performance.md, "Short runs"). False starts it ahead (the benchmark's ``vt_ahead``).
 HAND_OFF_START_ON_CPU = True
-# CPU training: a window closing at most this many seconds of steps before the run's known end is
-# held and finished in this process once training stops (``finishes_at_end``); 0 turns it off.
-FINISH_AT_END_WITHIN_S = 5.0
+FINISH_AT_END_WITHIN_S = 5.0  # seconds of steps before the run's end for ``finishes_at_end``; 0: off
 _GOES_ON = "training goes on, and later windows that fail the same way are not reported again."
 SAY_WAIT_S = 0.25  # an end-of-run wait for the writer at least this long is said on the console
 
@@ -64,9 +61,8 @@ class WriterAbandoned(RuntimeError):
 
 
 class StallAllowance:
-    """How long training may still wait for the writer: ``timeout`` less the waits since the writer
-    last finished a window (proof it is not stuck, so a long run's back-pressure never adds up), or
-    since the run began once a writer was abandoned (a run waits for a stuck writer once in all)."""
+    """``timeout`` less the waits since the writer last finished a window (proof it is not stuck, so
+    back-pressure never adds up), or since the run began once one was abandoned."""
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
@@ -91,8 +87,7 @@ class StallAllowance:
 
 
 class BackgroundWriter:
-    """One thread that finishes windows in order, handing the heavy part to a writer process; both
-    start outside any window, so neither inherits a tracer hook."""
+    """One thread finishing windows in order through a writer process, both started outside windows."""
 
     def __init__(
         self,
@@ -156,8 +151,7 @@ class BackgroundWriter:
 
     # ------------------------------------------------------------------ the writer process
     def writer_process(self) -> Any:
-        """The writer process, started on the writer thread (``prestart``, or the first hand-off);
-        None when disabled or it could not start: windows are then finished on this thread."""
+        """The writer process, started on this thread; None when off or failed (then windows are written here)."""
         if self.process is None and self.use_process and self.process_error is None:
             try:
                 self.process = WriterProcess()
@@ -166,9 +160,8 @@ class BackgroundWriter:
         return self.process
 
     def prestart(self, first_warmup: float, now: int, run_end: int | None, *, cpu_bound: bool = False) -> None:
-        """Start the writer process on the writer thread when the first window is far enough ahead
-        for its start-up to end before it, and before ``run_end`` (None: unknown): a run with no
-        window pays no writer. Not when ``cpu_bound`` (``HAND_OFF_START_ON_CPU``)."""
+        """Start the writer process when the first window is far enough ahead, before ``run_end``: a run
+        with no window pays no writer. Not when ``cpu_bound`` (``HAND_OFF_START_ON_CPU``)."""
         if cpu_bound and HAND_OFF_START_ON_CPU:
             return
         if math.isinf(first_warmup) or first_warmup - now < PRESTART_LEAD_BATCHES:
@@ -213,8 +206,7 @@ class BackgroundWriter:
         return Dropped(Notice(key, f"vt_lightning: {text}"))
 
     def run(self, closed: ClosedWindow, at_end: bool = False) -> WindowResult:
-        """On the writer thread: complete the raw dumps, then write the window in the writer process,
-        or here when there is none (or a held window was released by the run's end before one)."""
+        """On the writer thread: complete the raw dumps, then write the window in the writer process or here."""
         job = closed.job
         generation = self._generation
         here = False  # released by the run's end with no writer process: finish it on this thread
@@ -359,9 +351,8 @@ class BackgroundWriter:
 
 
 def _finish_with_collector_paused(job: WindowJob) -> WindowResult:
-    """A held window, finished once training stopped, with the collector paused as in the writer
-    process: full collections over training's heap, set off by the window's acyclic events, cost
-    half its time."""
+    """A held window, with the collector paused as in the writer process: full collections over
+    training's heap, set off by the window's acyclic events, cost half its time."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -372,18 +363,15 @@ def _finish_with_collector_paused(job: WindowJob) -> WindowResult:
 
 
 def _settles(future: Future[Any], timeout: float) -> bool:
-    """Whether ``future`` is done within ``timeout`` seconds; never raises its outcome (that goes
-    through the inbox), while a signal handler's exception goes on to the caller."""
+    """Whether ``future`` is done in time; never raises its outcome, only a signal handler's exception."""
     done, _ = wait([future], timeout=max(0.0, timeout))
     return bool(done)
 
 
 def _settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
     """Complete ``future`` unless it already is (abandoned, or settled by the other side)."""
-    try:
+    with contextlib.suppress(InvalidStateError):
         if error is not None:
             future.set_exception(error)
         else:
             future.set_result(result)
-    except InvalidStateError:
-        pass

@@ -1,7 +1,5 @@
-"""The one way back from the writer: it only puts answers into the inbox (a ``WindowResult``, a
-``Dropped`` or a ``Notice``); the training thread reads them at batch starts and at the end of a
-run, where results are kept, warnings raised and summaries given to Lightning's loggers, which are
-not thread-safe."""
+"""The one way back from the writer, which only puts answers in; the training thread reads them at
+batch starts and at the run's end, where warnings and Lightning's loggers (not thread-safe) are safe."""
 
 from __future__ import annotations
 
@@ -54,8 +52,7 @@ class Inbox:
         self.outstanding = 0
 
     def expect(self, answer: Future[Outcome]) -> None:
-        """At hand-off: exactly one outcome arrives for ``answer``, ``Dropped(None)`` when the writer
-        was abandoned (reported when it happened)."""
+        """At hand-off: exactly one outcome arrives for ``answer`` (``Dropped(None)``: abandoned, said)."""
         self.outstanding += 1
         answer.add_done_callback(self._answered)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from lightning.pytorch.loggers import TensorBoardLogger
+
 from vt_lightning.analysis.schema import Summary
 
 PREFIX = "vt_lightning"
@@ -37,8 +39,7 @@ def summary_scalars(summary: Summary) -> dict[str, float]:
 
 
 def log_summary(loggers: Iterable[Any], summary: Summary, markdown: str | None = None) -> None:
-    """Scalars (and the markdown, where taken) at the window's log step. Every logger gets its turn;
-    the first error is raised after, for the caller to warn."""
+    """Scalars (and the markdown) at the window's log step; raises the first error after every logger."""
     window = summary.get("window") or {}
     step = window.get("log_step")
     step = int(step) if isinstance(step, (int, float)) else None
@@ -60,6 +61,4 @@ def log_summary(loggers: Iterable[Any], summary: Summary, markdown: str | None =
 
 def _experiment(logger: Any) -> Any:
     """TensorBoard's SummaryWriter; other loggers are not asked (their ``experiment`` may start a remote run)."""
-    from lightning.pytorch.loggers import TensorBoardLogger
-
     return logger.experiment if isinstance(logger, TensorBoardLogger) else None

@@ -16,17 +16,20 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from vt_lightning.analysis.schedule import Window
 from vt_lightning.analysis.schema import Summary
+from vt_lightning.analysis.verdict_report import verdict_line
 from vt_lightning.constants import LOGGER_NAME
 from vt_lightning.controller.watch import TriggerWatch
+from vt_lightning.export.report import print_history_table, straggler_text
 from vt_lightning.options import Options
+from vt_lightning.recording.rivals import RivalProfiler
+from vt_lightning.recording.unsafe_names import UnsafeImport
 
 log = logging.getLogger(LOGGER_NAME)
 Warn = Callable[[str, str], Any]  # (key, message): said once per key (``WarnOnce``)
 
 
 class WarnOnce:
-    """One warning per kind of problem (``key``), not one per window: every warning the user sees
-    about windows goes through the controller's one ``WarnOnce``, from any thread."""
+    """One warning per kind of problem (``key``), not one per window, from any thread."""
 
     def __init__(self) -> None:
         self._seen: set[str] = set()
@@ -99,8 +102,8 @@ TRIGGERED_SHOWN = 5  # triggered windows named at the end of a run (the latest)
 def end_of_run(
     root: Path | None, outcomes: Any, triggered_runs: Sequence[tuple[str, Any]], stage: str | None = None
 ) -> None:
-    """After a run that wrote windows: the full table into the output root, then on the console the
-    bounded table, why the latest triggered windows opened, and commands that need no activated venv."""
+    """After a run that wrote windows: the full table into the output root; the bounded table, the
+    latest triggered windows and commands that need no activated venv on the console."""
     history = outcomes.history
     if not history.count:
         return
@@ -108,8 +111,6 @@ def end_of_run(
     command = f"{python} -m vt_lightning"
     full_table = outcomes.table.write(root, stage, history) if outcomes.table is not None else None
     if history.step.count or history.first:
-        from vt_lightning.export.report import print_history_table
-
         try:
             print_history_table(history)
         except Exception as err:  # a console problem never fails the run
@@ -131,8 +132,6 @@ def end_of_run(
 @rank_zero_only
 def print_verdicts(summary: Summary) -> None:
     """One line per verdict of a window, when its result is read (never inside a window)."""
-    from vt_lightning.analysis.verdict_report import verdict_line
-
     index = (summary.get("window") or {}).get("index")
     for verdict in summary.get("verdicts") or []:
         rank_zero_info(f"vt_lightning: window {index}: {verdict_line(verdict)}")
@@ -158,9 +157,6 @@ def writer_unfinished(timeout: float, root: Path | None) -> str:
 
 def fault(err: Exception, hook: str) -> tuple[str, str]:
     """The (key, message) of a fault in vt_lightning's code, caught at the boundary of ``hook``."""
-    from vt_lightning.recording.rivals import RivalProfiler
-    from vt_lightning.recording.unsafe_names import UnsafeImport
-
     if isinstance(err, UnsafeImport):  # one warning with the windows skipped while it is loaded
         return "unsafe-file", str(err)
     if isinstance(err, RivalProfiler):
@@ -242,8 +238,6 @@ def two_callbacks(callbacks: Sequence[str]) -> str:
 
 def job_written(trace_path: Any, job: dict[str, Any]) -> None:
     """Rank 0, at the window's end: one line on the job file and its straggler."""
-    from vt_lightning.export.report import straggler_text
-
     where = Path(str(trace_path)).parent / str(job.get("file"))
     ranks = job.get("ranks") or []
     residual = (job.get("collective_check") or {}).get("max_residual_us")

@@ -1,15 +1,11 @@
-"""Output roots that are URLs (``s3://…``, ``gs://…``, ``memory://…``), reached through the
-filesystem Lightning's loggers use (``get_filesystem``).
-
-The writer process writes a window into a local staging directory (named like a spool directory,
-so a crashed run's is cleaned up like one); the training process's writer thread copies it to the
-remote root, since filesystems and credentials set up in the user's process are invisible to the
-writer process. A URL whose filesystem cannot be used is an error at setup that says to set
-``dirpath``; ``Path()`` is never given a URL.
+"""Output roots that are URLs (``s3://…``, ``memory://…``), through Lightning's ``get_filesystem``.
+The writer process writes a window into local staging; the training process's writer thread copies
+it, as filesystems and credentials set up in the user's process are invisible to the writer process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import os
@@ -17,6 +13,9 @@ import secrets
 import shutil
 from pathlib import Path
 from typing import Any
+
+from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
+from lightning.pytorch.utilities import rank_zero_info
 
 from vt_lightning.controller.agreement import first_failure
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
@@ -36,18 +35,14 @@ class OutputRootError(ConfigurationError):
 def output_root(
     dirpath: str | None, log_dir: str | None, default_root_dir: str, spool_dir: str | None = None
 ) -> tuple[Path, URL | None]:
-    """(absolute local root this process writes to, remote root or None) of ``dirpath``, else the
-    logger's log dir, else ``default_root_dir``, read by ``export.job.locate``. A URL other than
-    ``file:`` gets a local staging root, once its filesystem has answered (``OutputRootError``)."""
+    """(absolute local root, remote root or None) of ``dirpath``, else the logger's log dir, else
+    ``default_root_dir``; a URL gets local staging once its filesystem answered (``OutputRootError``)."""
     if dirpath is not None:
         where, source = str(dirpath), "`dirpath`"
     elif log_dir:
         where, source = str(log_dir), "the logger's log dir"
     else:
         where, source = str(default_root_dir), "the Trainer's `default_root_dir`"
-    from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
-    from lightning.pytorch.utilities import rank_zero_info
-
     problem: OutputRootError | None = None
     try:
         place = locate(where)  # the rule the vt-lightning command reads its arguments by
@@ -76,10 +71,7 @@ def output_root(
 
 
 def _check_filesystem(fs: Any, remote: URL, source: str) -> None:
-    """Ask the filesystem once for the root: a store that refuses us is an error at setup, not a
-    warning per window later (under DDP the first rank refused stops them all: ``output_root``)."""
-    from lightning.fabric.utilities.cloud_io import _is_object_storage
-
+    """Ask once: a store that refuses us is an error at setup, not a warning per window."""
     try:
         if _is_object_storage(fs):
             fs.exists(remote)  # object stores have no directories to create
@@ -98,8 +90,7 @@ def _unusable(where: str, source: str, err: Exception) -> OutputRootError:
 
 
 def deliver(job: WindowJob, result: WindowResult) -> Outcome:
-    """On the writer thread, once the writer answered: release the window's claim and, for a remote
-    root, copy its run directory there (a failed copy keeps the files in staging, with one notice)."""
+    """On the writer thread: release the window's claim and, for a remote root, copy its files there."""
     delivered(job, result)
     if job.publish_to is None:
         return result
@@ -117,21 +108,14 @@ def deliver(job: WindowJob, result: WindowResult) -> Outcome:
             )
         )
     shutil.rmtree(staged, ignore_errors=True)
-    try:
+    with contextlib.suppress(OSError):
         staged.parent.rmdir()  # the staging root, once empty (the next window makes it again)
-    except OSError:
-        pass
     return published
 
 
 def publish(job: WindowJob, result: WindowResult, staged: Path) -> WindowResult:
-    """Copy ``staged``'s files (not hidden ones) to the first remote run directory that does not hold
-    this window's trace name, the trace last, so a reader that sees it finds the rest; the result
-    with the files' URLs. Never over another run's file: on an object store a file is created only
-    if its name is free (fsspec's ``"xb"``), and a run that loses a race takes the next name; where
-    that cannot be had, names are checked just before (docs/files.md), with one note."""
-    from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
-
+    """Copy ``staged``'s files to the first remote run directory free of this trace's name, the trace
+    last (a reader that sees it finds the rest), never over another run's file (docs/files.md)."""
     assert job.publish_to is not None
     first = URL(job.publish_to)
     fs = get_filesystem(first)
@@ -175,8 +159,7 @@ def publish(job: WindowJob, result: WindowResult, staged: Path) -> WindowResult:
 
 
 def no_overwrite_guarantee(root: URL, object_store: bool) -> str:
-    """The note of a remote root where a name is checked to be free, not claimed atomically: an object
-    store without the "xb" mode (once a run), or a filesystem with no exclusive move (at setup)."""
+    """The note of a remote root where a name is checked to be free, not claimed atomically."""
     if object_store:
         because = (
             'cannot create a file only if its name is free (fsspec\'s "xb" mode; for s3:// an s3fs >= '
@@ -204,8 +187,7 @@ class Upload:
         self.exclusive = whole_objects  # until the store refuses "xb"; elsewhere a checked move
 
     def all(self, staged: Path, names: list[str], target: URL) -> None:
-        """Every name, in order; on a name taken meanwhile, what this call created there is removed
-        and FileExistsError raised."""
+        """Every name, in order; on one taken meanwhile, removes what it made and raises FileExistsError."""
         created: list[URL] = []
         try:
             for name in names:
@@ -220,8 +202,7 @@ class Upload:
             raise
 
     def one(self, local: Path, remote: URL) -> None:
-        """An object store shows an object only once its upload completed; elsewhere the file is
-        uploaded under a hidden temporary name and moved, so no reader sees half a file."""
+        """No reader sees half a file: an object exists once uploaded; elsewhere a temporary is moved."""
         fs = self.fs
         if self.whole_objects and self.exclusive:
             try:

@@ -1,16 +1,16 @@
-"""``keep_windows``: at most the newest K windows of this run stay on disk.
-
-Only windows this process wrote and the writer finished are deleted, known from their results,
-never from a scan, and of each only this worker's files (``<worker>.<span>.*``); the directory goes
-once empty (with DDP, by the last rank). Deletions run on the writer thread, after what was queued.
-"""
+"""``keep_windows``: only windows this process wrote and finished are deleted, known from their
+results, never from a scan; of each, this worker's files (``<worker>.<span>.*``), then its directory
+once empty. Deletions run on the writer thread."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 from collections.abc import Callable, MutableSequence
 from typing import Any
+
+from lightning.fabric.utilities.cloud_io import get_filesystem
 
 from vt_lightning.constants import TRACE_SUFFIX
 from vt_lightning.export.job import URL, Location, WindowResult
@@ -40,8 +40,7 @@ class Retention:
 
 
 def delete_window_files(trace: Location) -> int:
-    """This worker's files of the window whose trace is ``trace``, then its directory if empty;
-    how many files were removed."""
+    """How many of this worker's files of the window were removed (its directory too, if empty)."""
     if isinstance(trace, URL):
         return _delete_remote(trace)
     run_dir = os.path.dirname(os.fspath(trace))
@@ -53,15 +52,11 @@ def delete_window_files(trace: Location) -> int:
         return 0
     for entry in entries:
         if entry.name.startswith(prefix) and entry.is_file(follow_symlinks=False):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(entry.path)
                 removed += 1
-            except OSError:
-                pass
-    try:
+    with contextlib.suppress(OSError):
         os.rmdir(run_dir)  # only when empty: another rank's files (or anyone's) keep it
-    except OSError:
-        pass
     return removed
 
 
@@ -72,8 +67,6 @@ def _prefix(trace_name: str) -> str:
 
 
 def _delete_remote(trace: URL) -> int:
-    from lightning.fabric.utilities.cloud_io import get_filesystem
-
     fs = get_filesystem(trace)
     run_dir, prefix = trace.parent, _prefix(trace.name)
     removed = 0

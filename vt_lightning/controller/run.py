@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler
+
 from vt_lightning.constants import STAGES
 from vt_lightning.controller.messages import Warn
 from vt_lightning.controller.remote import output_root
@@ -84,9 +86,8 @@ def global_batch(trainer: Any) -> int:
 
 
 def fit_end_batch(trainer: Any) -> int | None:
-    """The global batch count at which fit stops by ``max_steps`` (optimizer steps) or ``max_epochs``,
-    whichever comes first; None when neither bounds it. Known from ``on_train_start`` on; an upper
-    bound, as an early stop is never foreseen."""
+    """The global batch count at which fit stops by ``max_steps`` or ``max_epochs`` (an upper bound,
+    known from ``on_train_start``); None when neither bounds it."""
     bounds = []
     max_steps = getattr(trainer, "max_steps", -1)
     if isinstance(max_steps, int) and max_steps > 0:
@@ -106,15 +107,13 @@ def batches_started(trainer: Any) -> int:
 
 
 def log_step(trainer: Any) -> int:
-    """The step Lightning logs this batch's metrics at (``_batches_that_stepped``, as its own
-    LearningRateMonitor does), so the window's scalars line up with the training curves."""
+    """The step Lightning logs this batch's metrics at (as its LearningRateMonitor reads it)."""
     loop = trainer.fit_loop.epoch_loop
     return int(getattr(loop, "_batches_that_stepped", trainer.global_step))
 
 
 def any_rank(trainer: Any) -> Callable[[bool], bool]:
-    """A decision every rank takes together, at the same batch: True on all when True on any (one
-    small all-reduce over the Trainer's process group)."""
+    """A decision every rank takes together, at the same batch: True on all when True on any."""
     if trainer.world_size <= 1:
         return bool
     strategy = trainer.strategy
@@ -124,8 +123,7 @@ def any_rank(trainer: Any) -> Callable[[bool], bool]:
 def should_record(
     run: Run, options: Any, trainer: Any, superseded_by: str | None, warn: Warn
 ) -> tuple[bool, str | None]:
-    """Whether this rank records in this run, and the rival Lightning profiler if any; warns once
-    about each reason it will not (or will record less)."""
+    """Whether this rank records in this run, and the rival Lightning profiler if any; says why not."""
     world = run.rank_info["world_size"]
     if options.ranks is not None and any(r >= world for r in options.ranks):
         unknown = [r for r in options.ranks if r >= world]
@@ -148,9 +146,7 @@ def should_record(
     known_bug = interpreter_warning()
     if known_bug and enabled:
         warn("interpreter", known_bug)
-    # These own torch.profiler or the profile hook (SimpleProfiler and PassThroughProfiler do not).
-    from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler
-
+    # Lightning profilers that own torch.profiler or the profile hook (not Simple or PassThrough).
     profiler = getattr(trainer, "profiler", None)
     rival = type(profiler).__name__ if isinstance(profiler, (PyTorchProfiler, AdvancedProfiler)) else None
     if rival is not None and enabled:

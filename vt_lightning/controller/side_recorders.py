@@ -1,5 +1,4 @@
-"""Which side recorders (``recording/side.py``) a window gets, one line per kind, so that
-``windows.open_window`` and ``ProfilingWindow`` stay the same as kinds are added."""
+"""Which side recorders (``recording/side.py``) a window gets: one line per kind."""
 
 from __future__ import annotations
 

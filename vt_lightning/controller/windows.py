@@ -47,8 +47,7 @@ def open_window(
     trainer: Any,
     warn: Warn,
 ) -> ProfilingWindow | None:
-    """A new window (nothing installed yet: the caller keeps it, then warms it up, so an interruption
-    from then on finds it), or None when another profiler is recording or the writer has no room."""
+    """A new window, nothing installed yet; None when another profiler records or the writer has no room."""
     conflict = foreign_profiler() or ("a torch profiler that is already recording" if torch_profiler_active() else None)
     if conflict:
         warn(
@@ -87,8 +86,7 @@ def open_window(
 def paths(
     options: Options, run: Run, window: ProfilingWindow, planned: Planned | None
 ) -> tuple[Path, str, str, str | None]:
-    """(run directory, worker, span, memory snapshot name or None) of a window. The run directory
-    is local: under a remote root (``run.remote``) it is the window's staging directory."""
+    """(local run directory, worker, span, memory snapshot name or None) of a window."""
     target = window.window
     first = window.steps[0] if window.steps else target.active_start
     last = window.steps[-1] if window.steps else target.last_step  # a cut window names what it holds
@@ -111,8 +109,7 @@ def destination(
     trainer: Any,
     python_filter: PythonFilter | None,
 ) -> Destination:
-    """Where a closed window goes, with the metadata its trace carries. Under a remote root the
-    writer writes the staging directory and the training process copies it to ``publish_to``."""
+    """Where a closed window goes (``publish_to``: its remote copy), with its trace's metadata."""
     target = window.window
     trigger = planned.trigger if planned is not None else None
     run_dir, worker, span, memory_name = paths(options, run, window, planned)
@@ -170,8 +167,7 @@ def dump_oom(options: Options, run: Run, window: ProfilingWindow, planned: Plann
 
 
 def release(spool: Spool | None, triggers: ArmedTriggers | None) -> None:
-    """At a run's end: reap dump children of windows interrupted before their hand-off, remove this
-    process's spool and disarm the triggers."""
+    """At a run's end: reap dump children, remove this process's spool, disarm the triggers."""
     reap_dump_children()
     if spool is not None:
         spool.remove()

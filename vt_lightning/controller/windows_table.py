@@ -1,6 +1,5 @@
-"""Every window's row of the end-of-run table, kept on disk rather than in memory: one JSON line
-each in the spool, rendered at the end of the run into ``vt_lightning.windows.txt``
-(``<stage>-vt_lightning.windows.txt`` outside fit) in the output root."""
+"""Every window's row of the end-of-run table, kept on disk rather than in memory: a JSON line each
+in the spool, rendered at the end into ``vt_lightning.windows.txt`` in the output root."""
 
 from __future__ import annotations
 
@@ -11,11 +10,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
+from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
 
 from vt_lightning.analysis.history import RunHistory, WindowRow
 from vt_lightning.constants import LOGGER_NAME
 from vt_lightning.export.atomic import atomic_write
 from vt_lightning.export.job import URL
+from vt_lightning.export.report import write_full_table
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -52,8 +53,6 @@ class WindowsTable:
         """The full table into ``root`` (a Path or a URL), atomically; its location, or None."""
         if self.broken or root is None or not history.first:  # no rows: summary=False
             return None
-        from vt_lightning.export.report import write_full_table
-
         text = io.StringIO()
         text.write(f"vt_lightning: all {history.count} windows of the run (ms per step)")
         if history.deleted:
@@ -75,8 +74,6 @@ class WindowsTable:
 
 def _write_remote(target: URL, data: bytes) -> str:
     """Through the filesystem Lightning uses; a hidden temporary, then a move."""
-    from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
-
     fs = get_filesystem(target)
     if _is_object_storage(fs):
         fs.pipe_file(target, data)
