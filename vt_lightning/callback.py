@@ -75,8 +75,7 @@ class VizTraceCallback(Callback):
         lightning_view: record ``[pl][module]`` / ``[pl][profile]`` ranges for TensorBoard's "Lightning" view.
         ranks: global ranks that trace (None: all).
         compression_level: gzip level of the trace files (1 fastest, 9 smallest).
-        stages: which of ``fit`` / ``validate`` / ``test`` / ``predict`` are profiled, each on its own
-            batches counted from 0 (validation inside ``fit`` shows as a range in its windows).
+        stages: which of ``fit`` / ``validate`` / ``test`` / ``predict`` are profiled, each on its own batches.
         summary: write a summary per window, log its scalars to the Trainer's loggers and print a table.
         slow_step_factor: open a window when a step takes over this many times the recent median (None: off).
         slow_step_baseline: steps in that median; the trigger arms once this many were measured.
@@ -87,8 +86,7 @@ class VizTraceCallback(Callback):
         trigger_signal: a signal name (e.g. ``"SIGUSR1"``) that opens a window; None: off.
         trigger_cooldown: batches after a triggered window before the next slow-step or memory-growth one.
         trigger_interval: seconds between checks of the file, signal, memory and DDP ranks; 0: every batch.
-        budget_windows: most windows in the run, scheduled and triggered together (None: no limit).
-            Past any budget limit no window opens, with one warning naming it (docs/options.md).
+        budget_windows: most windows in the run (None: no limit); past any budget limit, no window opens.
         scheduled_windows: False: no scheduled windows, only triggered ones.
         spool_dir: where raw dumps wait for the writer (default: ``$TMPDIR``, else ``/tmp`` or ``/var/tmp``).
         writer_timeout: most seconds training waits for the writer in the whole run; then its windows drop.
@@ -96,8 +94,7 @@ class VizTraceCallback(Callback):
         budget_time_share: most share of the run's time windows may add, past 3 s (0.1 = 10%; None: no limit).
         keep_windows: keep only the newest this many of the run's windows on disk (None: keep all).
         trace_workers: trace the train DataLoader's workers while they fetch a window's batches.
-        worker_calls: what a traced worker records: ``"user"`` (the dataset's and collate
-            function's own code, not the libraries under it) or ``"all"`` (every call).
+        worker_calls: what a traced worker records: ``"user"`` (your dataset and collate code) or ``"all"``.
 
     Example::
 
@@ -156,11 +153,8 @@ class VizTraceCallback(Callback):
     vt_lightning_source: str | None = None  # "env" when made by the VT_LIGHTNING switch
 
     def __repr__(self) -> str:
-        s = self.options.schedule
-        return (
-            f"{type(self).__name__}(skip_first={s.skip_first}, wait={s.wait}, warmup={s.warmup}, "
-            f"active={s.active}, repeat={s.repeat}, stages={list(self.options.stages)})"
-        )
+        schedule = ", ".join(f"{name}={value}" for name, value in self.options.settings()["schedule"].items())
+        return f"{type(self).__name__}({schedule}, stages={list(self.options.stages)})"
 
     @property
     def state_key(self) -> str:
@@ -198,19 +192,13 @@ class VizTraceCallback(Callback):
 
     @_fault_boundary
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        callbacks = getattr(trainer, "callbacks", [])
-        given = [cb for cb in callbacks if isinstance(cb, VizTraceCallback) and cb.vt_lightning_source is None]
+        callbacks = [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, VizTraceCallback)]
+        given = [cb for cb in callbacks if cb.vt_lightning_source is None]
         if len(given) > 1:  # one tracer per process: two callbacks would fight over it
             raise TwoCallbacks(messages.two_callbacks([repr(cb) for cb in given]))
-        self._controller.setup(trainer, pl_module, stage_name(stage), self._superseded_by(trainer))
-
-    def _superseded_by(self, trainer: pl.Trainer) -> str | None:
-        """With VT_LIGHTNING set beside a callback given in code or on the CLI, that one profiles."""
-        if self.vt_lightning_source != "env":
-            return None
-        callbacks = getattr(trainer, "callbacks", [])
-        other = next((cb for cb in callbacks if isinstance(cb, VizTraceCallback) and cb is not self), None)
-        return repr(other) if other is not None else None
+        # With VT_LIGHTNING set beside a callback given in code or on the CLI, that one profiles.
+        other = next((cb for cb in callbacks if cb is not self), None) if self.vt_lightning_source == "env" else None
+        self._controller.setup(trainer, pl_module, stage_name(stage), repr(other) if other is not None else None)
 
     @_fault_boundary
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
