@@ -1,12 +1,9 @@
 """DDP: every rank opens the same triggered window at the same batch. At each coarse check (the
 same batch on every rank) the ranks exchange what fired with one all-reduce (MAX) of
-``1 + len(REASONS)`` int64s on a gloo group of its own (off the GPU):
-
-* slot 0: minus the batches each rank proposes until the next check -> all agree on the smallest;
-* one slot per reason: ``(2**40 - batch) * 2**20 + (2**20 - 1 - rank)`` if it fired, else 0 -> the
-  earliest batch that fired, lowest rank on a tie, and who it was.
-
-Only when something fired, a second all-reduce (SUM) gives every rank the winner's numbers.
+``1 + len(REASONS)`` int64s on a gloo group of their own, off the GPU. Slot 0 holds minus the
+batches each proposes until the next check (the smallest wins); a slot per reason holds
+``(2**40 - batch) * 2**20 + (2**20 - 1 - rank)`` if it fired, else 0 (the earliest batch wins, the
+lowest rank on a tie). Only when something fired, a second all-reduce gives all the winner's numbers.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vt_lightning.analysis.triggers import REASONS, Firing
+from vt_lightning.analysis.triggers import MEMORY_GROWTH, REASONS, SLOW_STEP, Firing
 
 _BATCH_LIMIT = 1 << 40
 _RANK_LIMIT = 1 << 20
@@ -63,11 +60,8 @@ class Agreement:
         self, firings: Sequence[Firing], gap: int, detail: Callable[[str], str | None] = lambda reason: None
     ) -> tuple[Firing | None, int]:
         if self.reduce_max is None or self.reduce_sum is None:  # one process: nothing to agree on
-            for reason in REASONS:
-                for firing in firings:
-                    if firing.reason == reason:
-                        return dataclasses.replace(firing, rank=self.rank), gap
-            return None, gap
+            first = min(firings, key=lambda firing: REASONS.index(firing.reason), default=None)  # by priority
+            return (dataclasses.replace(first, rank=self.rank) if first is not None else None), gap
         winner, agreed_gap = decode(self.reduce_max(encode(firings, gap, self.rank)))
         if winner is None:
             return None, agreed_gap
@@ -79,16 +73,9 @@ class Agreement:
         have, value, baseline = self.reduce_sum(numbers)
         if mine is not None:
             return dataclasses.replace(mine, rank=rank), agreed_gap
-        unit = "s" if reason == "slow_step" else "bytes" if reason == "memory_growth" else None
-        return Firing(
-            reason,
-            batch,
-            value if have else None,
-            baseline if have else None,
-            unit if have else None,
-            rank,
-            detail(reason),
-        ), agreed_gap
+        unit = {SLOW_STEP: "s", MEMORY_GROWTH: "bytes"}.get(reason) if have else None
+        firing = Firing(reason, batch, value if have else None, baseline if have else None, unit, rank, detail(reason))
+        return firing, agreed_gap
 
 
 def first_failure(problem: str | None) -> tuple[int, str] | None:
