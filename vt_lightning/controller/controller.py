@@ -29,6 +29,7 @@ from vt_lightning.controller.triggers import ArmedTriggers, agree, arm
 from vt_lightning.export.atomic import remove_stale_temporaries
 from vt_lightning.options import Options
 from vt_lightning.recording import clock_sync
+from vt_lightning.recording.children import reap_dump_children
 from vt_lightning.recording.memory import is_cuda_oom
 from vt_lightning.recording.pytracer import PythonTracer
 from vt_lightning.recording.spool import Spool, spool_directory
@@ -80,7 +81,6 @@ class WindowController:
         self.eval_step = -1  # batch index within a validate / test / predict stage
         self.train_started: tuple[int, int] | None = None  # (perf_counter_ns, global batch) at train start
 
-    # ------------------------------------------------------------------ runs
     def setup(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
         if stage not in self.options.stages:
             return
@@ -172,14 +172,21 @@ class WindowController:
         writer, self.writer = self.writer, None
         try:  # a signal's exception on the way (Ctrl-C while the writer stops) still releases the run
             if writer is not None:
-                self._stop_writer(writer)
+                if not writer.close():
+                    self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
+                self._read_inbox(log=False)
+                self.outcomes.skipped = self.windows_skipped
+                messages.end_of_run(self._root(), self.outcomes, self.triggered_runs, self.stage)
         finally:
             side_recorders.end_run(self.trainer())
-            windows.release(self.spool, self.triggers)  # the triggers are kept for inspection until the next run
+            reap_dump_children()  # of windows interrupted between their dump and their hand-off
+            if self.spool is not None:
+                self.spool.remove()
+            if self.triggers is not None:
+                self.triggers.disarm()  # kept for inspection until the next run
             self.spool, self.slow, self.stage = None, None, None
             self.next_look = self.next_check = math.inf
 
-    # ------------------------------------------------------------------ batches
     def train_batch_start(self, trainer: Any, ready: int) -> None:
         """Past the callback's one-comparison gate (``ready``: batches started, this one included)."""
         slow = self.slow
@@ -223,7 +230,6 @@ class WindowController:
             return
         window.begin_range(kind) if begin else window.end_range(kind)
 
-    # ------------------------------------------------------------------ the table
     def _advance(self, step: int) -> None:
         if self.window is not None:
             self._run(_S, self.phase, phase_in(self.window.window, step), step)
@@ -340,7 +346,6 @@ class WindowController:
         self.windows_skipped += 1
         self._schedule_from(target.end)
 
-    # ------------------------------------------------------------------ triggers and the gate
     def _look_now(self) -> None:
         """From the signal handler: in one process, look at the very next batch."""
         if self.triggers is not None and self.triggers.request_now():
@@ -371,14 +376,6 @@ class WindowController:
 
     def _root(self) -> Any:
         return self.run.output if self.run is not None else None
-
-    def _stop_writer(self, writer: BackgroundWriter) -> None:
-        """Stop the writer (bounded), read its last answers and say where the run's files are."""
-        if not writer.close():
-            self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
-        self._read_inbox(log=False)
-        self.outcomes.skipped = self.windows_skipped
-        messages.end_of_run(self._root(), self.outcomes, self.triggered_runs, self.stage)
 
 
 def _python_filter(options: Options, pl_module: Any) -> PythonFilter:

@@ -57,7 +57,6 @@ class UntracedWaits:
         self.ended = now
 
     def not_a_step(self) -> None:
-        """The interval to the next batch start is no fetch (epoch edge, validation)."""
         self.ended = 0.0
 
     def reading(self) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from vt_lightning.constants import WRITER_TIMEOUT_S
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
-from vt_lightning.controller.messages import Warn
+from vt_lightning.controller.messages import GOES_ON, Warn
 from vt_lightning.controller.remote import deliver
 from vt_lightning.export.atomic import remove_stale_temporaries
 from vt_lightning.export.job import WindowJob, WindowResult
@@ -41,7 +41,6 @@ PRESTART_LEAD_BATCHES = 8  # the writer process starts ahead of a window this fa
 # (docs/performance.md, "Short runs"). False starts it ahead (the benchmark's ``vt_ahead``).
 HAND_OFF_START_ON_CPU = True
 FINISH_AT_END_WITHIN_S = 5.0  # seconds of steps before the run's end for ``finishes_at_end``; 0: off
-_GOES_ON = "training goes on, and later windows that fail the same way are not reported again."
 SAY_WAIT_S = 0.25  # an end-of-run wait for the writer at least this long is said on the console
 
 
@@ -77,7 +76,6 @@ class StallAllowance:
             self.blocked = 0.0
 
     def left(self) -> float:
-        """Seconds the next wait may take."""
         return max(0.0, self.timeout - self.blocked)
 
     def waited(self, start: float) -> None:
@@ -115,7 +113,6 @@ class BackgroundWriter:
         self._ending = False
         self._thread = self._start_thread()
 
-    # ------------------------------------------------------------------ the worker thread
     def _start_thread(self) -> threading.Thread:
         thread = threading.Thread(
             target=self._loop,
@@ -149,7 +146,6 @@ class BackgroundWriter:
             self._queue.put((future, fn, args))
         return future
 
-    # ------------------------------------------------------------------ the writer process
     def writer_process(self) -> Any:
         """The writer process, started on this thread; None when off or failed (then windows are written here)."""
         if self.process is None and self.use_process and self.process_error is None:
@@ -197,12 +193,12 @@ class BackgroundWriter:
         except WriterAbandoned:  # reported once, when the writer was given up
             return Dropped(None)
         except DumpChildFailed as err:  # a dump child stuck (killed and reaped) or crashed
-            key, text = f"dump:{type(err).__name__}", f"window dropped: {err}; {_GOES_ON}"
+            key, text = f"dump:{type(err).__name__}", f"window dropped: {err}; {GOES_ON}"
         except SpoolError as err:  # the raw dumps, not the output directory, are the problem
             key, text = f"spool:{err.errno}", f"window dropped: {err.strerror}; training goes on."
         except Exception as err:  # the writer job's boundary: any fault drops this window with one notice
             key = f"write:{type(err).__name__}:{job.run_dir.parent}"
-            text = f"could not write the window to {job.run_dir} ({type(err).__name__}: {err}); {_GOES_ON}"
+            text = f"could not write the window to {job.run_dir} ({type(err).__name__}: {err}); {GOES_ON}"
         return Dropped(Notice(key, f"vt_lightning: {text}"))
 
     def run(self, closed: ClosedWindow, at_end: bool = False) -> WindowResult:
@@ -246,7 +242,6 @@ class BackgroundWriter:
             )
             return finish_window(job)
 
-    # ------------------------------------------------------------------ bounded waits
     def _pending(self) -> list[Future[Any]]:
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()]
@@ -256,7 +251,6 @@ class BackgroundWriter:
             return list(self._futures)
 
     def in_flight(self) -> int:
-        """Windows submitted and not finished (nor dropped)."""
         return len(self._pending())
 
     def wait_for_room(self) -> tuple[float, bool]:

@@ -26,6 +26,7 @@ from vt_lightning.recording.unsafe_names import UnsafeImport
 
 log = logging.getLogger(LOGGER_NAME)
 Warn = Callable[[str, str], Any]  # (key, message): said once per key (``WarnOnce``)
+GOES_ON = "training goes on, and later windows that fail the same way are not reported again."
 
 
 class WarnOnce:
@@ -45,12 +46,7 @@ class WarnOnce:
 
 
 def warn_cut_window(
-    warn: Warn,
-    stage: str | None,
-    target: Window,
-    steps: Sequence[int],
-    reason: str,
-    recorded_before: int,
+    warn: Warn, stage: str | None, target: Window, steps: Sequence[int], reason: str, recorded_before: int
 ) -> None:
     """A window that ends before its last scheduled batch says so once, with what it holds."""
     scheduled = f"{target.active_start}-{target.last_step}"
@@ -172,7 +168,6 @@ def fault(err: Exception, hook: str) -> tuple[str, str]:
     )
 
 
-# ------------------------------------------------------------------ triggers: when they can act
 def triggers_armed(watch: TriggerWatch, first_check: int, earliest_memory: int) -> None:
     """At setup (rank 0): each armed trigger and from when it can open a window."""
     config, lines = watch.config, []

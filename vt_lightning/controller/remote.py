@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from vt_lightning.controller.agreement import first_failure
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
+from vt_lightning.controller.messages import GOES_ON
 from vt_lightning.export.job import URL, UnusableURL, WindowJob, WindowResult, locate
 from vt_lightning.export.layout import host_name
 from vt_lightning.export.pipeline import delivered, run_dir_candidates
@@ -104,7 +105,7 @@ def deliver(job: WindowJob, result: WindowResult) -> Outcome:
                 f"publish:{type(err).__name__}:{root}",
                 f"vt_lightning: could not copy the window to {job.publish_to} ({type(err).__name__}: {err}); "
                 f"its files are kept in {staged} (scratch space, removed by a later run once this process has "
-                "exited); training goes on, and later windows that fail the same way are not reported again.",
+                f"exited); {GOES_ON}",
             )
         )
     shutil.rmtree(staged, ignore_errors=True)

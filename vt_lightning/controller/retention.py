@@ -62,8 +62,7 @@ def delete_window_files(trace: Location) -> int:
 
 def _prefix(trace_name: str) -> str:
     """``host_0.0000000012.pt.trace.json.gz`` -> ``host_0.0000000012.``: the worker's files of a window."""
-    stem = trace_name[: -len(TRACE_SUFFIX)] if trace_name.endswith(TRACE_SUFFIX) else trace_name
-    return stem + "."
+    return trace_name.removesuffix(TRACE_SUFFIX) + "."
 
 
 def _delete_remote(trace: URL) -> int:

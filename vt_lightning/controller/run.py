@@ -55,8 +55,7 @@ class Run:
 
 def read_run(trainer: Any, stage: str, dirpath: str | None, spool_dir: str | None = None) -> Run:
     """Collective: every rank must call it (``trainer.log_dir`` is broadcast from rank 0)."""
-    log_dir = trainer.log_dir
-    root, remote = output_root(dirpath, log_dir, trainer.default_root_dir, spool_dir)  # URLs: never Path()
+    root, remote = output_root(dirpath, trainer.log_dir, trainer.default_root_dir, spool_dir)  # URLs: never Path()
     rank_info = {
         "global_rank": trainer.global_rank,
         "local_rank": trainer.local_rank,

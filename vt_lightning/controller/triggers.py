@@ -48,12 +48,12 @@ def agree(
 class ArmedTriggers:
     """The watch of one run, and what must be given back at its end (signal handler, group)."""
 
-    def __init__(self, watch: TriggerWatch, group: Any, trainer: Any, warn: Warn) -> None:
+    def __init__(self, watch: TriggerWatch, group: Any, trainer: Any, warn: Warn, earliest_memory: int) -> None:
         self.watch = watch
         self.group = group
         self.trainer = weakref.ref(trainer)
         self.warn: Warn | None = warn
-        self.earliest_memory_batch = 0  # for the end-of-run note
+        self.earliest_memory_batch = earliest_memory  # for the end-of-run note
 
     def ask(self, step: int, plan: WindowPlan, options: Any, warn: Warn) -> None:
         """Plan a triggered window at this batch if a trigger fired (and the limits allow it)."""
@@ -163,10 +163,9 @@ def arm(
     if signal_trigger is not None:
         signal_trigger.on_request = on_signal
     watch.flight = flight_for(watch.slow, clock)
-    armed = ArmedTriggers(watch, group, trainer, warn)
-    armed.earliest_memory_batch = max(first_check, config.memory_growth_steps) + config.memory_growth_steps
-    messages.triggers_armed(watch, first_check, armed.earliest_memory_batch)
-    return armed
+    earliest_memory = max(first_check, config.memory_growth_steps) + config.memory_growth_steps
+    messages.triggers_armed(watch, first_check, earliest_memory)
+    return ArmedTriggers(watch, group, trainer, warn, earliest_memory)
 
 
 def _install_signal(trainer: Any, name: str, warn: Warn) -> SignalTrigger | None:

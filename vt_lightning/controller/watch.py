@@ -1,11 +1,7 @@
-"""The triggers of one rank, checked together at a batch that needs a look: did anything fire that
-should open a window now?
-
-A slow step is known at the batch start after it (in DDP, answered at the next agreed check). The
-trigger file, the signal flag and the memory counter are read only at the coarse checks, about
-every ``trigger_interval`` seconds (``Cadence``). With several ranks each check is one all-reduce
-(``agreement.py``), never inside a planned window, so every rank gets one answer at one batch.
-"""
+"""The triggers of one rank, checked together at a batch that needs a look. A slow step is known at
+the batch start after it; the file, the signal and the memory are read at the coarse checks, about
+every ``trigger_interval`` seconds, which in DDP are one all-reduce (``agreement.py``), never inside
+a planned window, so every rank gets one answer at one batch."""
 
 from __future__ import annotations
 
@@ -47,11 +43,8 @@ class TriggerWatch:
         self.agreement = agreement
         self.clock = clock
         self.on_problem = on_problem
-        self.slow = (
-            SlowStep(config.slow_step_factor, config.slow_step_baseline, clock)
-            if config.slow_step_factor is not None
-            else None
-        )
+        factor = config.slow_step_factor
+        self.slow = SlowStep(factor, config.slow_step_baseline, clock) if factor is not None else None
         self.memory = MemoryGrowth(config.memory_growth, config.memory_growth_steps) if config.memory_growth else None
         self.read_memory = read_memory
         self.memory_kind = memory_kind

@@ -15,7 +15,6 @@ from vt_lightning.controller.handoff import BackgroundWriter
 from vt_lightning.controller.messages import Warn
 from vt_lightning.controller.run import Run, log_step
 from vt_lightning.controller.side_recorders import side_recorders
-from vt_lightning.controller.triggers import ArmedTriggers
 from vt_lightning.export.job import Destination
 from vt_lightning.export.layout import (
     host_name,
@@ -28,11 +27,9 @@ from vt_lightning.export.layout import (
     worker_name,
 )
 from vt_lightning.options import Options
-from vt_lightning.recording.children import reap_dump_children
 from vt_lightning.recording.lightning_hooks import LightningViewHooks
 from vt_lightning.recording.memory import CudaMemoryRecorder, dump_oom_snapshot
 from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler
-from vt_lightning.recording.spool import Spool
 from vt_lightning.recording.torchtracer import TorchTracer, torch_profiler_active
 from vt_lightning.recording.unsafe_names import skipped_message, unsafe_module_file
 from vt_lightning.recording.window import ProfilingWindow
@@ -164,12 +161,3 @@ def dump_oom(options: Options, run: Run, window: ProfilingWindow, planned: Plann
         dump_oom_snapshot(run_dir / oom_file_name(memory_name or "memory_snapshot.pickle"), window.memory_recorder)
     except Exception as err:  # the OOM snapshot is extra: its failure is said, the window's close goes on
         warn("oom", f"vt_lightning: could not write the out-of-memory snapshot ({err})")
-
-
-def release(spool: Spool | None, triggers: ArmedTriggers | None) -> None:
-    """At a run's end: reap dump children, remove this process's spool, disarm the triggers."""
-    reap_dump_children()
-    if spool is not None:
-        spool.remove()
-    if triggers is not None:
-        triggers.disarm()
