@@ -1,9 +1,7 @@
-"""The training process's side of the writer: one daemon thread that hands windows, in order, to
-the writer process (``export/writer_process.py``), where parsing and compression never compete
-with training for its GIL. At most ``max_in_flight`` windows are pending, and training waits for the
-writer at most ``timeout`` seconds in all; a writer that overruns it is abandoned (its windows
-dropped, its process killed) and a fresh thread writes later windows itself, never waited for.
-"""
+"""The training process's side of the writer: a daemon thread hands windows, in order, to the writer
+process (``export/writer_process.py``), off training's GIL. At most ``max_in_flight`` are pending, and
+training waits for the writer at most ``timeout`` seconds in all; a writer past it is abandoned (its
+windows dropped, its process killed) and a fresh thread writes later windows, never waited for."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, wait
-from typing import Any
+from typing import Any, cast
 
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -45,9 +43,8 @@ SAY_WAIT_S = 0.25  # an end-of-run wait for the writer at least this long is sai
 
 
 def finishes_at_end(cpu_bound: bool, process_started: bool, batches_left: int | None, step_s: float | None) -> bool:
-    """Whether a closing window is held and finished in this process once training stops: only where
-    the writer process would start for it (CPU training, none running) and the run's known end is
-    within ``FINISH_AT_END_WITHIN_S`` seconds of steps; any wait by training releases the hold."""
+    """Whether a closing window is held and finished in this process once training stops: where the
+    writer process would start for it and the run's known end is within ``FINISH_AT_END_WITHIN_S``."""
     if not (cpu_bound and HAND_OFF_START_ON_CPU) or process_started:
         return False
     if batches_left is None or step_s is None or batches_left < 0 or step_s <= 0:
@@ -102,8 +99,7 @@ class BackgroundWriter:
         self.process_error: BaseException | None = None
         self.abandoned = 0  # how many times a stuck writer was given up
         self.allowance = StallAllowance(timeout)  # how long training may still wait for it
-        self._futures: list[Future[Any]] = []
-        self._windows: dict[Future[Any], int] = {}  # window index of each pending hand-off
+        self._futures: dict[Future[Any], int | None] = {}  # pending, in order; a hand-off's window index
         self._held: dict[Future[Any], ClosedWindow] = {}  # held hand-offs not done (abandon drops queued ones)
         self._lock = threading.Lock()
         self._generation = 0
@@ -139,10 +135,10 @@ class BackgroundWriter:
                 _settle(future, result=result)
             self.allowance.progressed()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    def submit(self, fn: Callable[..., Any], *args: Any, window: int | None = None) -> Future[Any]:
         future: Future[Any] = Future()
         with self._lock:
-            self._futures.append(future)
+            self._futures[future] = window
             self._queue.put((future, fn, args))
         return future
 
@@ -172,17 +168,14 @@ class BackgroundWriter:
         return self.process is not None or not self.use_process or self.process_error is not None
 
     def hand_off(self, closed: ClosedWindow, *, at_end: bool = False) -> Future[Outcome]:
-        """Queue a closed window; its future answers with exactly one outcome, never raises.
-        ``at_end``: hold it until training stops or waits (``finishes_at_end``)."""
+        """Queue a closed window (``at_end``: held, see ``finishes_at_end``); its future answers once, never raises."""
         if not at_end:
             self._release(ending=False)
-        future = self.submit(self._finish, closed, at_end)
+        window = closed.job.metadata.get("window")
+        future = self.submit(self._finish, closed, at_end, window=window if isinstance(window, int) else None)
         if at_end:
             with self._lock:
                 self._held[future] = closed
-        window = closed.job.metadata.get("window")
-        if isinstance(window, int):
-            self._windows[future] = window
         return future
 
     def _finish(self, closed: ClosedWindow, at_end: bool = False) -> Outcome:
@@ -224,8 +217,7 @@ class BackgroundWriter:
         if process is None:
             return finish_window(job)
         try:
-            result: WindowResult = process.call(job)
-            return result
+            return cast(WindowResult, process.call(job))
         except (EOFError, OSError, ValueError) as err:  # the process died (killed, crashed) mid-window
             process.close(timeout=1.0)  # reap it
             remove_stale_temporaries(job.run_dir.parent, pid=process.pid)
@@ -244,9 +236,7 @@ class BackgroundWriter:
 
     def _pending(self) -> list[Future[Any]]:
         with self._lock:
-            self._futures = [f for f in self._futures if not f.done()]
-            for done in [f for f in self._windows if f.done()]:
-                del self._windows[done]
+            self._futures = {f: window for f, window in self._futures.items() if not f.done()}
             self._held = {f: c for f, c in self._held.items() if not f.done()}
             return list(self._futures)
 
@@ -254,8 +244,7 @@ class BackgroundWriter:
         return len(self._pending())
 
     def wait_for_room(self) -> tuple[float, bool]:
-        """(seconds waited, whether there is room) for a window, within the allowance; past it the
-        writer is abandoned, and no later window waits at all."""
+        """(seconds waited, room?) within the allowance; past it the writer is abandoned, and no window waits again."""
         limit = self.allowance.left()
         start = time.monotonic()
         try:
@@ -283,7 +272,7 @@ class BackgroundWriter:
         deadline = start + self.allowance.left()
         self._release(ending=True)  # training has stopped: held windows are finished on the writer thread
         pending = self._pending()
-        windows = sorted(self._windows[f] for f in pending if f in self._windows)
+        windows = sorted(window for window in self._futures.values() if window is not None)
         try:
             for future in pending:
                 if not _settles(future, deadline - time.monotonic()):
@@ -304,7 +293,7 @@ class BackgroundWriter:
             self.allowance.for_good = True
             self._generation += 1
             self.use_process = False  # the fallback: later windows are written by the fresh thread
-            futures, self._futures = self._futures, []
+            futures, self._futures = self._futures, {}
             old_queue, self._queue = self._queue, queue.SimpleQueue()
             process, self.process = self.process, None
             held, self._held = self._held, {}
@@ -345,8 +334,7 @@ class BackgroundWriter:
 
 
 def _finish_with_collector_paused(job: WindowJob) -> WindowResult:
-    """A held window, with the collector paused as in the writer process: full collections over
-    training's heap, set off by the window's acyclic events, cost half its time."""
+    """A held window, the collector paused as in the writer process: collections over training's heap cost half."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
