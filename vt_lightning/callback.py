@@ -1,8 +1,5 @@
-"""Lightning hooks -> one ``WindowController`` call each; every decision lives below.
-
-The typed ``__init__`` is what LightningCLI and YAML configs read. Every hook is a fault boundary:
-a fault raised anywhere below becomes a warning, never the end of the user's training.
-"""
+"""Lightning hooks -> one ``WindowController`` call each. Every hook is a fault boundary: a fault
+raised below becomes a warning, never the end of the user's training."""
 
 from __future__ import annotations
 
@@ -183,9 +180,8 @@ class VizTraceCallback(Callback):
         return run.output if run is not None else None
 
     def _fault(self, err: Exception, hook: str) -> None:
-        """A hook's ``except Exception``: a fault of ours becomes one warning per kind and training
-        goes on (``WindowController.fail``). A setting the run cannot honour and what a signal
-        handler raised while our code ran (a dead DataLoader worker's) go on to Lightning."""
+        """A fault of ours becomes one warning per kind (``WindowController.fail``); a setting the run
+        cannot honour, or what a signal handler raised (a dead DataLoader worker's), goes on to Lightning."""
         if isinstance(err, ConfigurationError) or raised_by_signal_handler(err):
             raise err
         self._controller.fail(err, hook)

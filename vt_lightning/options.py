@@ -23,9 +23,8 @@ from vt_lightning.recording.torchtracer import TorchTracerConfig
 
 
 class ConfigurationError(ValueError):
-    """A setting this run cannot honour, found at setup (``ranks`` past the world size, an unusable
-    output root, two callbacks in one Trainer): the user's to fix, so the hooks' fault boundary lets
-    it through and fit stops, as with a bad argument to ``VizTraceCallback()``."""
+    """A setting this run cannot honour, found at setup (``ranks`` past the world size, two callbacks):
+    the user's to fix, so the hooks' fault boundary lets it through and fit stops."""
 
 
 @dataclass(frozen=True)

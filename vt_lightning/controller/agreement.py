@@ -79,8 +79,7 @@ class Agreement:
 
 
 def first_failure(problem: str | None) -> tuple[int, str] | None:
-    """(rank, problem) of the lowest rank with a ``problem``, on every rank: collective, so that a check
-    failed on one rank stops them all, none left waiting in its next collective."""
+    """(rank, problem) of the lowest rank with a ``problem``, on every rank: one rank's failure stops all."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return (0, problem) if problem is not None else None
     gathered: list[str | None] = [None] * dist.get_world_size()

@@ -1,5 +1,4 @@
-"""The run budget on the training thread: it times each window and adds up the bytes the writer
-reports; once a limit is reached it closes the plan with one warning naming the option to raise."""
+"""The run budget: past a limit it closes the plan, with one warning naming the option to raise."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The window controller, driven by the callback's hooks: at each batch boundary it asks the plan
-for the batch's phase and runs the actions ``analysis.lifecycle.TRANSITIONS`` lists for it."""
+"""The window controller: at a batch boundary, the plan's phase and ``analysis.lifecycle``'s actions."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The data wait of the steps outside windows, for ``input_bound`` to tell the loader's own wait from
-what tracing added: from one batch's end hook to the next one's start, counted only when no window
-was open meanwhile (even a warmup's torch.profiler lengthens an in-process fetch)."""
+"""The data wait of steps outside windows (one batch's end to the next one's start), for ``input_bound``
+to tell the loader's own wait from what tracing added (even a warmup's torch.profiler adds some)."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ UNTRACED_STEPS_KEPT = 32  # the last untraced steps the reading covers
 
 
 class UntracedWaits:
-    """A ring of the last untraced steps' (wait, busy) in seconds, our own work in the hooks in
-    neither. Quiet batches allocate nothing: floats from CPython's free list, an ``array`` of
-    doubles, an index among the cached small ints."""
+    """A ring of the last untraced steps' (wait, busy) seconds. Quiet batches allocate nothing: floats
+    from CPython's free list, an ``array`` of doubles, an index among the cached small ints."""
 
     __slots__ = ("busy", "busy_last", "ended", "full", "slot", "started", "wait", "waits")
 

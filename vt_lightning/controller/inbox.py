@@ -1,5 +1,4 @@
-"""The one way back from the writer, which only puts answers in; the training thread reads them at
-batch starts and at the run's end, where warnings and Lightning's loggers (not thread-safe) are safe."""
+"""The one way back from the writer, read on the training thread, where Lightning's loggers are safe."""
 
 from __future__ import annotations
 
@@ -82,8 +81,7 @@ class Inbox:
 
 
 class Outcomes:
-    """What the training thread keeps of the writer's answers, bounded however long the run: the
-    newest results, a row per window in ``history`` and ``table``, summaries for the loggers."""
+    """What the training thread keeps of the writer's answers, bounded however long the run."""
 
     def __init__(self, warn: Warn, tracer_entries: int) -> None:
         self.warn = warn

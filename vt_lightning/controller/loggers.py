@@ -1,5 +1,4 @@
-"""A window's summary into every logger of the Trainer (on the training thread: they are not
-thread-safe): scalars through ``log_metrics``, and the markdown report where TensorBoard takes text."""
+"""A window's summary into the Trainer's loggers, on the training thread (they are not thread-safe)."""
 
 from __future__ import annotations
 

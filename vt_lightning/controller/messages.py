@@ -1,5 +1,4 @@
-"""What the user reads about windows: one warning per kind of problem (``WarnOnce``) and the
-console's texts; the controller decides when."""
+"""What the user reads: one warning per kind of problem (``WarnOnce``) and the console's texts."""
 
 from __future__ import annotations
 
@@ -98,8 +97,7 @@ TRIGGERED_SHOWN = 5  # triggered windows named at the end of a run (the latest)
 def end_of_run(
     root: Path | None, outcomes: Any, triggered_runs: Sequence[tuple[str, Any]], stage: str | None = None
 ) -> None:
-    """After a run that wrote windows: the full table into the output root; the bounded table, the
-    latest triggered windows and commands that need no activated venv on the console."""
+    """After a run that wrote windows: the full table into the output root, a bounded one on the console."""
     history = outcomes.history
     if not history.count:
         return

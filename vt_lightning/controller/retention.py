@@ -1,6 +1,5 @@
-"""``keep_windows``: only windows this process wrote and finished are deleted, known from their
-results, never from a scan; of each, this worker's files (``<worker>.<span>.*``), then its directory
-once empty. Deletions run on the writer thread."""
+"""``keep_windows``: only windows this process wrote are deleted, known from their results, never from
+a scan: this worker's files (``<worker>.<span>.*``), then the directory once empty."""
 
 from __future__ import annotations
 

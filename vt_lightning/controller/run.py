@@ -1,5 +1,4 @@
-"""What a run (one fit / validate / test / predict) is, read from the Trainer: the controller's
-reads of the Trainer's attributes, so that a Lightning change lands here."""
+"""What a run is, read from the Trainer's attributes here, so that a Lightning change lands here."""
 
 from __future__ import annotations
 
@@ -85,8 +84,7 @@ def global_batch(trainer: Any) -> int:
 
 
 def fit_end_batch(trainer: Any) -> int | None:
-    """The global batch count at which fit stops by ``max_steps`` or ``max_epochs`` (an upper bound,
-    known from ``on_train_start``); None when neither bounds it."""
+    """The global batch count at which fit stops by ``max_steps`` or ``max_epochs`` (None: unbounded)."""
     bounds = []
     max_steps = getattr(trainer, "max_steps", -1)
     if isinstance(max_steps, int) and max_steps > 0:

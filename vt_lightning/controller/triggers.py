@@ -1,5 +1,4 @@
-"""Arming the triggers of one run (the ranks' agreement, the probes, the watch) and disarming them;
-the decisions themselves are pure (``analysis/triggers.py``)."""
+"""Arming one run's triggers (the ranks' agreement, the probes, the watch) and disarming them."""
 
 from __future__ import annotations
 
@@ -106,8 +105,7 @@ def _ended_normally(trainer: Any) -> bool:
 
 
 def _forget_in_lightning_snapshot(trainer: Any, trigger: SignalTrigger) -> None:
-    """Lightning puts the handlers it saw at setup back after fit, even after ``on_exception``:
-    give it the one from before ours."""
+    """Lightning puts back the handlers it saw at setup even after ``on_exception``: not ours."""
     snapshot = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
     if isinstance(snapshot, dict) and trigger.owns(snapshot.get(trigger.signum)):
         snapshot[trigger.signum] = trigger.previous if trigger.previous is not None else signal.SIG_DFL

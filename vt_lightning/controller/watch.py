@@ -1,7 +1,6 @@
-"""The triggers of one rank, checked together at a batch that needs a look. A slow step is known at
-the batch start after it; the file, the signal and the memory are read at the coarse checks, about
-every ``trigger_interval`` seconds, which in DDP are one all-reduce (``agreement.py``), never inside
-a planned window, so every rank gets one answer at one batch."""
+"""One rank's triggers, checked at a batch that needs a look. A slow step is known at the batch start
+after it; the file, signal and memory are read at coarse checks (``trigger_interval``), in DDP one
+all-reduce each (``agreement.py``), never inside a window: every rank gets one answer at one batch."""
 
 from __future__ import annotations
 

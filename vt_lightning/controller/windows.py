@@ -1,5 +1,4 @@
-"""Opening a window (or declining to) and naming what a closed one becomes; the controller owns
-the open window."""
+"""Opening a window (or declining to) and naming what a closed one becomes."""
 
 from __future__ import annotations
 

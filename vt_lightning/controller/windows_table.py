@@ -1,5 +1,4 @@
-"""Every window's row of the end-of-run table, kept on disk rather than in memory: a JSON line each
-in the spool, rendered at the end into ``vt_lightning.windows.txt`` in the output root."""
+"""Every window's row of the end-of-run table, as a JSON line in the spool rather than in memory."""
 
 from __future__ import annotations
 
