@@ -96,8 +96,7 @@ class VizTraceCallback(Callback):
     Example::
 
         trainer = Trainer(callbacks=[VizTraceCallback(wait=1, warmup=1, active=3, repeat=2)])
-        trainer.fit(model)
-        # tensorboard --logdir lightning_logs  ->  the VT_LIGHTNING tab
+        trainer.fit(model)  # then: tensorboard --logdir lightning_logs, the VT_LIGHTNING tab
     """
 
     def __init__(

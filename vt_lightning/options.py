@@ -125,36 +125,13 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
         raise ValueError(f"`dirpath` must be a non-empty path or None, got {dirpath!r}")
     if a["worker_calls"] not in WORKER_CALLS:
         raise ValueError(f"`worker_calls` must be one of {list(WORKER_CALLS)}, got {a['worker_calls']!r}")
-    triggers = TriggerConfig(
-        slow_step_factor=a["slow_step_factor"],
-        slow_step_baseline=a["slow_step_baseline"],
-        memory_growth=a["memory_growth"],
-        memory_growth_steps=a["memory_growth_steps"],
-        trigger_file=a["trigger_file"],
-        trigger_signal=parse_trigger_signal(a["trigger_signal"])[1] if a["trigger_signal"] is not None else None,
-        trigger_cooldown=a["trigger_cooldown"],
-        trigger_interval=a["trigger_interval"],
-        max_windows=a["budget_windows"],
-    )
-    if not a["scheduled_windows"] and not triggers.armed:
-        raise ValueError(
-            "`scheduled_windows`: False with no trigger armed would record nothing: arm a trigger "
-            "(slow_step_factor, memory_growth, trigger_file, trigger_signal) or keep the schedule"
-        )
-    if triggers.trigger_signal is not None:
-        handler = foreign_signal_handler(parse_trigger_signal(triggers.trigger_signal)[0])
-        if handler is not None:
-            raise ValueError(
-                f"`trigger_signal`: {triggers.trigger_signal} already has a handler ({handler!r}); "
-                "choose another signal"
-            )
     return Options(
         schedule=schedule,
         python=_python_config(a),
         torch=TorchTracerConfig(
             record_shapes=a["record_shapes"], profile_memory=a["profile_memory"], with_flops=a["with_flops"]
         ),
-        triggers=triggers,
+        triggers=_trigger_config(a),
         dirpath=str(dirpath) if dirpath is not None else None,
         memory_snapshot=a["memory_snapshot"],
         memory_max_entries=a["memory_max_entries"],
@@ -173,8 +150,31 @@ def make_options(arguments: Mapping[str, Any]) -> Options:
     )
 
 
+def _trigger_config(a: Mapping[str, Any]) -> TriggerConfig:
+    """The triggers' options (their numbers are checked with the others')."""
+    signum, signal_name = parse_trigger_signal(a["trigger_signal"]) if a["trigger_signal"] is not None else (None, None)
+    if signum is not None and (handler := foreign_signal_handler(signum)) is not None:
+        raise ValueError(f"`trigger_signal`: {signal_name} already has a handler ({handler!r}); choose another signal")
+    triggers = TriggerConfig(
+        slow_step_factor=a["slow_step_factor"],
+        slow_step_baseline=a["slow_step_baseline"],
+        memory_growth=a["memory_growth"],
+        memory_growth_steps=a["memory_growth_steps"],
+        trigger_file=a["trigger_file"],
+        trigger_signal=signal_name,
+        trigger_cooldown=a["trigger_cooldown"],
+        trigger_interval=a["trigger_interval"],
+        max_windows=a["budget_windows"],
+    )
+    if not a["scheduled_windows"] and not triggers.armed:
+        raise ValueError(
+            "`scheduled_windows`: False with no trigger armed would record nothing: arm a trigger "
+            "(slow_step_factor, memory_growth, trigger_file, trigger_signal) or keep the schedule"
+        )
+    return triggers
+
+
 def _python_config(a: Mapping[str, Any]) -> PythonTracerConfig:
-    """The Python tracer's options; the file filters checked here."""
     for name in ("include_files", "exclude_files"):
         for path in a[name] if isinstance(a[name], (list, tuple)) else ():
             _check_no_nul(name, path)

@@ -57,8 +57,8 @@ class WriterAbandoned(RuntimeError):
 
 
 class StallAllowance:
-    """``timeout`` less the waits since the writer last finished a window (proof it is not stuck, so
-    back-pressure never adds up), or since the run began once one was abandoned."""
+    """``timeout`` less the waits since the writer last finished a window, proof it was not stuck (once
+    one was abandoned, all waits): a long run's back-pressure never adds up to an abandon."""
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
@@ -152,8 +152,7 @@ class BackgroundWriter:
         return self.process
 
     def prestart(self, first_warmup: float, now: int, run_end: int | None, *, cpu_bound: bool = False) -> None:
-        """Start the writer process when the first window is far enough ahead, before ``run_end``: a run
-        with no window pays no writer. Not when ``cpu_bound`` (``HAND_OFF_START_ON_CPU``)."""
+        """Start the writer process when a first window is far enough ahead and before ``run_end``."""
         if cpu_bound and HAND_OFF_START_ON_CPU:
             return
         if math.isinf(first_warmup) or first_warmup - now < PRESTART_LEAD_BATCHES:
