@@ -1,11 +1,5 @@
-"""Lightning hooks -> window controller calls. Thin on purpose: every decision lives below.
-
-The typed ``__init__`` is the public face: LightningCLI and YAML configs read its signature, and
-``make_options`` validates it into one frozen ``Options``. Each hook translates to one call on the
-``WindowController`` (``controller/``), which runs the window lifecycle (``analysis/lifecycle.py``).
-Every hook is a fault boundary (``_fault_boundary``): the one place where a fault in vt_lightning's
-code, raised from anywhere below, becomes a warning instead of the end of the user's training.
-"""
+"""Lightning hooks -> one ``WindowController`` call each. Every hook is a fault boundary: a fault
+raised below becomes a warning, never the end of the user's training."""
 
 from __future__ import annotations
 
@@ -33,8 +27,7 @@ Hook = TypeVar("Hook", bound=Callable[..., Any])
 
 def _fault_boundary(hook: Hook) -> Hook:
     """The fault boundary of a hook (``VizTraceCallback._fault``). The two training-batch hooks
-    write it out: forwarding their arguments through this wrapper would cost every quiet batch an
-    allocation (a tuple, freed at once)."""
+    write it out: forwarding their arguments would cost every quiet batch an allocation."""
 
     @functools.wraps(hook)
     def guarded(self: VizTraceCallback, *args: Any, **kwargs: Any) -> Any:
@@ -48,18 +41,15 @@ def _fault_boundary(hook: Hook) -> Hook:
 
 
 class TwoCallbacks(ConfigurationError, RuntimeError):
-    """Two VizTraceCallbacks in one Trainer (a RuntimeError, as it always was)."""
+    """Two VizTraceCallbacks in one Trainer."""
 
 
 class VizTraceCallback(Callback):
     """Trace your Python code (VizTracer) and torch's ops (torch.profiler) on one timeline.
 
-    For the training batches a schedule selects (``torch.profiler.schedule`` semantics, one step =
-    one training batch, counted globally from 0), each window becomes one merged
-    ``<host>_<rank>.<span>.pt.trace.json.gz`` in a run directory of its own under the logger's log
-    dir, with its summary and verdicts. TensorBoard's VT_LIGHTNING tab shows them all (and opens the
-    trace in Perfetto offline); Perfetto UI, vizviewer, HTA and the legacy PyTorch Profiler tab open the trace.
-    Outside windows no profiling hook is installed.
+    Each window of training batches the schedule selects (``torch.profiler.schedule`` semantics,
+    batches counted globally from 0) becomes a trace with its summary and verdicts under the
+    logger's log dir: see TensorBoard's VT_LIGHTNING tab, or ``vt-lightning summary|view <log dir>``.
 
     Args:
         skip_first: batches to skip before the first cycle.
@@ -67,73 +57,46 @@ class VizTraceCallback(Callback):
         warmup: batches of each cycle where torch.profiler runs but its events are discarded.
         active: batches of each cycle that are recorded (>= 1).
         repeat: number of cycles (windows); 0 repeats until training ends.
-        dirpath: where window run directories go; default: the logger's log dir
-            (``lightning_logs/version_N``), else ``trainer.log_dir`` / ``default_root_dir``.
+        dirpath: where window directories go; default: the logger's log dir, else ``default_root_dir``.
         tracer_entries: VizTracer ring-buffer size in events; on overflow the oldest are lost.
-        max_stack_depth: deepest Python call kept, counted from the outermost call of your code
-            (a LightningModule hook such as ``training_step`` is depth 1; -1: no limit).
+        max_stack_depth: deepest Python call kept, from your outermost call (``training_step``: 1; -1: no limit).
         min_duration: drop Python calls shorter than this many microseconds.
-        include_files: keep only Python calls whose code is under these paths, wherever their
-            callers live (torch's ops and kernels are always kept).
-        exclude_files: drop Python calls whose code is under these paths; calls they make into
-            other code are kept.
+        include_files: keep only Python calls whose code is under these paths (torch's ops are always kept).
+        exclude_files: drop Python calls whose code is under these paths (not the calls they make elsewhere).
         ignore_c_function: do not record calls into C functions (builtins, extensions).
         record_shapes: record operator input shapes (torch.profiler).
         profile_memory: record tensor allocations (torch.profiler; needed for the Memory view).
         with_flops: estimate FLOPs of matrix ops (torch.profiler).
         memory_snapshot: write a memory-snapshot pickle per window (pytorch.org/memory_viz).
         memory_max_entries: allocator events kept per window for the CUDA snapshot.
-        lightning_view: record ``[pl][module]`` / ``[pl][profile]`` ranges during active batches so
-            TensorBoard offers its "Lightning" view.
+        lightning_view: record ``[pl][module]`` / ``[pl][profile]`` ranges for TensorBoard's "Lightning" view.
         ranks: global ranks that trace (None: all).
         compression_level: gzip level of the trace files (1 fastest, 9 smallest).
-        stages: which of ``trainer.fit`` / ``validate`` / ``test`` / ``predict`` are profiled; each
-            runs the schedule on its own batches (counted from 0), and its windows are named by
-            stage (``validate-window_000-batches_2-4``). Validation inside ``fit`` is not a stage:
-            inside a window it shows as a ``[pl][profile]validation`` range.
-        summary: write ``<worker>.<span>.summary.jsonc`` / ``.md`` per window (computed in the writer
-            process), log its scalars to the Trainer's loggers and print a table at the end of fit.
-        slow_step_factor: open a window when a step takes longer than this many times the median of
-            recent steps (> 1; None: off). See docs/triggers.md.
+        stages: which of ``fit`` / ``validate`` / ``test`` / ``predict`` are profiled, each on its own batches.
+        summary: write a summary per window, log its scalars to the Trainer's loggers and print a table.
+        slow_step_factor: open a window when a step takes over this many times the recent median (None: off).
         slow_step_baseline: steps in that median; the trigger arms once this many were measured.
-        memory_growth: open a window when memory in use (CUDA allocated, or RSS on CPU) grew by more
-            than this fraction (0.2 = +20%) over ``memory_growth_steps`` batches (None: off).
+        memory_growth: open a window when memory in use grew by over this fraction (0.2 = +20%; None: off).
         memory_growth_steps: batches over which growth is measured (none are sampled before it).
         trigger_file: a file ``vt_lightning.trigger`` created in ``output_dir`` opens a window (and
             is deleted). Opt-in: with DDP, any armed trigger makes the ranks join a small gloo group.
         trigger_signal: a signal name (e.g. ``"SIGUSR1"``) that opens a window; None: off.
-        trigger_cooldown: batches between the end of a triggered window and the next slow-step or
-            memory-growth window.
-        trigger_interval: seconds between checks of the file, signal, memory (and, with DDP, the
-            ranks' agreement); 0: every batch.
-        budget_windows: most windows in the run, scheduled and triggered together (None: no limit).
-            Part of the run budget, with ``budget_output_mb`` and ``budget_time_share``: past any of
-            them no window opens, with one warning naming the limit (docs/options.md).
+        trigger_cooldown: batches after a triggered window before the next slow-step or memory-growth one.
+        trigger_interval: seconds between checks of the file, signal, memory and DDP ranks; 0: every batch.
+        budget_windows: most windows in the run (None: no limit); past any budget limit, no window opens.
         scheduled_windows: False: no scheduled windows, only triggered ones.
-        spool_dir: where raw dumps wait for the writer (default: ``$TMPDIR``, else ``/tmp``, or
-            ``/var/tmp`` if ``/tmp`` is a RAM tmpfs; never ``/dev/shm``, which DataLoader workers
-            need); a window whose dump might not fit there is dropped with a warning.
-        writer_timeout: the most seconds training waits for the writer in the whole run, all waits
-            together (for room at a window's start, for the last windows at the end of fit); past
-            it the windows are dropped, the stuck writer is killed, and training goes on.
-        budget_output_mb: most megabytes of window files (traces and memory snapshots) in the run
-            (None: no limit).
-        budget_time_share: most share of the run's wall time that windows may add (their time from
-            opening to hand-off, less their batches' usual time), once they have added 3 s
-            (0.1 = 10%; None: no limit).
-        keep_windows: keep only the newest this many windows of the run on disk; older ones this
-            run wrote and finished are deleted (None: keep all). The end-of-run table counts all.
-        trace_workers: trace the train DataLoader's worker processes while they fetch a window's
-            batches (their own processes in the trace; docs/distributed.md).
-        worker_calls: what a traced worker records: ``"user"`` (the dataset's and collate
-            function's own code and the C calls it makes, not the library code under it: a fetch
-            costs about what it costs untraced) or ``"all"`` (every call, library code included).
+        spool_dir: where raw dumps wait for the writer (default: ``$TMPDIR``, else ``/tmp`` or ``/var/tmp``).
+        writer_timeout: most seconds training waits for the writer in the whole run; then its windows drop.
+        budget_output_mb: most megabytes of window files (traces, memory snapshots) in the run (None: no limit).
+        budget_time_share: most share of the run's time windows may add, past 3 s (0.1 = 10%; None: no limit).
+        keep_windows: keep only the newest this many of the run's windows on disk (None: keep all).
+        trace_workers: trace the train DataLoader's workers while they fetch a window's batches.
+        worker_calls: what a traced worker records: ``"user"`` (your dataset and collate code) or ``"all"``.
 
     Example::
 
         trainer = Trainer(callbacks=[VizTraceCallback(wait=1, warmup=1, active=3, repeat=2)])
-        trainer.fit(model)
-        # tensorboard --logdir lightning_logs  ->  the VT_LIGHTNING tab
+        trainer.fit(model)  # then: tensorboard --logdir lightning_logs, the VT_LIGHTNING tab
     """
 
     def __init__(
@@ -183,33 +146,26 @@ class VizTraceCallback(Callback):
         self.options: Options = make_options({name: arguments[name] for name in _PARAMETERS})
         self._controller = WindowController(self.options)
 
-    # "env" when made by the VT_LIGHTNING switch (``cli.lightning.callbacks_from_env``).
-    vt_lightning_source: str | None = None
+    vt_lightning_source: str | None = None  # "env" when made by the VT_LIGHTNING switch
 
     def __repr__(self) -> str:
-        s = self.options.schedule
-        return (
-            f"{type(self).__name__}(skip_first={s.skip_first}, wait={s.wait}, warmup={s.warmup}, "
-            f"active={s.active}, repeat={s.repeat}, stages={list(self.options.stages)})"
-        )
+        schedule = ", ".join(f"{name}={value}" for name, value in self.options.settings()["schedule"].items())
+        return f"{type(self).__name__}({schedule}, stages={list(self.options.stages)})"
 
     @property
     def state_key(self) -> str:
-        # The VT_LIGHTNING callback gets its own key: two stateful callbacks with the same key make
-        # Trainer() raise, and the env switch may meet one given in code or on the CLI.
+        # Trainer() refuses two stateful callbacks with one key: the VT_LIGHTNING one may meet another.
         if self.vt_lightning_source == "env":
             return self._generate_state_key(source="env")
         return super().state_key
 
-    # ------------------------------------------------------------------ what users read
     @property
     def schedule(self) -> Schedule:
         return self.options.schedule
 
     @property
     def results(self) -> list[WindowResult]:
-        """What the writer wrote for this run's newest windows (up to 16; ``keep_windows``-deleted
-        ones left out), complete after fit / the stage. Every window is in the end-of-run table."""
+        """What the writer wrote for this run's newest windows (up to 16; complete after the stage)."""
         return list(self._controller.outcomes.results)
 
     @property
@@ -223,33 +179,21 @@ class VizTraceCallback(Callback):
         return run.output if run is not None else None
 
     def _fault(self, err: Exception, hook: str) -> None:
-        """Where a Lightning hook enters vt_lightning, called from its ``except Exception``: a fault
-        in our code, raised from anywhere below, becomes one warning per kind
-        (``WindowController.fail``), the open window is dropped with nothing of it left installed,
-        and training goes on with its exit status. What is not ours goes on to Lightning, as do
-        KeyboardInterrupt and SystemExit: a setting the run cannot honour (``ConfigurationError``)
-        and what a signal handler of the process raised while our code ran (torch's for a dead
-        DataLoader worker, the user's own)."""
+        """A fault of ours becomes one warning per kind (``WindowController.fail``); a setting the run
+        cannot honour, or what a signal handler raised (a dead DataLoader worker's), goes on to Lightning."""
         if isinstance(err, ConfigurationError) or raised_by_signal_handler(err):
             raise err
         self._controller.fail(err, hook)
 
-    # ------------------------------------------------------------------ runs
     @_fault_boundary
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        callbacks = getattr(trainer, "callbacks", [])
-        given = [cb for cb in callbacks if isinstance(cb, VizTraceCallback) and cb.vt_lightning_source is None]
+        callbacks = [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, VizTraceCallback)]
+        given = [cb for cb in callbacks if cb.vt_lightning_source is None]
         if len(given) > 1:  # one tracer per process: two callbacks would fight over it
             raise TwoCallbacks(messages.two_callbacks([repr(cb) for cb in given]))
-        self._controller.setup(trainer, pl_module, stage_name(stage), self._superseded_by(trainer))
-
-    def _superseded_by(self, trainer: pl.Trainer) -> str | None:
-        """With VT_LIGHTNING set beside a callback given in code or on the CLI, that one profiles."""
-        if self.vt_lightning_source != "env":
-            return None
-        callbacks = getattr(trainer, "callbacks", [])
-        other = next((cb for cb in callbacks if isinstance(cb, VizTraceCallback) and cb is not self), None)
-        return repr(other) if other is not None else None
+        # With VT_LIGHTNING set beside a callback given in code or on the CLI, that one profiles.
+        other = next((cb for cb in callbacks if cb is not self), None) if self.vt_lightning_source == "env" else None
+        self._controller.setup(trainer, pl_module, stage_name(stage), repr(other) if other is not None else None)
 
     @_fault_boundary
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -270,25 +214,21 @@ class VizTraceCallback(Callback):
 
     @_fault_boundary
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        # Where ``state_dict`` would put it, but not through ``state_dict``: Lightning refuses two
-        # callbacks that override it with one ``state_key`` at Trainer() with a message that says
-        # nothing of what to do; ``setup`` says it instead.
+        # Not through ``state_dict``: Trainer() would refuse two such callbacks with no advice; setup gives it.
         state = {"completed_windows": sorted(self._controller.completed)}
         checkpoint.setdefault("callbacks", {})[self.state_key] = state
 
     @_fault_boundary
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # Lightning restores the global batch count; this guards against writing a window twice.
-        # The windows are those of training: they say nothing about a validate / test / predict run.
+        # No window written twice on resume; the windows are training's, not another stage's.
         if self._controller.stage in (None, "fit"):
             self._controller.completed = WindowNumbers(state_dict.get("completed_windows", []))
 
-    # ------------------------------------------------------------------ training batches
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        # Quiet batches: two clock reads for the untraced data wait, one attribute chain and one
-        # comparison. ``ready`` counts the batch in progress, so the global batch index is ``ready - 1``.
+        # Quiet batches: two clock reads, one attribute chain and one comparison; ``ready`` counts
+        # the batch in progress.
         try:
             controller = self._controller
             window, untraced = controller.window, controller.untraced
@@ -320,7 +260,6 @@ class VizTraceCallback(Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.not_a_step()  # the interval across an epoch boundary is no training step
 
-    # ------------------------------------------------------------------ validation inside fit, and the stages
     @_fault_boundary
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._controller.range("validation", begin=True)
@@ -332,27 +271,19 @@ class VizTraceCallback(Callback):
         self._controller.end_stage("validate")
 
     @_fault_boundary
-    def on_validation_batch_start(
-        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
+    def on_validation_batch_start(self, *args: Any, **kwargs: Any) -> None:
         self._controller.eval_batch_start("validate")
 
     @_fault_boundary
-    def on_validation_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
+    def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
         self._controller.eval_batch_end("validate")
 
     @_fault_boundary
-    def on_test_batch_start(
-        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
+    def on_test_batch_start(self, *args: Any, **kwargs: Any) -> None:
         self._controller.eval_batch_start("test")
 
     @_fault_boundary
-    def on_test_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
+    def on_test_batch_end(self, *args: Any, **kwargs: Any) -> None:
         self._controller.eval_batch_end("test")
 
     @_fault_boundary
@@ -360,15 +291,11 @@ class VizTraceCallback(Callback):
         self._controller.end_stage("test")
 
     @_fault_boundary
-    def on_predict_batch_start(
-        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
+    def on_predict_batch_start(self, *args: Any, **kwargs: Any) -> None:
         self._controller.eval_batch_start("predict")
 
     @_fault_boundary
-    def on_predict_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
+    def on_predict_batch_end(self, *args: Any, **kwargs: Any) -> None:
         self._controller.eval_batch_end("predict")
 
     @_fault_boundary
@@ -376,5 +303,4 @@ class VizTraceCallback(Callback):
         self._controller.end_stage("predict")
 
 
-# The options ``__init__`` takes, in order (the CLI and ``make_options`` read them by name).
 _PARAMETERS = tuple(inspect.signature(VizTraceCallback.__init__).parameters)[1:]

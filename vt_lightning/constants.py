@@ -1,9 +1,5 @@
-"""Names shared by every layer: file names, event names, environment variables, stages.
-
-One definition each, imported everywhere they are used. This module imports nothing from the
-package (every layer may import it) and nothing heavy (the writer process and the CLI read it).
-What a reader of the files can rely on is written in docs/files.md.
-"""
+"""Names shared by every layer, one definition each: file names (docs/files.md), event names,
+environment variables, stages. Imports nothing of the package and nothing heavy."""
 
 from __future__ import annotations
 

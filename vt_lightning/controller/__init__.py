@@ -1,5 +1,4 @@
-"""The window controller and what it drives in the training process: the lifecycle, the hand-off
-to the writer and the inbox of its answers, the triggers' wiring, the console messages."""
+"""The training process's decisions: the windows' lifecycle, the hand-off to the writer, the triggers."""
 
 from vt_lightning.controller.controller import WindowController
 

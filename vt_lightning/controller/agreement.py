@@ -1,26 +1,21 @@
-"""DDP: every rank opens the same triggered window at the same batch.
-
-Ranks see different step times and only some see the trigger file or the signal, so at each coarse
-check (the same batch on every rank: the check batches themselves are agreed) the ranks exchange
-what fired with ONE all-reduce (MAX) of ``1 + len(REASONS)`` int64s on a dedicated gloo group:
-
-* slot 0: minus the batches each rank proposes until the next check -> all agree on the smallest;
-* one slot per reason: ``(2**40 - batch) * 2**20 + (2**20 - 1 - rank)`` if it fired, else 0 -> the
-  earliest batch that fired, lowest rank on a tie, and who it was.
-
-Only when something fired, a second all-reduce (SUM of 2 float64s, the winner's value and
-baseline) gives every rank the measured numbers for its metadata. The window then warms up at
-the check batch itself on every rank. A gloo group keeps this off the GPU: no CUDA tensor, no
-stream sync, whatever backend the training uses. The encoding is pure and unit-tested with fake
-collectives (tests/test_triggers.py).
+"""DDP: every rank opens the same triggered window at the same batch. At each coarse check (the
+same batch on every rank) the ranks exchange what fired with one all-reduce (MAX) of
+``1 + len(REASONS)`` int64s on a gloo group of their own, off the GPU. Slot 0 holds minus the
+batches each proposes until the next check (the smallest wins); a slot per reason holds
+``(2**40 - batch) * 2**20 + (2**20 - 1 - rank)`` if it fired, else 0 (the earliest batch wins, the
+lowest rank on a tie). Only when something fired, a second all-reduce gives all the winner's numbers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from vt_lightning.analysis.triggers import REASONS, Firing
+import torch
+import torch.distributed as dist
+
+from vt_lightning.analysis.triggers import MEMORY_GROWTH, REASONS, SLOW_STEP, Firing
 
 _BATCH_LIMIT = 1 << 40
 _RANK_LIMIT = 1 << 20
@@ -65,11 +60,8 @@ class Agreement:
         self, firings: Sequence[Firing], gap: int, detail: Callable[[str], str | None] = lambda reason: None
     ) -> tuple[Firing | None, int]:
         if self.reduce_max is None or self.reduce_sum is None:  # one process: nothing to agree on
-            for reason in REASONS:
-                for firing in firings:
-                    if firing.reason == reason:
-                        return _with_rank(firing, self.rank), gap
-            return None, gap
+            first = min(firings, key=lambda firing: REASONS.index(firing.reason), default=None)  # by priority
+            return (dataclasses.replace(first, rank=self.rank) if first is not None else None), gap
         winner, agreed_gap = decode(self.reduce_max(encode(firings, gap, self.rank)))
         if winner is None:
             return None, agreed_gap
@@ -80,32 +72,14 @@ class Agreement:
             numbers = [1.0, float(mine.value), float(mine.baseline or 0.0)]
         have, value, baseline = self.reduce_sum(numbers)
         if mine is not None:
-            return _with_rank(mine, rank), agreed_gap
-        unit = "s" if reason == "slow_step" else "bytes" if reason == "memory_growth" else None
-        return Firing(
-            reason,
-            batch,
-            value if have else None,
-            baseline if have else None,
-            unit if have else None,
-            rank,
-            detail(reason),
-        ), agreed_gap
-
-
-def _with_rank(firing: Firing, rank: int) -> Firing:
-    if firing.rank == rank:
-        return firing
-    return Firing(firing.reason, firing.batch, firing.value, firing.baseline, firing.unit, rank, firing.detail)
+            return dataclasses.replace(mine, rank=rank), agreed_gap
+        unit = {SLOW_STEP: "s", MEMORY_GROWTH: "bytes"}.get(reason) if have else None
+        firing = Firing(reason, batch, value if have else None, baseline if have else None, unit, rank, detail(reason))
+        return firing, agreed_gap
 
 
 def first_failure(problem: str | None) -> tuple[int, str] | None:
-    """(rank, problem) of the lowest rank whose ``problem`` is not None, on every rank; None when no
-    rank has one. Collective once ``torch.distributed`` is initialised: every rank calls it, those
-    that failed and those that did not, so a check that fails on one rank stops all of them with the
-    same error instead of leaving the others waiting in their next collective."""
-    import torch.distributed as dist
-
+    """(rank, problem) of the lowest rank with a ``problem``, on every rank: one rank's failure stops all."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return (0, problem) if problem is not None else None
     gathered: list[str | None] = [None] * dist.get_world_size()
@@ -114,11 +88,7 @@ def first_failure(problem: str | None) -> tuple[int, str] | None:
 
 
 def gloo_agreement(rank: int, ranks: Sequence[int] | None) -> tuple[Agreement, Any]:
-    """An Agreement over a new gloo group of ``ranks`` (None: all). Every rank of the job must call
-    this (``new_group`` is collective), members or not; returns (agreement, group)."""
-    import torch
-    import torch.distributed as dist
-
+    """(An Agreement over a new gloo group of ``ranks`` (None: all), the group); collective."""
     group = dist.new_group(ranks=list(ranks) if ranks is not None else None, backend="gloo")
 
     def reduce_max(values: list[int]) -> list[int]:

@@ -1,6 +1,4 @@
-"""The run budget on the training thread: it times each window, adds up the bytes the writer
-reports, and once a limit is reached closes the window plan with one warning naming the limit and
-the option that raises it (docs/options.md, "Run budget")."""
+"""The run budget: past a limit it closes the plan, with one warning naming the option to raise."""
 
 from __future__ import annotations
 
@@ -10,17 +8,15 @@ from typing import Any
 
 from vt_lightning.analysis.budget import BudgetLimits, RunBudget
 from vt_lightning.analysis.sources import Planned, WindowPlan
+from vt_lightning.controller.messages import Warn
 from vt_lightning.export.job import WindowResult
 from vt_lightning.recording.window import ProfilingWindow
 
 
 class BudgetGuard:
-    """One per run. ``begin`` as a window begins; ``opened`` / ``closed`` around its recording;
-    ``received`` with the writer's answers."""
+    """``begin`` as a window begins, ``opened`` / ``closed`` around it, ``received`` the writer's answers."""
 
-    def __init__(
-        self, limits: BudgetLimits, warn: Callable[[str, str], Any], clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, limits: BudgetLimits, warn: Warn, clock: Callable[[], float] = time.monotonic) -> None:
         self.budget = RunBudget(limits, clock())
         self.warn = warn
         self.clock = clock
@@ -28,15 +24,12 @@ class BudgetGuard:
         self._opened_at: float | None = None
 
     def start(self, agree: Callable[[bool], bool], first_batch: int) -> None:
-        """At setup: how the ranks decide together (every rank asks, or with ``ranks`` none does: a
-        rank that does not trace never asks), and the run's first batch (fit's is the one after the
-        global batch read at setup)."""
+        """At setup: how the ranks decide together, and the run's first batch."""
         self.agree = agree
         self.budget.first_batch = first_batch
 
     def begin(self, plan: WindowPlan, planned: Planned) -> bool:
-        """Begin ``planned`` in ``plan`` if the budget allows; when it does not, close the plan (no
-        window begins for the rest of the run) and say so once."""
+        """Begin ``planned`` if the budget allows; else close the plan for the run, said once."""
         reached = self.budget.exhausted(self.clock(), planned.window.warmup_start)
         if self.agree(reached is not None):
             plan.close()
@@ -63,8 +56,7 @@ class BudgetGuard:
         self._opened_at = self.clock()
 
     def closed(self, window: ProfilingWindow | None = None) -> None:
-        """The window is handed off (or skipped, or failed): its time on the training thread counts,
-        less its batches' (those of its warmup and the active ones it recorded)."""
+        """The window is handed off (or skipped, or failed): its time counts, less its batches'."""
         if self._opened_at is not None:
             batches = (
                 0 if window is None else len(window.steps) + window.window.active_start - window.window.warmup_start
@@ -73,7 +65,7 @@ class BudgetGuard:
             self._opened_at = None
 
     def received(self, outcomes: Iterable[Any]) -> None:
-        """Bytes of the windows the writer finished (trace and memory snapshot, as it measured them)."""
+        """Bytes of the windows the writer finished (traces and memory snapshots)."""
         for outcome in outcomes:
             if isinstance(outcome, WindowResult):
                 self.budget.wrote(outcome.trace_bytes + outcome.memory_bytes)

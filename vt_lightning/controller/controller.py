@@ -1,10 +1,4 @@
-"""The window controller: one object per callback, driven by Lightning's hooks.
-
-At each batch boundary it asks the window plan (the schedule and the triggers) what phase the
-batch is in, looks the transition up in ``analysis.lifecycle.TRANSITIONS`` and runs the listed
-actions. A closed window becomes an immutable job for the writer; the writer's answers come back
-through the inbox, which is read here at batch starts and at the end of a run.
-"""
+"""The window controller: at a batch boundary, the plan's phase and ``analysis.lifecycle``'s actions."""
 
 from __future__ import annotations
 
@@ -34,6 +28,7 @@ from vt_lightning.controller.triggers import ArmedTriggers, agree, arm
 from vt_lightning.export.atomic import remove_stale_temporaries
 from vt_lightning.options import Options
 from vt_lightning.recording import clock_sync
+from vt_lightning.recording.children import reap_dump_children
 from vt_lightning.recording.memory import is_cuda_oom
 from vt_lightning.recording.pytracer import PythonTracer
 from vt_lightning.recording.spool import Spool, spool_directory
@@ -57,8 +52,7 @@ class WindowController:
         _LIVE.add(self)  # a forked child forgets this controller's windows: ``_forget_in_forked_child``
 
     def reset(self, stage: str | None) -> None:
-        """Forget the previous run (a callback reused on another Trainer profiles by its schedule),
-        or in a forked child, the parent's windows, writer and spool, with no wait, write or removal."""
+        """Forget the previous run, or in a forked child the parent's windows, with no wait, write or removal."""
         o = self.options
         self.stage = stage
         self.next_look: float = math.inf  # batches started up to here need no look (the hot path)
@@ -86,7 +80,6 @@ class WindowController:
         self.eval_step = -1  # batch index within a validate / test / predict stage
         self.train_started: tuple[int, int] | None = None  # (perf_counter_ns, global batch) at train start
 
-    # ------------------------------------------------------------------ runs
     def setup(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
         if stage not in self.options.stages:
             return
@@ -131,9 +124,7 @@ class WindowController:
         side_recorders.start_run(o, run, self.spool, trainer, self.plan, self.warn)  # DataLoader workers (workers.py)
 
     def train_start(self, trainer: Any) -> None:
-        """Fit's data is set up: start the writer ahead of the first window only if that window lies
-        within the run, so a run with no window in it starts no process (and not on the CPU, where
-        it starts at the first hand-off: ``BackgroundWriter.prestart``)."""
+        """Fit's length is known now: start the writer ahead of a first window within the run (``prestart``)."""
         if self.writer is not None and self.stage == "fit" and self.run is not None:
             now = runs.global_batch(trainer)
             self.train_started = (time.perf_counter_ns(), now)
@@ -180,14 +171,21 @@ class WindowController:
         writer, self.writer = self.writer, None
         try:  # a signal's exception on the way (Ctrl-C while the writer stops) still releases the run
             if writer is not None:
-                self._stop_writer(writer)
+                if not writer.close():
+                    self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
+                self._read_inbox(log=False)
+                self.outcomes.skipped = self.windows_skipped
+                messages.end_of_run(self._root(), self.outcomes, self.triggered_runs, self.stage)
         finally:
             side_recorders.end_run(self.trainer())
-            windows.release(self.spool, self.triggers)  # the triggers are kept for inspection until the next run
+            reap_dump_children()  # of windows interrupted between their dump and their hand-off
+            if self.spool is not None:
+                self.spool.remove()
+            if self.triggers is not None:
+                self.triggers.disarm()  # kept for inspection until the next run
             self.spool, self.slow, self.stage = None, None, None
             self.next_look = self.next_check = math.inf
 
-    # ------------------------------------------------------------------ batches
     def train_batch_start(self, trainer: Any, ready: int) -> None:
         """Past the callback's one-comparison gate (``ready``: batches started, this one included)."""
         slow = self.slow
@@ -231,7 +229,6 @@ class WindowController:
             return
         window.begin_range(kind) if begin else window.end_range(kind)
 
-    # ------------------------------------------------------------------ the table
     def _advance(self, step: int) -> None:
         if self.window is not None:
             self._run(_S, self.phase, phase_in(self.window.window, step), step)
@@ -296,8 +293,7 @@ class WindowController:
             self.budget.closed(window)
 
     def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
-        """Name the closed window's files, close its recording into the spool and give the job to
-        the writer; look at the next batch start for the answer."""
+        """Close the window's recording into the spool and give its job to the writer."""
         assert self.run is not None and self.spool is not None and self.writer is not None
         target, planned = window.window, self.planned
         trigger = planned.trigger if planned is not None else None
@@ -324,9 +320,7 @@ class WindowController:
         self._quiet_until(self.next_look)  # look at the next batch start for the answer
 
     def _fit_remaining(self) -> tuple[int | None, float | None]:
-        """Batches left to fit's end by its own limits, and the mean batch since train start in
-        seconds (validation and the window's own steps included: an overestimate); None where
-        unknown (another stage, no limit, no batch run yet)."""
+        """Batches left to fit's known end, and the mean batch since train start in seconds (None: unknown)."""
         trainer = self.trainer()
         if self.stage != "fit" or trainer is None or self.train_started is None:
             return None, None
@@ -339,9 +333,7 @@ class WindowController:
         return end - now - 1, (time.perf_counter_ns() - started_ns) / 1e9 / done
 
     def fail(self, err: Exception, hook: str) -> None:
-        """The fault boundary of the callback's hooks caught ``err``, a fault of vt_lightning's in
-        ``hook``: the open window is dropped with nothing of it installed, the user is told once
-        per kind of fault, and training goes on."""
+        """A hook's fault boundary caught ``err``: drop the open window, uninstalled, and warn once per kind."""
         window, self.window, self.phase = self.window, None, Phase.NONE
         if window is not None:
             self._skip(window.window)
@@ -353,7 +345,6 @@ class WindowController:
         self.windows_skipped += 1
         self._schedule_from(target.end)
 
-    # ------------------------------------------------------------------ triggers and the gate
     def _look_now(self) -> None:
         """From the signal handler: in one process, look at the very next batch."""
         if self.triggers is not None and self.triggers.request_now():
@@ -364,8 +355,7 @@ class WindowController:
         self._quiet_until(self.plan.next_boundary(step))
 
     def _quiet_until(self, boundary: float) -> None:
-        """Batches before ``boundary`` need no look (with the slow-step trigger: only its clock read);
-        while the writer owes answers, every batch start looks into the inbox."""
+        """Batches before ``boundary`` need no look (but the slow step's clock read); with answers owed, all do."""
         if self.triggers is not None:
             boundary = min(boundary, self.triggers.watch.next_check)
         if self.inbox.outstanding or self.outcomes.unlogged:
@@ -386,14 +376,6 @@ class WindowController:
     def _root(self) -> Any:
         return self.run.output if self.run is not None else None
 
-    def _stop_writer(self, writer: BackgroundWriter) -> None:
-        """Stop the writer (bounded), read its last answers and say where the run's files are."""
-        if not writer.close():
-            self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
-        self._read_inbox(log=False)
-        self.outcomes.skipped = self.windows_skipped
-        messages.end_of_run(self._root(), self.outcomes, self.triggered_runs, self.stage)
-
 
 def _python_filter(options: Options, pl_module: Any) -> PythonFilter:
     import viztracer  # noqa: F401  (imported now so its directory counts as library code)
@@ -409,17 +391,13 @@ def _python_filter(options: Options, pl_module: Any) -> PythonFilter:
 
 
 def _forget_in_forked_child() -> None:
-    """A child forked from a training process (``os.fork`` in user code, a multiprocessing "fork"
-    target, a non-persistent DataLoader worker) did not start the parent's windows: its controllers
-    forget them, with no wait, write or removal, so the child's exit (and any exception or teardown
-    hook Lightning runs in it) finds nothing to finish. Only the process that started a window
-    finishes it; the tracers stop themselves in the child (``recording.pytracer`` / ``torchtracer``
-    / ``rivals`` register their own handlers)."""
+    """Only the process that started a window finishes it: a forked child (a DataLoader worker, a "fork"
+    target) forgets the parent's, with no wait, write or removal (the tracers stop themselves)."""
     for controller in list(_LIVE):
         try:
             triggers = controller.triggers
-            if triggers is not None and triggers.signal is not None:
-                triggers.signal.restore()  # the child's copy of our handler; the parent keeps its own
+            if triggers is not None and triggers.watch.signal is not None:
+                triggers.watch.signal.restore()  # the child's copy of our handler; the parent keeps its own
             controller.reset(None)
         except BaseException:  # at a fork, in the child: the user's fork must never fail for our sake (Ctrl-C too)
             pass

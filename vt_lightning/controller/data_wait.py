@@ -1,13 +1,5 @@
-"""The data wait of the training steps outside windows, kept on every batch for a few clock reads,
-so that a window's ``input_bound`` verdict can tell the loader's own wait from what tracing the fetch
-added to it (``analysis/verdicts/input.py``). A wait counts when no window was open while the batch
-was fetched: torch.profiler in a window's warmup already lengthens an in-process fetch (by 2-4 ms
-on torch 2.4, measured).
-
-A step's wait is the time from one batch's ``on_train_batch_end`` to the next batch's
-``on_train_batch_start``: Lightning fetches the batch (and moves it to the device) in between. It
-holds a little more than the fetch (other callbacks' hooks, logging), so it errs towards a verdict.
-"""
+"""The data wait of steps outside windows (one batch's end to the next one's start), for ``input_bound``
+to tell the loader's own wait from what tracing added (even a warmup's torch.profiler adds some)."""
 
 from __future__ import annotations
 
@@ -20,10 +12,8 @@ UNTRACED_STEPS_KEPT = 32  # the last untraced steps the reading covers
 
 
 class UntracedWaits:
-    """A ring of the last untraced steps' (wait, busy) in seconds; vt_lightning's own work in the
-    batch hooks (opening or closing a window) is in neither. Quiet batches allocate nothing:
-    ``time.perf_counter`` floats come from CPython's float free list, the ring is an ``array`` of
-    doubles, and its index stays among the cached small ints."""
+    """A ring of the last untraced steps' (wait, busy) seconds. Quiet batches allocate nothing: floats
+    from CPython's free list, an ``array`` of doubles, an index among the cached small ints."""
 
     __slots__ = ("busy", "busy_last", "ended", "full", "slot", "started", "wait", "waits")
 
@@ -47,9 +37,7 @@ class UntracedWaits:
         self.started = now
 
     def batch_end(self, now: float, traced: bool) -> None:
-        """At the batch-end hook's entry; ``traced``: the step ran under the Python tracer. A step
-        whose window opened at its start (a warmup step: torch.profiler only) counts with its own
-        time; one whose Python tracer started there (``warmup=0``) with the last untraced step's."""
+        """At the batch-end hook's entry; ``traced``: the step ran under the Python tracer."""
         busy = self.busy_last if traced else now - self.started
         if self.wait >= 0 and self.started and busy > 0:
             slot = self.slot
@@ -67,7 +55,6 @@ class UntracedWaits:
         self.ended = now
 
     def not_a_step(self) -> None:
-        """The interval to the next batch start is no fetch (epoch edge, validation)."""
         self.ended = 0.0
 
     def reading(self) -> dict[str, Any] | None:

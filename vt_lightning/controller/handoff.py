@@ -1,29 +1,11 @@
-"""The training process's side of the writer: one background thread that hands windows, in order,
-to the writer process (``export/writer_process.py``), bounds how many are pending, and bounds how long training
-ever waits for it.
-
-Parsing, merging, encoding and compression run in the writer process, never on the training thread
-(nor in its process, where they would compete for the GIL). At most ``max_in_flight`` windows are
-pending, so memory stays bounded: when windows come faster than the disk takes them, the next window
-waits for room at its start (and says so) rather than growing the queue.
-
-Training waits for the writer at most ``timeout`` seconds *in all*, over the whole run: every wait
-(for room at a window's start, for the last windows at the end) spends from that one allowance. A
-writer that does not make room, or does not finish the last windows, in time is *abandoned*: its
-pending windows are dropped, its process is killed and reaped, and a fresh thread takes over, which
-writes later windows itself (the fallback path) and is never waited for again once the allowance is
-spent. The thread is a daemon, so a thread stuck in a hung filesystem call can never keep the
-interpreter from exiting.
-
-One exception to "never in its process": on the CPU, a window that closes a few seconds of steps
-before the run's end is *held* and finished on this thread when training stops, with no writer
-process at all (``finishes_at_end``): training's threads then no longer need the cores, and the
-process's start-up (~150 ms of CPU, a third of what a window costs a short run on busy cores) is
-never paid. Any wait by training (for room, for the end, an abandon) releases the hold at once.
-"""
+"""The training process's side of the writer: a daemon thread hands windows, in order, to the writer
+process (``export/writer_process.py``), off training's GIL. At most ``max_in_flight`` are pending, and
+training waits for the writer at most ``timeout`` seconds in all; a writer past it is abandoned (its
+windows dropped, its process killed) and a fresh thread writes later windows, never waited for."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import queue
@@ -31,12 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, wait
-from typing import Any
+from typing import Any, cast
 
 from lightning.pytorch.utilities import rank_zero_info
 
 from vt_lightning.constants import WRITER_TIMEOUT_S
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
+from vt_lightning.controller.messages import GOES_ON, Warn
 from vt_lightning.controller.remote import deliver
 from vt_lightning.export.atomic import remove_stale_temporaries
 from vt_lightning.export.job import WindowJob, WindowResult
@@ -49,34 +32,19 @@ from vt_lightning.recording.children import DumpChildFailed
 from vt_lightning.recording.spool import SpoolError
 from vt_lightning.recording.window import ClosedWindow
 
-# Finish windows in a separate writer process (see ``export/writer_process.py``); False keeps everything on the
-# writer thread of the training process (tests that inject faults into ``finish`` use that).
+# False finishes windows on the writer thread, with no writer process (fault-injection tests).
 USE_WRITER_PROCESS = True
-# The writer process starts in the background at train start (at setup outside fit) when the first
-# window warms up at least this many batches later (its start-up then overlaps quiet steps, not the
-# window's) and within the run; else at hand-off (``BackgroundWriter.prestart``).
-PRESTART_LEAD_BATCHES = 8
-# CPU training starts the writer at the first hand-off instead (``prestart(cpu_bound=True)``): its
-# start-up cannot hide on a spare core there, and in a quiet step it cost batch 0 up to 170 ms on 2
-# busy cores (docs/performance.md, "Short runs"). False restores the start ahead (the benchmark's
-# ``vt_ahead``).
+PRESTART_LEAD_BATCHES = 8  # the writer process starts ahead of a window this far off (``prestart``)
+# CPU training starts the writer at the first hand-off: its start-up cannot hide on a spare core
+# (docs/performance.md, "Short runs"). False starts it ahead (the benchmark's ``vt_ahead``).
 HAND_OFF_START_ON_CPU = True
-# CPU training: a window that closes when the run's known end is at most this many seconds of steps
-# away is held and finished in this process when training stops (``finishes_at_end``); 0 turns it
-# off (tests whose subject is the writer process).
-FINISH_AT_END_WITHIN_S = 5.0
-_GOES_ON = "training goes on, and later windows that fail the same way are not reported again."
+FINISH_AT_END_WITHIN_S = 5.0  # seconds of steps before the run's end for ``finishes_at_end``; 0: off
 SAY_WAIT_S = 0.25  # an end-of-run wait for the writer at least this long is said on the console
 
 
 def finishes_at_end(cpu_bound: bool, process_started: bool, batches_left: int | None, step_s: float | None) -> bool:
-    """Whether a closing window is held and finished in the training process at the run's end.
-
-    Only where the writer process would start for it (training on the CPU, none running yet:
-    ``HAND_OFF_START_ON_CPU``) and the run's end is known and near: ``batches_left`` (to the end by
-    the run's own limits) times ``step_s`` (the run's mean batch so far) within
-    ``FINISH_AT_END_WITHIN_S``. Further away, the window's files would come too late to be worth
-    the start-up saved."""
+    """Whether a closing window is held and finished in this process once training stops: where the
+    writer process would start for it and the run's known end is within ``FINISH_AT_END_WITHIN_S``."""
     if not (cpu_bound and HAND_OFF_START_ON_CPU) or process_started:
         return False
     if batches_left is None or step_s is None or batches_left < 0 or step_s <= 0:
@@ -89,16 +57,8 @@ class WriterAbandoned(RuntimeError):
 
 
 class StallAllowance:
-    """How long training may still wait for the writer: ``timeout`` less the waits since the writer
-    last finished a window, or since the run began once a writer was abandoned.
-
-    A finished window proves the writer is not stuck, so the waits before it stop counting. Before
-    this, every wait of a run added up: a long run whose windows came faster than the writer
-    finished them spent the allowance on that back-pressure alone (about 50 ms a window: spent by
-    window ~1,200 of 2,000 in benchmarks/long_run.py), then dropped every window that found the
-    writer busy, killed the writer each time and wrote later windows on the fallback thread, in the
-    training process. Once a writer was abandoned, nothing refills it: a run waits for a stuck
-    writer once in all."""
+    """``timeout`` less the waits since the writer last finished a window, proof it was not stuck (once
+    one was abandoned, all waits): a long run's back-pressure never adds up to an abandon."""
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
@@ -112,10 +72,8 @@ class StallAllowance:
         if not self.for_good:
             self.blocked = 0.0
 
-    def left(self, timeout: float | None = None) -> float:
-        """Seconds the next wait may take: ``timeout`` (default: the writer's) within what is left."""
-        limit = self.timeout if timeout is None else timeout
-        return max(0.0, min(limit, self.timeout - self.blocked))
+    def left(self) -> float:
+        return max(0.0, self.timeout - self.blocked)
 
     def waited(self, start: float) -> None:
         """A wait that began at ``start`` ended: the part of it after the last finished window counts."""
@@ -124,18 +82,14 @@ class StallAllowance:
 
 
 class BackgroundWriter:
-    """One worker thread that finishes windows in order, handing the heavy part to a writer process.
-
-    The thread is started outside any window, so it never inherits a tracer hook; the process is a
-    fresh interpreter (see ``export/writer_process.writer_command``), which inherits none either.
-    """
+    """One thread finishing windows in order through a writer process, both started outside windows."""
 
     def __init__(
         self,
         max_in_flight: int = 2,
         use_process: bool | None = None,
         timeout: float = WRITER_TIMEOUT_S,
-        on_problem: Callable[[str, str], Any] | None = None,
+        on_problem: Warn | None = None,
     ) -> None:
         self.max_in_flight = max_in_flight
         self.use_process = USE_WRITER_PROCESS if use_process is None else use_process
@@ -145,8 +99,7 @@ class BackgroundWriter:
         self.process_error: BaseException | None = None
         self.abandoned = 0  # how many times a stuck writer was given up
         self.allowance = StallAllowance(timeout)  # how long training may still wait for it
-        self._futures: list[Future[Any]] = []
-        self._windows: dict[Future[Any], int] = {}  # window index of each pending hand-off
+        self._futures: dict[Future[Any], int | None] = {}  # pending, in order; a hand-off's window index
         self._held: dict[Future[Any], ClosedWindow] = {}  # held hand-offs not done (abandon drops queued ones)
         self._lock = threading.Lock()
         self._generation = 0
@@ -156,7 +109,6 @@ class BackgroundWriter:
         self._ending = False
         self._thread = self._start_thread()
 
-    # ------------------------------------------------------------------ the worker thread
     def _start_thread(self) -> threading.Thread:
         thread = threading.Thread(
             target=self._loop,
@@ -183,20 +135,15 @@ class BackgroundWriter:
                 _settle(future, result=result)
             self.allowance.progressed()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    def submit(self, fn: Callable[..., Any], *args: Any, window: int | None = None) -> Future[Any]:
         future: Future[Any] = Future()
         with self._lock:
-            self._futures.append(future)
+            self._futures[future] = window
             self._queue.put((future, fn, args))
         return future
 
-    # ------------------------------------------------------------------ the writer process
     def writer_process(self) -> Any:
-        """The writer process, started on the writer thread: at train start (at setup outside fit)
-        when the first window is far enough ahead (``prestart``; not when training is on the CPU),
-        else at the first window's hand-off, so a window's own steps never share the CPU with its
-        start-up; None when there is none (disabled, or it could not start: windows are then
-        finished on this thread)."""
+        """The writer process, started on this thread; None when off or failed (then windows are written here)."""
         if self.process is None and self.use_process and self.process_error is None:
             try:
                 self.process = WriterProcess()
@@ -205,16 +152,7 @@ class BackgroundWriter:
         return self.process
 
     def prestart(self, first_warmup: float, now: int, run_end: int | None, *, cpu_bound: bool = False) -> None:
-        """Start the writer process in the background (on the writer thread) when the first window
-        is far enough ahead for its start-up to end before the window, and within the run: its
-        start-up and its first imports are then off the window's critical path and the end of fit.
-        With no window coming, or the first one past ``run_end`` (the batch count at which the run
-        stops by its limits, None if unknown), nothing starts: a run with no window pays no writer.
-
-        ``cpu_bound`` (training on the CPU, whose threads take every core; ``HAND_OFF_START_ON_CPU``):
-        nothing starts ahead either. There the start-up (~50 ms of CPU) cannot hide on a spare
-        core: started ahead it slowed batch 0 by 50-170 ms on 2 cores (``benchmarks/short_run.py``),
-        for the same fit total as a start at the first hand-off."""
+        """Start the writer process when a first window is far enough ahead and before ``run_end``."""
         if cpu_bound and HAND_OFF_START_ON_CPU:
             return
         if math.isinf(first_warmup) or first_warmup - now < PRESTART_LEAD_BATCHES:
@@ -225,22 +163,18 @@ class BackgroundWriter:
 
     @property
     def process_started(self) -> bool:
-        """Whether a writer process is (being) started: a held window would save nothing."""
+        """Whether a writer process is (being) started: holding a window would save nothing."""
         return self.process is not None or not self.use_process or self.process_error is not None
 
     def hand_off(self, closed: ClosedWindow, *, at_end: bool = False) -> Future[Outcome]:
-        """Queue a closed window; its future answers with exactly one outcome, never raises.
-        ``at_end``: hold it until training stops or waits (``finishes_at_end``); a window handed
-        off without it releases the held ones first, to the writer process."""
+        """Queue a closed window (``at_end``: held, see ``finishes_at_end``); its future answers once, never raises."""
         if not at_end:
             self._release(ending=False)
-        future = self.submit(self._finish, closed, at_end)
+        window = closed.job.metadata.get("window")
+        future = self.submit(self._finish, closed, at_end, window=window if isinstance(window, int) else None)
         if at_end:
             with self._lock:
                 self._held[future] = closed
-        window = closed.job.metadata.get("window")
-        if isinstance(window, int):
-            self._windows[future] = window
         return future
 
     def _finish(self, closed: ClosedWindow, at_end: bool = False) -> Outcome:
@@ -251,25 +185,16 @@ class BackgroundWriter:
         except WriterAbandoned:  # reported once, when the writer was given up
             return Dropped(None)
         except DumpChildFailed as err:  # a dump child stuck (killed and reaped) or crashed
-            return Dropped(Notice(f"dump:{type(err).__name__}", f"vt_lightning: window dropped: {err}; {_GOES_ON}"))
+            key, text = f"dump:{type(err).__name__}", f"window dropped: {err}; {GOES_ON}"
         except SpoolError as err:  # the raw dumps, not the output directory, are the problem
-            return Dropped(
-                Notice(f"spool:{err.errno}", f"vt_lightning: window dropped: {err.strerror}; training goes on.")
-            )
+            key, text = f"spool:{err.errno}", f"window dropped: {err.strerror}; training goes on."
         except Exception as err:  # the writer job's boundary: any fault drops this window with one notice
-            return Dropped(
-                Notice(
-                    f"write:{type(err).__name__}:{job.run_dir.parent}",
-                    f"vt_lightning: could not write the window to {job.run_dir} ({type(err).__name__}: {err}); "
-                    + _GOES_ON,
-                )
-            )
+            key = f"write:{type(err).__name__}:{job.run_dir.parent}"
+            text = f"could not write the window to {job.run_dir} ({type(err).__name__}: {err}); {GOES_ON}"
+        return Dropped(Notice(key, f"vt_lightning: {text}"))
 
     def run(self, closed: ClosedWindow, at_end: bool = False) -> WindowResult:
-        """Finish a closed window (on the writer thread): complete its raw dumps here, then write it
-        in the writer process if there is one, else on this thread. A held window (``at_end``)
-        waits for its release first and, released by the run's end with no process started, is
-        finished here."""
+        """On the writer thread: complete the raw dumps, then write the window in the writer process or here."""
         job = closed.job
         generation = self._generation
         here = False  # released by the run's end with no writer process: finish it on this thread
@@ -291,8 +216,7 @@ class BackgroundWriter:
         if process is None:
             return finish_window(job)
         try:
-            result: WindowResult = process.call(job)
-            return result
+            return cast(WindowResult, process.call(job))
         except (EOFError, OSError, ValueError) as err:  # the process died (killed, crashed) mid-window
             process.close(timeout=1.0)  # reap it
             remove_stale_temporaries(job.run_dir.parent, pid=process.pid)
@@ -309,24 +233,18 @@ class BackgroundWriter:
             )
             return finish_window(job)
 
-    # ------------------------------------------------------------------ bounded waits
     def _pending(self) -> list[Future[Any]]:
         with self._lock:
-            self._futures = [f for f in self._futures if not f.done()]
-            for done in [f for f in self._windows if f.done()]:
-                del self._windows[done]
+            self._futures = {f: window for f, window in self._futures.items() if not f.done()}
             self._held = {f: c for f, c in self._held.items() if not f.done()}
             return list(self._futures)
 
     def in_flight(self) -> int:
-        """Windows submitted and not finished (nor dropped)."""
         return len(self._pending())
 
-    def wait_for_room(self, timeout: float | None = None) -> tuple[float, bool]:
-        """Wait until fewer than ``max_in_flight`` windows are pending, within the allowance.
-        Returns (seconds waited, whether there is room). After a timeout the writer is abandoned;
-        once one has been, no later window waits at all."""
-        limit = self.allowance.left(timeout)
+    def wait_for_room(self) -> tuple[float, bool]:
+        """(seconds waited, room?) within the allowance; past it the writer is abandoned, and no window waits again."""
+        limit = self.allowance.left()
         start = time.monotonic()
         try:
             return self._wait_for_room(limit, start)
@@ -347,14 +265,13 @@ class BackgroundWriter:
             self.abandon()
         return waited, False
 
-    def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted window is on disk (or failed), within the allowance; abandon
-        the writer and return False if it did not finish."""
+    def drain(self) -> bool:
+        """Wait until every submitted window is written (or failed), within the allowance; else abandon."""
         start = time.monotonic()
-        deadline = start + self.allowance.left(timeout)
+        deadline = start + self.allowance.left()
         self._release(ending=True)  # training has stopped: held windows are finished on the writer thread
         pending = self._pending()
-        windows = sorted(self._windows[f] for f in pending if f in self._windows)
+        windows = sorted(window for window in self._futures.values() if window is not None)
         try:
             for future in pending:
                 if not _settles(future, deadline - time.monotonic()):
@@ -364,18 +281,18 @@ class BackgroundWriter:
         finally:
             waited = time.monotonic() - start
             self.allowance.waited(start)
-            if waited >= SAY_WAIT_S and windows:
-                _say_waited(waited, windows)
+            if waited >= SAY_WAIT_S and windows:  # rank 0 only
+                which = f"window {windows[0]}" if len(windows) == 1 else "windows " + ", ".join(map(str, windows))
+                rank_zero_info(f"vt_lightning: waited {waited:.1f} s for the writer to finish {which}")
 
     def abandon(self) -> None:
-        """Give up on a stuck writer: drop its pending windows, kill and reap its process, and
-        start a fresh thread (the stuck one is a daemon and dies with the interpreter)."""
+        """Drop the pending windows, kill and reap the process, and start a fresh thread."""
         with self._lock:
             self.abandoned += 1
             self.allowance.for_good = True
             self._generation += 1
             self.use_process = False  # the fallback: later windows are written by the fresh thread
-            futures, self._futures = self._futures, []
+            futures, self._futures = self._futures, {}
             old_queue, self._queue = self._queue, queue.SimpleQueue()
             process, self.process = self.process, None
             held, self._held = self._held, {}
@@ -391,13 +308,11 @@ class BackgroundWriter:
             process.kill()
         self._thread = self._start_thread()
 
-    def close(self, timeout: float | None = None) -> bool:
-        """Drain (bounded), stop the thread and the process; True when nothing was abandoned.
-        Interrupted (a signal's KeyboardInterrupt or SystemExit), the thread and the process are
-        still stopped, within their bounds, before the interruption goes on."""
+    def close(self) -> bool:
+        """Drain, then stop the thread and the process, also when interrupted; True unless abandoned."""
         finished = False
         try:
-            finished = self.drain(timeout)
+            finished = self.drain()
         finally:
             self._queue.put(None)
             try:
@@ -418,10 +333,7 @@ class BackgroundWriter:
 
 
 def _finish_with_collector_paused(job: WindowJob) -> WindowResult:
-    """A held window, finished on the writer thread once training stopped, with the collector
-    paused as in the writer process (``writer_process._serve``): the window's events are acyclic,
-    and a full collection over training's heap, triggered by their allocations, cost a window there
-    half its time. The collector stays paused only while this runs; training's thread is waiting."""
+    """A held window, the collector paused as in the writer process: collections over training's heap cost half."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -431,27 +343,16 @@ def _finish_with_collector_paused(job: WindowJob) -> WindowResult:
             gc.enable()
 
 
-def _say_waited(seconds: float, windows: list[int]) -> None:
-    """One console line when the end of a run waited for the writer (rank 0 only)."""
-    which = f"window {windows[0]}" if len(windows) == 1 else "windows " + ", ".join(str(w) for w in windows)
-    rank_zero_info(f"vt_lightning: waited {seconds:.1f} s for the writer to finish {which}")
-
-
 def _settles(future: Future[Any], timeout: float) -> bool:
-    """Whether ``future`` is done within ``timeout`` seconds. Its own outcome is never raised here
-    (each hand-off's answers through the inbox), while whatever a signal handler raises in this
-    thread during the wait (KeyboardInterrupt, a handler's ``sys.exit``) goes on to the caller:
-    the exit status stays the user's."""
+    """Whether ``future`` is done in time; never raises its outcome, only a signal handler's exception."""
     done, _ = wait([future], timeout=max(0.0, timeout))
     return bool(done)
 
 
 def _settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
     """Complete ``future`` unless it already is (abandoned, or settled by the other side)."""
-    try:
+    with contextlib.suppress(InvalidStateError):
         if error is not None:
             future.set_exception(error)
         else:
             future.set_result(result)
-    except InvalidStateError:
-        pass

@@ -1,11 +1,4 @@
-"""The one way back from the writer: an inbox the training thread reads at safe points.
-
-The writer thread only ever *puts* into the inbox: a ``WindowResult`` (written), a ``Dropped`` (why
-a window was lost) or a ``Notice`` (a problem worth one warning). It never touches the controller.
-The training thread reads the inbox at step boundaries (while windows are outstanding, every batch
-start looks) and at the end of a run; that is where results are kept, warnings are raised and
-summaries go to Lightning's loggers, which are not thread-safe.
-"""
+"""The one way back from the writer, read on the training thread, where Lightning's loggers are safe."""
 
 from __future__ import annotations
 
@@ -20,7 +13,9 @@ from typing import Any
 from vt_lightning.analysis.history import RunHistory, row_of
 from vt_lightning.constants import BROWSER_LIMIT_BYTES, LOGGER_NAME
 from vt_lightning.controller.loggers import log_summary
-from vt_lightning.controller.messages import job_written, print_verdicts
+from vt_lightning.controller.messages import Warn, job_written, print_verdicts
+from vt_lightning.controller.retention import Retention
+from vt_lightning.controller.windows_table import WindowsTable
 from vt_lightning.export.job import WindowResult
 
 log = logging.getLogger(LOGGER_NAME)
@@ -28,8 +23,6 @@ log = logging.getLogger(LOGGER_NAME)
 RESULTS_KEPT = 16  # newest WindowResults kept (``VizTraceCallback.results``); the rest: ``history``
 UNLOGGED_KEPT = 64  # summaries waiting for a batch outside any window to reach the loggers
 VERDICT_WINDOWS = 5  # windows whose verdicts are printed; later ones are in their summary files
-
-Warn = Callable[[str, str], Any]
 
 
 @dataclass(frozen=True)
@@ -51,17 +44,14 @@ Outcome = WindowResult | Dropped | Notice
 
 
 class Inbox:
-    """Thread-safe in, training thread out. ``outstanding`` counts windows handed off and not yet
-    answered; only the training thread changes it."""
+    """Thread-safe in, training thread out; ``outstanding``: windows handed off and not answered."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self.outstanding = 0
 
     def expect(self, answer: Future[Outcome]) -> None:
-        """On the training thread, at hand-off: the writer's future answer for one window. Exactly
-        one outcome arrives for it, also when the writer is abandoned (then ``Dropped(None)``: the
-        abandonment was reported when it happened)."""
+        """At hand-off: exactly one outcome arrives for ``answer`` (``Dropped(None)``: abandoned, said)."""
         self.outstanding += 1
         answer.add_done_callback(self._answered)
 
@@ -83,10 +73,7 @@ class Inbox:
         """On the training thread: everything that arrived, in order."""
         out: list[Outcome] = []
         while not self._queue.empty():  # polled every batch while answers are owed: no exception
-            try:
-                outcome = self._queue.get_nowait()
-            except queue.Empty:
-                return out
+            outcome = self._queue.get_nowait()  # the one reader: never empty here
             if not isinstance(outcome, Notice):
                 self.outstanding -= 1
             out.append(outcome)
@@ -94,28 +81,23 @@ class Inbox:
 
 
 class Outcomes:
-    """What the training thread keeps of the writer's answers, bounded however long the run: the
-    newest results, one small row per window in ``history`` (and in ``table``'s file, which holds
-    them all), and summaries not yet given to the loggers."""
+    """What the training thread keeps of the writer's answers, bounded however long the run."""
 
     def __init__(self, warn: Warn, tracer_entries: int) -> None:
         self.warn = warn
         self.tracer_entries = tracer_entries
         self.results: deque[WindowResult] = deque(maxlen=RESULTS_KEPT)
         self.history = RunHistory()
-        # Summaries not yet given to the loggers: they wait for a batch start outside any window,
-        # which back-to-back windows never leave; past UNLOGGED_KEPT the oldest are not logged.
+        # Summaries wait for a batch start outside any window; past UNLOGGED_KEPT the oldest are not logged.
         self.unlogged: deque[WindowResult] = deque(maxlen=UNLOGGED_KEPT)
-        self.unlogged_dropped = 0
-        self.table: Any = None  # windows_table.WindowsTable: every row, on disk (set at setup)
-        self.retention: Any = None  # retention.Retention: deletes windows past ``keep_windows``
+        self.table: WindowsTable | None = None  # every row, on disk (set at setup)
+        self.retention: Retention | None = None  # deletes windows past ``keep_windows``
         self._verdicts_shown = 0
         self.dropped = 0  # windows the writer answered for without writing them (each kind warned once)
         self.skipped = 0  # windows skipped at their start (set by the controller at the end of a run)
 
     def not_written(self) -> str | None:
-        """The end of a run's line for the windows it opened or scheduled and did not write, each
-        reported once per kind of problem as it happened; None when every one was written."""
+        """The end of a run's line for the windows it did not write; None when it wrote them all."""
         if not (self.dropped or self.skipped):
             return None
         parts = [
@@ -126,9 +108,6 @@ class Outcomes:
 
     def start(self, spool: Any, submit: Callable[..., Any], keep_windows: int | None) -> None:
         """At setup, once the run has a spool and a writer (whose thread deletes old windows)."""
-        from vt_lightning.controller.retention import Retention
-        from vt_lightning.controller.windows_table import WindowsTable
-
         self.table = WindowsTable(spool)
         self.retention = Retention(keep_windows, submit)
 
@@ -179,7 +158,6 @@ class Outcomes:
             job_written(result.trace_path, result.job)
         if result.summary is not None:
             if len(self.unlogged) == UNLOGGED_KEPT:
-                self.unlogged_dropped += 1
                 self.warn(
                     "unlogged",
                     "vt_lightning: windows follow each other with no batch outside a window, where "

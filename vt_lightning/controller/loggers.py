@@ -1,15 +1,11 @@
-"""A window's summary into every logger of the Trainer, through Lightning's logger API.
-
-Called on the training thread only (Lightning's loggers are not thread-safe): at the first batch
-start after the writer returned a window, and at the end of fit. Scalars go through
-``logger.log_metrics`` (so TensorBoard, CSV, W&B, MLflow all get them); loggers whose
-``experiment`` takes text (TensorBoard's ``SummaryWriter.add_text``) also get the markdown report.
-"""
+"""A window's summary into the Trainer's loggers, on the training thread (they are not thread-safe)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from vt_lightning.analysis.schema import Summary
 
@@ -42,11 +38,7 @@ def summary_scalars(summary: Summary) -> dict[str, float]:
 
 
 def log_summary(loggers: Iterable[Any], summary: Summary, markdown: str | None = None) -> None:
-    """Scalars (and, where the logger takes text, the markdown) at the window's last global step.
-
-    Raises the first logger error after trying every logger, so one broken logger never starves
-    the others; the caller turns it into a warning.
-    """
+    """Scalars (and the markdown) at the window's log step; raises the first error after every logger."""
     window = summary.get("window") or {}
     step = window.get("log_step")
     step = int(step) if isinstance(step, (int, float)) else None
@@ -67,12 +59,5 @@ def log_summary(loggers: Iterable[Any], summary: Summary, markdown: str | None =
 
 
 def _experiment(logger: Any) -> Any:
-    """TensorBoard's SummaryWriter, when this logger is TensorBoard's (asking other loggers for
-    ``experiment`` may start a remote run, so only TensorBoard loggers are asked)."""
-    try:
-        from lightning.pytorch.loggers import TensorBoardLogger
-    except ImportError:  # pragma: no cover
-        return None
-    if isinstance(logger, TensorBoardLogger):
-        return logger.experiment
-    return None
+    """TensorBoard's SummaryWriter; other loggers are not asked (their ``experiment`` may start a remote run)."""
+    return logger.experiment if isinstance(logger, TensorBoardLogger) else None

@@ -1,6 +1,4 @@
-"""What the user reads about windows: one warning per kind of problem (``WarnOnce``), cut windows,
-runs that recorded nothing, the end-of-run table and the commands that open the files. Texts only;
-the controller decides when."""
+"""What the user reads: one warning per kind of problem (``WarnOnce``) and the console's texts."""
 
 from __future__ import annotations
 
@@ -15,16 +13,23 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from vt_lightning.analysis.schedule import Schedule, Window
+from vt_lightning.analysis.schedule import Window
 from vt_lightning.analysis.schema import Summary
+from vt_lightning.analysis.verdict_report import verdict_line
 from vt_lightning.constants import LOGGER_NAME
+from vt_lightning.controller.watch import TriggerWatch
+from vt_lightning.export.report import print_history_table, straggler_text
+from vt_lightning.options import Options
+from vt_lightning.recording.rivals import RivalProfiler
+from vt_lightning.recording.unsafe_names import UnsafeImport
 
 log = logging.getLogger(LOGGER_NAME)
+Warn = Callable[[str, str], Any]  # (key, message): said once per key (``WarnOnce``)
+GOES_ON = "training goes on, and later windows that fail the same way are not reported again."
 
 
 class WarnOnce:
-    """One warning per kind of problem (``key``), not one per window: every warning the user sees
-    about windows goes through the controller's one ``WarnOnce``, from any thread."""
+    """One warning per kind of problem (``key``), not one per window, from any thread."""
 
     def __init__(self) -> None:
         self._seen: set[str] = set()
@@ -39,21 +44,12 @@ class WarnOnce:
         return True
 
 
-def stage_label(stage: str | None) -> str:
-    return "" if stage in (None, "fit") else f"{stage} "
-
-
 def warn_cut_window(
-    warn: Callable[[str, str], Any],
-    stage: str | None,
-    target: Window,
-    steps: Sequence[int],
-    reason: str,
-    recorded_before: int,
+    warn: Warn, stage: str | None, target: Window, steps: Sequence[int], reason: str, recorded_before: int
 ) -> None:
     """A window that ends before its last scheduled batch says so once, with what it holds."""
     scheduled = f"{target.active_start}-{target.last_step}"
-    label = stage_label(stage)
+    label = "" if stage in (None, "fit") else f"{stage} "
     if steps:
         warn(
             f"cut:{target.index}",
@@ -68,16 +64,15 @@ def warn_cut_window(
         )
 
 
-def nothing_recorded(options: Any, stage: str | None, batches: int, skipped: int) -> None:
+def nothing_recorded(options: Options, stage: str | None, batches: int, skipped: int) -> None:
     """One line when a run ends without any window, saying why (short run, warmup, skips)."""
-    schedule: Schedule = options.schedule
-    scheduled_windows: bool = options.scheduled_windows
+    schedule = options.schedule
     first = schedule.window(0)
     stage = stage or "fit"
     unit = "training batch(es)" if stage == "fit" else f"{stage} batch(es)"
     if skipped:
         why = f"{skipped} window(s) were skipped (see the warnings above)"
-    elif not scheduled_windows:
+    elif not options.scheduled_windows:
         why = f"{stage} ran {batches} {unit} with only triggers opening windows, and none fired"
     elif batches <= first.warmup_start:
         why = (
@@ -95,48 +90,32 @@ def nothing_recorded(options: Any, stage: str | None, batches: int, skipped: int
     )
 
 
-def end_of_run(
-    root: Path | None, outcomes: Any, triggered_runs: Sequence[tuple[str, Any]], stage: str | None = None
-) -> None:
-    """After a run that wrote windows: the full table into the output root (rank 0), then the
-    bounded table and the commands on the console."""
-    history = outcomes.history
-    if history.count:
-        print_end_of_run(
-            root,
-            outcomes,
-            [f"{name}: {firing.describe()}" for name, firing in triggered_runs],
-            stage,
-        )
-
-
 TRIGGERED_SHOWN = 5  # triggered windows named at the end of a run (the latest)
 
 
 @rank_zero_only
-def print_end_of_run(root: Path | None, outcomes: Any, triggered: list[str], stage: str | None = None) -> None:
-    """The windows' table (the same size for any number of windows), why the latest triggered
-    windows opened, and commands that work without an activated venv."""
+def end_of_run(
+    root: Path | None, outcomes: Any, triggered_runs: Sequence[tuple[str, Any]], stage: str | None = None
+) -> None:
+    """After a run that wrote windows: the full table into the output root, a bounded one on the console."""
+    history = outcomes.history
+    if not history.count:
+        return
     python = os.path.normpath(sys.executable)  # `../.venv/bin/python train.py` gives a path with `..` in it
     command = f"{python} -m vt_lightning"
-    history = outcomes.history
     full_table = outcomes.table.write(root, stage, history) if outcomes.table is not None else None
     if history.step.count or history.first:
-        from vt_lightning.export.report import print_history_table
-
         try:
             print_history_table(history)
         except Exception as err:  # a console problem never fails the run
             log.warning("vt_lightning: could not print the summary table (%s)", err)
-    if len(triggered) > TRIGGERED_SHOWN:
-        triggered = [f"... {len(triggered) - TRIGGERED_SHOWN} earlier triggered windows", *triggered[-TRIGGERED_SHOWN:]]
     deleted = f" ({history.deleted} older ones deleted by keep_windows)" if history.deleted else ""
-    lost = outcomes.not_written() if hasattr(outcomes, "not_written") else None
+    lost = outcomes.not_written()
     deleted += f"; {lost}" if lost else ""
     where = Path(os.path.abspath(root)) if isinstance(root, Path) else root  # works from any directory
     rank_zero_info(
         f"vt_lightning: {history.count} window trace(s) in {where}{deleted}\n"
-        + "".join(f"  {line}\n" for line in triggered)
+        + "".join(f"  {name}: {firing.describe()}\n" for name, firing in triggered_runs)
         + (f"  table:   {full_table}  (every window)\n" if full_table else "")
         + f"  summary: {command} summary {where}\n"
         f"  view:    {command} view {where}   (Perfetto UI, offline)\n"
@@ -146,16 +125,10 @@ def print_end_of_run(root: Path | None, outcomes: Any, triggered: list[str], sta
 
 @rank_zero_only
 def print_verdicts(summary: Summary) -> None:
-    """One line per verdict of a window (analysis/verdicts/), when its result is read: never
-    inside a window, rank zero only."""
-    from vt_lightning.analysis.verdict_report import verdict_line
-
-    try:
-        index = (summary.get("window") or {}).get("index")
-        for verdict in summary.get("verdicts") or []:
-            rank_zero_info(f"vt_lightning: window {index}: {verdict_line(verdict)}")
-    except Exception as err:  # a console problem never fails the run
-        log.warning("vt_lightning: could not print the window's verdicts (%s)", err)
+    """One line per verdict of a window, when its result is read (never inside a window)."""
+    index = (summary.get("window") or {}).get("index")
+    for verdict in summary.get("verdicts") or []:
+        rank_zero_info(f"vt_lightning: window {index}: {verdict_line(verdict)}")
 
 
 def writer_stuck(timeout: float, root: Path | str | None, index: int) -> str:
@@ -178,9 +151,6 @@ def writer_unfinished(timeout: float, root: Path | None) -> str:
 
 def fault(err: Exception, hook: str) -> tuple[str, str]:
     """The (key, message) of a fault in vt_lightning's code, caught at the boundary of ``hook``."""
-    from vt_lightning.recording.rivals import RivalProfiler
-    from vt_lightning.recording.unsafe_names import UnsafeImport
-
     if isinstance(err, UnsafeImport):  # one warning with the windows skipped while it is loaded
         return "unsafe-file", str(err)
     if isinstance(err, RivalProfiler):
@@ -196,51 +166,48 @@ def fault(err: Exception, hook: str) -> tuple[str, str]:
     )
 
 
-# ------------------------------------------------------------------ triggers: when they can act
-def triggers_armed(lines: Sequence[str]) -> None:
+def triggers_armed(watch: TriggerWatch, first_check: int, earliest_memory: int) -> None:
     """At setup (rank 0): each armed trigger and from when it can open a window."""
-    rank_zero_info("vt_lightning: triggers armed:\n" + "\n".join(f"  {line}" for line in lines))
-
-
-def slow_step_arms(factor: float, baseline: int, earliest: int) -> str:
-    return (
-        f"slow step > {factor:g}x the median step: arms once {baseline} steps are measured "
-        f"(`slow_step_baseline`), at batch {earliest} at the earliest"
-    )
-
-
-def memory_growth_arms(kind: str, growth: float, steps: int, earliest: int) -> str:
-    return (
-        f"memory growth ({kind} +{growth:.0%} over {steps} batches): measured from batch {earliest} "
-        f"at the earliest (`memory_growth_steps`={steps}: sampling starts at batch {steps})"
-    )
-
-
-def on_demand_arms(what: str) -> str:
-    return f"{what}: from now"
+    config, lines = watch.config, []
+    if config.slow_step_factor is not None:
+        baseline = config.slow_step_baseline
+        lines.append(
+            f"slow step > {config.slow_step_factor:g}x the median step: arms once {baseline} steps are measured "
+            f"(`slow_step_baseline`), at batch {first_check + baseline} at the earliest"
+        )
+    if config.memory_growth is not None and watch.read_memory is not None:
+        steps = config.memory_growth_steps
+        lines.append(
+            f"memory growth ({watch.memory_kind or 'memory'} +{config.memory_growth:.0%} over {steps} batches): "
+            f"measured from batch {earliest_memory} at the earliest (`memory_growth_steps`={steps}: sampling "
+            f"starts at batch {steps})"
+        )
+    if watch.signal is not None:
+        lines.append(f"signal {watch.signal.name} (kill -{watch.signal.name[3:]} {os.getpid()}): from now")
+    if watch.file is not None:
+        lines.append(f"file {watch.file.path} (create it to open a window): from now")
+    if lines:
+        rank_zero_info("vt_lightning: triggers armed:\n" + "\n".join(f"  {line}" for line in lines))
 
 
 @rank_zero_only
-def triggers_never_armed(warn: Callable[[str, str], Any], notes: Sequence[tuple[str, str]]) -> None:
+def triggers_never_armed(warn: Warn, watch: TriggerWatch, earliest_memory: int) -> None:
     """At the end of a run (rank 0), once per trigger that never could fire, with its option."""
-    for key, text in notes:
-        warn(f"never-armed:{key}", text)
-
-
-def slow_step_never_armed(measured: int, baseline: int) -> str:
-    return (
-        f"vt_lightning: the slow-step trigger never armed in this run: it measured {measured} of the "
-        f"{baseline} steps its median needs (`slow_step_baseline`={baseline}; batches of windows, "
-        "epoch edges and validation do not count). Lower `slow_step_baseline` (>= 5) or run more batches."
-    )
-
-
-def memory_growth_never_armed(steps: int, earliest: int) -> str:
-    return (
-        f"vt_lightning: the memory-growth trigger never armed in this run: growth is measured over "
-        f"`memory_growth_steps`={steps} batches, from batch {earliest} at the earliest. Lower "
-        "`memory_growth_steps` or run more batches."
-    )
+    slow, memory, baseline = watch.slow, watch.memory, watch.config.slow_step_baseline
+    if slow is not None and not slow.armed:
+        warn(
+            "never-armed:slow_step",
+            f"vt_lightning: the slow-step trigger never armed in this run: it measured {len(slow.durations)} of "
+            f"the {baseline} steps its median needs (`slow_step_baseline`={baseline}; batches of windows, "
+            "epoch edges and validation do not count). Lower `slow_step_baseline` (>= 5) or run more batches.",
+        )
+    if memory is not None and watch.read_memory is not None and not memory.compared:
+        warn(
+            "never-armed:memory_growth",
+            f"vt_lightning: the memory-growth trigger never armed in this run: growth is measured over "
+            f"`memory_growth_steps`={memory.steps} batches, from batch {earliest_memory} at the earliest. Lower "
+            "`memory_growth_steps` or run more batches.",
+        )
 
 
 def signal_owned_by_slurm(name: str, alternative: str | None) -> str:
@@ -264,14 +231,9 @@ def two_callbacks(callbacks: Sequence[str]) -> str:
 
 def job_written(trace_path: Any, job: dict[str, Any]) -> None:
     """Rank 0, at the window's end: one line on the job file and its straggler."""
-    from vt_lightning.export.report import straggler_text
-
-    try:
-        where = Path(str(trace_path)).parent / str(job.get("file"))
-        ranks = job.get("ranks") or []
-        residual = (job.get("collective_check") or {}).get("max_residual_us")
-        spread = f", collective exits within {residual:.0f} µs" if isinstance(residual, (int, float)) else ""
-        verdict = straggler_text((job.get("straggler") or {}).get("straggler"))
-        rank_zero_info(f"vt_lightning: {len(ranks)} ranks on one timeline{spread}: {where}; {verdict}")
-    except Exception as err:  # a console problem never fails the run
-        log.warning("vt_lightning: could not print the job line (%s)", err)
+    where = Path(str(trace_path)).parent / str(job.get("file"))
+    ranks = job.get("ranks") or []
+    residual = (job.get("collective_check") or {}).get("max_residual_us")
+    spread = f", collective exits within {residual:.0f} µs" if isinstance(residual, (int, float)) else ""
+    verdict = straggler_text((job.get("straggler") or {}).get("straggler"))
+    rank_zero_info(f"vt_lightning: {len(ranks)} ranks on one timeline{spread}: {where}; {verdict}")

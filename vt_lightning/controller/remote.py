@@ -1,22 +1,11 @@
-"""Output roots that are URLs (``s3://…``, ``gs://…``, ``memory://…``): Lightning's loggers write
-there through fsspec, and so do we.
-
-A window is still written locally first, by the writer process, into a private staging directory
-(named like a spool directory, so a crashed run's staging is cleaned up like its spool). Then the
-training process's writer thread copies the run directory into the remote root, with the same
-names and layout, through the filesystem Lightning itself uses (``get_filesystem``). The copy runs
-in the training process on purpose: filesystems and credentials configured in the user's process
-(and in-process ones like ``memory://``) are invisible to the writer process, a fresh
-``python -I``; and copying is I/O, which releases the GIL. It runs on the writer thread, so it
-never holds up training, and the writer's time limit (``writer_timeout``) bounds it too.
-
-A URL whose filesystem cannot be used (``s3fs`` not installed, an unknown protocol, a store that
-refuses us) is an error at setup that says to set ``dirpath``; ``Path()`` is never given a URL, so
-no local directory named ``s3:`` appears.
+"""Output roots that are URLs (``s3://…``, ``memory://…``), through Lightning's ``get_filesystem``.
+The writer process writes a window into local staging; the training process's writer thread copies
+it, as filesystems and credentials set up in the user's process are invisible to the writer process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import os
@@ -25,8 +14,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
+from lightning.pytorch.utilities import rank_zero_info
+
 from vt_lightning.controller.agreement import first_failure
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
+from vt_lightning.controller.messages import GOES_ON
 from vt_lightning.export.job import URL, UnusableURL, WindowJob, WindowResult, locate
 from vt_lightning.export.layout import host_name
 from vt_lightning.export.pipeline import delivered, run_dir_candidates
@@ -43,21 +36,14 @@ class OutputRootError(ConfigurationError):
 def output_root(
     dirpath: str | None, log_dir: str | None, default_root_dir: str, spool_dir: str | None = None
 ) -> tuple[Path, URL | None]:
-    """(local root this process writes window directories to, absolute; remote root or None).
-
-    The root is ``dirpath``, else the logger's log dir, else ``default_root_dir``, read by
-    ``export.job.locate`` as the ``vt-lightning`` command reads its arguments: a ``file:`` URL is
-    its local path, ``~`` is expanded. Any other URL gets a local staging root under the spool base and is
-    returned as the remote root, once its filesystem has answered (``OutputRootError`` if not)."""
+    """(absolute local root, remote root or None) of ``dirpath``, else the logger's log dir, else
+    ``default_root_dir``; a URL gets local staging once its filesystem answered (``OutputRootError``)."""
     if dirpath is not None:
         where, source = str(dirpath), "`dirpath`"
     elif log_dir:
         where, source = str(log_dir), "the logger's log dir"
     else:
         where, source = str(default_root_dir), "the Trainer's `default_root_dir`"
-    from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
-    from lightning.pytorch.utilities import rank_zero_info
-
     problem: OutputRootError | None = None
     try:
         place = locate(where)  # the rule the vt-lightning command reads its arguments by
@@ -65,8 +51,7 @@ def output_root(
         problem = _unusable(where, source, err.cause)
     else:
         if isinstance(place, Path):
-            # Absolute now, at setup: every file goes here whatever the working directory becomes
-            # later (an ``os.chdir`` in the user's code), as Lightning's own files do.
+            # Absolute now: a later ``os.chdir`` in the user's code moves no file, as with Lightning's.
             return place.absolute(), None
         try:
             _check_filesystem(get_filesystem(place), place, source)
@@ -79,7 +64,7 @@ def output_root(
         raise stop from problem
     remote = URL(place)
     if not _is_object_storage(get_filesystem(remote)):
-        rank_zero_info(f"vt_lightning: {no_exclusive_move(remote)}.")
+        rank_zero_info(f"vt_lightning: {no_overwrite_guarantee(remote, object_store=False)}.")
     base = Path(spool_dir) if spool_dir is not None else Path(default_spool_base())
     # Made when the first window is written (a rank that records nothing leaves nothing behind);
     # the random part keeps the name unguessable in a shared temp directory.
@@ -87,12 +72,7 @@ def output_root(
 
 
 def _check_filesystem(fs: Any, remote: URL, source: str) -> None:
-    """Ask the filesystem once for the root: a store that refuses us is an error now, at setup,
-    not a warning per window later. Under DDP every rank asks, and the first rank refused stops
-    them all with its error (``agreement.first_failure``): a rank that went on would wait forever in
-    the next collective for the rank that stopped."""
-    from lightning.fabric.utilities.cloud_io import _is_object_storage
-
+    """Ask once: a store that refuses us is an error at setup, not a warning per window."""
     try:
         if _is_object_storage(fs):
             fs.exists(remote)  # object stores have no directories to create
@@ -111,9 +91,7 @@ def _unusable(where: str, source: str, err: Exception) -> OutputRootError:
 
 
 def deliver(job: WindowJob, result: WindowResult) -> Outcome:
-    """On the training process's writer thread, once the writer answered: release the window's
-    claim and, for a remote root, copy its run directory there. A failed copy drops the window with
-    one notice and leaves its files in the staging directory."""
+    """On the writer thread: release the window's claim and, for a remote root, copy its files there."""
     delivered(job, result)
     if job.publish_to is None:
         return result
@@ -127,30 +105,18 @@ def deliver(job: WindowJob, result: WindowResult) -> Outcome:
                 f"publish:{type(err).__name__}:{root}",
                 f"vt_lightning: could not copy the window to {job.publish_to} ({type(err).__name__}: {err}); "
                 f"its files are kept in {staged} (scratch space, removed by a later run once this process has "
-                "exited); training goes on, and later windows that fail the same way are not reported again.",
+                f"exited); {GOES_ON}",
             )
         )
     shutil.rmtree(staged, ignore_errors=True)
-    try:
+    with contextlib.suppress(OSError):
         staged.parent.rmdir()  # the staging root, once empty (the next window makes it again)
-    except OSError:
-        pass
     return published
 
 
 def publish(job: WindowJob, result: WindowResult, staged: Path) -> WindowResult:
-    """Copy ``staged``'s files (not the hidden claims and temporaries) to the first remote run
-    directory that does not hold this window's trace name; the trace goes last, so a reader that
-    sees it finds the rest. Returns the result with the files' URLs.
-
-    Never over another run's file: on an object store each file is created only if its name is free
-    (fsspec's ``"xb"`` mode, S3's ``If-None-Match: *``), so two runs racing for one name cannot both
-    win; the loser removes what it wrote there and takes the next name. An object store (or an s3fs)
-    without that mode gets a check of the names just before the upload, and one note that says so.
-    Other filesystems (``memory://``, sftp, HDFS) have no exclusive move: the name is checked just
-    before the temporary is moved to it (docs/files.md), as ``output_root`` says once at setup."""
-    from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
-
+    """Copy ``staged``'s files to the first remote run directory free of this trace's name, the trace
+    last (a reader that sees it finds the rest), never over another run's file (docs/files.md)."""
     assert job.publish_to is not None
     first = URL(job.publish_to)
     fs = get_filesystem(first)
@@ -179,7 +145,7 @@ def publish(job: WindowJob, result: WindowResult, staged: Path) -> WindowResult:
             f"went to {target.name}",
         )
     if upload.whole_objects and not upload.exclusive:
-        notes = (*notes, no_exclusive_create(first.parent))
+        notes = (*notes, no_overwrite_guarantee(first.parent, object_store=True))
 
     def moved(path: Any) -> URL | None:
         return target / Path(path).name if path is not None else None
@@ -193,24 +159,22 @@ def publish(job: WindowJob, result: WindowResult, staged: Path) -> WindowResult:
     )
 
 
-def no_exclusive_create(root: URL) -> str:
-    """The note of a window uploaded where "no overwrite" could only be checked (warned once a run)."""
+def no_overwrite_guarantee(root: URL, object_store: bool) -> str:
+    """The note of a remote root where a name is checked to be free, not claimed atomically."""
+    if object_store:
+        because = (
+            'cannot create a file only if its name is free (fsspec\'s "xb" mode; for s3:// an s3fs >= '
+            "2024.12 and a store that honours If-None-Match), so"
+        )
+    else:
+        because = (
+            "has no atomic create-if-absent or exclusive move, so each window's files are moved to their "
+            "names after a check that the names are free, and"
+        )
     return (
-        f"no overwrite is checked, not guaranteed, under {root}: its filesystem cannot create a file only "
-        'if its name is free (fsspec\'s "xb" mode; for s3:// an s3fs >= 2024.12 and a store that honours '
-        "If-None-Match), so two runs writing the same window name there at the same moment could overwrite "
-        "each other's files. Give each run its own directory to be sure"
-    )
-
-
-def no_exclusive_move(root: URL) -> str:
-    """The note, said once at setup, of a remote root on a filesystem that is no object store
-    (``memory://``, sftp, HDFS): fsspec offers no atomic exclusive create or move there."""
-    return (
-        f"no overwrite is checked, not guaranteed, under {root}: its filesystem has no atomic "
-        "create-if-absent or exclusive move, so each window's files are moved to their names after a "
-        "check that the names are free, and two runs writing the same window name there at the same "
-        "moment could overwrite each other's files. Give each run its own directory to be sure"
+        f"no overwrite is checked, not guaranteed, under {root}: its filesystem {because} two runs writing "
+        "the same window name there at the same moment could overwrite each other's files. Give each run "
+        "its own directory to be sure"
     )
 
 
@@ -224,8 +188,7 @@ class Upload:
         self.exclusive = whole_objects  # until the store refuses "xb"; elsewhere a checked move
 
     def all(self, staged: Path, names: list[str], target: URL) -> None:
-        """Every name, in order; on a name taken meanwhile, what this call created there is removed
-        and FileExistsError raised."""
+        """Every name, in order; on one taken meanwhile, removes what it made and raises FileExistsError."""
         created: list[URL] = []
         try:
             for name in names:
@@ -240,8 +203,7 @@ class Upload:
             raise
 
     def one(self, local: Path, remote: URL) -> None:
-        """An object store shows an object only once its upload completed; elsewhere the file is
-        uploaded under a hidden temporary name and moved, so no reader sees half a file."""
+        """No reader sees half a file: an object exists once uploaded; elsewhere a temporary is moved."""
         fs = self.fs
         if self.whole_objects and self.exclusive:
             try:

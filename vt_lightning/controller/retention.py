@@ -1,32 +1,24 @@
-"""``keep_windows``: at most the newest K windows of this run stay on disk.
-
-Only windows this process wrote and the writer *finished* are ever deleted: they are known from
-their ``WindowResult`` (read on the training thread), never from a scan of the log directory, so a
-window another run (or another process) wrote, and one still being written, are never touched.
-Of a window's run directory, only this worker's files (``<worker>.<span>.*``: trace, memory
-snapshot, summaries) go; the directory itself goes once it is empty, so with DDP the last rank to
-delete its files removes it. The deletion runs on the writer thread (``BackgroundWriter.submit``),
-after everything queued before it, never on the training thread; a remote root is reached through
-the filesystem Lightning uses (``get_filesystem``), as ``remote.py`` does.
-"""
+"""``keep_windows``: only windows this process wrote are deleted, known from their results, never from
+a scan: this worker's files (``<worker>.<span>.*``), then the directory once empty."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 from collections.abc import Callable, MutableSequence
 from typing import Any
 
+from lightning.fabric.utilities.cloud_io import get_filesystem
+
 from vt_lightning.constants import TRACE_SUFFIX
 from vt_lightning.export.job import URL, Location, WindowResult
-
-Submit = Callable[..., Any]
 
 
 class Retention:
     """Counts finished windows in order and hands the oldest past ``keep`` to ``submit``."""
 
-    def __init__(self, keep: int | None, submit: Submit) -> None:
+    def __init__(self, keep: int | None, submit: Callable[..., Any]) -> None:
         self.keep = keep
         self.submit = submit
         self._kept: deque[Location] = deque()  # trace paths of the windows on disk, oldest first
@@ -47,8 +39,7 @@ class Retention:
 
 
 def delete_window_files(trace: Location) -> int:
-    """On the writer thread: remove this worker's files of the window whose trace is ``trace``,
-    then its run directory if nothing else is left in it. Returns the files removed."""
+    """How many of this worker's files of the window were removed (its directory too, if empty)."""
     if isinstance(trace, URL):
         return _delete_remote(trace)
     run_dir = os.path.dirname(os.fspath(trace))
@@ -60,27 +51,20 @@ def delete_window_files(trace: Location) -> int:
         return 0
     for entry in entries:
         if entry.name.startswith(prefix) and entry.is_file(follow_symlinks=False):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(entry.path)
                 removed += 1
-            except OSError:
-                pass
-    try:
+    with contextlib.suppress(OSError):
         os.rmdir(run_dir)  # only when empty: another rank's files (or anyone's) keep it
-    except OSError:
-        pass
     return removed
 
 
 def _prefix(trace_name: str) -> str:
     """``host_0.0000000012.pt.trace.json.gz`` -> ``host_0.0000000012.``: the worker's files of a window."""
-    stem = trace_name[: -len(TRACE_SUFFIX)] if trace_name.endswith(TRACE_SUFFIX) else trace_name
-    return stem + "."
+    return trace_name.removesuffix(TRACE_SUFFIX) + "."
 
 
 def _delete_remote(trace: URL) -> int:
-    from lightning.fabric.utilities.cloud_io import get_filesystem
-
     fs = get_filesystem(trace)
     run_dir, prefix = trace.parent, _prefix(trace.name)
     removed = 0

@@ -1,8 +1,4 @@
-"""What a run (one fit / validate / test / predict) is, read from the Trainer once at setup.
-
-The only module of the controller that reads the Trainer's attributes, so a Lightning change lands
-in one place.
-"""
+"""What a run is, read from the Trainer's attributes here, so that a Lightning change lands here."""
 
 from __future__ import annotations
 
@@ -14,7 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler
+
 from vt_lightning.constants import STAGES
+from vt_lightning.controller.messages import Warn
 from vt_lightning.controller.remote import output_root
 from vt_lightning.export.job import URL
 from vt_lightning.options import ConfigurationError
@@ -55,8 +54,7 @@ class Run:
 
 def read_run(trainer: Any, stage: str, dirpath: str | None, spool_dir: str | None = None) -> Run:
     """Collective: every rank must call it (``trainer.log_dir`` is broadcast from rank 0)."""
-    log_dir = trainer.log_dir
-    root, remote = output_root(dirpath, log_dir, trainer.default_root_dir, spool_dir)  # URLs: never Path()
+    root, remote = output_root(dirpath, trainer.log_dir, trainer.default_root_dir, spool_dir)  # URLs: never Path()
     rank_info = {
         "global_rank": trainer.global_rank,
         "local_rank": trainer.local_rank,
@@ -71,9 +69,7 @@ def read_run(trainer: Any, stage: str, dirpath: str | None, spool_dir: str | Non
 
 
 def trains_on_cpu(run: Run) -> bool:
-    """Training's own threads take every core (the root device is the CPU, not an accelerator):
-    the writer then starts at the first hand-off, not ahead of it (``BackgroundWriter.prestart``,
-    ``handoff.HAND_OFF_START_ON_CPU``)."""
+    """Training's own threads take every core (``handoff.HAND_OFF_START_ON_CPU``)."""
     return run.device == "cpu"
 
 
@@ -88,11 +84,7 @@ def global_batch(trainer: Any) -> int:
 
 
 def fit_end_batch(trainer: Any) -> int | None:
-    """The global batch count at which fit stops by its own limits: ``max_steps`` (optimizer
-    steps, so times ``accumulate_grad_batches``) or the remaining epochs of ``max_epochs`` times the
-    batches per epoch, whichever comes first. None when neither bounds it (an iterable without a
-    length, ``max_time`` alone, ``max_epochs=-1``). Known from ``on_train_start`` on, once fit's data
-    is set up; an early stop is never foreseen, so this is an upper bound."""
+    """The global batch count at which fit stops by ``max_steps`` or ``max_epochs`` (None: unbounded)."""
     bounds = []
     max_steps = getattr(trainer, "max_steps", -1)
     if isinstance(max_steps, int) and max_steps > 0:
@@ -112,37 +104,23 @@ def batches_started(trainer: Any) -> int:
 
 
 def log_step(trainer: Any) -> int:
-    """The step Lightning logs this batch's metrics at (``_batches_that_stepped``, as its own
-    LearningRateMonitor does), so the window's scalars line up with the training curves."""
+    """The step Lightning logs this batch's metrics at (as its LearningRateMonitor reads it)."""
     loop = trainer.fit_loop.epoch_loop
     return int(getattr(loop, "_batches_that_stepped", trainer.global_step))
 
 
 def any_rank(trainer: Any) -> Callable[[bool], bool]:
-    """A decision every rank takes together: True on all ranks when it is True on any (one small
-    all-reduce over the Trainer's own process group; nothing on one process). Asked at batches that
-    are the same on every rank, so every rank keeps tracing the same windows."""
+    """A decision every rank takes together, at the same batch: True on all when True on any."""
     if trainer.world_size <= 1:
         return bool
     strategy = trainer.strategy
     return lambda flag: bool(strategy.reduce_boolean_decision(flag, all=False))
 
 
-def rival_lightning_profiler(trainer: Any) -> str | None:
-    """Lightning profilers that own torch.profiler or the profile hook (Simple/PassThrough are fine)."""
-    from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler
-
-    profiler = getattr(trainer, "profiler", None)
-    if isinstance(profiler, (PyTorchProfiler, AdvancedProfiler)):
-        return type(profiler).__name__
-    return None
-
-
 def should_record(
-    run: Run, options: Any, trainer: Any, superseded_by: str | None, warn: Callable[[str, str], Any]
+    run: Run, options: Any, trainer: Any, superseded_by: str | None, warn: Warn
 ) -> tuple[bool, str | None]:
-    """Whether this rank records in this run, and the rival Lightning profiler if any; warns once
-    about each reason it will not (or will record less)."""
+    """Whether this rank records in this run, and the rival Lightning profiler if any; says why not."""
     world = run.rank_info["world_size"]
     if options.ranks is not None and any(r >= world for r in options.ranks):
         unknown = [r for r in options.ranks if r >= world]
@@ -165,7 +143,9 @@ def should_record(
     known_bug = interpreter_warning()
     if known_bug and enabled:
         warn("interpreter", known_bug)
-    rival = rival_lightning_profiler(trainer)
+    # Lightning profilers that own torch.profiler or the profile hook (not Simple or PassThrough).
+    profiler = getattr(trainer, "profiler", None)
+    rival = type(profiler).__name__ if isinstance(profiler, (PyTorchProfiler, AdvancedProfiler)) else None
     if rival is not None and enabled:
         enabled = False
         warn(

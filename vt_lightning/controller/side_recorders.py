@@ -1,16 +1,15 @@
-"""Which side recorders (``recording/side.py``) a window gets: one line per kind, decided here so
-that ``windows.open_window`` and ``ProfilingWindow`` stay the same as kinds are added."""
+"""Which side recorders (``recording/side.py``) a window gets: one line per kind."""
 
 from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from vt_lightning.analysis.schedule import Window
 from vt_lightning.analysis.sources import WindowPlan
 from vt_lightning.analysis.workers import upcoming_ranges
+from vt_lightning.controller.messages import Warn
 from vt_lightning.controller.run import Run, batches_started
 from vt_lightning.options import Options
 from vt_lightning.recording.clock_sync import clock_sync_recorders
@@ -26,10 +25,12 @@ def side_recorders(
     options: Options, run: Run, python: PythonTracer, trainer: Any, target: Window
 ) -> list[SideRecorder]:
     """The side recorders of one window, in start order (stopped in reverse)."""
-    recorders: list[SideRecorder] = [*flight_side(target, python.clock_us)]
-    recorders.append(GcWatch(python.clock_us))  # collector pauses, for the ``gc`` verdict
-    recorders.append(CompileWatch(python))  # torch.compile: spans, graph breaks, recompiles
-    recorders[:0] = clock_sync_recorders(run.rank_info, options.writer_timeout)  # ranks' clock offsets (job file)
+    recorders: list[SideRecorder] = [
+        *clock_sync_recorders(run.rank_info, options.writer_timeout),  # ranks' clock offsets (job file)
+        *flight_side(target, python.clock_us),
+        GcWatch(python.clock_us),  # collector pauses, for the ``gc`` verdict
+        CompileWatch(python),  # torch.compile: spans, graph breaks, recompiles
+    ]
     workers = _WORKERS.get(trainer)
     if workers is not None:  # DataLoader workers (recording/workers.py)
         recorders.append(workers.recorder(python, target))
@@ -40,11 +41,8 @@ def side_recorders(
 _WORKERS: weakref.WeakKeyDictionary[Any, WorkerTracing] = weakref.WeakKeyDictionary()
 
 
-def start_run(
-    options: Options, run: Run, spool: Any, trainer: Any, plan: WindowPlan, warn: Callable[[str, str], Any]
-) -> None:
-    """Fit only: wrap the train DataLoaders' workers before Lightning creates their iterator. A
-    failure costs the workers' events, never the run."""
+def start_run(options: Options, run: Run, spool: Any, trainer: Any, plan: WindowPlan, warn: Warn) -> None:
+    """Fit only: wrap the train DataLoaders' workers before Lightning creates their iterator."""
     end_run(trainer)
     if not options.trace_workers or run.stage != "fit" or spool is None:
         return

@@ -1,79 +1,58 @@
-"""Arming the triggers of one run: the ranks' agreement, the probes, the watch; and disarming them.
-
-The decisions themselves are pure (``analysis/triggers.py``); this module wires them to the probes
-of this process and to the other ranks, and gives everything back at the end of the run.
-"""
+"""Arming one run's triggers (the ranks' agreement, the probes, the watch) and disarming them."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment
+
 from vt_lightning.analysis.sources import WindowPlan
 from vt_lightning.analysis.triggers import FREE_SIGNALS, ON_DEMAND, SLOW_STEP, TriggerConfig, parse_trigger_signal
 from vt_lightning.constants import TRIGGER_FILE_NAME
 from vt_lightning.controller import messages
 from vt_lightning.controller.agreement import Agreement, gloo_agreement
+from vt_lightning.controller.messages import Warn
 from vt_lightning.controller.watch import TriggerWatch
 from vt_lightning.export.job import URL
 from vt_lightning.recording.flight import flight_for
 from vt_lightning.recording.probes import SignalTrigger, memory_reader
 
-Warn = Callable[[str, str], Any]
-
 
 def agree(
     trainer: Any, config: TriggerConfig, ranks: tuple[int, ...] | None, warn: Warn
 ) -> tuple[Agreement | None, Any]:
-    """How this rank's triggers agree with the others' (None: no trigger armed) and the process
-    group made for it. Collective: every rank calls it, tracing or not."""
+    """(How this rank's triggers agree with the others', None: none armed; its group). Collective."""
     rank = trainer.global_rank
     if not config.armed:
         return None, None
     if trainer.world_size <= 1:
         return Agreement(rank), None
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        warn(
-            "no-agreement",
-            "vt_lightning: several ranks but no torch.distributed process group: "
-            "each rank's triggers open windows on that rank only.",
-        )
-        return Agreement(rank), None
-    try:
-        return gloo_agreement(rank, list(ranks) if ranks is not None else None)
-    except Exception as err:  # no gloo group: each rank's triggers act alone, said once
-        warn(
-            "no-agreement",
-            f"vt_lightning: could not create the gloo group for the triggers' "
-            f"agreement ({err}); each rank's triggers open windows on that rank only.",
-        )
-        return Agreement(rank), None
+    if dist.is_available() and dist.is_initialized():
+        try:
+            return gloo_agreement(rank, list(ranks) if ranks is not None else None)
+        except Exception as err:  # no gloo group: each rank's triggers act alone, said once
+            why = f"could not create the gloo group for the triggers' agreement ({err})"
+    else:
+        why = "several ranks but no torch.distributed process group"
+    warn("no-agreement", f"vt_lightning: {why}; each rank's triggers open windows on that rank only.")
+    return Agreement(rank), None
 
 
 class ArmedTriggers:
     """The watch of one run, and what must be given back at its end (signal handler, group)."""
 
-    def __init__(
-        self,
-        watch: TriggerWatch,
-        signal: SignalTrigger | None,
-        group: Any,
-        trainer: Any = None,
-        warn: Warn | None = None,
-    ) -> None:
+    def __init__(self, watch: TriggerWatch, group: Any, trainer: Any, warn: Warn, earliest_memory: int) -> None:
         self.watch = watch
-        self.signal = signal
         self.group = group
-        self.trainer = weakref.ref(trainer) if trainer is not None else lambda: None
-        self.warn = warn
-        self.earliest_memory_batch = 0  # for the end-of-run note
+        self.trainer = weakref.ref(trainer)
+        self.warn: Warn | None = warn
+        self.earliest_memory_batch = earliest_memory  # for the end-of-run note
 
     def ask(self, step: int, plan: WindowPlan, options: Any, warn: Warn) -> None:
         """Plan a triggered window at this batch if a trigger fired (and the limits allow it)."""
@@ -95,44 +74,27 @@ class ArmedTriggers:
             self.watch.hold(firing)
 
     def request_now(self) -> bool:
-        """A signal came: in one process, check at the next batch (True); with several ranks the
-        request waits for the next agreed check (False)."""
+        """A signal came: in one process, check at the next batch (True); in DDP, at the agreed check."""
         if self.watch.agreement.distributed:
             return False
         self.watch.request_now()
         return True
 
     def disarm(self) -> None:
-        """Give everything back (idempotent): the signal handler, in Lightning's snapshot too, and
-        the group; then say once which trigger never armed."""
+        """Give back the signal handler and the group (idempotent); say which trigger never armed."""
         if self.watch.flight is not None:
             self.watch.flight.stop()  # the sampler thread never outlives the run
-        if self.signal is not None:
-            self.signal.restore()
-            _forget_in_lightning_snapshot(self.trainer(), self.signal)
-            self.signal = None
+        if self.watch.signal is not None:
+            self.watch.signal.restore()
+            _forget_in_lightning_snapshot(self.trainer(), self.watch.signal)
+            self.watch.signal = None
         group, self.group = self.group, None
         if group is not None:
             with contextlib.suppress(Exception):
-                import torch.distributed as dist
-
                 dist.destroy_process_group(group)
         warn, self.warn = self.warn, None
         if warn is not None and _ended_normally(self.trainer()):
-            messages.triggers_never_armed(warn, self.never_armed())
-
-    def never_armed(self) -> list[tuple[str, str]]:
-        """(key, message) for each trigger that never could have fired in this run."""
-        notes = []
-        config, slow, memory = self.watch.config, self.watch.slow, self.watch.memory
-        if slow is not None and not slow.armed:
-            measured = len(slow.durations)
-            notes.append(("slow_step", messages.slow_step_never_armed(measured, config.slow_step_baseline)))
-        if memory is not None and self.watch.read_memory is not None and not memory.compared:
-            notes.append(
-                ("memory_growth", messages.memory_growth_never_armed(memory.steps, self.earliest_memory_batch))
-            )
-        return notes
+            messages.triggers_never_armed(warn, self.watch, self.earliest_memory_batch)
 
 
 def _ended_normally(trainer: Any) -> bool:
@@ -143,9 +105,7 @@ def _ended_normally(trainer: Any) -> bool:
 
 
 def _forget_in_lightning_snapshot(trainer: Any, trigger: SignalTrigger) -> None:
-    """Lightning's signal connector snapshots every handler after setup (ours included) and puts
-    them back when fit ends: after ``teardown`` (harmless) but also after ``on_exception``, which
-    would re-install ours once the run is over. Give the snapshot the handler from before fit."""
+    """Lightning puts back the handlers it saw at setup even after ``on_exception``: not ours."""
     snapshot = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
     if isinstance(snapshot, dict) and trigger.owns(snapshot.get(trigger.signum)):
         snapshot[trigger.signum] = trigger.previous if trigger.previous is not None else signal.SIG_DFL
@@ -153,8 +113,6 @@ def _forget_in_lightning_snapshot(trainer: Any, trigger: SignalTrigger) -> None:
 
 def slurm_requeue_signal(trainer: Any) -> int | None:
     """The signal Lightning's SLURM auto-requeue handles in this run (its ``requeue_signal``), or None."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
     connector = getattr(trainer, "_accelerator_connector", None)
     environment = getattr(connector, "cluster_environment", None) or getattr(
         trainer.strategy, "cluster_environment", None
@@ -203,27 +161,9 @@ def arm(
     if signal_trigger is not None:
         signal_trigger.on_request = on_signal
     watch.flight = flight_for(watch.slow, clock)
-    armed = ArmedTriggers(watch, signal_trigger, group, trainer, warn)
-    armed.earliest_memory_batch = max(first_check, config.memory_growth_steps) + config.memory_growth_steps
-    lines = []
-    if config.slow_step_factor is not None:
-        baseline = config.slow_step_baseline
-        lines.append(messages.slow_step_arms(config.slow_step_factor, baseline, first_check + baseline))
-    if config.memory_growth is not None and read_memory is not None:
-        lines.append(
-            messages.memory_growth_arms(
-                memory_kind or "memory", config.memory_growth, config.memory_growth_steps, armed.earliest_memory_batch
-            )
-        )
-    if signal_trigger is not None:
-        lines.append(
-            messages.on_demand_arms(f"signal {signal_trigger.name} (kill -{signal_trigger.name[3:]} {os.getpid()})")
-        )
-    if trigger_path is not None:
-        lines.append(messages.on_demand_arms(f"file {trigger_path} (create it to open a window)"))
-    if lines:
-        messages.triggers_armed(lines)
-    return armed
+    earliest_memory = max(first_check, config.memory_growth_steps) + config.memory_growth_steps
+    messages.triggers_armed(watch, first_check, earliest_memory)
+    return ArmedTriggers(watch, group, trainer, warn, earliest_memory)
 
 
 def _install_signal(trainer: Any, name: str, warn: Warn) -> SignalTrigger | None:

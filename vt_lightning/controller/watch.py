@@ -1,15 +1,6 @@
-"""The triggers of one rank, checked together: what the callback asks at a batch that needs a look.
-
-``TriggerWatch.check(step, plan)`` answers "did anything fire that should open a window now?":
-
-* a slow step is known at the batch start after it (``SlowStep.steady`` runs on every batch in the
-  callback's hook); in one process it is answered at once, in DDP at the next agreed check;
-* the trigger file, the signal flag and the memory counter are read only at the coarse checks,
-  about every ``trigger_interval`` seconds (``Cadence``), which also refresh the slow-step median;
-* with several ranks, each check is one all-reduce (``agreement.py``), so every rank gets the same
-  answer at the same batch; no check (and no collective) runs inside a planned window: it waits
-  for the first batch after it, the same batch on every rank.
-"""
+"""One rank's triggers, checked at a batch that needs a look. A slow step is known at the batch start
+after it; the file, signal and memory are read at coarse checks (``trigger_interval``), in DDP one
+all-reduce each (``agreement.py``), never inside a window: every rank gets one answer at one batch."""
 
 from __future__ import annotations
 
@@ -51,11 +42,8 @@ class TriggerWatch:
         self.agreement = agreement
         self.clock = clock
         self.on_problem = on_problem
-        self.slow = (
-            SlowStep(config.slow_step_factor, config.slow_step_baseline, clock)
-            if config.slow_step_factor is not None
-            else None
-        )
+        factor = config.slow_step_factor
+        self.slow = SlowStep(factor, config.slow_step_baseline, clock) if factor is not None else None
         self.memory = MemoryGrowth(config.memory_growth, config.memory_growth_steps) if config.memory_growth else None
         self.read_memory = read_memory
         self.memory_kind = memory_kind
@@ -74,11 +62,11 @@ class TriggerWatch:
                 self.flight.mark(step - 1, self.slow.last, self.slow.fired[0])
             slow = self.slow.take(step)
             if slow is not None:
-                slow = dataclasses.replace(slow, detail=self._detail(SLOW_STEP))
-            if slow is not None and not self.agreement.distributed:
-                return _with_rank(slow, self.agreement.rank)
-            if slow is not None and not self._seen:
-                self._seen.append(slow)
+                slow = dataclasses.replace(slow, detail=self._detail(SLOW_STEP), rank=self.agreement.rank)
+                if not self.agreement.distributed:
+                    return slow
+                if not self._seen:
+                    self._seen.append(slow)
         if step < self.next_check:
             return None
         if plan.busy(step):  # no check inside a window: wait for the batch after it (same on every rank)
@@ -106,7 +94,7 @@ class TriggerWatch:
         if self.memory is not None and self.read_memory is not None:
             try:
                 grown = self.memory.observe(step, self.read_memory())
-            except Exception as err:  # never stop training for a probe
+            except Exception as err:  # the trigger goes off, the check goes on (DDP ranks stay in step)
                 self.memory = None
                 self.on_problem(
                     "memory-probe",
@@ -133,7 +121,3 @@ class TriggerWatch:
         if reason == SLOW_STEP and self.slow is not None:  # the rule that fired (docs/triggers.md)
             return f"over {self.slow.factor:g}x the median of the last {self.config.slow_step_baseline} steps"
         return None
-
-
-def _with_rank(firing: Firing, rank: int) -> Firing:
-    return dataclasses.replace(firing, rank=rank)

@@ -1,11 +1,7 @@
-"""Opening a window (or declining to) and naming what a closed one becomes.
-
-Functions, not state: the controller owns the open window; these build it and its destination.
-"""
+"""Opening a window (or declining to) and naming what a closed one becomes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +11,9 @@ from vt_lightning.analysis.sources import Planned
 from vt_lightning.constants import VERSION
 from vt_lightning.controller import messages
 from vt_lightning.controller.handoff import BackgroundWriter
+from vt_lightning.controller.messages import Warn
 from vt_lightning.controller.run import Run, log_step
 from vt_lightning.controller.side_recorders import side_recorders
-from vt_lightning.controller.triggers import ArmedTriggers
 from vt_lightning.export.job import Destination
 from vt_lightning.export.layout import (
     host_name,
@@ -30,16 +26,12 @@ from vt_lightning.export.layout import (
     worker_name,
 )
 from vt_lightning.options import Options
-from vt_lightning.recording.children import reap_dump_children
 from vt_lightning.recording.lightning_hooks import LightningViewHooks
 from vt_lightning.recording.memory import CudaMemoryRecorder, dump_oom_snapshot
 from vt_lightning.recording.pytracer import PythonTracer, foreign_profiler
-from vt_lightning.recording.spool import Spool
 from vt_lightning.recording.torchtracer import TorchTracer, torch_profiler_active
 from vt_lightning.recording.unsafe_names import skipped_message, unsafe_module_file
 from vt_lightning.recording.window import ProfilingWindow
-
-Warn = Callable[[str, str], Any]
 
 
 def open_window(
@@ -51,8 +43,7 @@ def open_window(
     trainer: Any,
     warn: Warn,
 ) -> ProfilingWindow | None:
-    """A new window (nothing installed yet: the caller keeps it, then warms it up, so an interruption
-    from then on finds it), or None when another profiler is recording or the writer has no room."""
+    """A new window, nothing installed yet; None when another profiler records or the writer has no room."""
     conflict = foreign_profiler() or ("a torch profiler that is already recording" if torch_profiler_active() else None)
     if conflict:
         warn(
@@ -91,8 +82,7 @@ def open_window(
 def paths(
     options: Options, run: Run, window: ProfilingWindow, planned: Planned | None
 ) -> tuple[Path, str, str, str | None]:
-    """(run directory, worker, span, memory snapshot name or None) of a window. The run directory
-    is local: under a remote root (``run.remote``) it is the window's staging directory."""
+    """(local run directory, worker, span, memory snapshot name or None) of a window."""
     target = window.window
     first = window.steps[0] if window.steps else target.active_start
     last = window.steps[-1] if window.steps else target.last_step  # a cut window names what it holds
@@ -115,11 +105,11 @@ def destination(
     trainer: Any,
     python_filter: PythonFilter | None,
 ) -> Destination:
-    """Where a closed window goes, with the metadata its trace carries. Under a remote root the
-    writer writes the staging directory and the training process copies it to ``publish_to``."""
+    """Where a closed window goes (``publish_to``: its remote copy), with its trace's metadata."""
     target = window.window
     trigger = planned.trigger if planned is not None else None
     run_dir, worker, span, memory_name = paths(options, run, window, planned)
+    settings = options.settings()
     metadata = {
         "version": VERSION,
         "stage": run.stage,
@@ -128,11 +118,11 @@ def destination(
         # First and last batch (inclusive), not lists: metadata scales with what was recorded.
         "scheduled_steps": _bounds(target.active_start, target.end),
         "warmup_steps": _bounds(target.warmup_start, target.active_start),
-        "schedule": options.settings()["schedule"],
+        "schedule": settings["schedule"],
         "partial": partial,
         **({"partial_reason": reason} if partial and reason else {}),
-        "tracer": options.settings()["tracer"],
-        "torch": options.settings()["torch"],
+        "tracer": settings["tracer"],
+        "torch": settings["torch"],
         "lightning_view": options.lightning_view,
         "validation": window.range_log("validation"),
         "user_hooks": run.user_hooks,
@@ -170,13 +160,3 @@ def dump_oom(options: Options, run: Run, window: ProfilingWindow, planned: Plann
         dump_oom_snapshot(run_dir / oom_file_name(memory_name or "memory_snapshot.pickle"), window.memory_recorder)
     except Exception as err:  # the OOM snapshot is extra: its failure is said, the window's close goes on
         warn("oom", f"vt_lightning: could not write the out-of-memory snapshot ({err})")
-
-
-def release(spool: Spool | None, triggers: ArmedTriggers | None) -> None:
-    """At a run's end: reap dump children of windows interrupted between their dump and hand-off,
-    remove this process's spool, and uninstall the triggers (kept for inspection until the next run)."""
-    reap_dump_children()
-    if spool is not None:
-        spool.remove()
-    if triggers is not None:
-        triggers.disarm()

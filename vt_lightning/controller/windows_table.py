@@ -1,11 +1,4 @@
-"""Every window's row of the end-of-run table, kept on disk rather than in memory.
-
-The console's table is bounded (``analysis/history.py``); the full one is written at the end of a
-run as ``vt_lightning.windows.txt`` (``<stage>-vt_lightning.windows.txt`` outside fit) in the output
-root, atomically. Until then each row waits as one JSON line in this process's spool directory
-(local scratch space, removed with the spool), appended when the window's result is read: a small
-append, never a read of earlier windows.
-"""
+"""Every window's row of the end-of-run table, as a JSON line in the spool rather than in memory."""
 
 from __future__ import annotations
 
@@ -16,20 +9,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
+from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
 
 from vt_lightning.analysis.history import RunHistory, WindowRow
 from vt_lightning.constants import LOGGER_NAME
 from vt_lightning.export.atomic import atomic_write
 from vt_lightning.export.job import URL
+from vt_lightning.export.report import write_full_table
 
 log = logging.getLogger(LOGGER_NAME)
 
 FULL_TABLE_NAME = "vt_lightning.windows.txt"
 JOURNAL_NAME = "windows.jsonl"
-
-
-def full_table_name(stage: str | None) -> str:
-    return FULL_TABLE_NAME if stage in (None, "fit") else f"{stage}-{FULL_TABLE_NAME}"
 
 
 class WindowsTable:
@@ -61,8 +52,6 @@ class WindowsTable:
         """The full table into ``root`` (a Path or a URL), atomically; its location, or None."""
         if self.broken or root is None or not history.first:  # no rows: summary=False
             return None
-        from vt_lightning.export.report import write_full_table
-
         text = io.StringIO()
         text.write(f"vt_lightning: all {history.count} windows of the run (ms per step)")
         if history.deleted:
@@ -70,7 +59,7 @@ class WindowsTable:
         text.write("\n")
         write_full_table(history, self.rows(), text)
         data = text.getvalue().encode()
-        name = full_table_name(stage)
+        name = FULL_TABLE_NAME if stage in (None, "fit") else f"{stage}-{FULL_TABLE_NAME}"
         try:
             if isinstance(root, URL):
                 return _write_remote(root / name, data)
@@ -83,9 +72,7 @@ class WindowsTable:
 
 
 def _write_remote(target: URL, data: bytes) -> str:
-    """Through the filesystem Lightning uses; a hidden temporary, then a move (as ``remote._upload``)."""
-    from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
-
+    """Through the filesystem Lightning uses; a hidden temporary, then a move."""
     fs = get_filesystem(target)
     if _is_object_storage(fs):
         fs.pipe_file(target, data)
