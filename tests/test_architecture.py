@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from support.paths import REPO
+
 PACKAGE = "vt_lightning"
-ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+ROOT = REPO / PACKAGE
 
 # Layer of each top-level part of the package, and the layers it may import (its own included).
 # The package's own ``__init__`` re-exports VizTraceCallback, so it sits on top with the callback.

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import REPO
 
 
 def _quick(script: str, *extra: str) -> str:
     """Run a benchmark script's quick mode, writing nothing; returns what it printed."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--no-write", *extra],
-        cwd=ROOT,
+        [sys.executable, str(REPO / "benchmarks" / script), "--quick", "--no-write", *extra],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,

@@ -12,11 +12,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+from support.paths import SCRIPTS
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.cli import lightning as vt_cli
 
-SCRIPTS = Path(__file__).parent / "cli_scripts"
+CLI_SCRIPTS = SCRIPTS / "cli"
 TRACES = "lightning_logs/version_0/window_*/*.pt.trace.json.gz"
 # Short runs: 6 batches, one window of 2 active batches (wait=1, warmup=1, active=2, repeat=1).
 FIT = [
@@ -70,7 +71,7 @@ def no_env(monkeypatch):
 
 @pytest.fixture
 def tiny(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
+    monkeypatch.syspath_prepend(str(CLI_SCRIPTS))
     monkeypatch.setattr(sys, "argv", ["train.py"])  # LightningCLI warns when args= meets pytest's argv
     import _tiny
 
@@ -315,7 +316,7 @@ def test_stock_cli_help_and_print_config_list_every_argument(tiny, no_env, capsy
 @pytest.mark.system
 def test_stock_cli_flags_write_traces(tmp_path):
     args = [
-        str(SCRIPTS / "stock_cli.py"), *FIT,
+        str(CLI_SCRIPTS / "stock_cli.py"), *FIT,
         f"--trainer.default_root_dir={tmp_path}",
         "--trainer.callbacks+=vt_lightning.VizTraceCallback",
         "--trainer.callbacks.wait=1",
@@ -347,14 +348,14 @@ def test_stock_cli_yaml_writes_traces(tmp_path):
             """
         )
     )
-    _assert_one_trace(tmp_path, _run([str(SCRIPTS / "stock_cli.py"), *FIT, "-c", str(config)], tmp_path))
+    _assert_one_trace(tmp_path, _run([str(CLI_SCRIPTS / "stock_cli.py"), *FIT, "-c", str(config)], tmp_path))
 
 
 @pytest.mark.slow
 @pytest.mark.system
 def test_stock_cli_bad_value_names_option(tmp_path):
     args = [
-        str(SCRIPTS / "stock_cli.py"), *FIT,
+        str(CLI_SCRIPTS / "stock_cli.py"), *FIT,
         f"--trainer.default_root_dir={tmp_path}",
         "--trainer.callbacks+=vt_lightning.VizTraceCallback",
         "--trainer.callbacks.active=0",
@@ -371,7 +372,7 @@ def test_viztrace_cli_off_by_default_on_with_flag(tmp_path):
     off, on = tmp_path / "off", tmp_path / "on"
     off.mkdir()
     on.mkdir()
-    script = str(SCRIPTS / "own_cli.py")
+    script = str(CLI_SCRIPTS / "own_cli.py")
     proc = _run([script, *FIT, f"--trainer.default_root_dir={off}"], off)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not list(off.rglob("window_*")), list(off.rglob("*"))
@@ -384,7 +385,7 @@ def test_viztrace_cli_off_by_default_on_with_flag(tmp_path):
 @pytest.mark.slow
 @pytest.mark.system
 def test_env_switch_plain_trainer(tmp_path):
-    script = str(SCRIPTS / "plain_trainer.py")
+    script = str(CLI_SCRIPTS / "plain_trainer.py")
     off, on, bad = tmp_path / "off", tmp_path / "on", tmp_path / "bad"
     for d in (off, on, bad):
         d.mkdir()

@@ -19,11 +19,11 @@ from typing import Any
 
 import orjson
 import pytest
+from support.paths import REPO
 
 from vt_lightning.analysis.summary import summarize
 from vt_lightning.export.reading import DEFAULT_MEMORY_BUDGET, SUMMARY_MAX_BYTES, parsed_size_bound
 
-REPO = Path(__file__).resolve().parent.parent
 COMMAND = [sys.executable, "-m", "vt_lightning"]
 # rich styles nothing when stdout is a pipe, unless told to: every ESC byte would then be ours.
 ENV = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "CLICOLOR_FORCE")}

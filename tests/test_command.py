@@ -14,10 +14,10 @@ from pathlib import Path
 import orjson
 import pytest
 from conftest import recorded_name
+from support.paths import REPO
 
 from vt_lightning.analysis.schema import SCHEMA_VERSION
 
-REPO = Path(__file__).resolve().parent.parent
 COMMAND = [sys.executable, "-m", "vt_lightning"]
 
 

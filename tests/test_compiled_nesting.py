@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import overlaps_without_nesting
-from vision_fit import fit_vision
+from support.vision_fit import fit_vision
 
 from vt_lightning.analysis.nesting import RANGE_TRACK_TID_BASE, separate_crossing_ranges
 

@@ -1,6 +1,6 @@
 """Distributed training (issue 6): every rank traces the same windows, and nothing waits or hangs.
 
-Real 2-process DDP on CPU (gloo), started as a subprocess (``ddp_scripts/train_ddp.py``): Lightning's
+Real 2-process DDP on CPU (gloo), started as a subprocess (``tests/scripts/ddp/train_ddp.py``): Lightning's
 launcher re-runs the script for rank 1. Two trainings in all (~10-15 s each on 2 cores):
 
 * ``ddp_run`` (shared by several tests): all ranks trace, ``num_workers=2`` forked DataLoader
@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tbcheck
+from support import tbcheck
+from support.paths import SCRIPTS
 
 from vt_lightning.export.layout import host_name
 
-SCRIPT = Path(__file__).parent / "ddp_scripts" / "train_ddp.py"
+SCRIPT = SCRIPTS / "ddp" / "train_ddp.py"
 WINDOWS = {"window_000-batches_2-3": "0000000002", "window_001-batches_6-7": "0000000006"}
 STEPS = {"0000000002": [2, 3], "0000000006": [6, 7]}
 HTA_RANK = re.compile(r'"rank":\s+(\d+)')  # HolisticTraceAnalysis reads the rank with this regex

@@ -11,8 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
+from support.paths import REPO
 
 
 def docs_examples() -> ModuleType:

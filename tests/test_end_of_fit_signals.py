@@ -2,7 +2,7 @@
 (issue 40: 1). Before, a Ctrl-C or a handler's ``sys.exit(143)`` that arrived while fit's end waited
 for the writer was swallowed there, and the job exited 0.
 
-Each case runs ``fault_scripts/end_of_fit_signal.py`` in a subprocess held at one phase of the
+Each case runs ``tests/scripts/fault/end_of_fit_signal.py`` in a subprocess held at one phase of the
 finish; the test sends the signal once the script says it is there, and compares the exit status
 with the same script without the callback, held at the same hook.
 """
@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support.paths import REPO, SCRIPTS
 
-SCRIPT = Path(__file__).resolve().parent / "fault_scripts" / "end_of_fit_signal.py"
-ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = SCRIPTS / "fault" / "end_of_fit_signal.py"
 SIGNALS = {"lightning": signal.SIGINT, "user": signal.SIGTERM, "default": signal.SIGTERM}
 PHASES = ["hand_off", "held", "writer", "teardown"]
 _baselines: dict[tuple[str, str], int] = {}
@@ -36,7 +36,7 @@ def _alive(pid: int) -> bool:
 def run(root: Path, phase: str, handler: str, *extra: str) -> tuple[int, str, str]:
     """The script's exit status and output, and what it wrote at its pause."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), str(root), phase, handler, *extra],
         stdout=subprocess.PIPE,
@@ -90,7 +90,7 @@ def test_a_run_with_a_writer_process_leaves_no_file_unclosed(tmp_path):
     # Every run ended with "ResourceWarning: unclosed file <_io.BufferedWriter name=6>": the pipes
     # to the writer process. Python's development mode shows every ResourceWarning.
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     proc = subprocess.run(
         [sys.executable, "-X", "dev", str(SCRIPT), str(tmp_path), "none", "default"],
         capture_output=True,

@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.paths import REPO, SCRIPTS
 
-SCRIPT = Path(__file__).parent / "exit_scripts" / "compiled_fit.py"
+SCRIPT = SCRIPTS / "exit" / "compiled_fit.py"
 
 
 def _run(tmp_path: Path, accelerator: str) -> subprocess.CompletedProcess:
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
         TORCHINDUCTOR_COMPILE_THREADS="1",
     )

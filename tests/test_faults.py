@@ -1,7 +1,7 @@
 """The user's own code and environment never crash, hang or lose a run (issue 15).
 
 Where a fault could crash or hang a process, the run happens in a subprocess
-(``fault_scripts/train.py``) whose exit status and wall time are asserted.
+(``tests/scripts/fault/train.py``) whose exit status and wall time are asserted.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import orjson
 import pytest
 import torch
 from conftest import MarkerModel, hooks_left, load_trace, loader, make_trainer, trace_files
+from support.paths import REPO, SCRIPTS
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.export.atomic import remove_stale_temporaries
@@ -29,14 +30,13 @@ from vt_lightning.export.layout import host_name
 from vt_lightning.recording.rivals import guard_installed
 from vt_lightning.recording.spool import PREFIX, Spool, default_spool_base, remove_dead_spools
 
-SCRIPT = Path(__file__).resolve().parent / "fault_scripts" / "train.py"
-ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = SCRIPTS / "fault" / "train.py"
 
 
 def run_script(config: dict, timeout: float = 180, cwd: str | None = None) -> tuple[dict, float, str]:
     """Run one scenario; return (report, wall seconds, output). Fails on a crash or a hang."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), json.dumps(config)],
@@ -318,7 +318,7 @@ def test_a_killed_trainers_spool_is_cleaned_at_the_next_setup(tmp_path):
         "max_steps": 10,
         "kill_self_at": 5,
     }
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(SCRIPT), json.dumps(config)], capture_output=True, timeout=180, env=env)
     assert proc.returncode == -signal.SIGKILL and time.monotonic() - start < 120
@@ -465,7 +465,7 @@ def test_a_writer_killed_mid_write_leaves_no_temporary_after_the_next_run(tmp_pa
         "def slow(f):\n    f.write(b'half'); f.flush(); print('writing', flush=True); time.sleep(60)\n"
         f"atomic_write({str(run_dir / 'h_0.0000000000.pt.trace.json.gz')!r}, slow)\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     writers = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env) for _ in range(2)]
     try:
         for w in writers:
@@ -525,7 +525,7 @@ def test_two_runs_sharing_a_dirpath_keep_each_others_windows(tmp_path):
         }
         for name in ("a", "b")
     ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     procs = [
         subprocess.Popen(
             [sys.executable, str(SCRIPT), json.dumps(c)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env

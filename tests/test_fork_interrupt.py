@@ -1,6 +1,6 @@
 """Forks inside a window and Ctrl-C never hang a process or lose a recorded window (issue 22: 1, 2).
 
-Each scenario runs ``fault_scripts/fork_and_interrupt.py`` in a subprocess of its own session, so a
+Each scenario runs ``tests/scripts/fault/fork_and_interrupt.py`` in a subprocess of its own session, so a
 hang is a failed test (bounded wall time) and Ctrl-C can go to a whole process group as a terminal
 sends it.
 """
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 from conftest import load_trace, trace_files
+from support.paths import REPO, SCRIPTS
 
-SCRIPT = Path(__file__).resolve().parent / "fault_scripts" / "fork_and_interrupt.py"
-ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = SCRIPTS / "fault" / "fork_and_interrupt.py"
 
 
 def run(root: Path, scenario: str, *extra: str, timeout: float = 150) -> tuple[subprocess.CompletedProcess, float]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), str(root), scenario, *extra],

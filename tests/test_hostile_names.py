@@ -1,7 +1,7 @@
 """Every name Python allows is safe where Python can see it (issue 40: 3). Before, one ESC in one
 function or file name dropped the window ("unexpected control character in string": VizTracer's raw
 dump holds names unescaped), and a module whose file name is not UTF-8 killed training with SIGSEGV
-inside VizTracer. Each fit runs ``fault_scripts/hostile_names.py`` in a subprocess: its exit status
+inside VizTracer. Each fit runs ``tests/scripts/fault/hostile_names.py`` in a subprocess: its exit status
 is checked, not only its files. The names only VizTracer can make safe are in docs/upstream.md."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from support.paths import REPO, SCRIPTS
 
 from vt_lightning.analysis.clock import ClockPair
 from vt_lightning.export.job import WindowJob
@@ -27,15 +28,14 @@ from vt_lightning.recording.children import DumpChildFailed, wait_for_dump
 from vt_lightning.recording.pytracer import PythonTracer, PythonTracerConfig
 from vt_lightning.recording.window import thread_names_now
 
-SCRIPT = Path(__file__).resolve().parent / "fault_scripts" / "hostile_names.py"
-ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = SCRIPTS / "fault" / "hostile_names.py"
 NAMES = ["esc\x1bname", "bel\x07name", "cr\rname", "nl\nname", "bidi\u202ename", "long_" + "x" * 3000]
 
 
 def run(root: Path, case: str) -> tuple[subprocess.CompletedProcess, dict]:
     """Run ``case`` of the fault script; its exit status must be 0 (before the guards: -11, SIGSEGV)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), str(root), case], capture_output=True, text=True, timeout=300, env=env
     )

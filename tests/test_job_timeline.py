@@ -1,5 +1,5 @@
 """The whole job on one timeline (issue 23): real 2-process DDP on CPU (gloo), started as a
-subprocess (``ddp_scripts/train_job.py``). Two trainings (~30 s each on a loaded 2-core box):
+subprocess (``tests/scripts/ddp/train_job.py``). Two trainings (~30 s each on a loaded 2-core box):
 
 * ``late_run``: rank 1 alone calls ``slow_on_rank_one`` (30 ms of sleep) in every training step, so
   it arrives last at every collective; 2 forked DataLoader workers per rank (recording/workers.py
@@ -27,15 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tbcheck
+from support import tbcheck
+from support.paths import SCRIPTS
 
 from vt_lightning.cli.command import main as vt_lightning_main
 from vt_lightning.export.layout import host_name
 from vt_lightning.export.report import hta_trace_files
 
-SCRIPT = Path(__file__).parent / "ddp_scripts" / "train_job.py"
+SCRIPT = SCRIPTS / "ddp" / "train_job.py"
 WINDOW = "window_000-batches_2-4"
 SPAN = "0000000002"
 JOB = f"job/job.{SPAN}.json.gz"

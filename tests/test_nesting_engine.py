@@ -9,13 +9,13 @@ from __future__ import annotations
 import ast
 import random
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.paths import REPO
 
 from vt_lightning.analysis import nest as engine
 from vt_lightning.analysis.nest import DROP_PARENT, SKIP, Nest, covering, lanes, outer_first, outer_first_order, walk
@@ -404,7 +404,7 @@ def test_tables_and_entry_times_are_the_reference_loops_to_the_bit(seed: int, co
 # One engine: no other module walks nested intervals
 # --------------------------------------------------------------------------------------------------
 
-PACKAGE = Path(__file__).resolve().parent.parent / "vt_lightning"
+PACKAGE = REPO / "vt_lightning"
 ENGINE = PACKAGE / "analysis" / "nest.py"
 
 

@@ -22,12 +22,12 @@ import orjson
 import pytest
 import torch
 from conftest import MS, VirtualClock, load_trace, loader, make_trainer, recorded_name, trace_files
+from support.paths import REPO
 from torch import nn
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.analysis.compare import change_text, diff, diff_table
 
-REPO = Path(__file__).resolve().parent.parent
 OPTIMIZER_S = 0.020
 HOOK_S = 0.004
 VALIDATION_S = 0.005

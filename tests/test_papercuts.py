@@ -21,8 +21,8 @@ from pathlib import Path
 import orjson
 import pytest
 from conftest import recorded_name
+from support.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "train.py"
 TIMEOUT = 300  # one small training on a loaded 2-core CI machine
 

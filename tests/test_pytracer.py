@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.paths import REPO
 
 from vt_lightning.recording import children
 from vt_lightning.recording.children import wait_for_dump
@@ -104,7 +105,7 @@ def test_import_needs_no_torch():
     )
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")])),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
@@ -668,7 +669,7 @@ def test_viztracers_thread_key_is_deleted_before_the_interpreter_finalizes():
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["during the run: True", "after exit: None"], proc.stdout

@@ -18,9 +18,9 @@ from typing import Any
 
 import orjson
 import pytest
-import tab_run
 from conftest import recorded_name
-from tab_run import input_bound_run
+from support import tab_run
+from support.tab_run import input_bound_run
 from tensorboard.backend.application import TensorBoardWSGI
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client

@@ -16,10 +16,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-import tab_run
-import tbcheck
 from conftest import recorded_name
-from tab_run import input_bound_run
+from support import tab_run, tbcheck
+from support.paths import REPO
+from support.tab_run import input_bound_run
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "img" / "tb_vt_lightning.png"
+SCREENSHOT = REPO / "docs" / "img" / "tb_vt_lightning.png"
 WAIT_S = 60.0
 
 

@@ -1,7 +1,7 @@
 """Our trace files in the REAL TensorBoard PyTorch Profiler plugin (torch-tb-profiler 0.4.3).
 
 * ``test_traces_parse_in_plugin``: a real Lightning run in process; every window's file goes through
-  the plugin's own parser and run generator (tests/tbcheck.py) and offers Overview, Operator, Trace
+  the plugin's own parser and run generator (tests/support/tbcheck.py) and offers Overview, Operator, Trace
   and Memory, with Python calls (cat FEE) and torch ops (cat cpu_op) on one thread.
 * ``test_live_tensorboard`` (slow): a real ``tensorboard`` serves the still-empty root, training
   runs in a subprocess, and the plugin's HTTP API must list every window (only ever complete ones)
@@ -23,9 +23,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tbcheck
+from support import tbcheck
 
 SCHEDULE = dict(wait=1, warmup=1, active=2, repeat=2)
 MAX_STEPS = 10

@@ -12,7 +12,6 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-import tbcheck
 import torch
 from conftest import (
     MarkerModel,
@@ -25,6 +24,7 @@ from conftest import (
     recorded_name,
     trace_files,
 )
+from support import tbcheck
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.analysis.merge import PYTHON_CATEGORY

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 from conftest import recorded_name
+from support.vision_fit import fit_vision
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
-from vision_fit import fit_vision
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.analysis.usercode import code_origin, parse_function

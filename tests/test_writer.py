@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from conftest import MarkerModel, load_trace, loader, make_trainer, trace_files
 from lightning.pytorch.callbacks import Callback
+from support.paths import REPO, SCRIPTS, TESTS
 
 from vt_lightning import VizTraceCallback
 from vt_lightning.controller import run as runs
@@ -156,7 +157,7 @@ print(json.dumps(order))
 def test_a_fork_waits_until_the_writer_process_has_started(tmp_path):
     """A child forked while Popen runs would inherit Popen's exec-status pipe and keep Popen (and so
     the writer) waiting until that child exits; forks wait the few ms Popen takes instead."""
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run(
         [sys.executable, "-c", _FORK_DURING_SPAWN], env=env, capture_output=True, text=True, timeout=60
     )
@@ -165,7 +166,7 @@ def test_a_fork_waits_until_the_writer_process_has_started(tmp_path):
 
 
 # ---------------------------------------------------------------- a writer killed after it published
-KILLED_AFTER_PUBLISH = Path(__file__).resolve().parent / "fault_scripts" / "writer_killed_after_publish.py"
+KILLED_AFTER_PUBLISH = SCRIPTS / "fault" / "writer_killed_after_publish.py"
 
 
 @pytest.mark.parametrize("point", ["trace", "answer"])
@@ -227,9 +228,7 @@ print(json.dumps({{"modes": modes, "windows": len(cb.results)}}))
 
 @pytest.mark.parametrize("use_process, umask", [(False, 0o077), (True, 0o027)], ids=["fallback-077", "process-027"])
 def test_files_and_directories_follow_the_umask_in_force_when_written(tmp_path, use_process, umask):
-    code = _UMASK_RUN.format(
-        tests=str(Path(__file__).resolve().parent), root=str(tmp_path), use_process=use_process, umask=umask
-    )
+    code = _UMASK_RUN.format(tests=str(TESTS), root=str(tmp_path), use_process=use_process, umask=umask)
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # conftest's MarkerModel
+sys.path.insert(0, str(HERE.parents[1]))  # tests/: conftest's MarkerModel
 
 import torch  # noqa: E402
 from conftest import MarkerModel, make_trainer  # noqa: E402

@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # conftest's MarkerModel
+sys.path.insert(0, str(HERE.parents[1]))  # tests/: conftest's MarkerModel
 
 config = json.loads(sys.argv[1])
 if config.get("rlimit_as_gb"):

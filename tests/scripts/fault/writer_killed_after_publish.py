@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PACKAGE_ROOT = str(HERE.parents[1])
+PACKAGE_ROOT = str(HERE.parents[2])
 KILL_AFTER = "VT_TEST_KILL_WRITER_AFTER"
 
 
@@ -53,7 +53,7 @@ def writer_role() -> None:
 
 
 def training_role(root: str, point: str) -> None:
-    sys.path[:0] = [str(HERE.parent), PACKAGE_ROOT]  # conftest's MarkerModel
+    sys.path[:0] = [str(HERE.parents[1]), PACKAGE_ROOT]  # tests/: conftest's MarkerModel
     os.environ[KILL_AFTER] = point  # the writer process inherits it
     from conftest import MarkerModel, loader, make_trainer
 

@@ -12,9 +12,10 @@ from typing import Any
 import lightning as L
 from conftest import load_trace, trace_files
 
+from support.paths import REPO
 from vt_lightning import VizTraceCallback
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vision.py"
+EXAMPLE = REPO / "examples" / "vision.py"
 
 
 def load_vision() -> ModuleType:

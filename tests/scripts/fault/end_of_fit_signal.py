@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # conftest's MarkerModel
+sys.path.insert(0, str(HERE.parents[1]))  # tests/: conftest's MarkerModel
 
 from conftest import MarkerModel, loader, make_trainer  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # conftest's MarkerModel
+sys.path.insert(0, str(HERE.parents[1]))  # tests/: conftest's MarkerModel
 
 from conftest import MarkerModel, load_trace, loader, make_trainer, renamed, trace_files  # noqa: E402
 
