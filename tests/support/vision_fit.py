@@ -1,5 +1,5 @@
 """One Trainer set-up for ``examples/vision.py``'s CNN and augmenting dataset (DataLoader workers),
-shared by the tests that fit it (``test_worker_calls.py``, ``test_compiled_nesting.py``)."""
+shared by the tests that fit it (tests/integration/test_worker_calls.py, tests/integration/test_compiled_nesting.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A tiny 2-process DDP training on CPU (gloo), traced by vt_lightning. Run by tests/test_ddp.py.
+"""A tiny 2-process DDP training on CPU (gloo), traced by vt_lightning. Run by tests/system/test_ddp.py.
 
 Lightning's subprocess launcher starts rank 1 by re-running this script with the same arguments,
 so everything is configured from the command line. Each rank writes ``<report>/rank_<r>.json``

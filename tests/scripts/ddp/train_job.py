@@ -1,5 +1,5 @@
 """A tiny 2-process DDP training on CPU (gloo) for the job timeline (issue 23). Run by
-tests/test_job_timeline.py.
+tests/system/test_job_timeline.py.
 
 Every training step calls ``torch.distributed.barrier()`` (its exits must line up on the job
 timeline) and, with ``--late-rank R``, rank R alone calls ``slow_on_rank_one`` (30 ms of sleep)

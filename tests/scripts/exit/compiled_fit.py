@@ -1,6 +1,6 @@
 """A torch.compile'd LightningModule trained through a vt_lightning window; the job must exit 0.
 
-Run as a subprocess by tests/test_exit.py: ``python compiled_fit.py OUT_DIR [cuda]``. Prints one
+Run as a subprocess by tests/system/test_exit.py: ``python compiled_fit.py OUT_DIR [cuda]``. Prints one
 JSON line with what the window wrote, which hooks were left and what is still running that the
 interpreter's shutdown would wait for or tear down under it (threads, child processes), then
 returns normally, so the exit status is the interpreter's own shutdown (where the crash on 3.12.3 +

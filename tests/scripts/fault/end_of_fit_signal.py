@@ -1,5 +1,5 @@
 """A short fit whose end-of-fit finish is held at one phase until a signal arrives; run by
-tests/test_end_of_fit_signals.py in a subprocess, whose exit status is the subject.
+tests/system/test_end_of_fit_signals.py in a subprocess, whose exit status is the subject.
 
     python end_of_fit_signal.py <root> <phase> <handler> [--no-callback]
 

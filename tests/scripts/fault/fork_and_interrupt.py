@@ -1,5 +1,5 @@
 """Training runs where a process forks inside a window, or Ctrl-C arrives; run by
-tests/test_fork_interrupt.py in a subprocess. Prints one JSON report as its last line (when it gets
+tests/system/test_fork_interrupt.py in a subprocess. Prints one JSON report as its last line (when it gets
 that far).
 
     python fork_and_interrupt.py <root> <scenario> [--no-callback]

@@ -1,5 +1,5 @@
 """A short fit whose training step calls code with names Python allows and tools may not; run by
-tests/test_hostile_names.py in a subprocess, whose exit status is part of the subject. Prints one
+tests/system/test_hostile_names.py in a subprocess, whose exit status is part of the subject. Prints one
 JSON report as its last line.
 
     python hostile_names.py <root> <case>

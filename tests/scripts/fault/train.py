@@ -1,4 +1,4 @@
-"""One small training run with VizTraceCallback and one fault scenario. Run by tests/test_faults.py
+"""One small training run with VizTraceCallback and one fault scenario. Run by tests/system/test_faults.py
 in a subprocess (the faults may crash or hang a process); prints one JSON report as its last line.
 
     python train.py '<json config>'

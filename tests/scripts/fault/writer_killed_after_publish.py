@@ -1,5 +1,5 @@
 """A training run whose writer process SIGKILLs itself at a chosen point of the first window, after
-that window's trace was published. Run by tests/test_writer.py in a subprocess; prints one JSON
+that window's trace was published. Run by tests/system/test_writer.py in a subprocess; prints one JSON
 report as its last line.
 
     python writer_killed_after_publish.py <root> <trace|answer>
