@@ -111,7 +111,9 @@ def event_categories(trace: dict | bytes | str) -> dict[str, int]:
 
 
 def contract_problems(trace: dict) -> list[str]:
-    """Breaches of the DESIGN.md plugin contract that the parser does not always report itself."""
+    """Breaches of the trace file's contract with the plugin (docs/files.md, "Trace file": ``traceEvents``
+    last, a string ``name`` on every event, a string ``cat`` and numeric ``ts`` and ``dur`` on every
+    ``X`` event) that the parser does not always report itself."""
     problems = []
     keys = list(trace)
     if not keys or keys[-1] != "traceEvents":
