@@ -12,8 +12,9 @@
 * No module reaches another module's ``_private`` names (attributes, functions, imports).
 * One definition per name: no module assigns a name ``constants.py`` defines, nor writes one of
   its string values as a literal.
-* docs/architecture.md names only modules that exist, and its "where to add a verdict kind" and
-  docs/verdicts.md's table of kinds match the verdict registry (analysis/verdicts/__init__.py).
+* docs/architecture.md's "where to add a verdict kind" and docs/verdicts.md's table of kinds match
+  the verdict registry (analysis/verdicts/__init__.py); that every name the documents give exists
+  is tests/unit/test_docs_names.py's.
 * Fault boundaries: every broad ``except`` outside the places where our code meets the run carries
   its reason as a comment on its line.
 * Rooms: no module over 600 lines (a sign that it holds two responsibilities: split it by
@@ -690,45 +691,10 @@ def test_a_reintroduced_duplicate_constant_is_found():
 
 
 # --------------------------------------------------------------------------------------------------
-# The documents name what exists
+# The verdict docs match the registry
 # --------------------------------------------------------------------------------------------------
 
 DOCS = ROOT.parent / "docs"
-# ``analysis/verdicts/base.py``, ``controller/handoff.finishes_at_end``, ``options.py``
-MODULE_PATH = re.compile(
-    r"(?<![\w/.])((?:(?:analysis|export|recording|controller|cli|tensorboard)/)(?:[a-z_]+/)*[a-z_]+)(?:\.py|\.[A-Za-z_]+)?"
-    r"|(?<![\w/.])(constants|options|callback)\.py"
-)
-
-
-def named_modules(text: str) -> set[str]:
-    """Package paths a text names (``analysis/verdicts/base.py`` -> ``analysis/verdicts/base``)."""
-    return {a or b for a, b in MODULE_PATH.findall(text)}
-
-
-def _exists(name: str) -> bool:
-    return (ROOT / f"{name}.py").is_file() or (ROOT / name / "__init__.py").is_file()
-
-
-def test_architecture_doc_names_only_modules_that_exist():
-    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
-    names = named_modules(text)
-    assert {"analysis/verdicts/base", "controller/watch", "options"} <= names, sorted(names)
-    missing = sorted(n for n in names if not _exists(n))
-    assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
-    assert not _exists("analysis/render")  # the check itself: a gone module is reported
-    assert "analysis/render" in named_modules("its rendering in `analysis/render.py`")
-
-
-def test_docstrings_name_only_modules_that_exist():
-    missing = []
-    for module, (_, source) in package_sources().items():
-        tree = ast.parse(source)
-        docstrings = _docstrings(tree)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) in docstrings:
-                missing += [f"{module}: {n}" for n in named_modules(node.value) if not _exists(n)]
-    assert not missing, "docstrings name modules that do not exist:\n" + "\n".join(sorted(set(missing)))
 
 
 def _verdict_registry() -> dict[str, str]:
