@@ -9,7 +9,7 @@ The four interpreters test three version sets, so the tested range is the declar
 * **3.11 and 3.12, pinned** (``ci/constraints.txt``): what the team develops with (torch 2.13.0: on
   the project's CPU-only machines the local CPU wheel for 3.11, PyPI's CUDA build, which runs on the
   CPU, elsewhere), with Holistic Trace Analysis (the ``analysis`` extra, ~80 packages of Jupyter, so
-  only here) for tests/test_hta.py; the lint and types sessions and their tools (ruff, mypy, nox)
+  only here) for tests/integration/test_hta.py; the lint and types sessions and their tools (ruff, mypy, nox)
   are pinned there too (the system tier runs at the range's ends, 3.10 and 3.13: ``suite_passes``);
 * **3.13, newest**: no pins at all, upgraded eagerly at every run, as a user's fresh
   ``pip install vt-lightning`` gets it. Machines that cap pip through a site-wide constraints file
@@ -99,7 +99,7 @@ def install_version_set(session: nox.Session, version_set: str) -> None:
     uv_options = [*pip_find_links(), "--compile-bytecode"] if uv else []
     if version_set == "lower":
         session.install("-q", *uv_options, *LOWER_BOUNDS, "-e", ".[test]")
-    elif version_set == "pinned":  # with HTA (the ``analysis`` extra): tests/test_hta.py runs here
+    elif version_set == "pinned":  # with HTA (the ``analysis`` extra): tests/integration/test_hta.py runs here
         session.install("-q", *uv_options, *CONSTRAINTS, "-e", ".[test,analysis]")
     elif uv:  # newest: nothing pinned (uv reads no pip configuration, so no site-wide cap either)
         session.install("-q", *uv_options, "--upgrade", "-e", ".[test]")
@@ -140,7 +140,7 @@ def types(session: nox.Session) -> None:
 TYPES_IN_TESTS = TOOLS_PYTHON  # the tests session that also runs ``mypy vt_lightning`` (see ``types``)
 
 
-# The suite in two passes: every file but the serial ones (tests/conftest.py SERIAL_FILES) on all
+# The suite in two passes: every file but the serial ones (marked ``serial`` in the file itself) on all
 # cores, a file's tests together on one worker (its module fixtures run once); then the serial files
 # alone, since they time things across processes or race with the machine's load. On the 2-core CI
 # machine the two passes take ~10 min per Python where one serial pass took ~16.

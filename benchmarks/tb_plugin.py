@@ -4,7 +4,7 @@
     python benchmarks/tb_plugin.py --quick     # 50 and 200 windows, 1 round
     python benchmarks/tb_plugin.py --no-write  # print only
 
-One real ``Trainer.fit`` with ``VizTraceCallback`` writes one window (tests/tab_run.py's slow
+One real ``Trainer.fit`` with ``VizTraceCallback`` writes one window (tests/support/tab_run.py's slow
 ``__getitem__``: an input_bound verdict). Its files are then copied into N window directories of
 one run: each gets its own summary file (the real summary with its window index changed), and hard
 links to the real trace and memory snapshot. Measured in process, through TensorBoard's own WSGI routing, with a fresh
@@ -46,9 +46,9 @@ FIRST_PAGE = 200  # static/index.js's FIRST_PAGE
 
 def one_window(root: Path) -> Path:
     """A real window directory, written by the callback: the TensorBoard tab tests' run
-    (tests/tab_run.py), one window of it."""
+    (tests/support/tab_run.py), one window of it."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from tab_run import input_bound_run
+    from support.tab_run import input_bound_run
 
     input_bound_run(root, repeat=1)
     (summary,) = root.rglob(f"*{SUMMARY}")

@@ -8,7 +8,7 @@ Each block sits between two HTML comments (``BEGIN`` / ``END``, ``SUMMARY_BEGIN`
 Paths are written as a user's (``/home/me/proj``, ``examples/train.py``); ``normalise`` blanks out
 what differs between runs (timings, column widths, line wrapping) and ``summary_facts`` keeps what a
 stale example gets wrong (the user's functions, their lines and calls, the parts, the allocation
-sites in the example), so tests/test_docs_examples.py can compare the docs with a fresh run.
+sites in the example), so tests/system/test_docs_examples.py can compare the docs with a fresh run.
 """
 
 from __future__ import annotations

@@ -433,7 +433,7 @@ def shoot_job(chromium: str, job_file: Path, out: Path, raw: Path) -> None:
 
 def job_file_of_a_late_rank(work: Path) -> Path:
     """Run the 2-rank DDP test script (rank 1 late by 30 ms per step, 2 workers per rank)."""
-    script = REPO / "tests" / "ddp_scripts" / "train_job.py"
+    script = REPO / "tests" / "scripts" / "ddp" / "train_job.py"
     env = {k: v for k, v in os.environ.items() if not k.startswith("VT_LIGHTNING")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     args = ["--root", str(work / "job"), "--report", str(work / "report"), "--late-rank", "1", "--num-workers", "2"]

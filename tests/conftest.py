@@ -1,6 +1,6 @@
 """Shared fixtures: a tiny LightningModule whose training step leaves a per-batch Python marker; and
 the three test tiers (CONTRIBUTING.md): every test is in exactly one of ``unit``, ``integration`` and
-``system``, by its file's default below or by its own marker."""
+``system``, the folder its file lives in."""
 
 from __future__ import annotations
 
@@ -20,92 +20,42 @@ import lightning as L
 import orjson
 import pytest
 import torch
+from support.paths import TESTS
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 MARKER = re.compile(r"^batch_(\d+) ")
 
 # ------------------------------------------------------------------------------------------------
-# Tiers. unit: pure, in-process, no Trainer, no subprocess, the whole tier in seconds.
+# Tiers: a test's tier is the folder it lives in (tests/unit, tests/integration, tests/system).
+# unit: pure, in-process, no Trainer, no subprocess, the whole tier in seconds.
 # integration: a real Trainer, files, the real parsers (TensorBoard plugin, memory_viz, HTA).
 # system: subprocesses, DDP, the TensorBoard server, faults.
-# A test whose tier differs from its file's default carries its own marker.
+# Each tier folder is a package (its __init__.py), so that one subject's tests keep one file name
+# in every tier (unit/test_budget.py, integration/test_budget.py). Serial files and the benchmarks'
+# smoke file say so themselves (``pytestmark``; CONTRIBUTING.md).
 # ------------------------------------------------------------------------------------------------
 TIERS = ("unit", "integration", "system")
-FILE_TIERS = {
-    "test_architecture.py": "unit",
-    "test_benchmarks_smoke.py": "system",
-    "test_bounded_waits.py": "integration",
-    "test_budget.py": "integration",
-    "test_callback.py": "integration",
-    "test_cli.py": "unit",
-    "test_cli_hostile.py": "system",
-    "test_command.py": "system",
-    "test_compile_watch.py": "integration",
-    "test_console_bounds.py": "unit",
-    "test_cuda_paths.py": "integration",
-    "test_ddp.py": "system",
-    "test_docs_examples.py": "system",
-    "test_exit.py": "system",
-    "test_end_of_fit_signals.py": "system",
-    "test_fault_boundary.py": "integration",
-    "test_faults.py": "system",
-    "test_fidelity.py": "integration",
-    "test_filters.py": "integration",
-    "test_flight_recorder.py": "integration",
-    "test_flight_samples.py": "unit",
-    "test_fork_interrupt.py": "system",
-    "test_hostile_names.py": "system",
-    "test_hta.py": "integration",
-    "test_job_timeline.py": "system",
-    "test_lifecycle.py": "unit",
-    "test_lightning_view.py": "integration",
-    "test_log_dir.py": "integration",
-    "test_long_jobs.py": "integration",
-    "test_memory.py": "unit",
-    "test_native_threads.py": "integration",
-    "test_nesting_engine.py": "unit",
-    "test_numbers.py": "integration",
-    "test_offsets.py": "unit",
-    "test_option_limits.py": "integration",
-    "test_papercuts.py": "system",
-    "test_proc_stat.py": "unit",
-    "test_pytracer.py": "integration",
-    "test_reliability.py": "integration",
-    "test_remote_dirs.py": "integration",
-    "test_retention.py": "integration",
-    "test_schedule.py": "unit",
-    "test_side_recorders.py": "integration",
-    "test_straggler.py": "unit",
-    "test_summary.py": "unit",
-    "test_tb_plugin.py": "integration",
-    "test_tb_tab.py": "system",
-    "test_tensorboard.py": "integration",
-    "test_time_grid.py": "unit",
-    "test_trigger_windows.py": "integration",
-    "test_triggers.py": "unit",
-    "test_user_code.py": "integration",
-    "test_verdict_runs.py": "integration",
-    "test_verdicts.py": "unit",
-    "test_workers.py": "system",
-    "test_writer.py": "system",
-}
 
 
-# Files whose runs time things across processes or race with the machine's load (DDP barriers and
-# stragglers, killed DataLoader workers, forks inside windows, verdicts from shares of a few ms
-# steps). nox runs them alone, after every other file has run in parallel (pytest-xdist, noxfile.py);
-# a plain ``pytest`` runs everything in one pass.
-SERIAL_FILES = {
-    "test_ddp.py",
-    "test_fork_interrupt.py",
-    "test_job_timeline.py",
-    "test_verdict_runs.py",
-    "test_workers.py",
-}
+def tier_of(path: Path) -> str | None:
+    """The tier folder ``path`` is in, or None outside ``tests/unit``, ``tests/integration`` and
+    ``tests/system``."""
+    try:
+        folder = path.resolve().relative_to(TESTS).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return folder if folder in TIERS else None
 
 
-BENCHMARK_SMOKE_FILE = "test_benchmarks_smoke.py"  # marked ``benchmarks``: nox runs it on one Python
+def tier_problem(path: Path, marked: set[str]) -> str | None:
+    """Why a test in ``path`` that carries the tier markers ``marked`` has no single tier, or None."""
+    tier = tier_of(path)
+    if tier is None:
+        return "outside the tier folders"
+    if marked - {tier}:
+        return f"marked {', '.join(sorted(marked - {tier}))} in tests/{tier}/"
+    return None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -118,23 +68,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give each test its file's tier unless it names its own; exactly one tier per test."""
+    """Mark each test with the tier of its folder; a test outside the tier folders, or marked with
+    another tier than its folder's, fails the collection."""
     problems = []
     for item in items:
-        own = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
-        if not own and item.path.name in FILE_TIERS:
-            item.add_marker(FILE_TIERS[item.path.name])
-            own = {FILE_TIERS[item.path.name]}
-        if item.path.name in SERIAL_FILES:
-            item.add_marker("serial")
-        if item.path.name == BENCHMARK_SMOKE_FILE:
-            item.add_marker("benchmarks")
-        if len(own) != 1:
-            problems.append(f"{item.nodeid}: tiers {sorted(own) or 'none'}")
+        problem = tier_problem(item.path, {mark.name for mark in item.iter_markers() if mark.name in TIERS})
+        if problem:
+            problems.append(f"{item.nodeid}: {problem}")
+        else:
+            item.add_marker(str(tier_of(item.path)))
     if problems:
         raise pytest.UsageError(
-            "every test needs exactly one tier (unit, integration or system): add its file to "
-            "FILE_TIERS in tests/conftest.py or mark the test.\n" + "\n".join(problems)
+            "a test's tier is its folder: put each test file in tests/unit, tests/integration or "
+            "tests/system, and mark no test with another tier (CONTRIBUTING.md).\n" + "\n".join(problems)
         )
 
 

@@ -240,7 +240,7 @@ def download(url: URL, directory: Path, max_bytes: int = VIEW_MAX_INFLATED_BYTES
 def parsed_size_bound(data: bytes | bytearray) -> int:
     """An upper bound, in bytes, of what ``orjson.loads(data)`` allocates: per object, list and
     value from the bytes that open them, plus the strings (4 bytes a character unless all ASCII);
-    above every shape tried (tests/test_cli_hostile.py)."""
+    above every shape tried (tests/system/test_cli_hostile.py)."""
     return _containers_and_values(data) + (1 if _narrow(data) else 4) * len(data)
 
 
