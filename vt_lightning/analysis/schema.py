@@ -30,6 +30,8 @@ class Steps(TypedDict):
     recorded: list[int]
     counted: list[int]  # the first recorded step is left out when there are several (no fetch)
     ms: dict[str, float]  # step number (as a string: JSON keys) -> duration
+    bounds_us: dict[str, list[float]]  # step number -> [start, end] on the trace's timeline (µs, its ``ts``)
+    trace_us: list[float] | None  # [first start, last end] of the trace's timed events
     breakdown_source: str
     user_hooks: dict[str, str]  # the user's hook overrides that ran -> their breakdown part
 
@@ -44,6 +46,7 @@ class Totals(TypedDict):
 
 
 class StepMs(TypedDict):
+    min: float | None
     mean: float | None
     p50: float | None
     max: float | None
@@ -56,7 +59,8 @@ class PythonEntry(TypedDict):
     origin: str  # "user", "package", "stdlib", "builtin", "generated" (a compiler's output) or "vt_lightning"
     package: str | None
     folded: int  # functions folded into this line (0: one function)
-    calls: int
+    calls: int  # over the counted steps
+    calls_per_step: float
     self_ms: float
     inclusive_ms: float
 
@@ -69,7 +73,8 @@ class TopPython(TypedDict):
 
 class OpEntry(TypedDict):
     name: str
-    calls: int
+    calls: int  # over the counted steps
+    calls_per_step: float
     self_cpu_ms: float
     cpu_ms: float
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,6 +81,17 @@ def totals(values_us: Mapping[str, float], steps: int) -> Totals:
     }
 
 
+def trace_bounds(rest: Sequence[Mapping[str, Any]], calls: Iterable[Calls]) -> list[float] | None:
+    """``[first start, last end]`` of a trace's timed events (µs): where a viewer's range must stay."""
+    starts = [float(e["ts"]) for e in rest if "ts" in e]
+    ends = [float(e["ts"]) + float(e.get("dur", 0.0) or 0.0) for e in rest if "ts" in e]
+    for c in calls:
+        if len(c.starts):
+            starts.append(float(c.starts.min()))
+            ends.append(float(c.ends.max()))
+    return [round(min(starts), 3), round(max(ends), 3)] if starts else None
+
+
 def function_key(entry: Mapping[str, Any]) -> str:
     """How ``diff`` names a function: ``"Model.forward (/src/model.py:12)"``, or a C function's name."""
     if entry.get("file"):
@@ -97,6 +108,7 @@ def _entry(meta: Mapping[str, Any], stat: Stat, steps: int, folded: int = 0) -> 
         "package": meta["package"],
         "folded": folded,
         "calls": stat.calls,
+        "calls_per_step": round(stat.calls / steps, 3),
         "self_ms": _ms(stat.self_us / steps),
         "inclusive_ms": _ms(stat.inclusive_us / steps),
     }
@@ -206,7 +218,13 @@ def top_ops(
     by_cpu = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:limit]
     out: TopOps = {
         "by_cpu": [
-            {"name": name, "calls": int(s[0]), "self_cpu_ms": _ms(s[2] / steps), "cpu_ms": _ms(s[1] / steps)}
+            {
+                "name": name,
+                "calls": int(s[0]),
+                "calls_per_step": round(s[0] / steps, 3),
+                "self_cpu_ms": _ms(s[2] / steps),
+                "cpu_ms": _ms(s[1] / steps),
+            }
             for name, s in by_cpu
         ],
         "totals": totals({name: s[2] for name, s in stats.items()}, steps),
@@ -292,10 +310,13 @@ def summarize(
             "recorded": recorded,
             "counted": counted,
             "ms": {str(n): _ms(per_step[n]) for n in recorded},
+            "bounds_us": {str(n): [round(steps[n][0], 3), round(steps[n][1], 3)] for n in recorded},
+            "trace_us": trace_bounds(rest, data.python_calls.values()),
             "breakdown_source": data.breakdown_source,
             "user_hooks": data.user_hooks,
         },
         "step_ms": {
+            "min": _ms(min(durations)) if durations else None,
             "mean": _ms(sum(durations) / count) if durations else None,
             "p50": _ms(_percentile(durations, 0.5)) if durations else None,
             "max": _ms(max(durations)) if durations else None,

@@ -52,6 +52,24 @@ def _where(entry: Mapping[str, Any]) -> str:
     return entry.get("origin") or ""
 
 
+def _calls(entry: Mapping[str, Any]) -> str:
+    """Calls per counted step (a summary without ``calls_per_step``: its count over the steps)."""
+    per_step = entry.get("calls_per_step")
+    return f"{per_step:g}" if isinstance(per_step, (int, float)) else f"{entry.get('calls')} (all steps)"
+
+
+def step_spread_text(summary: Summary) -> str:
+    """``median 50.8 ms (min–max 44.1–80.4 over 5 steps)``; two steps or fewer are listed, never averaged."""
+    ms = (summary.get("steps") or {}).get("ms") or {}
+    values = [ms[str(n)] for n in (summary.get("steps") or {}).get("counted") or [] if str(n) in ms]
+    if not values:
+        return "no counted steps"
+    if len(values) <= 2:
+        return f"{len(values)} step{'s' * (len(values) > 1)}: {' and '.join(f'{v:.1f}' for v in values)} ms"
+    p50 = (summary.get("step_ms") or {}).get("p50")
+    return f"median **{_num(p50)} ms** (min–max {min(values):.1f}–{max(values):.1f} over {len(values)} steps)"
+
+
 def straggler_text(straggler: Mapping[str, Any] | None) -> str:
     """``straggler: rank 1 (others wait 31.0 ms/step, 82% of the step), in slow (train.py:30) +30.1 ms/step``."""
     if not straggler:
@@ -95,8 +113,7 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
     lines = [f"### vt_lightning {window_title(summary)}", ""]
     counted = steps.get("counted") or []
     lines.append(
-        f"Step time: mean **{_num(step.get('mean'))} ms**, p50 {_num(step.get('p50'))} ms, "
-        f"max {_num(step.get('max'))} ms over batches {', '.join(map(str, counted)) or '–'} "
+        f"Step time: {step_spread_text(summary)} over batches {', '.join(map(str, counted)) or '–'} "
         f"(breakdown from {steps.get('breakdown_source', '?')})."
     )
     if summary.get("verdicts") is not None:  # optional in the schema
@@ -109,19 +126,19 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
     if python:
         lines += [
             "",
-            "| Python function (user code first) | where | incl. ms/step | self ms/step | calls |",
+            "| Python function (user code first) | where | incl. ms/step | self ms/step | calls/step |",
             "|---|---|---:|---:|---:|",
         ]
         for entry in python[: top * 2]:
             lines.append(
                 f"| `{entry['function']}` | {_where(entry)} | {_num(entry['inclusive_ms'], 2)} | "
-                f"{_num(entry['self_ms'], 2)} | {entry['calls']} |"
+                f"{_num(entry['self_ms'], 2)} | {_calls(entry)} |"
             )
     ops = (summary.get("top_ops") or {}).get("by_cpu") or []
     if ops:
-        lines += ["", "| torch op | self CPU ms/step | CPU ms/step | calls |", "|---|---:|---:|---:|"]
+        lines += ["", "| torch op | self CPU ms/step | CPU ms/step | calls/step |", "|---|---:|---:|---:|"]
         for op in ops[:top]:
-            lines.append(f"| `{op['name']}` | {_num(op['self_cpu_ms'], 2)} | {_num(op['cpu_ms'], 2)} | {op['calls']} |")
+            lines.append(f"| `{op['name']}` | {_num(op['self_cpu_ms'], 2)} | {_num(op['cpu_ms'], 2)} | {_calls(op)} |")
     kernel_ops = (summary.get("top_ops") or {}).get("by_kernel") or []
     if kernel_ops:
         lines += ["", "| torch op | kernel ms/step | kernels |", "|---|---:|---:|"]
