@@ -43,6 +43,7 @@ class Totals(TypedDict):
     ms: dict[str, float]
     other_ms: float
     other_count: int  # how many are in ``other_ms`` (0: ``ms`` lists every one)
+    below: list[str]  # summary.name_hash of each of them: "under the threshold", not "absent"
 
 
 class StepMs(TypedDict):

@@ -6,6 +6,7 @@ batch's fetch (later steps open at the previous batch's end, as torch's ``profil
 
 from __future__ import annotations
 
+import zlib
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -66,18 +67,25 @@ def _clipped(start: float, end: float, region: Span | None) -> Span | None:
     return max(start, lo), min(end, hi)
 
 
+def name_hash(name: str) -> str:
+    """The 8-hex crc32 ``totals.below`` lists for a name under the threshold: with it, ``diff`` tells
+    "under the threshold" from "only in the other" (a collision errs towards "under", never "only in")."""
+    return f"{zlib.crc32(name.encode('utf-8', 'surrogatepass')):08x}"
+
+
 def totals(values_us: Mapping[str, float], steps: int) -> Totals:
     """Every entry whose per-step value is at least the threshold, and the rest as one bucket."""
     per_step = sorted(((k, v / steps) for k, v in values_us.items()), key=lambda kv: kv[1], reverse=True)
     threshold = TOTALS_MIN_US
     if len(per_step) > TOTALS_MAX:
         threshold = max(threshold, per_step[TOTALS_MAX - 1][1])
-    rest = [v for _, v in per_step if v < threshold]
+    rest = [(k, v) for k, v in per_step if v < threshold]
     return {
         "threshold_ms": _ms(threshold),
         "ms": {k: _ms(v) for k, v in per_step if v >= threshold},
-        "other_ms": _ms(sum(rest)),
+        "other_ms": _ms(sum(v for _, v in rest)),
         "other_count": len(rest),
+        "below": sorted({name_hash(k) for k, _ in rest}),
     }
 
 
