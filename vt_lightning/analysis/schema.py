@@ -125,7 +125,25 @@ class AllocationSite(TypedDict):
     mb: float
 
 
-class Memory(TypedDict):
+class LiveSite(TypedDict):
+    """Where the allocations live at the peak were made: the innermost user frame, else the innermost
+    Python frame, else the innermost op (CPU: a function's ``def`` line; CUDA: the allocating line)."""
+
+    function: str
+    file: str | None
+    line: int | None
+    origin: str  # "user" or "other"
+    bytes: int
+    allocations: int
+
+
+class _MemoryAdded(TypedDict, total=False):
+    peak_ts_us: float | None  # when the main device peaked, on the trace's timeline
+    top_sites_at_peak: list[LiveSite]  # the main device's, largest first
+    view: str  # the memory view side file's name, beside the summary
+
+
+class Memory(_MemoryAdded):
     peak_allocated_mb: float | None
     peak_reserved_mb: float | None
     peak_allocated_bytes: int | None
@@ -217,6 +235,21 @@ class CompileSummary(TypedDict):
     torch: str | None
 
 
+class SourceFile(TypedDict, total=False):
+    """One file's recorded lines (export/source_lines.py), or why there are none (``error``)."""
+
+    mtime_ns: int
+    size: int
+    sha256: str
+    lines: dict[str, str]  # line number (as a string) -> its text, as it was when the window was written
+    error: str
+
+
+class Sources(TypedDict):
+    files: dict[str, SourceFile]  # keyed by the file as the summary names it
+    truncated: bool  # the summary's budget of lines ran out: some files are missing
+
+
 class _SummaryAdded(TypedDict, total=False):
     """Keys added within schema 2 (absent in files written before them)."""
 
@@ -225,6 +258,7 @@ class _SummaryAdded(TypedDict, total=False):
     verdicts: list[Verdict]  # largest share first; [] when no rule fired
     job: JobInfo  # rank 0 only, when every rank of a DDP job traced the window (docs/distributed.md)
     workers: Workers  # the train DataLoader's workers, when they were traced (analysis/workers.py)
+    sources: Sources  # the lines around every place the summary names, as they were
 
 
 class JobRank(TypedDict):

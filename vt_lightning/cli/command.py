@@ -45,6 +45,7 @@ from vt_lightning.export.reading import (
     read_trace,
 )
 from vt_lightning.export.report import print_table, print_windows_table, render_markdown, summary_names, summary_stem
+from vt_lightning.export.source_lines import excerpt_lines
 from vt_lightning.export.terminal import json_for_terminal, printable, printable_lines
 
 EXIT_OK = 0
@@ -214,6 +215,8 @@ def run_summary(logdir: str, as_json: bool, max_memory_mb: int = DEFAULT_MEMORY_
     for window in windows:
         _out()
         _out(render_markdown(window), end="")
+        for line in excerpt_lines(window):  # the lines as they were, and whether the file changed since
+            _out(line)
         _out(f"({window.get('_path')})")
     return refused.status()
 

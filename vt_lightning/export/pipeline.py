@@ -50,6 +50,7 @@ from vt_lightning.export.job import WindowJob, WindowResult
 from vt_lightning.export.job_file import JOB_EXTRA, job_summary, write_job_file
 from vt_lightning.export.layout import claim_name
 from vt_lightning.export.report import encode_summary, render_markdown, summary_names
+from vt_lightning.export.source_lines import named_places, record_sources
 from vt_lightning.export.worker_dumps import WorkerDumps, add_to_trace, collect_worker_dumps, remove_parts
 
 T = TypeVar("T")
@@ -397,6 +398,7 @@ def _write_summary(
     if job_info is not None:
         summary["job"] = job_summary(job_info)
         summary["verdicts"] = with_job_verdicts(summary)  # straggler: only rank 0 merged the job file
+    summary["sources"] = record_sources(named_places(summary))
     atomic_write(run_dir / json_name, encode_summary(summary))
     markdown = render_markdown(summary)
     atomic_write(run_dir / md_name, markdown.encode())
