@@ -20,15 +20,16 @@ from vt_lightning.analysis.history import RunHistory, TableRow, WindowRow, histo
 from vt_lightning.analysis.schema import Summary
 from vt_lightning.analysis.verdict_report import verdicts_markdown
 from vt_lightning.analysis.workers import workers_markdown
-from vt_lightning.constants import SUMMARY_JSON_SUFFIX, SUMMARY_MD_SUFFIX, TRACE_SUFFIX
+from vt_lightning.constants import MEMORY_VIEW_SUFFIX, SUMMARY_JSON_SUFFIX, SUMMARY_MD_SUFFIX, TRACE_SUFFIX
 from vt_lightning.export.reading import SummaryNotFound, read_summary
 from vt_lightning.export.terminal import printable, printable_lines
 
 
-def summary_names(trace_name: str) -> tuple[str, str]:
-    """``host_0.0000000002.pt.trace.json.gz`` -> (``host_0.0000000002.summary.jsonc``, ``... .md``)."""
+def summary_names(trace_name: str) -> tuple[str, str, str]:
+    """``host_0.0000000002.pt.trace.json.gz`` -> (``host_0.0000000002.summary.jsonc``, ``... .md``,
+    ``... .memory_view.jsonc``)."""
     stem = trace_name[: -len(TRACE_SUFFIX)] if trace_name.endswith(TRACE_SUFFIX) else trace_name.split(".pt.trace")[0]
-    return stem + SUMMARY_JSON_SUFFIX, stem + SUMMARY_MD_SUFFIX
+    return stem + SUMMARY_JSON_SUFFIX, stem + SUMMARY_MD_SUFFIX, stem + MEMORY_VIEW_SUFFIX
 
 
 def summary_stem(name: str) -> str | None:
@@ -59,13 +60,14 @@ def _calls(entry: Mapping[str, Any]) -> str:
 
 
 def step_spread_text(summary: Summary) -> str:
-    """``median 50.8 ms (min–max 44.1–80.4 over 5 steps)``; two steps or fewer are listed, never averaged."""
+    """``median 50.8 ms (min–max 44.1–80.4 over 5 steps)``; two steps or fewer are listed
+    (``50.8 and 80.4 ms``), never averaged."""
     ms = (summary.get("steps") or {}).get("ms") or {}
     values = [ms[str(n)] for n in (summary.get("steps") or {}).get("counted") or [] if str(n) in ms]
     if not values:
         return "no counted steps"
     if len(values) <= 2:
-        return f"{len(values)} step{'s' * (len(values) > 1)}: {' and '.join(f'{v:.1f}' for v in values)} ms"
+        return f"{' and '.join(f'{v:.1f}' for v in values)} ms"
     p50 = (summary.get("step_ms") or {}).get("p50")
     return f"median **{_num(p50)} ms** (min–max {min(values):.1f}–{max(values):.1f} over {len(values)} steps)"
 
