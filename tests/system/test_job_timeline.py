@@ -169,6 +169,9 @@ def test_the_late_rank_is_named_with_its_function_and_line(late_run, capsys):
     assert straggler["function"] == "slow_on_rank_one"
     assert Path(straggler["file"]).name == "train_job.py" and straggler["line"] == _slow_function_line()
     assert 20.0 <= straggler["others_wait_ms"] <= 200.0 and 20.0 <= straggler["excess_ms"] <= 200.0
+    # The named function's part of the others' wait, in the same unit: it adds up (at most all of it).
+    assert 0.5 <= straggler["explains_share"] <= 1.0
+    assert straggler["unattributed_ms"] == round(max(straggler["others_wait_ms"] - straggler["excess_ms"], 0.0), 3)
     assert late_run["ranks"][1]["results"][0]["job"] is None  # only rank 0 merges
     assert re.search(
         r"vt_lightning: 2 ranks on one timeline.*straggler: rank 1 .*slow_on_rank_one \(train_job\.py:\d+\)",
@@ -186,6 +189,11 @@ def test_the_late_rank_is_named_with_its_function_and_line(late_run, capsys):
     assert vt_lightning_main(["summary", str(late_run["window"])]) == 0
     printed = capsys.readouterr().out
     assert "straggler: rank 1" in printed and "slow_on_rank_one (train_job.py:" in printed
+    assert re.search(
+        r"slow_on_rank_one \(train_job\.py:\d+\) explains [\d.]+ of those [\d.]+ ms/step \(\d+%\)", printed
+    )
+    assert summary["job"]["straggler"]["explains_share"] == straggler["explains_share"]
+    assert all(not op["collective"] or "waiting" in op["text"] for op in summary["job"]["slow_ops"])
     assert "| 1 | " in printed  # the ranks' table with their offsets
 
 

@@ -399,3 +399,22 @@ def test_steps_carry_their_bounds_min_and_calls_per_step() -> None:
     assert "| `aten::mm` | 0.10 | 0.10 | 2 |" in render_markdown(summary)
     two = {"steps": {"counted": [2, 3], "ms": {"2": 50.8, "3": 80.4}}, "step_ms": {"p50": 65.6}}
     assert step_spread_text(two) == "50.8 and 80.4 ms"  # type: ignore[arg-type]
+
+
+def test_a_summary_written_before_the_added_keys_still_reads() -> None:
+    """Keys added within schema 2 are optional for the reader: a file written by the version before
+    them (no step bounds, calls per step, ``below`` hashes, memory view, sources) is no error."""
+    from vt_lightning.export.reading import check_summary
+
+    summary = summarize(_cuda_trace())
+    old = orjson.loads(orjson.dumps(summary))
+    for key in ("bounds_us", "trace_us"):
+        del old["steps"][key]
+    del old["step_ms"]["min"]
+    for table in (old["top_python"], old["top_ops"]):
+        del table["totals"]["below"]
+    for entry in [*old["top_python"]["by_self"], *old["top_python"]["by_inclusive"], *old["top_ops"]["by_cpu"]]:
+        del entry["calls_per_step"]
+    old["memory"] = None
+    assert check_summary(old, "old.summary.jsonc") == old
+    assert check_summary(orjson.loads(orjson.dumps(summary)), "new.summary.jsonc")

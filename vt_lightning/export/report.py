@@ -73,16 +73,22 @@ def step_spread_text(summary: Summary) -> str:
 
 
 def straggler_text(straggler: Mapping[str, Any] | None) -> str:
-    """``straggler: rank 1 (others wait 31.0 ms/step, 82% of the step), in slow (train.py:30) +30.1 ms/step``."""
+    """``straggler: rank 1 (others wait 31.0 ms/step, 82% of the step); slow (train.py:30) explains
+    30.1 of those 31.0 ms/step (97%)``: the named function and the others' wait in one unit."""
     if not straggler:
         return "no straggler (ranks balanced)"
+    wait = _num(straggler.get("others_wait_ms"))
     text = (
-        f"straggler: rank {straggler.get('rank')} (others wait {_num(straggler.get('others_wait_ms'))} ms/step, "
+        f"straggler: rank {straggler.get('rank')} (others wait {wait} ms/step, "
         f"{100 * float(straggler.get('share_of_step') or 0):.0f}% of the step)"
     )
     if straggler.get("function"):
         where = f"{os.path.basename(str(straggler.get('file')))}:{straggler.get('line')}"
-        text += f", in {straggler['function']} ({where}) +{_num(straggler.get('excess_ms'))} ms/step"
+        share = straggler.get("explains_share")
+        text += (
+            f"; {straggler['function']} ({where}) explains {_num(straggler.get('excess_ms'))} of those {wait} ms/step"
+        )
+        text += f" ({100 * share:.0f}%)" if isinstance(share, (int, float)) else ""
     return text
 
 
@@ -94,6 +100,12 @@ def job_markdown(job: Mapping[str, Any]) -> list[str]:
     for r in job.get("ranks") or []:
         offset, bound = _num(r.get("offset_us"), 1), _num(r.get("uncertainty_us"), 1)
         lines.append(f"| {r.get('rank')} | {r.get('host')} | {offset} | {bound} |")
+    if job.get("slow_ops"):
+        lines += [
+            "",
+            "Ops much slower on one rank (self CPU time):",
+            *(f"- {op.get('text')}" for op in job["slow_ops"]),
+        ]
     if job.get("reduced_ranks"):
         reduced = job["reduced_ranks"]
         lines += ["", f"Over the job file's size budget: ranks {reduced} kept steps, collectives and top functions."]
