@@ -101,7 +101,11 @@ def test_the_job_file_holds_both_ranks_as_named_sorted_processes(late_run):
     assert [r["rank"] for r in meta["ranks"]] == [0, 1]
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     sort = {e["pid"]: e["args"]["sort_index"] for e in trace["traceEvents"] if e.get("name") == "process_sort_index"}
-    assert names[1] == "rank 0" and names[1_000_001] == "rank 1"
+    assert names[1] == "rank 0 · main process" and names[1_000_001] == "rank 1 · main process"
+    # Every process named by rank and role: no bare pid, kineto's rows included.
+    assert all(re.match(r"rank [01] · (main process|DataLoader worker \d|torch\.profiler)$", n) for n in names.values())
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert threads[(1, 1)] == threads[(1_000_001, 1_000_001)] == "main thread"  # tid == pid: listed first
     assert sort[1] == 1 and sort[1_000_001] == 1001  # ranks in order, each rank's own process first
     workers = [pid for pid, name in names.items() if "DataLoader worker" in name]
     assert workers and all(sort[pid] % 1000 in (2, 3) for pid in workers)  # right under their rank

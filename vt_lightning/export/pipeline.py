@@ -44,6 +44,7 @@ from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary import summarize
 from vt_lightning.analysis.summary_devices import memory_view
 from vt_lightning.analysis.trace import WindowTrace
+from vt_lightning.analysis.track_names import name_tracks
 from vt_lightning.analysis.verdicts import with_job_verdicts
 from vt_lightning.analysis.workers import worker_summary
 from vt_lightning.constants import CLOCK_MARKER_PREFIX, CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY
@@ -267,11 +268,12 @@ def merge(job: WindowJob, placed: Placed) -> Merged:
 
 def enrich(job: WindowJob, merged: Merged) -> Merged:
     """The flight recorder's track of the slow step, the DataLoader workers' processes and fetch
-    spans, and the Lightning view, added to the trace."""
+    spans, every track's name by rank and role, and the Lightning view, added to the trace."""
     trace, notes = merged.trace, list(merged.notes)
     add_flight_track(trace, job.extras.get("flight"), merged.calibration)  # the slow step, sampled
     if merged.workers is not None:
         notes.extend(add_to_trace(trace, merged.workers, merged.calibration.python_to_torch_us))
+    name_tracks(trace, int(trace.meta.get("global_rank") or 0))  # by rank and role, the main thread first
     if trace.meta.get("lightning_view"):
         view = apply_lightning_view(trace)
         if not view.get("framework"):
