@@ -242,33 +242,14 @@ def _live_site(frames: Sequence[Mapping[str, Any]]) -> tuple[str, str | None, in
     return (str(frames[0].get("name")) if frames else "(no frame)", None, None, "other")
 
 
-def _site(frames: Sequence[Mapping[str, Any]]) -> str | None:
-    """The innermost Python frame of an allocation, preferring the user's own code."""
-    first_python = None
-    for frame in frames:
-        filename = str(frame.get("filename", ""))
-        if not filename.endswith(".py"):
-            continue
-        label = f"{frame.get('name')} ({filename}:{frame.get('line')})"
-        if first_python is None:
-            first_python = label
-        if is_user_file(filename):
-            return label
-    return first_python
-
-
 def _allocation_sites(snapshot: Mapping[str, Any], limit: int) -> list[AllocationSite]:
-    sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    by_stack: dict[int, str] = {}  # snapshots share one frames list between identical stacks
-    for trace in snapshot.get("device_traces") or []:
-        for entry in trace:
-            if entry.get("action") != "alloc":
-                continue
-            frames = entry.get("frames") or []
-            site = by_stack.get(id(frames))
-            if site is None:
-                site = by_stack[id(frames)] = _site(frames) or "(no Python frame)"
-            sites[site][0] += 1
-            sites[site][1] += int(entry.get("size", 0))
-    ranked = sorted(sites.items(), key=lambda kv: kv[1][1], reverse=True)[:limit]
-    return [{"site": site, "allocations": n, "mb": round(size / 2**20, 3)} for site, (n, size) in ranked]
+    """Every allocation of the window by site (not only those live at the peak), most bytes first."""
+    allocs = [e for trace in snapshot.get("device_traces") or [] for e in trace if e.get("action") == "alloc"]
+    return [
+        {
+            "site": f"{site['function']} ({site['file']}:{site['line']})" if site["file"] else "(no Python frame)",
+            "allocations": site["allocations"],
+            "mb": round(site["bytes"] / 2**20, 3),
+        }
+        for site in live_sites(allocs, limit)
+    ]
