@@ -197,6 +197,9 @@ def test_the_late_rank_is_named_with_its_function_and_line(late_run, capsys):
         r"slow_on_rank_one \(train_job\.py:\d+\) explains [\d.]+ of those [\d.]+ ms/step \(\d+%\)", printed
     )
     assert summary["job"]["straggler"]["explains_share"] == straggler["explains_share"]
+    steps = [e for e in job_trace(late_run)["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
+    first, last = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    assert summary["job"]["steps_us"] == pytest.approx([first, last], abs=0.01)  # the job file's own timeline
     assert all(not op["collective"] or "waiting" in op["text"] for op in summary["job"]["slow_ops"])
     assert "| 1 | " in printed  # the ranks' table with their offsets
 

@@ -228,6 +228,7 @@ def test_rank_0_merges_the_files_it_finds(tmp_path: Path) -> None:
     assert notes == [] and info is not None
     assert info["straggler"]["straggler"]["rank"] == 1 and info["ranks"][1]["offset_us"] == 0.0
     assert info["ranks"][1]["uncertainty_us"] == 1.0  # one host: 0, bounded by half the 2 µs round trip
+    assert info["steps_us"] == [0.0, 3 * 50_000.0 - 10]  # both ranks' steps (one clock), where a viewer opens
     job = orjson.loads(gzip.decompress((run_dir / "job" / f"job.{SPAN}.json.gz").read_bytes()))
     names = {e["args"]["name"] for e in job["traceEvents"] if e.get("name") == "process_name"}
     assert names >= {"rank 0 · main process", "rank 1 · main process"}

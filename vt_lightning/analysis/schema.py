@@ -310,6 +310,7 @@ class SlowOp(TypedDict):
 
 class _JobAdded(TypedDict, total=False):
     slow_ops: list[SlowOp]  # ops much slower on one rank, largest spread first
+    steps_us: list[float] | None  # [first step start, last step end] of every rank, on the job file's timeline
 
 
 class JobInfo(_JobAdded):

@@ -124,6 +124,8 @@ def write_job_file(
         straggler["family"],
     )
     check = _collective_check(aligned)
+    bounds = [span for events in aligned.values() for span in steps_of(events)]
+    steps_us = [round(min(b[0] for b in bounds), 3), round(max(b[1] for b in bounds), 3)] if bounds else None
     del aligned
     budget = int(sync.get("budget_bytes") or JOB_BUDGET_BYTES)
     reduced = ranks_to_reduce(sizes, slowest_and_fastest(straggler["wait_ms_per_step"]), budget)
@@ -153,6 +155,7 @@ def write_job_file(
         "clock_sync_error": sync.get("error"),
         "collective_check": check.as_dict() if check is not None else None,
         "straggler": straggler,
+        "steps_us": steps_us,  # the ranks' recorded steps on the job file's timeline: where a viewer opens
         "budget_bytes": budget,
         "reduced_ranks": reduced,
         "left_out": left_out,
@@ -261,6 +264,7 @@ def job_summary(info: dict[str, Any]) -> JobInfo:
             )
         },
         "slow_ops": list((info.get("straggler") or {}).get("slow_ops") or []),
+        "steps_us": info.get("steps_us"),
         "reduced_ranks": list(info.get("reduced_ranks") or []),
     }
     return cast(JobInfo, block)
