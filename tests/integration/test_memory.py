@@ -136,6 +136,7 @@ def test_a_trainer_window_writes_a_memory_view_with_the_peak_at_the_users_line(t
     assert cpu["peak_ts_us"] == memory["peak_ts_us"]
     first, last = min(s for s, _ in steps.values()), max(e for _, e in steps.values())
     assert first <= cpu["peak_ts_us"] <= last and [cpu["peak_ts_us"], cpu["peak_bytes"]] in cpu["points"]
+    assert cpu["top_sites_at_peak"][0] == top
 
 
 # ---------------------------------------------------------------------------------------------

@@ -52,11 +52,12 @@ def test_the_sites_live_at_the_peak_not_the_most_allocated_over_the_window() -> 
         {"function": "big_buffer", "file": USER, "line": 12, "origin": "user", "bytes": 8 * MIB, "allocations": 1},
         {"function": "churn", "file": USER, "line": 3, "origin": "user", "bytes": 4 * MIB, "allocations": 1},
     ]
-    view = memory_view(events, {"3": [0.0, 150.0], "4": [150.0, 320.0]})
+    view = memory_view(events, {"3": [0.0, 150.0], "4": [150.0, 320.0]}, memory)
     assert view is not None and view["steps"] == {"3": [0.0, 150.0], "4": [150.0, 320.0]}
     cpu = view["devices"]["cpu"]
     assert cpu["series"] == ["ts_us", "allocated"] and "peak_reserved_bytes" not in cpu
     assert cpu["points"][5] == [210.0, 12 * MIB] and cpu["peak_bytes"] == 12 * MIB
+    assert cpu["top_sites_at_peak"] == memory["top_sites_at_peak"]  # the main device's, as in the summary
 
 
 def test_a_cuda_snapshot_replays_forwards_from_its_end_state() -> None:

@@ -193,10 +193,12 @@ def memory_summary(
     return memory
 
 
-def memory_view(events: Sequence[Mapping[str, Any]], steps: Mapping[str, list[float]]) -> dict[str, Any] | None:
+def memory_view(
+    events: Sequence[Mapping[str, Any]], steps: Mapping[str, list[float]], memory: Memory | None = None
+) -> dict[str, Any] | None:
     """The memory view side file (docs/files.md): per device its peak and a downsampled curve, with
-    the steps' bounds to draw beside it (None: no ``[memory]`` events). The sites live at the peak
-    are the summary's ``memory.top_sites_at_peak``."""
+    the steps' bounds to draw beside it, and on the main device the summary's sites live at the peak
+    (None: no ``[memory]`` events)."""
     devices: dict[str, Any] = {}
     for label, samples in memory_samples(events).items():
         peak = max(samples, key=lambda s: s[1])
@@ -206,6 +208,8 @@ def memory_view(events: Sequence[Mapping[str, Any]], steps: Mapping[str, list[fl
             device["peak_reserved_bytes"] = max(s[2] for s in samples)
         device["series"] = ["ts_us", "allocated"] + ([] if cpu else ["reserved"])
         device["points"] = [[round(s[0], 3), s[1]] + ([] if cpu else [s[2]]) for s in downsample(samples)]
+        if memory and "top_sites_at_peak" in memory and label == next(iter(memory["devices"]), None):
+            device["top_sites_at_peak"] = memory["top_sites_at_peak"]
         devices[label] = device
     return {"schema": 1, "steps": dict(steps), "devices": devices} if devices else None
 

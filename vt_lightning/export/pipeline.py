@@ -330,7 +330,7 @@ def _summary(job: WindowJob, trace: WindowTrace, snapshot: Any) -> tuple[Summary
     workers = worker_summary(window)
     if workers is not None:
         summary["workers"] = workers
-    return summary, memory_view(window.memory, summary["steps"]["bounds_us"])
+    return summary, memory_view(window.memory, summary["steps"]["bounds_us"], summary["memory"])
 
 
 def _optional(what: str, notes: list[str], make: Callable[[], T]) -> T | None:
