@@ -99,9 +99,9 @@ def rank_events(
         if "pid" in moved:
             pid = moved["pid"]
             moved["pid"] = pids.get(pid, pid)
-            # a process's main thread (and kineto's one string-named thread) takes the process's new
+            # a process's main thread (and kineto's one thread of its `Spans` row) takes the process's new
             # pid: Perfetto lists a thread whose tid is its pid first, as the main thread
-            if moved.get("tid") == pid or isinstance(moved.get("tid"), str):
+            if moved.get("tid") == pid or pid == KINETO_PROCESS:
                 moved["tid"] = moved["pid"]
         if "ts" in moved:
             moved["ts"] = round(float(moved["ts"]) + shift, 3)  # shift is whole ns: nesting is kept

@@ -60,7 +60,7 @@ def record_sources(places: Iterable[tuple[str, int]]) -> Sources:
             with open_regular(file) as f:
                 data = f.read(MAX_FILE_BYTES + 1)
                 st = os.fstat(f.fileno())
-        except UnreadableFile as problem:
+        except (UnreadableFile, OSError) as problem:
             files[file] = {"error": str(problem)}
             continue
         if len(data) > MAX_FILE_BYTES:
@@ -92,7 +92,7 @@ def changed_since(file: str, recorded: SourceFile) -> str | None:
     try:
         with open_regular(file) as f:
             same = hashlib.sha256(f.read(MAX_FILE_BYTES + 1)).hexdigest() == recorded.get("sha256")
-    except UnreadableFile:
+    except (UnreadableFile, OSError):
         same = False
     return None if same else "changed since this window: lines as they were"
 
