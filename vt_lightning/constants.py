@@ -17,6 +17,7 @@ OOM_MEMORY_SUFFIX = ".oom.memory_snapshot.pickle"
 # Not ``*.json``: HTA's directory scan takes every ``*.json`` / ``*.gz`` of a window for a trace.
 SUMMARY_JSON_SUFFIX = ".summary.jsonc"
 SUMMARY_MD_SUFFIX = ".summary.md"
+MEMORY_VIEW_SUFFIX = ".memory_view.jsonc"  # the memory curve and the sites at the peak, drawn by the tab
 # What a browser trace viewer loads: above this much JSON the page tends to go blank (the end-of-run
 # message and the TensorBoard tab say so, and point to the job file or ``vt-lightning view``).
 BROWSER_LIMIT_BYTES = 300 * 1024 * 1024

@@ -92,6 +92,53 @@ def test_a_trainer_window_writes_a_snapshot_whose_frames_name_the_training_code(
     check_memory_viz(snap)
 
 
+BUFFER_MIB = 8
+
+
+def hold_a_buffer() -> torch.Tensor:
+    """The test's own allocation, live at the window's peak."""
+    return torch.zeros(BUFFER_MIB * 2**18)  # float32: BUFFER_MIB MiB
+
+
+def test_a_trainer_window_writes_a_memory_view_with_the_peak_at_the_users_line(tmp_path):
+    """The memory panel's data: the peak, a curve over the recorded steps and, live at the peak,
+    this module's ``hold_a_buffer`` at its line."""
+    import lightning as L
+    import orjson
+    from conftest import loader, make_trainer
+
+    from vt_lightning import VizTraceCallback
+
+    class Holding(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):
+            held = hold_a_buffer()
+            return self.layer(batch[0]).pow(2).mean() + held[0]
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    make_trainer(tmp_path, [VizTraceCallback(wait=1, warmup=1, active=3)], max_steps=6).fit(Holding(), loader())
+    (summary_path,) = sorted(tmp_path.rglob("*.summary.jsonc"))
+    memory = orjson.loads(summary_path.read_bytes())["memory"]
+    steps = orjson.loads(summary_path.read_bytes())["steps"]["bounds_us"]
+    line = hold_a_buffer.__code__.co_firstlineno
+    top = memory["top_sites_at_peak"][0]
+    assert (top["function"], top["file"], top["line"], top["origin"]) == ("hold_a_buffer", __file__, line, "user")
+    assert top["bytes"] == BUFFER_MIB * 2**20 and top["allocations"] == 1
+    view = orjson.loads((summary_path.parent / memory["view"]).read_bytes())
+    assert memory["view"].endswith(".memory_view.jsonc") and view["steps"] == steps
+    cpu = view["devices"]["cpu"]
+    assert cpu["peak_bytes"] == memory["peak_allocated_bytes"] >= BUFFER_MIB * 2**20
+    assert cpu["peak_ts_us"] == memory["peak_ts_us"]
+    first, last = min(s for s, _ in steps.values()), max(e for _, e in steps.values())
+    assert first <= cpu["peak_ts_us"] <= last and [cpu["peak_ts_us"], cpu["peak_bytes"]] in cpu["points"]
+    assert cpu["top_sites_at_peak"][0] == top
+
+
 # ---------------------------------------------------------------------------------------------
 # the real CUDA allocator
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ from support.paths import REPO
 from torch import nn
 
 from vt_lightning import VizTraceCallback
-from vt_lightning.analysis.compare import change_text, diff, diff_table
+from vt_lightning.analysis.compare import diff, diff_table
+from vt_lightning.cli.command import main
 
 OPTIMIZER_S = 0.020
 HOOK_S = 0.004
@@ -182,7 +183,7 @@ HEAVY = (
 
 
 class ShiftingOps(L.LightningModule):
-    """Batches 0-3 (window A) run a heavy ``cumsum``, later ones (window B) a tiny one."""
+    """Batches 0-3 (window A) run a heavy ``cumsum``, later ones (window B) a tiny one and a sort."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -195,6 +196,8 @@ class ShiftingOps(L.LightningModule):
             op(self.big)
         window_a = self.trainer.fit_loop.total_batch_idx < 4
         torch.cumsum(self.long if window_a else self.long[:2, :2], dim=0)
+        if not window_a:
+            torch.argsort(self.big[:64, :64], dim=0)  # an op only window B runs
         (x,) = batch
         return self.layer(x).pow(2).mean()
 
@@ -210,6 +213,7 @@ def two_windows(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any
     callback = VizTraceCallback(wait=0, warmup=1, active=3, repeat=2)
     make_trainer(root, [callback], max_steps=8).fit(ShiftingOps(), loader())
     a, b = _summaries(root)
+    a["_path"], b["_path"] = map(str, sorted(Path(root).rglob("*.summary.jsonc")))  # as the command's loader
     assert a["steps"]["recorded"] == [1, 2, 3] and b["steps"]["recorded"] == [5, 6, 7]
     return a, b
 
@@ -223,7 +227,7 @@ def _op_row(result: dict[str, Any], name: str) -> dict[str, Any]:
     return row
 
 
-def test_diff_of_an_op_that_fell_off_the_top_list_is_neither_new_nor_gone(
+def test_diff_of_an_op_that_fell_off_the_top_list_is_measured_not_new_nor_gone(
     two_windows: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
     a, b = two_windows
@@ -235,33 +239,44 @@ def test_diff_of_an_op_that_fell_off_the_top_list_is_neither_new_nor_gone(
         result = diff([first], [second], limit=0)
         row = _op_row(result, "aten::cumsum")
         smaller = "b" if forward == "A->B" else "a"
-        # Measured on B's side (its totals keep every op above 0.001 ms), or said to be below it.
-        assert row[f"{smaller}_ms"] > 0 or "below" in (row[f"{smaller}_note"] or ""), row
-        assert row["delta_percent"] != -100.0, row
-        assert change_text(row) not in ("new", "-100.0%"), row
+        # B ran it: measured from B's totals, or under the one threshold there; never "only in".
+        assert row["state"] in ("both", f"under threshold in {smaller.upper()}"), row
+        assert row[f"{smaller}_ms"] is not None or row[f"{smaller}_text"].startswith("< "), row
         cells, _ = diff_table([row])
-        assert "new" not in cells[0] and "-100.0%" not in cells[0], cells
-        # Ops both windows ran the same way compare as numbers.
-        assert (
-            _op_row(result, "aten::sin")["delta_percent"] is not None or _op_row(result, "aten::sin")["delta_ms"] == 0
-        )
+        assert "only in" not in cells[0][-1] and "?" not in "".join(cells[0]), cells
+        sin = _op_row(result, "aten::sin")  # ops both windows ran the same way compare as numbers
+        assert sin["state"] == "both" and sin["delta_percent"] is not None
 
 
-def test_diff_of_schema_1_summaries_says_not_in_the_top_list(
+def test_diff_says_only_in_b_for_an_op_window_a_never_ran(
+    two_windows: tuple[dict[str, Any], dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = two_windows
+    result = diff([a], [b], limit=0)
+    row = _op_row(result, "aten::sort")
+    assert row["state"] == "only in B" and row["a_ms"] is None and row["b_ms"] > 0, row
+    assert result["noise"]["a"]["steps"] == 2 and result["threshold_ms"] > 0
+    # The command prints the same words: the rule once, the steps' spread, "only in B".
+    paths = [Path(p["_path"]).parent for p in (a, b)]
+    assert main(["diff", str(paths[0]), str(paths[1]), "--top", "200"]) == 0
+    out = capsys.readouterr().out
+    assert result["rule"] in out and "steps: A " in out and out.count("ms/step on both sides") == 1
+    sort_line = next(line for line in out.splitlines() if "aten::sort" in line)
+    assert "only in B" in sort_line and "?" not in out
+
+
+def test_diff_of_summaries_without_totals_never_says_only_in(
     two_windows: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
-    """Summaries written before totals existed: a name missing from a top list is unknown there."""
+    """Summaries written before totals existed: a name missing from a top list is under its last value."""
     old = []
     for summary in two_windows:
         copy = orjson.loads(orjson.dumps(summary))
-        copy["schema"] = 1
         del copy["top_python"]["totals"], copy["top_ops"]["totals"]
         old.append(copy)
-    row = _op_row(diff(old[:1], old[1:], limit=0), "aten::cumsum")
-    assert row["b_note"] == "not in top 10" and row["delta_percent"] is None, (row, _top_ops(two_windows[1]))
-    assert change_text(row) == "B: not in top 10"
-    row = _op_row(diff(old[1:], old[:1], limit=0), "aten::cumsum")
-    assert row["a_note"] == "not in top 10" and change_text(row) == "A: not in top 10"
+    for first, second, side in ((old[:1], old[1:], "B"), (old[1:], old[:1], "A")):
+        row = _op_row(diff(first, second, limit=0), "aten::cumsum")
+        assert row["state"] == f"under threshold in {side}" and row["delta_percent"] is None, row
 
 
 # --------------------------------------------------------------------------------------------------

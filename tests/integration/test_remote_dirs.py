@@ -122,7 +122,10 @@ def test_a_logger_on_a_url_gets_the_windows_there_with_the_same_layout(tmp_path,
         stem = f"{worker}.{span}"
         assert names == sorted(
             f"{stem}{suffix}"
-            for suffix in (".memory_snapshot.pickle", ".pt.trace.json.gz", ".summary.jsonc", ".summary.md")
+            for suffix in (
+                *(".memory_snapshot.pickle", ".pt.trace.json.gz", ".summary.jsonc", ".summary.md"),
+                ".memory_view.jsonc",
+            )
         )
         with fs.open(result.trace_path, "rb") as f:
             trace = orjson.loads(gzip.decompress(f.read()))
@@ -463,7 +466,7 @@ def test_two_runs_racing_for_one_s3_name_never_overwrite_each_other(tmp_path, mo
     fs = filesystem("s3")
     window = f"{root}/window_000-batches_0-0"
     before = {path: fs.cat_file(path) for path in fs.find(window)}
-    assert len(before) == 4
+    assert len(before) == 5  # trace, snapshot, memory view, summary and its markdown
     monkeypatch.setattr(s3fs.S3FileSystem, "exists", lambda self, path, **kwargs: False)
     second = VizTraceCallback(wait=0, warmup=0, active=1, dirpath=root)
     with warnings.catch_warnings(record=True) as caught:

@@ -309,6 +309,7 @@ def test_only_listed_ranks_trace(tmp_path):
         names = sorted(p.name for p in (out / window).iterdir())
         assert names == [
             f"{host}_1.{span}.memory_snapshot.pickle",
+            f"{host}_1.{span}.memory_view.jsonc",
             f"{host}_1.{span}.pt.trace.json.gz",
             f"{host}_1.{span}.summary.jsonc",
             f"{host}_1.{span}.summary.md",

@@ -101,7 +101,11 @@ def test_the_job_file_holds_both_ranks_as_named_sorted_processes(late_run):
     assert [r["rank"] for r in meta["ranks"]] == [0, 1]
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     sort = {e["pid"]: e["args"]["sort_index"] for e in trace["traceEvents"] if e.get("name") == "process_sort_index"}
-    assert names[1] == "rank 0" and names[1_000_001] == "rank 1"
+    assert names[1] == "rank 0 · main process" and names[1_000_001] == "rank 1 · main process"
+    # Every process named by rank and role: no bare pid, kineto's rows included.
+    assert all(re.match(r"rank [01] · (main process|DataLoader worker \d|torch\.profiler)$", n) for n in names.values())
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert threads[(1, 1)] == threads[(1_000_001, 1_000_001)] == "main thread"  # tid == pid: listed first
     assert sort[1] == 1 and sort[1_000_001] == 1001  # ranks in order, each rank's own process first
     workers = [pid for pid, name in names.items() if "DataLoader worker" in name]
     assert workers and all(sort[pid] % 1000 in (2, 3) for pid in workers)  # right under their rank
@@ -169,6 +173,9 @@ def test_the_late_rank_is_named_with_its_function_and_line(late_run, capsys):
     assert straggler["function"] == "slow_on_rank_one"
     assert Path(straggler["file"]).name == "train_job.py" and straggler["line"] == _slow_function_line()
     assert 20.0 <= straggler["others_wait_ms"] <= 200.0 and 20.0 <= straggler["excess_ms"] <= 200.0
+    # The named function's part of the others' wait, in the same unit: it adds up (at most all of it).
+    assert 0.5 <= straggler["explains_share"] <= 1.0
+    assert straggler["unattributed_ms"] == round(max(straggler["others_wait_ms"] - straggler["excess_ms"], 0.0), 3)
     assert late_run["ranks"][1]["results"][0]["job"] is None  # only rank 0 merges
     assert re.search(
         r"vt_lightning: 2 ranks on one timeline.*straggler: rank 1 .*slow_on_rank_one \(train_job\.py:\d+\)",
@@ -186,6 +193,14 @@ def test_the_late_rank_is_named_with_its_function_and_line(late_run, capsys):
     assert vt_lightning_main(["summary", str(late_run["window"])]) == 0
     printed = capsys.readouterr().out
     assert "straggler: rank 1" in printed and "slow_on_rank_one (train_job.py:" in printed
+    assert re.search(
+        r"slow_on_rank_one \(train_job\.py:\d+\) explains [\d.]+ of those [\d.]+ ms/step \(\d+%\)", printed
+    )
+    assert summary["job"]["straggler"]["explains_share"] == straggler["explains_share"]
+    steps = [e for e in job_trace(late_run)["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
+    first, last = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    assert summary["job"]["steps_us"] == pytest.approx([first, last], abs=0.01)  # the job file's own timeline
+    assert all(not op["collective"] or "waiting" in op["text"] for op in summary["job"]["slow_ops"])
     assert "| 1 | " in printed  # the ranks' table with their offsets
 
 

@@ -189,7 +189,7 @@ def test_diff_names_the_users_function_with_a_short_path(two_runs: tuple[Path, d
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    first = next(i for i, line in enumerate(lines) if "functions" in line)
+    first = next(i for i, line in enumerate(lines) if "functions (" in line)  # a table's title
     assert "your functions (inclusive" in lines[first]  # the user's functions by inclusive time come first
     end = next(i for i, line in enumerate(lines) if "all Python functions (self" in line)
     rows = [line for line in lines[first + 1 : end] if re.search(r"[+-]\d+\.\d\d", line)]

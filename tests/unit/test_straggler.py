@@ -20,7 +20,7 @@ from vt_lightning.analysis.job_merge import (
     ranks_to_reduce,
     slowest_and_fastest,
 )
-from vt_lightning.analysis.straggler import analyze_straggler, user_segments
+from vt_lightning.analysis.straggler import analyze_straggler, slow_ops, user_segments
 from vt_lightning.export.job import WindowJob
 from vt_lightning.export.job_file import write_job_file
 
@@ -135,7 +135,15 @@ def test_library_time_counts_for_the_user_function_that_called_it() -> None:
 
 def _trace(rank: int, pid: int, base_ns: int, events: list[dict[str, Any]]) -> dict[str, Any]:
     meta = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}}]
-    worker = [{"ph": "M", "name": "process_name", "pid": pid + 1, "tid": 0, "args": {"name": f"rank {rank} worker 0"}}]
+    worker = [
+        {
+            "ph": "M",
+            "name": "process_name",
+            "pid": pid + 1,
+            "tid": 0,
+            "args": {"name": f"rank {rank} · DataLoader worker 0"},
+        }
+    ]
     return {
         "baseTimeNanoseconds": base_ns,
         "vt_lightning": {"pid": pid, "global_rank": rank},
@@ -152,7 +160,12 @@ def test_the_job_merge_renumbers_pids_and_shifts_time() -> None:
     job = merge_job(traces, {0: 0.0, 1: 20_000.0}, {"why": "test"})
     assert list(job)[-1] == "traceEvents" and job["baseTimeNanoseconds"] == 10**18
     names = {e["pid"]: e["args"]["name"] for e in job["traceEvents"] if e.get("name") == "process_name"}
-    assert names == {1: "rank 0", 2: "rank 0 worker 0", PID_STRIDE + 1: "rank 1", PID_STRIDE + 2: "rank 1 worker 0"}
+    assert names == {
+        1: "rank 0 · main process",
+        2: "rank 0 · DataLoader worker 0",
+        PID_STRIDE + 1: "rank 1 · main process",
+        PID_STRIDE + 2: "rank 1 · DataLoader worker 0",
+    }
     sorts = {e["pid"]: e["args"]["sort_index"] for e in job["traceEvents"] if e.get("name") == "process_sort_index"}
     assert sorts == {1: 1, 2: 2, PID_STRIDE + 1: 1001, PID_STRIDE + 2: 1002}
     a = {e["pid"]: e["ts"] for e in job["traceEvents"] if e.get("name") == "a"}
@@ -215,6 +228,62 @@ def test_rank_0_merges_the_files_it_finds(tmp_path: Path) -> None:
     assert notes == [] and info is not None
     assert info["straggler"]["straggler"]["rank"] == 1 and info["ranks"][1]["offset_us"] == 0.0
     assert info["ranks"][1]["uncertainty_us"] == 1.0  # one host: 0, bounded by half the 2 µs round trip
+    assert info["steps_us"] == [0.0, 3 * 50_000.0 - 10]  # both ranks' steps (one clock), where a viewer opens
     job = orjson.loads(gzip.decompress((run_dir / "job" / f"job.{SPAN}.json.gz").read_bytes()))
-    assert {e["args"]["name"] for e in job["traceEvents"] if e.get("name") == "process_name"} >= {"rank 0", "rank 1"}
+    names = {e["args"]["name"] for e in job["traceEvents"] if e.get("name") == "process_name"}
+    assert names >= {"rank 0 · main process", "rank 1 · main process"}
     assert orjson.loads((run_dir / "job" / f"job.{SPAN}.ranks.json").read_bytes())["world_size"] == 2
+
+
+def test_a_workers_time_off_the_critical_path_is_not_the_stragglers_and_the_share_adds_up() -> None:
+    """Rank 1 is late by 30 ms of ``slow`` on its training thread; its two DataLoader workers spend
+    40 ms per step each in ``__getitem__`` in parallel. Only the training thread counts, so the
+    named function explains at most the others' wait (research: +19.5 ms/step named against a
+    10.6 ms/step wait, before)."""
+    ranks = {0: rank_events(0.0), 1: rank_events(30.0, pid=200)}
+    for worker in (201, 202):
+        for n in range(3):
+            ranks[1].append(x(f"Rows.__getitem__ ({USER}:77)", n * 50_000.0 + 50, 40_000.0, pid=worker, tid=worker))
+    finish_collectives(ranks)
+    straggler = analyze_straggler(ranks)["straggler"]
+    assert straggler["function"] == "slow" and straggler["excess_ms"] == pytest.approx(30.0, abs=0.5)
+    assert 0.9 <= straggler["explains_share"] <= 1.0
+    assert straggler["unattributed_ms"] == pytest.approx(straggler["others_wait_ms"] - straggler["excess_ms"], abs=1e-3)
+
+
+def test_an_op_much_slower_on_one_rank_is_called_out_a_collective_as_waiting() -> None:
+    per_rank = {
+        0: {"aten::mm": 4.87, "aten::add": 0.2, "c10d::allreduce_": 0.088, "aten::copy_": 1.0},
+        1: {"aten::mm": 0.51, "aten::add": 0.1, "c10d::allreduce_": 1.921, "aten::copy_": 2.9},
+    }
+    found = slow_ops(per_rank, step_ms=30.0, family="gloo:")
+    assert [op["name"] for op in found] == ["aten::mm", "c10d::allreduce_"]  # add: < 1 ms apart; copy_: < 3x
+    mm, allreduce = found
+    assert mm["text"] == "aten::mm: 4.87 ms/step on rank 0, 0.51 on rank 1" and not mm["collective"]
+    assert mm["slow_rank"] == 0 and mm["ms_per_step"] == {"0": 4.87, "1": 0.51}
+    assert allreduce["collective"] and allreduce["text"].endswith("time in the collective (waiting), see the straggler")
+    assert slow_ops(per_rank, step_ms=100.0, family=None) == []  # under 5 % of a 100 ms step apart
+    assert slow_ops({0: {"aten::mm": 2.0}, 1: {}}, step_ms=10.0, family=None)[0]["ms_per_step"] == {"0": 2.0, "1": 0.0}
+
+
+def test_the_job_names_every_process_by_rank_and_role_and_lists_each_main_thread_first() -> None:
+    """kineto's string pid and tid (``Spans`` / ``PyTorch Profiler``) become ``rank N · torch.profiler``
+    with an int tid; each process's main thread takes its new pid as tid (Perfetto's main thread)."""
+    spans = {
+        "ph": "X",
+        "name": "PyTorch Profiler (0)",
+        "pid": "Spans",
+        "tid": "PyTorch Profiler",
+        "ts": 0.0,
+        "dur": 9.0,
+    }
+    main = [x("a", 1.0, 2.0, pid=4242, tid=4242), {"ph": "M", "name": "thread_name", "pid": 4242, "tid": 4242,
+                                                   "args": {"name": "main thread"}}]  # fmt: skip
+    job = merge_job({r: _trace(r, 4242, 0, [*main, dict(spans)]) for r in (0, 1)}, {}, {})
+    names = {e["pid"]: e["args"]["name"] for e in job["traceEvents"] if e.get("name") == "process_name"}
+    assert names[3] == "rank 0 · torch.profiler" and names[PID_STRIDE + 3] == "rank 1 · torch.profiler"
+    assert not [n for n in names.values() if "pid" in n or ":" in n]
+    moved = {(e["pid"], e["tid"]) for e in job["traceEvents"] if e.get("ph") == "X" and e["name"] != "fetch (/w.py:1)"}
+    assert moved == {(1, 1), (3, 3), (PID_STRIDE + 1, PID_STRIDE + 1), (PID_STRIDE + 3, PID_STRIDE + 3)}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in job["traceEvents"] if e.get("name") == "thread_name"}
+    assert threads == {(1, 1): "main thread", (PID_STRIDE + 1, PID_STRIDE + 1): "main thread"}

@@ -375,3 +375,46 @@ def test_a_cpu_window_reports_no_reserved_memory() -> None:
     memory = memory_summary(events, None)
     assert memory["devices"] == {"cpu": {"peak_allocated_mb": 3.0}}
     assert memory["peak_allocated_mb"] == 3.0 and memory["peak_reserved_mb"] is None
+
+
+def test_steps_carry_their_bounds_min_and_calls_per_step() -> None:
+    """Three counted steps of 10, 30 and 20 ms: the median is shown with its min–max, the step bounds
+    are on the trace's timeline for a viewer's range, and ``calls`` counts per step as the times do."""
+    events = [_x("ProfilerStep#1", 0.0, 5000.0, "user_annotation")]
+    start = 5000.0
+    for n, dur in ((2, 10_000.0), (3, 30_000.0), (4, 20_000.0)):
+        events.append(_x(f"ProfilerStep#{n}", start, dur, "user_annotation"))
+        events += [_x("aten::mm", start + 10 + 100 * k, 50.0, "cpu_op") for k in range(2)]
+        start += dur
+    events.append(_x("late (/home/me/train.py:3)", start + 10.0, 5.0, "FEE"))
+    summary = summarize({"traceEvents": events})
+    assert summary["steps"]["bounds_us"]["3"] == [15000.0, 45000.0]
+    assert summary["steps"]["trace_us"] == [0.0, start + 15.0]
+    assert summary["step_ms"]["min"] == 10.0 and summary["step_ms"]["p50"] == 20.0
+    mm = next(op for op in summary["top_ops"]["by_cpu"] if op["name"] == "aten::mm")
+    assert mm["calls"] == 6 and mm["calls_per_step"] == 2.0
+    from vt_lightning.export.report import render_markdown, step_spread_text
+
+    assert step_spread_text(summary) == "median **20.0 ms** (min–max 10.0–30.0 over 3 steps)"
+    assert "| `aten::mm` | 0.10 | 0.10 | 2 |" in render_markdown(summary)
+    two = {"steps": {"counted": [2, 3], "ms": {"2": 50.8, "3": 80.4}}, "step_ms": {"p50": 65.6}}
+    assert step_spread_text(two) == "50.8 and 80.4 ms"  # type: ignore[arg-type]
+
+
+def test_a_summary_written_before_the_added_keys_still_reads() -> None:
+    """Keys added within schema 2 are optional for the reader: a file written by the version before
+    them (no step bounds, calls per step, ``below`` hashes, memory view, sources) is no error."""
+    from vt_lightning.export.reading import check_summary
+
+    summary = summarize(_cuda_trace())
+    old = orjson.loads(orjson.dumps(summary))
+    for key in ("bounds_us", "trace_us"):
+        del old["steps"][key]
+    del old["step_ms"]["min"]
+    for table in (old["top_python"], old["top_ops"]):
+        del table["totals"]["below"]
+    for entry in [*old["top_python"]["by_self"], *old["top_python"]["by_inclusive"], *old["top_ops"]["by_cpu"]]:
+        del entry["calls_per_step"]
+    old["memory"] = None
+    assert check_summary(old, "old.summary.jsonc") == old
+    assert check_summary(orjson.loads(orjson.dumps(summary)), "new.summary.jsonc")

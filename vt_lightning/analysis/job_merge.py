@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vt_lightning.analysis.straggler import FAMILIES
+from vt_lightning.analysis.track_names import KINETO_PROCESS, main_process_name
 from vt_lightning.constants import PYTHON_CATEGORY, STEP_PREFIX, TRACE_METADATA_KEY
 
 PID_STRIDE = 1_000_000
@@ -80,9 +81,7 @@ def rank_events(
     top = top_functions(source) if reduced else set()
     out: list[dict[str, Any]] = []
     dropped = 0
-    labels = {
-        pid: f"rank {rank}" if pid == own else _child_name(rank, names.get(pid) or f"pid {pid or '?'}") for pid in pids
-    }
+    labels = {pid: _process_label(rank, pid, own, names.get(pid)) for pid in pids}
     # its main process, then its workers, then kineto's rows; no index is 0 (viewers may read it as unset)
     order = sorted(pids, key=lambda pid: (pid != own, "DataLoader worker" not in labels[pid], str(pid)))
     for position, pid in enumerate(order):
@@ -98,7 +97,12 @@ def rank_events(
             continue
         moved = dict(event)
         if "pid" in moved:
-            moved["pid"] = pids.get(moved["pid"], moved["pid"])
+            pid = moved["pid"]
+            moved["pid"] = pids.get(pid, pid)
+            # a process's main thread (and kineto's one thread of its `Spans` row) takes the process's new
+            # pid: Perfetto lists a thread whose tid is its pid first, as the main thread
+            if moved.get("tid") == pid or pid == KINETO_PROCESS:
+                moved["tid"] = moved["pid"]
         if "ts" in moved:
             moved["ts"] = round(float(moved["ts"]) + shift, 3)  # shift is whole ns: nesting is kept
         for key in ("id", "bind_id"):
@@ -110,8 +114,14 @@ def rank_events(
     return out, dropped
 
 
-def _child_name(rank: int, name: str) -> str:
-    return name if name.startswith(f"rank {rank}") else f"rank {rank}: {name}"
+def _process_label(rank: int, pid: Any, own: Any, name: str | None) -> str:
+    """``rank N · main process``, a worker's ``rank N · DataLoader worker K``, kineto's row
+    ``rank N · torch.profiler``; never a bare pid."""
+    if pid == own:
+        return main_process_name(rank)
+    if pid == KINETO_PROCESS or not name:
+        return f"rank {rank} · torch.profiler" if pid == KINETO_PROCESS else f"rank {rank} · process {pid}"
+    return name if name.startswith(f"rank {rank} ·") else f"rank {rank} · {name}"
 
 
 def merge_job(

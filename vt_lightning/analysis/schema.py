@@ -1,6 +1,7 @@
 """The summary's JSON schema, as types: one definition for the writer, the CLI, ``diff`` and the
 loggers. A change that renames or removes a key, or changes its meaning, bumps ``SCHEMA_VERSION``
-(docs/files.md); readers must not trust files, so they still use ``.get``."""
+(docs/files.md); readers must not trust files, so they still use ``.get``. A key added within a
+version goes in a ``total=False`` base (``_StepsAdded``...): files written before it still read."""
 
 from __future__ import annotations
 
@@ -26,7 +27,12 @@ class Covers(TypedDict):
     keys: list[str]  # the summary keys that cover them
 
 
-class Steps(TypedDict):
+class _StepsAdded(TypedDict, total=False):
+    bounds_us: dict[str, list[float]]  # step number -> [start, end] on the trace's timeline (µs, its ``ts``)
+    trace_us: list[float] | None  # [first start, last end] of the trace's timed events
+
+
+class Steps(_StepsAdded):
     recorded: list[int]
     counted: list[int]  # the first recorded step is left out when there are several (no fetch)
     ms: dict[str, float]  # step number (as a string: JSON keys) -> duration
@@ -34,7 +40,11 @@ class Steps(TypedDict):
     user_hooks: dict[str, str]  # the user's hook overrides that ran -> their breakdown part
 
 
-class Totals(TypedDict):
+class _TotalsAdded(TypedDict, total=False):
+    below: list[str]  # summary.name_hash of each name under the threshold: "under the threshold", not "absent"
+
+
+class Totals(_TotalsAdded):
     """Per-step self time of every function / op at or above ``threshold_ms``; the rest in one bucket."""
 
     threshold_ms: float
@@ -43,20 +53,28 @@ class Totals(TypedDict):
     other_count: int  # how many are in ``other_ms`` (0: ``ms`` lists every one)
 
 
-class StepMs(TypedDict):
+class _StepMsAdded(TypedDict, total=False):
+    min: float | None
+
+
+class StepMs(_StepMsAdded):
     mean: float | None
     p50: float | None
     max: float | None
 
 
-class PythonEntry(TypedDict):
+class _CallsAdded(TypedDict, total=False):
+    calls_per_step: float  # ``calls`` / the counted steps
+
+
+class PythonEntry(_CallsAdded):
     function: str
     file: str | None
     line: int | None
     origin: str  # "user", "package", "stdlib", "builtin", "generated" (a compiler's output) or "vt_lightning"
     package: str | None
     folded: int  # functions folded into this line (0: one function)
-    calls: int
+    calls: int  # over the counted steps
     self_ms: float
     inclusive_ms: float
 
@@ -67,9 +85,9 @@ class TopPython(TypedDict):
     totals: Totals  # keyed "function (file:line)", C functions by name
 
 
-class OpEntry(TypedDict):
+class OpEntry(_CallsAdded):
     name: str
-    calls: int
+    calls: int  # over the counted steps
     self_cpu_ms: float
     cpu_ms: float
 
@@ -119,7 +137,25 @@ class AllocationSite(TypedDict):
     mb: float
 
 
-class Memory(TypedDict):
+class LiveSite(TypedDict):
+    """Where the allocations live at the peak were made: the innermost user frame, else the innermost
+    Python frame, else the innermost op (CPU: a function's ``def`` line; CUDA: the allocating line)."""
+
+    function: str
+    file: str | None
+    line: int | None
+    origin: str  # "user" or "other"
+    bytes: int
+    allocations: int
+
+
+class _MemoryAdded(TypedDict, total=False):
+    peak_ts_us: float | None  # when the main device peaked, on the trace's timeline
+    top_sites_at_peak: list[LiveSite]  # the main device's, largest first
+    view: str  # the memory view side file's name, beside the summary
+
+
+class Memory(_MemoryAdded):
     peak_allocated_mb: float | None
     peak_reserved_mb: float | None
     peak_allocated_bytes: int | None
@@ -211,6 +247,21 @@ class CompileSummary(TypedDict):
     torch: str | None
 
 
+class SourceFile(TypedDict, total=False):
+    """One file's recorded lines (export/source_lines.py), or why there are none (``error``)."""
+
+    mtime_ns: int
+    size: int
+    sha256: str
+    lines: dict[str, str]  # line number (as a string) -> its text, as it was when the window was written
+    error: str
+
+
+class Sources(TypedDict):
+    files: dict[str, SourceFile]  # keyed by the file as the summary names it
+    truncated: bool  # the summary's budget of lines ran out: some files are missing
+
+
 class _SummaryAdded(TypedDict, total=False):
     """Keys added within schema 2 (absent in files written before them)."""
 
@@ -219,6 +270,7 @@ class _SummaryAdded(TypedDict, total=False):
     verdicts: list[Verdict]  # largest share first; [] when no rule fired
     job: JobInfo  # rank 0 only, when every rank of a DDP job traced the window (docs/distributed.md)
     workers: Workers  # the train DataLoader's workers, when they were traced (analysis/workers.py)
+    sources: Sources  # the lines around every place the summary names, as they were
 
 
 class JobRank(TypedDict):
@@ -229,7 +281,12 @@ class JobRank(TypedDict):
     same_host: bool
 
 
-class Straggler(TypedDict):
+class _StragglerAdded(TypedDict, total=False):
+    explains_share: float  # excess_ms / others_wait_ms (capped at 1): the function's part of the wait
+    unattributed_ms: float  # others_wait_ms - excess_ms: in no one user function (ops, data, scheduling)
+
+
+class Straggler(_StragglerAdded):
     rank: int
     others_wait_ms: float  # the other ranks' mean wait for it, per step
     step_ms: float
@@ -237,10 +294,26 @@ class Straggler(TypedDict):
     function: str | None  # the user function with the largest excess over the other ranks
     file: str | None
     line: int | None
-    excess_ms: float  # per step
+    excess_ms: float  # per step, on the training thread (the one that issues the collectives)
 
 
-class JobInfo(TypedDict):
+class SlowOp(TypedDict):
+    """An op much slower on one rank than on another (straggler.slow_ops)."""
+
+    name: str
+    collective: bool  # time in a collective is waiting, not slow compute
+    ms_per_step: dict[str, float]  # rank (as a string) -> self CPU ms per step
+    slow_rank: int
+    spread_ms: float
+    text: str  # "aten::mm: 4.87 ms/step on rank 0, 0.51 on rank 1"
+
+
+class _JobAdded(TypedDict, total=False):
+    slow_ops: list[SlowOp]  # ops much slower on one rank, largest spread first
+    steps_us: list[float] | None  # [first step start, last step end] of every rank, on the job file's timeline
+
+
+class JobInfo(_JobAdded):
     """The window's job file (rank 0's summary only): ranks, clock offsets, straggler."""
 
     file: str  # relative to the window directory: job/job.<span>.json.gz

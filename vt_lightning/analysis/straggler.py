@@ -21,6 +21,9 @@ from vt_lightning.constants import STEP_PREFIX
 
 MIN_SHARE = 0.10  # of the mean step time
 MIN_WAIT_MS = 1.0  # per step
+SLOW_OP_RATIO = 3.0  # an op this many times slower on one rank than on the fastest...
+SLOW_OP_MIN_MS = 1.0  # ...and by at least this much per step, or SLOW_OP_MIN_SHARE of the step
+SLOW_OP_MIN_SHARE = 0.05
 FAMILIES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
 POINT_TO_POINT = ("send", "recv", "isend", "irecv", "recv_", "recv_any_source", "recv_any_source_")
 
@@ -187,6 +190,8 @@ def analyze_straggler(ranks: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[
         "steps": len(out["steps"]),
     }
     verdict.update(_where(ranks, keyed, steps, candidate, late_at[candidate], per_step))
+    verdict["explains_share"] = round(min(verdict["excess_ms"] / mean_wait_ms, 1.0), 3) if mean_wait_ms > 0 else 0.0
+    verdict["unattributed_ms"] = round(max(mean_wait_ms - verdict["excess_ms"], 0.0), 3)
     out["straggler"] = verdict
     return out
 
@@ -227,6 +232,10 @@ def _step_rows(step_ms: Mapping[int, float], caused: Mapping[int | None, Mapping
     return rows
 
 
+def _thread(event: Mapping[str, Any]) -> tuple[Any, Any]:
+    return event.get("pid"), event.get("tid")
+
+
 def _interval(
     keyed: Mapping[Key, tuple[float, float]], steps: Sequence[tuple[float, float, int]], key: Key
 ) -> tuple[float, float]:
@@ -246,11 +255,14 @@ def _where(
     keys: Sequence[Key],
     per_step: int,
 ) -> dict[str, Any]:
-    """The late rank's user function with the largest excess over the others' mean."""
+    """The late rank's user function with the largest excess over the others' mean, on each rank's
+    training thread (the steps' thread, which issues the collectives: a DataLoader worker's or
+    a side thread's time is off the critical path)."""
     excess: dict[str, float] = defaultdict(float)
     times = {}
     for r, events in ranks.items():
-        segments = user_segments(events)
+        training = next((_thread(e) for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)), None)
+        segments = user_segments(e for e in events if _thread(e) == training)
         times[r] = time_in(segments, [_interval(keyed[r], steps[r], k) for k in keys])
     others = [r for r in ranks if r != late]
     for label in set().union(*times.values()):
@@ -262,3 +274,32 @@ def _where(
         return {"function": None, "file": None, "line": None, "excess_ms": 0.0}
     function, path, line = parse_function(label)
     return {"function": function, "file": path, "line": line, "excess_ms": round(excess[label] / 1000.0 / per_step, 3)}
+
+
+def slow_ops(
+    ms_per_step: Mapping[int, Mapping[str, float]], step_ms: float, family: str | None
+) -> list[dict[str, Any]]:
+    """Ops much slower on one rank than on another (self ms per step, per rank): ``SLOW_OP_RATIO``
+    and ``max(SLOW_OP_MIN_MS, SLOW_OP_MIN_SHARE`` of the step) apart. A collective's time is waiting,
+    on whichever rank the backend waits (gloo: the late one too), so it is worded as such."""
+    found = []
+    for name in sorted({name for ops in ms_per_step.values() for name in ops}):
+        by_rank = {r: float(ops.get(name, 0.0)) for r, ops in ms_per_step.items()}
+        slow, fast = max(by_rank, key=lambda r: by_rank[r]), min(by_rank, key=lambda r: by_rank[r])
+        spread = by_rank[slow] - by_rank[fast]
+        if by_rank[slow] < SLOW_OP_RATIO * by_rank[fast] or spread < max(SLOW_OP_MIN_MS, SLOW_OP_MIN_SHARE * step_ms):
+            continue
+        collective = any(name.startswith(f) for f in (family, *FAMILIES) if f)
+        others = ", ".join(f"{by_rank[r]:.2f} on rank {r}" for r in sorted(by_rank) if r != slow)
+        text = f"{name}: {by_rank[slow]:.2f} ms/step on rank {slow}, {others}"
+        found.append(
+            {
+                "name": name,
+                "collective": collective,
+                "ms_per_step": {str(r): round(v, 3) for r, v in sorted(by_rank.items())},
+                "slow_rank": slow,
+                "spread_ms": round(spread, 3),
+                "text": text + (": time in the collective (waiting), see the straggler" if collective else ""),
+            }
+        )
+    return sorted(found, key=lambda op: op["spread_ms"], reverse=True)

@@ -6,9 +6,10 @@ batch's fetch (later steps open at the previous batch's end, as torch's ``profil
 
 from __future__ import annotations
 
+import zlib
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,19 +67,37 @@ def _clipped(start: float, end: float, region: Span | None) -> Span | None:
     return max(start, lo), min(end, hi)
 
 
+def name_hash(name: str) -> str:
+    """The 8-hex crc32 ``totals.below`` lists for a name under the threshold: with it, ``diff`` tells
+    "under the threshold" from "only in the other" (a collision errs towards "under", never "only in")."""
+    return f"{zlib.crc32(name.encode('utf-8', 'surrogatepass')):08x}"
+
+
 def totals(values_us: Mapping[str, float], steps: int) -> Totals:
     """Every entry whose per-step value is at least the threshold, and the rest as one bucket."""
     per_step = sorted(((k, v / steps) for k, v in values_us.items()), key=lambda kv: kv[1], reverse=True)
     threshold = TOTALS_MIN_US
     if len(per_step) > TOTALS_MAX:
         threshold = max(threshold, per_step[TOTALS_MAX - 1][1])
-    rest = [v for _, v in per_step if v < threshold]
+    rest = [(k, v) for k, v in per_step if v < threshold]
     return {
         "threshold_ms": _ms(threshold),
         "ms": {k: _ms(v) for k, v in per_step if v >= threshold},
-        "other_ms": _ms(sum(rest)),
+        "other_ms": _ms(sum(v for _, v in rest)),
         "other_count": len(rest),
+        "below": sorted({name_hash(k) for k, _ in rest}),
     }
+
+
+def trace_bounds(rest: Sequence[Mapping[str, Any]], calls: Iterable[Calls]) -> list[float] | None:
+    """``[first start, last end]`` of a trace's timed events (µs): where a viewer's range must stay."""
+    starts = [float(e["ts"]) for e in rest if "ts" in e]
+    ends = [float(e["ts"]) + float(e.get("dur", 0.0) or 0.0) for e in rest if "ts" in e]
+    for c in calls:
+        if len(c.starts):
+            starts.append(float(c.starts.min()))
+            ends.append(float(c.ends.max()))
+    return [round(min(starts), 3), round(max(ends), 3)] if starts else None
 
 
 def function_key(entry: Mapping[str, Any]) -> str:
@@ -97,6 +116,7 @@ def _entry(meta: Mapping[str, Any], stat: Stat, steps: int, folded: int = 0) -> 
         "package": meta["package"],
         "folded": folded,
         "calls": stat.calls,
+        "calls_per_step": round(stat.calls / steps, 3),
         "self_ms": _ms(stat.self_us / steps),
         "inclusive_ms": _ms(stat.inclusive_us / steps),
     }
@@ -206,7 +226,13 @@ def top_ops(
     by_cpu = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:limit]
     out: TopOps = {
         "by_cpu": [
-            {"name": name, "calls": int(s[0]), "self_cpu_ms": _ms(s[2] / steps), "cpu_ms": _ms(s[1] / steps)}
+            {
+                "name": name,
+                "calls": int(s[0]),
+                "calls_per_step": round(s[0] / steps, 3),
+                "self_cpu_ms": _ms(s[2] / steps),
+                "cpu_ms": _ms(s[1] / steps),
+            }
             for name, s in by_cpu
         ],
         "totals": totals({name: s[2] for name, s in stats.items()}, steps),
@@ -292,10 +318,13 @@ def summarize(
             "recorded": recorded,
             "counted": counted,
             "ms": {str(n): _ms(per_step[n]) for n in recorded},
+            "bounds_us": {str(n): [round(steps[n][0], 3), round(steps[n][1], 3)] for n in recorded},
+            "trace_us": trace_bounds(rest, data.python_calls.values()),
             "breakdown_source": data.breakdown_source,
             "user_hooks": data.user_hooks,
         },
         "step_ms": {
+            "min": _ms(min(durations)) if durations else None,
             "mean": _ms(sum(durations) / count) if durations else None,
             "p50": _ms(_percentile(durations, 0.5)) if durations else None,
             "max": _ms(max(durations)) if durations else None,

@@ -3,11 +3,12 @@ allocation sites. Pure."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vt_lightning.analysis.schema import AllocationSite, DeviceMemory, Gpu, IdleGap, Memory
+from vt_lightning.analysis.schema import AllocationSite, DeviceMemory, Gpu, IdleGap, LiveSite, Memory
 from vt_lightning.analysis.spans import Span, clip, difference, ms, span_of, union
 from vt_lightning.analysis.trace import Calls
 from vt_lightning.analysis.usercode import is_user_file, parse_function
@@ -59,109 +60,200 @@ def _gap(gap: Span, calls: Sequence[tuple[float, float, str]]) -> IdleGap:
 
 
 _DEVICE_NAMES = {0: "cpu", 1: "cuda"}
+MAX_BUCKETS = 600  # a curve keeps each time bucket's lowest and highest sample: <= 1,200 points
+EVENTS_SOURCE = "torch [memory] events"
+Sample = tuple[float, int, int]  # time (µs), allocated bytes, reserved bytes
+
+
+def _device_label(args: Mapping[str, Any]) -> str:
+    kind, index = args.get("Device Type", 0), args.get("Device Id", -1)
+    name = _DEVICE_NAMES.get(kind, f"device_type_{kind}")
+    return name + (f":{index}" if isinstance(index, int) and index >= 0 else "")
+
+
+def memory_samples(events: Sequence[Mapping[str, Any]]) -> dict[str, list[Sample]]:
+    """Per device, torch's ``[memory]`` totals in time order (ts on the trace's timeline)."""
+    out: dict[str, list[Sample]] = defaultdict(list)
+    for event in events:
+        args = event.get("args") or {}
+        allocated, ts = args.get("Total Allocated"), event.get("ts")
+        if event.get("ph") == "i" and event.get("name") == "[memory]" and isinstance(allocated, int):
+            reserved = args.get("Total Reserved")
+            out[_device_label(args)].append((float(ts or 0.0), allocated, reserved if isinstance(reserved, int) else 0))
+    for samples in out.values():
+        samples.sort(key=lambda s: s[0])
+    return dict(out)
+
+
+def downsample(samples: Sequence[Sample], buckets: int = MAX_BUCKETS) -> list[Sample]:
+    """At most ``2 * buckets`` samples: each equal-time bucket's lowest and highest allocated, in
+    time order, so the peak and every dip survive."""
+    if len(samples) <= 2 * buckets:
+        return list(samples)
+    t0 = samples[0][0]
+    width = (samples[-1][0] - t0) / buckets or 1.0
+    out: list[Sample] = []
+    lo = hi = samples[0]
+    current = 0
+    for sample in samples[1:]:
+        bucket = min(int((sample[0] - t0) / width), buckets - 1)
+        if bucket != current:
+            out += [lo] if lo is hi else sorted((lo, hi))
+            lo = hi = sample
+            current = bucket
+        elif sample[1] < lo[1]:
+            lo = sample
+        elif sample[1] > hi[1]:
+            hi = sample
+    out += [lo] if lo is hi else sorted((lo, hi))
+    return out
+
+
+def _snapshot_labels(snapshot: Mapping[str, Any]) -> list[str]:
+    traces = snapshot.get("device_traces") or []
+    labels = (snapshot.get("vt_lightning") or {}).get("devices") or []  # a CPU snapshot's (memory_snapshot.py)
+    return [labels[d] if d < len(labels) else f"cuda:{d}" for d in range(len(traces))]
+
+
+def replay(snapshot: Mapping[str, Any], device: int) -> list[Sample]:
+    """The allocated and reserved bytes after each entry of the snapshot's allocator trace of
+    ``device``, replayed forwards from the state its end (``segments``) implies."""
+    trace = (snapshot.get("device_traces") or [])[device]
+    segments = [s for s in snapshot.get("segments") or [] if s.get("device") == device]
+    allocated = sum(
+        b.get("size", 0) for s in segments for b in s.get("blocks", []) if str(b.get("state", "")).startswith("active")
+    )
+    reserved = sum(s.get("total_size", 0) for s in segments)
+    signs = {"alloc": (1, 0), "free_completed": (-1, 0), "segment_alloc": (0, 1), "segment_map": (0, 1)}
+    signs |= {"segment_free": (0, -1), "segment_unmap": (0, -1)}  # map/unmap: expandable segments
+    steps = [(signs.get(e.get("action"), (0, 0)), int(e.get("size", 0)), float(e.get("time_us", 0))) for e in trace]
+    allocated -= sum(a * size for (a, _), size, _ in steps)  # back to the state before the first entry
+    reserved -= sum(r * size for (_, r), size, _ in steps)
+    samples: list[Sample] = []
+    for (a, r), size, time_us in steps:
+        allocated, reserved = allocated + a * size, reserved + r * size
+        samples.append((time_us, allocated, reserved))
+    return samples
+
+
+def live_at(trace: Sequence[Mapping[str, Any]], entries: int) -> list[Mapping[str, Any]]:
+    """The allocations live after the first ``entries`` entries of an allocator trace."""
+    live: dict[Any, Mapping[str, Any]] = {}
+    for entry in trace[:entries]:
+        if entry.get("action") == "alloc":
+            live[entry.get("addr")] = entry
+        elif entry.get("action") == "free_completed":
+            live.pop(entry.get("addr"), None)
+    return list(live.values())
 
 
 def memory_summary(
     events: Sequence[Mapping[str, Any]], snapshot: Mapping[str, Any] | None, limit: int = TOP_SITES
 ) -> Memory | None:
-    """Peaks per device (torch's ``[memory]`` events, else the snapshot) and the top allocation sites."""
-    peaks: dict[str, dict[str, int]] = {}
-    for event in events:
-        if event.get("ph") != "i" or event.get("name") != "[memory]":
-            continue
-        args = event.get("args") or {}
-        kind = args.get("Device Type", 0)
-        index = args.get("Device Id", -1)
-        label = _DEVICE_NAMES.get(kind, f"device_type_{kind}") + (
-            f":{index}" if isinstance(index, int) and index >= 0 else ""
-        )
-        peak = peaks.setdefault(label, {"allocated": 0, "reserved": 0})
-        for key, arg in (("allocated", "Total Allocated"), ("reserved", "Total Reserved")):
-            value = args.get(arg)
-            if isinstance(value, int) and value > peak[key]:
-                peak[key] = value
-    source = "torch [memory] events"
-    if not peaks and snapshot:
-        peaks = _snapshot_peaks(snapshot)
+    """Peaks per device (torch's ``[memory]`` events, else the snapshot), the top allocation sites
+    over the window and those live at the main device's peak (found in the snapshot's own replay:
+    a CUDA snapshot's times are the allocator's clock)."""
+    curves = memory_samples(events)
+    source = EVENTS_SOURCE
+    labels = _snapshot_labels(snapshot) if snapshot else []
+    if not curves and snapshot:
+        curves = {label: samples for d, label in enumerate(labels) if (samples := replay(snapshot, d))}
         source = "memory snapshot replay"
     sites = _allocation_sites(snapshot, limit) if snapshot else []
-    if not peaks and not sites:
+    if not curves and not sites:
         return None
-    ordered = sorted(peaks.items(), key=lambda kv: (kv[0].startswith("cpu"), kv[0]))  # GPUs first
+    ordered = sorted(curves, key=lambda label: (label.startswith("cpu"), label))  # GPUs first
     devices: dict[str, DeviceMemory] = {}
-    for label, p in ordered:
-        device = DeviceMemory(peak_allocated_mb=round(p["allocated"] / 2**20, 3))
-        if p["reserved"] and not label.startswith(_DEVICE_NAMES[0]):  # only a caching allocator reserves
-            device["peak_reserved_mb"] = round(p["reserved"] / 2**20, 3)
+    peaks = {label: max(curves[label], key=lambda s: s[1]) for label in ordered}
+    for label in ordered:
+        device = DeviceMemory(peak_allocated_mb=round(peaks[label][1] / 2**20, 3))
+        reserved = max(s[2] for s in curves[label])
+        if reserved and not label.startswith(_DEVICE_NAMES[0]):  # only a caching allocator reserves
+            device["peak_reserved_mb"] = round(reserved / 2**20, 3)
         devices[label] = device
     main = next(iter(devices.values()), DeviceMemory())
-    main_peak = ordered[0][1] if ordered else {}
-    return Memory(
+    memory = Memory(
         peak_allocated_mb=main.get("peak_allocated_mb"),
         peak_reserved_mb=main.get("peak_reserved_mb"),
-        peak_allocated_bytes=main_peak.get("allocated"),
+        peak_allocated_bytes=peaks[ordered[0]][1] if ordered else None,
         devices=devices,
         peak_source=source,
         top_allocation_sites=sites,
+        peak_ts_us=round(peaks[ordered[0]][0], 3) if ordered and source == EVENTS_SOURCE else None,
     )
+    if snapshot and ordered and ordered[0] in labels:
+        d = labels.index(ordered[0])
+        trace = snapshot["device_traces"][d]
+        if (snapshot.get("vt_lightning") or {}).get("time") and source == EVENTS_SOURCE:  # ours: the trace's clock
+            entries = bisect_right([float(e.get("time_us", 0)) for e in trace], round(peaks[ordered[0]][0]))
+        else:
+            samples = replay(snapshot, d)
+            entries = max(range(len(samples)), key=lambda i: samples[i][1], default=-1) + 1
+        memory["top_sites_at_peak"] = live_sites(live_at(trace, entries), limit)
+    return memory
 
 
-def _snapshot_peaks(snapshot: Mapping[str, Any]) -> dict[str, dict[str, int]]:
-    """Replay ``device_traces`` backwards from the end state the ``segments`` describe."""
-    peaks: dict[str, dict[str, int]] = {}
-    segments = snapshot.get("segments") or []
-    for device, trace in enumerate(snapshot.get("device_traces") or []):
-        allocated = sum(
-            b.get("size", 0)
-            for s in segments
-            if s.get("device") == device
-            for b in s.get("blocks", [])
-            if str(b.get("state", "")).startswith("active")
-        )
-        reserved = sum(s.get("total_size", 0) for s in segments if s.get("device") == device)
-        peak_a, peak_r = allocated, reserved
-        for entry in reversed(trace):
-            action, size = entry.get("action"), int(entry.get("size", 0))
-            if action == "alloc":
-                allocated -= size
-            elif action == "free_completed":
-                allocated += size
-            elif action in ("segment_alloc", "segment_map"):  # map/unmap: expandable segments
-                reserved -= size
-            elif action in ("segment_free", "segment_unmap"):
-                reserved += size
-            peak_a, peak_r = max(peak_a, allocated), max(peak_r, reserved)
-        peaks[f"device:{device}"] = {"allocated": peak_a, "reserved": peak_r}
-    return peaks
+def memory_view(
+    events: Sequence[Mapping[str, Any]], steps: Mapping[str, list[float]], memory: Memory | None = None
+) -> dict[str, Any] | None:
+    """The memory view side file (docs/files.md): per device its peak and a downsampled curve, with
+    the steps' bounds to draw beside it, and on the main device the summary's sites live at the peak
+    (None: no ``[memory]`` events)."""
+    devices: dict[str, Any] = {}
+    for label, samples in memory_samples(events).items():
+        peak = max(samples, key=lambda s: s[1])
+        cpu = label.startswith(_DEVICE_NAMES[0])
+        device: dict[str, Any] = {"events": len(samples), "peak_bytes": peak[1], "peak_ts_us": round(peak[0], 3)}
+        if not cpu:
+            device["peak_reserved_bytes"] = max(s[2] for s in samples)
+        device["series"] = ["ts_us", "allocated"] + ([] if cpu else ["reserved"])
+        device["points"] = [[round(s[0], 3), s[1]] + ([] if cpu else [s[2]]) for s in downsample(samples)]
+        if memory and "top_sites_at_peak" in memory and label == next(iter(memory["devices"]), None):
+            device["top_sites_at_peak"] = memory["top_sites_at_peak"]
+        devices[label] = device
+    return {"schema": 1, "steps": dict(steps), "devices": devices} if devices else None
 
 
-def _site(frames: Sequence[Mapping[str, Any]]) -> str | None:
-    """The innermost Python frame of an allocation, preferring the user's own code."""
+def live_sites(entries: Sequence[Mapping[str, Any]], limit: int = TOP_SITES) -> list[LiveSite]:
+    """Live allocations grouped by site: the innermost user frame, else Python frame, else op."""
+    sites: dict[tuple[str, str | None, int | None, str], list[int]] = defaultdict(lambda: [0, 0])
+    by_stack: dict[int, tuple[str, str | None, int | None, str]] = {}
+    for entry in entries:
+        frames = entry.get("frames") or []
+        key = by_stack.get(id(frames))
+        if key is None:
+            key = by_stack[id(frames)] = _live_site(frames)
+        sites[key][0] += int(entry.get("size", 0))
+        sites[key][1] += 1
+    ranked = sorted(sites.items(), key=lambda kv: kv[1][0], reverse=True)[:limit]
+    return [
+        {"function": f, "file": file, "line": line, "origin": origin, "bytes": size, "allocations": n}
+        for (f, file, line, origin), (size, n) in ranked
+    ]
+
+
+def _live_site(frames: Sequence[Mapping[str, Any]]) -> tuple[str, str | None, int | None, str]:
     first_python = None
     for frame in frames:
         filename = str(frame.get("filename", ""))
-        if not filename.endswith(".py"):
-            continue
-        label = f"{frame.get('name')} ({filename}:{frame.get('line')})"
-        if first_python is None:
-            first_python = label
-        if is_user_file(filename):
-            return label
-    return first_python
+        if filename.endswith(".py"):
+            found = (str(frame.get("name")), filename, frame.get("line"))
+            if is_user_file(filename):
+                return (*found, "user")
+            first_python = first_python or found
+    if first_python is not None:
+        return (*first_python, "other")
+    return (str(frames[0].get("name")) if frames else "(no frame)", None, None, "other")
 
 
 def _allocation_sites(snapshot: Mapping[str, Any], limit: int) -> list[AllocationSite]:
-    sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    by_stack: dict[int, str] = {}  # snapshots share one frames list between identical stacks
-    for trace in snapshot.get("device_traces") or []:
-        for entry in trace:
-            if entry.get("action") != "alloc":
-                continue
-            frames = entry.get("frames") or []
-            site = by_stack.get(id(frames))
-            if site is None:
-                site = by_stack[id(frames)] = _site(frames) or "(no Python frame)"
-            sites[site][0] += 1
-            sites[site][1] += int(entry.get("size", 0))
-    ranked = sorted(sites.items(), key=lambda kv: kv[1][1], reverse=True)[:limit]
-    return [{"site": site, "allocations": n, "mb": round(size / 2**20, 3)} for site, (n, size) in ranked]
+    """Every allocation of the window by site (not only those live at the peak), most bytes first."""
+    allocs = [e for trace in snapshot.get("device_traces") or [] for e in trace if e.get("action") == "alloc"]
+    return [
+        {
+            "site": f"{site['function']} ({site['file']}:{site['line']})" if site["file"] else "(no Python frame)",
+            "allocations": site["allocations"],
+            "mb": round(site["bytes"] / 2**20, 3),
+        }
+        for site in live_sites(allocs, limit)
+    ]

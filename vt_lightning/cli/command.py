@@ -45,6 +45,7 @@ from vt_lightning.export.reading import (
     read_trace,
 )
 from vt_lightning.export.report import print_table, print_windows_table, render_markdown, summary_names, summary_stem
+from vt_lightning.export.source_lines import excerpt_lines
 from vt_lightning.export.terminal import json_for_terminal, printable, printable_lines
 
 EXIT_OK = 0
@@ -214,6 +215,8 @@ def run_summary(logdir: str, as_json: bool, max_memory_mb: int = DEFAULT_MEMORY_
     for window in windows:
         _out()
         _out(render_markdown(window), end="")
+        for line in excerpt_lines(window):  # the lines as they were, and whether the file changed since
+            _out(line)
         _out(f"({window.get('_path')})")
     return refused.status()
 
@@ -229,7 +232,7 @@ def run_diff(a: str, b: str, top: int, as_json: bool, max_memory_mb: int = DEFAU
         return refused.status()
     _out(
         f"A: {a} ({result['a_windows']} window(s))\nB: {b} ({result['b_windows']} window(s))\n"
-        f"step: {step_change(result)}"
+        f"step: {step_change(result)}\n{result['noise']['text']}.\n{result['rule']}."
     )
     for title, rows in (
         ("breakdown (ms per step)", result["breakdown"]),
@@ -237,7 +240,7 @@ def run_diff(a: str, b: str, top: int, as_json: bool, max_memory_mb: int = DEFAU
         ("all Python functions (self ms per step)", result["python"]),
         ("torch ops (self CPU ms per step)", result["ops"]),
     ):
-        cells, styles = diff_table(rows)  # "below threshold" / "not in top N" is never "new" or -100 %
+        cells, styles = diff_table(rows)
         names, base = short_paths([row[0] for row in cells])
         for row, name in zip(cells, names):
             row[0] = name
@@ -290,9 +293,18 @@ def short_paths(names: Sequence[str], cwd: str | None = None) -> tuple[list[str]
 
 
 def step_change(result: dict[str, Any]) -> str:
-    step = result["step"]
-    percent = "new" if step["delta_percent"] is None else f"{step['delta_percent']:+.1f}%"
-    return f"{step['a_ms']:.1f} -> {step['b_ms']:.1f} ms ({step['delta_ms']:+.2f} ms, {percent})"
+    """``27.4 -> 17.6 ms (-9.80 ms, -35.7%, within noise); steps: A 14.1–40.6 ms (2), B 14.8–20.4 ms (2)``."""
+    step, noise = result["step"], result["noise"]
+    percent = "" if step["delta_percent"] is None else f", {step['delta_percent']:+.1f}%"
+    verdict = ", within noise" if step["within_noise"] else ""
+
+    def spread(side: dict[str, Any]) -> str:
+        return f"{side['min_ms']:.1f}–{side['max_ms']:.1f} ms ({side['steps']})" if side["steps"] else "no steps"
+
+    return (
+        f"{step['a_ms']:.1f} -> {step['b_ms']:.1f} ms ({step['delta_ms']:+.2f} ms{percent}{verdict}); "
+        f"steps: A {spread(noise['a'])}, B {spread(noise['b'])}"
+    )
 
 
 def latest_trace(target: str, refused: Warn | None = None) -> Location:

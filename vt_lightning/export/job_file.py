@@ -16,6 +16,7 @@ without every rank.
 from __future__ import annotations
 
 import gzip
+import statistics
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -31,7 +32,8 @@ from vt_lightning.analysis.job_merge import (
 )
 from vt_lightning.analysis.offsets import CollectiveCheck, collective_residuals, rank_offsets
 from vt_lightning.analysis.schema import JobInfo
-from vt_lightning.analysis.straggler import analyze_straggler, choose_family, is_collective
+from vt_lightning.analysis.straggler import analyze_straggler, choose_family, is_collective, slow_ops, steps_of
+from vt_lightning.analysis.summary import top_ops
 from vt_lightning.constants import TRACE_METADATA_KEY, TRACE_SUFFIX
 from vt_lightning.export.atomic import atomic_write, gzip_bytes
 from vt_lightning.export.job import Location, WindowJob
@@ -116,7 +118,14 @@ def write_job_file(
     offset_us = {r: (o.offset_us if (o := offsets.get(r)) else 0.0) for r in traces}
     aligned = aligned_events(traces, offset_us)
     straggler = analyze_straggler(aligned)
+    straggler["slow_ops"] = slow_ops(
+        {r: _op_ms_per_step(events) for r, events in aligned.items()},
+        statistics.fmean([s["step_ms"] for s in straggler["steps"]] or [0.0]),
+        straggler["family"],
+    )
     check = _collective_check(aligned)
+    bounds = [span for events in aligned.values() for span in steps_of(events)]
+    steps_us = [round(min(b[0] for b in bounds), 3), round(max(b[1] for b in bounds), 3)] if bounds else None
     del aligned
     budget = int(sync.get("budget_bytes") or JOB_BUDGET_BYTES)
     reduced = ranks_to_reduce(sizes, slowest_and_fastest(straggler["wait_ms_per_step"]), budget)
@@ -146,6 +155,7 @@ def write_job_file(
         "clock_sync_error": sync.get("error"),
         "collective_check": check.as_dict() if check is not None else None,
         "straggler": straggler,
+        "steps_us": steps_us,  # the ranks' recorded steps on the job file's timeline: where a viewer opens
         "budget_bytes": budget,
         "reduced_ranks": reduced,
         "left_out": left_out,
@@ -185,6 +195,14 @@ def _rank_traces(sync: dict[str, Any], run_dir: Path, span: str, world: int) -> 
         )
     _TIMED_OUT.add(root)
     return files, f"no job file for {run_dir.name} (rank(s) {missing} wrote no trace of it within {wait_s:.0f} s)"
+
+
+def _op_ms_per_step(events: list[dict[str, Any]]) -> dict[str, float]:
+    """A rank's self CPU ms per step of each op over its recorded steps (the summary's ``totals``)."""
+    steps = steps_of(events)
+    if not steps:
+        return {}
+    return dict(top_ops(events, len(steps), {}, limit=0, region=(steps[0][0], steps[-1][1]))["totals"]["ms"])
 
 
 def _collective_check(aligned: dict[int, list[dict[str, Any]]]) -> CollectiveCheck | None:
@@ -240,8 +258,13 @@ def job_summary(info: dict[str, Any]) -> JobInfo:
         if straggler is None
         else {
             k: straggler.get(k)
-            for k in ("rank", "others_wait_ms", "step_ms", "share_of_step", "function", "file", "line", "excess_ms")
+            for k in (
+                *("rank", "others_wait_ms", "step_ms", "share_of_step", "function", "file", "line", "excess_ms"),
+                *("explains_share", "unattributed_ms"),
+            )
         },
+        "slow_ops": list((info.get("straggler") or {}).get("slow_ops") or []),
+        "steps_us": info.get("steps_us"),
         "reduced_ranks": list(info.get("reduced_ranks") or []),
     }
     return cast(JobInfo, block)

@@ -22,6 +22,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
+
 from vt_lightning.analysis.clock import Calibration, ClockPair, best_marker_pair
 from vt_lightning.analysis.compile import compile_record, compile_span_events
 from vt_lightning.analysis.filters import filter_python_events, keeps_whole
@@ -40,7 +42,9 @@ from vt_lightning.analysis.merge import (
 from vt_lightning.analysis.schema import Summary
 from vt_lightning.analysis.steps import read_window
 from vt_lightning.analysis.summary import summarize
+from vt_lightning.analysis.summary_devices import memory_view
 from vt_lightning.analysis.trace import WindowTrace
+from vt_lightning.analysis.track_names import name_tracks
 from vt_lightning.analysis.verdicts import with_job_verdicts
 from vt_lightning.analysis.workers import worker_summary
 from vt_lightning.constants import CLOCK_MARKER_PREFIX, CPU_OP_CATEGORY, USER_ANNOTATION_CATEGORY
@@ -50,6 +54,7 @@ from vt_lightning.export.job import WindowJob, WindowResult
 from vt_lightning.export.job_file import JOB_EXTRA, job_summary, write_job_file
 from vt_lightning.export.layout import claim_name
 from vt_lightning.export.report import encode_summary, render_markdown, summary_names
+from vt_lightning.export.source_lines import named_places, record_sources
 from vt_lightning.export.worker_dumps import WorkerDumps, add_to_trace, collect_worker_dumps, remove_parts
 
 T = TypeVar("T")
@@ -263,11 +268,12 @@ def merge(job: WindowJob, placed: Placed) -> Merged:
 
 def enrich(job: WindowJob, merged: Merged) -> Merged:
     """The flight recorder's track of the slow step, the DataLoader workers' processes and fetch
-    spans, and the Lightning view, added to the trace."""
+    spans, every track's name by rank and role, and the Lightning view, added to the trace."""
     trace, notes = merged.trace, list(merged.notes)
     add_flight_track(trace, job.extras.get("flight"), merged.calibration)  # the slow step, sampled
     if merged.workers is not None:
         notes.extend(add_to_trace(trace, merged.workers, merged.calibration.python_to_torch_us))
+    name_tracks(trace, int(trace.meta.get("global_rank") or 0))  # by rank and role, the main thread first
     if trace.meta.get("lightning_view"):
         view = apply_lightning_view(trace)
         if not view.get("framework"):
@@ -299,6 +305,7 @@ class Summarised:
     encoded: Encoded
     snapshot: Any
     summary: Summary | None
+    memory_view: dict[str, Any] | None  # the side file of summary_devices.memory_view
     summary_seconds: float
     notes: list[str]
 
@@ -311,18 +318,19 @@ def summarise(job: WindowJob, encoded: Encoded) -> Summarised:
     if job.memory_name is not None and snapshot is None:
         snapshot = _optional("memory snapshot", notes, lambda: build_cpu_snapshot(trace))
     start = time.perf_counter()
-    summary = _optional("summary", notes, lambda: _summary(job, trace, snapshot)) if job.summary else None
-    return Summarised(encoded, snapshot, summary, time.perf_counter() - start, notes)
+    made = _optional("summary", notes, lambda: _summary(job, trace, snapshot)) if job.summary else None
+    summary, view = made or (None, None)
+    return Summarised(encoded, snapshot, summary, view, time.perf_counter() - start, notes)
 
 
-def _summary(job: WindowJob, trace: WindowTrace, snapshot: Any) -> Summary:
+def _summary(job: WindowJob, trace: WindowTrace, snapshot: Any) -> tuple[Summary, dict[str, Any] | None]:
     window = read_window(trace)  # read once: the workers' tables share its per-thread nesting
     summary = summarize(trace, snapshot, window)
     summary["window"]["trace"] = job.trace_name
     workers = worker_summary(window)
     if workers is not None:
         summary["workers"] = workers
-    return summary
+    return summary, memory_view(window.memory, summary["steps"]["bounds_us"], summary["memory"])
 
 
 def _optional(what: str, notes: list[str], make: Callable[[], T]) -> T | None:
@@ -361,7 +369,7 @@ def write(job: WindowJob, summarised: Summarised) -> WindowResult:
     summary_path = markdown = None
     start = time.perf_counter()
     if summarised.summary is not None:
-        write_summary = partial(_write_summary, job, run_dir, summarised.summary, job_info)
+        write_summary = partial(_write_summary, job, run_dir, summarised.summary, job_info, summarised.memory_view)
         summary_path, markdown = _optional("summary", notes, write_summary) or (None, None)
     seconds = summarised.summary_seconds + time.perf_counter() - start
     return WindowResult(
@@ -389,14 +397,18 @@ def _write_memory(path: Path, snapshot: Any) -> Path:
 
 
 def _write_summary(
-    job: WindowJob, run_dir: Path, summary: Summary, job_info: dict[str, Any] | None
+    job: WindowJob, run_dir: Path, summary: Summary, job_info: dict[str, Any] | None, view: dict[str, Any] | None
 ) -> tuple[Path, str]:
-    """``<worker>.<span>.summary.jsonc`` and ``.md`` beside the trace, the job's verdicts added
-    where this rank wrote the job file: (the summary's path, its markdown)."""
-    json_name, md_name = summary_names(job.trace_name)
+    """``<worker>.<span>.summary.jsonc`` and ``.md`` beside the trace (and the memory view), the
+    job's verdicts added where this rank wrote the job file: (the summary's path, its markdown)."""
+    json_name, md_name, view_name = summary_names(job.trace_name)
+    if view is not None and summary["memory"] is not None:
+        atomic_write(run_dir / view_name, orjson.dumps(view))
+        summary["memory"]["view"] = view_name
     if job_info is not None:
         summary["job"] = job_summary(job_info)
         summary["verdicts"] = with_job_verdicts(summary)  # straggler: only rank 0 merged the job file
+    summary["sources"] = record_sources(named_places(summary))
     atomic_write(run_dir / json_name, encode_summary(summary))
     markdown = render_markdown(summary)
     atomic_write(run_dir / md_name, markdown.encode())

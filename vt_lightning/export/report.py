@@ -20,15 +20,16 @@ from vt_lightning.analysis.history import RunHistory, TableRow, WindowRow, histo
 from vt_lightning.analysis.schema import Summary
 from vt_lightning.analysis.verdict_report import verdicts_markdown
 from vt_lightning.analysis.workers import workers_markdown
-from vt_lightning.constants import SUMMARY_JSON_SUFFIX, SUMMARY_MD_SUFFIX, TRACE_SUFFIX
+from vt_lightning.constants import MEMORY_VIEW_SUFFIX, SUMMARY_JSON_SUFFIX, SUMMARY_MD_SUFFIX, TRACE_SUFFIX
 from vt_lightning.export.reading import SummaryNotFound, read_summary
 from vt_lightning.export.terminal import printable, printable_lines
 
 
-def summary_names(trace_name: str) -> tuple[str, str]:
-    """``host_0.0000000002.pt.trace.json.gz`` -> (``host_0.0000000002.summary.jsonc``, ``... .md``)."""
+def summary_names(trace_name: str) -> tuple[str, str, str]:
+    """``host_0.0000000002.pt.trace.json.gz`` -> (``host_0.0000000002.summary.jsonc``, ``... .md``,
+    ``... .memory_view.jsonc``)."""
     stem = trace_name[: -len(TRACE_SUFFIX)] if trace_name.endswith(TRACE_SUFFIX) else trace_name.split(".pt.trace")[0]
-    return stem + SUMMARY_JSON_SUFFIX, stem + SUMMARY_MD_SUFFIX
+    return stem + SUMMARY_JSON_SUFFIX, stem + SUMMARY_MD_SUFFIX, stem + MEMORY_VIEW_SUFFIX
 
 
 def summary_stem(name: str) -> str | None:
@@ -52,17 +53,42 @@ def _where(entry: Mapping[str, Any]) -> str:
     return entry.get("origin") or ""
 
 
+def _calls(entry: Mapping[str, Any]) -> str:
+    """Calls per counted step (a summary without ``calls_per_step``: its count over the steps)."""
+    per_step = entry.get("calls_per_step")
+    return f"{per_step:g}" if isinstance(per_step, (int, float)) else f"{entry.get('calls')} (all steps)"
+
+
+def step_spread_text(summary: Summary) -> str:
+    """``median 50.8 ms (min–max 44.1–80.4 over 5 steps)``; two steps or fewer are listed
+    (``50.8 and 80.4 ms``), never averaged."""
+    ms = (summary.get("steps") or {}).get("ms") or {}
+    values = [ms[str(n)] for n in (summary.get("steps") or {}).get("counted") or [] if str(n) in ms]
+    if not values:
+        return "no counted steps"
+    if len(values) <= 2:
+        return f"{' and '.join(f'{v:.1f}' for v in values)} ms"
+    p50 = (summary.get("step_ms") or {}).get("p50")
+    return f"median **{_num(p50)} ms** (min–max {min(values):.1f}–{max(values):.1f} over {len(values)} steps)"
+
+
 def straggler_text(straggler: Mapping[str, Any] | None) -> str:
-    """``straggler: rank 1 (others wait 31.0 ms/step, 82% of the step), in slow (train.py:30) +30.1 ms/step``."""
+    """``straggler: rank 1 (others wait 31.0 ms/step, 82% of the step); slow (train.py:30) explains
+    30.1 of those 31.0 ms/step (97%)``: the named function and the others' wait in one unit."""
     if not straggler:
         return "no straggler (ranks balanced)"
+    wait = _num(straggler.get("others_wait_ms"))
     text = (
-        f"straggler: rank {straggler.get('rank')} (others wait {_num(straggler.get('others_wait_ms'))} ms/step, "
+        f"straggler: rank {straggler.get('rank')} (others wait {wait} ms/step, "
         f"{100 * float(straggler.get('share_of_step') or 0):.0f}% of the step)"
     )
     if straggler.get("function"):
         where = f"{os.path.basename(str(straggler.get('file')))}:{straggler.get('line')}"
-        text += f", in {straggler['function']} ({where}) +{_num(straggler.get('excess_ms'))} ms/step"
+        share = straggler.get("explains_share")
+        text += (
+            f"; {straggler['function']} ({where}) explains {_num(straggler.get('excess_ms'))} of those {wait} ms/step"
+        )
+        text += f" ({100 * share:.0f}%)" if isinstance(share, (int, float)) else ""
     return text
 
 
@@ -74,6 +100,12 @@ def job_markdown(job: Mapping[str, Any]) -> list[str]:
     for r in job.get("ranks") or []:
         offset, bound = _num(r.get("offset_us"), 1), _num(r.get("uncertainty_us"), 1)
         lines.append(f"| {r.get('rank')} | {r.get('host')} | {offset} | {bound} |")
+    if job.get("slow_ops"):
+        lines += [
+            "",
+            "Ops much slower on one rank (self CPU time):",
+            *(f"- {op.get('text')}" for op in job["slow_ops"]),
+        ]
     if job.get("reduced_ranks"):
         reduced = job["reduced_ranks"]
         lines += ["", f"Over the job file's size budget: ranks {reduced} kept steps, collectives and top functions."]
@@ -95,8 +127,7 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
     lines = [f"### vt_lightning {window_title(summary)}", ""]
     counted = steps.get("counted") or []
     lines.append(
-        f"Step time: mean **{_num(step.get('mean'))} ms**, p50 {_num(step.get('p50'))} ms, "
-        f"max {_num(step.get('max'))} ms over batches {', '.join(map(str, counted)) or '–'} "
+        f"Step time: {step_spread_text(summary)} over batches {', '.join(map(str, counted)) or '–'} "
         f"(breakdown from {steps.get('breakdown_source', '?')})."
     )
     if summary.get("verdicts") is not None:  # optional in the schema
@@ -109,19 +140,19 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
     if python:
         lines += [
             "",
-            "| Python function (user code first) | where | incl. ms/step | self ms/step | calls |",
+            "| Python function (user code first) | where | incl. ms/step | self ms/step | calls/step |",
             "|---|---|---:|---:|---:|",
         ]
         for entry in python[: top * 2]:
             lines.append(
                 f"| `{entry['function']}` | {_where(entry)} | {_num(entry['inclusive_ms'], 2)} | "
-                f"{_num(entry['self_ms'], 2)} | {entry['calls']} |"
+                f"{_num(entry['self_ms'], 2)} | {_calls(entry)} |"
             )
     ops = (summary.get("top_ops") or {}).get("by_cpu") or []
     if ops:
-        lines += ["", "| torch op | self CPU ms/step | CPU ms/step | calls |", "|---|---:|---:|---:|"]
+        lines += ["", "| torch op | self CPU ms/step | CPU ms/step | calls/step |", "|---|---:|---:|---:|"]
         for op in ops[:top]:
-            lines.append(f"| `{op['name']}` | {_num(op['self_cpu_ms'], 2)} | {_num(op['cpu_ms'], 2)} | {op['calls']} |")
+            lines.append(f"| `{op['name']}` | {_num(op['self_cpu_ms'], 2)} | {_num(op['cpu_ms'], 2)} | {_calls(op)} |")
     kernel_ops = (summary.get("top_ops") or {}).get("by_kernel") or []
     if kernel_ops:
         lines += ["", "| torch op | kernel ms/step | kernels |", "|---|---:|---:|"]
