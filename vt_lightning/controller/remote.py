@@ -11,16 +11,20 @@ import errno
 import os
 import secrets
 import shutil
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
 from lightning.pytorch.utilities import rank_zero_info
 
+from vt_lightning.constants import TRACE_SUFFIX
 from vt_lightning.controller.agreement import first_failure
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
 from vt_lightning.controller.messages import GOES_ON
 from vt_lightning.export.job import URL, UnusableURL, WindowJob, WindowResult, locate
+from vt_lightning.export.job_file import JOB_DIR, JOB_EXTRA, MAX_JOB_WAIT_S, merge_published, wait_for_ranks
 from vt_lightning.export.layout import host_name
 from vt_lightning.export.pipeline import delivered, run_dir_candidates
 from vt_lightning.options import ConfigurationError
@@ -90,8 +94,9 @@ def _unusable(where: str, source: str, err: Exception) -> OutputRootError:
     )
 
 
-def deliver(job: WindowJob, result: WindowResult) -> Outcome:
-    """On the writer thread: release the window's claim and, for a remote root, copy its files there."""
+def deliver(job: WindowJob, result: WindowResult, in_writer: Callable[[Callable[[], Any]], Any]) -> Outcome:
+    """On the writer thread: release the window's claim and, for a remote root, copy its files there
+    (rank 0 of a job: then the job file, made by ``in_writer``)."""
     delivered(job, result)
     if job.publish_to is None:
         return result
@@ -108,6 +113,8 @@ def deliver(job: WindowJob, result: WindowResult) -> Outcome:
                 f"exited); {GOES_ON}",
             )
         )
+    if JOB_EXTRA in job.extras:
+        published = publish_job(job, published, staged, in_writer)
     shutil.rmtree(staged, ignore_errors=True)
     with contextlib.suppress(OSError):
         staged.parent.rmdir()  # the staging root, once empty (the next window makes it again)
@@ -157,6 +164,42 @@ def publish(job: WindowJob, result: WindowResult, staged: Path) -> WindowResult:
         summary_path=moved(result.summary_path),
         notes=notes,
     )
+
+
+def publish_job(
+    job: WindowJob, result: WindowResult, staged: Path, in_writer: Callable[[Callable[[], Any]], Any]
+) -> WindowResult:
+    """Rank 0 on a remote root: the other ranks' traces of the window, fetched from the store once
+    all are there (within the run's job wait), merged by ``in_writer`` and the job's files uploaded
+    beside them. A fault is a note: the window is published already."""
+    target = URL(result.trace_path).parent
+    sync = job.extras[JOB_EXTRA]
+    world = int(sync.get("world_size") or 1)
+    span = job.trace_name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1]
+    wait_s = min(float(sync.get("job_wait_s", MAX_JOB_WAIT_S)), MAX_JOB_WAIT_S)
+    fs = get_filesystem(target)
+
+    def listed() -> list[str]:
+        fs.invalidate_cache(target)  # a store's listing is cached: each poll asks it again
+        return [str(path).rstrip("/").rpartition("/")[2] for path in fs.ls(target, detail=False)]
+
+    try:
+        names = wait_for_ranks(listed, span, world, wait_s)
+        missing = sorted(set(range(1, world)) - set(names))
+        if missing:
+            note = f"no job file for {target.name} (rank(s) {missing} wrote no trace of it within {wait_s:.0f} s)"
+            return dataclasses.replace(result, notes=(*result.notes, note))
+        for rank, name in names.items():
+            if rank:
+                fs.get_file(target / name, str(staged / name))
+        info, notes = in_writer(partial(merge_published, job, staged))
+        if info is not None:
+            files = sorted(os.listdir(staged / JOB_DIR))
+            fs.makedirs(target / JOB_DIR, exist_ok=True)
+            Upload(fs, _is_object_storage(fs), job.job_id).all(staged / JOB_DIR, files, target / JOB_DIR)
+    except Exception as err:  # any error of the user's filesystem or the merge: no job file, one note
+        return dataclasses.replace(result, notes=(*result.notes, f"job file not written ({type(err).__name__}: {err})"))
+    return dataclasses.replace(result, job=info, notes=(*result.notes, *notes))
 
 
 def no_overwrite_guarantee(root: URL, object_store: bool) -> str:

@@ -15,8 +15,10 @@ without every rank.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -62,16 +64,22 @@ def job_file_of(trace: Location) -> Location | None:
     return path if is_regular_file(path) else None
 
 
-def wait_for_ranks(run_dir: Path, span: str, world_size: int, timeout_s: float) -> dict[int, Path]:
-    """The ranks' traces of one window in ``run_dir`` (any host), polled for until the other ranks'
-    are all there (rank 0's own is in memory) or ``timeout_s`` has passed."""
+def rank_of(name: str, span: str, world_size: int) -> int | None:
+    """The rank whose trace of window ``span`` is named ``name`` (``<host>_<rank>.<span>…``), or None."""
+    suffix = f".{span}{TRACE_SUFFIX}"
+    rank = name[: -len(suffix)].rsplit("_", 1)[-1] if name.endswith(suffix) else ""
+    return int(rank) if rank.isdigit() and int(rank) < world_size else None
+
+
+def wait_for_ranks(
+    list_names: Callable[[], Iterable[str]], span: str, world_size: int, timeout_s: float
+) -> dict[int, str]:
+    """The ranks' trace names of one window among ``list_names()`` (a run directory's files, any
+    host), polled for until the other ranks' are all there (rank 0's own is in memory) or
+    ``timeout_s`` has passed."""
     deadline = time.monotonic() + max(timeout_s, 0.0)
     while True:
-        found: dict[int, Path] = {}
-        for path in run_dir.glob(f"*.{span}{TRACE_SUFFIX}"):
-            rank = path.name[: -len(f".{span}{TRACE_SUFFIX}")].rsplit("_", 1)[-1]
-            if rank.isdigit() and int(rank) < world_size:
-                found[int(rank)] = path
+        found = {rank: name for name in list_names() if (rank := rank_of(name, span, world_size)) is not None}
         if set(range(1, world_size)) <= set(found) or time.monotonic() >= deadline:
             return found
         time.sleep(POLL_S)
@@ -91,8 +99,8 @@ def write_job_file(
     """Rank 0's part: (the job block for the summary and the result, notes). A fault is the
     writer's to turn into a note (``pipeline._optional``): the window's own files are written."""
     sync = dict(job.extras.get(JOB_EXTRA) or {})
-    if job.publish_to is not None:
-        return None, ["job file not written (remote output roots are not supported yet)"]
+    if job.publish_to is not None:  # made once published, from the store's files (``merge_published``)
+        return None, []
     meta = merged.get(TRACE_METADATA_KEY) or {}
     world = int(sync.get("world_size") or meta.get("world_size") or 1)
     span = str(meta.get("span") or job.trace_name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1])
@@ -161,6 +169,15 @@ def write_job_file(
     return info, notes
 
 
+def merge_published(job: WindowJob, staged: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """``write_job_file`` for a window of a remote root, in the writer process: ``staged`` holds
+    rank 0's trace and the other ranks' as the training process fetched them from the store."""
+    merged, json_bytes = _read(staged / job.trace_name)
+    sync = {**job.extras[JOB_EXTRA], "job_wait_s": 0.0}  # every rank's trace is there already
+    here = dataclasses.replace(job, run_dir=staged, publish_to=None, extras={**job.extras, JOB_EXTRA: sync})
+    return write_job_file(here, staged, merged, json_bytes)
+
+
 def _rank_traces(sync: dict[str, Any], run_dir: Path, span: str, world: int) -> tuple[dict[int, Path], str | None]:
     """The other ranks' traces of the window, waited for within the run's wait; with the note that
     says why there is no job file when a rank's never came."""
@@ -172,7 +189,8 @@ def _rank_traces(sync: dict[str, Any], run_dir: Path, span: str, world: int) -> 
         wait_s = 0.0
     elif root in _TIMED_OUT:  # a rank that stopped writing must not cost every later window the full wait
         wait_s = min(wait_s, WAIT_AFTER_TIMEOUT_S)
-    files = wait_for_ranks(run_dir, span, world, wait_s)
+    names = wait_for_ranks(lambda: (p.name for p in run_dir.glob(f"*.{span}{TRACE_SUFFIX}")), span, world, wait_s)
+    files = {rank: run_dir / name for rank, name in names.items()}
     missing = sorted(set(range(1, world)) - set(files))
     if not missing:
         return files, None
