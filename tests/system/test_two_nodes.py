@@ -65,18 +65,22 @@ def _needs_namespaces() -> None:
         pytest.skip(refused)
 
 
-def run_nodes(tmp: Path, env: dict[str, str], dirpath: str, node_local: Path | None = None) -> dict[str, Any]:
+def run_nodes(
+    tmp: Path, env: dict[str, str], dirpath: str, node_local: Path | None = None, *script_args: str
+) -> dict[str, Any]:
     """Both nodes' launchers, to the end. ``node_local``: each node's ``<node_local>/node<N>`` is
     mounted on ``dirpath`` in that node's namespace only. Returns the ranks' RESULT lines and the
     launchers' output."""
     env = {k: v for k, v in env.items() if not _FOREIGN_ENV.search(k)}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
     port = free_port()
+    options = " ".join(script_args)
     launchers = []
     for node in (0, 1):
         torchrun = (
             f"{sys.executable} -m torch.distributed.run --nnodes 2 --nproc_per_node 2 --node_rank {node} "
-            f"--master_addr 127.0.0.1 --master_port {port} {SCRIPT} --dirpath {dirpath} --num-nodes 2 --devices 2"
+            f"--master_addr 127.0.0.1 --master_port {port} {SCRIPT} --dirpath {dirpath} --num-nodes 2 --devices 2 "
+            + options
         )
         unshare = ["unshare", "--uts"]
         mount = ""
@@ -159,3 +163,41 @@ def test_on_s3_one_job_timeline_names_both_hosts_with_aligned_clocks(tmp_path, s
     )
     for path in sorted(local.glob(f"*.{SPAN}.pt.trace.json.gz")):
         tbcheck.parse_trace(path, allowed_warnings=[r"communication op not belong to any step"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Node-local log dirs (no shared storage): each node writes its own ranks; `vt-lightning job`
+# --------------------------------------------------------------------------------------------------
+
+# Rank 0's writer waits for the other hosts' traces up to min(30 s, writer_timeout / 2) before it
+# knows the log dir is not shared (docs/distributed.md): 12 s here rather than 30.
+WRITER_TIMEOUT = "24"
+
+
+def test_node_local_dirs_each_hold_their_nodes_ranks_and_the_command_builds_the_job(tmp_path):
+    nodes, logs = tmp_path / "nodes", tmp_path / "logs"
+    run = run_nodes(tmp_path, dict(os.environ), str(logs), nodes, "--writer-timeout", WRITER_TIMEOUT)
+    for rank, host in HOSTS.items():
+        assert run["ranks"][rank]["traces"] == [f"{logs}/{WINDOW}/{host}_{rank}.{SPAN}.pt.trace.json.gz"]
+    for node in ("node0", "node1"):  # each node's directory holds its own ranks' files only
+        written = sorted(p.name for p in (nodes / node / WINDOW).glob(f"*{'.pt.trace.json.gz'}"))
+        assert written == [f"{host}_{r}.{SPAN}.pt.trace.json.gz" for r, host in HOSTS.items() if host == node]
+    assert not any(logs.iterdir())  # nothing went past the nodes' mounts
+    assert "the log dir is not shared between hosts" in run["output"]
+    assert "`vt-lightning job <this log dir> <each other node's log dir>`" in run["output"]
+    job_dir = nodes / "node0" / WINDOW / "job"
+    assert [p.name for p in job_dir.iterdir()] == [f"job.{SPAN}.clock.json"]  # no job file, its clock kept
+
+    command = [sys.executable, "-m", "vt_lightning", "job", str(nodes / "node0"), str(nodes / "node1")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{job_dir}/job.{SPAN}.json.gz: 4 ranks on one timeline (hosts node0, node1)\n"
+    job = read_trace(job_dir / f"job.{SPAN}.json.gz", MemoryBudget())
+    assert job_ranks(job) == sorted(HOSTS.items())
+    for rank in job["vt_lightning_job"]["ranks"]:  # node1's clock exchange, kept by rank 0, aligns them
+        if rank["host"] == "node1":
+            assert rank["same_host"] is False and abs(rank["offset_us"]) <= rank["uncertainty_us"]
+    processes = {e["args"]["name"] for e in job["traceEvents"] if e.get("name") == "process_name"}
+    assert {f"rank {r}" for r in HOSTS} <= processes
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120)  # never over a job file
+    assert again.returncode == 0 and "already there" in again.stderr

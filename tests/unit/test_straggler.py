@@ -22,7 +22,7 @@ from vt_lightning.analysis.job_merge import (
 )
 from vt_lightning.analysis.straggler import analyze_straggler, user_segments
 from vt_lightning.export.job import WindowJob
-from vt_lightning.export.job_file import write_job_file
+from vt_lightning.export.job_file import build_job, write_job_file
 
 USER = "/home/me/project/train.py"
 LIB = "/usr/lib/python3.11/site-packages/torch/nn/module.py"
@@ -196,7 +196,36 @@ def test_without_a_shared_log_dir_rank_0_says_so_once_and_writes_no_job_file(tmp
     started = time.monotonic()
     info, notes = write_job_file(_window_job(run_dir, extras), run_dir, merged, 100)
     assert info is None and "not shared" in notes[0] and time.monotonic() - started < 0.4
-    assert not (run_dir / "job").exists()
+    assert "`vt-lightning job <this log dir> <each other node's log dir>`" in notes[0]
+    kept = orjson.loads((run_dir / "job" / f"job.{SPAN}.clock.json").read_bytes())  # for `vt-lightning job`
+    assert [p.name for p in (run_dir / "job").iterdir()] == [f"job.{SPAN}.clock.json"]
+    assert kept == extras["clock_sync"]
+
+
+def test_the_job_of_node_local_dirs_is_built_from_each_nodes_window_and_the_kept_clock(tmp_path: Path) -> None:
+    """``vt-lightning job``: rank 0's window (with its kept clock exchange) on one node, rank 1's on
+    another host 1 ms ahead: one job file, rank 1 shifted by the measured offset."""
+    nodes = {r: tmp_path / f"node{r}" / "window_000-batches_2-4" for r in (0, 1)}
+    ranks = {0: rank_events(0.0), 1: rank_events(30.0, pid=200)}
+    finish_collectives(ranks)
+    for rank, host in ((0, "a"), (1, "b")):
+        trace = _trace(rank, 100 * (rank + 1), 10**18, ranks[rank])
+        trace["vt_lightning"].update(span=SPAN, world_size=2, host=host)
+        nodes[rank].mkdir(parents=True)
+        (nodes[rank] / f"{host}_{rank}.{SPAN}.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(trace)))
+    samples = {"1": [[0, 1_000_500, 1_001_500, 2_000]]}  # ns: rank 1's clock 1 ms ahead, 1 µs round trip
+    clock = nodes[0] / "job" / f"job.{SPAN}.clock.json"
+    clock.parent.mkdir()
+    clock.write_bytes(orjson.dumps({"world_size": 2, "samples": samples, "host_ids": {"0": 1, "1": 2}}))
+    info, notes = build_job(clock, [nodes[0], nodes[1]])
+    assert notes == [] and info is not None
+    assert [(r["host"], r["offset_us"], r["uncertainty_us"]) for r in info["ranks"]] == [
+        ("a", 0.0, 0.0),
+        ("b", 1000.0, 0.5),
+    ]
+    assert (nodes[0] / "job" / f"job.{SPAN}.json.gz").is_file()
+    info, notes = build_job(clock, [nodes[0]])  # a node's directory not given: which ranks are missing
+    assert info is None and "no trace of rank(s) [1]" in notes[0]
 
 
 def test_rank_0_merges_the_files_it_finds(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ JOB_EXTRA = "clock_sync"  # the side recorder's key in WindowJob.extras (recordi
 JOB_DIR = "job"
 JOB_SUFFIX = ".json.gz"
 JOB_SUMMARY_SUFFIX = ".ranks.json"
+CLOCK_SUFFIX = ".clock.json"  # the clock exchange, kept where no job file could be written (``build_job``)
 MAX_JOB_WAIT_S = 30.0
 WAIT_AFTER_TIMEOUT_S = 2.0  # once a rank's file did not come in time, later windows wait only this long
 POLL_S = 0.1
@@ -53,6 +54,16 @@ _TIMED_OUT: set[str] = set()  # run roots where a rank's file did not come withi
 def job_names(span: str) -> tuple[str, str]:
     """(job file, job summary) names inside ``<window dir>/job/``."""
     return f"job.{span}{JOB_SUFFIX}", f"job.{span}{JOB_SUMMARY_SUFFIX}"
+
+
+def clock_name(span: str) -> str:
+    """The clock exchange's file in ``<window dir>/job/``, written where the log dir is not shared."""
+    return f"job.{span}{CLOCK_SUFFIX}"
+
+
+def root_unshared(run_dir: Path) -> bool:
+    """Whether ranks on other hosts never wrote into this run's root (said once, not waited for again)."""
+    return str(run_dir.parent) in _UNSHARED
 
 
 def job_file_of(trace: Location) -> Location | None:
@@ -106,7 +117,47 @@ def write_job_file(
     span = str(meta.get("span") or job.trace_name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1])
     files, missing_note = _rank_traces(sync, run_dir, span, world)
     if missing_note is not None:
+        if root_unshared(run_dir):  # what `vt-lightning job` needs to build it from the nodes' directories
+            (run_dir / JOB_DIR).mkdir(exist_ok=True)
+            atomic_write(run_dir / JOB_DIR / clock_name(span), orjson.dumps(sync, option=orjson.OPT_NON_STR_KEYS))
         return None, [missing_note]
+    return merge_ranks(sync, run_dir, span, merged, json_bytes, files, job.trace_name, job.gzip_level)
+
+
+def build_job(
+    clock_file: Path, window_dirs: list[Path], gzip_level: int = 3
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """``vt-lightning job``: the job file of a window whose ranks wrote into node-local directories,
+    from rank 0's ``clock_name`` file and the same window's directory on every node."""
+    sync = orjson.loads(clock_file.read_bytes())
+    span = clock_file.name[len("job.") : -len(CLOCK_SUFFIX)]
+    world = int(sync.get("world_size") or 1)
+    files = {
+        rank: path
+        for directory in window_dirs
+        for path in directory.glob(f"*.{span}{TRACE_SUFFIX}")
+        if (rank := rank_of(path.name, span, world)) is not None
+    }
+    missing = sorted(set(range(world)) - set(files))
+    if missing:
+        return None, [f"no job file for {clock_file.parent.parent}: no trace of rank(s) {missing} in {window_dirs}"]
+    merged, json_bytes = _read(files[0])
+    return merge_ranks(sync, clock_file.parent.parent, span, merged, json_bytes, files, files[0].name, gzip_level)
+
+
+def merge_ranks(
+    sync: dict[str, Any],
+    run_dir: Path,
+    span: str,
+    merged: dict[str, Any],
+    json_bytes: int,
+    files: dict[int, Path],
+    trace_name: str,
+    gzip_level: int,
+) -> tuple[dict[str, Any], list[str]]:
+    """Every rank's trace (rank 0's is ``merged``) on one timeline, written into ``run_dir/job``."""
+    meta = merged.get(TRACE_METADATA_KEY) or {}
+    world = int(sync.get("world_size") or meta.get("world_size") or 1)
     traces: dict[int, dict[str, Any]] = {0: merged}
     sizes = {0: json_bytes}
     for rank in range(1, world):
@@ -133,7 +184,7 @@ def write_job_file(
             "rank": r,
             "host": hosts[r],
             "pid": (traces[r].get(TRACE_METADATA_KEY) or {}).get("pid"),
-            "trace": files[r].name if r in files else job.trace_name,
+            "trace": files[r].name if r in files else trace_name,
             **(offsets[r].as_dict() if r in offsets else {"offset_us": None, "uncertainty_us": None}),
         }
         for r in sorted(traces)
@@ -163,7 +214,7 @@ def write_job_file(
     raw = orjson.dumps(trace)
     del trace
     info["json_bytes"] = len(raw)
-    notes.extend(_write_files(run_dir, span, raw, info, job.gzip_level))
+    notes.extend(_write_files(run_dir, span, raw, info, gzip_level))
     if reduced:
         notes.append(f"job file over its budget ({budget} bytes of JSON): {left_out[0]}")
     return info, notes
@@ -198,8 +249,8 @@ def _rank_traces(sync: dict[str, Any], run_dir: Path, span: str, world: int) -> 
         _UNSHARED.add(root)
         return files, (
             "no job file: the log dir is not shared between hosts (ranks on other hosts wrote no "
-            f"trace into {run_dir} within {wait_s:.0f} s; ranks {missing} missing); copy their window "
-            "directories together and run `vt-lightning summary` there"
+            f"trace into {run_dir} within {wait_s:.0f} s; ranks {missing} missing); after training, run "
+            "`vt-lightning job <this log dir> <each other node's log dir>` to build it (docs/distributed.md)"
         )
     _TIMED_OUT.add(root)
     return files, f"no job file for {run_dir.name} (rank(s) {missing} wrote no trace of it within {wait_s:.0f} s)"

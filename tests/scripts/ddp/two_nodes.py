@@ -3,7 +3,7 @@
 ``torch.distributed.barrier()``; one window, batches 2-3. Each rank prints one line, ``RESULT
 {json}``: its rank, host and the files its windows went to.
 
-    python two_nodes.py --dirpath DIR_OR_URL --num-nodes 2 --devices 2
+    python two_nodes.py --dirpath DIR_OR_URL --num-nodes 2 --devices 2 [--writer-timeout S]
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ def main() -> None:
     parser.add_argument("--dirpath", required=True)
     parser.add_argument("--num-nodes", type=int, default=2)
     parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--writer-timeout", type=float, default=None)
     args = parser.parse_args()
-    callback = VizTraceCallback(wait=1, warmup=1, active=2, dirpath=args.dirpath)
+    timeout = {} if args.writer_timeout is None else {"writer_timeout": args.writer_timeout}
+    callback = VizTraceCallback(wait=1, warmup=1, active=2, dirpath=args.dirpath, **timeout)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=args.devices,
