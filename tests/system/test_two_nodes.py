@@ -199,5 +199,8 @@ def test_node_local_dirs_each_hold_their_nodes_ranks_and_the_command_builds_the_
             assert rank["same_host"] is False and abs(rank["offset_us"]) <= rank["uncertainty_us"]
     processes = {e["args"]["name"] for e in job["traceEvents"] if e.get("name") == "process_name"}
     assert {f"rank {r}" for r in HOSTS} <= processes
-    again = subprocess.run(command, capture_output=True, text=True, timeout=120)  # never over a job file
-    assert again.returncode == 0 and "already there" in again.stderr
+    # Rank 0's window directory itself, and a node's log dir where that window is found by its name;
+    # never over the job file already there.
+    command = [*command[:4], str(nodes / "node0" / WINDOW), str(nodes / "node1")]
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and f"job file job.{SPAN}.json.gz already there" in again.stderr, again.stderr

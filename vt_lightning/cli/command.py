@@ -384,8 +384,12 @@ def run_job(logdirs: Sequence[str]) -> int:
         window = clock.parent.parent
         relative = window.relative_to(first)
         dirs = [window]
-        for other in others:  # the same window's directory on each node, where its relative path may differ
-            dirs.extend([other / relative] if (other / relative).is_dir() else sorted(other.rglob(window.name)))
+        for other in others:  # the same window's directory on each node: by its path below the log dir, else by name
+            here = other / relative
+            if relative.parts and here.is_dir():
+                dirs.append(here)
+            else:
+                dirs.extend(d for d in [other, *sorted(other.rglob(window.name))] if d.name == window.name)
         info, notes = build_job(clock, dirs)
         for note in notes:
             _err(f"vt-lightning job: {note}")
