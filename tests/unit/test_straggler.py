@@ -22,7 +22,7 @@ from vt_lightning.analysis.job_merge import (
 )
 from vt_lightning.analysis.straggler import analyze_straggler, user_segments
 from vt_lightning.export.job import WindowJob
-from vt_lightning.export.job_file import build_job, write_job_file
+from vt_lightning.export.job_file import build_job, read_clock, write_job_file
 
 USER = "/home/me/project/train.py"
 LIB = "/usr/lib/python3.11/site-packages/torch/nn/module.py"
@@ -217,14 +217,16 @@ def test_the_job_of_node_local_dirs_is_built_from_each_nodes_window_and_the_kept
     clock = nodes[0] / "job" / f"job.{SPAN}.clock.json"
     clock.parent.mkdir()
     clock.write_bytes(orjson.dumps({"world_size": 2, "samples": samples, "host_ids": {"0": 1, "1": 2}}))
-    info, notes = build_job(clock, [nodes[0], nodes[1]])
+    sync, span = read_clock(clock)
+    assert span == SPAN
+    info, notes = build_job(sync, span, [nodes[0], nodes[1]], nodes[0])
     assert notes == [] and info is not None
     assert [(r["host"], r["offset_us"], r["uncertainty_us"]) for r in info["ranks"]] == [
         ("a", 0.0, 0.0),
         ("b", 1000.0, 0.5),
     ]
     assert (nodes[0] / "job" / f"job.{SPAN}.json.gz").is_file()
-    info, notes = build_job(clock, [nodes[0]])  # a node's directory not given: which ranks are missing
+    info, notes = build_job(sync, span, [nodes[0]], nodes[0])  # a node's directory not given: which ranks are missing
     assert info is None and "no trace of rank(s) [1]" in notes[0]
 
 

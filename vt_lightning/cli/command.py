@@ -373,7 +373,7 @@ def _stop_serving(signum: int, frame: Any) -> None:
 def run_job(logdirs: Sequence[str]) -> int:
     """Every window of rank 0's log dir that kept its clock exchange for lack of the other hosts'
     traces (``job_file.clock_name``), built from the window's directory under each log dir."""
-    from vt_lightning.export.job_file import CLOCK_SUFFIX, JOB_DIR, build_job
+    from vt_lightning.export.job_file import CLOCK_SUFFIX, JOB_DIR, build_job, read_clock
 
     first, *others = (Path(d) for d in logdirs)
     clocks = sorted(first.rglob(f"{JOB_DIR}/job.*{CLOCK_SUFFIX}"))
@@ -390,7 +390,8 @@ def run_job(logdirs: Sequence[str]) -> int:
                 dirs.append(here)
             else:
                 dirs.extend(d for d in [other, *sorted(other.rglob(window.name))] if d.name == window.name)
-        info, notes = build_job(clock, dirs)
+        sync, span = read_clock(clock)
+        info, notes = build_job(sync, span, dirs, window)
         for note in notes:
             _err(f"vt-lightning job: {note}")
         if info is not None:

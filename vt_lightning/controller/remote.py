@@ -24,7 +24,7 @@ from vt_lightning.controller.agreement import first_failure
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
 from vt_lightning.controller.messages import GOES_ON
 from vt_lightning.export.job import URL, UnusableURL, WindowJob, WindowResult, locate
-from vt_lightning.export.job_file import JOB_DIR, JOB_EXTRA, MAX_JOB_WAIT_S, merge_published, wait_for_ranks
+from vt_lightning.export.job_file import JOB_DIR, JOB_EXTRA, MAX_JOB_WAIT_S, build_job, wait_for_ranks
 from vt_lightning.export.layout import host_name
 from vt_lightning.export.pipeline import delivered, run_dir_candidates
 from vt_lightning.options import ConfigurationError
@@ -192,7 +192,7 @@ def publish_job(
         for rank, name in names.items():
             if rank:
                 fs.get_file(target / name, str(staged / name))
-        info, notes = in_writer(partial(merge_published, job, staged))
+        info, notes = in_writer(partial(build_job, sync, span, [staged], staged, job.gzip_level))
         if info is not None:
             files = sorted(os.listdir(staged / JOB_DIR))
             fs.makedirs(target / JOB_DIR, exist_ok=True)

@@ -9,13 +9,15 @@ more rank, ``vt-lightning summary`` for a window's summary.
 The wait: rank 0's writer polls for the other ranks' files in the shared run directory up to
 ``job_wait_s`` (at most ``MAX_JOB_WAIT_S``); its later windows queue behind it. After one timeout,
 later windows of the run wait at most ``WAIT_AFTER_TIMEOUT_S``; when ranks on other hosts never show
-up it says once that the log dir is not shared and stops waiting for them. No job file is written
-without every rank.
+up it says once that the log dir is not shared, stops waiting for them and keeps the clock exchange
+(``clock_name``), from which ``vt-lightning job`` builds the job out of the nodes' directories
+(``build_job``). On a remote root the writer thread waits against the store and fetches the traces
+(``controller/remote.publish_job``); the writer process merges them (``build_job``). No job file is
+written without every rank.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import time
 from collections.abc import Callable, Iterable
@@ -110,7 +112,7 @@ def write_job_file(
     """Rank 0's part: (the job block for the summary and the result, notes). A fault is the
     writer's to turn into a note (``pipeline._optional``): the window's own files are written."""
     sync = dict(job.extras.get(JOB_EXTRA) or {})
-    if job.publish_to is not None:  # made once published, from the store's files (``merge_published``)
+    if job.publish_to is not None:  # made once published, from the store's files (controller/remote.py)
         return None, []
     meta = merged.get(TRACE_METADATA_KEY) or {}
     world = int(sync.get("world_size") or meta.get("world_size") or 1)
@@ -124,13 +126,16 @@ def write_job_file(
     return merge_ranks(sync, run_dir, span, merged, json_bytes, files, job.trace_name, job.gzip_level)
 
 
+def read_clock(path: Path) -> tuple[dict[str, Any], str]:
+    """(the clock exchange, the window's span) kept in ``<window dir>/job/<clock_name>``."""
+    return orjson.loads(path.read_bytes()), path.name[len("job.") : -len(CLOCK_SUFFIX)]
+
+
 def build_job(
-    clock_file: Path, window_dirs: list[Path], gzip_level: int = 3
+    sync: dict[str, Any], span: str, window_dirs: list[Path], run_dir: Path, gzip_level: int = 3
 ) -> tuple[dict[str, Any] | None, list[str]]:
-    """``vt-lightning job``: the job file of a window whose ranks wrote into node-local directories,
-    from rank 0's ``clock_name`` file and the same window's directory on every node."""
-    sync = orjson.loads(clock_file.read_bytes())
-    span = clock_file.name[len("job.") : -len(CLOCK_SUFFIX)]
+    """The job file of a window from every rank's trace found in ``window_dirs`` (each node's
+    directory of the window, or one staging directory), written into ``run_dir/job``."""
     world = int(sync.get("world_size") or 1)
     files = {
         rank: path
@@ -140,9 +145,9 @@ def build_job(
     }
     missing = sorted(set(range(world)) - set(files))
     if missing:
-        return None, [f"no job file for {clock_file.parent.parent}: no trace of rank(s) {missing} in {window_dirs}"]
+        return None, [f"no job file for {run_dir}: no trace of rank(s) {missing} in {', '.join(map(str, window_dirs))}"]
     merged, json_bytes = _read(files[0])
-    return merge_ranks(sync, clock_file.parent.parent, span, merged, json_bytes, files, files[0].name, gzip_level)
+    return merge_ranks(sync, run_dir, span, merged, json_bytes, files, files[0].name, gzip_level)
 
 
 def merge_ranks(
@@ -218,15 +223,6 @@ def merge_ranks(
     if reduced:
         notes.append(f"job file over its budget ({budget} bytes of JSON): {left_out[0]}")
     return info, notes
-
-
-def merge_published(job: WindowJob, staged: Path) -> tuple[dict[str, Any] | None, list[str]]:
-    """``write_job_file`` for a window of a remote root, in the writer process: ``staged`` holds
-    rank 0's trace and the other ranks' as the training process fetched them from the store."""
-    merged, json_bytes = _read(staged / job.trace_name)
-    sync = {**job.extras[JOB_EXTRA], "job_wait_s": 0.0}  # every rank's trace is there already
-    here = dataclasses.replace(job, run_dir=staged, publish_to=None, extras={**job.extras, JOB_EXTRA: sync})
-    return write_job_file(here, staged, merged, json_bytes)
 
 
 def _rank_traces(sync: dict[str, Any], run_dir: Path, span: str, world: int) -> tuple[dict[int, Path], str | None]:
