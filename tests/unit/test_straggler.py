@@ -249,3 +249,48 @@ def test_rank_0_merges_the_files_it_finds(tmp_path: Path) -> None:
     job = orjson.loads(gzip.decompress((run_dir / "job" / f"job.{SPAN}.json.gz").read_bytes()))
     assert {e["args"]["name"] for e in job["traceEvents"] if e.get("name") == "process_name"} >= {"rank 0", "rank 1"}
     assert orjson.loads((run_dir / "job" / f"job.{SPAN}.ranks.json").read_bytes())["world_size"] == 2
+
+
+def test_rank_0_on_a_remote_root_fetches_the_ranks_traces_and_uploads_the_job(tmp_path: Path) -> None:
+    """controller/remote.publish_job, after rank 0's window went to the store: rank 1's trace (on
+    another host, 1 ms ahead) is fetched from the store, merged, and ``job/`` uploaded beside it;
+    a rank whose trace never comes is one note and no job file."""
+    from fsspec import filesystem
+
+    from vt_lightning.controller.remote import publish_job
+    from vt_lightning.export.job import URL, WindowResult
+
+    fs = filesystem("memory")
+    target = URL(f"memory://vt-job-{time.monotonic_ns()}/run/window_000-batches_2-4")
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    ranks = {0: rank_events(0.0), 1: rank_events(30.0, pid=200)}
+    finish_collectives(ranks)
+    samples = {"1": [[0, 1_000_500, 1_001_500, 2_000]]}
+    extras = {"clock_sync": {"world_size": 2, "samples": samples, "host_ids": {"0": 1, "1": 2}, "job_wait_s": 0.3}}
+    job = _window_job(staged, extras)
+    for rank, host, where in ((0, "h", staged / job.trace_name), (1, "b", None)):
+        trace = _trace(rank, 100 * (rank + 1), 10**18, ranks[rank])
+        trace["vt_lightning"].update(span=SPAN, world_size=2, host=host)
+        data = gzip.compress(orjson.dumps(trace))
+        if where is not None:
+            where.write_bytes(data)
+        fs.pipe(str(target / f"{host}_{rank}.{SPAN}.pt.trace.json.gz"), data)
+    result = WindowResult(target / job.trace_name, 0, 0, 0, 0, False)
+    try:
+        published = publish_job(job, result, staged, lambda work: work())
+        assert published.notes == () and published.job is not None
+        assert [(r["host"], r["offset_us"]) for r in published.job["ranks"]] == [("h", 0.0), ("b", 1000.0)]
+        assert sorted(URL(p).name for p in fs.ls(str(target / "job"), detail=False)) == [
+            f"job.{SPAN}.json.gz",
+            f"job.{SPAN}.ranks.json",
+        ]
+        fs.rm(str(target / "job"), recursive=True)
+        fs.rm(str(target / f"b_1.{SPAN}.pt.trace.json.gz"))
+        alone = publish_job(job, result, staged, lambda work: work())
+        assert alone.job is None and alone.notes == (
+            "no job file for window_000-batches_2-4 (rank(s) [1] wrote no trace of it within 0 s)",
+        )
+        assert not fs.exists(str(target / "job"))
+    finally:
+        fs.rm(str(target.parent.parent), recursive=True)
