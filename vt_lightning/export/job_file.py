@@ -121,7 +121,7 @@ def write_job_file(
     if missing_note is not None:
         if root_unshared(run_dir):  # what `vt-lightning job` needs to build it from the nodes' directories
             (run_dir / JOB_DIR).mkdir(exist_ok=True)
-            atomic_write(run_dir / JOB_DIR / clock_name(span), orjson.dumps(sync, option=orjson.OPT_NON_STR_KEYS))
+            atomic_write(run_dir / JOB_DIR / clock_name(span), orjson.dumps(sync))
         return None, [missing_note]
     return merge_ranks(sync, run_dir, span, merged, json_bytes, files, job.trace_name, job.gzip_level)
 
