@@ -161,6 +161,10 @@ def test_on_s3_one_job_timeline_names_both_hosts_with_aligned_clocks(tmp_path, s
     assert sorted(w["window"]["trace"] for w in windows) == sorted(
         f"{host}_{rank}.{SPAN}.pt.trace.json.gz" for rank, host in HOSTS.items()
     )
+    (first,) = [w for w in windows if w["window"]["trace"].startswith("node0_0.")]
+    summary_job = first["job"]  # rank 0's summary on the store holds the job, bounds included
+    assert [(r["rank"], r["host"]) for r in summary_job["ranks"]] == sorted(HOSTS.items())
+    assert all(r["uncertainty_us"] is not None for r in summary_job["ranks"] if r["host"] == "node1")
     for path in sorted(local.glob(f"*.{SPAN}.pt.trace.json.gz")):
         tbcheck.parse_trace(path, allowed_warnings=[r"communication op not belong to any step"])
 

@@ -251,13 +251,15 @@ def test_rank_0_merges_the_files_it_finds(tmp_path: Path) -> None:
     assert orjson.loads((run_dir / "job" / f"job.{SPAN}.ranks.json").read_bytes())["world_size"] == 2
 
 
-def test_rank_0_on_a_remote_root_fetches_the_ranks_traces_and_uploads_the_job(tmp_path: Path) -> None:
-    """controller/remote.publish_job, after rank 0's window went to the store: rank 1's trace (on
-    another host, 1 ms ahead) is fetched from the store, merged, and ``job/`` uploaded beside it;
-    a rank whose trace never comes is one note and no job file."""
+def test_rank_0_on_a_remote_root_fetches_the_ranks_traces_and_publishes_the_job(tmp_path: Path) -> None:
+    """controller/remote.with_job, before rank 0's window goes to the store: rank 1's trace (on
+    another host, 1 ms ahead) is fetched from the store and merged into the staged window, which
+    ``publish`` then uploads with its ``job/``; a rank whose trace never comes is one note."""
+    import dataclasses
+
     from fsspec import filesystem
 
-    from vt_lightning.controller.remote import publish_job
+    from vt_lightning.controller.remote import publish, with_job
     from vt_lightning.export.job import URL, WindowResult
 
     fs = filesystem("memory")
@@ -268,29 +270,31 @@ def test_rank_0_on_a_remote_root_fetches_the_ranks_traces_and_uploads_the_job(tm
     finish_collectives(ranks)
     samples = {"1": [[0, 1_000_500, 1_001_500, 2_000]]}
     extras = {"clock_sync": {"world_size": 2, "samples": samples, "host_ids": {"0": 1, "1": 2}, "job_wait_s": 0.3}}
-    job = _window_job(staged, extras)
-    for rank, host, where in ((0, "h", staged / job.trace_name), (1, "b", None)):
+    job = dataclasses.replace(_window_job(staged, extras), publish_to=str(target))
+    for rank, host in ((0, "h"), (1, "b")):
         trace = _trace(rank, 100 * (rank + 1), 10**18, ranks[rank])
         trace["vt_lightning"].update(span=SPAN, world_size=2, host=host)
         data = gzip.compress(orjson.dumps(trace))
-        if where is not None:
-            where.write_bytes(data)
-        fs.pipe(str(target / f"{host}_{rank}.{SPAN}.pt.trace.json.gz"), data)
-    result = WindowResult(target / job.trace_name, 0, 0, 0, 0, False)
+        if rank == 0:
+            (staged / job.trace_name).write_bytes(data)
+        else:
+            fs.pipe(str(target / f"{host}_{rank}.{SPAN}.pt.trace.json.gz"), data)
+    result = WindowResult(staged / job.trace_name, 0, 0, 0, 0, False)
     try:
-        published = publish_job(job, result, staged, lambda work: work())
-        assert published.notes == () and published.job is not None
-        assert [(r["host"], r["offset_us"]) for r in published.job["ranks"]] == [("h", 0.0), ("b", 1000.0)]
+        merged = with_job(job, result, staged, lambda work: work())
+        assert merged.notes == () and merged.job is not None
+        assert [(r["host"], r["offset_us"]) for r in merged.job["ranks"]] == [("h", 0.0), ("b", 1000.0)]
+        assert sorted(p.name for p in staged.iterdir()) == [job.trace_name, "job"]  # the fetched trace is gone
+        published = publish(job, merged, staged)
+        assert published.trace_path == target / job.trace_name
         assert sorted(URL(p).name for p in fs.ls(str(target / "job"), detail=False)) == [
             f"job.{SPAN}.json.gz",
             f"job.{SPAN}.ranks.json",
         ]
-        fs.rm(str(target / "job"), recursive=True)
-        fs.rm(str(target / f"b_1.{SPAN}.pt.trace.json.gz"))
-        alone = publish_job(job, result, staged, lambda work: work())
+        fs.rm(str(target), recursive=True)  # rank 0 first in the store: nothing listed there yet
+        alone = with_job(job, result, staged, lambda work: work())
         assert alone.job is None and alone.notes == (
             "no job file for window_000-batches_2-4 (rank(s) [1] wrote no trace of it within 0 s)",
         )
-        assert not fs.exists(str(target / "job"))
     finally:
         fs.rm(str(target.parent.parent), recursive=True)

@@ -12,8 +12,8 @@ later windows of the run wait at most ``WAIT_AFTER_TIMEOUT_S``; when ranks on ot
 up it says once that the log dir is not shared, stops waiting for them and keeps the clock exchange
 (``clock_name``), from which ``vt-lightning job`` builds the job out of the nodes' directories
 (``build_job``). On a remote root the writer thread waits against the store and fetches the traces
-(``controller/remote.publish_job``); the writer process merges them (``build_job``). No job file is
-written without every rank.
+(``controller/remote.with_job``); the writer process merges them (``pipeline.add_job``). No job
+file is written without every rank.
 """
 
 from __future__ import annotations
@@ -68,12 +68,16 @@ def root_unshared(run_dir: Path) -> bool:
     return str(run_dir.parent) in _UNSHARED
 
 
+def span_of(trace_name: str) -> str:
+    """The window's span in a rank's trace name (``<host>_<rank>.<span>.pt.trace.json.gz``)."""
+    return trace_name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1]
+
+
 def job_file_of(trace: Location) -> Location | None:
     """The job file of the window a rank's trace belongs to (a local path or a URL), if one was written."""
     if not trace.name.endswith(TRACE_SUFFIX):
         return None
-    span = trace.name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1]
-    path = trace.parent / JOB_DIR / job_names(span)[0]
+    path = trace.parent / JOB_DIR / job_names(span_of(trace.name))[0]
     return path if is_regular_file(path) else None
 
 
@@ -112,11 +116,11 @@ def write_job_file(
     """Rank 0's part: (the job block for the summary and the result, notes). A fault is the
     writer's to turn into a note (``pipeline._optional``): the window's own files are written."""
     sync = dict(job.extras.get(JOB_EXTRA) or {})
-    if job.publish_to is not None:  # made once published, from the store's files (controller/remote.py)
+    if job.publish_to is not None:  # made from the store's files before publishing (controller/remote.py)
         return None, []
     meta = merged.get(TRACE_METADATA_KEY) or {}
     world = int(sync.get("world_size") or meta.get("world_size") or 1)
-    span = str(meta.get("span") or job.trace_name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1])
+    span = str(meta.get("span") or span_of(job.trace_name))
     files, missing_note = _rank_traces(sync, run_dir, span, world)
     if missing_note is not None:
         if root_unshared(run_dir):  # what `vt-lightning job` needs to build it from the nodes' directories
