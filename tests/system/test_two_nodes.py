@@ -4,11 +4,14 @@ host name (``unshare --uts``, root only), so every rank sees ``node0`` or ``node
 the job spans two "hosts" that share one physical clock. The training is
 ``tests/scripts/ddp/two_nodes.py``: one window, batches 2-3, a barrier in every step.
 
-* ``s3_run``: the log dir on moto's S3 server (the remote-root tests' ``s3_server``);
-* ``local_run``: node-local log dirs (no shared storage): each node also gets a private mount
-  namespace where its own directory is bind-mounted on the same path.
+* ``test_on_s3_…``: the log dir on moto's S3 server (the remote-root tests' ``s3_server``): one
+  job file, made by rank 0 from the store;
+* ``test_node_local_…``: node-local log dirs (no shared storage): each node also gets a private
+  mount namespace where its own directory is bind-mounted on the same path; ``vt-lightning job``
+  builds the job file afterwards.
 
-The files are read back with the real readers (the command's, torch-tb-profiler's parser).
+The files are read back with the real readers (the command's, torch-tb-profiler's parser). Both
+tests need root for the namespaces and are skipped, with that reason, without it.
 """
 
 from __future__ import annotations
