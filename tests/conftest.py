@@ -21,6 +21,7 @@ import orjson
 import pytest
 import torch
 from support.paths import TESTS
+from support.s3 import s3_server  # noqa: F401 (a fixture: moto's S3 server, for the remote-root tests)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 

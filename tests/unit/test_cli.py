@@ -165,6 +165,20 @@ def test_command_target_given_is_read(tmp_path, capsys):
     assert f"vt-lightning summary: {missing}: no such file or directory" in capsys.readouterr().err
 
 
+def test_job_says_when_a_log_dir_holds_no_window_waiting_for_its_job(tmp_path, capsys):
+    """``vt-lightning job`` is given rank 0's log dir first: one without a kept clock exchange (a
+    node's other than rank 0's, or a run whose job files were written) is one line and status 1."""
+    from vt_lightning.cli.command import EXIT_NOT_FOUND, main
+
+    (tmp_path / "node1" / "window_000-batches_2-3").mkdir(parents=True)
+    assert main(["job", str(tmp_path / "node1"), str(tmp_path)]) == EXIT_NOT_FOUND
+    err = capsys.readouterr().err
+    assert err == (
+        f"vt-lightning job: {tmp_path / 'node1'}: no window waiting for its job file under it "
+        "(give rank 0's log dir first)\n"
+    )
+
+
 @pytest.mark.parametrize("command", ["summary", "diff", "view"])
 def test_a_fault_in_the_command_is_one_line_and_exit_status_1(command, tmp_path, monkeypatch, capsys):
     from vt_lightning.cli import command as cli_command

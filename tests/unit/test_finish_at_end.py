@@ -103,7 +103,7 @@ def writer(monkeypatch):
 
     monkeypatch.setattr(handoff, "WriterProcess", _FakeProcess)
     monkeypatch.setattr(handoff, "finish_window", finish_here)
-    monkeypatch.setattr(handoff, "deliver", lambda job, result: result)
+    monkeypatch.setattr(handoff, "deliver", lambda job, result, in_writer: result)
     created = BackgroundWriter(max_in_flight=2, use_process=True, timeout=10)
     created.finished_here = here  # type: ignore[attr-defined]
     yield created

@@ -22,7 +22,7 @@ from vt_lightning.analysis.job_merge import (
 )
 from vt_lightning.analysis.straggler import analyze_straggler, slow_ops, user_segments
 from vt_lightning.export.job import WindowJob
-from vt_lightning.export.job_file import write_job_file
+from vt_lightning.export.job_file import build_job, read_clock, write_job_file
 
 USER = "/home/me/project/train.py"
 LIB = "/usr/lib/python3.11/site-packages/torch/nn/module.py"
@@ -209,7 +209,38 @@ def test_without_a_shared_log_dir_rank_0_says_so_once_and_writes_no_job_file(tmp
     started = time.monotonic()
     info, notes = write_job_file(_window_job(run_dir, extras), run_dir, merged, 100)
     assert info is None and "not shared" in notes[0] and time.monotonic() - started < 0.4
-    assert not (run_dir / "job").exists()
+    assert "`vt-lightning job <this log dir> <each other node's log dir>`" in notes[0]
+    kept = orjson.loads((run_dir / "job" / f"job.{SPAN}.clock.json").read_bytes())  # for `vt-lightning job`
+    assert [p.name for p in (run_dir / "job").iterdir()] == [f"job.{SPAN}.clock.json"]
+    assert kept == extras["clock_sync"]
+
+
+def test_the_job_of_node_local_dirs_is_built_from_each_nodes_window_and_the_kept_clock(tmp_path: Path) -> None:
+    """``vt-lightning job``: rank 0's window (with its kept clock exchange) on one node, rank 1's on
+    another host 1 ms ahead: one job file, rank 1 shifted by the measured offset."""
+    nodes = {r: tmp_path / f"node{r}" / "window_000-batches_2-4" for r in (0, 1)}
+    ranks = {0: rank_events(0.0), 1: rank_events(30.0, pid=200)}
+    finish_collectives(ranks)
+    for rank, host in ((0, "a"), (1, "b")):
+        trace = _trace(rank, 100 * (rank + 1), 10**18, ranks[rank])
+        trace["vt_lightning"].update(span=SPAN, world_size=2, host=host)
+        nodes[rank].mkdir(parents=True)
+        (nodes[rank] / f"{host}_{rank}.{SPAN}.pt.trace.json.gz").write_bytes(gzip.compress(orjson.dumps(trace)))
+    samples = {"1": [[0, 1_000_500, 1_001_500, 2_000]]}  # ns: rank 1's clock 1 ms ahead, 1 µs round trip
+    clock = nodes[0] / "job" / f"job.{SPAN}.clock.json"
+    clock.parent.mkdir()
+    clock.write_bytes(orjson.dumps({"world_size": 2, "samples": samples, "host_ids": {"0": 1, "1": 2}}))
+    sync, span = read_clock(clock)
+    assert span == SPAN
+    info, notes = build_job(sync, span, [nodes[0], nodes[1]], nodes[0])
+    assert notes == [] and info is not None
+    assert [(r["host"], r["offset_us"], r["uncertainty_us"]) for r in info["ranks"]] == [
+        ("a", 0.0, 0.0),
+        ("b", 1000.0, 0.5),
+    ]
+    assert (nodes[0] / "job" / f"job.{SPAN}.json.gz").is_file()
+    info, notes = build_job(sync, span, [nodes[0]], nodes[0])  # a node's directory not given: which ranks are missing
+    assert info is None and "no trace of rank(s) [1]" in notes[0]
 
 
 def test_rank_0_merges_the_files_it_finds(tmp_path: Path) -> None:
@@ -287,3 +318,52 @@ def test_the_job_names_every_process_by_rank_and_role_and_lists_each_main_thread
     assert moved == {(1, 1), (3, 3), (PID_STRIDE + 1, PID_STRIDE + 1), (PID_STRIDE + 3, PID_STRIDE + 3)}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in job["traceEvents"] if e.get("name") == "thread_name"}
     assert threads == {(1, 1): "main thread", (PID_STRIDE + 1, PID_STRIDE + 1): "main thread"}
+
+
+def test_rank_0_on_a_remote_root_fetches_the_ranks_traces_and_publishes_the_job(tmp_path: Path) -> None:
+    """controller/remote.with_job, before rank 0's window goes to the store: rank 1's trace (on
+    another host, 1 ms ahead) is fetched from the store and merged into the staged window, which
+    ``publish`` then uploads with its ``job/``; a rank whose trace never comes is one note."""
+    import dataclasses
+
+    from fsspec import filesystem
+
+    from vt_lightning.controller.remote import publish, with_job
+    from vt_lightning.export.job import URL, WindowResult
+
+    fs = filesystem("memory")
+    target = URL(f"memory://vt-job-{time.monotonic_ns()}/run/window_000-batches_2-4")
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    ranks = {0: rank_events(0.0), 1: rank_events(30.0, pid=200)}
+    finish_collectives(ranks)
+    samples = {"1": [[0, 1_000_500, 1_001_500, 2_000]]}
+    extras = {"clock_sync": {"world_size": 2, "samples": samples, "host_ids": {"0": 1, "1": 2}, "job_wait_s": 0.3}}
+    job = dataclasses.replace(_window_job(staged, extras), publish_to=str(target))
+    for rank, host in ((0, "h"), (1, "b")):
+        trace = _trace(rank, 100 * (rank + 1), 10**18, ranks[rank])
+        trace["vt_lightning"].update(span=SPAN, world_size=2, host=host)
+        data = gzip.compress(orjson.dumps(trace))
+        if rank == 0:
+            (staged / job.trace_name).write_bytes(data)
+        else:
+            fs.pipe(str(target / f"{host}_{rank}.{SPAN}.pt.trace.json.gz"), data)
+    result = WindowResult(staged / job.trace_name, 0, 0, 0, 0, False)
+    try:
+        merged = with_job(job, result, staged, lambda work: work())
+        assert merged.notes == () and merged.job is not None
+        assert [(r["host"], r["offset_us"]) for r in merged.job["ranks"]] == [("h", 0.0), ("b", 1000.0)]
+        assert sorted(p.name for p in staged.iterdir()) == [job.trace_name, "job"]  # the fetched trace is gone
+        published = publish(job, merged, staged)
+        assert published.trace_path == target / job.trace_name
+        assert sorted(URL(p).name for p in fs.ls(str(target / "job"), detail=False)) == [
+            f"job.{SPAN}.json.gz",
+            f"job.{SPAN}.ranks.json",
+        ]
+        fs.rm(str(target), recursive=True)  # rank 0 first in the store: nothing listed there yet
+        alone = with_job(job, result, staged, lambda work: work())
+        assert alone.job is None and alone.notes == (
+            "no job file for window_000-batches_2-4 (rank(s) [1] wrote no trace of it within 0 s)",
+        )
+    finally:
+        fs.rm(str(target.parent.parent), recursive=True)

@@ -3,6 +3,7 @@
     vt-lightning summary [LOGDIR] [--json]   every window's summary under LOGDIR (default: .)
     vt-lightning diff A B [--json]           what got slower/faster from A to B (windows or runs)
     vt-lightning view [LOGDIR|FILE]          the latest (or given) window in the Perfetto UI
+    vt-lightning job LOGDIR LOGDIR...        the job files of ranks that wrote into node-local log dirs
 
 Files are never trusted (export/reading.py), and every character printed is made safe for a
 terminal (export/terminal.py). Exit status: 0, all read; 1, nothing readable where the user pointed
@@ -92,6 +93,10 @@ def _parser() -> Any:
     view.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default 0: a random free port)")
     view.add_argument("--no-browser", action="store_true", default=False, help="only serve; do not open a browser")
     commands.add_subcommand("view", view, help="open a window in the Perfetto UI (offline)")
+
+    job = ArgumentParser(description="Build the job files of windows whose ranks wrote into node-local log dirs.")
+    job.add_argument("logdirs", nargs="+", help="rank 0's local log dir first, then each other node's (copied here)")
+    commands.add_subcommand("job", job, help="every rank on one timeline, from the nodes' log dirs")
     return parser
 
 
@@ -377,6 +382,37 @@ def _stop_serving(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def run_job(logdirs: Sequence[str]) -> int:
+    """Every window of rank 0's log dir that kept its clock exchange for lack of the other hosts'
+    traces (``job_file.clock_name``), built from the window's directory under each log dir."""
+    from vt_lightning.export.job_file import CLOCK_SUFFIX, JOB_DIR, build_job, read_clock
+
+    first, *others = (Path(d) for d in logdirs)
+    clocks = sorted(first.rglob(f"{JOB_DIR}/job.*{CLOCK_SUFFIX}"))
+    if not clocks:
+        raise SummaryNotFound(f"{first}: no window waiting for its job file under it (give rank 0's log dir first)")
+    built = 0
+    for clock in clocks:
+        window = clock.parent.parent
+        relative = window.relative_to(first)
+        dirs = [window]
+        for other in others:  # the same window's directory on each node: by its path below the log dir, else by name
+            here = other / relative
+            if relative.parts and here.is_dir():
+                dirs.append(here)
+            else:
+                dirs.extend(d for d in [other, *sorted(other.rglob(window.name))] if d.name == window.name)
+        sync, span = read_clock(clock)
+        info, notes = build_job(sync, span, dirs, window)
+        for note in notes:
+            _err(f"vt-lightning job: {note}")
+        if info is not None:
+            built += 1
+            hosts = sorted({str(r["host"]) for r in info["ranks"]})
+            _out(f"{window / info['file']}: {info['world_size']} ranks on one timeline (hosts {', '.join(hosts)})")
+    return EXIT_OK if built == len(clocks) else EXIT_NOT_FOUND
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -392,6 +428,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_diff(options.a, options.b, options.top, options.json, options.max_memory_mb)
         if command == "view":
             return run_view(options.target or CURRENT_DIR, options.port, not options.no_browser)
+        if command == "job":
+            return run_job(options.logdirs)
     except SummaryNotFound as err:
         _err(f"vt-lightning {command}: {err}")
         return EXIT_NOT_FOUND

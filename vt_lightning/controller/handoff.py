@@ -181,7 +181,7 @@ class BackgroundWriter:
         """On the writer thread: the window's result, or why it was dropped."""
         job = closed.job
         try:
-            return deliver(job, self.run(closed, at_end))  # claim released; a remote root gets its copy
+            return deliver(job, self.run(closed, at_end), self.in_writer)  # claim released; a remote root gets its copy
         except WriterAbandoned:  # reported once, when the writer was given up
             return Dropped(None)
         except DumpChildFailed as err:  # a dump child stuck (killed and reaped) or crashed
@@ -192,6 +192,11 @@ class BackgroundWriter:
             key = f"write:{type(err).__name__}:{job.run_dir.parent}"
             text = f"could not write the window to {job.run_dir} ({type(err).__name__}: {err}); {GOES_ON}"
         return Dropped(Notice(key, f"vt_lightning: {text}"))
+
+    def in_writer(self, work: Callable[[], Any]) -> Any:
+        """On the writer thread: ``work`` in the writer process when one runs (off training's GIL), else here."""
+        process = self.process
+        return process.call(work) if process is not None and process.alive() else work()
 
     def run(self, closed: ClosedWindow, at_end: bool = False) -> WindowResult:
         """On the writer thread: complete the raw dumps, then write the window in the writer process or here."""

@@ -18,6 +18,7 @@ from vt_lightning.analysis.schema import Summary
 from vt_lightning.analysis.verdict_report import verdict_line
 from vt_lightning.constants import LOGGER_NAME
 from vt_lightning.controller.watch import TriggerWatch
+from vt_lightning.export.job import Location
 from vt_lightning.export.report import print_history_table, straggler_text
 from vt_lightning.options import Options
 from vt_lightning.recording.rivals import RivalProfiler
@@ -229,9 +230,9 @@ def two_callbacks(callbacks: Sequence[str]) -> str:
     )
 
 
-def job_written(trace_path: Any, job: dict[str, Any]) -> None:
+def job_written(trace_path: Location, job: dict[str, Any]) -> None:
     """Rank 0, at the window's end: one line on the job file and its straggler."""
-    where = Path(str(trace_path)).parent / str(job.get("file"))
+    where = trace_path.parent / str(job.get("file"))  # a URL stays one (``Path`` makes s3:// s3:/)
     ranks = job.get("ranks") or []
     residual = (job.get("collective_check") or {}).get("max_residual_us")
     spread = f", collective exits within {residual:.0f} µs" if isinstance(residual, (int, float)) else ""

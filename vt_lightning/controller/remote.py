@@ -11,6 +11,9 @@ import errno
 import os
 import secrets
 import shutil
+import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +24,9 @@ from vt_lightning.controller.agreement import first_failure
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
 from vt_lightning.controller.messages import GOES_ON
 from vt_lightning.export.job import URL, UnusableURL, WindowJob, WindowResult, locate
+from vt_lightning.export.job_file import JOB_DIR, JOB_EXTRA, MAX_JOB_WAIT_S, span_of, wait_for_ranks
 from vt_lightning.export.layout import host_name
-from vt_lightning.export.pipeline import delivered, run_dir_candidates
+from vt_lightning.export.pipeline import add_job, delivered, run_dir_candidates
 from vt_lightning.options import ConfigurationError
 from vt_lightning.recording.spool import PREFIX, default_spool_base
 
@@ -90,12 +94,15 @@ def _unusable(where: str, source: str, err: Exception) -> OutputRootError:
     )
 
 
-def deliver(job: WindowJob, result: WindowResult) -> Outcome:
-    """On the writer thread: release the window's claim and, for a remote root, copy its files there."""
+def deliver(job: WindowJob, result: WindowResult, in_writer: Callable[[Callable[[], Any]], Any]) -> Outcome:
+    """On the writer thread: release the window's claim and, for a remote root, copy its files there
+    (rank 0 of a job: then the job file, made by ``in_writer``)."""
     delivered(job, result)
     if job.publish_to is None:
         return result
     staged = Path(result.trace_path).parent
+    if JOB_EXTRA in job.extras:
+        result = with_job(job, result, staged, in_writer)
     try:
         published = publish(job, result, staged)
     except Exception as err:  # any error of the user's filesystem drops this window with one notice
@@ -120,16 +127,19 @@ def publish(job: WindowJob, result: WindowResult, staged: Path) -> WindowResult:
     assert job.publish_to is not None
     first = URL(job.publish_to)
     fs = get_filesystem(first)
+    job_dir = staged / JOB_DIR  # rank 0's job file, when it made one (``with_job``)
+    job_files = [f"{JOB_DIR}/{name}" for name in sorted(os.listdir(job_dir))] if job_dir.is_dir() else []
     names = sorted(
         (e.name for e in os.scandir(staged) if e.is_file(follow_symlinks=False) and not e.name.startswith(".")),
         key=lambda name: name == job.trace_name,
     )
+    names[-1:-1] = job_files  # before the trace: a reader that sees it finds the rest
     upload = Upload(fs, _is_object_storage(fs), job.job_id)
     for candidate in run_dir_candidates(first):
         target = URL(candidate)
         if fs.exists(target / job.trace_name) or fs.isfile(target):
             continue
-        fs.makedirs(target, exist_ok=True)
+        fs.makedirs(target / JOB_DIR if job_files else target, exist_ok=True)
         try:
             upload.all(staged, names, target)
         except FileExistsError:  # another run took this name after the check: the next name
@@ -156,6 +166,46 @@ def publish(job: WindowJob, result: WindowResult, staged: Path) -> WindowResult:
         memory_path=moved(result.memory_path),
         summary_path=moved(result.summary_path),
         notes=notes,
+    )
+
+
+def with_job(
+    job: WindowJob, result: WindowResult, staged: Path, in_writer: Callable[[Callable[[], Any]], Any]
+) -> WindowResult:
+    """Rank 0 on a remote root, before its window is published: the other ranks' traces of the
+    window, fetched from the store once all are there (within the run's job wait), and the job file
+    and summary that ``in_writer`` makes of them in ``staged`` (``pipeline.add_job``). A fault is a
+    note: the window is published without a job file."""
+    target = URL(job.publish_to)
+    sync = job.extras[JOB_EXTRA]
+    world = int(sync.get("world_size") or 1)
+    wait_s = min(float(sync.get("job_wait_s", MAX_JOB_WAIT_S)), MAX_JOB_WAIT_S)
+    fs = get_filesystem(target)
+
+    def listed() -> list[str]:
+        fs.invalidate_cache(target)  # a store's listing is cached: each poll asks it again
+        try:
+            return [str(path).rstrip("/").rpartition("/")[2] for path in fs.ls(target, detail=False)]
+        except FileNotFoundError:  # no rank's file there yet
+            return []
+
+    try:
+        names = wait_for_ranks(listed, span_of(job.trace_name), world, wait_s)
+        missing = sorted(set(range(1, world)) - set(names))
+        if missing:
+            note = f"no job file for {target.name} (rank(s) {missing} wrote no trace of it within {wait_s:.0f} s)"
+            return dataclasses.replace(result, notes=(*result.notes, note))
+        with tempfile.TemporaryDirectory(prefix=".ranks-", dir=staged.parent) as fetched:
+            for rank, name in names.items():
+                if rank:
+                    fs.get_file(target / name, os.path.join(fetched, name))
+            info, notes, summary, markdown = in_writer(partial(add_job, job, staged, Path(fetched), result.summary))
+    except Exception as err:  # any error of the user's filesystem or the merge: no job file, one note
+        return dataclasses.replace(result, notes=(*result.notes, f"job file not written ({type(err).__name__}: {err})"))
+    if info is None:
+        return dataclasses.replace(result, notes=(*result.notes, *notes))
+    return dataclasses.replace(
+        result, job=info, summary=summary, summary_markdown=markdown, notes=(*result.notes, *notes)
     )
 
 

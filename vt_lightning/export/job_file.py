@@ -9,8 +9,11 @@ more rank, ``vt-lightning summary`` for a window's summary.
 The wait: rank 0's writer polls for the other ranks' files in the shared run directory up to
 ``job_wait_s`` (at most ``MAX_JOB_WAIT_S``); its later windows queue behind it. After one timeout,
 later windows of the run wait at most ``WAIT_AFTER_TIMEOUT_S``; when ranks on other hosts never show
-up it says once that the log dir is not shared and stops waiting for them. No job file is written
-without every rank.
+up it says once that the log dir is not shared, stops waiting for them and keeps the clock exchange
+(``clock_name``), from which ``vt-lightning job`` builds the job out of the nodes' directories
+(``build_job``). On a remote root the writer thread waits against the store and fetches the traces
+(``controller/remote.with_job``); the writer process merges them (``pipeline.add_job``). No job
+file is written without every rank.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import gzip
 import statistics
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,6 +47,7 @@ JOB_EXTRA = "clock_sync"  # the side recorder's key in WindowJob.extras (recordi
 JOB_DIR = "job"
 JOB_SUFFIX = ".json.gz"
 JOB_SUMMARY_SUFFIX = ".ranks.json"
+CLOCK_SUFFIX = ".clock.json"  # the clock exchange, kept where no job file could be written (``build_job``)
 MAX_JOB_WAIT_S = 30.0
 WAIT_AFTER_TIMEOUT_S = 2.0  # once a rank's file did not come in time, later windows wait only this long
 POLL_S = 0.1
@@ -55,25 +60,45 @@ def job_names(span: str) -> tuple[str, str]:
     return f"job.{span}{JOB_SUFFIX}", f"job.{span}{JOB_SUMMARY_SUFFIX}"
 
 
+def clock_name(span: str) -> str:
+    """The clock exchange's file in ``<window dir>/job/``, written where the log dir is not shared."""
+    return f"job.{span}{CLOCK_SUFFIX}"
+
+
+def root_unshared(run_dir: Path) -> bool:
+    """Whether ranks on other hosts never wrote into this run's root (said once, not waited for again)."""
+    return str(run_dir.parent) in _UNSHARED
+
+
+def span_of(trace_name: str) -> str:
+    """The window's span in a rank's trace name (``<host>_<rank>.<span>.pt.trace.json.gz``)."""
+    return trace_name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1]
+
+
 def job_file_of(trace: Location) -> Location | None:
     """The job file of the window a rank's trace belongs to (a local path or a URL), if one was written."""
     if not trace.name.endswith(TRACE_SUFFIX):
         return None
-    span = trace.name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1]
-    path = trace.parent / JOB_DIR / job_names(span)[0]
+    path = trace.parent / JOB_DIR / job_names(span_of(trace.name))[0]
     return path if is_regular_file(path) else None
 
 
-def wait_for_ranks(run_dir: Path, span: str, world_size: int, timeout_s: float) -> dict[int, Path]:
-    """The ranks' traces of one window in ``run_dir`` (any host), polled for until the other ranks'
-    are all there (rank 0's own is in memory) or ``timeout_s`` has passed."""
+def rank_of(name: str, span: str, world_size: int) -> int | None:
+    """The rank whose trace of window ``span`` is named ``name`` (``<host>_<rank>.<span>…``), or None."""
+    suffix = f".{span}{TRACE_SUFFIX}"
+    rank = name[: -len(suffix)].rsplit("_", 1)[-1] if name.endswith(suffix) else ""
+    return int(rank) if rank.isdigit() and int(rank) < world_size else None
+
+
+def wait_for_ranks(
+    list_names: Callable[[], Iterable[str]], span: str, world_size: int, timeout_s: float
+) -> dict[int, str]:
+    """The ranks' trace names of one window among ``list_names()`` (a run directory's files, any
+    host), polled for until the other ranks' are all there (rank 0's own is in memory) or
+    ``timeout_s`` has passed."""
     deadline = time.monotonic() + max(timeout_s, 0.0)
     while True:
-        found: dict[int, Path] = {}
-        for path in run_dir.glob(f"*.{span}{TRACE_SUFFIX}"):
-            rank = path.name[: -len(f".{span}{TRACE_SUFFIX}")].rsplit("_", 1)[-1]
-            if rank.isdigit() and int(rank) < world_size:
-                found[int(rank)] = path
+        found = {rank: name for name in list_names() if (rank := rank_of(name, span, world_size)) is not None}
         if set(range(1, world_size)) <= set(found) or time.monotonic() >= deadline:
             return found
         time.sleep(POLL_S)
@@ -93,14 +118,57 @@ def write_job_file(
     """Rank 0's part: (the job block for the summary and the result, notes). A fault is the
     writer's to turn into a note (``pipeline._optional``): the window's own files are written."""
     sync = dict(job.extras.get(JOB_EXTRA) or {})
-    if job.publish_to is not None:
-        return None, ["job file not written (remote output roots are not supported yet)"]
+    if job.publish_to is not None:  # made from the store's files before publishing (controller/remote.py)
+        return None, []
     meta = merged.get(TRACE_METADATA_KEY) or {}
     world = int(sync.get("world_size") or meta.get("world_size") or 1)
-    span = str(meta.get("span") or job.trace_name[: -len(TRACE_SUFFIX)].rsplit(".", 1)[-1])
+    span = str(meta.get("span") or span_of(job.trace_name))
     files, missing_note = _rank_traces(sync, run_dir, span, world)
     if missing_note is not None:
+        if root_unshared(run_dir):  # what `vt-lightning job` needs to build it from the nodes' directories
+            (run_dir / JOB_DIR).mkdir(exist_ok=True)
+            atomic_write(run_dir / JOB_DIR / clock_name(span), orjson.dumps(sync))
         return None, [missing_note]
+    return merge_ranks(sync, run_dir, span, merged, json_bytes, files, job.trace_name, job.gzip_level)
+
+
+def read_clock(path: Path) -> tuple[dict[str, Any], str]:
+    """(the clock exchange, the window's span) kept in ``<window dir>/job/<clock_name>``."""
+    return orjson.loads(path.read_bytes()), path.name[len("job.") : -len(CLOCK_SUFFIX)]
+
+
+def build_job(
+    sync: dict[str, Any], span: str, window_dirs: list[Path], run_dir: Path, gzip_level: int = 3
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The job file of a window from every rank's trace found in ``window_dirs`` (each node's
+    directory of the window, or one staging directory), written into ``run_dir/job``."""
+    world = int(sync.get("world_size") or 1)
+    files = {
+        rank: path
+        for directory in window_dirs
+        for path in directory.glob(f"*.{span}{TRACE_SUFFIX}")
+        if (rank := rank_of(path.name, span, world)) is not None
+    }
+    missing = sorted(set(range(world)) - set(files))
+    if missing:
+        return None, [f"no job file for {run_dir}: no trace of rank(s) {missing} in {', '.join(map(str, window_dirs))}"]
+    merged, json_bytes = _read(files[0])
+    return merge_ranks(sync, run_dir, span, merged, json_bytes, files, files[0].name, gzip_level)
+
+
+def merge_ranks(
+    sync: dict[str, Any],
+    run_dir: Path,
+    span: str,
+    merged: dict[str, Any],
+    json_bytes: int,
+    files: dict[int, Path],
+    trace_name: str,
+    gzip_level: int,
+) -> tuple[dict[str, Any], list[str]]:
+    """Every rank's trace (rank 0's is ``merged``) on one timeline, written into ``run_dir/job``."""
+    meta = merged.get(TRACE_METADATA_KEY) or {}
+    world = int(sync.get("world_size") or meta.get("world_size") or 1)
     traces: dict[int, dict[str, Any]] = {0: merged}
     sizes = {0: json_bytes}
     for rank in range(1, world):
@@ -134,7 +202,7 @@ def write_job_file(
             "rank": r,
             "host": hosts[r],
             "pid": (traces[r].get(TRACE_METADATA_KEY) or {}).get("pid"),
-            "trace": files[r].name if r in files else job.trace_name,
+            "trace": files[r].name if r in files else trace_name,
             **(offsets[r].as_dict() if r in offsets else {"offset_us": None, "uncertainty_us": None}),
         }
         for r in sorted(traces)
@@ -165,7 +233,7 @@ def write_job_file(
     raw = orjson.dumps(trace)
     del trace
     info["json_bytes"] = len(raw)
-    notes.extend(_write_files(run_dir, span, raw, info, job.gzip_level))
+    notes.extend(_write_files(run_dir, span, raw, info, gzip_level))
     if reduced:
         notes.append(f"job file over its budget ({budget} bytes of JSON): {left_out[0]}")
     return info, notes
@@ -182,7 +250,8 @@ def _rank_traces(sync: dict[str, Any], run_dir: Path, span: str, world: int) -> 
         wait_s = 0.0
     elif root in _TIMED_OUT:  # a rank that stopped writing must not cost every later window the full wait
         wait_s = min(wait_s, WAIT_AFTER_TIMEOUT_S)
-    files = wait_for_ranks(run_dir, span, world, wait_s)
+    names = wait_for_ranks(lambda: (p.name for p in run_dir.glob(f"*.{span}{TRACE_SUFFIX}")), span, world, wait_s)
+    files = {rank: run_dir / name for rank, name in names.items()}
     missing = sorted(set(range(1, world)) - set(files))
     if not missing:
         return files, None
@@ -190,8 +259,8 @@ def _rank_traces(sync: dict[str, Any], run_dir: Path, span: str, world: int) -> 
         _UNSHARED.add(root)
         return files, (
             "no job file: the log dir is not shared between hosts (ranks on other hosts wrote no "
-            f"trace into {run_dir} within {wait_s:.0f} s; ranks {missing} missing); copy their window "
-            "directories together and run `vt-lightning summary` there"
+            f"trace into {run_dir} within {wait_s:.0f} s; ranks {missing} missing); after training, run "
+            "`vt-lightning job <this log dir> <each other node's log dir>` to build it (docs/distributed.md)"
         )
     _TIMED_OUT.add(root)
     return files, f"no job file for {run_dir.name} (rank(s) {missing} wrote no trace of it within {wait_s:.0f} s)"

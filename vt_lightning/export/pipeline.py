@@ -51,7 +51,7 @@ from vt_lightning.constants import CLOCK_MARKER_PREFIX, CPU_OP_CATEGORY, USER_AN
 from vt_lightning.export import raw_json
 from vt_lightning.export.atomic import GzipAside, atomic_write, owns, remove_quietly, write_snapshot
 from vt_lightning.export.job import WindowJob, WindowResult
-from vt_lightning.export.job_file import JOB_EXTRA, job_summary, write_job_file
+from vt_lightning.export.job_file import JOB_EXTRA, build_job, job_summary, span_of, write_job_file
 from vt_lightning.export.layout import claim_name
 from vt_lightning.export.report import encode_summary, render_markdown, summary_names
 from vt_lightning.export.source_lines import named_places, record_sources
@@ -389,6 +389,19 @@ def write(job: WindowJob, summarised: Summarised) -> WindowResult:
         summary_seconds=seconds,
         job=job_info,
     )
+
+
+def add_job(
+    job: WindowJob, staged: Path, fetched: Path, summary: Summary | None
+) -> tuple[dict[str, Any] | None, list[str], Summary | None, str | None]:
+    """Rank 0 of a remote root, in the writer process, before its window is published: the job file
+    from rank 0's staged trace and the others' fetched from the store, and the staged summary
+    written again with the job's block and verdicts: (job info, notes, summary, its markdown)."""
+    info, notes = build_job(job.extras[JOB_EXTRA], span_of(job.trace_name), [staged, fetched], staged, job.gzip_level)
+    markdown = None
+    if info is not None and summary is not None:
+        markdown = _optional("summary", notes, partial(_write_summary, job, staged, summary, info))
+    return info, notes, summary, markdown[1] if markdown else None
 
 
 def _write_memory(path: Path, snapshot: Any) -> Path:

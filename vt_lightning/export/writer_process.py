@@ -208,7 +208,7 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
             _send(stdout, ("ok", "pong"))
             continue
         try:
-            result = finish_window(request)
+            result = request() if callable(request) else finish_window(request)  # a window, or work beside one
         except BaseException as err:  # report, keep serving
             _send(stdout, ("error", (type(err).__name__, str(err))))
         else:
