@@ -175,12 +175,14 @@ def test_with_workers_untraced_steps_that_did_not_wait_overrule_nothing() -> Non
 def test_the_untraced_reading_is_the_median_steps_wait_and_share() -> None:
     # One fetch the OS descheduled (20 ms) among 0.5 ms ones does not make the loader slow...
     waits = [0.0005, 0.020, 0.0005, 0.0005]
-    assert untraced_reading(waits, [0.0015] * 4) == {"steps": 4, "data_wait_ms": 0.5, "share": 0.25}
+    # The step time beside it (fetch + own time) is the median step's too: 2 ms, not the 21.5 ms one.
+    assert untraced_reading(waits, [0.0015] * 4) == {"steps": 4, "data_wait_ms": 0.5, "share": 0.25, "step_ms": 2.0}
     # ...while a loader that makes most steps wait does.
     assert untraced_reading([0.003, 0.003, 0.0], [0.001] * 3) == {
         "steps": 3,
         "data_wait_ms": 3.0,
         "share": 0.75,
+        "step_ms": 4.0,
     }
     assert untraced_reading([], []) is None
 
@@ -203,7 +205,7 @@ def test_the_untraced_meter_counts_only_steps_no_tracer_recorded() -> None:
     meter.not_a_step()  # validation ran: the interval is no fetch
     step(60, end=63)
     step(63.5, end=66.5)  # 0.5 ms wait, 3 ms busy
-    assert meter.reading() == {"steps": 3, "data_wait_ms": 1.0, "share": round(1 / 4, 3)}
+    assert meter.reading() == {"steps": 3, "data_wait_ms": 1.0, "share": round(1 / 4, 3), "step_ms": 4.0}
     for n in range(100):  # a long run keeps the last steps only
         step(100 + n * 2, end=101 + n * 2)
     assert meter.reading()["steps"] == UNTRACED_STEPS_KEPT

@@ -183,9 +183,7 @@ class Outcomes:
                 )
 
     def _print_verdicts(self, summary: Any) -> None:
-        """The first windows' verdicts on the console; a long run's later ones stay in their files."""
-        if not summary.get("verdicts"):
-            return
+        """The first windows' lines and verdicts on the console; a long run's later ones stay in their files."""
         self._verdicts_shown += 1
         if self._verdicts_shown <= VERDICT_WINDOWS:
             print_verdicts(summary)

@@ -57,7 +57,8 @@ def _places(entries: Time, callees: dict[str, Time], steps: int) -> list[Verdict
 
 
 def untraced_reading(waits_s: Sequence[float], busy_s: Sequence[float]) -> dict[str, Any] | None:
-    """The untraced steps' wait in the median step (ms, share): one slow fetch makes no slow loader."""
+    """The untraced steps' wait and step time (fetch + own time) in the median step (ms, share): one
+    slow fetch makes no slow loader."""
     steps = len(waits_s)
     if not steps:
         return None
@@ -66,6 +67,7 @@ def untraced_reading(waits_s: Sequence[float], busy_s: Sequence[float]) -> dict[
         "steps": steps,
         "data_wait_ms": round(statistics.median(waits_s) * 1e3, 3),
         "share": round(statistics.median(shares), 3),
+        "step_ms": round(statistics.median(w + b for w, b in zip(waits_s, busy_s)) * 1e3, 3),
     }
 
 
