@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from vt_lightning.analysis.nest import Nest
 from vt_lightning.analysis.schema import CompiledGraph, CompileSummary, TopOps
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.spans import overlap_of_unions
@@ -37,7 +38,7 @@ RESUME_MARK = "torch_dynamo_resume_in_"  # in the name of every resume function 
 _RESUME = re.compile(r"torch_dynamo_resume_in_(?P<function>\w+?)_at_(?P<line>\d+)$")
 REGION_PREFIX = "Torch-Compiled Region: "  # dynamo's range around a compiled frame's code, + compile id
 GRAPH_CALL_PREFIX = "## Call CompiledFxGraph "  # inductor's range around one graph's run, + its key
-_GRAPH_EVENTS = ("CompiledFunction", "CompiledFunctionBackward")
+AUTOGRAD_RANGES = ("CompiledFunction", "CompiledFunctionBackward")  # a compiled graph's forward / backward
 COUNTS = ("graphs", "compile_s", "recompiles", "graph_breaks")
 
 
@@ -329,6 +330,14 @@ def _user_caller(calls: Calls | None, t: float) -> tuple[str, str | None, int | 
     return None
 
 
+def _around(ordered: list[Mapping[str, Any]], parents: list[int], i: int, prefix: str) -> Mapping[str, Any] | None:
+    """The innermost range around ``ordered[i]`` whose name starts with ``prefix``."""
+    i = parents[i]
+    while i >= 0 and not str(ordered[i]["name"]).startswith(prefix):
+        i = parents[i]
+    return ordered[i] if i >= 0 else None
+
+
 def compiled_graphs(
     events: Iterable[Mapping[str, Any]], frames: Mapping[str, Any], python_calls: Mapping[Thread, Calls]
 ) -> list[CompiledGraph]:
@@ -338,56 +347,48 @@ def compiled_graphs(
     by_thread: dict[Thread, list[Mapping[str, Any]]] = defaultdict(list)
     for e in events:
         name = str(e.get("name", ""))
-        if "ts" in e and (name.startswith((REGION_PREFIX, GRAPH_CALL_PREFIX)) or name in _GRAPH_EVENTS):
+        if name.startswith((REGION_PREFIX, GRAPH_CALL_PREFIX)) or name in (
+            "CompiledFunction",
+            "CompiledFunctionBackward",
+        ):
             # a range the merge moved to a track beside its thread (analysis/nesting.py) keeps its thread
             by_thread[(e.get("pid"), (e.get("args") or {}).get("vt_lightning.thread", e.get("tid")))].append(e)
-    calls: Counter[tuple[str | None, bool, str | None]] = Counter()
-    regions: Counter[str] = Counter()
-    first_seen: dict[str, tuple[Thread, float]] = {}
+    runs: Counter[tuple[str | None, bool, str | None]] = Counter()  # (compile id, backward, key) -> runs
+    first_run: dict[str, tuple[Thread, float]] = {}  # compile id -> where its region first ran
     forward_of: dict[Any, str] = {}  # a forward CompiledFunction's sequence number -> its compile id
-    backward: list[tuple[Any, str]] = []  # (sequence number, graph key) of each backward graph's run
+    backward: list[tuple[Any, str]] = []  # (sequence number, key) of each backward graph's run
     for thread, spans in by_thread.items():
-        stack: list[tuple[float, str, Mapping[str, Any]]] = []  # (end, name, event) of the open ranges
-        for e in sorted(spans, key=lambda e: (float(e["ts"]), -float(e.get("dur") or 0.0))):
-            start, name = float(e["ts"]), str(e["name"])
-            while stack and stack[-1][0] <= start:
-                stack.pop()
-            region = next((n[len(REGION_PREFIX) :] for _, n, _ in reversed(stack) if n.startswith(REGION_PREFIX)), None)
-            sequence = (e.get("args") or {}).get("Sequence number")
+        nest = Nest([e["ts"] for e in spans], [float(e["ts"]) + float(e.get("dur") or 0.0) for e in spans], clip=False)
+        ordered, parents = [spans[i] for i in nest.order.tolist()], nest.parents.tolist()
+        for i, e in enumerate(ordered):
+            name, sequence = str(e["name"]), (e.get("args") or {}).get("Sequence number")
+            region = _around(ordered, parents, i, REGION_PREFIX)
+            compile_id = str(region["name"])[len(REGION_PREFIX) :] if region else None
             if name.startswith(REGION_PREFIX):
-                regions[name[len(REGION_PREFIX) :]] += 1
-                first_seen.setdefault(name[len(REGION_PREFIX) :], (thread, start))
-            elif name == "CompiledFunction" and region is not None:
-                forward_of[sequence] = region
+                first_run.setdefault(name[len(REGION_PREFIX) :], (thread, float(e["ts"])))
+                runs[(name[len(REGION_PREFIX) :], False, None)] += 1
+            elif name == "CompiledFunction" and compile_id:
+                forward_of[sequence] = compile_id
             elif name.startswith(GRAPH_CALL_PREFIX):
                 key = name[len(GRAPH_CALL_PREFIX) :].removesuffix("##").strip()
-                around = next((a for _, n, a in reversed(stack) if n == "CompiledFunctionBackward"), None)
-                if region is None and around is not None:
+                around = None if compile_id else _around(ordered, parents, i, "CompiledFunctionBackward")
+                if around is not None:
                     backward.append(((around.get("args") or {}).get("Sequence number"), key))
                 else:
-                    calls[(region, False, key)] += 1
-            stack.append((start + float(e.get("dur") or 0.0), name, e))
-    for sequence, key in backward:  # resolved once every thread's forwards are known (GPU: another thread)
-        calls[(forward_of.get(sequence), True, key)] += 1
-    ran_graph = {compile_id for compile_id, back, _ in calls if not back}
-    calls.update({(cid, False, None): n for cid, n in regions.items() if cid not in ran_graph})  # not inductor
+                    runs[(compile_id, False, key)] += 1
+    for sequence, key in backward:  # once every thread's forwards are known (a GPU's backward thread)
+        runs[(forward_of.get(sequence), True, key)] += 1
+    inductor = {compile_id for compile_id, _, graph_key in runs if graph_key}
     out: list[CompiledGraph] = []
-    for (compile_id, back, graph_key), n in sorted(calls.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+    for (compile_id, back, graph_key), n in sorted(runs.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        if graph_key is None and compile_id in inductor:
+            continue  # the region of an inductor graph: its graph is listed
         function, path, line = (list(frames.get(str(compile_id)) or ()) + [None] * 3)[:3]
-        if compile_id is not None and not is_user_file(path) and compile_id in first_seen:
-            thread, t = first_seen[compile_id]
+        if compile_id in first_run and not is_user_file(path):
+            thread, t = first_run[compile_id]
             function, path, line = _user_caller(python_calls.get(thread), t) or (function, path, line)
-        out.append(
-            {
-                "compile_id": compile_id,
-                "function": function,
-                "file": path,
-                "line": line,
-                "backward": back,
-                "hash": graph_key,
-                "calls": n,
-            }
-        )
+        graph = {"compile_id": compile_id, "function": function, "file": path, "line": line, "backward": back}
+        out.append(cast(CompiledGraph, {**graph, "hash": graph_key, "calls": n}))
     return out[:MAX_LISTED]
 
 
@@ -491,22 +492,20 @@ def compile_summary(
 
 
 def compile_text(info: Mapping[str, Any] | None) -> str | None:
-    """``compiled model: 4 graphs, 1.7 s compiling before this window (1 graph, 0.2 s during), 1
-    recompile, 1 graph break``: the console's and the report's line (None: no counters)."""
+    """``compiled model: 4 graphs, 1.7 s compiling before this window (1 graphs, 0.2 s during), 1
+    recompiles, 1 graph breaks``: the console's and the report's line (None: no counters)."""
     before, during = (info or {}).get("before"), (info or {}).get("during") or {}
     if not isinstance(before, Mapping):
         return None
-
-    def seconds(value: Any) -> str:
-        return f"{value:.1f} s" if isinstance(value, (int, float)) else "? s"
-
-    def total(key: str) -> int:
-        return int(before.get(key) or 0) + int(during.get(key) or 0)
-
+    ahead, inside = (
+        f"{v:.1f} s" if isinstance(v, (int, float)) else "? s"
+        for v in (before.get("compile_s"), during.get("compile_s"))
+    )
+    total = {key: int(before.get(key) or 0) + int(during.get(key) or 0) for key in ("recompiles", "graph_breaks")}
     return (
-        f"compiled model: {before.get('graphs')} graphs, {seconds(before.get('compile_s'))} compiling before this "
-        f"window ({during.get('graphs', 0)} graphs, {seconds(during.get('compile_s'))} during), "
-        f"{total('recompiles')} recompiles, {total('graph_breaks')} graph breaks"
+        f"compiled model: {before.get('graphs')} graphs, {ahead} compiling before this window "
+        f"({during.get('graphs', 0)} graphs, {inside} during), {total['recompiles']} recompiles, "
+        f"{total['graph_breaks']} graph breaks"
     )
 
 

@@ -108,7 +108,7 @@ class CompileWatch:
         self._counts["before"] = compile_counts(existing)
         self._metrics_kept = existing  # held, so that no new record can reuse an old one's id
         self._metrics_before = {id(r) for r in existing}
-        if existing or _frames_seen():  # the run uses torch.compile: skip its files from the start
+        if existing or (self._counts["before"] or {}).get("graphs"):  # the run compiles: skip its files now
             self._skip_always()
         handler = getattr(getattr(dynamo, "callback", None), "callback_handler", None)
         if handler is not None and all(
@@ -304,12 +304,6 @@ def compile_counts(records: list[Any]) -> dict[str, Any] | None:
         ),
         "graph_breaks": int(sum(counters.get("graph_break", {}).values())),
     }
-
-
-def _frames_seen() -> bool:
-    """Whether dynamo has looked at any frame in this process (``counters["frames"]``)."""
-    counters = getattr(sys.modules.get("torch._dynamo.utils"), "counters", None)
-    return bool(counters is not None and any(counters.get("frames", {}).values()))
 
 
 def _current_compile_id() -> str | None:
