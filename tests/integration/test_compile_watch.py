@@ -470,10 +470,11 @@ def test_first_window_of_a_model_compiled_at_step_zero_says_so_and_names_its_gra
 
     (md,) = tmp_path.rglob("*.summary.md")
     report = md.read_text()
-    assert re.search(r"compiled model: \d+ graphs, [\d.]+ s compiling before this window", report), report
+    assert re.search(r"compiled model: \d+ graph\(s\), [\d.]+ s compiling before this window", report), report
     assert "| `compiled graph: forward (test_compile_watch.py:" in report, report
     assert re.search(
-        r"window 0: compiled model: \d+ graphs, [\d.]+ s compiling before this window \(\d+ graphs, [\d.]+ s during\), "
-        r"[1-9]\d* recompiles, [1-9]\d* graph breaks · traced [\d.]+ ms/step vs [\d.]+ ms untraced",
+        r"window 0: compiled model: \d+ graph\(s\), [\d.]+ s compiling before this window \(\d+ graph\(s\), [\d.]+ s "
+        r"during\), [1-9]\d* recompile\(s\), [1-9]\d* graph break\(s\) · traced [\d.]+ ms/step vs [\d.]+ ms untraced "
+        r"\([\d.]+x, 2 step\(s\)\)",
         caplog.text,
     ), caplog.text

@@ -101,7 +101,7 @@ def test_counts_during_the_window_and_the_line_that_says_them():
     assert counts_during(before, {**after, "compile_s": 0.2})["compile_s"] == 0.2
     assert counts_during(before, None) is None
     assert compile_text({"before": before, "during": during}) == (
-        "compiled model: 4 graphs, 1.7 s compiling before this window (2 graphs, 0.3 s during), "
-        "1 recompiles, 2 graph breaks"
+        "compiled model: 4 graph(s), 1.7 s compiling before this window (2 graph(s), 0.3 s during), "
+        "1 recompile(s), 2 graph break(s)"
     )
     assert compile_text({"compiles": 1}) is None  # a torch without counters

@@ -492,8 +492,8 @@ def compile_summary(
 
 
 def compile_text(info: Mapping[str, Any] | None) -> str | None:
-    """``compiled model: 4 graphs, 1.7 s compiling before this window (1 graphs, 0.2 s during), 1
-    recompiles, 1 graph breaks``: the console's and the report's line (None: no counters)."""
+    """``compiled model: 4 graph(s), 1.7 s compiling before this window (1 graph(s), 0.2 s during), 1
+    recompile(s), 1 graph break(s)``: the console's and the report's line (None: no counters)."""
     before, during = (info or {}).get("before"), (info or {}).get("during") or {}
     if not isinstance(before, Mapping):
         return None
@@ -503,9 +503,9 @@ def compile_text(info: Mapping[str, Any] | None) -> str | None:
     )
     total = {key: int(before.get(key) or 0) + int(during.get(key) or 0) for key in ("recompiles", "graph_breaks")}
     return (
-        f"compiled model: {before.get('graphs')} graphs, {ahead} compiling before this window "
-        f"({during.get('graphs', 0)} graphs, {inside} during), {total['recompiles']} recompiles, "
-        f"{total['graph_breaks']} graph breaks"
+        f"compiled model: {before.get('graphs')} graph(s), {ahead} compiling before this window "
+        f"({during.get('graphs', 0)} graph(s), {inside} during), {total['recompiles']} recompile(s), "
+        f"{total['graph_breaks']} graph break(s)"
     )
 
 

@@ -81,14 +81,14 @@ def job_markdown(job: Mapping[str, Any]) -> list[str]:
 
 
 def observer_text(observer: Mapping[str, Any] | None) -> str | None:
-    """``traced 1.6 ms/step vs 0.75 ms untraced (2.1x, 2 steps)``: what observing the window cost."""
+    """``traced 1.60 ms/step vs 0.75 ms untraced (2.1x, 2 step(s))``: what observing the window cost."""
     if not observer or observer.get("traced_step_ms") is None:
         return None
     if observer.get("ratio") is None:
         return f"traced {_num(observer['traced_step_ms'], 2)} ms/step (no untraced step before this window)"
     return (
         f"traced {_num(observer['traced_step_ms'], 2)} ms/step vs {_num(observer.get('untraced_step_ms'), 2)} ms "
-        f"untraced ({observer['ratio']:.1f}x, {observer.get('untraced_steps')} steps)"
+        f"untraced ({observer['ratio']:.1f}x, {observer.get('untraced_steps')} step(s))"
     )
 
 
