@@ -190,6 +190,6 @@ class Outcomes:
         if self._verdicts_shown == VERDICT_WINDOWS:
             self.warn(
                 "verdicts-bounded",
-                f"vt_lightning: verdicts are printed for the first {VERDICT_WINDOWS} windows with any; later "
-                "windows' verdicts are in their summary files (`vt-lightning summary <log dir>`).",
+                f"vt_lightning: window lines and verdicts are printed for the first {VERDICT_WINDOWS} windows; "
+                "later windows' are in their summary files (`vt-lightning summary <log dir>`).",
             )
