@@ -190,6 +190,25 @@ def test_the_untraced_reading_is_the_median_steps_wait_and_share() -> None:
     assert untraced_reading([], []) is None
 
 
+def test_each_window_shows_its_traced_step_beside_the_untraced_one() -> None:
+    summary = summarize(window(fetching(300)))
+    assert summary["observer"] == {
+        "traced_step_ms": summary["step_ms"]["p50"],
+        "untraced_step_ms": WAITED["step_ms"],
+        "untraced_steps": 2,
+        "ratio": round(summary["step_ms"]["p50"] / WAITED["step_ms"], 2),
+    }
+    trace = window(fetching(300))
+    del trace["vt_lightning"][UNTRACED_WAIT_KEY]  # no untraced step before the window (wait=0, warmup=0)
+    assert summarize(trace)["observer"] == {
+        "traced_step_ms": 10.0,
+        "untraced_step_ms": None,
+        "untraced_steps": 0,
+        "ratio": None,
+    }
+    assert "traced 10.00 ms/step (no untraced step before this window)" in render_markdown(summarize(trace))
+
+
 def test_the_untraced_meter_counts_only_steps_no_tracer_recorded() -> None:
     meter = UntracedWaits()
     ms = 0.001
