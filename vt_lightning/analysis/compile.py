@@ -347,10 +347,7 @@ def compiled_graphs(
     by_thread: dict[Thread, list[Mapping[str, Any]]] = defaultdict(list)
     for e in events:
         name = str(e.get("name", ""))
-        if name.startswith((REGION_PREFIX, GRAPH_CALL_PREFIX)) or name in (
-            "CompiledFunction",
-            "CompiledFunctionBackward",
-        ):
+        if name.startswith((REGION_PREFIX, GRAPH_CALL_PREFIX)) or name in AUTOGRAD_RANGES:
             # a range the merge moved to a track beside its thread (analysis/nesting.py) keeps its thread
             by_thread[(e.get("pid"), (e.get("args") or {}).get("vt_lightning.thread", e.get("tid")))].append(e)
     runs: Counter[tuple[str | None, bool, str | None]] = Counter()  # (compile id, backward, key) -> runs
