@@ -321,6 +321,23 @@ def test_a_verdict_needs_more_than_half_its_steps_to_show_it(steps: int) -> None
         assert sorted(found["evidence"]["per_step_ms"])[1:] == pytest.approx([6.0] * (steps - 2), abs=0.1)
 
 
+def test_with_workers_a_step_is_as_many_steps_as_workers() -> None:
+    """Two workers started together finish together: every other step waits for both batches, the
+    next finds its batch ready. The steps are judged in pairs; in process, every other step is not most."""
+
+    def step(t0: float, workers: bool = True) -> list[dict]:
+        wait = 7_000 if round((t0 - 1_000.0) / STEP_US) % 2 else 100
+        events = [stage("train_dataloader_next", t0 + 10, wait)]
+        if not workers:
+            return [*events, py("Rows.__getitem__", t0 + 15, wait - 10, line=33)]
+        events.append(py("Queue.get", t0 + 15, wait - 10, path=queue.__file__, line=154))
+        return events + [py("Rows.__getitem__", t0 + 100, 6_000, pid=pid, tid=pid + 1) for pid in (200, 300)]
+
+    found = only(window(step, steps=5), "input_bound")  # counted steps 1-4 wait 7, 0.1, 7, 0.1 ms
+    assert found["evidence"]["per_step_ms"] == pytest.approx([7.0, 0.1, 7.0, 0.1], abs=0.01)
+    assert "input_bound" not in kinds(window(lambda t0: step(t0, workers=False), steps=5))
+
+
 # --------------------------------------------------------------------------------------------------
 # GPU kinds, on fakes of the kernel trace
 # --------------------------------------------------------------------------------------------------

@@ -89,14 +89,15 @@ def input_bound(w: WindowView) -> Iterator[Finding]:
     step_ms = w.step_ms
     if not step_ms or wait_ms < INPUT_BOUND_MIN_MS or wait_ms / step_ms < INPUT_BOUND_SHARE:
         return
-    per_step = w.per_step_us(w.data_waits)  # one descheduled fetch lifts the mean, never most steps
-    if not w.most_steps(per_step, INPUT_BOUND_SHARE, INPUT_BOUND_MIN_MS):
+    # One descheduled fetch lifts the mean, never most steps; W workers' batches arrive W at a time.
+    workers = {thread[0] for thread in w.data.python_calls if thread[0] != w.pid}
+    per_step = w.per_step_us(w.data_waits)
+    if not w.most_steps(per_step, INPUT_BOUND_SHARE, INPUT_BOUND_MIN_MS, group=len(workers)):
         return
     untraced = w.data.meta.get(UNTRACED_WAIT_KEY)
     # In process, untraced steps that did not wait (or none at all) mean the tracing made this wait.
     # Not with workers: their prefetch hides an epoch's first waits, and their tracing costs little.
-    in_process = all(thread[0] == w.pid for thread in w.data.python_calls)
-    if in_process and untraced_clears(untraced):
+    if not workers and untraced_clears(untraced):
         return
     entries, callees = _entries_and_callees(w, w.thread, w.data_waits)
     source = "main process"

@@ -153,11 +153,18 @@ class WindowView:
         starts = [s for s, _ in spans]
         return [covered(slot, spans, starts) for slot in self.slots]
 
-    def most_steps(self, per_step_us: Sequence[float], share: float, min_ms: float) -> bool:
+    def most_steps(self, per_step_us: Sequence[float], share: float, min_ms: float, group: int = 1) -> bool:
         """Whether more than half the counted steps each show it (``share`` of that step, ``min_ms``):
-        one preempted call carries a window's sum or mean, never most of its steps."""
-        shown = sum(us >= min_ms * 1000.0 and us >= share * (hi - lo) for us, (lo, hi) in zip(per_step_us, self.slots))
-        return shown * 2 > len(self.slots)
+        one preempted call carries a window's sum or mean, never most of its steps. ``group``
+        consecutive steps count as one (DataLoader workers deliver their batches in bursts)."""
+        group, slots = max(group, 1), self.slots
+        shown = parts = 0
+        for i in range(0, len(slots), group):
+            cut = slots[i : i + group]
+            us = sum(per_step_us[i : i + group])
+            shown += us >= min_ms * 1000.0 * len(cut) and us >= share * sum(hi - lo for lo, hi in cut)
+            parts += 1
+        return shown * 2 > parts
 
     def timeline(self, thread: Any) -> Timeline:
         found = self._timelines.get(thread)
