@@ -232,7 +232,8 @@ class VizTraceCallback(Callback):
         try:
             controller = self._controller
             window, untraced = controller.window, controller.untraced
-            untraced.batch_start(time.perf_counter(), window is not None)  # a warmup's torch.profiler too
+            # a warmup only prepares torch.profiler (nothing is recorded): its fetch counts as untraced
+            untraced.batch_start(time.perf_counter(), window is not None and window.active)
             ready = trainer.fit_loop.epoch_loop.batch_progress.total.ready
             if ready <= controller.next_look:
                 return

@@ -385,3 +385,96 @@ def test_inductor_compile_has_its_own_phase_and_its_generated_code_is_nobodys(tm
         assert all(w["file"] == THIS_FILE for w in verdict["where"]), verdict
     console = capsys.readouterr()
     assert "Runner.call" not in console.out + console.err
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x).relu()
+
+
+@torch.compile(dynamic=False)
+def head_loss(y: torch.Tensor) -> torch.Tensor:
+    y = y.sum(dim=1)
+    print("head")  # a graph break, met again at each recompile
+    return y.pow(2).mean()
+
+
+class CompiledFromStepZero(L.LightningModule):
+    """Inductor compiles ``Block.forward`` (a user module) and ``head_loss`` at step 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = torch.compile(Block(), dynamic=False)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return head_loss(self.block(batch))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class ResizedAt(Dataset):
+    """Batches of 4 rows (``batch_size=None``), 6 from batch ``at``: a recompile there."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.randn(6 if index >= self.at else 4, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 13), reason="see the inductor test above")
+def test_first_window_of_a_model_compiled_at_step_zero_says_so_and_names_its_graphs(tmp_path, monkeypatch, caplog):
+    """The default schedule: compiling happens in step 0, the window is batches 2-4, and batch 3's new
+    shape recompiles both functions in the window. The window says what was compiled before it and
+    during it, and each graph's run in the ops table is named by the user's function."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    caplog.set_level(logging.INFO)
+    counters = torch._dynamo.utils.counters  # the process's: earlier tests compiled too
+    at_start = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    callback = VizTraceCallback(memory_snapshot=False)
+    make_trainer(tmp_path, [callback], max_steps=5).fit(
+        CompiledFromStepZero(), DataLoader(ResizedAt(3), batch_size=None)
+    )
+
+    ((summary, _),) = _windows(tmp_path)
+    assert summary["steps"]["recorded"] == [2, 3, 4]
+    compiled = summary["compile"]
+    before, during = compiled["before"], compiled["during"]
+    # Before: Block.forward, head_loss and its resume function, each a forward and a backward graph.
+    assert before["graphs"] - at_start[0] >= 3 and before["compile_s"] > 0, before
+    assert before["graph_breaks"] - at_start[1] >= 1, before
+    # During: batch 3's shape recompiles each frame, and head_loss meets its graph break again.
+    assert during["graphs"] >= 3 and during["recompiles"] >= 3 and during["graph_breaks"] >= 1, during
+    assert during["compile_s"] > 0, during
+
+    named = {(g["function"], g["file"], g["backward"]) for g in compiled["graphs"]}
+    assert {("forward", THIS_FILE, False), ("forward", THIS_FILE, True)} <= named, compiled["graphs"]
+    assert {("head_loss", THIS_FILE, False)} <= named, compiled["graphs"]
+    assert all(g["hash"] and g["calls"] >= 1 for g in compiled["graphs"]), compiled["graphs"]
+    attempts = {g["compile_id"].rsplit("/", 1)[1] for g in compiled["graphs"] if g["function"] == "forward"}
+    assert {"0", "1"} <= attempts, compiled["graphs"]  # the first compile's graph ran, then the recompile's
+    ops = [row["name"] for row in summary["top_ops"]["by_cpu"]] + list(summary["top_ops"]["totals"]["ms"])
+    assert not [name for name in ops if name.startswith("## Call CompiledFxGraph")], ops
+    label = r"compiled graph: (backward of )?{} \(test_compile_watch\.py:\d+\) \[\w+\]"
+    for function in ("forward", "head_loss"):
+        assert any(re.fullmatch(label.format(function), name) for name in ops), ops
+
+    (md,) = tmp_path.rglob("*.summary.md")
+    report = md.read_text()
+    assert re.search(r"compiled model: \d+ graph\(s\), [\d.]+ s compiling before this window", report), report
+    assert "| `compiled graph: forward (test_compile_watch.py:" in report, report
+    assert re.search(
+        r"window 0: compiled model: \d+ graph\(s\), [\d.]+ s compiling before this window \(\d+ graph\(s\), [\d.]+ s "
+        r"during\), [1-9]\d* recompile\(s\), [1-9]\d* graph break\(s\) · traced [\d.]+ ms/step vs [\d.]+ ms untraced "
+        r"\([\d.]+x, 2 step\(s\)\)",
+        caplog.text,
+    ), caplog.text

@@ -233,3 +233,43 @@ def test_a_wait_only_the_tracing_makes_is_not_input_bound(tmp_path: Path) -> Non
     assert untraced["steps"] >= 3 and untraced["share"] < 0.25, untraced
     assert wait_ms / summary["step_ms"]["mean"] >= 0.25 and wait_ms >= 1.0, summary["breakdown_ms"]
     assert "input_bound" not in [v["kind"] for v in summary["verdicts"]], summary["verdicts"]
+
+
+class StallOnce:
+    """A collate function whose ``at``-th call (from 0) sleeps ``seconds`` inside it: the OS
+    preempting one fetch, as a loaded machine does. Its wait counts in step ``at``."""
+
+    def __init__(self, at: int, seconds: float) -> None:
+        self.at, self.seconds, self.calls = at, seconds, 0
+
+    def __call__(self, rows: list[Any]) -> Any:
+        if self.calls == self.at:
+            time.sleep(self.seconds)
+        self.calls += 1
+        return torch.utils.data.default_collate(rows)
+
+
+@pytest.mark.parametrize("stalled_batch", [3, 4])  # the counted steps of the window 2-4
+def test_one_preempted_fetch_in_the_first_window_is_no_verdict(tmp_path: Path, stalled_batch: int) -> None:
+    """Issue 50: a TensorDataset MLP, ``num_workers=0``, ``VizTraceCallback()``'s schedule (the window
+    is batches 2-4, counted 3-4). One fetch stalled 40 ms carried the mean of two steps, and with one
+    untraced step before it the window decided alone: ``input_bound (75 % of step time)`` beside its
+    own ``untraced_data_wait`` saying 0.4 ms. Now the window needs most of its steps to wait, and the
+    warmup step is an untraced one: the window shows its traced step beside 2 untraced ones."""
+    data = DataLoader(TensorDataset(torch.randn(256, 8)), batch_size=32, collate_fn=StallOnce(stalled_batch, 0.040))
+    callback = VizTraceCallback(memory_snapshot=False)
+    make_trainer(tmp_path, [callback], max_steps=6).fit(Tiny(), data)
+    (path,) = sorted(tmp_path.rglob(f"*{SUMMARY_JSON_SUFFIX}"))
+    summary = orjson.loads(path.read_bytes())
+    per_step = {int(n): ms for n, ms in summary["steps"]["ms"].items()}
+    assert per_step[stalled_batch] >= 40, per_step  # the stall is in the window's counted steps
+    assert summary["breakdown_ms"]["data_wait"] / summary["step_ms"]["mean"] >= 0.25  # what carried it
+    assert "input_bound" not in [v["kind"] for v in summary["verdicts"]], summary["verdicts"]
+    observer = summary["observer"]
+    assert observer["untraced_steps"] == 2 and observer["untraced_step_ms"] > 0, observer  # batch 1 and warmup 2
+    assert observer["traced_step_ms"] == summary["step_ms"]["p50"] and observer["ratio"] > 0, observer
+    markdown = path.with_name(path.name.replace(SUMMARY_JSON_SUFFIX, ".summary.md")).read_text()
+    observed = markdown.split("Observing cost: traced ", 1)[1].split("\n", 1)[0]
+    assert " ms/step vs " in observed and observed.endswith(f" ms untraced ({observer['ratio']:.1f}x, 2 step(s))."), (
+        observed
+    )

@@ -2,19 +2,25 @@
 
 ``compile_span_events`` makes one Python-tracer span per compile, ``compile_record`` what the
 trace's metadata keeps, ``compile_summary`` the summary's ``compile`` key (graph breaks also seen at
-run time, from dynamo's resume functions). A phase's time excludes the phases inside it (dynamo ⊃
-AOT autograd ⊃ inductor)."""
+run time, from dynamo's resume functions; what the run compiled before and during the window; the
+compiled graphs the window ran, named by their frame). A phase's time excludes the phases inside it
+(dynamo ⊃ AOT autograd ⊃ inductor)."""
 
 from __future__ import annotations
 
 import re
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from vt_lightning.analysis.schema import CompileSummary
+import numpy as np
+
+from vt_lightning.analysis.nest import Nest
+from vt_lightning.analysis.schema import CompiledGraph, CompileSummary, TopOps
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.spans import overlap_of_unions
-from vt_lightning.analysis.usercode import parse_function
+from vt_lightning.analysis.trace import Calls, Thread
+from vt_lightning.analysis.usercode import is_user_file, parse_function
 
 COMPILE_SPAN_PREFIX = "torch.compile: "
 PHASES = ("dynamo", "aot_autograd", "inductor")
@@ -30,6 +36,10 @@ _LEGACY_BREAK = "Graph break: from user code at:"  # torch 2.4
 _LEGACY_REASON = re.compile(r"^torch\._dynamo\.exc\.\w+: (.*)$", re.M)
 RESUME_MARK = "torch_dynamo_resume_in_"  # in the name of every resume function dynamo makes at a graph break
 _RESUME = re.compile(r"torch_dynamo_resume_in_(?P<function>\w+?)_at_(?P<line>\d+)$")
+REGION_PREFIX = "Torch-Compiled Region: "  # dynamo's range around a compiled frame's code, + compile id
+GRAPH_CALL_PREFIX = "## Call CompiledFxGraph "  # inductor's range around one graph's run, + its key
+AUTOGRAD_RANGES = ("CompiledFunction", "CompiledFunctionBackward")  # a compiled graph's forward / backward
+COUNTS = ("graphs", "compile_s", "recompiles", "graph_breaks")
 
 
 def _us(record: Mapping[str, Any], us_key: str, s_key: str) -> float | None:
@@ -242,7 +252,7 @@ def compile_record(info: Mapping[str, Any]) -> dict[str, Any]:
     for entry in compiles:
         reason = entry.get("recompile_reason")
         compile_id = str(entry.get("compile_id") or "")
-        if reason is None and not _is_recompile_id(compile_id):
+        if reason is None and not is_recompile_id(compile_id):
             continue
         if entry["backward"]:
             continue
@@ -255,8 +265,14 @@ def compile_record(info: Mapping[str, Any]) -> dict[str, Any]:
                 "compile_id": compile_id or None,
             }
         )
+    during = counts_during(info.get("before"), info.get("after"))
+    if during is not None:
+        during["recompiles"] = len(recompiles)  # the new records' count: exact, the deque may have turned
     return {
         "torch": info.get("torch"),
+        "before": info.get("before"),
+        "during": during,
+        "frames": dict(info.get("frames") or {}),
         "compiles": [{k: v for k, v in c.items() if k != "span"} for c in compiles],
         "graph_breaks": list(breaks.values())[:MAX_LISTED],
         "recompiles": recompiles[:MAX_LISTED],
@@ -282,10 +298,117 @@ def _enclosing_function(
     return best[1] if best else None
 
 
-def _is_recompile_id(compile_id: str) -> bool:
+def is_recompile_id(compile_id: str) -> bool:
     """``"0/1"``: frame 0's second compile (a recompile); ``"[0/1]"`` and ``"!0/0/1"`` forms too."""
     match = re.search(r"(\d+)/(\d+)\D*$", compile_id)
     return match is not None and int(match[2]) > 0
+
+
+def counts_during(before: Any, after: Any) -> dict[str, Any] | None:
+    """Close minus open of each count; one that went down (``torch._dynamo.reset()``) counts from 0."""
+    if not isinstance(after, Mapping):
+        return None
+    before = before if isinstance(before, Mapping) else {}
+    out: dict[str, Any] = {}
+    for key in COUNTS:
+        end, start = after.get(key), before.get(key)
+        if isinstance(end, (int, float)) and isinstance(start, (int, float)) and end >= start:
+            end = end - start
+        out[key] = round(end, 3) if isinstance(end, float) else end
+    return out
+
+
+def _user_caller(calls: Calls | None, t: float) -> tuple[str, str | None, int | None] | None:
+    """The innermost user call open at ``t``: a compiled ``torch.nn`` module's frame is torch's."""
+    if calls is None or not len(calls):
+        return None
+    open_at = np.flatnonzero((calls.starts <= t) & (calls.ends > t))
+    for i in open_at[np.argsort(calls.starts[open_at], kind="stable")[::-1]].tolist():
+        function, path, line = parse_function(calls.names[i])
+        if is_user_file(path):
+            return function, path, line
+    return None
+
+
+def _around(ordered: list[Mapping[str, Any]], parents: list[int], i: int, prefix: str) -> Mapping[str, Any] | None:
+    """The innermost range around ``ordered[i]`` whose name starts with ``prefix``."""
+    i = parents[i]
+    while i >= 0 and not str(ordered[i]["name"]).startswith(prefix):
+        i = parents[i]
+    return ordered[i] if i >= 0 else None
+
+
+def compiled_graphs(
+    events: Iterable[Mapping[str, Any]], frames: Mapping[str, Any], python_calls: Mapping[Thread, Calls]
+) -> list[CompiledGraph]:
+    """The compiled graphs the window ran, named by the frame dynamo compiled. A graph's call nests in
+    its ``Torch-Compiled Region: <compile id>`` (forward), or in a ``CompiledFunctionBackward`` whose
+    sequence number is that of a forward ``CompiledFunction`` inside the region (backward)."""
+    by_thread: dict[Thread, list[Mapping[str, Any]]] = defaultdict(list)
+    for e in events:
+        name = str(e.get("name", ""))
+        if name.startswith((REGION_PREFIX, GRAPH_CALL_PREFIX)) or name in AUTOGRAD_RANGES:
+            # a range the merge moved to a track beside its thread (analysis/nesting.py) keeps its thread
+            by_thread[(e.get("pid"), (e.get("args") or {}).get("vt_lightning.thread", e.get("tid")))].append(e)
+    runs: Counter[tuple[str | None, bool, str | None]] = Counter()  # (compile id, backward, key) -> runs
+    first_run: dict[str, tuple[Thread, float]] = {}  # compile id -> where its region first ran
+    forward_of: dict[Any, str] = {}  # a forward CompiledFunction's sequence number -> its compile id
+    backward: list[tuple[Any, str]] = []  # (sequence number, key) of each backward graph's run
+    for thread, spans in by_thread.items():
+        nest = Nest([e["ts"] for e in spans], [float(e["ts"]) + float(e.get("dur") or 0.0) for e in spans], clip=False)
+        ordered, parents = [spans[i] for i in nest.order.tolist()], nest.parents.tolist()
+        for i, e in enumerate(ordered):
+            name, sequence = str(e["name"]), (e.get("args") or {}).get("Sequence number")
+            region = _around(ordered, parents, i, REGION_PREFIX)
+            compile_id = str(region["name"])[len(REGION_PREFIX) :] if region else None
+            if name.startswith(REGION_PREFIX):
+                first_run.setdefault(name[len(REGION_PREFIX) :], (thread, float(e["ts"])))
+                runs[(name[len(REGION_PREFIX) :], False, None)] += 1
+            elif name == "CompiledFunction" and compile_id:
+                forward_of[sequence] = compile_id
+            elif name.startswith(GRAPH_CALL_PREFIX):
+                key = name[len(GRAPH_CALL_PREFIX) :].removesuffix("##").strip()
+                around = None if compile_id else _around(ordered, parents, i, "CompiledFunctionBackward")
+                if around is not None:
+                    backward.append(((around.get("args") or {}).get("Sequence number"), key))
+                else:
+                    runs[(compile_id, False, key)] += 1
+    for sequence, key in backward:  # once every thread's forwards are known (a GPU's backward thread)
+        runs[(forward_of.get(sequence), True, key)] += 1
+    inductor = {compile_id for compile_id, _, graph_key in runs if graph_key}
+    out: list[CompiledGraph] = []
+    for (compile_id, back, graph_key), n in sorted(runs.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        if graph_key is None and compile_id in inductor:
+            continue  # the region of an inductor graph: its graph is listed
+        function, path, line = (list(frames.get(str(compile_id)) or ()) + [None] * 3)[:3]
+        if compile_id in first_run and not is_user_file(path):
+            thread, t = first_run[compile_id]
+            function, path, line = _user_caller(python_calls.get(thread), t) or (function, path, line)
+        graph = {"compile_id": compile_id, "function": function, "file": path, "line": line, "backward": back}
+        out.append(cast(CompiledGraph, {**graph, "hash": graph_key, "calls": n}))
+    return out[:MAX_LISTED]
+
+
+def graph_label(graph: Mapping[str, Any]) -> str:
+    """``compiled graph: Block.forward (model.py:23) [<key>]``: the ops table's name of a graph's run."""
+    place = f"{str(graph.get('file')).rsplit('/', 1)[-1]}:{graph.get('line')}" if graph.get("file") else "?"
+    direction = "backward of " if graph.get("backward") else ""
+    return f"compiled graph: {direction}{graph.get('function') or '?'} ({place}) [{graph.get('hash')}]"
+
+
+def named_graph_ops(ops: TopOps, graphs: Sequence[Mapping[str, Any]]) -> TopOps:
+    """The ops tables with each mapped ``## Call CompiledFxGraph <key> ##`` named by its graph."""
+    labels = {f"{GRAPH_CALL_PREFIX}{g['hash']} ##": graph_label(g) for g in reversed(graphs) if g.get("hash")}
+    if not labels:
+        return ops
+    out: dict[str, Any] = dict(ops)
+    for table in ("by_cpu", "by_kernel"):
+        if table in ops:
+            out[table] = [{**row, "name": labels.get(row["name"], row["name"])} for row in out[table]]
+    if "totals" in ops:
+        totals = ops["totals"]
+        out["totals"] = {**totals, "ms": {labels.get(name, name): ms for name, ms in totals["ms"].items()}}
+    return cast(TopOps, out)
 
 
 def runtime_graph_breaks(events: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -311,12 +434,15 @@ def compile_summary(
     record: Mapping[str, Any] | None,
     events: Sequence[Mapping[str, Any]],
     steps: Mapping[int, tuple[float, float]],
+    python_calls: Mapping[Thread, Calls] | None = None,
 ) -> CompileSummary | None:
-    """The summary's ``compile`` key; None when nothing compiled, recompiled or broke a graph."""
+    """The summary's ``compile`` key; None when the run compiled nothing and no graph break ran."""
     runtime = runtime_graph_breaks(events)
     if record is None and not runtime:
         return None
     record = record or {}
+    before, during = record.get("before") or {}, record.get("during") or {}
+    graphs = compiled_graphs(events, record.get("frames") or {}, python_calls or {})
     compiles = [c for c in record.get("compiles") or () if isinstance(c, Mapping)]
     spans = [
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
@@ -341,8 +467,8 @@ def compile_summary(
         item["calls"] = seen["calls"] if seen else 0
     breaks.extend({**b, "compiles": 0, "source": "run"} for b in runtime.values())
     recompiles = [dict(r) for r in record.get("recompiles") or () if isinstance(r, Mapping)]
-    if not (compiles or breaks or recompiles):
-        return None  # torch._dynamo imported, nothing compiled or broken here: nothing to say
+    if not (compiles or breaks or recompiles or graphs or before.get("graphs") or during.get("graphs")):
+        return None  # torch._dynamo imported, nothing compiled or broken: nothing to say
     out = {
         "compiles": len(compiles),
         "total_ms": round(sum(float(c.get("ms") or 0.0) for c in compiles), 3),
@@ -355,21 +481,53 @@ def compile_summary(
         "recompiles": recompiles[:MAX_LISTED],
         "notes": list(record.get("notes") or ()),
         "torch": record.get("torch"),
+        "before": record.get("before"),
+        "during": record.get("during"),
+        "graphs": graphs,
     }
     return cast(CompileSummary, out)
 
 
+def compile_text(info: Mapping[str, Any] | None) -> str | None:
+    """``compiled model: 4 graph(s), 1.7 s compiling before this window (1 graph(s), 0.2 s during), 1
+    recompile(s), 1 graph break(s)``: the console's and the report's line (None: no counters)."""
+    before, during = (info or {}).get("before"), (info or {}).get("during") or {}
+    if not isinstance(before, Mapping):
+        return None
+    ahead, inside = (
+        f"{v:.1f} s" if isinstance(v, (int, float)) else "? s"
+        for v in (before.get("compile_s"), during.get("compile_s"))
+    )
+    total = {key: int(before.get(key) or 0) + int(during.get(key) or 0) for key in ("recompiles", "graph_breaks")}
+    return (
+        f"compiled model: {before.get('graphs')} graph(s), {ahead} compiling before this window "
+        f"({during.get('graphs', 0)} graph(s), {inside} during), {total['recompiles']} recompile(s), "
+        f"{total['graph_breaks']} graph break(s)"
+    )
+
+
 def compile_markdown(info: Mapping[str, Any], top: int = 5) -> list[str]:
-    """The summary.md lines of the ``compile`` key: totals, then graph breaks and recompiles."""
+    """The summary.md lines of the ``compile`` key: what the run compiled, the graphs the window ran,
+    the compiles inside it, then graph breaks and recompiles."""
     phases = info.get("phases_ms") or {}
     share = info.get("share")
-    lines = [
-        "",
-        f"**torch.compile**: {info.get('compiles', 0)} compile(s), {info.get('total_ms', 0)} ms (dynamo "
-        f"{phases.get('dynamo', 0)}, aot {phases.get('aot_autograd', 0)}, inductor {phases.get('inductor', 0)} ms); "
-        f"{info.get('in_steps_ms', 0)} ms inside the recorded steps"
-        + (f" ({share:.0%} of their time)." if isinstance(share, (int, float)) else "."),
-    ]
+    lines = [""]
+    text = compile_text(info)
+    if text:
+        lines.append(f"**{text}.**")
+    graphs = [g for g in info.get("graphs") or () if isinstance(g, Mapping)]
+    if graphs:
+        lines += ["", "| compiled graph | compile id | calls |", "|---|---|---:|"]
+        lines += [f"| `{graph_label(g)}` | {g.get('compile_id')} | {g.get('calls')} |" for g in graphs[: top * 2]]
+    if info.get("compiles") or not text:
+        lines += [
+            "",
+            f"**torch.compile**: {info.get('compiles', 0)} compile(s), {info.get('total_ms', 0)} ms (dynamo "
+            f"{phases.get('dynamo', 0)}, aot {phases.get('aot_autograd', 0)}, "
+            f"inductor {phases.get('inductor', 0)} ms); "
+            f"{info.get('in_steps_ms', 0)} ms inside the recorded steps"
+            + (f" ({share:.0%} of their time)." if isinstance(share, (int, float)) else "."),
+        ]
     rows = [
         ("graph break", b, b.get("reason") or "compiled before the window")
         for b in info.get("graph_breaks") or ()

@@ -231,8 +231,37 @@ class Recompile(TypedDict):
     compile_id: str | None
 
 
-class CompileSummary(TypedDict):
-    """torch.compile in the window (analysis/compile.py, docs/compile.md)."""
+class CompileCounts(TypedDict):
+    """What the process compiled in a stretch, from torch's own counters."""
+
+    graphs: int  # FX graphs dynamo made
+    compile_s: float | None  # dynamo's compile wall time (None: this torch does not keep it)
+    recompiles: int  # compiles of an already compiled frame (a lower bound past dynamo's 64 records)
+    graph_breaks: int  # graph breaks dynamo met while compiling
+
+
+class CompiledGraph(TypedDict):
+    """A compiled graph the window ran, named by the frame dynamo compiled (or the user's call around it)."""
+
+    compile_id: str | None  # "F/N": frame F's compile N (N > 0: a recompile)
+    function: str | None
+    file: str | None
+    line: int | None
+    backward: bool
+    hash: str | None  # inductor's CompiledFxGraph key (None: another backend)
+    calls: int  # runs in the window
+
+
+class _CompileAdded(TypedDict, total=False):
+    """Keys added within schema 2 (absent in files written before them)."""
+
+    before: CompileCounts | None  # from process start to the window's open (None: no counters)
+    during: CompileCounts | None  # from the window's open to its close
+    graphs: list[CompiledGraph]
+
+
+class CompileSummary(_CompileAdded):
+    """torch.compile in the window and before it (analysis/compile.py, docs/compile.md)."""
 
     compiles: int
     total_ms: float  # every compile in the window, recorded steps or not
@@ -262,10 +291,18 @@ class Sources(TypedDict):
     truncated: bool  # the summary's budget of lines ran out: some files are missing
 
 
+class Observer(TypedDict):
+    traced_step_ms: float | None  # median of the window's counted steps
+    untraced_step_ms: float | None  # median step (fetch + own time) of the run's untraced steps before it
+    untraced_steps: int  # how many (warmup steps count: torch.profiler only prepares in them)
+    ratio: float | None  # traced / untraced
+
+
 class _SummaryAdded(TypedDict, total=False):
     """Keys added within schema 2 (absent in files written before them)."""
 
-    compile: CompileSummary | None  # None: nothing compiled and no graph break run in the window
+    compile: CompileSummary | None  # None: the run compiled nothing and no graph break ran in the window
+    observer: Observer  # the cost of observing: the window's step time beside the run's untraced one
 
     verdicts: list[Verdict]  # largest share first; [] when no rule fired
     job: JobInfo  # rank 0 only, when every rank of a DDP job traced the window (docs/distributed.md)

@@ -76,13 +76,6 @@ def difference(spans: Sequence[Span], minus: Sequence[Span]) -> list[Span]:
     return out
 
 
-def subtract(spans: Iterable[Span], minus: Iterable[Span]) -> float:
-    """µs of the union of ``spans`` not covered by the union of ``minus``."""
-    a, b = union(spans), union(minus)
-    starts = [s for s, _ in b]
-    return sum((e - s) - covered((s, e), b, starts) for s, e in a)
-
-
 def overlap_of_unions(spans: Iterable[Span], regions: Iterable[Span]) -> float:
     """µs of the union of ``spans`` that lies inside the union of ``regions``."""
     a, b = union(spans), union(regions)

@@ -11,6 +11,7 @@ from typing import Any
 from vt_lightning.analysis.breakdown import Range, stage_ranges
 from vt_lightning.analysis.compile import COMPILE_SPAN_PREFIX, RESUME_MARK
 from vt_lightning.analysis.python_tables import EntryTimes, PythonStats
+from vt_lightning.analysis.schema import Observer
 from vt_lightning.analysis.spans import Span, launches_by_correlation
 from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.summary_devices import RUNTIME_CATEGORIES
@@ -93,6 +94,20 @@ class WindowData:
         """The steps every per-step number covers: all but the first, which misses its fetch."""
         recorded = list(self.steps)
         return recorded[1:] if len(recorded) > 1 else recorded
+
+
+def observer(untraced: Any, traced_step_ms: float | None) -> Observer:
+    """The cost of observing: the window's median step beside the run's untraced one (the
+    controller's reading of its last untraced steps, ``untraced_reading``)."""
+    reading = untraced if isinstance(untraced, Mapping) else {}
+    untraced_ms = reading.get("step_ms")
+    untraced_ms = float(untraced_ms) if isinstance(untraced_ms, (int, float)) and untraced_ms > 0 else None
+    return {
+        "traced_step_ms": traced_step_ms,
+        "untraced_step_ms": untraced_ms,
+        "untraced_steps": int(reading.get("steps") or 0) if untraced_ms is not None else 0,
+        "ratio": round(traced_step_ms / untraced_ms, 2) if traced_step_ms and untraced_ms else None,
+    }
 
 
 # Python calls a table reads by name go to ``WindowData.rest`` too, and dynamo's resume calls.

@@ -16,7 +16,7 @@ import numpy as np
 
 from vt_lightning.analysis.breakdown import BREAKDOWN_PARTS as BREAKDOWN_PARTS  # re-exported
 from vt_lightning.analysis.breakdown import PhaseSegments, attribute_step, phase_segments, reported
-from vt_lightning.analysis.compile import compile_summary
+from vt_lightning.analysis.compile import compile_summary, named_graph_ops
 from vt_lightning.analysis.nest import Nest
 from vt_lightning.analysis.python_tables import (
     FOLDED_ORIGINS,
@@ -40,12 +40,12 @@ from vt_lightning.analysis.spans import Span
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.spans import percentile as _percentile
 from vt_lightning.analysis.spans import span_of as _span
-from vt_lightning.analysis.steps import WindowData, read_window
+from vt_lightning.analysis.steps import WindowData, observer, read_window
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, gpu_summary, memory_summary
 from vt_lightning.analysis.trace import Calls, WindowTrace
 from vt_lightning.analysis.usercode import FRAMEWORKS, GENERATED, MODEL_LIBRARIES
 from vt_lightning.analysis.verdicts import find_verdicts
-from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY
+from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, UNTRACED_WAIT_KEY
 
 TOP_PYTHON = 10  # entries per list, user code first
 TOP_UNFOLDED = 3  # package functions this high in a ranking keep their own line
@@ -342,7 +342,10 @@ def summarize(
         if recorded
         else None,
         "memory": memory_summary(data.memory, memory_snapshot),
-        "compile": compile_summary(meta.get("compile"), rest, steps),
+        "compile": compile_summary(meta.get("compile"), rest, steps, data.python_calls),
     }
+    compiled = summary["compile"]
+    summary["top_ops"] = named_graph_ops(summary["top_ops"], (compiled.get("graphs") if compiled else None) or [])
+    summary["observer"] = observer(meta.get(UNTRACED_WAIT_KEY), summary["step_ms"]["p50"])
     summary["verdicts"] = find_verdicts(data, summary, memory_snapshot)
     return summary

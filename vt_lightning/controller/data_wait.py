@@ -1,5 +1,6 @@
 """The data wait of steps outside windows (one batch's end to the next one's start), for ``input_bound``
-to tell the loader's own wait from what tracing added (even a warmup's torch.profiler adds some)."""
+to tell the loader's own wait from what tracing added. A warmup step counts: torch.profiler only
+prepares in it (on torch 2.4 that inflated a fetch by 2-4 ms, which can only keep a verdict)."""
 
 from __future__ import annotations
 

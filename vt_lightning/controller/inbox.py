@@ -183,15 +183,13 @@ class Outcomes:
                 )
 
     def _print_verdicts(self, summary: Any) -> None:
-        """The first windows' verdicts on the console; a long run's later ones stay in their files."""
-        if not summary.get("verdicts"):
-            return
+        """The first windows' lines and verdicts on the console; a long run's later ones stay in their files."""
         self._verdicts_shown += 1
         if self._verdicts_shown <= VERDICT_WINDOWS:
             print_verdicts(summary)
         if self._verdicts_shown == VERDICT_WINDOWS:
             self.warn(
                 "verdicts-bounded",
-                f"vt_lightning: verdicts are printed for the first {VERDICT_WINDOWS} windows with any; later "
-                "windows' verdicts are in their summary files (`vt-lightning summary <log dir>`).",
+                f"vt_lightning: window lines and verdicts are printed for the first {VERDICT_WINDOWS} windows; "
+                "later windows' are in their summary files (`vt-lightning summary <log dir>`).",
             )

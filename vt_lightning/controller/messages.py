@@ -19,7 +19,7 @@ from vt_lightning.analysis.verdict_report import verdict_line
 from vt_lightning.constants import LOGGER_NAME
 from vt_lightning.controller.watch import TriggerWatch
 from vt_lightning.export.job import Location
-from vt_lightning.export.report import print_history_table, straggler_text
+from vt_lightning.export.report import print_history_table, straggler_text, window_line
 from vt_lightning.options import Options
 from vt_lightning.recording.rivals import RivalProfiler
 from vt_lightning.recording.unsafe_names import UnsafeImport
@@ -126,8 +126,12 @@ def end_of_run(
 
 @rank_zero_only
 def print_verdicts(summary: Summary) -> None:
-    """One line per verdict of a window, when its result is read (never inside a window)."""
+    """A window's line (compiled model, cost of observing), then one line per verdict, when its result
+    is read (never inside a window)."""
     index = (summary.get("window") or {}).get("index")
+    line = window_line(summary)
+    if line:
+        rank_zero_info(f"vt_lightning: window {index}: {line}")
     for verdict in summary.get("verdicts") or []:
         rank_zero_info(f"vt_lightning: window {index}: {verdict_line(verdict)}")
 

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from vt_lightning.analysis.breakdown import ALL_PARTS, BREAKDOWN_PARTS
-from vt_lightning.analysis.compile import compile_markdown
+from vt_lightning.analysis.compile import compile_markdown, compile_text
 from vt_lightning.analysis.history import RunHistory, TableRow, WindowRow, history_of, row_of
 from vt_lightning.analysis.schema import Summary
 from vt_lightning.analysis.verdict_report import verdicts_markdown
@@ -112,6 +112,24 @@ def job_markdown(job: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def observer_text(observer: Mapping[str, Any] | None) -> str | None:
+    """``traced 1.60 ms/step vs 0.75 ms untraced (2.1x, 2 step(s))``: what observing the window cost."""
+    if not observer or observer.get("traced_step_ms") is None:
+        return None
+    if observer.get("ratio") is None:
+        return f"traced {_num(observer['traced_step_ms'], 2)} ms/step (no untraced step before this window)"
+    return (
+        f"traced {_num(observer['traced_step_ms'], 2)} ms/step vs {_num(observer.get('untraced_step_ms'), 2)} ms "
+        f"untraced ({observer['ratio']:.1f}x, {observer.get('untraced_steps')} step(s))"
+    )
+
+
+def window_line(summary: Summary) -> str | None:
+    """The console's line for a window: what the run compiled, and the cost of observing it."""
+    parts = [compile_text(summary.get("compile")), observer_text(summary.get("observer"))]
+    return " · ".join(p for p in parts if p) or None
+
+
 def window_title(summary: Summary) -> str:
     window = summary.get("window") or {}
     recorded = (summary.get("steps") or {}).get("recorded") or []
@@ -130,6 +148,9 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
         f"Step time: {step_spread_text(summary)} over batches {', '.join(map(str, counted)) or '–'} "
         f"(breakdown from {steps.get('breakdown_source', '?')})."
     )
+    observed = observer_text(summary.get("observer"))
+    if observed:
+        lines[-1] += f" Observing cost: {observed}."
     if summary.get("verdicts") is not None:  # optional in the schema
         lines += ["", *verdicts_markdown(summary.get("verdicts") or [])]
     lines += ["", "| part | ms/step | share |", "|---|---:|---:|"]

@@ -6,6 +6,9 @@ recompiles. Nothing of the user's logging or dynamo settings changes beyond the 
   files (``PythonTracer.pause_files``): one compile is about 618,000 events otherwise.
 * **Phases and recompile reasons**: the ``CompilationMetrics`` new since ``start``
   (``get_compilation_metrics()`` keeps the last 64).
+* **What the run compiled before and during the window**: torch's own counters (module globals,
+  read when the window opens and closes: no hook outside windows), and every kept metrics record's
+  frame, which names the compiled graphs the window runs.
 * **Graph breaks** with the user's file:line: for the window, a filter on the ``graph_breaks``
   logger takes each record; a logger lowered to DEBUG for it lets none reach a handler. Never
   ``torch._logging.set_logs``, which resets the user's settings.
@@ -22,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from vt_lightning.analysis.compile import is_recompile_id
 from vt_lightning.recording.pytracer import PythonTracer
 
 GRAPH_BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
@@ -78,6 +82,8 @@ class CompileWatch:
         self._metrics_before: set[int] = set()
         self._metrics_kept: list[Any] = []
         self._metrics: list[dict[str, Any]] = []
+        self._counts: dict[str, dict[str, Any] | None] = {}  # "before" / "after": compile_counts
+        self._frames: dict[str, list[Any]] = {}  # compile id -> [function, file, line] of its frame
         self._handler: Any = None  # torch._dynamo.callback.callback_handler while registered
         self._logger: logging.Logger | None = None  # with ``_graph_break`` as its filter
         self._pass_through = False  # the user's settings would show graph breaks
@@ -99,9 +105,10 @@ class CompileWatch:
         if getattr(sys.modules.get("torch._dynamo.utils"), "get_compilation_metrics", None) is None:
             self._note("this torch keeps no compilation metrics: no compile phases or recompile reasons")
         existing = self._read_metrics()
+        self._counts["before"] = compile_counts(existing)
         self._metrics_kept = existing  # held, so that no new record can reuse an old one's id
         self._metrics_before = {id(r) for r in existing}
-        if existing or _frames_seen():  # the run uses torch.compile: skip its files from the start
+        if existing or (self._counts["before"] or {}).get("graphs"):  # the run compiles: skip its files now
             self._skip_always()
         handler = getattr(getattr(dynamo, "callback", None), "callback_handler", None)
         if handler is not None and all(
@@ -156,6 +163,12 @@ class CompileWatch:
             after = self._read_metrics()
             new = [r for r in after if id(r) not in self._metrics_before]
             self._metrics = [metrics_record(r) for r in new]
+            self._counts["after"] = compile_counts(after)
+            self._frames = {
+                str(r.compile_id): [r.co_name, getattr(r, "co_filename", None), getattr(r, "co_firstlineno", None)]
+                for r in after
+                if getattr(r, "co_name", None) and getattr(r, "compile_id", None) is not None
+            }
             self._metrics_kept = []
             if new and not hasattr(new[0], "recompile_reason"):
                 self._note(
@@ -177,6 +190,8 @@ class CompileWatch:
             "compiles": list(self._metrics),
             "graph_breaks": breaks,
             "notes": list(self._notes),
+            **self._counts,
+            "frames": dict(self._frames),
         }
 
     def _compile_started(self, *args: Any) -> None:
@@ -268,10 +283,27 @@ class CompileWatch:
         return [] if read is None else list(read())
 
 
-def _frames_seen() -> bool:
-    """Whether dynamo has looked at any frame in this process (``counters["frames"]``)."""
-    counters = getattr(sys.modules.get("torch._dynamo.utils"), "counters", None)
-    return bool(counters is not None and any(counters.get("frames", {}).values()))
+def compile_counts(records: list[Any]) -> dict[str, Any] | None:
+    """What the process compiled so far: FX graphs, compile wall time, recompiles (among the kept
+    metrics records) and graph breaks met while compiling. None: this torch keeps no counters."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return None
+    spent = getattr(utils, "calculate_time_spent", None)
+    try:
+        compile_s = float(spent()["total_wall_time"]) if spent is not None else None
+    except (KeyError, TypeError, ValueError):
+        compile_s = None
+    return {
+        "graphs": int(counters.get("stats", {}).get("unique_graphs", 0)),
+        "compile_s": compile_s,
+        "recompiles": sum(
+            getattr(r, "is_forward", True) is not False and is_recompile_id(str(getattr(r, "compile_id", "")))
+            for r in records
+        ),
+        "graph_breaks": int(sum(counters.get("graph_break", {}).values())),
+    }
 
 
 def _current_compile_id() -> str | None:

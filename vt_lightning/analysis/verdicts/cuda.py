@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from vt_lightning.analysis.spans import Span, clip, covered, span_of, subtract, union
+from vt_lightning.analysis.spans import Span, clip, covered, difference, span_of, union
 from vt_lightning.analysis.usercode import parse_function
 from vt_lightning.analysis.verdicts.base import TOP_WHERE, Finding, Rule, share_of, top_where
 from vt_lightning.analysis.verdicts.window import WindowView
@@ -43,7 +43,7 @@ def host_sync(w: WindowView) -> Iterator[Finding]:
         return
     starts = [s for s, _ in busy]
     timeline = w.timeline(w.thread)
-    idle_after: dict[int, float] = {}  # the busy interval ending the gap -> idle µs (each gap once)
+    idle_after: dict[int, Span] = {}  # the busy interval ending the gap -> the idle gap (each gap once)
     per_user: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     blocked_us = 0.0
@@ -61,7 +61,8 @@ def host_sync(w: WindowView) -> Iterator[Finding]:
         idle = min(busy[i][0] if i < len(busy) else w.region[1], w.region[1]) - end
         if idle <= 0:
             continue
-        idle_after[i] = max(idle_after.get(i, 0.0), idle)
+        if i not in idle_after or idle_after[i][0] > end:
+            idle_after[i] = (end, end + idle)
         blocked_us += end - start
         here = timeline.at((start + end) / 2)
         if here is not None:
@@ -69,12 +70,15 @@ def host_sync(w: WindowView) -> Iterator[Finding]:
             calls[parse_function(call)[0]] += 1
             if user:
                 per_user[user] += idle
-    idle_us = sum(idle_after.values())
+    gaps = union(idle_after.values())
+    idle_us = sum(hi - lo for lo, hi in gaps)
     share = share_of(idle_us, w.total_us)
-    if share < HOST_SYNC_SHARE or w.per_step_ms(idle_us) < HOST_SYNC_MIN_MS:
+    per_step = w.per_step_us(gaps)
+    if share < HOST_SYNC_SHARE or not w.most_steps(per_step, HOST_SYNC_SHARE, HOST_SYNC_MIN_MS):
         return
     evidence = {
         "gpu_idle_after_sync_ms": w.per_step_ms(idle_us),
+        "per_step_ms": [round(us / 1000.0, 3) for us in per_step],
         "blocked_ms": w.per_step_ms(blocked_us),
         "step_ms": w.per_step_ms(w.total_us),
         "calls": dict(sorted(calls.items(), key=lambda kv: kv[1], reverse=True)[:TOP_WHERE]),
@@ -108,9 +112,11 @@ def comm_bound(w: WindowView) -> Iterator[Finding]:
     comm = clip(_kernels(w, _is_comm), *w.region)
     if not comm:
         return
-    exposed = subtract(comm, clip(_kernels(w, lambda e: not _is_comm(e)), *w.region))
+    exposed_spans = difference(union(comm), union(clip(_kernels(w, lambda e: not _is_comm(e)), *w.region)))
+    exposed = sum(hi - lo for lo, hi in exposed_spans)
     share = share_of(exposed, w.total_us)
-    if share < COMM_BOUND_SHARE:
+    per_step = w.per_step_us(exposed_spans)
+    if share < COMM_BOUND_SHARE or not w.most_steps(per_step, COMM_BOUND_SHARE, 0.0):
         return
     launches = w.data.launches
     per_user: dict[str, float] = defaultdict(float)
@@ -120,7 +126,11 @@ def comm_bound(w: WindowView) -> Iterator[Finding]:
             user = w.user_at(launch) if launch is not None else None
             if user:
                 per_user[user] += float(e.get("dur", 0.0))
-    evidence = {"exposed_comm_ms": w.per_step_ms(exposed), "step_ms": w.per_step_ms(w.total_us)}
+    evidence = {
+        "exposed_comm_ms": w.per_step_ms(exposed),
+        "step_ms": w.per_step_ms(w.total_us),
+        "per_step_ms": [round(us / 1000.0, 3) for us in per_step],
+    }
     yield Finding(share, top_where(per_user, w.steps), evidence)
 
 

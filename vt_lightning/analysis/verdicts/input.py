@@ -1,7 +1,8 @@
 """The input family: ``input_bound``, the step waits for its batch. Pure.
 
 ``where`` names the user's dataset or collate code and, under each, its heaviest user callee.
-Tracing slows the fetch, so the steps no tracer recorded must wait too (``UNTRACED_WAIT_KEY``)."""
+Tracing slows the fetch, so the steps no tracer recorded must wait too (``UNTRACED_WAIT_KEY``): in
+process, no window decides without them."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from vt_lightning.constants import UNTRACED_WAIT_KEY
 INPUT_BOUND_SHARE = 0.25  # fetching the next batch (breakdown ``data_wait``), of the step
 INPUT_BOUND_MIN_MS = 1.0  # per step
 CALLEE_MIN_SHARE = 0.10  # a callee is named when it took at least this share of its entry's time
-UNTRACED_MIN_STEPS = 2  # untraced steps a reading needs to overrule the window's wait
 
 Time = dict[str, float]
 _EVERYTHING = [(-math.inf, math.inf)]  # workers fetch ahead: a window's batches were fetched before its steps
@@ -57,7 +57,8 @@ def _places(entries: Time, callees: dict[str, Time], steps: int) -> list[Verdict
 
 
 def untraced_reading(waits_s: Sequence[float], busy_s: Sequence[float]) -> dict[str, Any] | None:
-    """The untraced steps' wait in the median step (ms, share): one slow fetch makes no slow loader."""
+    """The untraced steps' wait and step time (fetch + own time) in the median step (ms, share): one
+    slow fetch makes no slow loader."""
     steps = len(waits_s)
     if not steps:
         return None
@@ -66,38 +67,37 @@ def untraced_reading(waits_s: Sequence[float], busy_s: Sequence[float]) -> dict[
         "steps": steps,
         "data_wait_ms": round(statistics.median(waits_s) * 1e3, 3),
         "share": round(statistics.median(shares), 3),
+        "step_ms": round(statistics.median(w + b for w, b in zip(waits_s, busy_s)) * 1e3, 3),
     }
 
 
 def untraced_clears(reading: Mapping[str, Any] | None) -> bool:
-    """Whether the untraced steps' reading says the loader itself does not hold the step up."""
+    """Whether the untraced steps' reading says the loader itself does not hold the step up; without
+    a reading nothing can say it does (True)."""
     if not isinstance(reading, Mapping):
-        return False
+        return True
     try:
         steps, wait_ms, share = int(reading["steps"]), float(reading["data_wait_ms"]), float(reading["share"])
     except (KeyError, TypeError, ValueError):
-        return False
-    return steps >= UNTRACED_MIN_STEPS and (wait_ms < INPUT_BOUND_MIN_MS or share < INPUT_BOUND_SHARE)
+        return True
+    return steps < 1 or wait_ms < INPUT_BOUND_MIN_MS or share < INPUT_BOUND_SHARE
 
 
 def input_bound(w: WindowView) -> Iterator[Finding]:
-    """Fetching the next batch is a large share of the step; where: the user code fetching it."""
+    """Fetching the next batch is a large share of most steps; where: the user code fetching it."""
     wait_ms = float((w.summary.get("breakdown_ms") or {}).get("data_wait") or 0.0)
     step_ms = w.step_ms
     if not step_ms or wait_ms < INPUT_BOUND_MIN_MS or wait_ms / step_ms < INPUT_BOUND_SHARE:
         return
-    # the typical step must wait too: one descheduled fetch lifts the mean, never the median
-    per_step = w.data_wait_per_step_ms()
-    median_wait_ms = statistics.median(per_step) if per_step else None
-    if median_wait_ms is not None and (
-        median_wait_ms < INPUT_BOUND_MIN_MS or median_wait_ms / step_ms < INPUT_BOUND_SHARE
-    ):
+    # One descheduled fetch lifts the mean, never most steps; W workers' batches arrive W at a time.
+    workers = {thread[0] for thread in w.data.python_calls if thread[0] != w.pid}
+    per_step = w.per_step_us(w.data_waits)
+    if not w.most_steps(per_step, INPUT_BOUND_SHARE, INPUT_BOUND_MIN_MS, group=len(workers)):
         return
     untraced = w.data.meta.get(UNTRACED_WAIT_KEY)
-    # In process, untraced steps that did not wait mean the tracing made this wait. Not with
-    # workers: their prefetch hides an epoch's first waits, and their tracing costs little.
-    in_process = all(thread[0] == w.pid for thread in w.data.python_calls)
-    if in_process and untraced_clears(untraced):
+    # In process, untraced steps that did not wait (or none at all) mean the tracing made this wait.
+    # Not with workers: their prefetch hides an epoch's first waits, and their tracing costs little.
+    if not workers and untraced_clears(untraced):
         return
     entries, callees = _entries_and_callees(w, w.thread, w.data_waits)
     source = "main process"
@@ -114,7 +114,8 @@ def input_bound(w: WindowView) -> Iterator[Finding]:
         source = "worker processes" if entries else "no user code recorded"
     evidence = {
         "data_wait_ms": round(wait_ms, 3),
-        "median_step_data_wait_ms": None if median_wait_ms is None else round(median_wait_ms, 3),
+        "median_step_data_wait_ms": round(statistics.median(per_step) / 1000.0, 3),
+        "per_step_ms": [round(us / 1000.0, 3) for us in per_step],
         "step_ms": round(step_ms, 3),
         "source": source,
         UNTRACED_WAIT_KEY: dict(untraced) if isinstance(untraced, Mapping) else None,  # as the metadata has it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -39,15 +40,23 @@ def python_bound(w: WindowView) -> Iterator[Finding]:
     if share_of(most_us, w.total_us) < PYTHON_BOUND_SHARE or w.per_step_ms(most_us) < PYTHON_BOUND_MIN_MS:
         return
     starts = [s for s, _ in ops]
+    slot_starts = [lo for lo, _ in w.slots]
     per_owner: dict[str, float] = defaultdict(float)
+    per_step = [0.0] * len(slot_starts)
     for (lo, hi), (_, _, _, _, _, owner) in w.timeline(w.thread).within(outside_waits):
         if owner:
-            per_owner[owner] += max((hi - lo) - covered((lo, hi), ops, starts), 0.0)
+            pure = max((hi - lo) - covered((lo, hi), ops, starts), 0.0)
+            per_owner[owner] += pure
+            per_step[max(bisect_right(slot_starts, lo) - 1, 0)] += pure
     pure_us = sum(per_owner.values())
     share = share_of(pure_us, w.total_us)
-    if share < PYTHON_BOUND_SHARE or w.per_step_ms(pure_us) < PYTHON_BOUND_MIN_MS:
+    if share < PYTHON_BOUND_SHARE or not w.most_steps(per_step, PYTHON_BOUND_SHARE, PYTHON_BOUND_MIN_MS):
         return
-    evidence = {"user_python_ms": w.per_step_ms(pure_us), "step_ms": w.per_step_ms(w.total_us)}
+    evidence = {
+        "user_python_ms": w.per_step_ms(pure_us),
+        "step_ms": w.per_step_ms(w.total_us),
+        "per_step_ms": [round(us / 1000.0, 3) for us in per_step],
+    }
     yield Finding(share, top_where(per_owner, w.steps), evidence)
 
 
@@ -70,9 +79,11 @@ def gc_pauses(w: WindowView) -> Iterator[Finding]:
         user = w.user_at(e, kept[0][0] - 1e-3)
         if user:
             per_user[user] += us
-    paused = sum(e - s for s, e in union(pauses))
+    paused_spans = union(pauses)
+    paused = sum(e - s for s, e in paused_spans)
     share = share_of(paused, w.total_us)
-    if share < GC_SHARE or w.per_step_ms(paused) < GC_MIN_MS:
+    per_step = w.per_step_us(paused_spans)
+    if share < GC_SHARE or not w.most_steps(per_step, GC_SHARE, GC_MIN_MS):
         return
     evidence = {
         "gc_ms": w.per_step_ms(paused),
@@ -80,6 +91,7 @@ def gc_pauses(w: WindowView) -> Iterator[Finding]:
         "longest_ms": round(longest / 1000.0, 3),
         "by_generation": dict(generations),
         "step_ms": w.per_step_ms(w.total_us),
+        "per_step_ms": [round(us / 1000.0, 3) for us in per_step],
     }
     yield Finding(share, top_where(per_user, w.steps), evidence)
 

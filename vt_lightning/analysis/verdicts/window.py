@@ -143,12 +143,28 @@ class WindowView:
         parts = [(s, e) for s, e, part in self.data.ranges if part == "data_wait"]
         return union(clip(parts, *self.region))
 
-    def data_wait_per_step_ms(self) -> list[float]:
-        """ms of data wait in each counted step's slot (to the next start): a fetch counts for its step."""
-        waits = self.data_waits
-        starts = [s for s, _ in waits]
-        edges = [*self.step_starts, self.region[1]]
-        return [covered((lo, hi), waits, starts) / 1000.0 for lo, hi in pairwise(edges)]
+    @cached_property
+    def slots(self) -> list[Span]:
+        """Each counted step's slot, from its start to the next one's: a fetch counts for its step."""
+        return list(pairwise([*self.step_starts, self.region[1]]))
+
+    def per_step_us(self, spans: Sequence[Span]) -> list[float]:
+        """µs of the sorted, disjoint ``spans`` in each counted step's slot."""
+        starts = [s for s, _ in spans]
+        return [covered(slot, spans, starts) for slot in self.slots]
+
+    def most_steps(self, per_step_us: Sequence[float], share: float, min_ms: float, group: int = 1) -> bool:
+        """Whether more than half the counted steps each show it (``share`` of that step, ``min_ms``):
+        one preempted call carries a window's sum or mean, never most of its steps. ``group``
+        consecutive steps count as one (DataLoader workers deliver their batches in bursts)."""
+        group, slots = max(group, 1), self.slots
+        shown = parts = 0
+        for i in range(0, len(slots), group):
+            cut = slots[i : i + group]
+            us = sum(per_step_us[i : i + group])
+            shown += us >= min_ms * 1000.0 * len(cut) and us >= share * sum(hi - lo for lo, hi in cut)
+            parts += 1
+        return shown * 2 > parts
 
     def timeline(self, thread: Any) -> Timeline:
         found = self._timelines.get(thread)
