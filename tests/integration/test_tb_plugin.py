@@ -10,6 +10,7 @@ import concurrent.futures
 import gzip
 import importlib.metadata
 import json
+import logging
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ from conftest import recorded_name
 from support import tab_run
 from support.tab_run import input_bound_run
 from tensorboard.backend.application import TensorBoardWSGI
+from tensorboard.backend.security_validator import SecurityValidatorMiddleware
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client
 
@@ -316,3 +318,33 @@ def test_a_fault_in_a_route_is_one_error_answer_and_the_tab_goes_on(
     monkeypatch.undo()
     status, body = _get(client, "windows", run=run)
     assert status == 200 and body["windows"]  # the next request is answered
+
+
+def test_every_page_and_answer_passes_tensorboards_security_validator(
+    logdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TensorBoard 3.0 turns its validator's warnings into errors: the Perfetto pages' policy allows
+    scripts from 'self' and the loader's hash only, and every answer is typed and ``nosniff``."""
+    plugin = VtLightningPlugin(base_plugin.TBContext(logdir=str(logdir)))
+    client = Client(SecurityValidatorMiddleware(TensorBoardWSGI([plugin])))
+    run = _run(logdir)
+    window = _get(client, "window", run=run, name="window_000-batches_2-4")[1]
+    with caplog.at_level(logging.WARNING, logger="tensorboard"):
+        for path in (
+            "perfetto/index.html",
+            "perfetto/no-such-asset.js",
+            "index.js",
+            "style.css",
+            "runs",
+            f"windows?run={run}",
+            f"file/{window['ranks'][0]['trace']['path']}",
+            "no-such-route",
+        ):
+            response = client.get(f"{API}/{path}")
+            assert response.status_code in (200, 404), path
+            response.close()
+    assert [r.getMessage() for r in caplog.records if "will become an error" in r.getMessage()] == []
+    policy = client.get(f"{API}/perfetto/index.html").headers["Content-Security-Policy"]
+    scripts = re.search(r"script-src ([^;]+)", policy)
+    assert scripts and scripts[1].startswith("'self' 'unsafe-eval' 'sha256-")
+    assert "blob:" not in policy.split("img-src")[0] and "'unsafe-inline'" not in scripts[1]
