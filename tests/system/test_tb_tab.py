@@ -1,25 +1,27 @@
 """The ``vt_lightning`` tab in a real browser: Chromium from the system's packages driven by
 Playwright (never a downloaded browser), against a real TensorBoard server on 127.0.0.1, over the
-files of one real Trainer run with a seeded slow ``Dataset.__getitem__``. One run, one server and
-one browser for the module.
+files of one real Trainer run (``support/tab_run.py``, run from a private copy the tests may edit)
+with a seeded slow ``Dataset.__getitem__``. One run, one server and one browser for the module.
 
-``VT_SCREENSHOTS=1`` saves the tab as docs/img/tb_vt_lightning.png (docs/viewing.md shows it)."""
+``VT_SCREENSHOTS=1`` saves each panel into docs/img/ (docs/viewing.md shows them)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import time
+import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
 import pytest
 from conftest import recorded_name
 from support import tab_run, tbcheck
 from support.paths import REPO
-from support.tab_run import input_bound_run
+from support.tab_contract import add_contracted_fields
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +36,9 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SCREENSHOT = REPO / "docs" / "img" / "tb_vt_lightning.png"
+IMAGES = REPO / "docs" / "img"
 WAIT_S = 60.0
+VALIDATOR = "this warning will become an error"  # TensorBoard's security validator, in its log
 
 
 def _need(what: str) -> None:
@@ -62,11 +65,25 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[tuple[tbcheck.TensorBoardServer, Path]]:
+def user_code(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return tab_run.private_copy(tmp_path_factory.mktemp("user_code"))
+
+
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory, browser: Any, user_code: Any
+) -> Iterator[tuple[tbcheck.TensorBoardServer, Path]]:
     root = tmp_path_factory.mktemp("tb_tab")
-    input_bound_run(root)
+    user_code.input_bound_run(root)
+    add_contracted_fields(root, user_code.SOURCE)
     with tbcheck.TensorBoardServer(root) as tb:
         yield tb, root
+
+
+def _shot(page: Any, name: str, element: Any = None) -> None:
+    if os.environ.get("VT_SCREENSHOTS"):
+        page.mouse.move(1390, 1090)  # no bar of the strip under the pointer (hover dims it)
+        (element or page).screenshot(path=str(IMAGES / name))
 
 
 class Session:
@@ -110,7 +127,9 @@ def _tab(session: Session, tb: tbcheck.TensorBoardServer) -> tuple[Any, Any]:
     raise AssertionError(f"the tab did not show a window's verdict with its source within {WAIT_S} s")
 
 
-def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(browser: Any, served: Any) -> None:
+def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(
+    browser: Any, served: Any, user_code: Any
+) -> None:
     tb, root = served
     session = Session(browser)
     try:
@@ -121,10 +140,16 @@ def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(brows
         verdicts = frame.inner_text("#vt-verdicts")
         assert "input_bound" in verdicts
         place = frame.inner_text("#vt-verdicts .vt-place")
-        line = tab_run.getitem_line()
-        assert place == f"{recorded_name('SlowRows.__getitem__')} at {tab_run.SOURCE}:{line}"
+        line = user_code.getitem_line()
+        assert place == f"{recorded_name('SlowRows.__getitem__')} at {user_code.SOURCE}:{line}"
         shown = frame.inner_text("#vt-verdicts .vt-hit").strip()
-        assert shown == f"{line}      def __getitem__(self, index: int) -> torch.Tensor:"  # the source line
+        assert shown == f"{line}      def __getitem__(self, index: int) -> torch.Tensor:"  # the recorded line
+        assert not frame.query_selector(".vt-source-note"), "the file is as it was"
+        means = [orjson.loads(p.read_bytes())["step_ms"]["mean"] for p in sorted(root.rglob("*.summary.jsonc"))]
+        labels = [t.text_content() for t in frame.query_selector_all(".vt-strip text")]
+        top = max(means)
+        assert labels == ["0.0 ms", f"{top / 2:.1f} ms", f"{top:.1f} ms", "0", "1"]  # y axis in ms; window indexes
+        assert "input_bound" in frame.inner_text(".vt-legend")
         assert frame.query_selector_all("#vt-breakdown .vt-seg"), "the breakdown bar"
         frame.click("rect[data-window='window_001-batches_7-9']")  # the whole-run strip opens a window
         frame.wait_for_selector("#vt-window-title:has-text('window_001-batches_7-9')", timeout=WAIT_S * 1000)
@@ -139,8 +164,7 @@ def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(brows
             frame.click("rect[data-window='window_000-batches_2-4']")
             frame.wait_for_selector("#vt-window-title:has-text('window_000-batches_2-4')", timeout=WAIT_S * 1000)
             frame.wait_for_selector("#vt-verdicts .vt-hit", timeout=WAIT_S * 1000)
-            page.mouse.move(1300, 1000)  # no bar of the strip under the pointer (hover dims it)
-            page.screenshot(path=str(SCREENSHOT))
+            _shot(page, "tb_vt_lightning.png")
         # torch-tb-profiler loads its runs on a background thread: poll until it has read them
         assert tb.wait_for_runs(1, timeout=WAIT_S), "torch-tb-profiler's tab still lists the windows beside ours"
     finally:
@@ -148,7 +172,16 @@ def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(brows
     assert session.off_host() == ([], [])
 
 
-def test_open_in_perfetto_loads_the_trace_from_the_tensorboard_host(browser: Any, served: Any) -> None:
+VISIBLE = """() => { const t = window.app && window.app.trace; if (!t) return null;
+  const span = t.timeline.visibleWindow.toTimeSpan();
+  return [Number(span.start), Number(span.end), Number(t.traceInfo.start), Number(t.traceInfo.end)]; }"""
+
+
+def test_perfetto_opens_on_the_recorded_steps_from_the_tensorboard_host_under_a_policy_tensorboard_accepts(
+    browser: Any, served: Any
+) -> None:
+    """Perfetto loads the trace from TensorBoard's host and shows the window's recorded steps first
+    (not the seconds before them); TensorBoard's security validator logs nothing for its pages."""
     tb, root = served
     session = Session(browser)
     try:
@@ -161,15 +194,79 @@ def test_open_in_perfetto_loads_the_trace_from_the_tensorboard_host(browser: Any
             button.click()
         perfetto = opened.value
         deadline = time.monotonic() + WAIT_S
-        while trace.name not in perfetto.title() and time.monotonic() < deadline:
+        steps = orjson.loads(next(trace.parent.glob("*.summary.jsonc")).read_bytes())["steps"]["bounds_us"]
+        first_ns, last_ns = min(b[0] for b in steps.values()) * 1000, max(b[1] for b in steps.values()) * 1000
+        shown = None
+        while time.monotonic() < deadline:
+            shown = perfetto.evaluate(VISIBLE)
+            if trace.name in perfetto.title() and shown and shown[0] > shown[2]:
+                break
             perfetto.wait_for_timeout(250)
         assert trace.name in perfetto.title(), perfetto.title()  # Perfetto loaded it: its title names it
+        assert shown is not None
+        start, end, trace_start, _ = shown
+        assert trace_start < first_ns - 1000  # the trace begins before the steps (the run's first events)
+        assert first_ns - 1 <= start < end <= last_ns + 1, (shown, first_ns, last_ns)  # opened on the steps
         assert urlsplit(perfetto.url).netloc == urlsplit(tb.base_url).netloc
         fetched = [u for u in session.sent if u.endswith("/data/plugin/vt_lightning/file/" + path)]
         assert fetched and all(u.startswith(tb.base_url) for u in fetched)
+        perfetto.wait_for_timeout(1000)
+        _shot(perfetto, "tb_perfetto_steps.png")
     finally:
         session.context.close()
     assert session.off_host() == ([], [])
+    assert [line for line in tb.log_text().splitlines() if VALIDATOR in line or "Content-Security-Policy" in line] == []
+
+
+def test_the_memory_panel_draws_the_peak_the_steps_and_the_users_allocation(
+    browser: Any, served: Any, user_code: Any
+) -> None:
+    tb, _ = served
+    session = Session(browser)
+    try:
+        page, frame = _tab(session, tb)
+        panel = frame.wait_for_selector(".vt-memory", timeout=WAIT_S * 1000)
+        peak = frame.inner_text(".vt-memory-peak")
+        assert peak.startswith(f"cpu: peak {user_code.SCRATCH_MIB:.1f} MiB allocated"), peak
+        labels = [t.text_content() for t in frame.query_selector_all(".vt-memory-chart .vt-step-label")]
+        assert labels == ["step 2", "step 3", "step 4"]  # the window's recorded steps, on the chart
+        assert len(frame.query_selector_all(".vt-memory-chart .vt-peak")) == 1
+        first = frame.query_selector_all(".vt-memory-sites tbody tr")[0]
+        cells = [c.inner_text() for c in first.query_selector_all("td")]
+        scratch = f"{user_code.SOURCE}:{user_code.line_of('def scratch', user_code.SOURCE)}"
+        assert cells[:3] == [recorded_name("Tiny.scratch"), scratch, f"{user_code.SCRATCH_MIB:.2f}"]
+        assert "vt-user-site" in (first.get_attribute("class") or "")
+        _shot(page, "tb_vt_memory.png", panel)
+    finally:
+        session.context.close()
+    assert session.off_host() == ([], [])
+
+
+def test_the_excerpt_is_the_recorded_one_and_says_the_file_changed_since(
+    browser: Any, served: Any, user_code: Any
+) -> None:
+    """The tab shows the lines the window recorded, never today's file: after two lines are added at
+    the top of the user's file, the same ``def`` line is highlighted, with a note; no route of the
+    plugin reads a source file."""
+    tb, _ = served
+    source = Path(user_code.SOURCE)
+    original = source.read_text()
+    line = user_code.getitem_line()
+    source.write_text("# two lines added\n# after the run\n" + original)
+    session = Session(browser)
+    try:
+        page, frame = _tab(session, tb)
+        note = frame.inner_text("#vt-verdicts .vt-source-note")
+        assert note == "This file has changed since the window: the lines as they were then."
+        shown = frame.inner_text("#vt-verdicts .vt-hit").strip()
+        assert shown == f"{line}      def __getitem__(self, index: int) -> torch.Tensor:"
+        assert not [u for u in session.sent if "/data/plugin/vt_lightning/source" in u]
+        _shot(page, "tb_source_changed.png", frame.query_selector("#vt-verdicts"))
+    finally:
+        source.write_text(original)
+        session.context.close()
+    with pytest.raises(urllib.error.HTTPError, match="404"):  # the route that read files is gone
+        tb.get_raw("/data/plugin/vt_lightning/source", {"file": user_code.SOURCE, "line": 1})
 
 
 def test_a_new_window_shows_on_reload_without_a_restart_and_a_huge_trace_is_announced(

