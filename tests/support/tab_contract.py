@@ -89,8 +89,8 @@ def _memory_view(events: list[dict[str, Any]], snapshot: Path, steps: dict[str, 
             "cpu": {
                 "events": len(samples),
                 "peak_bytes": peak,
-                "peak_ts": peak_ts,
-                "series": ["ts", "allocated"],
+                "peak_ts_us": peak_ts,
+                "series": ["ts_us", "allocated"],
                 "points": [list(s) for s in samples],
                 "top_sites_at_peak": [
                     {

@@ -8,6 +8,7 @@ with a seeded slow ``Dataset.__getitem__``. One run, one server and one browser 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 import urllib.error
@@ -22,6 +23,8 @@ from conftest import recorded_name
 from support import tab_run, tbcheck
 from support.paths import REPO
 from support.tab_contract import add_contracted_fields
+
+from system import test_job_timeline
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +78,13 @@ def served(
 ) -> Iterator[tuple[tbcheck.TensorBoardServer, Path]]:
     root = tmp_path_factory.mktemp("tb_tab")
     user_code.input_bound_run(root)
-    add_contracted_fields(root, user_code.SOURCE)
+    add_contracted_fields(root / "lightning_logs", user_code.SOURCE)
+    (root / "zz_ddp").mkdir()  # listed after the eager run
+    script = Path(shutil.copy(test_job_timeline.SCRIPT, root / "zz_ddp" / "train_job.py"))
+    with pytest.MonkeyPatch.context() as patch:  # a copy, so the pages name no repository path
+        patch.setattr(test_job_timeline, "SCRIPT", script)
+        ddp = test_job_timeline.run_job(root / "zz_ddp", "--late-rank", "1", "--num-workers", "2")
+    add_contracted_fields(ddp["root"], str(script))
     with tbcheck.TensorBoardServer(root) as tb:
         yield tb, root
 
@@ -145,15 +154,20 @@ def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(
         shown = frame.inner_text("#vt-verdicts .vt-hit").strip()
         assert shown == f"{line}      def __getitem__(self, index: int) -> torch.Tensor:"  # the recorded line
         assert not frame.query_selector(".vt-source-note"), "the file is as it was"
-        means = [orjson.loads(p.read_bytes())["step_ms"]["mean"] for p in sorted(root.rglob("*.summary.jsonc"))]
+        means = [
+            orjson.loads(p.read_bytes())["step_ms"]["mean"]
+            for p in sorted((root / "lightning_logs").rglob("*.summary.jsonc"))
+        ]
         labels = [t.text_content() for t in frame.query_selector_all(".vt-strip text")]
         top = max(means)
         assert labels == ["0.0 ms", f"{top / 2:.1f} ms", f"{top:.1f} ms", "0", "1"]  # y axis in ms; window indexes
         assert "input_bound" in frame.inner_text(".vt-legend")
-        assert frame.query_selector_all("#vt-breakdown .vt-seg"), "the breakdown bar"
+        assert frame.query_selector_all(".vt-breakdown .vt-seg"), "the breakdown bar"
         frame.click("rect[data-window='window_001-batches_7-9']")  # the whole-run strip opens a window
         frame.wait_for_selector("#vt-window-title:has-text('window_001-batches_7-9')", timeout=WAIT_S * 1000)
-        (run,) = {w.parent.relative_to(root).as_posix() for w in root.rglob("window_000-batches_2-4")}
+        (run,) = {
+            w.parent.relative_to(root).as_posix() for w in (root / "lightning_logs").rglob("window_000-batches_2-4")
+        }
         frame.fill("#vt-diff-a", f"{run}/window_000-batches_2-4")
         frame.fill("#vt-diff-b", f"{run}/window_001-batches_7-9")
         frame.click("#vt-diff-go")
@@ -257,7 +271,7 @@ def test_the_excerpt_is_the_recorded_one_and_says_the_file_changed_since(
     try:
         page, frame = _tab(session, tb)
         note = frame.inner_text("#vt-verdicts .vt-source-note")
-        assert note == "This file has changed since the window: the lines as they were then."
+        assert note == "Changed since this window: the lines as they were."
         shown = frame.inner_text("#vt-verdicts .vt-hit").strip()
         assert shown == f"{line}      def __getitem__(self, index: int) -> torch.Tensor:"
         assert not [u for u in session.sent if "/data/plugin/vt_lightning/source" in u]
@@ -275,7 +289,7 @@ def test_a_new_window_shows_on_reload_without_a_restart_and_a_huge_trace_is_anno
     """A window added while TensorBoard runs is listed on the next load; a trace past what a browser
     loads (its gzip trailer says 400 MB of JSON) is announced with what to do instead."""
     tb, root = served
-    (run_dir,) = {p.parent for p in root.rglob("window_000-batches_2-4")}
+    (run_dir,) = {p.parent for p in (root / "lightning_logs").rglob("window_000-batches_2-4")}
     new = run_dir / "window_005-slow_step-batches_12-14"
     shutil.copytree(run_dir / "window_001-batches_7-9", new)
     (trace,) = new.glob("*.pt.trace.json.gz")
@@ -293,3 +307,35 @@ def test_a_new_window_shows_on_reload_without_a_restart_and_a_huge_trace_is_anno
     finally:
         shutil.rmtree(new)
         session.context.close()
+
+
+def test_the_ddp_job_is_shown_above_the_ranks_side_by_side_with_its_straggler(browser: Any, served: Any) -> None:
+    """A real 2-rank gloo job whose rank 1 sleeps 30 ms per step in ``slow_on_rank_one``."""
+    tb, root = served
+    session = Session(browser)
+    try:
+        page, frame = _tab(session, tb)
+        frame.click(".vt-run >> nth=1")
+        job = frame.wait_for_selector("#vt-job", timeout=WAIT_S * 1000)
+        panels = frame.query_selector_all("#vt-window .vt-section, #vt-window .vt-rank-panel")
+        assert panels[0].query_selector("#vt-job"), "the job comes before the rank panels"
+        heads = [h.inner_text() for h in frame.query_selector_all("#vt-job-ranks thead th")]
+        assert heads == ["", "rank 0", "rank 1 (straggler)"]
+        steps = [td.inner_text() for td in frame.query_selector_all("#vt-job-ranks tbody tr:nth-child(2) td")]
+        assert len(steps) == 2 and all(re.match(r"\d step\(s\): [\d.]+ ms", text) for text in steps), steps
+        assert frame.inner_text("#vt-job-clocks").startswith("Clocks: every rank's events are placed on rank 0's")
+        assert "not clock error" in frame.inner_text("#vt-job-spread")
+        straggler = frame.inner_text("#vt-straggler")
+        script = next(root.glob("zz_ddp/train_job.py"))
+        place = f"{script}:{tab_run.line_of('def slow_on_rank_one', str(script))}"
+        found = re.search(
+            r"Straggler: rank 1\. The others wait ([\d.]+) ms per step .*"
+            rf" slow_on_rank_one at {re.escape(place)} explains ([\d.]+) ms of that \((\d+)%\)",
+            straggler,
+        )
+        assert found, straggler
+        assert float(found[2]) <= float(found[1]) * 1.5 and float(found[2]) >= 20  # ~30 ms of sleep per step
+        _shot(page, "tb_job.png", job)
+    finally:
+        session.context.close()
+    assert session.off_host() == ([], [])

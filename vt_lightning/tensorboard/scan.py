@@ -417,6 +417,8 @@ def _row_of(summary: Summary) -> dict[str, Any]:
     return {
         "step_mean_ms": step.get("mean"),
         "step_p50_ms": step.get("p50"),
+        "step_min_ms": step.get("min"),
+        "step_max_ms": step.get("max"),
         "recorded": len((summary.get("steps") or {}).get("recorded") or []),
         "partial": bool(window.get("partial")),
         "verdicts": verdicts[:3],

@@ -145,14 +145,15 @@ async function loadMore(box, run = state.run) {
 function drawRun(box) {
   const rows = state.windows.map((w) => el('tr', { class: 'vt-window-row', 'data-window': w.name, onclick: () => openWindow(w.name) },
     el('td', {}, w.name), el('td', {}, w.batches ? `${w.batches[0]}–${w.batches[1]}` : '–'), el('td', {}, w.stage),
-    el('td', {}, w.trigger), el('td', { class: 'vt-num' }, ms(w.step_mean_ms)), el('td', { class: 'vt-num' }, ms(w.step_p50_ms)),
+    el('td', {}, w.trigger), el('td', { class: 'vt-num' }, ms(w.step_p50_ms)),
+    el('td', { class: 'vt-num' }, typeof w.step_min_ms === 'number' ? `${ms(w.step_min_ms)}–${ms(w.step_max_ms)}` : '–'),
     el('td', {}, (w.verdicts || []).map((v) => el('span', { class: 'vt-badge', style: `background:${VERDICT_COLORS[v.kind] || '#5f6368'}` }, `${v.kind} ${pct(v.share)}`))),
     el('td', { class: `vt-state vt-state-${w.state.replace(' ', '-')}` }, w.error ? 'unreadable summary' : w.state)));
   const more = state.windows.length < state.total
     ? el('button', { onclick: () => loadMore(box) }, `Show more (${state.windows.length} of ${state.total} shown)`) : null;
   box.replaceChildren(
     section('Whole run: step time per window (click to open)', strip()),
-    section(`Windows (${state.total})`, table(['window', 'batches', 'stage', 'trigger', 'step mean', 'step median', 'verdicts', 'state'], rows, { id: 'vt-windows' }), more));
+    section(`Windows (${state.total})`, table(['window', 'batches', 'stage', 'trigger', 'step median', 'steps min–max', 'verdicts', 'state'], rows, { id: 'vt-windows' }), more));
 }
 
 // One bar per window, its height the window's step mean, on a y axis in ms; its colour its first
@@ -179,7 +180,7 @@ function strip() {
     if (width >= 24 || i % Math.ceil(24 / width) === 0) svg.append(svgEl('text', { x: L + i * width + width / 2, y: H - 4, 'text-anchor': 'middle', class: 'vt-axis' }, w.index ?? i));
   });
   const legend = el('div', { class: 'vt-legend' }, [...kinds].map((k) => el('span', {}, el('i', { style: `background:${VERDICT_COLORS[k] || '#5f6368'}` }), k)),
-    el('span', {}, el('i', { style: 'background:#80868b' }), 'no verdict'));
+    state.windows.some((w) => !(w.verdicts || []).length) ? el('span', {}, el('i', { style: 'background:#80868b' }), 'no verdict') : null);
   return el('div', {}, svg, el('div', { class: 'vt-muted' }, 'step mean per window (ms), by window index'), legend);
 }
 
@@ -195,6 +196,8 @@ async function openWindow(name) {
   const parts = [el('h2', { id: 'vt-window-title' }, name, ' ', el('span', { class: `vt-state vt-state-${detail.state.replace(' ', '-')}` }, detail.state))];
   if (detail.state === 'writing') parts.push(el('div', { class: 'vt-note' }, 'This window is still being written: reload in a moment for its summary and trace.'));
   if (!detail.ranks.length) parts.push(el('div', { class: 'vt-empty' }, 'No files in this window yet.'));
+  const lead = detail.ranks.find((r) => (r.summary || {}).job);
+  if (lead) parts.push(section('DDP job', jobPanel(detail.ranks, lead)));
   for (const rank of detail.ranks) parts.push(rankPanel(detail, rank));
   box.replaceChildren(...parts);
 }
@@ -206,22 +209,21 @@ function rankPanel(detail, rank) {
   if (rank.error) body.push(problem(`Summary not readable: ${rank.error}`));
   if (!s) { if (!rank.error) body.push(el('div', { class: 'vt-note' }, 'No summary for this rank (still being written, or summary=False).')); return el('div', { class: 'vt-rank-panel' }, body); }
   const step = s.step_ms || {};
-  body.push(el('p', {}, `Step time: mean ${ms(step.mean)}, median ${ms(step.p50)}, max ${ms(step.max)} over batches ${((s.steps || {}).counted || []).join(', ') || '–'}.`));
+  body.push(el('p', {}, `Step time: ${stepText(s)} (counted batches ${((s.steps || {}).counted || []).join(', ') || '–'}).`));
   body.push(section('Breakdown (ms per step)', breakdownBar(s.breakdown_ms || {})));
   body.push(section('Verdicts', verdicts(s, rank.sources || {}, s.verdicts || [])));
   body.push(section('Top user functions (inclusive ms per step)', userFunctions(s)));
   body.push(section('Top ops (self CPU ms per step)', topOps(s)));
   if (s.compile) body.push(section('torch.compile', compilePanel(s.compile)));
-  if (s.job) body.push(section('DDP job', jobPanel(s.job, rank.job)));
   if (rank.memory || rank.memory_view) body.push(section('Memory', memoryPanel(rank.memory, rank.memory_view)));
   return el('div', { class: 'vt-rank-panel' }, body);
 }
 
-function breakdownBar(breakdown) {
+function breakdownBar(breakdown, scale) {
   const keys = [...PARTS.filter((p) => breakdown[p] > 0), ...Object.keys(breakdown).filter((p) => !PARTS.includes(p) && breakdown[p] > 0)];
   const total = keys.reduce((a, k) => a + breakdown[k], 0) || 1;
-  const bar = el('div', { class: 'vt-bar', id: 'vt-breakdown' }, keys.map((k) => el('div', {
-    class: 'vt-seg', title: `${k}: ${breakdown[k].toFixed(2)} ms`, style: `width:${(100 * breakdown[k]) / total}%;background:${PART_COLORS[k] || '#bdc1c6'}`,
+  const bar = el('div', { class: 'vt-bar vt-breakdown' }, keys.map((k) => el('div', {
+    class: 'vt-seg', title: `${k}: ${breakdown[k].toFixed(2)} ms`, style: `width:${(100 * breakdown[k]) / (scale || total)}%;background:${PART_COLORS[k] || '#bdc1c6'}`,
   })));
   const legend = el('div', { class: 'vt-legend' }, keys.map((k) => el('span', {},
     el('i', { style: `background:${PART_COLORS[k] || '#bdc1c6'}` }), `${k.replace('_', ' ')} ${breakdown[k].toFixed(2)} ms (${Math.round((100 * breakdown[k]) / total)}%)`)));
@@ -244,8 +246,8 @@ function verdicts(s, states, list) {
 
 const SOURCE_CONTEXT = 4;
 const SOURCE_NOTES = {
-  changed: 'This file has changed since the window: the lines as they were then.',
-  'not here': 'This file is not on this machine: the lines as recorded.',
+  changed: 'Changed since this window: the lines as they were.',
+  'not here': 'Not on this machine: the lines as recorded.',
 };
 // The lines the window recorded around `line` (the tab reads no source file), and whether the file
 // has changed since (the server compares its size and mtime with the recorded ones).
@@ -268,16 +270,22 @@ function userFunctions(s) {
   const users = (top.by_inclusive || []).filter((e) => e.origin === 'user').slice(0, 10);
   const list = users.length ? users : (top.by_self || []).slice(0, 10);
   if (!list.length) return el('div', { class: 'vt-muted' }, 'No Python functions recorded.');
-  return table(['function', 'where', 'calls', 'self ms', 'inclusive ms'], list.map((e) => el('tr', {},
-    el('td', {}, e.function), el('td', {}, where(e)), el('td', { class: 'vt-num' }, e.calls),
+  return table(['function', 'where', 'calls/step', 'self ms', 'inclusive ms'], list.map((e) => el('tr', {},
+    el('td', {}, e.function), el('td', {}, where(e)), el('td', { class: 'vt-num' }, perStep(e, s)),
     el('td', { class: 'vt-num' }, (e.self_ms || 0).toFixed(2)), el('td', { class: 'vt-num' }, (e.inclusive_ms || 0).toFixed(2)))));
+}
+
+// Calls per counted step, as the times beside them are.
+function perStep(e, s) {
+  const n = typeof e.calls_per_step === 'number' ? e.calls_per_step : e.calls / Math.max(1, ((s.steps || {}).counted || []).length);
+  return Number.isInteger(n) ? n : n.toFixed(1);
 }
 
 function topOps(s) {
   const list = ((s.top_ops || {}).by_cpu || []).slice(0, 10);
   if (!list.length) return el('div', { class: 'vt-muted' }, 'No torch ops recorded.');
-  return table(['op', 'calls', 'self CPU ms', 'CPU ms'], list.map((e) => el('tr', {},
-    el('td', {}, e.name), el('td', { class: 'vt-num' }, e.calls), el('td', { class: 'vt-num' }, (e.self_cpu_ms || 0).toFixed(2)),
+  return table(['op', 'calls/step', 'self CPU ms', 'CPU ms'], list.map((e) => el('tr', {},
+    el('td', {}, e.name), el('td', { class: 'vt-num' }, perStep(e, s)), el('td', { class: 'vt-num' }, (e.self_cpu_ms || 0).toFixed(2)),
     el('td', { class: 'vt-num' }, (e.cpu_ms || 0).toFixed(2)))));
 }
 
@@ -291,20 +299,51 @@ function compilePanel(c) {
   return el('div', {}, out);
 }
 
-function jobPanel(job, jobFile) {
+const us = (v) => (typeof v === 'number' ? `${v.toFixed(1)} µs` : '–');
+// The job at the window's level: the ranks side by side (step, breakdown on one scale, clock), what
+// the clock bound and the collective spread mean, the straggler with how much of the others' wait
+// its named function explains, and ops much slower on one rank.
+function jobPanel(ranks, lead) {
+  const job = lead.summary.job, st = job.straggler;
+  const clock = Object.fromEntries((job.ranks || []).map((r) => [r.rank, r]));
   const bound = Math.max(0, ...(job.ranks || []).map((r) => r.uncertainty_us || 0));
-  const st = job.straggler;
-  const out = [
-    el('p', {}, `${job.world_size} ranks on one timeline; clocks aligned within ±${bound.toFixed(1)} µs`,
-      typeof job.max_exit_residual_us === 'number' ? ` (collective exits spread ${job.max_exit_residual_us.toFixed(1)} µs after alignment)` : '', '.'),
-    el('p', { id: 'vt-straggler' }, st ? `Straggler: rank ${st.rank}, the others wait ${ms(st.others_wait_ms)} per step (${pct(st.share_of_step)} of the step)`
-      + (st.function ? `, in ${st.function} at ${where(st)} (+${ms(st.excess_ms)} per step)` : '') : 'No straggler: ranks balanced.'),
-    table(['rank', 'host', 'clock offset µs', '± µs'], (job.ranks || []).map((r) => el('tr', {},
-      el('td', {}, r.rank), el('td', {}, r.host), el('td', { class: 'vt-num' }, r.offset_us ?? '–'), el('td', { class: 'vt-num' }, r.uncertainty_us ?? '–')))),
-  ];
+  const spread = job.max_exit_residual_us;
+  const out = [el('p', { id: 'vt-job-clocks' }, `Clocks: every rank's events are placed on rank 0's timeline to within ±${us(bound)} `,
+    '(half the best round trip of the clock exchange; 0 for processes on rank 0\'s host, which read one clock).')];
+  if (typeof spread === 'number') out.push(el('p', { id: 'vt-job-spread' }, `Collectives: after alignment, the ranks leave the same collective up to ${us(spread)} apart. `,
+    'That is each rank\'s own scheduling (a collective ends on each rank when its thread wakes), not clock error',
+    spread > bound ? ': it is larger than the clock bound.' : '.'));
+  let straggler = 'No straggler: the ranks arrive at their collectives together.';
+  if (st) {
+    straggler = `Straggler: rank ${st.rank}. The others wait ${ms(st.others_wait_ms)} per step for it (${pct(st.share_of_step)} of the step).`;
+    if (st.function) {
+      const share = typeof st.explains_share === 'number' ? st.explains_share : st.excess_ms / st.others_wait_ms;
+      straggler += ` ${st.function} at ${where(st)} explains ${ms(st.excess_ms)} of that (${pct(share)})`
+        + (typeof st.unattributed_ms === 'number' ? `; ${ms(st.unattributed_ms)} is not attributed to a function.` : '.');
+    }
+  }
+  out.push(el('p', { id: 'vt-straggler' }, straggler));
+  for (const op of job.slow_ops || []) out.push(el('div', { class: 'vt-note vt-slow-op' }, op.text));
+  const summaries = ranks.filter((r) => r.summary);
+  const top = Math.max(1e-9, ...summaries.map((r) => Object.values(r.summary.breakdown_ms || {}).reduce((a, v) => a + v, 0)));
+  const row = (label, cell) => el('tr', {}, el('th', {}, label), summaries.map((r) => el('td', {}, cell(r))));
+  out.push(table(['', ...summaries.map((r) => `rank ${r.rank}${st && st.rank === r.rank ? ' (straggler)' : ''}`)], [
+    row('host', (r) => (clock[r.rank] || {}).host || '–'),
+    row('step', (r) => stepText(r.summary)),
+    row('breakdown (ms per step, one scale)', (r) => breakdownBar(r.summary.breakdown_ms || {}, top)),
+    row('clock offset', (r) => `${us((clock[r.rank] || {}).offset_us)} ± ${us((clock[r.rank] || {}).uncertainty_us)}`),
+  ], { id: 'vt-job-ranks', class: 'vt-table vt-job-ranks' }));
   if ((job.reduced_ranks || []).length) out.push(el('div', { class: 'vt-note' }, `Over the job file's size budget: ranks ${job.reduced_ranks.join(', ')} kept steps, collectives and top functions.`));
-  out.push(jobFile ? traceButtons(jobFile, 'the job file', null, job.steps_us) : el('div', { class: 'vt-muted' }, 'The job file is not there (yet).'));
-  return el('div', {}, out);
+  out.push(lead.job ? traceButtons(lead.job, 'the job file', null, job.steps_us || stepsRange(lead.summary.steps))
+    : el('div', { class: 'vt-muted' }, 'The job file is not there (yet).'));
+  return el('div', { id: 'vt-job' }, out);
+}
+
+// "median X ms (min–max over n steps)", or the steps themselves when there are two or fewer.
+function stepText(s) {
+  const step = s.step_ms || {}, counted = (s.steps || {}).counted || [];
+  if (counted.length <= 2) return `${counted.length} step(s): ${counted.map((n) => ms(((s.steps || {}).ms || {})[n])).join(' and ') || '–'}`;
+  return `median ${ms(step.p50)} (${ms(step.min)}–${ms(step.max)} over ${counted.length} steps)`;
 }
 
 const SVG = 'http://www.w3.org/2000/svg';
@@ -359,7 +398,7 @@ function memoryChart(d, steps) {
   const curve = (i, cls) => svgEl('path', { class: cls, d: pts.map((p, k) => (k ? `H${x(p[0]).toFixed(1)}V${y(p[i]).toFixed(1)}` : `M${x(p[0]).toFixed(1)},${y(p[i]).toFixed(1)}`)).join('') });
   if (d.series.includes('reserved')) svg.append(curve(2, 'vt-reserved'));
   svg.append(curve(1, 'vt-allocated'));
-  const px = x(d.peak_ts), py = y(d.peak_bytes);
+  const px = x(d.peak_ts_us), py = y(d.peak_bytes);
   svg.append(svgEl('circle', { cx: px, cy: py, r: 4, class: 'vt-peak' }));
   svg.append(svgEl('text', { x: Math.min(px + 6, W - 90), y: Math.max(T + 10, py - 4), class: 'vt-peak-label' }, `peak ${mib(d.peak_bytes)}`));
   return svg;
