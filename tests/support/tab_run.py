@@ -17,7 +17,7 @@ import lightning as L
 import torch
 from conftest import make_trainer
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from vt_lightning import VizTraceCallback
 
@@ -54,6 +54,32 @@ class Tiny(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+def scaled(x: torch.Tensor) -> torch.Tensor:
+    """What ``compiled_run`` compiles with inductor: the compile panel names this function."""
+    return (x * 2).relu()
+
+
+class Compiled(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 1)
+        self.scaled = torch.compile(scaled)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(self.scaled(batch[0])).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def compiled_run(root: Path) -> None:
+    """One window on batches 0-1 whose first step compiles ``scaled`` with inductor (cold when
+    ``TORCHINDUCTOR_CACHE_DIR`` is new: ~15-20 s)."""
+    callback = VizTraceCallback(wait=0, warmup=0, active=2, repeat=1, memory_snapshot=False)
+    data = DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=8)
+    make_trainer(root, [callback], max_steps=2, num_sanity_val_steps=0, limit_val_batches=0).fit(Compiled(), data)
+
+
 def line_of(text: str, source: str = SOURCE) -> int:
     """The first line of ``source`` holding ``text``."""
     return next(i for i, line in enumerate(Path(source).read_text().splitlines(), 1) if text in line)
@@ -82,3 +108,9 @@ def input_bound_run(root: Path, repeat: int = 2) -> Path:
     callback = VizTraceCallback(wait=1, warmup=1, active=3, repeat=repeat)
     make_trainer(root, [callback], max_steps=5 * repeat + 2).fit(Tiny(), DataLoader(SlowRows(), batch_size=None))
     return root
+
+
+if __name__ == "__main__":  # python tab_run.py ROOT (tests/ on PYTHONPATH): the compiled run, in its own process
+    import sys
+
+    compiled_run(Path(sys.argv[1]))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 import urllib.error
 from collections.abc import Iterator
@@ -21,7 +23,7 @@ import orjson
 import pytest
 from conftest import recorded_name
 from support import tab_run, tbcheck
-from support.paths import REPO
+from support.paths import REPO, TESTS
 from support.tab_contract import add_contracted_fields
 
 from system import test_job_timeline
@@ -79,7 +81,12 @@ def served(
     root = tmp_path_factory.mktemp("tb_tab")
     user_code.input_bound_run(root)
     add_contracted_fields(root / "lightning_logs", user_code.SOURCE)
-    (root / "zz_ddp").mkdir()  # listed after the eager run
+    compiled = root / "zz_compiled"  # listed after the eager run, as the job
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(compiled / "inductor"), "PYTHONPATH": str(TESTS)}
+    subprocess.run(
+        [sys.executable, user_code.SOURCE, str(compiled)], env=env, check=True, timeout=600, capture_output=True
+    )
+    (root / "zz_ddp").mkdir()
     script = Path(shutil.copy(test_job_timeline.SCRIPT, root / "zz_ddp" / "train_job.py"))
     with pytest.MonkeyPatch.context() as patch:  # a copy, so the pages name no repository path
         patch.setattr(test_job_timeline, "SCRIPT", script)
@@ -315,7 +322,7 @@ def test_the_ddp_job_is_shown_above_the_ranks_side_by_side_with_its_straggler(br
     session = Session(browser)
     try:
         page, frame = _tab(session, tb)
-        frame.click(".vt-run >> nth=1")
+        frame.click(".vt-run[data-run^='zz_ddp']")
         job = frame.wait_for_selector("#vt-job", timeout=WAIT_S * 1000)
         panels = frame.query_selector_all("#vt-window .vt-section, #vt-window .vt-rank-panel")
         assert panels[0].query_selector("#vt-job"), "the job comes before the rank panels"
@@ -336,6 +343,28 @@ def test_the_ddp_job_is_shown_above_the_ranks_side_by_side_with_its_straggler(br
         assert found, straggler
         assert float(found[2]) <= float(found[1]) * 1.5 and float(found[2]) >= 20  # ~30 ms of sleep per step
         _shot(page, "tb_job.png", job)
+    finally:
+        session.context.close()
+    assert session.off_host() == ([], [])
+
+
+def test_the_compile_panel_of_an_inductor_run_names_the_users_function(
+    browser: Any, served: Any, user_code: Any
+) -> None:
+    """A real cold inductor compile of ``tab_run.scaled`` in the window's first step."""
+    tb, _ = served
+    session = Session(browser)
+    try:
+        page, frame = _tab(session, tb)
+        frame.click(".vt-run[data-run^='zz_compiled']")
+        panel = frame.wait_for_selector("#vt-compile", timeout=WAIT_S * 1000)
+        total = frame.inner_text("#vt-compile-total")
+        found = re.match(r"1 compile\(s\), ([\d.]+) ms in the window, .*inductor ([\d.]+) ms", total)
+        assert found and float(found[2]) > 0, total
+        row = [c.inner_text() for c in frame.query_selector_all(".vt-compile-functions tbody tr:first-child td")]
+        where = f"{user_code.SOURCE}:{user_code.line_of('def scaled', user_code.SOURCE)}"
+        assert row[:3] == [recorded_name("scaled"), where, "1"], row
+        _shot(page, "tb_compile.png", panel)
     finally:
         session.context.close()
     assert session.off_host() == ([], [])

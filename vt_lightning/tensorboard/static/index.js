@@ -208,8 +208,8 @@ function rankPanel(detail, rank) {
   body.push(traceButtons(rank.trace, 'this rank’s trace', rank.job, stepsRange((s || {}).steps)));
   if (rank.error) body.push(problem(`Summary not readable: ${rank.error}`));
   if (!s) { if (!rank.error) body.push(el('div', { class: 'vt-note' }, 'No summary for this rank (still being written, or summary=False).')); return el('div', { class: 'vt-rank-panel' }, body); }
-  const step = s.step_ms || {};
   body.push(el('p', {}, `Step time: ${stepText(s)} (counted batches ${((s.steps || {}).counted || []).join(', ') || '–'}).`));
+  body.push(observerLine(s.observer));
   body.push(section('Breakdown (ms per step)', breakdownBar(s.breakdown_ms || {})));
   body.push(section('Verdicts', verdicts(s, rank.sources || {}, s.verdicts || [])));
   body.push(section('Top user functions (inclusive ms per step)', userFunctions(s)));
@@ -289,14 +289,31 @@ function topOps(s) {
     el('td', { class: 'vt-num' }, (e.cpu_ms || 0).toFixed(2)))));
 }
 
+const COUNTS = { graphs: 'graphs made', compile_s: 'compile time', recompiles: 'recompiles', graph_breaks: 'graph breaks' };
 function compilePanel(c) {
-  const out = [el('p', {}, `${c.compiles} compile(s), ${ms(c.total_ms)} in the window, ${ms(c.in_steps_ms)} inside the recorded steps (${pct(c.share)}).`)];
+  const phases = Object.entries(c.phases_ms || {}).filter(([, v]) => v > 0).map(([k, v]) => `${k.replace('_', ' ')} ${ms(v)}`);
+  const out = [el('p', { id: 'vt-compile-total' }, `${c.compiles} compile(s), ${ms(c.total_ms)} in the window, ${ms(c.in_steps_ms)} inside the recorded steps (${pct(c.share)})`,
+    phases.length ? `: ${phases.join(', ')}.` : '.')];
+  if (c.before || c.during) out.push(table(['', 'before the window', 'during it'], Object.entries(COUNTS).map(([k, label]) => el('tr', {},
+    el('td', {}, label), [c.before, c.during].map((n) => el('td', { class: 'vt-num' }, n ? (k === 'compile_s' ? `${n[k].toFixed(2)} s` : n[k]) : '–'))))));
+  if ((c.functions || []).length) out.push(table(['compiled function', 'at', 'compiles', 'ms'], c.functions.map((f) => el('tr', {},
+    el('td', {}, f.function || ''), el('td', {}, where(f)), el('td', { class: 'vt-num' }, f.compiles), el('td', { class: 'vt-num' }, (f.ms || 0).toFixed(1)))), { class: 'vt-table vt-compile-functions' }));
+  if ((c.graphs || []).length) out.push(table(['graph run in the window', 'of', 'calls', 'inductor hash'], c.graphs.map((g) => el('tr', {},
+    el('td', {}, `${g.compile_id}${g.backward ? ' (backward)' : ''}`), el('td', {}, `${g.function || ''} ${g.file ? `at ${where(g)}` : ''}`),
+    el('td', { class: 'vt-num' }, g.calls), el('td', {}, g.hash || '–')))));
   if ((c.graph_breaks || []).length) out.push(table(['graph break at', 'function', 'reason', 'seen'], c.graph_breaks.map((g) => el('tr', {},
     el('td', {}, where(g)), el('td', {}, g.function || ''), el('td', {}, g.reason || '(run time only)'), el('td', {}, g.source || '')))));
   if ((c.recompiles || []).length) out.push(table(['recompile of', 'at', 'reason'], c.recompiles.map((r) => el('tr', {},
     el('td', {}, r.function || ''), el('td', {}, where(r)), el('td', {}, r.reason || '')))));
   for (const note of c.notes || []) out.push(el('div', { class: 'vt-muted' }, note));
-  return el('div', {}, out);
+  return el('div', { id: 'vt-compile' }, out);
+}
+
+// What tracing costs the run: the traced steps against the untraced ones just before the window.
+function observerLine(o) {
+  if (!o || typeof o.traced_step_ms !== 'number' || typeof o.untraced_step_ms !== 'number') return null;
+  return el('p', { id: 'vt-observer', class: 'vt-muted' }, `Tracing: the traced steps' median ${ms(o.traced_step_ms)} against ${ms(o.untraced_step_ms)} `,
+    `for the ${o.untraced_steps} untraced step(s) before the window`, typeof o.ratio === 'number' ? ` (×${o.ratio.toFixed(2)}).` : '.');
 }
 
 const us = (v) => (typeof v === 'number' ? `${v.toFixed(1)} µs` : '–');
