@@ -82,7 +82,11 @@ def served(
     user_code.input_bound_run(root)
     add_contracted_fields(root / "lightning_logs", user_code.SOURCE)
     compiled = root / "zz_compiled"  # listed after the eager run, as the job
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(compiled / "inductor"), "PYTHONPATH": str(TESTS)}
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(compiled / "inductor"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
+    }
     subprocess.run(
         [sys.executable, user_code.SOURCE, str(compiled)], env=env, check=True, timeout=600, capture_output=True
     )
@@ -96,10 +100,10 @@ def served(
         yield tb, root
 
 
-def _shot(page: Any, name: str, element: Any = None) -> None:
+def _shot(page: Any, name: str, element: Any = None, **clip: int) -> None:
     if os.environ.get("VT_SCREENSHOTS"):
         page.mouse.move(1390, 1090)  # no bar of the strip under the pointer (hover dims it)
-        (element or page).screenshot(path=str(IMAGES / name))
+        (element or page).screenshot(path=str(IMAGES / name), **({"clip": clip} if clip else {}))
 
 
 class Session:
@@ -172,14 +176,7 @@ def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(
         assert frame.query_selector_all(".vt-breakdown .vt-seg"), "the breakdown bar"
         frame.click("rect[data-window='window_001-batches_7-9']")  # the whole-run strip opens a window
         frame.wait_for_selector("#vt-window-title:has-text('window_001-batches_7-9')", timeout=WAIT_S * 1000)
-        (run,) = {
-            w.parent.relative_to(root).as_posix() for w in (root / "lightning_logs").rglob("window_000-batches_2-4")
-        }
-        frame.fill("#vt-diff-a", f"{run}/window_000-batches_2-4")
-        frame.fill("#vt-diff-b", f"{run}/window_001-batches_7-9")
-        frame.click("#vt-diff-go")
-        frame.wait_for_selector("#vt-diff-out table", timeout=WAIT_S * 1000)
-        diff = frame.inner_text("#vt-diff-out")
+        diff = _diff(frame, "window_000-batches_2-4", "window_001-batches_7-9")
         assert "A: 1 window(s), B: 1 window(s). Step:" in diff and "data_wait" in diff
         if os.environ.get("VT_SCREENSHOTS"):
             frame.click("rect[data-window='window_000-batches_2-4']")
@@ -232,7 +229,7 @@ def test_perfetto_opens_on_the_recorded_steps_from_the_tensorboard_host_under_a_
         fetched = [u for u in session.sent if u.endswith("/data/plugin/vt_lightning/file/" + path)]
         assert fetched and all(u.startswith(tb.base_url) for u in fetched)
         perfetto.wait_for_timeout(1000)
-        _shot(perfetto, "tb_perfetto_steps.png")
+        _shot(perfetto, "tb_perfetto_steps.png", x=0, y=0, width=1400, height=236)  # the steps' row
     finally:
         session.context.close()
     assert session.off_host() == ([], [])
@@ -365,6 +362,43 @@ def test_the_compile_panel_of_an_inductor_run_names_the_users_function(
         where = f"{user_code.SOURCE}:{user_code.line_of('def scaled', user_code.SOURCE)}"
         assert row[:3] == [recorded_name("scaled"), where, "1"], row
         _shot(page, "tb_compile.png", panel)
+    finally:
+        session.context.close()
+    assert session.off_host() == ([], [])
+
+
+def _diff(frame: Any, a: str, b: str) -> str:
+    """Compare two windows of the eager run, chosen from the lists; the answer's text."""
+    frame.wait_for_selector(f"#vt-diff-b-window option[value='{b}']", state="attached", timeout=WAIT_S * 1000)
+    frame.select_option("#vt-diff-a-window", a)
+    frame.select_option("#vt-diff-b-window", b)
+    frame.click("#vt-diff-go")
+    frame.wait_for_selector("#vt-diff-out table", timeout=WAIT_S * 1000)
+    return frame.inner_text("#vt-diff-out")
+
+
+def test_the_diff_of_two_windows_chosen_from_lists_says_only_in_b_and_the_steps_spread(
+    browser: Any, served: Any
+) -> None:
+    """Window 1 sorts its batch (batches 7-9), window 0 never does: ``aten::sort`` is only in B."""
+    tb, _ = served
+    session = Session(browser)
+    try:
+        page, frame = _tab(session, tb)
+        runs = [o.get_attribute("value") for o in frame.query_selector_all("#vt-diff-a-run option")]
+        assert runs[0] == "lightning_logs/version_0" and len(runs) == 3
+        text = _diff(frame, "window_000-batches_2-4", "window_001-batches_7-9")
+        sort = frame.query_selector(".vt-diff-ops tr:has(td.vt-name:text-is('aten::sort'))")
+        assert sort is not None, text
+        cells = [c.inner_text() for c in sort.query_selector_all("td")]
+        assert cells[1] == "–" and cells[5].startswith("only in B"), cells
+        assert sort.query_selector("td.vt-name").get_attribute("title") == "aten::sort"  # the full name on hover
+        assert "?" not in text
+        assert text.count("are not compared") == 1  # one threshold, stated once
+        spread = frame.inner_text("#vt-diff-noise")
+        pattern = r"The steps themselves: A [\d.]+ ms–[\d.]+ ms over 2 step\(s\), B [\d.]+ ms–[\d.]+ ms over 2"
+        assert re.match(pattern, spread), spread
+        _shot(page, "tb_diff.png", frame.query_selector("#vt-diff-out"))
     finally:
         session.context.close()
     assert session.off_host() == ([], [])

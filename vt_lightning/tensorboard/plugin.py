@@ -37,7 +37,7 @@ import werkzeug
 from tensorboard.plugins import base_plugin
 from werkzeug import wsgi
 
-from vt_lightning.analysis.compare import diff, diff_table
+from vt_lightning.analysis.compare import diff
 from vt_lightning.analysis.verdict_report import verdict_change_lines
 from vt_lightning.cli.serve import CONTENT_TYPES, MAX_INDEX_BYTES, SECURITY_HEADERS, perfetto_ui_dir, ui_asset
 from vt_lightning.constants import BROWSER_LIMIT_BYTES, LOGGER_NAME
@@ -205,15 +205,8 @@ class VtLightningPlugin(base_plugin.TBPlugin):
                 raise Refused(f"{name}: no readable window summaries there")
             sides.append(summaries)
         result = diff(sides[0], sides[1], limit=top)
-        tables = {key: diff_table(result.get(key) or [])[0] for key in ("breakdown", "user_python", "python", "ops")}
-        return _json(
-            {
-                **result,
-                "tables": tables,
-                "verdict_lines": verdict_change_lines(result.get("verdicts") or []),
-                "skipped": skipped,
-            }
-        )
+        lines = verdict_change_lines(result.get("verdicts") or [])
+        return _json({**result, "verdict_lines": lines, "skipped": skipped})
 
     def file_route(self, request: werkzeug.Request) -> werkzeug.Response:
         path = self._index().servable(_after(request, "file"))

@@ -215,7 +215,7 @@ function rankPanel(detail, rank) {
   body.push(section('Top user functions (inclusive ms per step)', userFunctions(s)));
   body.push(section('Top ops (self CPU ms per step)', topOps(s)));
   if (s.compile) body.push(section('torch.compile', compilePanel(s.compile)));
-  if (rank.memory || rank.memory_view) body.push(section('Memory', memoryPanel(rank.memory, rank.memory_view)));
+  if (rank.memory || rank.memory_view) body.push(section('Memory', memoryPanel(rank.memory, rank.memory_view, s.memory)));
   return el('div', { class: 'vt-rank-panel' }, body);
 }
 
@@ -230,7 +230,10 @@ function breakdownBar(breakdown, scale) {
   return el('div', {}, bar, legend);
 }
 
-function where(entry) { return entry.file ? `${entry.file}:${entry.line}` : entry.function || ''; }
+// A library's files by their path inside site-packages or the standard library (as imported).
+const LIBRARY = /\/[^\s()]*\/(site-packages|dist-packages|lib\/python3\.\d+)\//g;
+const short = (text) => String(text || '').replace(LIBRARY, '');
+function where(entry) { return entry.file ? `${short(entry.file)}:${entry.line}` : entry.function || ''; }
 
 function verdicts(s, states, list) {
   if (!list.length) return el('div', { class: 'vt-muted' }, 'No rule fired: nothing stands out in this window (docs/verdicts.md).');
@@ -374,17 +377,18 @@ const mib = (b) => `${(b / 2 ** 20).toFixed(1)} MiB`;
 
 // Drawn here from the window's memory view (a few KB the writer computed; no pickle parsed, nothing
 // fetched from elsewhere): per device the peak, allocated (and reserved) bytes over the recorded
-// steps with their boundaries, and the allocation sites live at the peak.
-function memoryPanel(memory, view) {
+// steps with their boundaries, and the allocation sites live at the peak (the view's, else the
+// summary's, which are the main device's).
+function memoryPanel(memory, view, summed) {
   const out = [];
   if (view && view.error) out.push(problem(`Memory view: ${view.error}`));
-  for (const [device, d] of Object.entries((view || {}).devices || {})) {
+  for (const [i, [device, d]] of Object.entries((view || {}).devices || {}).entries()) {
     out.push(el('p', { class: 'vt-memory-peak' }, `${device}: peak ${mib(d.peak_bytes)} allocated`,
       d.peak_reserved_bytes ? `, ${mib(d.peak_reserved_bytes)} reserved` : '', ` (${d.events} allocator events).`));
     if ((d.points || []).length) out.push(memoryChart(d, view.steps || {}));
-    const sites = d.top_sites_at_peak || [];
+    const sites = d.top_sites_at_peak || (i === 0 && (summed || {}).top_sites_at_peak) || [];
     if (sites.length) out.push(table(['live at the peak', 'where', 'MiB', 'allocations'], sites.map((site) => el('tr', { class: site.origin === 'user' ? 'vt-user-site' : '' },
-      el('td', {}, site.function), el('td', {}, site.file ? `${site.file}:${site.line}` : '(no Python frame)'),
+      el('td', {}, site.function), el('td', { title: site.file || '' }, site.file ? where(site) : '(no Python frame)'),
       el('td', { class: 'vt-num' }, (site.bytes / 2 ** 20).toFixed(2)), el('td', { class: 'vt-num' }, site.allocations))), { class: 'vt-table vt-memory-sites' }));
   }
   if (memory) out.push(el('div', { class: 'vt-muted' }, 'Every allocation with its stack: ',
@@ -436,26 +440,57 @@ function traceButtons(file, what, job, range) {
 }
 
 // ------------------------------------------------------------------------------------ diff
+// A and B each a run (all its windows) or one window, chosen from lists; the answer is
+// analysis/compare.diff's, as `vt-lightning diff` prints it: one threshold rule, the steps' own
+// spread, each row's state ("only in A", "under threshold in B") and whether it is within noise.
 function diffPanel() {
-  const a = el('input', { id: 'vt-diff-a', placeholder: 'A: run or run/window', size: 40 });
-  const b = el('input', { id: 'vt-diff-b', placeholder: 'B: run or run/window', size: 40 });
+  const sides = ['a', 'b'].map((name) => {
+    const run = el('select', { id: `vt-diff-${name}-run` }, state.runs.map((r) => el('option', { value: r.run }, r.run)));
+    const win = el('select', { id: `vt-diff-${name}-window` });
+    const fill = async (wanted) => {
+      let page = { windows: [] };
+      try { page = await api('windows', { run: run.value, limit: 500 }); } catch (e) { /* the run's windows stay unlisted: compare the run */ }
+      win.replaceChildren(el('option', { value: '' }, 'all windows of the run'), ...page.windows.map((w) => el('option', { value: w.name }, w.name)));
+      if (wanted !== undefined && page.windows[wanted]) win.value = page.windows[wanted].name;
+    };
+    run.addEventListener('change', () => fill());
+    return { run, win, fill, value: () => (win.value ? `${run.value}/${win.value}` : run.value) };
+  });
+  const [a, b] = sides;
+  for (const [i, side] of sides.entries()) { side.run.value = state.run || state.runs[0].run; side.fill(i); }
   const out = el('div', { id: 'vt-diff-out' });
-  const useSelected = el('button', { onclick: () => { const w = `${state.run}/${state.selected}`; if (!a.value) a.value = w; else b.value = w; } }, 'Use the open window');
+  const swap = el('button', { onclick: async () => {
+    const [ra, wa, rb, wb] = [a.run.value, a.win.value, b.run.value, b.win.value];
+    [a.run.value, b.run.value] = [rb, ra];
+    await Promise.all([a.fill(), b.fill()]);
+    [a.win.value, b.win.value] = [wb, wa];
+  } }, 'swap');
   const go = el('button', { id: 'vt-diff-go', onclick: async () => {
     out.replaceChildren(loading('the diff'));
-    try { out.replaceChildren(diffTables(await api('diff', { a: a.value, b: b.value }))); } catch (e) { out.replaceChildren(problem(e.message)); }
+    try { out.replaceChildren(diffTables(await api('diff', { a: a.value(), b: b.value() }))); } catch (e) { out.replaceChildren(problem(e.message)); }
   } }, 'Compare');
-  return section('Diff of two windows or two runs (as vt-lightning diff)', el('div', {}, a, ' ', b, ' ', useSelected, ' ', go), out);
+  return section('Diff of two windows or two runs (as vt-lightning diff)', el('div', { class: 'vt-diff-pick' },
+    'A ', a.run, a.win, ' B ', b.run, b.win, ' ', swap, ' ', go), out);
 }
 
+const signed = (v, digits = 3) => `${v >= 0 ? '+' : ''}${v.toFixed(digits)}`;
 function diffTables(result) {
-  const step = result.step;
-  const out = [el('p', {}, `A: ${result.a_windows} window(s), B: ${result.b_windows} window(s). Step: ${step.a_ms.toFixed(2)} → ${step.b_ms.toFixed(2)} ms (${step.delta_ms >= 0 ? '+' : ''}${step.delta_ms.toFixed(2)} ms${typeof step.delta_percent === 'number' ? `, ${step.delta_percent >= 0 ? '+' : ''}${step.delta_percent.toFixed(1)}%` : ''}).`)];
+  const step = result.step, noise = result.noise || {};
+  const spread = (s) => (s && s.steps ? `${ms(s.min_ms)}–${ms(s.max_ms)} over ${s.steps} step(s)` : 'no steps');
+  const out = [el('p', { id: 'vt-diff-step' }, `A: ${result.a_windows} window(s), B: ${result.b_windows} window(s). Step: ${ms(step.a_ms)} → ${ms(step.b_ms)} `,
+    `(${signed(step.delta_ms, 2)} ms${typeof step.delta_percent === 'number' ? `, ${signed(step.delta_percent, 1)}%` : ''})`,
+    step.within_noise ? ', within noise.' : '.')];
+  if (noise.a) out.push(el('p', { id: 'vt-diff-noise' }, `The steps themselves: A ${spread(noise.a)}, B ${spread(noise.b)}. ${noise.text ? noise.text[0].toUpperCase() + noise.text.slice(1) : ''}.`));
+  if (result.rule) out.push(el('p', { id: 'vt-diff-rule', class: 'vt-muted' }, `${result.rule[0].toUpperCase()}${result.rule.slice(1)} (ms per step).`));
   const titles = { breakdown: 'breakdown (ms per step)', user_python: 'your functions (inclusive ms per step)', python: 'all Python functions (self ms per step)', ops: 'torch ops (self CPU ms per step)' };
   for (const [key, title] of Object.entries(titles)) {
-    const cells = (result.tables || {})[key] || [];
-    if (!cells.length) continue;
-    out.push(el('h4', {}, title), table(['name', 'A', 'B', 'change', '%'], cells.map((row) => el('tr', {}, row.map((c, i) => el('td', { class: i ? 'vt-num' : '' }, c))))));
+    const rows = result[key] || [];
+    if (!rows.length) continue;
+    out.push(el('div', { class: `vt-diff-${key}` }, el('h4', {}, title), table(['name', 'A', 'B', 'change', '%', ''], rows.map((r) => el('tr', { class: r.within_noise ? 'vt-within-noise' : '', 'data-state': r.state || 'both' },
+      el('td', { class: 'vt-name', title: r.name }, short(r.name)),
+      el('td', { class: 'vt-num' }, r.a_text ?? (r.a_ms ?? 0).toFixed(3)), el('td', { class: 'vt-num' }, r.b_text ?? (r.b_ms ?? 0).toFixed(3)),
+      el('td', { class: 'vt-num' }, signed(r.delta_ms)), el('td', { class: 'vt-num' }, typeof r.delta_percent === 'number' ? `${signed(r.delta_percent, 1)}%` : '–'),
+      el('td', { class: 'vt-diff-note' }, [r.state && r.state !== 'both' ? r.state : null, r.within_noise ? 'within noise' : null].filter(Boolean).join('; ')))))));
   }
   if ((result.verdict_lines || []).length) out.push(el('h4', {}, 'verdicts'), el('pre', {}, result.verdict_lines.join('\n')));
   if ((result.skipped || []).length) out.push(el('div', { class: 'vt-note' }, `Skipped: ${result.skipped.join('; ')}`));
