@@ -193,6 +193,22 @@ def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(
 VISIBLE = """() => { const t = window.app && window.app.trace; if (!t) return null;
   const span = t.timeline.visibleWindow.toTimeSpan();
   return [Number(span.start), Number(span.end), Number(t.traceInfo.start), Number(t.traceInfo.end)]; }"""
+TRACKS = """() => { const t = window.app && window.app.trace; if (!t) return null;
+  const walk = (n) => [n.name, ...n.children.flatMap(walk)];
+  return { workspace: t.workspace.title, top: t.workspace.children.map((c) => c.name),
+           all: t.workspace.children.flatMap(walk) }; }"""
+ANONYMOUS = re.compile(r"^(Unnamed|python \d|Process \d|Thread \d|pid )")
+
+
+def _tracks(perfetto: Any) -> dict[str, Any]:
+    """The workspace Perfetto shows once its startup commands ran: its title and track names."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        tracks = perfetto.evaluate(TRACKS)
+        if tracks and tracks["workspace"] == "vt_lightning" and tracks["top"]:
+            return tracks
+        perfetto.wait_for_timeout(250)
+    raise AssertionError(f"Perfetto did not switch to the vt_lightning workspace: {perfetto.evaluate(TRACKS)}")
 
 
 def test_perfetto_opens_on_the_recorded_steps_from_the_tensorboard_host_under_a_policy_tensorboard_accepts(
@@ -229,6 +245,9 @@ def test_perfetto_opens_on_the_recorded_steps_from_the_tensorboard_host_under_a_
         fetched = [u for u in session.sent if u.endswith("/data/plugin/vt_lightning/file/" + path)]
         assert fetched and all(u.startswith(tb.base_url) for u in fetched)
         perfetto.wait_for_timeout(1000)
+        tracks = _tracks(perfetto)  # each track named by rank and role, the rank's main process first
+        assert re.match(r"rank 0 · main process \d+$", tracks["top"][0]), tracks
+        assert tracks["all"] and not [name for name in tracks["all"] if ANONYMOUS.match(name)], tracks
         _shot(perfetto, "tb_perfetto_steps.png", x=0, y=0, width=1400, height=236)  # the steps' row
     finally:
         session.context.close()
@@ -340,6 +359,11 @@ def test_the_ddp_job_is_shown_above_the_ranks_side_by_side_with_its_straggler(br
         assert found, straggler
         assert float(found[2]) <= float(found[1]) * 1.5 and float(found[2]) >= 20  # ~30 ms of sleep per step
         _shot(page, "tb_job.png", job)
+        with session.context.expect_page() as opened:
+            frame.click("#vt-job .vt-perfetto")
+        top = _tracks(opened.value)["top"]  # the job file: rank 0's processes, then rank 1's
+        ranks = [int(name.split()[1]) for name in top]
+        assert ranks == sorted(ranks) and set(ranks) == {0, 1} and re.match(r"rank 0 · main process", top[0]), top
     finally:
         session.context.close()
     assert session.off_host() == ([], [])

