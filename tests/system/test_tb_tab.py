@@ -7,6 +7,7 @@ with a seeded slow ``Dataset.__getitem__``. One run, one server and one browser 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -135,6 +136,17 @@ class Session:
         return sent, made
 
 
+@contextlib.contextmanager
+def _opened(browser: Any, tb: tbcheck.TensorBoardServer) -> Iterator[tuple[Any, Any, Session]]:
+    """(page, the tab's frame, its session) in a fresh context; afterwards no request left 127.0.0.1."""
+    session = Session(browser)
+    try:
+        yield (*_tab(session, tb), session)
+    finally:
+        session.context.close()
+    assert session.off_host() == ([], [])
+
+
 def _tab(session: Session, tb: tbcheck.TensorBoardServer) -> tuple[Any, Any]:
     page = session.context.new_page()
     page.goto(f"{tb.base_url}/#vt_lightning")
@@ -151,9 +163,7 @@ def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(
     browser: Any, served: Any, user_code: Any
 ) -> None:
     tb, root = served
-    session = Session(browser)
-    try:
-        page, frame = _tab(session, tb)
+    with _opened(browser, tb) as (page, frame, _):
         windows = frame.inner_text("#vt-windows")
         assert "window_000-batches_2-4" in windows and "window_001-batches_7-9" in windows
         assert windows.count("input_bound") == 2 and windows.count("complete") == 2
@@ -185,9 +195,6 @@ def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(
             _shot(page, "tb_vt_lightning.png")
         # torch-tb-profiler loads its runs on a background thread: poll until it has read them
         assert tb.wait_for_runs(1, timeout=WAIT_S), "torch-tb-profiler's tab still lists the windows beside ours"
-    finally:
-        session.context.close()
-    assert session.off_host() == ([], [])
 
 
 VISIBLE = """() => { const t = window.app && window.app.trace; if (!t) return null;
@@ -217,9 +224,7 @@ def test_perfetto_opens_on_the_recorded_steps_from_the_tensorboard_host_under_a_
     """Perfetto loads the trace from TensorBoard's host and shows the window's recorded steps first
     (not the seconds before them); TensorBoard's security validator logs nothing for its pages."""
     tb, root = served
-    session = Session(browser)
-    try:
-        _, frame = _tab(session, tb)
+    with _opened(browser, tb) as (_, frame, session):
         button = frame.query_selector(".vt-perfetto")
         path = button.get_attribute("data-path")
         trace = root / path
@@ -249,9 +254,6 @@ def test_perfetto_opens_on_the_recorded_steps_from_the_tensorboard_host_under_a_
         assert re.match(r"rank 0 · main process \d+$", tracks["top"][0]), tracks
         assert tracks["all"] and not [name for name in tracks["all"] if ANONYMOUS.match(name)], tracks
         _shot(perfetto, "tb_perfetto_steps.png", x=0, y=0, width=1400, height=236)  # the steps' row
-    finally:
-        session.context.close()
-    assert session.off_host() == ([], [])
     assert [line for line in tb.log_text().splitlines() if VALIDATOR in line or "Content-Security-Policy" in line] == []
 
 
@@ -259,9 +261,7 @@ def test_the_memory_panel_draws_the_peak_the_steps_and_the_users_allocation(
     browser: Any, served: Any, user_code: Any
 ) -> None:
     tb, _ = served
-    session = Session(browser)
-    try:
-        page, frame = _tab(session, tb)
+    with _opened(browser, tb) as (page, frame, _):
         panel = frame.wait_for_selector(".vt-memory", timeout=WAIT_S * 1000)
         peak = frame.inner_text(".vt-memory-peak")
         assert peak.startswith(f"cpu: peak {user_code.SCRATCH_MIB:.1f} MiB allocated"), peak
@@ -274,9 +274,6 @@ def test_the_memory_panel_draws_the_peak_the_steps_and_the_users_allocation(
         assert cells[:3] == [recorded_name("Tiny.scratch"), scratch, f"{user_code.SCRATCH_MIB:.2f}"]
         assert "vt-user-site" in (first.get_attribute("class") or "")
         _shot(page, "tb_vt_memory.png", panel)
-    finally:
-        session.context.close()
-    assert session.off_host() == ([], [])
 
 
 def test_the_excerpt_is_the_recorded_one_and_says_the_file_changed_since(
@@ -290,18 +287,16 @@ def test_the_excerpt_is_the_recorded_one_and_says_the_file_changed_since(
     original = source.read_text()
     line = user_code.getitem_line()
     source.write_text("# two lines added\n# after the run\n" + original)
-    session = Session(browser)
     try:
-        page, frame = _tab(session, tb)
-        note = frame.inner_text("#vt-verdicts .vt-source-note")
-        assert note == "Changed since this window: the lines as they were."
-        shown = frame.inner_text("#vt-verdicts .vt-hit").strip()
-        assert shown == f"{line}      def __getitem__(self, index: int) -> torch.Tensor:"
-        assert not [u for u in session.sent if "/data/plugin/vt_lightning/source" in u]
-        _shot(page, "tb_source_changed.png", frame.query_selector("#vt-verdicts"))
+        with _opened(browser, tb) as (page, frame, session):
+            note = frame.inner_text("#vt-verdicts .vt-source-note")
+            assert note == "Changed since this window: the lines as they were."
+            shown = frame.inner_text("#vt-verdicts .vt-hit").strip()
+            assert shown == f"{line}      def __getitem__(self, index: int) -> torch.Tensor:"
+            assert not [u for u in session.sent if "/data/plugin/vt_lightning/source" in u]
+            _shot(page, "tb_source_changed.png", frame.query_selector("#vt-verdicts"))
     finally:
         source.write_text(original)
-        session.context.close()
     with pytest.raises(urllib.error.HTTPError, match="404"):  # the route that read files is gone
         tb.get_raw("/data/plugin/vt_lightning/source", {"file": user_code.SOURCE, "line": 1})
 
@@ -318,26 +313,22 @@ def test_a_new_window_shows_on_reload_without_a_restart_and_a_huge_trace_is_anno
     (trace,) = new.glob("*.pt.trace.json.gz")
     data = trace.read_bytes()
     trace.write_bytes(data[:-4] + (400 << 20).to_bytes(4, "little"))
-    session = Session(browser)
     try:
-        _, frame = _tab(session, tb)
-        assert "window_005-slow_step-batches_12-14" in frame.inner_text("#vt-windows")
-        frame.click("tr[data-window='window_005-slow_step-batches_12-14']")
-        frame.wait_for_selector("#vt-window-title:has-text('slow_step')", timeout=WAIT_S * 1000)
-        warning = frame.inner_text(".vt-too-big")
-        assert "more than a browser loads" in warning and f"vt-lightning view {root}" in warning
-        assert "400.0 MB of JSON to load" in frame.inner_text(".vt-trace")
+        with _opened(browser, tb) as (_, frame, _):
+            assert "window_005-slow_step-batches_12-14" in frame.inner_text("#vt-windows")
+            frame.click("tr[data-window='window_005-slow_step-batches_12-14']")
+            frame.wait_for_selector("#vt-window-title:has-text('slow_step')", timeout=WAIT_S * 1000)
+            warning = frame.inner_text(".vt-too-big")
+            assert "more than a browser loads" in warning and f"vt-lightning view {root}" in warning
+            assert "400.0 MB of JSON to load" in frame.inner_text(".vt-trace")
     finally:
         shutil.rmtree(new)
-        session.context.close()
 
 
 def test_the_ddp_job_is_shown_above_the_ranks_side_by_side_with_its_straggler(browser: Any, served: Any) -> None:
     """A real 2-rank gloo job whose rank 1 sleeps 30 ms per step in ``slow_on_rank_one``."""
     tb, root = served
-    session = Session(browser)
-    try:
-        page, frame = _tab(session, tb)
+    with _opened(browser, tb) as (page, frame, session):
         frame.click(".vt-run[data-run^='zz_ddp']")
         job = frame.wait_for_selector("#vt-job", timeout=WAIT_S * 1000)
         panels = frame.query_selector_all("#vt-window .vt-section, #vt-window .vt-rank-panel")
@@ -364,9 +355,6 @@ def test_the_ddp_job_is_shown_above_the_ranks_side_by_side_with_its_straggler(br
         top = _tracks(opened.value)["top"]  # the job file: rank 0's processes, then rank 1's
         ranks = [int(name.split()[1]) for name in top]
         assert ranks == sorted(ranks) and set(ranks) == {0, 1} and re.match(r"rank 0 · main process", top[0]), top
-    finally:
-        session.context.close()
-    assert session.off_host() == ([], [])
 
 
 def test_the_compile_panel_of_an_inductor_run_names_the_users_function(
@@ -374,9 +362,7 @@ def test_the_compile_panel_of_an_inductor_run_names_the_users_function(
 ) -> None:
     """A real cold inductor compile of ``tab_run.scaled`` in the window's first step."""
     tb, _ = served
-    session = Session(browser)
-    try:
-        page, frame = _tab(session, tb)
+    with _opened(browser, tb) as (page, frame, _):
         frame.click(".vt-run[data-run^='zz_compiled']")
         panel = frame.wait_for_selector("#vt-compile", timeout=WAIT_S * 1000)
         total = frame.inner_text("#vt-compile-total")
@@ -386,9 +372,6 @@ def test_the_compile_panel_of_an_inductor_run_names_the_users_function(
         where = f"{user_code.SOURCE}:{user_code.line_of('def scaled', user_code.SOURCE)}"
         assert row[:3] == [recorded_name("scaled"), where, "1"], row
         _shot(page, "tb_compile.png", panel)
-    finally:
-        session.context.close()
-    assert session.off_host() == ([], [])
 
 
 def _diff(frame: Any, a: str, b: str) -> str:
@@ -406,9 +389,7 @@ def test_the_diff_of_two_windows_chosen_from_lists_says_only_in_b_and_the_steps_
 ) -> None:
     """Window 1 sorts its batch (batches 7-9), window 0 never does: ``aten::sort`` is only in B."""
     tb, _ = served
-    session = Session(browser)
-    try:
-        page, frame = _tab(session, tb)
+    with _opened(browser, tb) as (page, frame, _):
         runs = [o.get_attribute("value") for o in frame.query_selector_all("#vt-diff-a-run option")]
         assert runs[0] == "lightning_logs/version_0" and len(runs) == 3
         text = _diff(frame, "window_000-batches_2-4", "window_001-batches_7-9")
@@ -423,6 +404,3 @@ def test_the_diff_of_two_windows_chosen_from_lists_says_only_in_b_and_the_steps_
         pattern = r"The steps themselves: A [\d.]+ ms–[\d.]+ ms over 2 step\(s\), B [\d.]+ ms–[\d.]+ ms over 2"
         assert re.match(pattern, spread), spread
         _shot(page, "tb_diff.png", frame.query_selector("#vt-diff-out"))
-    finally:
-        session.context.close()
-    assert session.off_host() == ([], [])
