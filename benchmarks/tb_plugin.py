@@ -11,8 +11,9 @@ links to the real trace and memory snapshot. Measured in process, through Tensor
 plugin each time (cold caches, warm OS page cache):
 
 * **first load**: the requests the tab makes before it shows anything: ``runs``, the first page of
-  ``windows`` (``FIRST_PAGE`` = 200 rows, as static/index.js asks), the first ``window`` and its
-  verdict's ``source`` lines (the tab then fetches the other rows, 500 a request, while shown);
+  ``windows`` (``FIRST_PAGE`` = 200 rows, as static/index.js asks) and the first ``window``, which
+  carries its verdicts' recorded source lines (the tab then fetches the other rows, 500 a request,
+  while shown);
 * **all rows**: every page of ``windows``, on a fresh plugin (every window's summary read, checked
   against the schema and cached);
 * **memory**: tracemalloc's peak during the first load, and what the plugin holds after all rows.
@@ -93,18 +94,7 @@ def first_load(client: Any) -> int:
     runs = _get(client, "runs")["runs"]
     page = _get(client, "windows", run=runs[0]["run"], limit=FIRST_PAGE)
     first = page["windows"][0]
-    detail = _get(client, "window", run=first["run"], name=first["name"])
-    rank = detail["ranks"][0]
-    where = rank["summary"]["verdicts"][0]["where"][0]
-    _get(
-        client,
-        "source",
-        run=first["run"],
-        name=first["name"],
-        worker=rank["worker"],
-        file=where["file"],
-        line=where["line"],
-    )
+    _get(client, "window", run=first["run"], name=first["name"])
     return len(page["windows"])
 
 
@@ -205,7 +195,7 @@ def render(results: dict[int, list[dict[str, float]]], rounds: int, quick: bool)
         "of a real window, each with its own summary), the plugin in process through TensorBoard's WSGI "
         f"routing, a fresh plugin per measure; median (min–max) over {rounds} round(s), the sizes "
         "interleaved in alternating order. First load: what the tab waits for before it shows anything: "
-        f"`runs`, the first {FIRST_PAGE} rows of `windows`, the first `window` and its verdict's `source`; "
+        f"`runs`, the first {FIRST_PAGE} rows of `windows`, the first `window` (with its recorded source lines); "
         "all rows: every page of `windows` (a summary read and schema-checked per window), on a fresh "
         "plugin. Memory: tracemalloc (Python allocations); held: what the plugin keeps after all rows.",
         "",

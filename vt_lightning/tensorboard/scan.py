@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+import orjson
+
 from vt_lightning.analysis.schema import Summary
 from vt_lightning.constants import MEMORY_SUFFIX, SUMMARY_JSON_SUFFIX, TRACE_SUFFIX
 from vt_lightning.export.job_file import JOB_DIR, JOB_SUFFIX, JOB_SUMMARY_SUFFIX
@@ -38,16 +40,15 @@ WINDOW_DIR = re.compile(
     r"(?:\.(?P<copy>\d+))?$"
 )
 WORKER_FILE = re.compile(
-    r"^(?P<worker>.+)_(?P<rank>\d+)\.(?P<span>\d+)\.(?P<kind>pt\.trace\.json\.gz|summary\.jsonc?|memory_snapshot\.pickle)$"
+    r"^(?P<worker>.+)_(?P<rank>\d+)\.(?P<span>\d+)\.(?P<kind>pt\.trace\.json\.gz|summary\.jsonc?|memory_snapshot\.pickle|memory_view\.jsonc)$"
 )
+KINDS = {"pt.trace.json.gz": "trace", "memory_snapshot.pickle": "memory", "memory_view.jsonc": "memory_view"}
 MAX_DEPTH = 6  # log dir / lightning_logs / version_N / window: runs sit a few levels down at most
 MAX_ROWS = 4096
 MAX_SUMMARIES = 32
 MAX_DIRS = 8192  # directory listings kept; past it the oldest are listed again when asked
 WRITING_S = 120.0  # a trace without its summary, younger than this: the writer is still at it
-SOURCE_CONTEXT = 4  # lines shown above and below a user's line
-SOURCE_MAX_BYTES = 4 << 20  # read at most this much of a source file to reach the line
-SOURCE_MAX_LINE_CHARS = 400
+MEMORY_VIEW_MAX_BYTES = 256 << 10  # a memory view is a few KB; past this it is not ours
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -106,6 +107,7 @@ class WorkerFiles:
     trace: str | None = None
     summary: str | None = None
     memory: str | None = None
+    memory_view: str | None = None
 
 
 @dataclass
@@ -204,7 +206,7 @@ class LogIndex:
             if match is None:
                 continue
             key = (match["worker"], int(match["rank"]), match["span"])
-            kind = {"pt.trace.json.gz": "trace", "memory_snapshot.pickle": "memory"}.get(match["kind"], "summary")
+            kind = KINDS.get(match["kind"], "summary")
             if kind == "summary" and "summary" in found.get(key, {}) and name.endswith(".json"):
                 continue  # both names of one summary (rewritten by a newer version): the .jsonc wins
             found.setdefault(key, {})[kind] = name
@@ -300,6 +302,8 @@ class LogIndex:
                 entry["trace"] = _file_entry(relative, w.trace, listing.files[w.trace][0], window_dir / w.trace)
             if w.memory:
                 entry["memory"] = _file_entry(relative, w.memory, listing.files[w.memory][0])
+            if w.memory_view:
+                entry["memory_view"] = memory_view(window_dir / w.memory_view)
             if w.summary:
                 try:
                     summary = self.read(window_dir / w.summary)
@@ -307,6 +311,7 @@ class LogIndex:
                     entry["error"] = str(problem)
                 else:
                     entry["summary"] = {k: v for k, v in summary.items() if not k.startswith("_")}
+                    entry["sources"] = source_states(summary)
                     job = summary.get("job")
                     if isinstance(job, dict) and isinstance(job.get("file"), str):
                         entry["job"] = self._job_file(relative, window_dir, job["file"])
@@ -339,62 +344,40 @@ class LogIndex:
             raise Refused(f"{relative}: not a file vt_lightning wrote")
         return self.inside(relative)
 
-    def named_places(self, summary: Summary) -> set[tuple[str, int]]:
-        """Every (file, line) of the user's code a summary names: the only source lines served."""
-        places: set[tuple[str, int]] = set()
 
-        def add(entry: Any) -> None:
-            if isinstance(entry, dict) and isinstance(entry.get("file"), str) and isinstance(entry.get("line"), int):
-                places.add((entry["file"], entry["line"]))
-
-        for verdict in summary.get("verdicts") or []:
-            for where in verdict.get("where") or []:
-                add(where)
-        top = summary.get("top_python") or {}
-        for entry in [*(top.get("by_self") or []), *(top.get("by_inclusive") or [])]:
-            if entry.get("origin") == "user":
-                add(entry)
-        compiled: dict[str, Any] = dict(summary.get("compile") or {})
-        for key in ("functions", "graph_breaks", "recompiles"):
-            for entry in compiled.get(key) or []:
-                add(entry)
-        job: dict[str, Any] = dict(summary.get("job") or {})
-        add(job.get("straggler"))
-        return places
-
-    def source(self, run: str, name: str, worker: str, file: str, line: int) -> dict[str, Any]:
-        """A few lines around ``file:line``, only if that window's summary names that place."""
-        detail_dir = self.inside(f"{run}/{name}" if run not in ("", ".") else name)
-        workers, _ = self.workers(detail_dir)
-        chosen = next((w for w in workers if w.worker == worker and w.summary), None)
-        if chosen is None:
-            raise Refused(f"{worker}: no summary of that worker in {name}")
+def source_states(summary: Summary) -> dict[str, str]:
+    """Whether each file whose lines the summary recorded is still as it was: ``same``, ``changed``
+    (its size or mtime differ: the tab shows the lines as recorded and says so) or ``not here``.
+    A stat, never a read: the tab shows no line it did not get from the summary."""
+    sources = summary.get("sources")
+    files = sources.get("files") if isinstance(sources, dict) else None
+    states = {}
+    for name, recorded in files.items() if isinstance(files, dict) else ():
         try:
-            summary = self.read(detail_dir / str(chosen.summary))
-        except UnreadableFile as problem:
-            raise Refused(str(problem), 400) from None
-        if (file, line) not in self.named_places(summary):
-            raise Refused(f"{file}:{line}: not a place this window's summary names")
-        return {"file": file, "line": line, "lines": read_lines(Path(file), line)}
+            info = os.stat(name)
+        except (OSError, ValueError):
+            states[name] = "not here"
+            continue
+        same = isinstance(recorded, dict) and (recorded.get("mtime_ns"), recorded.get("size")) == (
+            info.st_mtime_ns,
+            info.st_size,
+        )
+        states[name] = "same" if same else "changed"
+    return states
 
 
-def read_lines(path: Path, line: int, context: int = SOURCE_CONTEXT) -> list[list[Any]]:
-    """[[number, text], ...] around ``line``: a regular file only, at most ``SOURCE_MAX_BYTES`` read."""
-    first, last = max(1, line - context), line + context
-    lines: list[list[Any]] = []
+def memory_view(path: Path) -> dict[str, Any]:
+    """A window's memory view (the curve, the peak and the sites live at it, a few KB the writer
+    computed), or ``{"error": why}``: bounded, a regular file, a JSON object of schema 1."""
     try:
         with open_regular(path) as f:
-            read = 0
-            for number, raw in enumerate(f, 1):
-                read += len(raw)
-                if number >= first:
-                    text = raw.decode("utf-8", "replace").rstrip("\r\n")
-                    lines.append([number, text[:SOURCE_MAX_LINE_CHARS]])
-                if number >= last or read > SOURCE_MAX_BYTES:
-                    break
-    except (UnreadableFile, OSError) as problem:
-        raise Refused(f"{path}: not readable here ({problem})") from None
-    return lines
+            raw = f.read(MEMORY_VIEW_MAX_BYTES + 1)
+        view = orjson.loads(raw) if len(raw) <= MEMORY_VIEW_MAX_BYTES else None
+    except (UnreadableFile, OSError, orjson.JSONDecodeError) as problem:
+        return {"error": f"{path.name}: not readable ({problem})"}
+    if not isinstance(view, dict) or view.get("schema") != 1 or not isinstance(view.get("devices"), dict):
+        return {"error": f"{path.name}: not a memory view this version reads"}
+    return view
 
 
 def _file_entry(relative: str, name: str, size: int | None, path: Path | None = None) -> dict[str, Any]:
@@ -434,6 +417,8 @@ def _row_of(summary: Summary) -> dict[str, Any]:
     return {
         "step_mean_ms": step.get("mean"),
         "step_p50_ms": step.get("p50"),
+        "step_min_ms": step.get("min"),
+        "step_max_ms": step.get("max"),
         "recorded": len((summary.get("steps") or {}).get("recorded") or []),
         "partial": bool(window.get("partial")),
         "verdicts": verdicts[:3],
