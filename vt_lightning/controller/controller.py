@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 from vt_lightning.analysis.filters import PythonFilter, module_hook_locations, path_prefixes
-from vt_lightning.analysis.history import WindowNumbers
 from vt_lightning.analysis.lifecycle import Action, Boundary, actions, phase_in
 from vt_lightning.analysis.schedule import Phase, Window
 from vt_lightning.analysis.sources import Planned, WindowPlan
@@ -47,7 +46,6 @@ class WindowController:
     def __init__(self, options: Options) -> None:
         self.options = options
         self.python: PythonTracer | None = None  # one per process and configuration (see pytracer)
-        self.completed = WindowNumbers()  # schedule cycles written (checkpointed: no window twice)
         self.reset(None)
         _LIVE.add(self)  # a forked child forgets this controller's windows: ``_forget_in_forked_child``
 
@@ -78,6 +76,7 @@ class WindowController:
         self.windows_recorded = 0
         self.batches_seen = 0
         self.eval_step = -1  # batch index within a validate / test / predict stage
+        self.first = 0  # the run's first batch: a resumed fit, or a Trainer's second fit, starts past 0
         self.train_started: tuple[int, int] | None = None  # (perf_counter_ns, global batch) at train start
 
     def setup(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
@@ -92,7 +91,6 @@ class WindowController:
 
     def _start_run(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
         o = self.options
-        self.completed = WindowNumbers()  # a resumed fit restores it after setup (load_state_dict)
         run = self.run = runs.read_run(trainer, stage, o.dirpath, o.spool_dir)  # collective: first, on every rank
         self.trainer = weakref.ref(trainer)
         enabled, rival = runs.should_record(run, o, trainer, superseded_by, self.warn)
@@ -110,26 +108,32 @@ class WindowController:
         self.writer.submit(remove_stale_temporaries, run.root)
         self.spool = spool_directory(o.spool_dir)
         self.outcomes.start(self.spool, self.writer.submit, o.keep_windows)  # the full table, retention
-        first = runs.global_batch(trainer) if stage == "fit" else 0
-        self.budget.start(runs.any_rank(trainer) if o.ranks is None else bool, first + (stage == "fit"))  # see budget
+        self.budget.start(runs.any_rank(trainer) if o.ranks is None else bool)
         if agreement is not None:
             self.triggers = arm(
-                trainer, o.triggers, agreement, group, run.output, run.cuda, self.warn, self.step_clock, first + 1,
-                self._look_now,
+                trainer, o.triggers, agreement, group, run.output, run.cuda, self.warn, self.step_clock,
+                runs.global_batch(trainer) + 1, self._look_now,
             )  # fmt: skip
             self.slow = self.triggers.watch.slow
-        self._schedule_from(first)
-        if stage != "fit":  # fit's length is known only at train start (train_start)
-            self.writer.prestart(self.plan.next_boundary(first), first, None, cpu_bound=runs.trains_on_cpu(run))
+        if stage != "fit":  # fit's first batch and length are known only at train start (train_start)
+            self._schedule_from(0)
+            self.writer.prestart(self.plan.next_boundary(0), 0, None, cpu_bound=runs.trains_on_cpu(run))
         side_recorders.start_run(o, run, self.spool, trainer, self.plan, self.warn)  # DataLoader workers (workers.py)
 
     def train_start(self, trainer: Any) -> None:
-        """Fit's length is known now: start the writer ahead of a first window within the run (``prestart``)."""
+        """Lightning restored a resumed fit's loops after ``on_fit_start``: the schedule counts from this
+        fit's first batch now (as torch.profiler's from its own start), and the writer starts ahead of
+        a first window within the run (``prestart``)."""
         if self.writer is not None and self.stage == "fit" and self.run is not None:
-            now = runs.global_batch(trainer)
-            self.train_started = (time.perf_counter_ns(), now)
+            first = self.first = runs.batches_started(trainer)
+            schedule = self.options.schedule
+            self.plan.schedule = dataclasses.replace(schedule, skip_first=schedule.skip_first + first)
+            self.budget.budget.first_batch = first
+            self.train_started = (time.perf_counter_ns(), first - 1)
+            self._schedule_from(first)
             cpu_bound = runs.trains_on_cpu(self.run)
-            self.writer.prestart(self.plan.next_boundary(now), now, runs.fit_end_batch(trainer), cpu_bound=cpu_bound)
+            end = runs.fit_end_batch(trainer)
+            self.writer.prestart(self.plan.next_boundary(first), first - 1, end, cpu_bound=cpu_bound)
 
     def end_stage(self, stage: str, batches: int | None = None) -> None:
         """A stage ran out of batches (or fit ended): close what is open, wait for the writer."""
@@ -163,7 +167,7 @@ class WindowController:
         try:
             self.finalize(runs.END_REASONS[stage])
             if self.writer is not None and not self.windows_recorded:  # enabled, and nothing to show
-                messages.nothing_recorded(self.options, self.stage, self.batches_seen, self.windows_skipped)
+                messages.nothing_recorded(self.options, self.stage, self._span(), self.windows_skipped)
         finally:
             self.shutdown()
 
@@ -175,7 +179,7 @@ class WindowController:
                     self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
                 self._read_inbox(log=False)
                 self.outcomes.skipped = self.windows_skipped
-                messages.end_of_run(self._root(), self.outcomes, self.triggered_runs, self.stage)
+                messages.end_of_run(self._root(), self.outcomes, self.triggered_runs, self.stage, self._span())
         finally:
             side_recorders.end_run(self.trainer())
             reap_dump_children()  # of windows interrupted between their dump and their hand-off
@@ -247,9 +251,6 @@ class WindowController:
             self._quiet_until(math.inf)
             return
         target = dataclasses.replace(planned.window, index=planned.number)
-        if planned.trigger is None and planned.window.index in self.completed:
-            self._skip(target)
-            return
         self.planned = planned
         self._run(_S, Phase.NONE, phase_in(target, step), step, target)
 
@@ -297,8 +298,6 @@ class WindowController:
         assert self.run is not None and self.spool is not None and self.writer is not None
         target, planned = window.window, self.planned
         trigger = planned.trigger if planned is not None else None
-        if trigger is None and planned is not None:
-            self.completed.add(planned.window.index)  # checkpointed: a schedule cycle is never recorded twice
         self._schedule_from(target.end)
         incomplete = len(window.steps) < len(target.active_steps)
         if incomplete:
@@ -372,6 +371,10 @@ class WindowController:
         trainer = self.trainer()
         if log and self.outcomes.unlogged and trainer is not None:
             self.outcomes.log_summaries(trainer.loggers)
+
+    def _span(self) -> tuple[int, int]:
+        """The run's batches: its first, and how many it started (a fit's are global batch numbers)."""
+        return self.first, max(self.batches_seen - self.first, 0)
 
     def _root(self) -> Any:
         return self.run.output if self.run is not None else None

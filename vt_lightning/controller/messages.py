@@ -64,30 +64,32 @@ def warn_cut_window(
         )
 
 
-def nothing_recorded(options: Options, stage: str | None, batches: int, skipped: int) -> None:
-    """One line when a run ends without any window, saying why (short run, warmup, skips)."""
-    schedule = options.schedule
-    first = schedule.window(0)
+def nothing_recorded(options: Options, stage: str | None, span: tuple[int, int], skipped: int) -> None:
+    """One line when a run ends without any window: what ran in it, why no window, and what would help."""
+    schedule, (first, batches) = options.schedule, span
+    window = schedule.window(0)
     stage = stage or "fit"
     unit = "training batch(es)" if stage == "fit" else f"{stage} batch(es)"
+    ran = f"{stage} ran {batches} {unit}"
+    if first:  # a resumed fit, or a Trainer's second: the schedule counts from this fit's first batch
+        ran += f" from global batch {first} (the schedule counts from each fit's first batch)"
     if skipped:
-        why = f"{skipped} window(s) were skipped (see the warnings above)"
+        why, advice = f"{skipped} window(s) were skipped", "See the warnings above."
     elif not options.scheduled_windows:
-        why = f"{stage} ran {batches} {unit} with only triggers opening windows, and none fired"
-    elif batches <= first.warmup_start:
+        why, advice = f"{ran} with only triggers opening windows, and none fired", "Lower the triggers' thresholds."
+    elif batches <= window.warmup_start:
         why = (
-            f"{stage} ran {batches} {unit}, and the first window's warmup starts at batch "
-            f"{first.warmup_start} (skip_first={schedule.skip_first}, wait={schedule.wait})"
+            f"{ran}, and the first window's warmup starts at its batch {window.warmup_start} "
+            f"(skip_first={schedule.skip_first}, wait={schedule.wait})"
         )
+        advice = "Lower `skip_first` / `wait`, or run more batches."
     else:
         why = (
-            f"{stage} ran {batches} {unit} and ended during the first window's warmup "
-            f"(batches {first.warmup_start}-{first.active_start - 1}); recording starts at batch "
-            f"{first.active_start}"
+            f"{ran} and ended during the first window's warmup (its batches {window.warmup_start}-"
+            f"{window.active_start - 1}); recording starts at its batch {window.active_start}"
         )
-    rank_zero_info(
-        f"vt_lightning: no window was recorded: {why}. Lower `skip_first` / `wait` / `warmup`, or run more batches."
-    )
+        advice = "Lower `warmup`, or run more batches."
+    rank_zero_info(f"vt_lightning: no window was recorded: {why}. {advice}")
 
 
 TRIGGERED_SHOWN = 5  # triggered windows named at the end of a run (the latest)
@@ -95,7 +97,11 @@ TRIGGERED_SHOWN = 5  # triggered windows named at the end of a run (the latest)
 
 @rank_zero_only
 def end_of_run(
-    root: Path | None, outcomes: Any, triggered_runs: Sequence[tuple[str, Any]], stage: str | None = None
+    root: Path | None,
+    outcomes: Any,
+    triggered_runs: Sequence[tuple[str, Any]],
+    stage: str | None = None,
+    span: tuple[int, int] = (0, 0),
 ) -> None:
     """After a run that wrote windows: the full table into the output root, a bounded one on the console."""
     history = outcomes.history
@@ -103,7 +109,7 @@ def end_of_run(
         return
     python = os.path.normpath(sys.executable)  # `../.venv/bin/python train.py` gives a path with `..` in it
     command = f"{python} -m vt_lightning"
-    full_table = outcomes.table.write(root, stage, history) if outcomes.table is not None else None
+    full_table = outcomes.table.write(root, stage, history, span) if outcomes.table is not None else None
     if history.step.count or history.first:
         try:
             print_history_table(history)
