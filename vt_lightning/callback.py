@@ -148,6 +148,15 @@ class VizTraceCallback(Callback):
 
     vt_lightning_source: str | None = None  # "env" when made by the VT_LIGHTNING switch
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickle (``strategy="ddp_spawn"`` pickles the Trainer) or a deep copy keeps the options; the
+        runtime state (locks, queues, the open window, results) stays with this process."""
+        return {name: value for name, value in self.__dict__.items() if name != "_controller"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._controller = WindowController(self.options)
+
     def __repr__(self) -> str:
         schedule = ", ".join(f"{name}={value}" for name, value in self.options.settings()["schedule"].items())
         return f"{type(self).__name__}({schedule}, stages={list(self.options.stages)})"

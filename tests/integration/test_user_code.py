@@ -112,6 +112,28 @@ def test_a_callback_reused_on_a_second_trainer_profiles_it(tmp_path, caplog):
     assert message.startswith("vt_lightning: 1 window trace(s) in ") and "second" in message
 
 
+@pytest.mark.parametrize("copy_by", ["pickle", "deepcopy"])
+def test_a_callback_pickles_and_deep_copies_before_and_after_a_fit(tmp_path, copy_by):
+    """``ddp_spawn`` pickles the Trainer with its callbacks, HPO tools deep-copy them: a copy keeps
+    the options and starts with no runtime state, and it profiles its own fit."""
+    import copy
+    import pickle
+
+    def copied(cb: VizTraceCallback) -> VizTraceCallback:
+        return pickle.loads(pickle.dumps(cb)) if copy_by == "pickle" else copy.deepcopy(cb)
+
+    cb = _cb(wait=1, trigger_file=True)  # armed triggers: their watch and clock stay behind too
+    fresh = copied(cb)
+    assert fresh.options == cb.options and fresh._controller is not cb._controller
+    make_trainer(tmp_path / "first", [cb], max_steps=4).fit(MarkerModel(), loader())
+    assert len(cb.results) == 1
+    again = copied(cb)  # after a fit: its tracer, writer, results and locks stay with the original
+    assert again.options == cb.options and again.results == [] and again.output_dir is None
+    for name, callback in (("fresh", fresh), ("again", again)):
+        make_trainer(tmp_path / name, [callback], max_steps=4).fit(MarkerModel(), loader())
+        assert _dirs(tmp_path / name) == ["window_000-batches_2-3"] and len(callback.results) == 1
+
+
 def test_a_second_fit_on_the_same_trainer_counts_the_schedule_from_its_own_first_batch(tmp_path):
     cb = _cb(repeat=2, wait=1)  # windows: warmup 1 / active 2-3, warmup 5 / active 6-7 of each fit
     trainer = make_trainer(tmp_path, [cb], max_steps=4)
