@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -121,7 +121,7 @@ class VizTraceCallback(Callback):
         lightning_view: bool = True,
         ranks: list[int] | None = None,
         compression_level: int = 3,
-        stages: list[str] | None = None,
+        stages: Sequence[str] = ("fit",),
         summary: bool = True,
         slow_step_factor: float | None = None,
         slow_step_baseline: int = 50,

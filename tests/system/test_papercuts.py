@@ -250,3 +250,42 @@ def test_hta_reads_a_cpu_window_directory_without_a_warning(two_runs: tuple[Path
     assert f"FILES {[str(trace)]}" in proc.stdout
     said = proc.stdout + proc.stderr
     assert "does not have the rank" not in said and "has the same rank" not in said, said[-3000:]
+
+
+@pytest.mark.parametrize("how", ["-", "-c"], ids=["python - < script", "python -c script"])
+def test_a_script_from_stdin_or_c_names_its_busiest_function(tmp_path: Path, how: str) -> None:
+    """Code run by ``python -`` lives in ``<stdin>``, by ``python -c`` in ``<string>``: the user's."""
+    args, stdin = (
+        ([sys.executable, "-", "fast", "out"], SCRIPT)
+        if how == "-"
+        else ([sys.executable, "-c", SCRIPT, "fast", "out"], None)
+    )
+    proc = subprocess.run(
+        args, cwd=tmp_path, env=bare_env(), input=stdin, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    assert f"busiest user function (incl.) of window 0: {recorded_name('Model.training_step')} (" in output, output[
+        -3000:
+    ]
+
+
+def test_diff_piped_into_head_exits_0_and_says_nothing(two_runs: tuple[Path, dict[str, str]]) -> None:
+    """``vt-lightning diff A B | head -3``: head leaves early, the next write meets a closed pipe."""
+    project, _ = two_runs
+    diff = [
+        sys.executable,
+        "-m",
+        "vt_lightning",
+        "diff",
+        "fast/lightning_logs/version_0",
+        "slow/lightning_logs/version_0",
+    ]
+    for _ in range(3):  # whether the pipe closes before the last write depends on timing
+        writer = subprocess.Popen(diff, cwd=project, env=bare_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        head = subprocess.run(["head", "-3"], stdin=writer.stdout, capture_output=True, timeout=TIMEOUT)
+        assert writer.stdout is not None
+        writer.stdout.close()  # only head holds the pipe's reading end now
+        _, err = writer.communicate(timeout=TIMEOUT)
+        assert len(head.stdout.splitlines()) == 3
+        assert (writer.returncode, err) == (0, b""), err
