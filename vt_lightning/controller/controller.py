@@ -77,7 +77,7 @@ class WindowController:
         self.batches_seen = 0
         self.eval_step = -1  # batch index within a validate / test / predict stage
         self.first = 0  # the run's first batch: a resumed fit, or a Trainer's second fit, starts past 0
-        self.train_started: tuple[int, int] | None = None  # (perf_counter_ns, global batch) at train start
+        self.started: tuple[int, int] | None = None  # (perf_counter_ns, the batch before the stage's first)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
         if stage not in self.options.stages:
@@ -129,7 +129,7 @@ class WindowController:
             schedule = self.options.schedule
             self.plan.schedule = dataclasses.replace(schedule, skip_first=schedule.skip_first + first)
             self.budget.budget.first_batch = first
-            self.train_started = (time.perf_counter_ns(), first - 1)
+            self.started = (time.perf_counter_ns(), first - 1)
             self._schedule_from(first)
             cpu_bound = runs.trains_on_cpu(self.run)
             end = runs.fit_end_batch(trainer)
@@ -146,7 +146,7 @@ class WindowController:
         """Close the open window, then (whatever its close raised) wait for the writer and read its answers."""
         try:
             if self.window is not None:
-                self._close(reason, partial)
+                self._close(reason, partial, ending=True)
         finally:
             if self.writer is not None and not self.writer.drain():
                 self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
@@ -200,6 +200,8 @@ class WindowController:
     def eval_batch_start(self, stage: str) -> None:
         if stage == self.stage:
             self.eval_step += 1  # batches of this stage, across its dataloaders, from 0
+            if self.eval_step == 0:
+                self.started = (time.perf_counter_ns(), -1)
             if self.eval_step >= self.next_look:
                 self.batch_start(self.eval_step)
 
@@ -281,20 +283,22 @@ class WindowController:
                 return
         self.phase = current
 
-    def _close(self, reason: str | None = None, partial: bool = False) -> None:
+    def _close(self, reason: str | None = None, partial: bool = False, ending: bool = False) -> None:
         window, self.window, self.phase = self.window, None, Phase.NONE
         if window is None:
             return
         try:
-            self._hand_off(window, reason, partial)
+            self._hand_off(window, reason, partial, ending)
         except BaseException:  # cleanup: interrupted or failed anywhere, no tracer, hook or patch stays; re-raised
             window.abort()
             raise
         finally:
             self.budget.closed(window)
 
-    def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
-        """Close the window's recording into the spool and give its job to the writer."""
+    def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool, ending: bool) -> None:
+        """Close the window's recording into the spool and give its job to the writer. A window the
+        stage's end closed is held and finished once it stopped (``drain``), as is one closing within
+        ``FINISH_AT_END_WITHIN_S`` of it on CPU, unless a writer process runs already."""
         assert self.run is not None and self.spool is not None and self.writer is not None
         target, planned = window.window, self.planned
         trigger = planned.trigger if planned is not None else None
@@ -310,7 +314,8 @@ class WindowController:
         if trigger is not None:
             self.triggered_runs.append((destination.run_dir.name, trigger))
             del self.triggered_runs[: -messages.TRIGGERED_SHOWN]  # the latest are named at the end
-        at_end = finishes_at_end(runs.trains_on_cpu(self.run), self.writer.process_started, *self._fit_remaining())
+        started = self.writer.process_started
+        at_end = not started if ending else finishes_at_end(runs.trains_on_cpu(self.run), started, *self._remaining())
         closed = window.close(self.spool, destination, hold_dump=at_end)  # held: even VizTracer's dump waits
         if closed is None:
             return
@@ -318,15 +323,17 @@ class WindowController:
         self.inbox.expect(self.writer.hand_off(closed, at_end=at_end))
         self._quiet_until(self.next_look)  # look at the next batch start for the answer
 
-    def _fit_remaining(self) -> tuple[int | None, float | None]:
-        """Batches left to fit's known end, and the mean batch since train start in seconds (None: unknown)."""
+    def _remaining(self) -> tuple[int | None, float | None]:
+        """Batches left to the stage's known end, and its mean batch so far in seconds (None: unknown)."""
         trainer = self.trainer()
-        if self.stage != "fit" or trainer is None or self.train_started is None:
+        if trainer is None or self.started is None or self.stage is None:
             return None, None
-        end = runs.fit_end_batch(trainer)
-        started_ns, first = self.train_started
-        now = runs.global_batch(trainer)
-        done = now + 1 - first
+        if self.stage == "fit":
+            end, now = runs.fit_end_batch(trainer), runs.global_batch(trainer)
+        else:
+            end, now = runs.stage_batches(trainer, self.stage), self.eval_step
+        started_ns, before = self.started
+        done = now - before
         if end is None or done <= 0:
             return None, None
         return end - now - 1, (time.perf_counter_ns() - started_ns) / 1e9 / done
