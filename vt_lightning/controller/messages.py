@@ -19,6 +19,7 @@ from vt_lightning.analysis.verdict_report import verdict_line
 from vt_lightning.constants import LOGGER_NAME
 from vt_lightning.controller.watch import TriggerWatch
 from vt_lightning.export.report import print_history_table, straggler_text
+from vt_lightning.export.terminal import printable, printable_lines
 from vt_lightning.options import Options
 from vt_lightning.recording.rivals import RivalProfiler
 from vt_lightning.recording.unsafe_names import UnsafeImport
@@ -40,8 +41,14 @@ class WarnOnce:
             if key in self._seen:
                 return False
             self._seen.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        warnings.warn(printable_lines(message), RuntimeWarning, stacklevel=2)
         return True
+
+
+def say(text: str) -> None:
+    """Every line the callback prints (rank 0): a name or path in it, from the run or its files,
+    may hold ESC, CR or bidi controls, shown escaped (export/terminal), never sent raw."""
+    rank_zero_info(printable_lines(text))
 
 
 def warn_cut_window(
@@ -89,7 +96,7 @@ def nothing_recorded(options: Options, stage: str | None, span: tuple[int, int],
             f"{window.active_start - 1}); recording starts at its batch {window.active_start}"
         )
         advice = "Lower `warmup`, or run more batches."
-    rank_zero_info(f"vt_lightning: no window was recorded: {why}. {advice}")
+    say(f"vt_lightning: no window was recorded: {why}. {advice}")
 
 
 TRIGGERED_SHOWN = 5  # triggered windows named at the end of a run (the latest)
@@ -114,12 +121,12 @@ def end_of_run(
         try:
             print_history_table(history)
         except Exception as err:  # a console problem never fails the run
-            log.warning("vt_lightning: could not print the summary table (%s)", err)
+            log.warning("vt_lightning: could not print the summary table (%s)", printable(err))
     deleted = f" ({history.deleted} older ones deleted by keep_windows)" if history.deleted else ""
     lost = outcomes.not_written()
     deleted += f"; {lost}" if lost else ""
     where = Path(os.path.abspath(root)) if isinstance(root, Path) else root  # works from any directory
-    rank_zero_info(
+    say(
         f"vt_lightning: {history.count} window trace(s) in {where}{deleted}\n"
         + "".join(f"  {name}: {firing.describe()}\n" for name, firing in triggered_runs)
         + (f"  table:   {full_table}  (every window)\n" if full_table else "")
@@ -134,7 +141,7 @@ def print_verdicts(summary: Summary) -> None:
     """One line per verdict of a window, when its result is read (never inside a window)."""
     index = (summary.get("window") or {}).get("index")
     for verdict in summary.get("verdicts") or []:
-        rank_zero_info(f"vt_lightning: window {index}: {verdict_line(verdict)}")
+        say(f"vt_lightning: window {index}: {verdict_line(verdict)}")
 
 
 def writer_stuck(timeout: float, root: Path | str | None, index: int) -> str:
@@ -193,7 +200,7 @@ def triggers_armed(watch: TriggerWatch, first_check: int, earliest_memory: int) 
     if watch.file is not None:
         lines.append(f"file {watch.file.path} (create it to open a window): from now")
     if lines:
-        rank_zero_info("vt_lightning: triggers armed:\n" + "\n".join(f"  {line}" for line in lines))
+        say("vt_lightning: triggers armed:\n" + "\n".join(f"  {line}" for line in lines))
 
 
 @rank_zero_only
@@ -242,4 +249,4 @@ def job_written(trace_path: Any, job: dict[str, Any]) -> None:
     residual = (job.get("collective_check") or {}).get("max_residual_us")
     spread = f", collective exits within {residual:.0f} µs" if isinstance(residual, (int, float)) else ""
     verdict = straggler_text((job.get("straggler") or {}).get("straggler"))
-    rank_zero_info(f"vt_lightning: {len(ranks)} ranks on one timeline{spread}: {where}; {verdict}")
+    say(f"vt_lightning: {len(ranks)} ranks on one timeline{spread}: {where}; {verdict}")

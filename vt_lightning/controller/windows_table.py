@@ -17,6 +17,7 @@ from vt_lightning.constants import LOGGER_NAME
 from vt_lightning.export.atomic import atomic_write
 from vt_lightning.export.job import URL
 from vt_lightning.export.report import write_full_table
+from vt_lightning.export.terminal import printable
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -40,7 +41,7 @@ class WindowsTable:
                 f.write(orjson.dumps(row.to_json()) + b"\n")
         except Exception as err:  # scratch space full or gone: the console table still works
             self.broken = True
-            log.warning("vt_lightning: the full window table will not be written (%s)", err)
+            log.warning("vt_lightning: the full window table will not be written (%s)", printable(err))
 
     def rows(self) -> Iterator[WindowRow]:
         try:
@@ -77,7 +78,9 @@ class WindowsTable:
             atomic_write(target, data)
             return target
         except Exception as err:  # never fails the run
-            log.warning("vt_lightning: could not write the full window table to %s (%s)", root, err)
+            log.warning(
+                "vt_lightning: could not write the full window table to %s (%s)", printable(root), printable(err)
+            )
             return None
 
 
