@@ -154,6 +154,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
+DIFF = [sys.executable, "-m", "vt_lightning", "diff", "fast/lightning_logs/version_0", "slow/lightning_logs/version_0"]
+
+
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """A fast run and a run whose ``prepare`` sleeps, of a script in the working directory."""
@@ -176,17 +179,7 @@ def test_kineto_says_nothing_per_window(two_runs: tuple[Path, dict[str, str]]) -
 
 def test_diff_names_the_users_function_with_a_short_path(two_runs: tuple[Path, dict[str, str]]) -> None:
     project, _ = two_runs
-    proc = run(
-        [
-            sys.executable,
-            "-m",
-            "vt_lightning",
-            "diff",
-            "fast/lightning_logs/version_0",
-            "slow/lightning_logs/version_0",
-        ],
-        cwd=project,
-    )
+    proc = run(DIFF, cwd=project)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     first = next(i for i, line in enumerate(lines) if "functions" in line)
@@ -273,16 +266,8 @@ def test_a_script_from_stdin_or_c_names_its_busiest_function(tmp_path: Path, how
 def test_diff_piped_into_head_exits_0_and_says_nothing(two_runs: tuple[Path, dict[str, str]]) -> None:
     """``vt-lightning diff A B | head -3``: head leaves early, the next write meets a closed pipe."""
     project, _ = two_runs
-    diff = [
-        sys.executable,
-        "-m",
-        "vt_lightning",
-        "diff",
-        "fast/lightning_logs/version_0",
-        "slow/lightning_logs/version_0",
-    ]
     for _ in range(3):  # whether the pipe closes before the last write depends on timing
-        writer = subprocess.Popen(diff, cwd=project, env=bare_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        writer = subprocess.Popen(DIFF, cwd=project, env=bare_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         head = subprocess.run(["head", "-3"], stdin=writer.stdout, capture_output=True, timeout=TIMEOUT)
         assert writer.stdout is not None
         writer.stdout.close()  # only head holds the pipe's reading end now
