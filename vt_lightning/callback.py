@@ -6,14 +6,13 @@ from __future__ import annotations
 import functools
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from vt_lightning.analysis.history import WindowNumbers
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.constants import WRITER_TIMEOUT_S
 from vt_lightning.controller import WindowController, messages
@@ -48,8 +47,9 @@ class VizTraceCallback(Callback):
     """Trace your Python code (VizTracer) and torch's ops (torch.profiler) on one timeline.
 
     Each window of training batches the schedule selects (``torch.profiler.schedule`` semantics,
-    batches counted globally from 0) becomes a trace with its summary and verdicts under the
-    logger's log dir: see TensorBoard's VT_LIGHTNING tab, or ``vt-lightning summary|view <log dir>``.
+    batches counted from the fit's first batch, a resumed fit's too) becomes a trace with its
+    summary and verdicts under the logger's log dir: see TensorBoard's VT_LIGHTNING tab, or
+    ``vt-lightning summary|view <log dir>``.
 
     Args:
         skip_first: batches to skip before the first cycle.
@@ -121,7 +121,7 @@ class VizTraceCallback(Callback):
         lightning_view: bool = True,
         ranks: list[int] | None = None,
         compression_level: int = 3,
-        stages: list[str] | None = None,
+        stages: Sequence[str] = ("fit",),
         summary: bool = True,
         slow_step_factor: float | None = None,
         slow_step_baseline: int = 50,
@@ -147,6 +147,15 @@ class VizTraceCallback(Callback):
         self._controller = WindowController(self.options)
 
     vt_lightning_source: str | None = None  # "env" when made by the VT_LIGHTNING switch
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickle (``strategy="ddp_spawn"`` pickles the Trainer) or a deep copy keeps the options; the
+        runtime state (locks, queues, the open window, results) stays with this process."""
+        return {name: value for name, value in self.__dict__.items() if name != "_controller"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._controller = WindowController(self.options)
 
     def __repr__(self) -> str:
         schedule = ", ".join(f"{name}={value}" for name, value in self.options.settings()["schedule"].items())
@@ -211,18 +220,6 @@ class VizTraceCallback(Callback):
     @_fault_boundary
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._controller.teardown(stage_name(stage))
-
-    @_fault_boundary
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        # Not through ``state_dict``: Trainer() would refuse two such callbacks with no advice; setup gives it.
-        state = {"completed_windows": sorted(self._controller.completed)}
-        checkpoint.setdefault("callbacks", {})[self.state_key] = state
-
-    @_fault_boundary
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # No window written twice on resume; the windows are training's, not another stage's.
-        if self._controller.stage in (None, "fit"):
-            self._controller.completed = WindowNumbers(state_dict.get("completed_windows", []))
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int

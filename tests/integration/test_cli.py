@@ -122,3 +122,4 @@ def test_stock_cli_help_and_print_config_list_every_argument(tiny, no_env, capsy
     assert "class_path: vt_lightning.VizTraceCallback" in out
     for name in constructor_args():
         assert f"      {name}:" in out, name
+    assert "      stages:\n      - fit\n" in out  # the default the docs give, not `stages: null`

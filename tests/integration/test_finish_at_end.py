@@ -16,8 +16,7 @@ from vt_lightning.controller import handoff
 # ---------------------------------------------------------------- a real fit
 
 
-@pytest.mark.parametrize("within_s, processes", [(5.0, 0), (0.0, 1)])
-def test_a_short_cpu_fit_writes_its_last_window_without_a_writer_process(tmp_path, monkeypatch, within_s, processes):
+def _count_writer_processes(monkeypatch) -> list[int]:
     started: list[int] = []
     real = handoff.WriterProcess
 
@@ -27,6 +26,42 @@ def test_a_short_cpu_fit_writes_its_last_window_without_a_writer_process(tmp_pat
         return process
 
     monkeypatch.setattr(handoff, "WriterProcess", counted)
+    return started
+
+
+@pytest.mark.parametrize(
+    "stage, limits, steps",
+    [
+        ("validate", dict(limit_val_batches=8), {2, 3, 4}),  # closes 3 batches before the end
+        ("test", dict(limit_test_batches=5), {2, 3, 4}),  # closes at the last batch
+        ("predict", dict(limit_predict_batches=4), {2, 3}),  # cut by the stage's end
+        ("short fit", dict(max_steps=-1, max_epochs=1, limit_train_batches=4), {2, 3}),  # cut by fit's end
+    ],
+)
+def test_every_stages_end_finishes_its_last_window_without_a_writer_process(
+    tmp_path, monkeypatch, stage, limits, steps
+):
+    """validate / test / predict, and a fit cut by its end, hold their last window and finish it in the
+    training process once the stage stopped, as fit does: no writer process starts at their end."""
+
+    class AllStages(MarkerModel):
+        def _eval(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        validation_step = test_step = predict_step = _eval
+
+    started = _count_writer_processes(monkeypatch)
+    cb = VizTraceCallback(stages=[stage.split()[-1]], memory_snapshot=False)  # batches 2-4
+    trainer = make_trainer(tmp_path, [cb], **limits)
+    getattr(trainer, stage.split()[-1])(AllStages(), loader())
+    assert started == []
+    (trace_path,) = trace_files(tmp_path)
+    assert load_trace(trace_path)["vt_lightning"]["steps"] == sorted(steps)
+
+
+@pytest.mark.parametrize("within_s, processes", [(5.0, 0), (0.0, 1)])
+def test_a_short_cpu_fit_writes_its_last_window_without_a_writer_process(tmp_path, monkeypatch, within_s, processes):
+    started = _count_writer_processes(monkeypatch)
     monkeypatch.setattr(handoff, "FINISH_AT_END_WITHIN_S", within_s)
     cb = VizTraceCallback(wait=4, warmup=1, active=2, repeat=1)
     make_trainer(tmp_path, [cb], max_steps=12).fit(MarkerModel(), loader())

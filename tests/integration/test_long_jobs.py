@@ -86,7 +86,6 @@ class Probe(L.Callback):
         writer = controller.writer
         return {
             **held(controller.outcomes),
-            "completed": controller.completed.entries(),
             "triggered_runs": len(controller.triggered_runs),
             "warning kinds": len(controller.warn._seen),  # kinds of problem, said once each
             "writer futures": len(writer._pending()) if writer is not None else 0,
@@ -119,7 +118,7 @@ def test_a_few_hundred_windows_leave_the_training_side_no_bigger(tmp_path):
     assert not grew, grew
     assert late["warning kinds"] <= 5, controller.warn._seen
     assert late["writer futures"] <= 4
-    assert late["results"] <= RESULTS_KEPT and late["retention"] <= 5 and late["completed"] == 1
+    assert late["results"] <= RESULTS_KEPT and late["retention"] <= 5
     # The aggregates (1 % buckets of step times) grow with the values' range, never with the count:
     # asserted with fixed values in test_outcomes_hold_the_same_entries_after_300_and_900_windows.
     # Here the values are real step times, whose spread is the machine's noise (a loaded CI box

@@ -319,15 +319,6 @@ def test_two_callbacks_fail_at_fit_start_saying_what_to_do(tmp_path, same):
     assert trace_files(tmp_path) == [] and first.results == []
 
 
-def test_the_checkpoint_still_holds_the_windows_written(tmp_path):
-    cb = VizTraceCallback(wait=0, warmup=0, active=1, repeat=2)
-    trainer = make_trainer(tmp_path, [cb], max_steps=4)
-    trainer.fit(MarkerModel(), loader())
-    trainer.save_checkpoint(tmp_path / "last.ckpt")
-    checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=False)
-    assert checkpoint["callbacks"][cb.state_key] == {"completed_windows": [0, 1]}
-
-
 # ----------------------------------------------------------------------------- 15: when triggers act
 @pytest.fixture
 def info_lines() -> Iterator[list[str]]:

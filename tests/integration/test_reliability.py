@@ -248,18 +248,54 @@ def test_fit_twice_then_validate_follows_the_global_batch_count(tmp_path):
     assert_clean(model)
 
 
-def test_resume_from_a_checkpoint_neither_repeats_nor_loses_a_window(tmp_path):
-    cb = VizTraceCallback(wait=1, warmup=1, active=1, repeat=4)
-    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
-    trainer = make_trainer(tmp_path / "a", [cb, ckpt], max_steps=6, enable_checkpointing=True)
-    trainer.fit(MarkerModel(), loader())
-    first = sorted(s for p in trace_files(tmp_path / "a") for s in load_trace(p)["vt_lightning"]["steps"])
-    assert first == [2, 5]
-    resumed_cb = VizTraceCallback(wait=1, warmup=1, active=1, repeat=4)
-    resumed = make_trainer(tmp_path / "b", [resumed_cb], max_steps=12)
-    resumed.fit(MarkerModel(), loader(), ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=6.ckpt"))
-    second = sorted(s for p in trace_files(tmp_path / "b") for s in load_trace(p)["vt_lightning"]["steps"])
-    assert second == [8, 11]
+def _steps(root) -> dict[str, list[int]]:
+    return {p.parent.name: load_trace(p)["vt_lightning"]["steps"] for p in trace_files(root)}
+
+
+@pytest.mark.parametrize("every_n_train_steps", [None, 10], ids=["at an epoch end", "mid-epoch"])
+def test_a_resumed_fit_profiles_its_own_first_batches_and_the_table_keeps_both_fits(tmp_path, every_n_train_steps):
+    """A requeued job resumes from its checkpoint: the schedule counts from the resumed fit's first
+    batch (as torch.profiler's from its own start), the window keeps its global batch numbers, and
+    ``vt_lightning.windows.txt`` keeps the first fit's section beside the resumed fit's."""
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=every_n_train_steps
+    )
+    stop = dict(max_steps=every_n_train_steps or -1, max_epochs=1)
+    first = make_trainer(tmp_path, [VizTraceCallback(), ckpt], enable_checkpointing=True, logger=False, **stop)
+    first.fit(MarkerModel(), loader(n=160))  # 40 batches per epoch
+    assert _steps(tmp_path) == {"window_000-batches_2-4": [2, 3, 4]}
+    start = every_n_train_steps or 40
+
+    resumed = make_trainer(tmp_path, [VizTraceCallback()], max_steps=-1, max_epochs=2, logger=False)
+    resumed.fit(MarkerModel(), loader(n=160), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    name = f"window_000-batches_{start + 2}-{start + 4}"
+    assert _steps(tmp_path) == {"window_000-batches_2-4": [2, 3, 4], name: [start + 2, start + 3, start + 4]}
+    table = (tmp_path / "vt_lightning.windows.txt").read_text().splitlines()
+    titles = [line for line in table if line.startswith("vt_lightning: ")]
+    assert [t.split(" (")[0] for t in titles] == ["vt_lightning: fit 1", "vt_lightning: fit 2"], table
+    assert f"batches 0-{start - 1})" in titles[0] and f"batches {start}-79)" in titles[1], titles
+    rows = [line.split("\t") for line in table if line.startswith("0\t")]
+    assert [(row[1], row[-1]) for row in rows] == [
+        ("2-4", "window_000-batches_2-4"),
+        (f"{start + 2}-{start + 4}", name),
+    ]
+
+
+def test_a_resumed_fit_too_short_for_a_window_says_what_it_ran(tmp_path, caplog):
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    make_trainer(tmp_path, [ckpt], max_steps=-1, max_epochs=1, enable_checkpointing=True).fit(
+        MarkerModel(), loader(n=160)
+    )
+    with caplog.at_level("INFO", logger="lightning.pytorch.utilities.rank_zero"):
+        make_trainer(tmp_path, [VizTraceCallback()], max_steps=41).fit(
+            MarkerModel(), loader(n=160), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt")
+        )
+    said = [r.getMessage() for r in caplog.records if "no window was recorded" in r.getMessage()]
+    assert said == [
+        "vt_lightning: no window was recorded: fit ran 1 training batch(es) from global batch 40 (the schedule "
+        "counts from each fit's first batch), and the first window's warmup starts at its batch 1 (skip_first=0, "
+        "wait=1). Lower `skip_first` / `wait`, or run more batches."
+    ]
 
 
 def test_a_huge_window_warns_with_numbers_and_remedies(tmp_path, monkeypatch):

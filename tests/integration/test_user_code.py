@@ -112,14 +112,36 @@ def test_a_callback_reused_on_a_second_trainer_profiles_it(tmp_path, caplog):
     assert message.startswith("vt_lightning: 1 window trace(s) in ") and "second" in message
 
 
-def test_a_second_fit_on_the_same_trainer_goes_on_with_the_schedule(tmp_path):
-    cb = _cb(repeat=2, wait=1)  # windows: warmup 1 / active 2-3, warmup 5 / active 6-7
+@pytest.mark.parametrize("copy_by", ["pickle", "deepcopy"])
+def test_a_callback_pickles_and_deep_copies_before_and_after_a_fit(tmp_path, copy_by):
+    """``ddp_spawn`` pickles the Trainer with its callbacks, HPO tools deep-copy them: a copy keeps
+    the options and starts with no runtime state, and it profiles its own fit."""
+    import copy
+    import pickle
+
+    def copied(cb: VizTraceCallback) -> VizTraceCallback:
+        return pickle.loads(pickle.dumps(cb)) if copy_by == "pickle" else copy.deepcopy(cb)
+
+    cb = _cb(wait=1, trigger_file=True)  # armed triggers: their watch and clock stay behind too
+    fresh = copied(cb)
+    assert fresh.options == cb.options and fresh._controller is not cb._controller
+    make_trainer(tmp_path / "first", [cb], max_steps=4).fit(MarkerModel(), loader())
+    assert len(cb.results) == 1
+    again = copied(cb)  # after a fit: its tracer, writer, results and locks stay with the original
+    assert again.options == cb.options and again.results == [] and again.output_dir is None
+    for name, callback in (("fresh", fresh), ("again", again)):
+        make_trainer(tmp_path / name, [callback], max_steps=4).fit(MarkerModel(), loader())
+        assert _dirs(tmp_path / name) == ["window_000-batches_2-3"] and len(callback.results) == 1
+
+
+def test_a_second_fit_on_the_same_trainer_counts_the_schedule_from_its_own_first_batch(tmp_path):
+    cb = _cb(repeat=2, wait=1)  # windows: warmup 1 / active 2-3, warmup 5 / active 6-7 of each fit
     trainer = make_trainer(tmp_path, [cb], max_steps=4)
     model = MarkerModel()
     trainer.fit(model, loader())
     trainer.fit_loop.epoch_loop.max_steps = 8
     trainer.fit(model, loader())
-    assert _dirs(tmp_path) == ["window_000-batches_2-3", "window_001-batches_6-7"]
+    assert _dirs(tmp_path) == ["window_000-batches_2-3", "window_000-batches_6-7"]  # fit 2: batches 4-7
 
 
 # ---------------------------------------------------------------- 5. short and cut runs
@@ -128,8 +150,8 @@ def test_a_second_fit_on_the_same_trainer_goes_on_with_the_schedule(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, why",
     [
-        ({"max_steps": 2}, "ended during the first window's warmup (batches 1-1); recording starts at batch 2"),
-        ({"fast_dev_run": True}, "fit ran 1 training batch(es), and the first window's warmup starts at batch 1"),
+        ({"max_steps": 2}, "ended during the first window's warmup (its batches 1-1); recording starts at its batch 2"),
+        ({"fast_dev_run": True}, "fit ran 1 training batch(es), and the first window's warmup starts at its batch 1"),
     ],
 )
 def test_a_run_too_short_for_any_window_says_so_in_one_line(tmp_path, caplog, kwargs, why):
@@ -222,7 +244,6 @@ def test_a_validate_run_too_short_for_any_window_says_so(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("vt_lightning:")]
     assert lines == [
         "vt_lightning: no window was recorded: validate ran 2 validate batch(es) and ended during the first "
-        "window's warmup (batches 1-1); recording starts at batch 2. Lower `skip_first` / `wait` / `warmup`, "
-        "or run more batches."
+        "window's warmup (its batches 1-1); recording starts at its batch 2. Lower `warmup`, or run more batches."
     ]
     assert trace_files(tmp_path) == []

@@ -108,3 +108,10 @@ def test_quiet_batch_benchmark_completes() -> None:
     out = _quick("quiet_batch.py")
     for text in ("an empty training step, no callback", "no window in the run - no callback", "timed directly"):
         assert text in out, text
+
+
+@pytest.mark.slow
+def test_stage_end_wait_benchmark_completes() -> None:
+    out = _quick("stage_end_wait.py")
+    for text in ("| fit |", "| validate |", "| test |", "| predict |", "| short fit |", "writer process started"):
+        assert text in out, text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,29 @@ def test_a_thread_name_that_is_not_utf8_never_kills_training_and_the_windows_say
     else:
         assert report["window_dirs"] == ["window_000", "window_001"]
         assert report["warnings"] == []
+
+
+# Raw in a console line, these recolour, move or rewrite what the user sees (export/terminal.py).
+_RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+@pytest.mark.slow
+def test_every_console_line_shows_names_escaped(tmp_path):
+    """The output directory, the function a verdict names and the file of a busy function hold ESC,
+    CR, BEL, a newline and a right-to-left override: every line the callback prints or logs shows
+    them escaped (issue 50)."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "fault" / "console_names.py"), str(tmp_path)],
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore::DeprecationWarning"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    output = (proc.stdout + proc.stderr).decode()
+    ours = [line for line in output.splitlines() if "vt_lightning" in line or line.startswith("  ")]
+    assert _RAW_CONTROL.findall(output) == [], [line for line in ours if _RAW_CONTROL.search(line)]
+    escaped = "out\\x1b]0;title\\x07\\u202e"
+    assert f"window trace(s) in {tmp_path}/{escaped}" in output, output[-3000:]  # the end-of-run lines
+    assert f"file {tmp_path}/{escaped}/vt_lightning.trigger" in output  # the trigger's line
+    (verdict,) = [line for line in ours if "window 0: python_bound" in line]
+    assert "esc\\x1b[31mRED\\x1b[0m\\r\\u202eevil" in verdict or "bad\\n\\x1b[2Jname.py" in verdict, verdict

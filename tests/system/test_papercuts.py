@@ -154,6 +154,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
+DIFF = [sys.executable, "-m", "vt_lightning", "diff", "fast/lightning_logs/version_0", "slow/lightning_logs/version_0"]
+
+
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """A fast run and a run whose ``prepare`` sleeps, of a script in the working directory."""
@@ -176,17 +179,7 @@ def test_kineto_says_nothing_per_window(two_runs: tuple[Path, dict[str, str]]) -
 
 def test_diff_names_the_users_function_with_a_short_path(two_runs: tuple[Path, dict[str, str]]) -> None:
     project, _ = two_runs
-    proc = run(
-        [
-            sys.executable,
-            "-m",
-            "vt_lightning",
-            "diff",
-            "fast/lightning_logs/version_0",
-            "slow/lightning_logs/version_0",
-        ],
-        cwd=project,
-    )
+    proc = run(DIFF, cwd=project)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     first = next(i for i, line in enumerate(lines) if "functions (" in line)  # a table's title
@@ -250,3 +243,28 @@ def test_hta_reads_a_cpu_window_directory_without_a_warning(two_runs: tuple[Path
     assert f"FILES {[str(trace)]}" in proc.stdout
     said = proc.stdout + proc.stderr
     assert "does not have the rank" not in said and "has the same rank" not in said, said[-3000:]
+
+
+def test_a_script_read_from_stdin_names_its_busiest_function(tmp_path: Path) -> None:
+    """Code run by ``python - < train.py`` lives in ``<stdin>``: the user's, whatever the brackets."""
+    proc = subprocess.run(
+        [sys.executable, "-", "fast", "out"], cwd=tmp_path, env=bare_env(), input=SCRIPT, capture_output=True,
+        text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    busiest = f"busiest user function (incl.) of window 0: {recorded_name('Model.training_step')} ("
+    assert busiest in output, output[-3000:]
+
+
+def test_diff_piped_into_head_exits_0_and_says_nothing(two_runs: tuple[Path, dict[str, str]]) -> None:
+    """``vt-lightning diff A B | head -3``: head leaves early, the next write meets a closed pipe."""
+    project, _ = two_runs
+    for _ in range(3):  # whether the pipe closes before the last write depends on timing
+        writer = subprocess.Popen(DIFF, cwd=project, env=bare_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        head = subprocess.run(["head", "-3"], stdin=writer.stdout, capture_output=True, timeout=TIMEOUT)
+        assert writer.stdout is not None
+        writer.stdout.close()  # only head holds the pipe's reading end now
+        _, err = writer.communicate(timeout=TIMEOUT)
+        assert len(head.stdout.splitlines()) == 3
+        assert (writer.returncode, err) == (0, b""), err

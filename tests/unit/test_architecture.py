@@ -750,3 +750,15 @@ def test_the_verdict_docs_examples_name_the_lines_the_seeded_runs_have():
         if lines.get(function) != int(line)
     ]
     assert not wrong, "docs/verdicts.md's example lines are stale:\n" + "\n".join(wrong)
+
+
+def test_the_callbacks_console_lines_go_through_one_door():
+    """``controller.messages.say`` escapes what a line carries (export/terminal.printable_lines):
+    the training side prints through it, never through Lightning's ``rank_zero_info`` directly."""
+    door = f"{PACKAGE}.controller.messages"
+    direct = [
+        name
+        for name, (_, source) in package_sources().items()
+        if name != door and layer(name) in ("controller", "recording", "callback") and "rank_zero_info(" in source
+    ]
+    assert direct == []

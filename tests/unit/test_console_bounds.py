@@ -88,10 +88,10 @@ def test_end_of_run_says_where_the_full_table_is_and_it_holds_every_window(tmp_p
     monkeypatch.setattr(report, "rich_available", lambda: False)
     spool = tmp_path / "spool"
     spool.mkdir()
-    root = tmp_path / "logs"
-    root.mkdir()
     printed = {}
     for windows in (10, 500):
+        root = tmp_path / f"logs{windows}"  # one run each: a second run into one root appends its section
+        root.mkdir()
         outcomes = Outcomes(lambda key, message: None, tracer_entries=1000)
         outcomes.start(spool / str(windows), lambda *args: None, keep_windows=None)
         (spool / str(windows)).mkdir()

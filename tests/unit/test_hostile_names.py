@@ -56,3 +56,22 @@ def test_a_thread_name_that_is_not_utf8_reaches_the_written_window_readable(tmp_
     assert tracks == {"bad\ufffdthread"}
     (work,) = [e for e in trace["traceEvents"] if e.get("name", "").startswith("work")]
     assert work["args"]["who"] == "bad\ufffdthread \U0001f600"  # a surrogate pair stays one character
+
+
+def test_a_fault_warning_and_a_console_line_show_control_characters_escaped(caplog):
+    """An exception's text (a path, a URL, a user's message) reaches the user through a warning or
+    a console line escaped, whatever it holds (issue 50)."""
+    import logging
+    import warnings
+
+    from vt_lightning.controller import messages
+
+    hostile = "a\x1b[2Jb\rc\u202ed\nnext line"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        messages.WarnOnce()(*messages.fault(OSError(hostile), "on_train_batch_end"))
+    (said,) = [str(w.message) for w in caught]
+    assert "a\\x1b[2Jb\\rc\\u202ed\nnext line" in said  # line breaks kept, the rest escaped
+    with caplog.at_level(logging.INFO):
+        messages.say(f"vt_lightning: {hostile}")
+    assert caplog.messages == ["vt_lightning: a\\x1b[2Jb\\rc\\u202ed\nnext line"]

@@ -161,8 +161,11 @@ def test_outcomes_warn_once_per_kind_and_keep_results_in_order():
     assert [r.trace_path.name for r in outcomes.unlogged] == ["b.pt.trace.json.gz"]
 
 
-def _trainer(batch: int = 0, epoch: int = 0, **limits: object) -> SimpleNamespace:
-    return SimpleNamespace(fit_loop=SimpleNamespace(total_batch_idx=batch), current_epoch=epoch, **limits)
+def _trainer(batch: int = -1, epoch: int = 0, ready: int = 0, **limits: object) -> SimpleNamespace:
+    """``batch``: the global batch in progress; ``ready``: the batches of this epoch started."""
+    progress = SimpleNamespace(batch_progress=SimpleNamespace(current=SimpleNamespace(ready=ready)))
+    loop = SimpleNamespace(total_batch_idx=batch, epoch_loop=progress)
+    return SimpleNamespace(fit_loop=loop, current_epoch=epoch, **limits)
 
 
 @pytest.mark.parametrize(
@@ -182,8 +185,13 @@ def test_fit_end_batch_is_the_batch_count_at_which_the_limits_stop_fit(limits, e
 
 
 def test_fit_end_batch_counts_the_remaining_epochs_of_a_resumed_run():
-    resumed = _trainer(batch=20, epoch=2, max_steps=-1, max_epochs=5, num_training_batches=10)
+    resumed = _trainer(batch=19, epoch=2, max_steps=-1, max_epochs=5, num_training_batches=10)
     assert fit_end_batch(resumed) == 50
+
+
+def test_fit_end_batch_mid_epoch_counts_the_epochs_batches_already_run():
+    mid_epoch = _trainer(batch=24, epoch=2, ready=5, max_steps=-1, max_epochs=5, num_training_batches=10)
+    assert fit_end_batch(mid_epoch) == 50  # the 5th batch of epoch 2 (batches 20-29), then epochs 3 and 4
 
 
 @pytest.mark.parametrize(

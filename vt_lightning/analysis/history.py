@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from operator import itemgetter
 from typing import Any
 
 FIRST_ROWS = 3  # the run's first windows (how it started)
@@ -200,42 +198,3 @@ def history_of(rows: Iterable[WindowRow]) -> RunHistory:
     for row in rows:
         history.add(row)
     return history
-
-
-class WindowNumbers:
-    """Window numbers as runs of consecutive ones: a schedule's windows in order are one entry."""
-
-    def __init__(self, numbers: Iterable[int] = ()) -> None:
-        self._runs: list[list[int]] = []  # sorted, disjoint, non-adjacent [first, last]
-        for number in numbers:
-            self.add(number)
-
-    def add(self, number: int) -> None:
-        runs = self._runs
-        lo = bisect_left(runs, number - 1, key=itemgetter(1))  # the first run whose last is >= number - 1
-        if lo < len(runs) and runs[lo][0] <= number + 1:
-            run = runs[lo]
-            if run[0] <= number <= run[1]:
-                return
-            if number == run[1] + 1:
-                run[1] = number
-                if lo + 1 < len(runs) and runs[lo + 1][0] == number + 1:  # bridges to the next run
-                    run[1] = runs.pop(lo + 1)[1]
-            else:
-                run[0] = number
-            return
-        runs.insert(lo, [number, number])
-
-    def __contains__(self, number: object) -> bool:
-        return isinstance(number, int) and any(first <= number <= last for first, last in self._runs)
-
-    def __iter__(self) -> Iterator[int]:
-        for first, last in self._runs:
-            yield from range(first, last + 1)
-
-    def __len__(self) -> int:
-        return sum(last - first + 1 for first, last in self._runs)
-
-    def entries(self) -> int:
-        """Runs held, for tests: one for a schedule's windows written in order."""
-        return len(self._runs)

@@ -28,6 +28,8 @@ _GENERATED_DIR = re.compile(r"/(torchinductor_[^/]*|\.triton/cache|triton_cache)
 _GENERATED_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 # FX and dynamo compile source held in memory: ``<eval_with_key>.3``, ``<fx_graph>``.
 _GENERATED_PSEUDO_FILES = ("<eval_with_key>", "<fx", "<torch_dynamo", "<dynamo")
+# The file name of the code `python - < train.py` runs: never a library's (<frozen ...>, <string>).
+USER_PSEUDO_FILE = "<stdin>"
 # Frameworks whose directories are never the user's, even from a source checkout.
 FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer")
 # Libraries of the model the user built from: ranked below the user's code, above the frameworks'.
@@ -54,8 +56,8 @@ def code_origin(path: str | None) -> tuple[str, str | None]:
         return "builtin", None
     if is_generated(path):
         return GENERATED, None
-    if path.startswith("<"):  # <frozen posixpath>, <string> (dataclass methods), <lambda>...
-        return "stdlib", None
+    if path.startswith("<"):  # <stdin>: the script of `python -`; <string>: dataclass methods, torch's too
+        return ("user" if path == USER_PSEUDO_FILE else "stdlib"), None
     norm = path.replace("\\", "/")
     for site in _SITE_DIRS:
         marker = f"/{site}/"

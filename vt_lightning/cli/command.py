@@ -6,9 +6,10 @@
     vt-lightning job LOGDIR LOGDIR...        the job files of ranks that wrote into node-local log dirs
 
 Files are never trusted (export/reading.py), and every character printed is made safe for a
-terminal (export/terminal.py). Exit status: 0, all read; 1, nothing readable where the user pointed
-or a file refused (a file named on the command line ends the command, one found in a directory is
-skipped with one warning line); 2, bad arguments (jsonargparse). Never a traceback.
+terminal (export/terminal.py). Exit status: 0, all read (or the reader of its output stopped early,
+as ``| head`` does); 1, nothing readable where the user pointed or a file refused (a file named on
+the command line ends the command, one found in a directory is skipped with one warning line); 2,
+bad arguments (jsonargparse). Never a traceback.
 """
 
 from __future__ import annotations
@@ -436,9 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemoryError:
         _err(f"vt-lightning {command}: out of memory; lower --max-memory-mb")
         return EXIT_NOT_FOUND
-    except BrokenPipeError:  # `vt-lightning summary | head`: the reader left, nothing more to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_NOT_FOUND
+    except BrokenPipeError:  # `vt-lightning diff A B | head`: the reader left, nothing went wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at the final flush
+        return EXIT_OK
     except OSError as err:  # the target itself: a name too long, a directory it may not list
         _err(f"vt-lightning {command}: {err.filename or ''}: {err.strerror or err}")
         return EXIT_NOT_FOUND

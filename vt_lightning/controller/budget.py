@@ -23,10 +23,9 @@ class BudgetGuard:
         self.agree: Callable[[bool], bool] = bool  # with DDP: any rank's budget spent stops all (run.any_rank)
         self._opened_at: float | None = None
 
-    def start(self, agree: Callable[[bool], bool], first_batch: int) -> None:
-        """At setup: how the ranks decide together, and the run's first batch."""
+    def start(self, agree: Callable[[bool], bool]) -> None:
+        """At setup: how the ranks decide together (a fit's first batch is set at train start)."""
         self.agree = agree
-        self.budget.first_batch = first_batch
 
     def begin(self, plan: WindowPlan, planned: Planned) -> bool:
         """Begin ``planned`` if the budget allows; else close the plan for the run, said once."""

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 from vt_lightning.analysis.filters import PythonFilter, module_hook_locations, path_prefixes
-from vt_lightning.analysis.history import WindowNumbers
 from vt_lightning.analysis.lifecycle import Action, Boundary, actions, phase_in
 from vt_lightning.analysis.schedule import Phase, Window
 from vt_lightning.analysis.sources import Planned, WindowPlan
@@ -47,7 +46,6 @@ class WindowController:
     def __init__(self, options: Options) -> None:
         self.options = options
         self.python: PythonTracer | None = None  # one per process and configuration (see pytracer)
-        self.completed = WindowNumbers()  # schedule cycles written (checkpointed: no window twice)
         self.reset(None)
         _LIVE.add(self)  # a forked child forgets this controller's windows: ``_forget_in_forked_child``
 
@@ -78,7 +76,8 @@ class WindowController:
         self.windows_recorded = 0
         self.batches_seen = 0
         self.eval_step = -1  # batch index within a validate / test / predict stage
-        self.train_started: tuple[int, int] | None = None  # (perf_counter_ns, global batch) at train start
+        self.first = 0  # the run's first batch: a resumed fit, or a Trainer's second fit, starts past 0
+        self.started: tuple[int, int] | None = None  # (perf_counter_ns, the batch before the stage's first)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
         if stage not in self.options.stages:
@@ -92,7 +91,6 @@ class WindowController:
 
     def _start_run(self, trainer: Any, pl_module: Any, stage: str, superseded_by: str | None) -> None:
         o = self.options
-        self.completed = WindowNumbers()  # a resumed fit restores it after setup (load_state_dict)
         run = self.run = runs.read_run(trainer, stage, o.dirpath, o.spool_dir)  # collective: first, on every rank
         self.trainer = weakref.ref(trainer)
         enabled, rival = runs.should_record(run, o, trainer, superseded_by, self.warn)
@@ -110,26 +108,32 @@ class WindowController:
         self.writer.submit(remove_stale_temporaries, run.root)
         self.spool = spool_directory(o.spool_dir)
         self.outcomes.start(self.spool, self.writer.submit, o.keep_windows)  # the full table, retention
-        first = runs.global_batch(trainer) if stage == "fit" else 0
-        self.budget.start(runs.any_rank(trainer) if o.ranks is None else bool, first + (stage == "fit"))  # see budget
+        self.budget.start(runs.any_rank(trainer) if o.ranks is None else bool)
         if agreement is not None:
             self.triggers = arm(
-                trainer, o.triggers, agreement, group, run.output, run.cuda, self.warn, self.step_clock, first + 1,
-                self._look_now,
+                trainer, o.triggers, agreement, group, run.output, run.cuda, self.warn, self.step_clock,
+                runs.global_batch(trainer) + 1, self._look_now,
             )  # fmt: skip
             self.slow = self.triggers.watch.slow
-        self._schedule_from(first)
-        if stage != "fit":  # fit's length is known only at train start (train_start)
-            self.writer.prestart(self.plan.next_boundary(first), first, None, cpu_bound=runs.trains_on_cpu(run))
+        if stage != "fit":  # fit's first batch and length are known only at train start (train_start)
+            self._schedule_from(0)
+            self.writer.prestart(self.plan.next_boundary(0), 0, None, cpu_bound=runs.trains_on_cpu(run))
         side_recorders.start_run(o, run, self.spool, trainer, self.plan, self.warn)  # DataLoader workers (workers.py)
 
     def train_start(self, trainer: Any) -> None:
-        """Fit's length is known now: start the writer ahead of a first window within the run (``prestart``)."""
+        """Lightning restored a resumed fit's loops after ``on_fit_start``: the schedule counts from this
+        fit's first batch now (as torch.profiler's from its own start), and the writer starts ahead of
+        a first window within the run (``prestart``)."""
         if self.writer is not None and self.stage == "fit" and self.run is not None:
-            now = runs.global_batch(trainer)
-            self.train_started = (time.perf_counter_ns(), now)
+            first = self.first = runs.batches_started(trainer)
+            schedule = self.options.schedule
+            self.plan.schedule = dataclasses.replace(schedule, skip_first=schedule.skip_first + first)
+            self.budget.budget.first_batch = first
+            self.started = (time.perf_counter_ns(), first - 1)
+            self._schedule_from(first)
             cpu_bound = runs.trains_on_cpu(self.run)
-            self.writer.prestart(self.plan.next_boundary(now), now, runs.fit_end_batch(trainer), cpu_bound=cpu_bound)
+            end = runs.fit_end_batch(trainer)
+            self.writer.prestart(self.plan.next_boundary(first), first - 1, end, cpu_bound=cpu_bound)
 
     def end_stage(self, stage: str, batches: int | None = None) -> None:
         """A stage ran out of batches (or fit ended): close what is open, wait for the writer."""
@@ -142,7 +146,7 @@ class WindowController:
         """Close the open window, then (whatever its close raised) wait for the writer and read its answers."""
         try:
             if self.window is not None:
-                self._close(reason, partial)
+                self._close(reason, partial, ending=True)
         finally:
             if self.writer is not None and not self.writer.drain():
                 self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
@@ -163,7 +167,7 @@ class WindowController:
         try:
             self.finalize(runs.END_REASONS[stage])
             if self.writer is not None and not self.windows_recorded:  # enabled, and nothing to show
-                messages.nothing_recorded(self.options, self.stage, self.batches_seen, self.windows_skipped)
+                messages.nothing_recorded(self.options, self.stage, self._span(), self.windows_skipped)
         finally:
             self.shutdown()
 
@@ -175,7 +179,7 @@ class WindowController:
                     self.warn("writer-stuck-end", messages.writer_unfinished(self.options.writer_timeout, self._root()))
                 self._read_inbox(log=False)
                 self.outcomes.skipped = self.windows_skipped
-                messages.end_of_run(self._root(), self.outcomes, self.triggered_runs, self.stage)
+                messages.end_of_run(self._root(), self.outcomes, self.triggered_runs, self.stage, self._span())
         finally:
             side_recorders.end_run(self.trainer())
             reap_dump_children()  # of windows interrupted between their dump and their hand-off
@@ -196,6 +200,8 @@ class WindowController:
     def eval_batch_start(self, stage: str) -> None:
         if stage == self.stage:
             self.eval_step += 1  # batches of this stage, across its dataloaders, from 0
+            if self.eval_step == 0:
+                self.started = (time.perf_counter_ns(), -1)
             if self.eval_step >= self.next_look:
                 self.batch_start(self.eval_step)
 
@@ -247,9 +253,6 @@ class WindowController:
             self._quiet_until(math.inf)
             return
         target = dataclasses.replace(planned.window, index=planned.number)
-        if planned.trigger is None and planned.window.index in self.completed:
-            self._skip(target)
-            return
         self.planned = planned
         self._run(_S, Phase.NONE, phase_in(target, step), step, target)
 
@@ -280,25 +283,25 @@ class WindowController:
                 return
         self.phase = current
 
-    def _close(self, reason: str | None = None, partial: bool = False) -> None:
+    def _close(self, reason: str | None = None, partial: bool = False, ending: bool = False) -> None:
         window, self.window, self.phase = self.window, None, Phase.NONE
         if window is None:
             return
         try:
-            self._hand_off(window, reason, partial)
+            self._hand_off(window, reason, partial, ending)
         except BaseException:  # cleanup: interrupted or failed anywhere, no tracer, hook or patch stays; re-raised
             window.abort()
             raise
         finally:
             self.budget.closed(window)
 
-    def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool) -> None:
-        """Close the window's recording into the spool and give its job to the writer."""
+    def _hand_off(self, window: ProfilingWindow, reason: str | None, partial: bool, ending: bool) -> None:
+        """Close the window's recording into the spool and give its job to the writer. A window the
+        stage's end closed is held and finished once it stopped (``drain``), as is one closing within
+        ``FINISH_AT_END_WITHIN_S`` of it on CPU, unless a writer process runs already."""
         assert self.run is not None and self.spool is not None and self.writer is not None
         target, planned = window.window, self.planned
         trigger = planned.trigger if planned is not None else None
-        if trigger is None and planned is not None:
-            self.completed.add(planned.window.index)  # checkpointed: a schedule cycle is never recorded twice
         self._schedule_from(target.end)
         incomplete = len(window.steps) < len(target.active_steps)
         if incomplete:
@@ -311,7 +314,8 @@ class WindowController:
         if trigger is not None:
             self.triggered_runs.append((destination.run_dir.name, trigger))
             del self.triggered_runs[: -messages.TRIGGERED_SHOWN]  # the latest are named at the end
-        at_end = finishes_at_end(runs.trains_on_cpu(self.run), self.writer.process_started, *self._fit_remaining())
+        started = self.writer.process_started
+        at_end = not started if ending else finishes_at_end(runs.trains_on_cpu(self.run), started, *self._remaining())
         closed = window.close(self.spool, destination, hold_dump=at_end)  # held: even VizTracer's dump waits
         if closed is None:
             return
@@ -319,15 +323,17 @@ class WindowController:
         self.inbox.expect(self.writer.hand_off(closed, at_end=at_end))
         self._quiet_until(self.next_look)  # look at the next batch start for the answer
 
-    def _fit_remaining(self) -> tuple[int | None, float | None]:
-        """Batches left to fit's known end, and the mean batch since train start in seconds (None: unknown)."""
+    def _remaining(self) -> tuple[int | None, float | None]:
+        """Batches left to the stage's known end, and its mean batch so far in seconds (None: unknown)."""
         trainer = self.trainer()
-        if self.stage != "fit" or trainer is None or self.train_started is None:
+        if trainer is None or self.started is None or self.stage is None:
             return None, None
-        end = runs.fit_end_batch(trainer)
-        started_ns, first = self.train_started
-        now = runs.global_batch(trainer)
-        done = now + 1 - first
+        if self.stage == "fit":
+            end, now = runs.fit_end_batch(trainer), runs.global_batch(trainer)
+        else:
+            end, now = runs.stage_batches(trainer, self.stage), self.eval_step
+        started_ns, before = self.started
+        done = now - before
         if end is None or done <= 0:
             return None, None
         return end - now - 1, (time.perf_counter_ns() - started_ns) / 1e9 / done
@@ -372,6 +378,10 @@ class WindowController:
         trainer = self.trainer()
         if log and self.outcomes.unlogged and trainer is not None:
             self.outcomes.log_summaries(trainer.loggers)
+
+    def _span(self) -> tuple[int, int]:
+        """The run's batches: its first, and how many it started (a fit's are global batch numbers)."""
+        return self.first, max(self.batches_seen - self.first, 0)
 
     def _root(self) -> Any:
         return self.run.output if self.run is not None else None

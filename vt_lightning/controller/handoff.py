@@ -15,11 +15,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, wait
 from typing import Any, cast
 
-from lightning.pytorch.utilities import rank_zero_info
-
 from vt_lightning.constants import WRITER_TIMEOUT_S
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
-from vt_lightning.controller.messages import GOES_ON, Warn
+from vt_lightning.controller.messages import GOES_ON, Warn, say
 from vt_lightning.controller.remote import deliver
 from vt_lightning.export.atomic import remove_stale_temporaries
 from vt_lightning.export.job import WindowJob, WindowResult
@@ -288,7 +286,7 @@ class BackgroundWriter:
             self.allowance.waited(start)
             if waited >= SAY_WAIT_S and windows:  # rank 0 only
                 which = f"window {windows[0]}" if len(windows) == 1 else "windows " + ", ".join(map(str, windows))
-                rank_zero_info(f"vt_lightning: waited {waited:.1f} s for the writer to finish {which}")
+                say(f"vt_lightning: waited {waited:.1f} s for the writer to finish {which}")
 
     def abandon(self) -> None:
         """Drop the pending windows, kill and reap the process, and start a fresh thread."""

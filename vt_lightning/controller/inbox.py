@@ -17,6 +17,7 @@ from vt_lightning.controller.messages import Warn, job_written, print_verdicts
 from vt_lightning.controller.retention import Retention
 from vt_lightning.controller.windows_table import WindowsTable
 from vt_lightning.export.job import WindowResult
+from vt_lightning.export.terminal import printable
 
 log = logging.getLogger(LOGGER_NAME)
 
@@ -153,7 +154,7 @@ class Outcomes:
                 "browser trace viewers go blank above ~300 MB. Lower `active`, or set `min_duration`, "
                 "`max_stack_depth`, `include_files` or `ignore_c_function=True`.",
             )
-        log.info("vt_lightning: wrote %s", result.trace_path)
+        log.info("vt_lightning: wrote %s", printable(result.trace_path))
         if result.job is not None:  # rank 0: the window's job file and its straggler, one line
             job_written(result.trace_path, result.job)
         if result.summary is not None:

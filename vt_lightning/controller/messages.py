@@ -20,6 +20,7 @@ from vt_lightning.constants import LOGGER_NAME
 from vt_lightning.controller.watch import TriggerWatch
 from vt_lightning.export.job import Location
 from vt_lightning.export.report import print_history_table, straggler_text, window_line
+from vt_lightning.export.terminal import printable, printable_lines
 from vt_lightning.options import Options
 from vt_lightning.recording.rivals import RivalProfiler
 from vt_lightning.recording.unsafe_names import UnsafeImport
@@ -41,8 +42,14 @@ class WarnOnce:
             if key in self._seen:
                 return False
             self._seen.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        warnings.warn(printable_lines(message), RuntimeWarning, stacklevel=2)
         return True
+
+
+def say(text: str) -> None:
+    """Every line the callback prints (rank 0): a name or path in it, from the run or its files,
+    may hold ESC, CR or bidi controls, shown escaped (export/terminal), never sent raw."""
+    rank_zero_info(printable_lines(text))
 
 
 def warn_cut_window(
@@ -65,30 +72,32 @@ def warn_cut_window(
         )
 
 
-def nothing_recorded(options: Options, stage: str | None, batches: int, skipped: int) -> None:
-    """One line when a run ends without any window, saying why (short run, warmup, skips)."""
-    schedule = options.schedule
-    first = schedule.window(0)
+def nothing_recorded(options: Options, stage: str | None, span: tuple[int, int], skipped: int) -> None:
+    """One line when a run ends without any window: what ran in it, why no window, and what would help."""
+    schedule, (first, batches) = options.schedule, span
+    window = schedule.window(0)
     stage = stage or "fit"
     unit = "training batch(es)" if stage == "fit" else f"{stage} batch(es)"
+    ran = f"{stage} ran {batches} {unit}"
+    if first:  # a resumed fit, or a Trainer's second: the schedule counts from this fit's first batch
+        ran += f" from global batch {first} (the schedule counts from each fit's first batch)"
     if skipped:
-        why = f"{skipped} window(s) were skipped (see the warnings above)"
+        why, advice = f"{skipped} window(s) were skipped", "See the warnings above."
     elif not options.scheduled_windows:
-        why = f"{stage} ran {batches} {unit} with only triggers opening windows, and none fired"
-    elif batches <= first.warmup_start:
+        why, advice = f"{ran} with only triggers opening windows, and none fired", "Lower the triggers' thresholds."
+    elif batches <= window.warmup_start:
         why = (
-            f"{stage} ran {batches} {unit}, and the first window's warmup starts at batch "
-            f"{first.warmup_start} (skip_first={schedule.skip_first}, wait={schedule.wait})"
+            f"{ran}, and the first window's warmup starts at its batch {window.warmup_start} "
+            f"(skip_first={schedule.skip_first}, wait={schedule.wait})"
         )
+        advice = "Lower `skip_first` / `wait`, or run more batches."
     else:
         why = (
-            f"{stage} ran {batches} {unit} and ended during the first window's warmup "
-            f"(batches {first.warmup_start}-{first.active_start - 1}); recording starts at batch "
-            f"{first.active_start}"
+            f"{ran} and ended during the first window's warmup (its batches {window.warmup_start}-"
+            f"{window.active_start - 1}); recording starts at its batch {window.active_start}"
         )
-    rank_zero_info(
-        f"vt_lightning: no window was recorded: {why}. Lower `skip_first` / `wait` / `warmup`, or run more batches."
-    )
+        advice = "Lower `warmup`, or run more batches."
+    say(f"vt_lightning: no window was recorded: {why}. {advice}")
 
 
 TRIGGERED_SHOWN = 5  # triggered windows named at the end of a run (the latest)
@@ -96,7 +105,11 @@ TRIGGERED_SHOWN = 5  # triggered windows named at the end of a run (the latest)
 
 @rank_zero_only
 def end_of_run(
-    root: Path | None, outcomes: Any, triggered_runs: Sequence[tuple[str, Any]], stage: str | None = None
+    root: Path | None,
+    outcomes: Any,
+    triggered_runs: Sequence[tuple[str, Any]],
+    stage: str | None = None,
+    span: tuple[int, int] = (0, 0),
 ) -> None:
     """After a run that wrote windows: the full table into the output root, a bounded one on the console."""
     history = outcomes.history
@@ -104,17 +117,17 @@ def end_of_run(
         return
     python = os.path.normpath(sys.executable)  # `../.venv/bin/python train.py` gives a path with `..` in it
     command = f"{python} -m vt_lightning"
-    full_table = outcomes.table.write(root, stage, history) if outcomes.table is not None else None
+    full_table = outcomes.table.write(root, stage, history, span) if outcomes.table is not None else None
     if history.step.count or history.first:
         try:
             print_history_table(history)
         except Exception as err:  # a console problem never fails the run
-            log.warning("vt_lightning: could not print the summary table (%s)", err)
+            log.warning("vt_lightning: could not print the summary table (%s)", printable(err))
     deleted = f" ({history.deleted} older ones deleted by keep_windows)" if history.deleted else ""
     lost = outcomes.not_written()
     deleted += f"; {lost}" if lost else ""
     where = Path(os.path.abspath(root)) if isinstance(root, Path) else root  # works from any directory
-    rank_zero_info(
+    say(
         f"vt_lightning: {history.count} window trace(s) in {where}{deleted}\n"
         + "".join(f"  {name}: {firing.describe()}\n" for name, firing in triggered_runs)
         + (f"  table:   {full_table}  (every window)\n" if full_table else "")
@@ -131,9 +144,9 @@ def print_verdicts(summary: Summary) -> None:
     index = (summary.get("window") or {}).get("index")
     line = window_line(summary)
     if line:
-        rank_zero_info(f"vt_lightning: window {index}: {line}")
+        say(f"vt_lightning: window {index}: {line}")
     for verdict in summary.get("verdicts") or []:
-        rank_zero_info(f"vt_lightning: window {index}: {verdict_line(verdict)}")
+        say(f"vt_lightning: window {index}: {verdict_line(verdict)}")
 
 
 def writer_stuck(timeout: float, root: Path | str | None, index: int) -> str:
@@ -192,7 +205,7 @@ def triggers_armed(watch: TriggerWatch, first_check: int, earliest_memory: int) 
     if watch.file is not None:
         lines.append(f"file {watch.file.path} (create it to open a window): from now")
     if lines:
-        rank_zero_info("vt_lightning: triggers armed:\n" + "\n".join(f"  {line}" for line in lines))
+        say("vt_lightning: triggers armed:\n" + "\n".join(f"  {line}" for line in lines))
 
 
 @rank_zero_only
@@ -241,4 +254,4 @@ def job_written(trace_path: Location, job: dict[str, Any]) -> None:
     residual = (job.get("collective_check") or {}).get("max_residual_us")
     spread = f", collective exits within {residual:.0f} µs" if isinstance(residual, (int, float)) else ""
     verdict = straggler_text((job.get("straggler") or {}).get("straggler"))
-    rank_zero_info(f"vt_lightning: {len(ranks)} ranks on one timeline{spread}: {where}; {verdict}")
+    say(f"vt_lightning: {len(ranks)} ranks on one timeline{spread}: {where}; {verdict}")

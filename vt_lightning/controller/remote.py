@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.cloud_io import _is_object_storage, get_filesystem
-from lightning.pytorch.utilities import rank_zero_info
 
 from vt_lightning.controller.agreement import first_failure
 from vt_lightning.controller.inbox import Dropped, Notice, Outcome
-from vt_lightning.controller.messages import GOES_ON
+from vt_lightning.controller.messages import GOES_ON, say
 from vt_lightning.export.job import URL, UnusableURL, WindowJob, WindowResult, locate
 from vt_lightning.export.job_file import JOB_DIR, JOB_EXTRA, MAX_JOB_WAIT_S, span_of, wait_for_ranks
 from vt_lightning.export.layout import host_name
@@ -68,7 +67,7 @@ def output_root(
         raise stop from problem
     remote = URL(place)
     if not _is_object_storage(get_filesystem(remote)):
-        rank_zero_info(f"vt_lightning: {no_overwrite_guarantee(remote, object_store=False)}.")
+        say(f"vt_lightning: {no_overwrite_guarantee(remote, object_store=False)}.")
     base = Path(spool_dir) if spool_dir is not None else Path(default_spool_base())
     # Made when the first window is written (a rank that records nothing leaves nothing behind);
     # the random part keeps the name unguessable in a shared temp directory.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 from collections.abc import Callable
@@ -94,8 +95,20 @@ def fit_end_batch(trainer: Any) -> int | None:
     per_epoch = getattr(trainer, "num_training_batches", None)
     if isinstance(max_epochs, int) and max_epochs > 0 and isinstance(per_epoch, int):
         epochs_left = max(max_epochs - int(trainer.current_epoch), 0)
-        bounds.append(global_batch(trainer) + per_epoch * epochs_left)
+        epoch_start = global_batch(trainer) + 1 - int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+        bounds.append(epoch_start + per_epoch * epochs_left)
     return min(bounds, default=None)
+
+
+_EVAL_BATCHES = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
+
+
+def stage_batches(trainer: Any, stage: str) -> int | None:
+    """The batches a validate / test / predict stage runs, over its dataloaders (None: unknown or
+    unbounded); known from ``on_<stage>_start`` on, ``limit_*_batches`` applied."""
+    counts = getattr(trainer, _EVAL_BATCHES.get(stage, ""), None)
+    total = sum(counts) if isinstance(counts, list) and counts else None
+    return int(total) if isinstance(total, (int, float)) and math.isfinite(total) else None
 
 
 def batches_started(trainer: Any) -> int:

@@ -46,15 +46,14 @@ def start_run(options: Options, run: Run, spool: Any, trainer: Any, plan: Window
     end_run(trainer)
     if not options.trace_workers or run.stage != "fit" or spool is None:
         return
-    schedule = options.schedule if options.scheduled_windows else None
     owner = weakref.ref(trainer)  # the registry holds the trainer weakly: so must its values
 
     def upcoming(step: int) -> list[tuple[int, int]]:
         """The scheduled windows workers arm for; none once the run budget closed the plan."""
-        if schedule is None or plan.closed:
+        if not options.scheduled_windows or plan.closed:
             return []
         left = None if plan.max_windows is None else max(plan.max_windows - plan.begun, 0)
-        return upcoming_ranges(schedule, step)[:left]
+        return upcoming_ranges(plan.schedule, step)[:left]  # counted from the fit's first batch (train start)
 
     try:
         tracing = WorkerTracing(

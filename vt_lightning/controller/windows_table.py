@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,11 +17,13 @@ from vt_lightning.constants import LOGGER_NAME
 from vt_lightning.export.atomic import atomic_write
 from vt_lightning.export.job import URL
 from vt_lightning.export.report import write_full_table
+from vt_lightning.export.terminal import printable
 
 log = logging.getLogger(LOGGER_NAME)
 
 FULL_TABLE_NAME = "vt_lightning.windows.txt"
 JOURNAL_NAME = "windows.jsonl"
+TITLE = "vt_lightning: "  # the first line of each run's section
 
 
 class WindowsTable:
@@ -38,7 +41,7 @@ class WindowsTable:
                 f.write(orjson.dumps(row.to_json()) + b"\n")
         except Exception as err:  # scratch space full or gone: the console table still works
             self.broken = True
-            log.warning("vt_lightning: the full window table will not be written (%s)", err)
+            log.warning("vt_lightning: the full window table will not be written (%s)", printable(err))
 
     def rows(self) -> Iterator[WindowRow]:
         try:
@@ -48,27 +51,48 @@ class WindowsTable:
         except FileNotFoundError:
             return
 
-    def write(self, root: Any, stage: str | None, history: RunHistory) -> str | None:
-        """The full table into ``root`` (a Path or a URL), atomically; its location, or None."""
+    def write(self, root: Any, stage: str | None, history: RunHistory, span: tuple[int, int] = (0, 0)) -> str | None:
+        """This run's section after the earlier runs' (each fit of a resumed job has one) into ``root``
+        (a Path or a URL), atomically: one read and one write per run. Its location, or None."""
         if self.broken or root is None or not history.first:  # no rows: summary=False
             return None
-        text = io.StringIO()
-        text.write(f"vt_lightning: all {history.count} windows of the run (ms per step)")
-        if history.deleted:
-            text.write(f"; {history.deleted} of them deleted from disk by keep_windows")
-        text.write("\n")
-        write_full_table(history, self.rows(), text)
-        data = text.getvalue().encode()
-        name = FULL_TABLE_NAME if stage in (None, "fit") else f"{stage}-{FULL_TABLE_NAME}"
+        stage = stage or "fit"
+        name = FULL_TABLE_NAME if stage == "fit" else f"{stage}-{FULL_TABLE_NAME}"
+        target = root / name if isinstance(root, URL) else os.path.join(os.fspath(root), name)
         try:
-            if isinstance(root, URL):
-                return _write_remote(root / name, data)
-            target = os.path.join(os.fspath(root), name)
+            earlier = _read(target)
+            number = sum(line.startswith(TITLE) for line in earlier.splitlines()) + 1
+            first, batches = span
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+            text = io.StringIO()
+            text.write(f"{earlier}\n" if earlier else "")
+            text.write(f"{TITLE}{stage} {number} ({when}, batches {first}-{first + batches - 1}): ")
+            text.write(f"all {history.count} windows of this run (ms per step)")
+            if history.deleted:
+                text.write(f"; {history.deleted} of them deleted from disk by keep_windows")
+            text.write("\n")
+            write_full_table(history, self.rows(), text)
+            data = text.getvalue().encode()
+            if isinstance(target, URL):
+                return _write_remote(target, data)
             atomic_write(target, data)
             return target
         except Exception as err:  # never fails the run
-            log.warning("vt_lightning: could not write the full window table to %s (%s)", root, err)
+            log.warning(
+                "vt_lightning: could not write the full window table to %s (%s)", printable(root), printable(err)
+            )
             return None
+
+
+def _read(target: str | URL) -> str:
+    """The table earlier runs wrote into this root ("" for none)."""
+    try:
+        if isinstance(target, URL):
+            return bytes(get_filesystem(target).cat_file(str(target))).decode()
+        with open(target, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
 
 
 def _write_remote(target: URL, data: bytes) -> str:

@@ -295,7 +295,12 @@ def print_table(
                 style = styles.get((r, c))
                 cells.append(f"[{style}]{escape(cell)}[/{style}]" if style else escape(cell))
             table.add_row(*cells)
-        Console(file=file).print(table)
+
+        class PipeConsole(Console):
+            def on_broken_pipe(self) -> None:  # rich's own ends the process with status 1 (training too)
+                raise BrokenPipeError  # the caller's boundary decides: `vt-lightning diff | head` exits 0
+
+        PipeConsole(file=file).print(table)
         return
     import textwrap
 
