@@ -15,17 +15,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+import ipykernel  # noqa: F401  (the kernel nbclient starts: the `test` extra installs it)
+import nbclient
+import nbformat
 import pytest
 from support import tbcheck
 
 from vt_lightning.cli.command import load_windows
 from vt_lightning.constants import TRACE_SUFFIX
 from vt_lightning.export.reading import MemoryBudget, read_trace
-
-# ipykernel + nbclient come with the `analysis` extra (HTA pulls Jupyter in); the pinned CI session installs it.
-nbformat = pytest.importorskip("nbformat", reason="nbformat/nbclient/ipykernel come with the `analysis` extra")
-nbclient = pytest.importorskip("nbclient", reason="nbclient comes with the `analysis` extra")
-pytest.importorskip("ipykernel", reason="ipykernel comes with the `analysis` extra")
 
 pytestmark = pytest.mark.serial  # a kernel, 2 DDP processes and DataLoader workers: the whole 2-core machine
 
