@@ -281,7 +281,6 @@ class SourceFile(TypedDict, total=False):
 
     mtime_ns: int
     size: int
-    sha256: str
     lines: dict[str, str]  # line number (as a string) -> its text, as it was when the window was written
     error: str
 

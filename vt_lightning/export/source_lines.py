@@ -4,7 +4,6 @@ those and never read a file a summary names; they say when the file on disk chan
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -14,6 +13,8 @@ from vt_lightning.analysis.schema import SourceFile, Sources, Summary
 from vt_lightning.export.reading import UnreadableFile, open_regular
 
 CONTEXT = 4  # lines kept each side of a named line
+NOT_HERE = "not on this machine: lines as recorded"
+CHANGED = "changed since this window: lines as they were"
 MAX_FILE_BYTES = 4 << 20  # a larger file is no source file worth keeping lines of
 MAX_LINE_CHARS = 240
 MAX_TOTAL_CHARS = 64 << 10  # over every file of one summary
@@ -49,7 +50,7 @@ def named_places(summary: Summary) -> set[tuple[str, int]]:
 
 
 def record_sources(places: Iterable[tuple[str, int]]) -> Sources:
-    """The lines around each place, per file, with the file's stat and hash to tell a later edit."""
+    """The lines around each place, per file, with the file's stat to tell a later edit."""
     wanted: dict[str, set[int]] = defaultdict(set)
     for file, line in places:
         wanted[file].update(range(max(1, line - CONTEXT), line + CONTEXT + 1))
@@ -75,26 +76,20 @@ def record_sources(places: Iterable[tuple[str, int]]) -> Sources:
         files[file] = {
             "mtime_ns": st.st_mtime_ns,
             "size": st.st_size,
-            "sha256": hashlib.sha256(data).hexdigest(),
             "lines": lines,
         }
     return {"files": files, "truncated": truncated}
 
 
 def changed_since(file: str, recorded: SourceFile) -> str | None:
-    """Why the file on disk no longer holds the recorded lines (None: it does, by stat or hash)."""
+    """Why the file on disk may no longer hold the recorded lines (None: same mtime and size). A stat,
+    never a read: the tab, which anyone who can write the log dir may point at any file, learns
+    nothing of a file's content from it."""
     try:
         st = os.stat(file)
-    except OSError:
-        return "not on this machine: lines as recorded"
-    if (st.st_mtime_ns, st.st_size) == (recorded.get("mtime_ns"), recorded.get("size")):
-        return None
-    try:
-        with open_regular(file) as f:
-            same = hashlib.sha256(f.read(MAX_FILE_BYTES + 1)).hexdigest() == recorded.get("sha256")
-    except (UnreadableFile, OSError):
-        same = False
-    return None if same else "changed since this window: lines as they were"
+    except (OSError, ValueError):
+        return NOT_HERE
+    return None if (st.st_mtime_ns, st.st_size) == (recorded.get("mtime_ns"), recorded.get("size")) else CHANGED
 
 
 def excerpt_lines(summary: Summary, context: int = 2) -> list[str]:

@@ -34,6 +34,7 @@ from vt_lightning.constants import MEMORY_SUFFIX, SUMMARY_JSON_SUFFIX, TRACE_SUF
 from vt_lightning.export.job_file import JOB_DIR, JOB_SUFFIX, JOB_SUMMARY_SUFFIX
 from vt_lightning.export.reading import MemoryBudget, UnreadableFile, open_regular, read_summary
 from vt_lightning.export.report import summary_stem
+from vt_lightning.export.source_lines import NOT_HERE, changed_since
 
 WINDOW_DIR = re.compile(
     r"^(?:(?P<stage>[a-z]+)-)?window_(?P<index>\d+)(?:-(?P<reason>.+?))?-batches_(?P<first>\d+)-(?P<last>\d+)"
@@ -347,23 +348,15 @@ class LogIndex:
 
 def source_states(summary: Summary) -> dict[str, str]:
     """Whether each file whose lines the summary recorded is still as it was: ``same``, ``changed``
-    (its size or mtime differ: the tab shows the lines as recorded and says so) or ``not here``.
-    A stat, never a read: the tab shows no line it did not get from the summary."""
+    (the tab shows the lines as recorded and says so) or ``not here``. A stat (``changed_since``),
+    never a read: the tab shows no line it did not get from the summary."""
     sources = summary.get("sources")
     files = sources.get("files") if isinstance(sources, dict) else None
-    states = {}
-    for name, recorded in files.items() if isinstance(files, dict) else ():
-        try:
-            info = os.stat(name)
-        except (OSError, ValueError):
-            states[name] = "not here"
-            continue
-        same = isinstance(recorded, dict) and (recorded.get("mtime_ns"), recorded.get("size")) == (
-            info.st_mtime_ns,
-            info.st_size,
-        )
-        states[name] = "same" if same else "changed"
-    return states
+    states = {"": "same", NOT_HERE: "not here"}
+    return {
+        name: states.get(changed_since(name, recorded) or "", "changed") if isinstance(recorded, dict) else "changed"
+        for name, recorded in (files.items() if isinstance(files, dict) else ())
+    }
 
 
 def memory_view(path: Path) -> dict[str, Any]:
