@@ -1,12 +1,8 @@
-"""Files that are complete or absent: written under a temporary name, then renamed.
-
-A temporary never matches the plugin's pattern (a leading dot, ``.tmp``) and names its writer's
-``<host>-<pid>``, so a leftover of a process killed mid-write is told from a live writer's
-(``remove_stale_temporaries``). It is created with mode 0o666 under the umask in force (and any
-default ACL), as the user's other files are. A file published without clobbering may carry a
-*claim*, a second name of its inode (``layout.claim_name``), so a retry of the same window after its
-writer was killed knows the file for its own (``owns``), not another run's.
-"""
+"""Files that are complete or absent: written under a temporary name, then renamed. A temporary never
+matches the plugin's pattern and names its writer's ``<host>-<pid>`` (``remove_stale_temporaries``
+tells a killed writer's leftover from a live one's); it gets mode 0o666 under the umask, as the
+user's other files. A file published without clobbering may carry a *claim*, a second name of its
+inode (``layout.claim_name``), so a retry after its writer was killed knows it for its own (``owns``)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,9 @@
-"""The job file: rank 0's writer waits (bounded) for every rank's trace of a window, then merges
-them into one timeline (``analysis/job_merge.py``) with the straggler named (``analysis/straggler.py``).
-
-Where: ``<window dir>/job/job.<span>.json.gz`` and ``job.<span>.ranks.json`` (ranks, clock offsets,
-the straggler). In a directory of its own, under names that end neither in ``.pt.trace.json(.gz)``
-nor ``.summary.jsonc``: TensorBoard's profiler plugin and HTA's directory scan would take it for one
-more rank, ``vt-lightning summary`` for a window's summary.
-
-The wait: rank 0's writer polls for the other ranks' files in the shared run directory up to
-``job_wait_s`` (at most ``MAX_JOB_WAIT_S``); its later windows queue behind it. After one timeout,
-later windows of the run wait at most ``WAIT_AFTER_TIMEOUT_S``; when ranks on other hosts never show
-up it says once that the log dir is not shared, stops waiting for them and keeps the clock exchange
-(``clock_name``), from which ``vt-lightning job`` builds the job out of the nodes' directories
-(``build_job``). On a remote root the writer thread waits against the store and fetches the traces
-(``controller/remote.with_job``); the writer process merges them (``pipeline.add_job``). No job
-file is written without every rank.
-"""
+"""The job file: rank 0's writer waits (bounded) for every rank's trace of a window, then merges them
+(``analysis/job_merge.py``) with the straggler named (``analysis/straggler.py``); no job file
+without every rank. Its own directory and names ending in neither ``.pt.trace.json(.gz)`` nor
+``.summary.jsonc`` keep TensorBoard's profiler plugin, HTA and ``vt-lightning summary`` from taking
+it for one more rank. Ranks on other hosts that never show up keep the clock exchange
+(``clock_name``) for ``vt-lightning job`` (``build_job``). Layout and waits: docs/distributed.md."""
 
 from __future__ import annotations
 

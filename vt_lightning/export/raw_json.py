@@ -1,13 +1,7 @@
-"""Decoding a raw dump whose strings a tracer wrote unescaped.
-
-VizTracer's C ``dump`` (1.1.1) copies function and file names into its JSON as they are: a control
-character in a name (legal in a file name and a code object's name) makes the dump invalid JSON, a
-name that is not UTF-8 makes it invalid UTF-8. ``loads`` parses the dump as it is and, only when
-that fails, repairs it and parses again: the names reach the trace escaped, and a valid dump pays
-nothing. A name Python decoded from bytes that are not UTF-8 holds lone surrogates, which JSON
-cannot carry either: ``readable`` writes each as U+FFFD, as ``loads`` reads such bytes and a lone
-surrogate's ``\\u`` escape.
-"""
+"""Decoding a raw dump whose strings a tracer wrote unescaped: VizTracer's C ``dump`` copies names as
+they are, so a control character makes it invalid JSON and a name that is not UTF-8 invalid UTF-8.
+``loads`` repairs and parses again only when parsing fails (a valid dump pays nothing); ``readable``
+writes a lone surrogate as U+FFFD, as ``loads`` reads such bytes."""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
-"""Reading files back without trusting them: what the ``vt-lightning`` command and the TensorBoard
-tab open goes through here. A file under a log dir may be truncated, hostile or not a file at all:
-
-* **Regular files only**: checked by ``os.stat`` before opening (with ``O_NONBLOCK``) and by
-  ``fstat`` after, so nothing ever blocks on a FIFO or a device.
-* **Bounded reads**: 1 MiB chunks, gzip inflated as a stream, and a file's size *in memory*
-  (``parsed_size_bound``) charged to the command's one ``MemoryBudget`` before it is parsed: a gzip
-  bomb or a million tiny objects is refused after reading at most the budget.
-* **Schema-checked values**: a summary is checked field by field against ``analysis/schema.py``;
-  a wrong value is one message naming the file and the field (``steps.recorded.1``).
-* **Remote roots the same way**, through fsspec (what Lightning's ``get_filesystem`` wraps): the
-  same chunks, budget and checks; "a regular file" becomes "what the store calls a file".
-
-Caps (docs/cli.md): ``DEFAULT_MEMORY_BUDGET`` for everything a command parses,
-``SUMMARY_MAX_BYTES`` per summary file, ``VIEW_MAX_INFLATED_BYTES`` for a trace ``view`` serves.
-"""
+"""Reading files back without trusting them (the ``vt-lightning`` command, the TensorBoard tab):
+regular files only (``stat`` before an ``O_NONBLOCK`` open, ``fstat`` after: never blocked on a
+FIFO), bounded reads charged to one ``MemoryBudget`` before parsing (a gzip bomb is refused after at
+most the budget), summaries schema-checked field by field (one message naming file and field), and
+remote roots the same way through fsspec. Caps: docs/cli.md."""
 
 from __future__ import annotations
 

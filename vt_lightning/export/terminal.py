@@ -1,11 +1,6 @@
-"""Text from files made safe for a terminal: control characters shown escaped, never sent raw.
-
-A function name, a file path or a JSON key read from a trace or a summary may hold ANSI escape
-sequences (ESC ``\\x1b``, CSI ``\\x9b``), carriage returns or bidi overrides. Sent raw they recolour,
-move or rewrite what the user sees, or run terminal commands. ``rich.markup.escape`` only escapes
-rich's own ``[markup]``, so everything printed goes through ``printable`` (plain text and table
-cells) or ``json_for_terminal`` (the ``--json`` outputs) first.
-"""
+"""Text from files made safe for a terminal: a name read from a trace or a summary may hold ANSI escape
+sequences, carriage returns or bidi overrides, and ``rich.markup.escape`` escapes only rich's own
+markup. So everything printed goes through ``printable`` or ``json_for_terminal`` first."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""The writer process: finishes windows outside the training process, so that work never competes
-with training for the GIL.
-
-Started outside any window (when, see ``controller/handoff.py``), so it inherits no hook, as
-``python -I -S -c <boot>`` (``writer_command``): a fresh interpreter that imports neither torch nor
-Lightning and never re-runs the user's script (as ``multiprocessing``'s spawn would). ``-I`` keeps
-the working directory, ``PYTHONPATH`` and user site-packages off its import path (a stray
-``orjson.py`` where training started never runs in it); the boot code puts there this package's
-root, orjson's and numpy's directories and the absolute ``PYTHONPATH`` entries (where clusters
-install packages). Jobs and results travel as length-prefixed pickles over its stdin/stdout; it
-exits when its stdin closes.
-"""
+"""The writer process: finishes windows outside the training process, never competing with it for the
+GIL. Started outside any window (``controller/handoff.py``), so it inherits no hook, as ``python -I
+-S -c <boot>`` (``writer_command``): imports neither torch nor Lightning, never re-runs the user's
+script, and ``-I`` keeps the working directory off its path (a stray ``orjson.py`` never runs in it).
+Jobs and results travel as length-prefixed pickles over its stdin/stdout; it exits when stdin closes."""
 
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
-"""torch.compile inside a window (a side recorder): compile spans, their phases, graph breaks and
-recompiles. Nothing of the user's logging or dynamo settings changes beyond the window.
-
-* **Compile spans**: dynamo's compile start/end callbacks (private: every name looked up with a
-  guard) time each compile on VizTracer's clock. Meanwhile the Python tracer skips torch's own
-  files (``PythonTracer.pause_files``): one compile is about 618,000 events otherwise.
-* **Phases and recompile reasons**: the ``CompilationMetrics`` new since ``start``
-  (``get_compilation_metrics()`` keeps the last 64).
-* **What the run compiled before and during the window**: torch's own counters (module globals,
-  read when the window opens and closes: no hook outside windows), and every kept metrics record's
-  frame, which names the compiled graphs the window runs.
-* **Graph breaks** with the user's file:line: for the window, a filter on the ``graph_breaks``
-  logger takes each record; a logger lowered to DEBUG for it lets none reach a handler. Never
-  ``torch._logging.set_logs``, which resets the user's settings.
-
-A part this torch lacks is skipped, with one note in the summary.
-"""
+"""torch.compile inside a window (a side recorder): compile spans on VizTracer's clock from dynamo's
+compile callbacks (private: every name looked up with a guard), the ``CompilationMetrics`` new since
+``start``, torch's compile counters at open and close, and graph breaks from a filter on the
+``graph_breaks`` logger (never ``torch._logging.set_logs``, which resets the user's settings).
+Nothing changes beyond the window (docs/compile.md); a part this torch lacks is skipped, with a note."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""The flight recorder: the last seconds of the training thread's Python stack, sampled cheaply, so
-that a slow-step window can show the step that fired it (which it never traces itself).
-
-While the slow-step trigger is armed, a daemon thread wakes 100 times a second; once the step under
-way has run longer than half the median step (only such a step can turn out slow), it keeps the
-training thread's stack (``sys._current_frames``) in a ring of about 20 s. A quiet step is never
-walked. The step's bounds are the trigger's own clock reads: nothing more runs per batch on the
-training thread. A slow step's samples are set aside (``mark``), given to its window (``assign``)
-and handed over at its close (``FlightSide``); ``analysis/flight.py`` makes the track.
-
-The sampler never runs while a window traces (it would be noise in the trace), and stops for good
-when the triggers are disarmed, the training thread ends, the recorder is dropped, or in a fork.
-"""
+"""The flight recorder: the training thread's Python stack sampled (100 Hz, a ring of ~20 s) once a
+step has run half the median step, so a slow-step window shows the step that fired it
+(docs/triggers.md). Nothing more runs per batch on the training thread; the sampler never runs
+while a window traces. A slow step's samples are set aside (``mark``), given to its window
+(``assign``) and handed over at its close (``FlightSide``); ``analysis/flight.py`` makes the track."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
-"""The "Lightning" view of torch-tb-profiler 0.4.3, recorded during a window's active steps.
+"""The "Lightning" view of torch-tb-profiler 0.4.3 during a window's active steps: ``[pl][module]``
+ranges around each submodule's forward, ``[pl][profile]`` around Lightning's step stages (through a
+recording profiler in ``trainer.profiler`` only where the user configured none); nothing stays after
+``remove()``. The writer's side: ``analysis/lightning_view.py``.
 
-``LightningViewHooks``, the window's ``step_hooks``: ``[pl][module]<module type>: <module path>``
-around each submodule's forward, and ``[pl][profile]<action>`` around Lightning's step stages
-(through a small recording profiler in ``trainer.profiler``, only where the user configured none).
-Nothing stays after ``remove()``. The writer's side: ``analysis/lightning_view.py``.
-
-Never a hook inside a compiled region (torch 2.13): there the hooks are not called, but a compile
-while they are installed graph-breaks on ``record_function``, and the broken graphs stay in use
-after the hooks are gone. So an ``OptimizedModule`` and a module whose instance ``forward`` is
-compiled are recorded from the outside, their descendants skipped; a module compiled in place
-(``module.compile()``) is skipped with its descendants; a LightningModule compiled for Lightning
-(``_compiler_ctx``, or ``forward`` / ``training_step`` compiled) gets no module hooks.
-"""
+Never a hook inside a compiled region: a compile while they are installed graph-breaks on
+``record_function``, and the broken graphs outlive the hooks. So compiled modules are recorded from
+the outside, their descendants skipped; a LightningModule compiled for Lightning gets no module hooks."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """Before torch's profiler stops where collectives run on gloo: wait, briefly and bounded, until no
-native thread of the process is running.
-
-gloo completes a collective's future *before* its worker thread ends the collective's profiler
-range, so a window could close while that thread still recorded into the session being torn down:
-on torch 2.4 and 2.5 a corrupted heap (``free(): corrupted unsorted chunks``) or a SIGSEGV, then
-or later (5 of 36 two-rank CPU DDP runs; none of 30 with this wait). After the step no collective
-is queued: once every native thread (not a Python one) has been seen asleep, none is in a tail.
-Linux only (``/proc``). NCCL ends its ranges on the launching thread: nothing waits there.
-"""
+native thread of the process is running. gloo completes a collective's future before its thread
+ends the collective's profiler range; a window closed then corrupted the heap on torch 2.4 and 2.5.
+Linux only (``/proc``). NCCL ends its ranges on the launching thread: nothing waits there."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""VizTracer's C tracer per window: its hooks started and stopped, its buffer dumped.
-
-On Python <= 3.11 VizTracer installs its profile hook when it is constructed, and everything runs
-about 3x slower until its first ``stop()``: the tracer is built at the first window's start, and
-between windows it exists with no hook. Threads already running are hooked by ``thread_hooks``;
-the buffer leaves through VizTracer's C ``dump`` (``viztracer_dump``).
-"""
+"""VizTracer's C tracer per window. On Python <= 3.11 VizTracer installs its hook when constructed and
+everything runs ~3x slower until its first ``stop()``: it is built at the first window's start.
+Running threads are hooked by ``thread_hooks``; the buffer leaves through ``viztracer_dump``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""The thread plumbing of ``pytracer``: profile hooks on threads that already run (Python <= 3.11,
-through CPython's C API), and VizTracer's leftover ``sys.monitoring`` callbacks (3.12+).
-
-VizTracer hooks only the thread that starts it and threads started later, so ``start`` puts a
-one-shot trampoline on every other thread state (``_PyEval_SetProfile(tstate)``, under the GIL, as
-3.12's ``threading.setprofile_all_threads()`` does), which hands over to VizTracer's C hook at that
-thread's next call. ``stop`` takes every hook off again: a hook left on a thread makes it 1.5x (3.10)
-to 3.4x (3.11) slower for the rest of its life, and VizTracer's stop unhooks only its own thread.
-"""
+"""The thread plumbing of ``pytracer``: VizTracer hooks only the thread that starts it and later ones,
+so ``start`` puts a one-shot trampoline on every other thread state (Python <= 3.11, through
+CPython's C API, as 3.12's ``threading.setprofile_all_threads()`` does); ``stop`` takes every hook
+off again (a hook left makes its thread several times slower for life), and VizTracer's leftover
+``sys.monitoring`` callbacks go (3.12+)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""torch.profiler for a window: prepare (warmup), start, per-step ranges, stop, save.
-
-One long-lived ``torch.profiler.profile`` per process and configuration (``shared_profile``):
-``profile()``'s constructor leaks host memory each time (docs/architecture.md, "Long runs"). It is
-driven by hand, not by torch's schedule, so that window bounds are batch bounds and
-``ProfilerStep#<n>`` carries the global batch. Each window keeps its own session's results
-(taken at ``stop``), so the next window's ``prepare`` never touches one whose export is pending;
-torch's exporter runs later, on the writer thread (``ClosedWindow.collect``).
-"""
+"""torch.profiler for a window: prepare (warmup), start, per-step ranges, stop, save. One long-lived
+``torch.profiler.profile`` per process and configuration (``shared_profile``): its constructor leaks
+host memory each time. Driven by hand, not by torch's schedule, so window bounds are batch bounds.
+Each window keeps its own session's results (taken at ``stop``): the next ``prepare`` never touches
+one whose export, on the writer thread (``ClosedWindow.collect``), is pending."""
 
 from __future__ import annotations
 

@@ -1,21 +1,9 @@
-"""Names VizTracer cannot take, found in plain Python before the tracer meets them.
-
-VizTracer converts every name it meets with an unchecked ``PyUnicode_AsUTF8``: a name that is not
-UTF-8 (a lone surrogate: ``caf\\udcff_module.py``) crashes the process (SIGSEGV), a file name at
-the first traced call of its code, a function's or thread's name in the dump (docs/upstream.md).
-
-- Loaded before a window (a module imported from a directory whose name holds such a byte):
-  ``unsafe_module_file`` names it and the window is skipped (``controller/windows.py``).
-- Imported during a window: ``ImportGuard``, first on ``sys.meta_path`` only while the window
-  records, sees the module's spec before its code exists, stops the Python tracer (its
-  ``collecting`` flag is process-wide), and the window is dropped (``UnsafeImport``).
-- In a DataLoader worker's traced fetch: the same two checks (``TracingGuard``).
-- A thread's name (``unsafe_thread_name``): ``viztracer_dump`` never dumps a buffer that met one
-  in a process that must live.
-
-Code compiled by hand under such a name (``compile()``, ``code.replace``) is left to VizTracer:
-only an audit hook or a patched ``compile`` sees it (docs/troubleshooting.md).
-"""
+"""Names VizTracer cannot take (not UTF-8: it crashes with SIGSEGV, docs/upstream.md), found in plain
+Python before the tracer meets them: a loaded module's file (``unsafe_module_file``: the window is
+skipped), one imported during a window (``ImportGuard``, first on ``sys.meta_path`` while the window
+records: the window is dropped), both in a DataLoader worker's fetch (``TracingGuard``), and a
+thread's name (``unsafe_thread_name``). Code compiled by hand under such a name is left to VizTracer
+(docs/troubleshooting.md)."""
 
 from __future__ import annotations
 

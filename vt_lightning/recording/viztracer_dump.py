@@ -1,11 +1,7 @@
-"""VizTracer's C dump of a window's calls: forked, held for later (``HeldDump``), or in process.
-
-Forked on Linux (the training thread pays the fork and ``clear()``), so that a crash of the dump on
-a name that is not UTF-8 ends only the child and its window. ``setpid()`` first: the dump writes
-the dumping process's pid. A dump in this process (Python 3.10, whose forked child can deadlock; a
-held window once training has stopped; a DataLoader worker's part) is forked all the same, or
-refused, once a thread whose name the dump cannot write has met the tracer (``note_threads``).
-"""
+"""VizTracer's C dump of a window's calls: forked, held for later (``HeldDump``), or in process. Forked
+on Linux, so that a crash of the dump on a name that is not UTF-8 ends only the child and its window;
+``setpid()`` first (the dump writes the dumping process's pid). A dump in this process is refused
+once a thread whose name the dump cannot write has met the tracer (``note_threads``)."""
 
 from __future__ import annotations
 

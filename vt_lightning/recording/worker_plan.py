@@ -1,12 +1,7 @@
-"""The plan DataLoader workers read per fetch (``SharedPlan``), and what a worker is sent to set
-itself up (``WorkerSetup``).
-
-Workers fetch ahead (``num_workers × prefetch_factor`` batches), so they cannot be armed when a
-window opens: each decides per fetch, from a plan the training process publishes in a small
-memory-mapped file in the spool (the epoch's first global batch, its length, the next windows'
-active ranges). A fetch's task number (``idx`` in torch's ``_worker_loop``, 0-based each epoch)
-plus the epoch's first batch is its global batch.
-"""
+"""The plan DataLoader workers read per fetch (``SharedPlan``), and what a worker is sent to set itself
+up (``WorkerSetup``). Workers fetch ahead, so they cannot be armed when a window opens: each decides
+per fetch from a small memory-mapped file in the spool (the epoch's first global batch, its length,
+the next windows' active ranges); a fetch's task number plus the epoch's first batch is its batch."""
 
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """What runs in a DataLoader worker: trace the fetches that fall in a window (``worker_plan.py``'s
-plan) and write them to the spool as a "part".
+plan) and write them to the spool as a part, never right after a window batch: at the first fetch
+past the window, when the window closes (a helper thread), or at exit. VizTracer's dump first, then
+a ``.meta.json`` that marks the part complete (``export/worker_dumps.py``).
 
-A worker writes its part at its first fetch past the window, when the window closes (a helper
-thread that lives only while a part is open), or at exit; never right after a window batch, which
-the window is measuring. VizTracer's dump first, then a ``.meta.json`` that marks the part complete:
-a worker that died or hung loses only its own part (``export/worker_dumps.py``).
-
-``worker_calls="user"`` (the default) traces the user's code only: traced in full, an augmenting
-dataset's library calls (PIL, torchvision) cost many times the fetch. Every call into the standard
-library, installed packages, torch and vt_lightning is skipped with its subtree
-(``PythonTracer.pause_files``). A skipped frame drops everything under it, so the fetch is replayed
-in the frame that started the tracer, as torch's two fetchers do it (``_replay_map``,
-``_replay_iterable``), not through torch's fetcher; a library callable among them (a torchvision
-dataset's ``__getitem__``, ``default_collate``) becomes one span of its own, timed here on the
-tracer's clock (``_Fetch.span``). ``worker_calls="all"``: every call, through torch's own fetcher.
-"""
+``worker_calls="user"`` skips every library call with its subtree (``PythonTracer.pause_files``).
+A skipped frame drops everything under it, so the fetch is replayed in the frame that started the
+tracer (``_replay_map``, ``_replay_iterable``), each library callable one span (``_Fetch.span``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""DataLoader workers traced, only for the batches of a window: the training process's side.
-
+"""DataLoader workers traced, only for the batches of a window, the training process's side:
 ``WorkerTracing`` publishes the plan (``worker_plan.py``) and wraps each train DataLoader's
-``worker_init_fn`` with ``TracedWorkerInit`` (``worker_side.py``) right before Lightning creates its
-iterator, until the end of fit. ``WorkerRecorder``, a window's side recorder, pins the window's
-range in the plan while it is open and tells the writer where the workers' parts are.
-"""
+``worker_init_fn`` (``worker_side.py``) until the end of fit; ``WorkerRecorder``, a side recorder,
+pins the window's range in the plan while it is open and tells the writer where the parts are."""
 
 from __future__ import annotations
 
