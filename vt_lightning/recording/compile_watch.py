@@ -238,9 +238,8 @@ class CompileWatch:
         return self.python.clock_us() if self.python is not None else None
 
     def _skip_always(self) -> None:
-        """Skip, for the rest of the window, what is never the user's code: dynamo's frame callback
-        with all it calls, and the compile metrics' logging. Only once the run compiles: every
-        skipped file costs VizTracer a comparison per call."""
+        """Skip what is never the user's code (dynamo's frame callback, the metrics' logging), once the run
+        compiles: every skipped file costs VizTracer a comparison per call."""
         if self._always_skipped:
             return
         files = (getattr(sys.modules.get(name), "__file__", None) for name in ALWAYS_SKIPPED_MODULES)
@@ -249,8 +248,7 @@ class CompileWatch:
             self.python.pause_files(self._always_skipped)
 
     def _pause(self) -> None:
-        """Skip every call into torch's files until the compile ends (a backward compile, or one
-        that did not come through ``convert_frame``)."""
+        """Skip every call into torch's files until the compile ends."""
         self._skip_always()
         if self.python is not None and self._torch_dir:
             self._paused = self.python.pause_files((*self._always_skipped, self._torch_dir))
@@ -272,8 +270,7 @@ class CompileWatch:
 
 
 def compile_counts(records: list[Any]) -> dict[str, Any] | None:
-    """What the process compiled so far: FX graphs, compile wall time, recompiles (among the kept
-    metrics records) and graph breaks met while compiling. None: this torch keeps no counters."""
+    """What the process compiled so far (graphs, compile time, recompiles, graph breaks); None: no counters."""
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
     if counters is None:

@@ -26,10 +26,8 @@ from vt_lightning.recording.torchtracer import profiler_range
 
 
 def user_hook_names(pl_module: Any) -> dict[str, str]:
-    """``{"Model.optimizer_step (/src/model.py:40)": "optimizer_step", ...}``: each Lightning hook
-    the module overrides (in its instance or class), named as VizTracer names its calls, for every
-    window's metadata: the summary finds the user's own hooks whatever the Trainer's profiler and
-    ``lightning_view``. Read once per run."""
+    """Each Lightning hook the module overrides, named as VizTracer names its calls -> the hook's name: the
+    summary finds the user's own hooks whatever the profiler. Read once per run."""
     if pl_module is None:
         return {}
     try:
@@ -118,8 +116,7 @@ class LightningViewProfiler(Profiler):
 
 
 class LightningViewHooks:
-    """``step_hooks`` for ``ProfilingWindow``: module ranges and Lightning stage ranges. ``install()``
-    is idempotent; ``remove()`` removes everything, any number of times."""
+    """``step_hooks`` for ``ProfilingWindow``; ``install()`` is idempotent, ``remove()`` repeatable."""
 
     def __init__(self, trainer: Any, pl_module: Any) -> None:
         self.trainer = trainer

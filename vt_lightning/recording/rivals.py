@@ -58,8 +58,7 @@ class RivalGuard:
         self._restore: list[Callable[[], None]] = []
 
     def _rival(self, name: str) -> None:
-        """Inside the other tool's call, which goes on: ``on_rival`` must raise nothing
-        (``ProfilingWindow.abort`` raises only an interruption)."""
+        """Inside the other tool's call, which goes on: ``on_rival`` must raise nothing."""
         if self.installed and not _owned():
             self.remove()  # first: the other tool's own calls must go straight through
             self.on_rival(name)

@@ -33,8 +33,8 @@ def unsafe_thread_name(names: Iterable[str]) -> str | None:
 
 
 def unsafe_module_file() -> str | None:
-    """``module (file)`` of a loaded module whose file name VizTracer cannot take, or None (read
-    again only when ``sys.modules`` changes size: a few thousand names, about a millisecond)."""
+    """``module (file)`` of a loaded module whose file name VizTracer cannot take, or None (read again
+    only when ``sys.modules`` changes size)."""
     global _checked
     size = len(sys.modules)
     if size != _checked[0]:
@@ -73,10 +73,8 @@ class UnsafeImport(RuntimeError):
 
 
 class ImportGuard:
-    """A ``sys.meta_path`` finder, first while a window records: it asks the finders after it for the
-    spec (nothing is searched twice) and hands ``on_unsafe`` the ``module (file)`` of one whose
-    file name VizTracer cannot take, before its code is loaded. It raises nothing into the import,
-    and leaves the search to the import system in a forked child or behind a legacy finder."""
+    """A ``sys.meta_path`` finder: it asks the finders after it for the spec and hands ``on_unsafe`` one
+    whose file name VizTracer cannot take, before its code is loaded; it raises nothing into the import."""
 
     def __init__(self, on_unsafe: Callable[[str], None]) -> None:
         self._on_unsafe = on_unsafe
@@ -113,12 +111,8 @@ class ImportGuard:
 
 
 class TracingGuard:
-    """The checks above around a DataLoader worker's traced fetch (``worker_side.py``).
-
-    ``start(tracer)``: False (nothing started) once such a name was met or while one is loaded;
-    else the import guard goes in and the tracer starts. ``stop(tracer)``: the tracer stops and the
-    guard goes; True once such a name was met (trace no more). One warning per process.
-    """
+    """The checks above around a DataLoader worker's traced fetch: ``start`` is False (nothing started)
+    once such a name was met; ``stop`` is True then (trace no more). One warning per process."""
 
     def __init__(self) -> None:
         self.met: str | None = None
