@@ -489,8 +489,7 @@ def compile_summary(
 
 
 def compile_text(info: Mapping[str, Any] | None) -> str | None:
-    """``compiled model: 4 graph(s), 1.7 s compiling before this window (1 graph(s), 0.2 s during), 1
-    recompile(s), 1 graph break(s)``: the console's and the report's line (None: no counters)."""
+    """The console's and the report's line of what the run compiled (None: no counters)."""
     before, during = (info or {}).get("before"), (info or {}).get("during") or {}
     if not isinstance(before, Mapping):
         return None
@@ -507,8 +506,7 @@ def compile_text(info: Mapping[str, Any] | None) -> str | None:
 
 
 def compile_markdown(info: Mapping[str, Any], top: int = 5) -> list[str]:
-    """The summary.md lines of the ``compile`` key: what the run compiled, the graphs the window ran,
-    the compiles inside it, then graph breaks and recompiles."""
+    """The summary.md lines of the ``compile`` key."""
     phases = info.get("phases_ms") or {}
     share = info.get("share")
     lines = [""]

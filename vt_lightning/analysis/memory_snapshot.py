@@ -70,9 +70,8 @@ def _stack_frames(
 
 
 def build_cpu_snapshot(trace: WindowTrace | Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """A ``_snapshot()``-format dict of a window's trace (None: no ``[memory]`` event), times in the
-    trace's own µs. No caching allocator on CPU: ``segments`` are the address ranges used, live blocks
-    at the end, the rest ``inactive``."""
+    """A ``_snapshot()``-format dict of a window's trace (None: no ``[memory]`` event), times in its µs; on
+    CPU ``segments`` are the address ranges used."""
     if not isinstance(trace, WindowTrace):
         trace = WindowTrace.of({"traceEvents": list(trace)})
     records, memory_by_thread = _memory_records(trace.memory)

@@ -97,8 +97,7 @@ class WindowData:
 
 
 def observer(untraced: Any, traced_step_ms: float | None) -> Observer:
-    """The cost of observing: the window's median step beside the run's untraced one (the
-    controller's reading of its last untraced steps, ``untraced_reading``)."""
+    """The cost of observing: the window's median step beside the run's untraced one."""
     reading = untraced if isinstance(untraced, Mapping) else {}
     untraced_ms = reading.get("step_ms")
     untraced_ms = float(untraced_ms) if isinstance(untraced_ms, (int, float)) and untraced_ms > 0 else None

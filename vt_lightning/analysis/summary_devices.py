@@ -116,8 +116,8 @@ def _snapshot_labels(snapshot: Mapping[str, Any]) -> list[str]:
 
 
 def replay(snapshot: Mapping[str, Any], device: int) -> list[Sample]:
-    """The allocated and reserved bytes after each entry of the snapshot's allocator trace of
-    ``device``, replayed forwards from the state its end (``segments``) implies."""
+    """The allocated and reserved bytes after each entry of ``device``'s allocator trace, replayed forwards
+    from the state its end implies."""
     trace = (snapshot.get("device_traces") or [])[device]
     segments = [s for s in snapshot.get("segments") or [] if s.get("device") == device]
     allocated = sum(
@@ -196,9 +196,7 @@ def memory_summary(
 def memory_view(
     events: Sequence[Mapping[str, Any]], steps: Mapping[str, list[float]], memory: Memory | None = None
 ) -> dict[str, Any] | None:
-    """The memory view side file (docs/files.md): per device its peak and a downsampled curve, with
-    the steps' bounds to draw beside it, and on the main device the summary's sites live at the peak
-    (None: no ``[memory]`` events)."""
+    """The memory view side file (docs/files.md); None without ``[memory]`` events."""
     devices: dict[str, Any] = {}
     for label, samples in memory_samples(events).items():
         peak = max(samples, key=lambda s: s[1])

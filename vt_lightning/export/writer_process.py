@@ -131,9 +131,8 @@ class WriterProcess:
         self._close_pipes()
 
     def _close_pipes(self) -> None:
-        """Close our ends of its pipes (else each one is a ResourceWarning when collected), unless
-        a call still has them: a thread stuck reading a killed writer sees EOF and lets go, and
-        closing under it would wait for that thread."""
+        """Close our ends of its pipes (else ResourceWarnings), unless a call still has them: a thread stuck
+        reading a killed writer sees EOF, and closing under it would wait for that thread."""
         if not self._lock.acquire(blocking=False):
             return
         try:
@@ -164,8 +163,7 @@ _BOOT = (
 
 
 def writer_import_path() -> list[str]:
-    """The writer's import path: vt_lightning's root, orjson's and numpy's (its dependencies outside
-    the standard library), then ``PYTHONPATH``'s absolute entries."""
+    """vt_lightning's root, orjson's and numpy's, then ``PYTHONPATH``'s absolute entries."""
     import numpy
     import orjson
 
@@ -179,9 +177,8 @@ def writer_import_path() -> list[str]:
 
 
 def writer_command() -> list[str]:
-    """The writer's command line: an isolated interpreter with an explicit import path (never the
-    cwd), without ``site``: the writer needs nothing it sets up, and an environment's ``.pth`` files
-    may run any code on training's cores (a CPU run starts the writer at its first window)."""
+    """An isolated interpreter with an explicit import path, without ``site``: an environment's ``.pth``
+    files may run any code on training's cores."""
     return [sys.executable, "-I", "-S", "-c", _BOOT, *writer_import_path()]
 
 
