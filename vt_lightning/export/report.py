@@ -240,9 +240,8 @@ def gpu_breakdowns_missing(window_dir: str | os.PathLike[str]) -> str | None:
     )
 
 
-# Console tables: rich when it is installed, plain text otherwise. rich stays optional: Lightning
-# switches its progress bar and model summary to rich whenever rich is importable, so depending on
-# it would change every user's Trainer output.
+# Console tables: rich when installed, plain text otherwise (a dependency on rich would switch every
+# user's Lightning progress bar and model summary to rich).
 
 Column = tuple[str, bool]  # (header, right-aligned)
 MAX_CELL_CHARS = 300

@@ -45,11 +45,8 @@ class WriterError(RuntimeError):
     """A window failed in the writer process; the message carries the original error."""
 
 
-# Popen runs on the writer thread while the training thread may fork (DataLoader workers, VizTracer's
-# dump child). A child forked during Popen inherits its exec-status pipe, and Popen then waits for
-# that child to exit: the writer stalled for a whole epoch. Forks in this process wait for the few
-# milliseconds Popen holds this lock (``os.register_at_fork``); Popen's own fork runs no Python fork
-# handlers, and the lock is reentrant in case a future version does.
+# A child forked during Popen (on the writer thread) inherits its exec-status pipe, and Popen waits
+# for that child to exit: forks in this process wait for this lock (reentrant) instead.
 _SPAWNING = threading.RLock()
 _held = threading.local()  # the lock this thread took before its fork (released after it, the same one)
 
@@ -147,12 +144,8 @@ class WriterProcess:
 WRITER_NICE = 10
 AUTOGROUP_NICE = 19
 
-# The boot code yields the CPU to training before any import, so the writer's start-up, in the
-# background during steps, lands later on a busy machine rather than slowing them. ``nice`` alone is
-# not enough: in its own session (see ``WriterProcess``) the writer is its own scheduling group
-# where Linux groups tasks by session (``sched_autogroup``), an equal of training's group whatever
-# its nice (torch's threads ran 8x slower on 2 cores), so the group's nice is raised too (allowed
-# without privileges; no-op where there is no autogroup).
+# The boot code yields the CPU to training before any import. In its own session the writer is its
+# own ``sched_autogroup``, an equal of training's whatever its nice, so the group's nice is raised too.
 _BOOT = (
     "import os, sys\n"
     f"try: os.nice({WRITER_NICE})\nexcept (AttributeError, OSError): pass\n"
@@ -185,8 +178,7 @@ def writer_command() -> list[str]:
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     from vt_lightning.export.pipeline import finish_window  # imported before the first answer: no delay at window one
 
-    # A window's JSON is acyclic and freed by reference counting; a full collection that landed
-    # inside the first window traversed it all (245 of 476 ms). Collect after each answer instead.
+    # A window's JSON is acyclic: a full collection inside a window would traverse it all.
     gc.freeze()
     gc.disable()
     while True:
@@ -215,8 +207,7 @@ def main() -> None:
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     _serve(sys.stdin.buffer, out)
-    # Every answer is sent and every file written: skip the interpreter's teardown (up to 1 s at
-    # nice 10 on a loaded machine) while fit waits for this exit.
+    # Every answer is sent and every file written: skip the teardown while fit waits for this exit.
     out.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -63,8 +63,7 @@ def group_for_this_run() -> Any:
 def exchange(
     group: Any, rank: int, world_size: int, rounds: int = ROUNDS
 ) -> tuple[dict[int, list[list[int]]], list[int]]:
-    """The ping-pong: on rank 0 ``({peer: [[t0, t1, t2, t3], ...]}, host id of each rank)``, empty
-    elsewhere."""
+    """The ping-pong: on rank 0 ``({peer: [[t0, t1, t2, t3], ...]}, host id of each rank)``, else empty."""
     import torch
     import torch.distributed as dist
 

@@ -40,8 +40,8 @@ def running_threads(skip: set[int], task_dir: Path = TASK_DIR) -> list[int]:
 def wait_for_native_threads(
     timeout_s: float = SETTLE_TIMEOUT_S, skip: set[int] | None = None, task_dir: Path = TASK_DIR
 ) -> float | None:
-    """Wait until no thread outside ``skip`` (default: the Python threads, never in a gloo tail) is
-    running; the seconds waited, or None when one still ran after ``timeout_s``."""
+    """Wait until no thread outside ``skip`` (default: the Python threads) runs; the seconds waited, or
+    None when one still ran after ``timeout_s``."""
     if skip is None:
         skip = {t.native_id for t in threading.enumerate() if t.native_id is not None}
     start = time.perf_counter()

@@ -36,8 +36,7 @@ class SpoolError(OSError):
 
 
 def check_spool_dir(spool_dir: Any) -> str | None:
-    """Validate the ``spool_dir`` option at construction: an existing writable directory, or a path
-    whose nearest existing parent is one."""
+    """Validate ``spool_dir``: a writable directory, or a path whose nearest existing parent is one."""
     if spool_dir is None:
         return None
     if not isinstance(spool_dir, (str, os.PathLike)) or not os.fspath(spool_dir):

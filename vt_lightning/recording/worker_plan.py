@@ -23,8 +23,7 @@ _PLAN_BYTES = 8 * (4 + 2 * PLAN_SLOTS)
 
 
 class SharedPlan:
-    """A seqlock over a memory-mapped file: one writer (the training thread), many readers. A
-    reader whose plan has not changed since its last read pays one aligned 8-byte load."""
+    """A seqlock over a memory-mapped file: one writer, many readers; an unchanged plan costs one load."""
 
     def __init__(self, path: str, create: bool) -> None:
         self.path = path
@@ -81,8 +80,7 @@ class SharedPlan:
 
 
 def clock_reading(python_clock_us: Callable[[], float]) -> tuple[float, int]:
-    """(Python tracer µs, CLOCK_MONOTONIC ns) at one instant: system-wide, so workers and the
-    training process place their calls by the same clock."""
+    """(Python tracer µs, CLOCK_MONOTONIC ns) at one instant: the clock workers and training share."""
     pair = sample_pair(python_clock_us, time.monotonic_ns, rounds=CLOCK_ROUNDS)
     return pair.python_us, pair.wall_ns
 
