@@ -1,9 +1,6 @@
-"""CPU memory snapshots from a merged trace, in ``torch.cuda.memory._snapshot()``'s format. Pure.
-
-Torch's ``[memory]`` instants become the allocator's trace, each with the calls and ops around it as
-its stack, written as https://pytorch.org/memory_viz needs (docs/memory.md, "For developers": a
-free as requested then completed, no ``category`` key, blocks that tile their segments, plain
-types only)."""
+"""CPU memory snapshots from a merged trace, in ``torch.cuda.memory._snapshot()``'s format: torch's
+``[memory]`` instants as the allocator's trace, the calls and ops around each as its stack, written
+as memory_viz needs (docs/memory.md, "For developers"). Pure."""
 
 from __future__ import annotations
 

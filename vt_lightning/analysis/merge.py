@@ -255,9 +255,8 @@ def _settle_calls(
 
 @dataclass
 class PythonParts:
-    """A window's Python events on torch's timeline: ``before`` (one by one), ``calls`` (each thread's,
-    as the filter grouped them), ``after`` (gc pauses, compile spans); ``settled`` threads are on the
-    grid already; ``names``: distinct names of threads of complete calls only."""
+    """A window's Python events on torch's timeline: ``before`` (one by one), ``calls`` (grouped by the
+    filter), ``after`` (gc pauses, compile spans); ``settled`` threads are on the grid already."""
 
     before: list[dict[str, Any]]
     calls: dict[Thread, list[dict[str, Any]]] = field(default_factory=dict)

@@ -246,9 +246,8 @@ def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
 def separate_crossing_ranges(
     events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, calls_nest: bool = False
 ) -> tuple[int, int]:
-    """The last pass: a torch event still crossing another moves to a track beside its thread (one
-    lane per level), a call outliving its parent is cut. Returns (moved, cut). ``calls_nest``: a
-    calls-only thread ``untangle_annotations`` did not cut nests already and is skipped."""
+    """The last pass: a torch event still crossing another moves to a lane beside its thread, a call
+    outliving its parent is cut; (moved, cut). ``calls_nest``: a calls-only thread that nests already."""
     threads = threads if threads is not None else ThreadSpans(events)
     grouped = threads.all_events()
     if calls_nest:

@@ -150,9 +150,8 @@ def live_at(trace: Sequence[Mapping[str, Any]], entries: int) -> list[Mapping[st
 def memory_summary(
     events: Sequence[Mapping[str, Any]], snapshot: Mapping[str, Any] | None, limit: int = TOP_SITES
 ) -> Memory | None:
-    """Peaks per device (torch's ``[memory]`` events, else the snapshot), the top allocation sites
-    over the window and those live at the main device's peak (found in the snapshot's own replay:
-    a CUDA snapshot's times are the allocator's clock)."""
+    """Peaks per device (``[memory]`` events, else the snapshot), the top allocation sites, and those live
+    at the main device's peak (found in the snapshot's own replay: CUDA's times are the allocator's)."""
     curves = memory_samples(events)
     source = EVENTS_SOURCE
     labels = _snapshot_labels(snapshot) if snapshot else []

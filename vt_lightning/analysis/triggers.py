@@ -136,9 +136,8 @@ def _standard_meaning(number: int | None) -> str | None:
 
 
 class SlowStep:
-    """Fires when a step takes ``factor`` x the median of the last ``baseline_steps``: one clock read a
-    batch, the median at coarse checks; unarmed until the baseline is full, and slow steps stay in it
-    (a run that slows for good stops firing)."""
+    """Fires when a step takes ``factor`` x the median of the last ``baseline_steps``; unarmed until the
+    baseline is full, and slow steps stay in it (a run that slows for good stops firing)."""
 
     def __init__(self, factor: float, baseline_steps: int, clock: Callable[[], int]) -> None:
         self.factor = float(factor)
