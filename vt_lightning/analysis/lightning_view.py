@@ -164,10 +164,7 @@ def apply_lightning_view(trace: WindowTrace) -> dict[str, int]:
 
     if kept:
         for event in modules:
-            if id(event) in kept:
-                event["cat"] = CPU_OP_CATEGORY
-            else:
-                event["cat"] = USER_ANNOTATION_CATEGORY
+            event["cat"] = CPU_OP_CATEGORY if id(event) in kept else USER_ANNOTATION_CATEGORY
         for event in stages:
             event["cat"] = CPU_OP_CATEGORY
         if not stages:
