@@ -52,8 +52,7 @@ def find_steps(events: Iterable[Mapping[str, Any]]) -> tuple[dict[int, Span], An
 
 @dataclass(frozen=True)
 class WindowData:
-    """What every part of the summary reads of one window: each thread's calls, the other complete
-    events (``rest``, with the calls read by name), torch's ``[memory]`` instants, steps and stages."""
+    """What every part of the summary reads of one window: calls per thread, other events, steps, stages."""
 
     trace: WindowTrace
     meta: Mapping[str, Any]  # the trace's vt_lightning metadata block

@@ -86,8 +86,7 @@ def memory_samples(events: Sequence[Mapping[str, Any]]) -> dict[str, list[Sample
 
 
 def downsample(samples: Sequence[Sample], buckets: int = MAX_BUCKETS) -> list[Sample]:
-    """At most ``2 * buckets`` samples: each equal-time bucket's lowest and highest allocated, in
-    time order, so the peak and every dip survive."""
+    """At most ``2 * buckets`` samples: each time bucket's lowest and highest, so the peak and dips survive."""
     if len(samples) <= 2 * buckets:
         return list(samples)
     t0 = samples[0][0]

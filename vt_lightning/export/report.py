@@ -72,8 +72,7 @@ def step_spread_text(summary: Summary) -> str:
 
 
 def straggler_text(straggler: Mapping[str, Any] | None) -> str:
-    """``straggler: rank 1 (others wait 31.0 ms/step, 82% of the step); slow (train.py:30) explains
-    30.1 of those 31.0 ms/step (97%)``: the named function and the others' wait in one unit."""
+    """The straggler's line: the named function and the others' wait in one unit (ms/step)."""
     if not straggler:
         return "no straggler (ranks balanced)"
     wait = _num(straggler.get("others_wait_ms"))
