@@ -109,8 +109,7 @@ def _python_stage_part(name: str) -> str | None:
 def stage_ranges(
     on_thread: Iterable[Mapping[str, Any]], calls: Calls, user_hooks: Mapping[str, str] | None = None
 ) -> tuple[list[Range], str, dict[str, str]]:
-    """(start, end, part) ranges of the training thread's events and calls (in trace order), where
-    Lightning's stages came from, and the user's hooks found (hook -> part)."""
+    """(start, end, part) ranges of the training thread, where the stages came from, and the user's hooks."""
     lightning: list[Range] = []
     window: list[Range] = []
     for event in on_thread:

@@ -1,10 +1,6 @@
-"""What got slower or faster between two windows (or runs): pure functions on summary dicts, one
-JSON-ready answer for ``vt-lightning diff`` and the TensorBoard tab (docs/summary.md, "diff").
-
-Each side is its mean over windows. A name missing on one side is "only in" the other when that
-side's ``totals.below`` does not hold its hash, else under the threshold there. One threshold is
-used, the largest any window stored: rows under it on both sides are not compared. Every change is
-shown beside the spread of the windows' own steps; a change no larger than it is within noise."""
+"""What got slower or faster between two windows (or runs): pure functions on summary dicts, one answer
+for ``vt-lightning diff`` and the TensorBoard tab. Each side is its mean over windows; how missing
+names, the threshold and the steps' spread are read: docs/summary.md, "diff"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""torch.compile in a window, from what ``recording/compile_watch.py`` collected. Pure.
-
-``compile_span_events`` makes one Python-tracer span per compile, ``compile_record`` what the
-trace's metadata keeps, ``compile_summary`` the summary's ``compile`` key (graph breaks also seen at
-run time, from dynamo's resume functions; what the run compiled before and during the window; the
-compiled graphs the window ran, named by their frame). A phase's time excludes the phases inside it
-(dynamo ⊃ AOT autograd ⊃ inductor)."""
+"""torch.compile in a window, from what ``recording/compile_watch.py`` collected: the compile spans,
+the trace metadata's record and the summary's ``compile`` key (docs/compile.md). Pure. A phase's
+time excludes the phases inside it (dynamo ⊃ AOT autograd ⊃ inductor)."""
 
 from __future__ import annotations
 
@@ -341,9 +337,8 @@ def _around(ordered: list[Mapping[str, Any]], parents: list[int], i: int, prefix
 def compiled_graphs(
     events: Iterable[Mapping[str, Any]], frames: Mapping[str, Any], python_calls: Mapping[Thread, Calls]
 ) -> list[CompiledGraph]:
-    """The compiled graphs the window ran, named by the frame dynamo compiled. A graph's call nests in
-    its ``Torch-Compiled Region: <compile id>`` (forward), or in a ``CompiledFunctionBackward`` whose
-    sequence number is that of a forward ``CompiledFunction`` inside the region (backward)."""
+    """The compiled graphs the window ran, named by the frame dynamo compiled: a graph's call nests in its
+    region (forward), or in a ``CompiledFunctionBackward`` whose sequence number is a forward's in it."""
     by_thread: dict[Thread, list[Mapping[str, Any]]] = defaultdict(list)
     for e in events:
         name = str(e.get("name", ""))
@@ -489,8 +484,7 @@ def compile_summary(
 
 
 def compile_text(info: Mapping[str, Any] | None) -> str | None:
-    """``compiled model: 4 graph(s), 1.7 s compiling before this window (1 graph(s), 0.2 s during), 1
-    recompile(s), 1 graph break(s)``: the console's and the report's line (None: no counters)."""
+    """The console's and the report's line of what the run compiled (None: no counters)."""
     before, during = (info or {}).get("before"), (info or {}).get("during") or {}
     if not isinstance(before, Mapping):
         return None
@@ -507,8 +501,7 @@ def compile_text(info: Mapping[str, Any] | None) -> str | None:
 
 
 def compile_markdown(info: Mapping[str, Any], top: int = 5) -> list[str]:
-    """The summary.md lines of the ``compile`` key: what the run compiled, the graphs the window ran,
-    the compiles inside it, then graph breaks and recompiles."""
+    """The summary.md lines of the ``compile`` key."""
     phases = info.get("phases_ms") or {}
     share = info.get("share")
     lines = [""]

@@ -50,8 +50,8 @@ LIGHTNING_MODULE_HOOKS = (
 
 
 def module_hook_locations(module: Any) -> frozenset[tuple[str, int]]:
-    """(file, first line) of the LightningModule hooks ``module``'s class overrides (Lightning's own
-    left out: its ``optimizer_step`` calls ``training_step``, which must stay depth 1)."""
+    """(file, first line) of the LightningModule hooks ``module``'s class overrides (Lightning's own left
+    out: its ``optimizer_step`` calls ``training_step``, which must stay depth 1)."""
     lightning_dirs = framework_dirs("lightning", "pytorch_lightning", "lightning_fabric")
     found = set()
     for name in LIGHTNING_MODULE_HOOKS:
@@ -148,10 +148,8 @@ def filter_python_events(
     grouped: tuple[Mapping[Thread, list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
     ordered: Mapping[Thread, set[Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[Thread, list[dict[str, Any]]], FilterStats]:
-    """Keep the calls ``rules`` select; other events pass. Returns them, each thread's kept calls
-    (outer first) and what went. ``grouped``: more events, grouped as here; ``ordered``: the names of
-    its threads already outer first. A call's ancestry (``nest.walk``) decides its depth; what its
-    name decides is read once per name."""
+    """Keep the calls ``rules`` select; other events pass. Returns them, each thread's kept calls (outer
+    first) and what went. ``grouped``: more events, grouped as here; ``ordered``: their threads' names."""
     by_thread: dict[Thread, list[dict[str, Any]]] = defaultdict(list)
     others: list[dict[str, Any]] = []
     for event in events:

@@ -1,9 +1,5 @@
-"""The flight recorder's samples of a slow step as a track of the trace. Pure.
-
-``recording/flight.py`` samples the training thread's stack ~100 times a second; a slow step's
-samples become a track of category ``sampled`` on a thread named ``sampled: …`` (nobody mistakes
-them for traced calls: each is good to one interval), one span per frame kept over consecutive
-samples: the user's frames, the first library frame each calls and the innermost few."""
+"""The flight recorder's samples of a slow step as a track of the trace (docs/triggers.md): category
+``sampled`` on a thread named ``sampled: …``, one span per frame kept over consecutive samples. Pure."""
 
 from __future__ import annotations
 

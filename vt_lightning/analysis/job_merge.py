@@ -115,8 +115,7 @@ def rank_events(
 
 
 def _process_label(rank: int, pid: Any, own: Any, name: str | None) -> str:
-    """``rank N · main process``, a worker's ``rank N · DataLoader worker K``, kineto's row
-    ``rank N · torch.profiler``; never a bare pid."""
+    """``rank N · main process``, ``rank N · DataLoader worker K``, ``rank N · torch.profiler``; no bare pid."""
     if pid == own:
         return main_process_name(rank)
     if pid == KINETO_PROCESS or not name:

@@ -132,8 +132,8 @@ def _rejected_module_events(tree_events: list[dict[str, Any]], modules: set[int]
 
 
 def apply_lightning_view(trace: WindowTrace) -> dict[str, int]:
-    """Make the plugin offer the Lightning view, in place; counts returned and kept in the metadata.
-    Nothing changes when no module range survives (``Framework`` would only hide the Module view)."""
+    """Make the plugin offer the Lightning view, in place (counts returned, kept in the metadata); nothing
+    changes when no module range survives."""
     events = trace.other_events()
     modules: list[dict[str, Any]] = []
     stages: list[dict[str, Any]] = []
@@ -164,10 +164,7 @@ def apply_lightning_view(trace: WindowTrace) -> dict[str, int]:
 
     if kept:
         for event in modules:
-            if id(event) in kept:
-                event["cat"] = CPU_OP_CATEGORY
-            else:
-                event["cat"] = USER_ANNOTATION_CATEGORY
+            event["cat"] = CPU_OP_CATEGORY if id(event) in kept else USER_ANNOTATION_CATEGORY
         for event in stages:
             event["cat"] = CPU_OP_CATEGORY
         if not stages:

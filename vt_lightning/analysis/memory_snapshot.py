@@ -1,9 +1,6 @@
-"""CPU memory snapshots from a merged trace, in ``torch.cuda.memory._snapshot()``'s format. Pure.
-
-Torch's ``[memory]`` instants become the allocator's trace, each with the calls and ops around it as
-its stack, written as https://pytorch.org/memory_viz needs (docs/memory.md, "For developers": a
-free as requested then completed, no ``category`` key, blocks that tile their segments, plain
-types only)."""
+"""CPU memory snapshots from a merged trace, in ``torch.cuda.memory._snapshot()``'s format: torch's
+``[memory]`` instants as the allocator's trace, the calls and ops around each as its stack, written
+as memory_viz needs (docs/memory.md, "For developers"). Pure."""
 
 from __future__ import annotations
 
@@ -70,9 +67,8 @@ def _stack_frames(
 
 
 def build_cpu_snapshot(trace: WindowTrace | Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """A ``_snapshot()``-format dict of a window's trace (None: no ``[memory]`` event), times in the
-    trace's own µs. No caching allocator on CPU: ``segments`` are the address ranges used, live blocks
-    at the end, the rest ``inactive``."""
+    """A ``_snapshot()``-format dict of a window's trace (None: no ``[memory]`` event), times in its µs; on
+    CPU ``segments`` are the address ranges used."""
     if not isinstance(trace, WindowTrace):
         trace = WindowTrace.of({"traceEvents": list(trace)})
     records, memory_by_thread = _memory_records(trace.memory)

@@ -38,10 +38,8 @@ _TS, _NAME, _PH = itemgetter("ts"), itemgetter("name"), itemgetter("ph")
 STAMP_JITTER_US = 0.2
 
 
-# At torch's timestamps (µs on its steady clock, ~4.5e12) a double resolves only ~0.001 µs, so a
-# child could end after its parent once parsed: the trace moves to an origin of whole seconds
-# (``baseTimeNanoseconds`` with it) and every boundary is snapped to whole nanoseconds, the integers
-# Perfetto reads (``llround(ts * 1000)``): what nests here nests there.
+# At torch's timestamps (~4.5e12 µs) a double resolves only ~0.001 µs: the trace moves to an origin
+# of whole seconds and every boundary snaps to whole nanoseconds, as Perfetto reads them.
 ORIGIN_GRANULARITY_US = 1_000_000
 
 
@@ -257,9 +255,8 @@ def _settle_calls(
 
 @dataclass
 class PythonParts:
-    """A window's Python events on torch's timeline: ``before`` (one by one), ``calls`` (each thread's,
-    as the filter grouped them), ``after`` (gc pauses, compile spans); ``settled`` threads are on the
-    grid already; ``names``: distinct names of threads of complete calls only."""
+    """A window's Python events on torch's timeline: ``before`` (one by one), ``calls`` (grouped by the
+    filter), ``after`` (gc pauses, compile spans); ``settled`` threads are on the grid already."""
 
     before: list[dict[str, Any]]
     calls: dict[Thread, list[dict[str, Any]]] = field(default_factory=dict)

@@ -1,10 +1,6 @@
-"""The one nesting engine: a thread's intervals ordered, nested and walked, once. Pure.
-
-No other module keeps a stack of open intervals (``tests/unit/test_nesting_engine.py`` checks it).
-``outer_first`` orders (by start, the longer first); ``walk`` gives each interval its parent and its
-end as nested (cut to the parent, kept, or a ``crossing`` policy's answer); ``Nest`` derives what the
-tables read as arrays (a worker's thread holds 163k calls); ``covering`` and ``lanes`` answer queries.
-Sums by ``np.bincount`` add in order from 0.0: the same doubles as a loop in the walk's order."""
+"""The one nesting engine: a thread's intervals ordered, nested and walked, once (no other module keeps
+a stack of open intervals; ``tests/unit/test_nesting_engine.py`` checks it). Pure. Sums by
+``np.bincount`` add in order from 0.0: the same doubles as a loop in the walk's order."""
 
 from __future__ import annotations
 

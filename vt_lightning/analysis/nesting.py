@@ -129,12 +129,9 @@ def count_crossings(events: list[dict[str, Any]], threads: ThreadSpans | None = 
 def untangle_annotations(
     events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, snap: bool = False
 ) -> int:
-    """Make calls nest with the annotation ranges they open or close; returns the calls cut.
-
-    A range starts inside the call that opens it and outlives it: a call open at a range's start that
-    ends inside it is cut there, one open at its end that began inside it starts there, then a call
-    outlasting its parent is cut at its end (original bounds kept in ``args``). ``snap``: every call
-    goes on the nanosecond grid (a long calls-only thread that nests as arrays, into ``settled``)."""
+    """Make calls nest with the annotation ranges they open or close; returns the calls cut. A call open at
+    a range's start that ends inside it is cut there, one open at its end that began inside it starts
+    there, then a call outlasting its parent is cut (original bounds in ``args``). ``snap``: on the grid."""
     threads = threads if threads is not None else ThreadSpans(events)
     python, ranges = threads.python, threads.annotations
     cuts: dict[int, tuple[dict[str, Any], float, float]] = {}
@@ -249,9 +246,8 @@ def _set_bounds(call: dict[str, Any], start: float, end: float) -> None:
 def separate_crossing_ranges(
     events: list[dict[str, Any]], threads: ThreadSpans | None = None, *, calls_nest: bool = False
 ) -> tuple[int, int]:
-    """The last pass: a torch event still crossing another moves to a track beside its thread (one
-    lane per level), a call outliving its parent is cut. Returns (moved, cut). ``calls_nest``: a
-    calls-only thread ``untangle_annotations`` did not cut nests already and is skipped."""
+    """The last pass: a torch event still crossing another moves to a lane beside its thread, a call
+    outliving its parent is cut; (moved, cut). ``calls_nest``: a calls-only thread that nests already."""
     threads = threads if threads is not None else ThreadSpans(events)
     grouped = threads.all_events()
     if calls_nest:

@@ -1,8 +1,6 @@
-"""Clock offsets between ranks, NTP style, and their check against the window's collectives.
-
-From rank 0's ping-pongs ``(t0, t1, t2, t3)`` the peer runs ``((t1 - t0) + (t2 - t3)) / 2`` ahead,
-within half the round trip; the tightest sample is kept. On one host the offset is 0 (one clock),
-never a per-file minimum (a late rank would look early)."""
+"""Clock offsets between ranks, NTP style (the tightest ping-pong sample), and their check against the
+window's collectives. On one host the offset is 0, never a per-file minimum (a late rank would look
+early)."""
 
 from __future__ import annotations
 

@@ -52,8 +52,7 @@ def find_steps(events: Iterable[Mapping[str, Any]]) -> tuple[dict[int, Span], An
 
 @dataclass(frozen=True)
 class WindowData:
-    """What every part of the summary reads of one window: each thread's calls, the other complete
-    events (``rest``, with the calls read by name), torch's ``[memory]`` instants, steps and stages."""
+    """What every part of the summary reads of one window: calls per thread, other events, steps, stages."""
 
     trace: WindowTrace
     meta: Mapping[str, Any]  # the trace's vt_lightning metadata block
@@ -97,8 +96,7 @@ class WindowData:
 
 
 def observer(untraced: Any, traced_step_ms: float | None) -> Observer:
-    """The cost of observing: the window's median step beside the run's untraced one (the
-    controller's reading of its last untraced steps, ``untraced_reading``)."""
+    """The cost of observing: the window's median step beside the run's untraced one."""
     reading = untraced if isinstance(untraced, Mapping) else {}
     untraced_ms = reading.get("step_ms")
     untraced_ms = float(untraced_ms) if isinstance(untraced_ms, (int, float)) and untraced_ms > 0 else None

@@ -255,9 +255,8 @@ def _where(
     keys: Sequence[Key],
     per_step: int,
 ) -> dict[str, Any]:
-    """The late rank's user function with the largest excess over the others' mean, on each rank's
-    training thread (the steps' thread, which issues the collectives: a DataLoader worker's or
-    a side thread's time is off the critical path)."""
+    """The late rank's user function with the largest excess over the others' mean, on each rank's training
+    thread (which issues the collectives: other threads are off the critical path)."""
     excess: dict[str, float] = defaultdict(float)
     times = {}
     for r, events in ranks.items():
@@ -279,9 +278,8 @@ def _where(
 def slow_ops(
     ms_per_step: Mapping[int, Mapping[str, float]], step_ms: float, family: str | None
 ) -> list[dict[str, Any]]:
-    """Ops much slower on one rank than on another (self ms per step, per rank): ``SLOW_OP_RATIO``
-    and ``max(SLOW_OP_MIN_MS, SLOW_OP_MIN_SHARE`` of the step) apart. A collective's time is waiting,
-    on whichever rank the backend waits (gloo: the late one too), so it is worded as such."""
+    """Ops much slower on one rank than another (``SLOW_OP_RATIO`` and a floor apart); a collective's time
+    is waiting, on whichever rank the backend waits, so it is worded as such."""
     found = []
     for name in sorted({name for ops in ms_per_step.values() for name in ops}):
         by_rank = {r: float(ops.get(name, 0.0)) for r, ops in ms_per_step.items()}

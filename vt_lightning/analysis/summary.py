@@ -133,8 +133,7 @@ def _top_python_of(
     region: Span | None,
     phases: PhaseSegments | None,
 ) -> TopPython:
-    """Top functions per step of ``region``: the user's first, a model library's next, then the rest
-    with the frameworks' and generated code folded per package and phase."""
+    """Top functions per step of ``region``: the user's first, a model library's, then the rest folded."""
     stats = python_stats_of(calls, region, phases)
     return rank_python(stats, stats.merged(), steps)
 

@@ -86,8 +86,7 @@ def memory_samples(events: Sequence[Mapping[str, Any]]) -> dict[str, list[Sample
 
 
 def downsample(samples: Sequence[Sample], buckets: int = MAX_BUCKETS) -> list[Sample]:
-    """At most ``2 * buckets`` samples: each equal-time bucket's lowest and highest allocated, in
-    time order, so the peak and every dip survive."""
+    """At most ``2 * buckets`` samples: each time bucket's lowest and highest, so the peak and dips survive."""
     if len(samples) <= 2 * buckets:
         return list(samples)
     t0 = samples[0][0]
@@ -116,8 +115,8 @@ def _snapshot_labels(snapshot: Mapping[str, Any]) -> list[str]:
 
 
 def replay(snapshot: Mapping[str, Any], device: int) -> list[Sample]:
-    """The allocated and reserved bytes after each entry of the snapshot's allocator trace of
-    ``device``, replayed forwards from the state its end (``segments``) implies."""
+    """The allocated and reserved bytes after each entry of ``device``'s allocator trace, replayed forwards
+    from the state its end implies."""
     trace = (snapshot.get("device_traces") or [])[device]
     segments = [s for s in snapshot.get("segments") or [] if s.get("device") == device]
     allocated = sum(
@@ -150,9 +149,8 @@ def live_at(trace: Sequence[Mapping[str, Any]], entries: int) -> list[Mapping[st
 def memory_summary(
     events: Sequence[Mapping[str, Any]], snapshot: Mapping[str, Any] | None, limit: int = TOP_SITES
 ) -> Memory | None:
-    """Peaks per device (torch's ``[memory]`` events, else the snapshot), the top allocation sites
-    over the window and those live at the main device's peak (found in the snapshot's own replay:
-    a CUDA snapshot's times are the allocator's clock)."""
+    """Peaks per device (``[memory]`` events, else the snapshot), the top allocation sites, and those live
+    at the main device's peak (found in the snapshot's own replay: CUDA's times are the allocator's)."""
     curves = memory_samples(events)
     source = EVENTS_SOURCE
     labels = _snapshot_labels(snapshot) if snapshot else []
@@ -196,9 +194,7 @@ def memory_summary(
 def memory_view(
     events: Sequence[Mapping[str, Any]], steps: Mapping[str, list[float]], memory: Memory | None = None
 ) -> dict[str, Any] | None:
-    """The memory view side file (docs/files.md): per device its peak and a downsampled curve, with
-    the steps' bounds to draw beside it, and on the main device the summary's sites live at the peak
-    (None: no ``[memory]`` events)."""
+    """The memory view side file (docs/files.md); None without ``[memory]`` events."""
     devices: dict[str, Any] = {}
     for label, samples in memory_samples(events).items():
         peak = max(samples, key=lambda s: s[1])

@@ -55,8 +55,7 @@ def is_range_name(name: str) -> bool:
 
 
 class ThreadSpans:
-    """One window's X events per thread by kind: Python calls, ops (nested in their call), annotation
-    ranges (need not nest) and the rest."""
+    """One window's X events per thread: calls, ops (nested in their call), annotation ranges, the rest."""
 
     __slots__ = ("annotations", "cut", "ops", "other", "python", "settled")
 

@@ -1,8 +1,6 @@
-"""Every process and thread of a window's trace named by rank and role (``rank 0 · main process``,
-``main thread``, ``gloo``, ``rank 0 · DataLoader worker 1``), the rank's main process and main
-thread sorted first, and kineto's global instants given a process: Perfetto then shows no
-"Unnamed" track and no bare ``python <pid>``. Pure; the writer's enrich stage (and the job file,
-analysis/job_merge.py) apply it. Kineto's string pid ``Spans`` keeps its name: HTA looks it up."""
+"""Every process and thread of a window's trace named by rank and role, each main process and main
+thread first, so Perfetto shows no "Unnamed" track and no bare ``python <pid>``. Pure. Kineto's
+string pid ``Spans`` keeps its name: HTA looks it up."""
 
 from __future__ import annotations
 

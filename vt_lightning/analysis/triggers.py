@@ -136,9 +136,8 @@ def _standard_meaning(number: int | None) -> str | None:
 
 
 class SlowStep:
-    """Fires when a step takes ``factor`` x the median of the last ``baseline_steps``: one clock read a
-    batch, the median at coarse checks; unarmed until the baseline is full, and slow steps stay in it
-    (a run that slows for good stops firing)."""
+    """Fires when a step takes ``factor`` x the median of the last ``baseline_steps``; unarmed until the
+    baseline is full, and slow steps stay in it (a run that slows for good stops firing)."""
 
     def __init__(self, factor: float, baseline_steps: int, clock: Callable[[], int]) -> None:
         self.factor = float(factor)
@@ -191,8 +190,7 @@ class SlowStep:
 
 
 class MemoryGrowth:
-    """Fires when memory grew by ``fraction`` over at least ``steps`` batches; nothing is sampled in
-    the first ``steps`` batches, and the history restarts after a firing."""
+    """Fires when memory grew by ``fraction`` over at least ``steps`` batches; restarts after a firing."""
 
     def __init__(self, fraction: float, steps: int) -> None:
         self.fraction = float(fraction)
@@ -218,8 +216,7 @@ class MemoryGrowth:
 
 
 class Cadence:
-    """Batches to the next coarse check (about every ``interval_s``): the gap at most doubles per
-    check, so a slow first step cannot push the next far away."""
+    """Batches to the next coarse check (~``interval_s``): the gap at most doubles, so one slow step is no gap."""
 
     def __init__(self, interval_s: float, max_batches: int = 1000) -> None:
         self.interval_ns = interval_s * 1e9

@@ -109,11 +109,9 @@ def place_events(
     settle: Callable[[set[Any]], bool] | None = None,
     settled: dict[tuple[Any, Any], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> list[dict[str, Any]]:
-    """A worker's events moved onto the main process's clock in place, less its helper threads' and
-    its ``process_name``: the events kept, in order. ``grouped``: also filed as the filter groups
-    them. ``to_torch``: the calls go on to torch's timeline, outer first, their threads' names into
-    ``ordered``; a thread ``settle`` says the filter keeps whole, and that nests, goes on the grid
-    here (``settled``). The complete calls, most of a window's events, are placed as arrays."""
+    """A worker's events moved onto the main process's clock in place, less its helper threads' and its
+    ``process_name``; ``grouped`` files them as the filter does, ``to_torch`` puts the calls on torch's
+    timeline (their threads into ``ordered``; those ``settle`` keeps whole and that nest, on the grid)."""
     wx, wy, wslope = to_main_us.wx, to_main_us.wy, to_main_us.wslope
     mx, my, mslope = to_main_us.mx, to_main_us.my, to_main_us.mslope
     kept: list[dict[str, Any]] = []
@@ -279,8 +277,7 @@ def lower_origin(trace: WindowTrace, seconds: int) -> None:
 
 
 def worker_summary(window: WindowData) -> Workers | None:
-    """The summary's ``workers`` key (None without workers), from the window's one reading of each
-    worker thread (``WindowData.walk``)."""
+    """The summary's ``workers`` key (None without workers)."""
     from vt_lightning.analysis.summary import rank_python
 
     info = window.meta.get("workers")

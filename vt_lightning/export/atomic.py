@@ -1,12 +1,8 @@
-"""Files that are complete or absent: written under a temporary name, then renamed.
-
-A temporary never matches the plugin's pattern (a leading dot, ``.tmp``) and names its writer's
-``<host>-<pid>``, so a leftover of a process killed mid-write is told from a live writer's
-(``remove_stale_temporaries``). It is created with mode 0o666 under the umask in force (and any
-default ACL), as the user's other files are. A file published without clobbering may carry a
-*claim*, a second name of its inode (``layout.claim_name``), so a retry of the same window after its
-writer was killed knows the file for its own (``owns``), not another run's.
-"""
+"""Files that are complete or absent: written under a temporary name, then renamed. A temporary never
+matches the plugin's pattern and names its writer's ``<host>-<pid>`` (``remove_stale_temporaries``
+tells a killed writer's leftover from a live one's); it gets mode 0o666 under the umask, as the
+user's other files. A file published without clobbering may carry a *claim*, a second name of its
+inode (``layout.claim_name``), so a retry after its writer was killed knows it for its own (``owns``)."""
 
 from __future__ import annotations
 
@@ -42,10 +38,8 @@ def atomic_write(
     claim: str | None = None,
 ) -> None:
     """Write ``data`` (bytes, or a callable given the open file) so ``path`` is complete or absent.
-    ``overwrite=False`` never replaces an existing ``path`` (nor a symlink there): it raises
-    ``FileExistsError`` instead, atomically where the filesystem supports hard links. ``claim`` (a
-    file name in the same directory, with ``overwrite=False``) is linked to the file *before* it is
-    published, so a kill right after the publish still leaves proof of whose file it is."""
+    ``overwrite=False`` raises ``FileExistsError`` rather than replace ``path``; ``claim`` is linked to
+    the file before it is published, so a kill right after still proves whose file it is."""
     path = os.fspath(path)
     directory, name = os.path.split(path)
     fd, tmp = _create_temporary(directory or ".", name)
@@ -87,8 +81,7 @@ def _create_temporary(directory: str, name: str) -> tuple[int, str]:
 
 
 def _link_claim(tmp: str, claim_path: str) -> None:
-    """Make ``claim_path`` a second name of ``tmp``'s inode (an empty file where the filesystem has
-    no hard links). A claim left by an earlier attempt has this job's name, so it is replaced."""
+    """Make ``claim_path`` a second name of ``tmp``'s inode (an empty file without hard links)."""
     remove_quietly(claim_path)
     try:
         os.link(tmp, claim_path)
@@ -133,9 +126,8 @@ def _publish_new(tmp: str, path: str) -> None:
 
 
 def remove_stale_temporaries(root: str | os.PathLike[str], pid: int | None = None) -> int:
-    """Remove temporaries left in ``root``'s run directories by dead writers, and return how many:
-    those this host wrote whose process is gone (or is ``pid``, a writer known dead), and any older
-    than a day. A live process's temporary is never touched."""
+    """Remove and count temporaries of dead writers in ``root``'s run directories: this host's whose
+    process is gone (or is ``pid``), and any older than a day. A live process's is never touched."""
     removed = 0
     host = host_name()
     now = time.time()
@@ -168,8 +160,7 @@ def remove_stale_temporaries(root: str | os.PathLike[str], pid: int | None = Non
 
 
 def scheduler_state(stat: bytes) -> str:
-    """The scheduler state letter ("R", "S", "Z", ...) of a ``/proc/<pid>[/task/<tid>]/stat`` line, or
-    "". Read after the *last* ")": the process's name before it may hold ")" and spaces."""
+    """The state letter of a ``/proc/<pid>/stat`` line, or "": read after the last ")" (names may hold one)."""
     end = stat.rfind(b")")
     return stat[end + 2 : end + 3].decode("ascii", "replace") if end >= 0 else ""
 
@@ -188,8 +179,7 @@ def process_alive(pid: int) -> bool:
 
 
 def write_snapshot(path: str | os.PathLike[str], snapshot: Mapping[str, Any]) -> None:
-    """A memory snapshot, pickled with protocol 4 (https://pytorch.org/memory_viz cannot read 5):
-    complete or absent (docs/files.md)."""
+    """A memory snapshot, pickled with protocol 4 (memory_viz cannot read 5), complete or absent."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: pickle.dump(snapshot, f, protocol=PICKLE_PROTOCOL))
@@ -201,8 +191,7 @@ def gzip_bytes(data: bytes, level: int) -> bytes:
 
 
 class GzipAside:
-    """``gzip_bytes(data, level)`` on a thread of its own, started at once; ``result()`` waits for
-    it. zlib lets go of the GIL while it compresses, so the window's summary is made meanwhile.
+    """``gzip_bytes(data, level)`` on a thread of its own (zlib lets go of the GIL); ``result()`` waits.
     Not a ``concurrent.futures.Future``: that import brings ``logging`` (~20 ms) into the writer."""
 
     def __init__(self, data: bytes, level: int) -> None:

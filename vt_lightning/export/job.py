@@ -55,9 +55,8 @@ class Destination:
 
 
 class URL(str):
-    """A file or directory of a remote filesystem (``s3://bucket/logs/window_000-…``), spelled as
-    the user gave it: ``Path`` would turn ``s3://b`` into ``s3:/b``. It answers ``name``, ``parent``
-    and ``/`` like a Path, so a result reads the same whatever its root."""
+    """A file or directory of a remote filesystem, spelled as given (``Path`` turns ``s3://b`` into
+    ``s3:/b``); it answers ``name``, ``parent`` and ``/`` like a Path."""
 
     __slots__ = ()
 
@@ -82,8 +81,7 @@ _LOCAL_PROTOCOLS = ("file", "local")  # fsspec's names of the local filesystem
 
 
 class UnusableURL(ValueError):
-    """A URL whose filesystem cannot be had here (an unknown protocol, s3fs not installed); the
-    caller words the message for its argument, with ``cause`` as the reason."""
+    """A URL whose filesystem cannot be had here; the caller words the message, ``cause`` the reason."""
 
     def __init__(self, url: str, cause: Exception) -> None:
         super().__init__(f"{url}: {type(cause).__name__}: {cause}")

@@ -1,20 +1,9 @@
-"""The job file: rank 0's writer waits (bounded) for every rank's trace of a window, then merges
-them into one timeline (``analysis/job_merge.py``) with the straggler named (``analysis/straggler.py``).
-
-Where: ``<window dir>/job/job.<span>.json.gz`` and ``job.<span>.ranks.json`` (ranks, clock offsets,
-the straggler). In a directory of its own, under names that end neither in ``.pt.trace.json(.gz)``
-nor ``.summary.jsonc``: TensorBoard's profiler plugin and HTA's directory scan would take it for one
-more rank, ``vt-lightning summary`` for a window's summary.
-
-The wait: rank 0's writer polls for the other ranks' files in the shared run directory up to
-``job_wait_s`` (at most ``MAX_JOB_WAIT_S``); its later windows queue behind it. After one timeout,
-later windows of the run wait at most ``WAIT_AFTER_TIMEOUT_S``; when ranks on other hosts never show
-up it says once that the log dir is not shared, stops waiting for them and keeps the clock exchange
-(``clock_name``), from which ``vt-lightning job`` builds the job out of the nodes' directories
-(``build_job``). On a remote root the writer thread waits against the store and fetches the traces
-(``controller/remote.with_job``); the writer process merges them (``pipeline.add_job``). No job
-file is written without every rank.
-"""
+"""The job file: rank 0's writer waits (bounded) for every rank's trace of a window, then merges them
+(``analysis/job_merge.py``) with the straggler named (``analysis/straggler.py``); no job file
+without every rank. Its own directory and names ending in neither ``.pt.trace.json(.gz)`` nor
+``.summary.jsonc`` keep TensorBoard's profiler plugin, HTA and ``vt-lightning summary`` from taking
+it for one more rank. Ranks on other hosts that never show up keep the clock exchange
+(``clock_name``) for ``vt-lightning job`` (``build_job``). Layout and waits: docs/distributed.md."""
 
 from __future__ import annotations
 
@@ -93,9 +82,8 @@ def rank_of(name: str, span: str, world_size: int) -> int | None:
 def wait_for_ranks(
     list_names: Callable[[], Iterable[str]], span: str, world_size: int, timeout_s: float
 ) -> dict[int, str]:
-    """The ranks' trace names of one window among ``list_names()`` (a run directory's files, any
-    host), polled for until the other ranks' are all there (rank 0's own is in memory) or
-    ``timeout_s`` has passed."""
+    """The ranks' trace names of one window among ``list_names()``, polled for until every other rank's is
+    there (rank 0's is in memory) or ``timeout_s`` has passed."""
     deadline = time.monotonic() + max(timeout_s, 0.0)
     while True:
         found = {rank: name for name in list_names() if (rank := rank_of(name, span, world_size)) is not None}
@@ -115,8 +103,7 @@ def _read(path: Path) -> tuple[dict[str, Any], int]:
 def write_job_file(
     job: WindowJob, run_dir: Path, merged: dict[str, Any], json_bytes: int
 ) -> tuple[dict[str, Any] | None, list[str]]:
-    """Rank 0's part: (the job block for the summary and the result, notes). A fault is the
-    writer's to turn into a note (``pipeline._optional``): the window's own files are written."""
+    """Rank 0's part: (the job block, notes); a fault is the writer's note, the window's files are written."""
     sync = dict(job.extras.get(JOB_EXTRA) or {})
     if job.publish_to is not None:  # made from the store's files before publishing (controller/remote.py)
         return None, []
@@ -140,8 +127,7 @@ def read_clock(path: Path) -> tuple[dict[str, Any], str]:
 def build_job(
     sync: dict[str, Any], span: str, window_dirs: list[Path], run_dir: Path, gzip_level: int = 3
 ) -> tuple[dict[str, Any] | None, list[str]]:
-    """The job file of a window from every rank's trace found in ``window_dirs`` (each node's
-    directory of the window, or one staging directory), written into ``run_dir/job``."""
+    """The job file from every rank's trace in ``window_dirs`` (nodes' directories or one staging one)."""
     world = int(sync.get("world_size") or 1)
     files = {
         rank: path
@@ -240,8 +226,7 @@ def merge_ranks(
 
 
 def _rank_traces(sync: dict[str, Any], run_dir: Path, span: str, world: int) -> tuple[dict[int, Path], str | None]:
-    """The other ranks' traces of the window, waited for within the run's wait; with the note that
-    says why there is no job file when a rank's never came."""
+    """The other ranks' traces, waited for; with the note saying why there is no job file when one is late."""
     host_ids: dict[int, int] = {int(k): int(v) for k, v in (sync.get("host_ids") or {}).items()}
     remote_ranks = {r for r, h in host_ids.items() if h != host_ids.get(0)}
     root = str(run_dir.parent)
@@ -275,8 +260,7 @@ def _op_ms_per_step(events: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _collective_check(aligned: dict[int, list[dict[str, Any]]]) -> CollectiveCheck | None:
-    """How well the ranks' collectives line up after the shift (``offsets.collective_residuals``),
-    or None when the window has no collective of a known family."""
+    """How well the ranks' collectives line up after the shift; None without a known collective."""
     family = choose_family(aligned)
     if not family:
         return None

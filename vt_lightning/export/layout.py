@@ -15,8 +15,7 @@ from vt_lightning.constants import TRACE_PATTERN as TRACE_PATTERN  # re-exported
 
 
 def host_name() -> str:
-    """Host part of the worker name, which the plugin splits at the last ``_<digits>``
-    (``platform.node()``: ``gethostname()`` without importing ``socket`` in the writer process)."""
+    """Host part of the worker name (the plugin splits at the last ``_<digits>``), without ``socket``."""
     return re.sub(r"[^A-Za-z0-9-]+", "-", platform.node()) or "host"
 
 
@@ -31,8 +30,7 @@ def span_name(first_active_batch: int) -> str:
 def window_dir_name(
     window_index: int, first_batch: int, last_batch: int, stage: str = "fit", reason: str | None = None
 ) -> str:
-    """A run name that sorts by window and says which batches it holds, of which stage outside fit
-    (``validate-window_000-batches_2-4``) and, if a trigger opened it, why
+    """A run name that sorts by window and says its batches, stage and trigger
     (``window_003-slow_step-batches_812-814``)."""
     prefix = "" if stage == "fit" else f"{stage}-"
     why = f"-{reason}" if reason else ""
@@ -48,15 +46,13 @@ def memory_file_name(worker: str, span: str) -> str:
 
 
 def new_job_id() -> str:
-    """``<host>-<pid>.<random>`` of the training process that closed a window, decided once per
-    window: the writer's retries of that window share it."""
+    """``<host>-<pid>.<random>``, once per window: the writer's retries of it share it."""
     return f"{host_name()}-{os.getpid()}.{os.urandom(6).hex()}"
 
 
 def claim_name(trace_name: str, job_id: str) -> str:
-    """The hidden second name a window's trace carries until its result is back in training
-    (``atomic.owns``). It has the form of a temporary of the training process, so a claim left by a
-    process that died is removed like its temporaries (``atomic.remove_stale_temporaries``)."""
+    """The hidden second name a window's trace carries until its result is back (``atomic.owns``), in the
+    form of a temporary, so a dead process's claim is removed like its temporaries."""
     return f".{trace_name}.{job_id}.tmp"
 
 

@@ -61,10 +61,8 @@ T = TypeVar("T")
 
 
 def finish_window(job: WindowJob) -> WindowResult:
-    """Merge, encode, compress and write one window, from complete raw dumps (torch's export done,
-    VizTracer's dump child reaped). They are removed if it fails, and kept when it succeeds: the
-    training process removes them once the result reached it (``delivered``), so a writer killed
-    after writing, before answering, is retried from them."""
+    """Merge, encode, compress and write one window from complete raw dumps; they go if it fails, and
+    stay until ``delivered`` if it succeeds, so a writer killed before answering is retried from them."""
     try:
         clocks = calibrate(job, read(job))
         merged = merge(job, place(job, clocks))
@@ -156,11 +154,9 @@ def suggest_tracer_entries(
     torch_events: list[dict[str, Any]],
     to_torch_us: Callable[[float], float],
 ) -> int:
-    """After an overflow the ring buffer holds the window's last entries: scale their count to the
-    whole window, from the span they were *written* in. VizTracer writes an entry when its call
-    returns, so that span starts at the earliest kept end (an outer call's start says nothing of
-    it). Two scalings, the larger wins: by time, and by torch's ops (recorded in full), which the
-    Python calls follow more closely when a step's phases differ. A margin covers the rest."""
+    """After an overflow the buffer holds the window's last entries: their count scaled to the window,
+    from the earliest kept end (an entry is written when its call returns), by time or by torch's ops
+    (recorded in full), the larger, with a margin."""
     ends = [float(e["ts"]) + float(e.get("dur", 0.0)) for e in events if e.get("ph") != "M" and "ts" in e]
     if not ends:
         return 0
@@ -192,8 +188,7 @@ def _round_up(entries: float) -> int:
 
 @dataclass
 class Placed:
-    """The Python events as the merge takes them (``PythonParts``: the DataLoader workers' calls
-    already on torch's timeline), the filter's and the compile watch's records in the metadata."""
+    """The Python events as the merge takes them (the workers' calls already on torch's timeline)."""
 
     torch: dict[str, Any]
     python: PythonParts
@@ -267,8 +262,7 @@ def merge(job: WindowJob, placed: Placed) -> Merged:
 
 
 def enrich(job: WindowJob, merged: Merged) -> Merged:
-    """The flight recorder's track of the slow step, the DataLoader workers' processes and fetch
-    spans, every track's name by rank and role, and the Lightning view, added to the trace."""
+    """The flight track, the workers' processes and fetches, the tracks' names and the Lightning view."""
     trace, notes = merged.trace, list(merged.notes)
     add_flight_track(trace, job.extras.get("flight"), merged.calibration)  # the slow step, sampled
     if merged.workers is not None:
@@ -311,8 +305,7 @@ class Summarised:
 
 
 def summarise(job: WindowJob, encoded: Encoded) -> Summarised:
-    """The memory snapshot (the job's own, or built from the trace's ``[memory]`` events) and the
-    summary, its DataLoader workers' tables included."""
+    """The memory snapshot (the job's own, or built from ``[memory]`` events) and the summary."""
     trace, notes = encoded.trace, list(encoded.notes)
     snapshot = job.memory_snapshot
     if job.memory_name is not None and snapshot is None:
@@ -343,8 +336,7 @@ def _optional(what: str, notes: list[str], make: Callable[[], T]) -> T | None:
 
 
 def write(job: WindowJob, summarised: Summarised) -> WindowResult:
-    """The trace (once compressed), then the memory snapshot, the job file (rank 0 of a job whose
-    ranks all trace) and the summary beside it, each atomically: the ``WindowResult``."""
+    """The trace, then the memory snapshot, the job file and the summary beside it, each atomically."""
     encoded, notes = summarised.encoded, list(summarised.notes)
     meta = encoded.trace.meta
     compressed = encoded.compressing.result()
@@ -394,9 +386,8 @@ def write(job: WindowJob, summarised: Summarised) -> WindowResult:
 def add_job(
     job: WindowJob, staged: Path, fetched: Path, summary: Summary | None
 ) -> tuple[dict[str, Any] | None, list[str], Summary | None, str | None]:
-    """Rank 0 of a remote root, in the writer process, before its window is published: the job file
-    from rank 0's staged trace and the others' fetched from the store, and the staged summary
-    written again with the job's block and verdicts: (job info, notes, summary, its markdown)."""
+    """Rank 0 of a remote root, in the writer process, before its window is published: the job file from
+    the staged and fetched traces, and the staged summary rewritten with the job's block and verdicts."""
     info, notes = build_job(job.extras[JOB_EXTRA], span_of(job.trace_name), [staged, fetched], staged, job.gzip_level)
     markdown = None
     if info is not None and summary is not None:
@@ -412,8 +403,7 @@ def _write_memory(path: Path, snapshot: Any) -> Path:
 def _write_summary(
     job: WindowJob, run_dir: Path, summary: Summary, job_info: dict[str, Any] | None, view: dict[str, Any] | None
 ) -> tuple[Path, str]:
-    """``<worker>.<span>.summary.jsonc`` and ``.md`` beside the trace (and the memory view), the
-    job's verdicts added where this rank wrote the job file: (the summary's path, its markdown)."""
+    """The summary's ``.jsonc`` and ``.md`` beside the trace (and the memory view): (its path, markdown)."""
     json_name, md_name, view_name = summary_names(job.trace_name)
     if view is not None and summary["memory"] is not None:
         atomic_write(run_dir / view_name, orjson.dumps(view))
@@ -439,8 +429,7 @@ MAX_CLASHES = 1000
 
 
 def run_dir_candidates(run_dir: Any) -> Any:
-    """``run_dir``, then ``run_dir.2``, ``run_dir.3``, ...: where a window may go if the first is
-    taken (a ``Path``, or a remote run directory's ``URL``)."""
+    """``run_dir``, then ``run_dir.2``, ``run_dir.3``, ...: where a window goes if the first is taken."""
     yield run_dir
     for n in range(2, MAX_CLASHES):
         yield run_dir.with_name(f"{run_dir.name}.{n}")
@@ -461,10 +450,8 @@ def usable_run_dir(path: Path) -> bool:
 
 
 def write_new(run_dir: Path, name: str, data: bytes, claim: str | None = None) -> Path:
-    """Write ``data`` as ``name`` in the first candidate run directory that is a real directory and
-    holds no file of that name: another run sharing the directory (or a resumed run) keeps its files.
-    With ``claim`` (``layout.claim_name``), a candidate where this same window already published
-    ``name`` (its writer was killed before answering) is the answer: no second directory."""
+    """Write ``data`` as ``name`` in the first candidate directory holding no such file (another run's
+    files are kept); with ``claim``, one where this same window already published ``name`` is the answer."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     for candidate in run_dir_candidates(run_dir):
         if not usable_run_dir(candidate):
@@ -480,8 +467,7 @@ def write_new(run_dir: Path, name: str, data: bytes, claim: str | None = None) -
 
 
 def delivered(job: WindowJob, result: WindowResult) -> None:
-    """The window's result reached the training process, so nothing retries it: drop its raw
-    dumps and its claim."""
+    """The result reached the training process, so nothing retries it: drop its raw dumps and claim."""
     remove_raw(job)
     if job.job_id and isinstance(result.trace_path, Path):
         remove_quietly(result.trace_path.parent / claim_name(job.trace_name, job.job_id))

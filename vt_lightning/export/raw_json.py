@@ -1,13 +1,7 @@
-"""Decoding a raw dump whose strings a tracer wrote unescaped.
-
-VizTracer's C ``dump`` (1.1.1) copies function and file names into its JSON as they are: a control
-character in a name (legal in a file name and a code object's name) makes the dump invalid JSON, a
-name that is not UTF-8 makes it invalid UTF-8. ``loads`` parses the dump as it is and, only when
-that fails, repairs it and parses again: the names reach the trace escaped, and a valid dump pays
-nothing. A name Python decoded from bytes that are not UTF-8 holds lone surrogates, which JSON
-cannot carry either: ``readable`` writes each as U+FFFD, as ``loads`` reads such bytes and a lone
-surrogate's ``\\u`` escape.
-"""
+"""Decoding a raw dump whose strings a tracer wrote unescaped: VizTracer's C ``dump`` copies names as
+they are, so a control character makes it invalid JSON and a name that is not UTF-8 invalid UTF-8.
+``loads`` repairs and parses again only when parsing fails (a valid dump pays nothing); ``readable``
+writes a lone surrogate as U+FFFD, as ``loads`` reads such bytes."""
 
 from __future__ import annotations
 
@@ -33,10 +27,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def loads(data: bytes) -> Any:
-    """``orjson.loads(data)``; on a decode error, once more after each repair in turn: the cheap
-    one (``escape_unambiguous``: ESC, BEL and the like, and bytes that are not UTF-8), then the
-    string-aware one (``escape_raw_strings``: a raw CR, newline or tab inside a name, a stray
-    backslash), then ``escape_lone_surrogates``. Raises the first error when no repair helps."""
+    """``orjson.loads(data)``; on a decode error, again after each repair in turn, cheapest first; raises
+    the first error when no repair helps."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as err:
@@ -54,9 +46,8 @@ def loads(data: bytes) -> Any:
 
 
 def escape_unambiguous(data: bytes) -> bytes:
-    """``data`` with every control byte that is not JSON whitespace written as its ``\\u00XX``
-    escape (valid nowhere raw, so inside a string wherever it is found), and every byte sequence
-    that is not UTF-8 replaced by U+FFFD, at C speed."""
+    """``data`` with every control byte but JSON whitespace ``\\u00XX``-escaped (valid nowhere raw) and
+    every byte sequence that is not UTF-8 replaced by U+FFFD, at C speed."""
     data = _NOT_WHITESPACE.sub(_escape_byte, data)
     try:
         data.decode("utf-8")
@@ -66,9 +57,8 @@ def escape_unambiguous(data: bytes) -> bytes:
 
 
 def escape_raw_strings(data: bytes) -> bytes:
-    """``escape_unambiguous``, and inside every JSON string a raw CR, newline or tab escaped and a
-    backslash that starts no JSON escape doubled; whitespace between tokens is kept. Python runs
-    once per string (~10x the parse). A raw ``"`` in a name cannot be told from the string's end."""
+    """``escape_unambiguous``, and in every string a raw CR, newline or tab escaped and a stray backslash
+    doubled (Python per string: ~10x the parse). A raw ``"`` in a name cannot be told from the end."""
     return _STRING.sub(_escape_string, escape_unambiguous(data))
 
 
@@ -91,9 +81,7 @@ def _escape_backslash(match: re.Match[bytes]) -> bytes:
 
 
 def readable(text: str) -> str:
-    """``text`` with each lone surrogate written as U+FFFD. Python decodes a name that is not UTF-8
-    (``threading.Thread(name=...)``, a file name) with surrogates, which no JSON encoder writes:
-    the name reaches the trace as ``loads`` reads the same bytes in a raw dump."""
+    """``text`` with each lone surrogate (a name Python decoded from bytes that are not UTF-8) as U+FFFD."""
     if text.isascii():
         return text
     return _SURROGATE.sub("\ufffd", text)

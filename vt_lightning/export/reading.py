@@ -1,19 +1,8 @@
-"""Reading files back without trusting them: what the ``vt-lightning`` command and the TensorBoard
-tab open goes through here. A file under a log dir may be truncated, hostile or not a file at all:
-
-* **Regular files only**: checked by ``os.stat`` before opening (with ``O_NONBLOCK``) and by
-  ``fstat`` after, so nothing ever blocks on a FIFO or a device.
-* **Bounded reads**: 1 MiB chunks, gzip inflated as a stream, and a file's size *in memory*
-  (``parsed_size_bound``) charged to the command's one ``MemoryBudget`` before it is parsed: a gzip
-  bomb or a million tiny objects is refused after reading at most the budget.
-* **Schema-checked values**: a summary is checked field by field against ``analysis/schema.py``;
-  a wrong value is one message naming the file and the field (``steps.recorded.1``).
-* **Remote roots the same way**, through fsspec (what Lightning's ``get_filesystem`` wraps): the
-  same chunks, budget and checks; "a regular file" becomes "what the store calls a file".
-
-Caps (docs/cli.md): ``DEFAULT_MEMORY_BUDGET`` for everything a command parses,
-``SUMMARY_MAX_BYTES`` per summary file, ``VIEW_MAX_INFLATED_BYTES`` for a trace ``view`` serves.
-"""
+"""Reading files back without trusting them (the ``vt-lightning`` command, the TensorBoard tab):
+regular files only (``stat`` before an ``O_NONBLOCK`` open, ``fstat`` after: never blocked on a
+FIFO), bounded reads charged to one ``MemoryBudget`` before parsing (a gzip bomb is refused after at
+most the budget), summaries schema-checked field by field (one message naming file and field), and
+remote roots the same way through fsspec. Caps: docs/cli.md."""
 
 from __future__ import annotations
 
@@ -75,9 +64,8 @@ def _filesystem(url: str) -> tuple[Any, str]:
 
 
 def list_files(place: Location, suffixes: tuple[str, ...]) -> list[tuple[Location, float]] | None:
-    """(file, modification time or 0) of every file under the directory ``place`` whose name ends
-    with one of ``suffixes``, in name order; None when ``place`` is a file; SummaryNotFound when
-    nothing is there. A local entry that is not a regular file is listed: reading it refuses it."""
+    """(file, mtime or 0) of every file under ``place`` whose name ends with one of ``suffixes``, in name
+    order; None when ``place`` is a file; SummaryNotFound when nothing is there."""
     if isinstance(place, URL):
         return _remote_files(place, suffixes)
     if not place.exists():
@@ -128,8 +116,7 @@ def _modified(info: dict[str, Any]) -> float:
 
 
 def _open_remote(url: URL) -> IO[bytes]:
-    """A remote file opened for reading if the store calls it a file; anything else (a directory, a
-    missing key, a refusal) is an ``UnreadableFile``."""
+    """A remote file opened if the store calls it a file; anything else is an ``UnreadableFile``."""
     fs = _filesystem(url)[0]
     try:
         if fs.info(url).get("type") == "file":
@@ -167,8 +154,7 @@ def is_regular_file(path: str | os.PathLike[str]) -> bool:
 
 
 def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
-    """Open ``path`` for reading if it is a regular file (following symlinks); anything else is an
-    ``UnreadableFile``, raised before anything could block or have side effects."""
+    """Open ``path`` if it is a regular file; anything else is an ``UnreadableFile``, before it could block."""
     if isinstance(path, URL):
         return _open_remote(path)
     try:
@@ -224,8 +210,7 @@ def check_trace_stream(path: Path | URL, max_inflated: int = VIEW_MAX_INFLATED_B
 
 
 def download(url: URL, directory: Path, max_bytes: int = VIEW_MAX_INFLATED_BYTES) -> Path:
-    """A remote file copied into ``directory`` under its own name, as a stream, refused past
-    ``max_bytes`` (for a trace, the inflated cap bounds its compressed bytes too)."""
+    """A remote file streamed into ``directory`` under its own name, refused past ``max_bytes``."""
     target = directory / url.name
     written = 0
     with open_regular(url) as source, open(target, "xb") as out:
@@ -254,8 +239,7 @@ def _narrow(data: bytes | bytearray) -> bool:
 
 
 class MemoryBudget:
-    """What one command may hold of parsed files, charged before each parse; refusing a file
-    names the budget and the option that raises it."""
+    """What one command may hold of parsed files, charged before each parse."""
 
     def __init__(self, limit_bytes: int = DEFAULT_MEMORY_BUDGET) -> None:
         self.limit = limit_bytes
@@ -392,8 +376,7 @@ def schema_problems(value: Any, expected: Any, field: str, described: str | None
 
 
 def check_summary(data: Any, source: str) -> Summary:
-    """``data`` as a Summary if it matches analysis/schema.py; else an UnreadableFile naming
-    ``source`` and the first field that does not (and how many more)."""
+    """``data`` as a Summary, else an UnreadableFile naming ``source`` and the first field that differs."""
     if not isinstance(data, dict) or "schema" not in data:
         raise UnreadableFile(f"{source}: not a vt_lightning summary (no 'schema' field)")
     schema = data["schema"]
@@ -410,8 +393,7 @@ def check_summary(data: Any, source: str) -> Summary:
 
 
 def read_summary(path: str | os.PathLike[str], budget: MemoryBudget | None = None) -> Summary:
-    """One ``.summary.jsonc``, bounded and schema-checked, with ``_path`` (where it was read; the
-    CLI's tables name it, it is never written back) added."""
+    """One ``.summary.jsonc``, bounded and schema-checked, with ``_path`` (where it was read) added."""
     budget = budget or MemoryBudget()
     data, size = read_json(path if isinstance(path, URL) else Path(path), budget, max_bytes=SUMMARY_MAX_BYTES)
     summary = check_summary(data, str(path))

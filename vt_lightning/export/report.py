@@ -26,8 +26,7 @@ from vt_lightning.export.terminal import printable, printable_lines
 
 
 def summary_names(trace_name: str) -> tuple[str, str, str]:
-    """``host_0.0000000002.pt.trace.json.gz`` -> (``host_0.0000000002.summary.jsonc``, ``... .md``,
-    ``... .memory_view.jsonc``)."""
+    """A trace's name -> its ``.summary.jsonc``, ``.md`` and ``.memory_view.jsonc`` names."""
     stem = trace_name[: -len(TRACE_SUFFIX)] if trace_name.endswith(TRACE_SUFFIX) else trace_name.split(".pt.trace")[0]
     return stem + SUMMARY_JSON_SUFFIX, stem + SUMMARY_MD_SUFFIX, stem + MEMORY_VIEW_SUFFIX
 
@@ -73,8 +72,7 @@ def step_spread_text(summary: Summary) -> str:
 
 
 def straggler_text(straggler: Mapping[str, Any] | None) -> str:
-    """``straggler: rank 1 (others wait 31.0 ms/step, 82% of the step); slow (train.py:30) explains
-    30.1 of those 31.0 ms/step (97%)``: the named function and the others' wait in one unit."""
+    """The straggler's line: the named function and the others' wait in one unit (ms/step)."""
     if not straggler:
         return "no straggler (ranks balanced)"
     wait = _num(straggler.get("others_wait_ms"))
@@ -208,8 +206,7 @@ def render_markdown(summary: Summary, top: int = 5) -> str:
 
 
 def hta_trace_files(window_dir: str | os.PathLike[str]) -> dict[int, str]:
-    """``{global rank: trace path}`` of one window directory, for HTA's
-    ``TraceAnalysis(trace_files=..., trace_dir=...)``, which then reads exactly the traces."""
+    """``{global rank: trace path}`` of one window directory, for HTA's ``TraceAnalysis(trace_files=...)``."""
     out: dict[int, str] = {}
     for trace in sorted(Path(window_dir).glob(f"*{TRACE_SUFFIX}")):
         rank = trace.name.split(".", 1)[0].rsplit("_", 1)[-1]  # <host>_<rank>.<span>...
@@ -221,9 +218,8 @@ def hta_trace_files(window_dir: str | os.PathLike[str]) -> dict[int, str]:
 
 
 def gpu_breakdowns_missing(window_dir: str | os.PathLike[str]) -> str | None:
-    """None when the window recorded GPU kernels; else the one line that says why HTA's temporal,
-    kernel and idle-time breakdowns (a bare ``IndexError`` on a window without GPU kernels) do not
-    apply: no trace, no summary to tell (only GPU windows have a ``gpu`` section), or a CPU run."""
+    """None when the window recorded GPU kernels; else why HTA's kernel breakdowns (an ``IndexError``
+    without GPU kernels) do not apply."""
     window = Path(window_dir)
     try:
         traces = hta_trace_files(window)
@@ -243,9 +239,8 @@ def gpu_breakdowns_missing(window_dir: str | os.PathLike[str]) -> str | None:
     )
 
 
-# Console tables: rich when it is installed, plain text otherwise. rich stays optional: Lightning
-# switches its progress bar and model summary to rich whenever rich is importable, so depending on
-# it would change every user's Trainer output.
+# Console tables: rich when installed, plain text otherwise (a dependency on rich would switch every
+# user's Lightning progress bar and model summary to rich).
 
 Column = tuple[str, bool]  # (header, right-aligned)
 MAX_CELL_CHARS = 300
@@ -334,8 +329,7 @@ SHORT_PARTS = {  # the column of each part of the breakdown whose name is too lo
 
 
 def print_windows_table(summaries: Sequence[Summary], file: Any = None, title: str | None = None) -> None:
-    """One compact table (fits 80 columns): a row per window, ms per step, the largest part in
-    bold; the busiest user function of the latest windows in the caption (``vt-lightning summary``)."""
+    """A row per window (80 columns), ms per step, the largest part in bold, the busiest user function."""
     rows = [row_of(summary) for summary in summaries]
     history = history_of(rows)
     runs = run_labels(summaries)
@@ -346,8 +340,7 @@ def print_windows_table(summaries: Sequence[Summary], file: Any = None, title: s
 
 
 def run_labels(summaries: Sequence[Summary]) -> list[str] | None:
-    """Each window's run (its window directory's parent, as loaded from disk: ``_path``), named
-    relative to the runs' common directory; None when the windows are of one run."""
+    """Each window's run relative to the runs' common directory; None when the windows are of one run."""
     runs = [str(Path(str(s.get("_path") or "")).parent.parent) for s in summaries]
     if len(set(runs)) < 2:
         return None
@@ -356,8 +349,7 @@ def run_labels(summaries: Sequence[Summary]) -> list[str] | None:
 
 
 def print_history_table(history: RunHistory, file: Any = None) -> None:
-    """The end-of-run table, as many lines after 10 windows as after 10,000 (the first and latest
-    windows, the slowest, the median and p90 of all); the caller says where the full one is."""
+    """The end-of-run table, as long after 10 windows as after 10,000 (first, latest, slowest, median, p90)."""
     rows = history.table()
     latest = history.latest_top_user(limit=1)  # one line, whatever the run's length
     caption = f"busiest user function (incl.) of window {latest[0][0]}: {latest[0][1]}" if latest else None

@@ -1,11 +1,6 @@
-"""Text from files made safe for a terminal: control characters shown escaped, never sent raw.
-
-A function name, a file path or a JSON key read from a trace or a summary may hold ANSI escape
-sequences (ESC ``\\x1b``, CSI ``\\x9b``), carriage returns or bidi overrides. Sent raw they recolour,
-move or rewrite what the user sees, or run terminal commands. ``rich.markup.escape`` only escapes
-rich's own ``[markup]``, so everything printed goes through ``printable`` (plain text and table
-cells) or ``json_for_terminal`` (the ``--json`` outputs) first.
-"""
+"""Text from files made safe for a terminal: a name read from a trace or a summary may hold ANSI escape
+sequences, carriage returns or bidi overrides, and ``rich.markup.escape`` escapes only rich's own
+markup. So everything printed goes through ``printable`` or ``json_for_terminal`` first."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ def _unsafe(char: str) -> bool:
 
 
 def printable(text: object, limit: int | None = None) -> str:
-    """``text`` with every control character written as its escape (``\\x1b``, ``\\n``,
-    ``\\u202e``), cut to ``limit`` characters (an ellipsis marks the cut)."""
+    """``text`` with every control character escaped, cut to ``limit`` characters (an ellipsis marks it)."""
     text = str(text)
     if limit is not None and len(text) > limit:
         text = text[: max(limit - 1, 0)] + _ELLIPSIS
@@ -44,6 +38,5 @@ _JSON_ESCAPES = {code: f"\\u{code:04x}" for code in (0x7F, *range(0x80, 0xA0), *
 
 
 def json_for_terminal(encoded: bytes) -> str:
-    """orjson's output with the control characters it leaves raw written as ``\\uXXXX``: the same
-    JSON value, safe to print."""
+    """orjson's output with the control characters it leaves raw as ``\\uXXXX``: the same JSON value."""
     return encoded.decode("utf-8").translate(_JSON_ESCAPES)

@@ -49,8 +49,7 @@ class WorkerDumps:
 
 
 def _alive(pid: int) -> bool:
-    """A live process with this pid on this host; a zombie (a worker its DataLoader has not reaped
-    yet) is dead."""
+    """A live process with this pid on this host; a zombie is dead."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             state = scheduler_state(f.read())
@@ -67,8 +66,7 @@ def _stem_pid(stem: str) -> int:
 
 
 def _part_files(extras: dict[str, Any], suffix: str = "") -> list[str]:
-    """The spool's files of one window's worker parts (``b<first>-r<rank>-…``). Not ``glob``: its
-    fnmatch cache keeps every pattern (32,768 of them), and each window's pattern is new."""
+    """The spool's files of one window's worker parts. Not ``glob``: its cache keeps every new pattern."""
     prefix = f"b{int(extras['first'])}-r{int(extras['rank'])}-"
     try:
         with os.scandir(str(extras["dir"])) as entries:
@@ -108,9 +106,8 @@ def collect_worker_dumps(
     to_torch: TorchPlacement | None = None,
     settle: Callable[[set[Any]], bool] | None = None,
 ) -> WorkerDumps | None:
-    """Read one window's worker parts (``WindowJob.extras["workers"]``); None when it has none.
-    ``to_torch``: their calls go on to torch's timeline as they are read; ``settle``: which
-    threads' calls go on the nanosecond grid there too (``place_events``)."""
+    """Read one window's worker parts (None: none). ``to_torch``: placed on torch's timeline as read;
+    ``settle``: which threads' calls go on the nanosecond grid too."""
     if not extras:
         return None
     out = WorkerDumps()
@@ -150,8 +147,7 @@ def collect_worker_dumps(
 
 
 def library_spans(meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """The library calls a worker noted as spans (``recording/worker_side.py``), as complete events
-    on its fetching thread, on the worker's VizTracer clock like its dump's."""
+    """The library calls a worker noted as spans, as complete events on its fetching thread."""
     pid, tid = int(meta["pid"]), int(meta.get("tid") or meta["pid"])
     return [
         {
@@ -168,9 +164,8 @@ def library_spans(meta: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def add_to_trace(trace: WindowTrace, dumps: WorkerDumps, to_torch_us: Callable[[float], float]) -> list[str]:
-    """Name the workers' processes, add their ``fetch batch N`` spans and record them in the
-    trace's metadata (the summary reads it); move the trace's time origin down should a worker
-    have fetched before it; returns the notes for the window's result."""
+    """Name the workers' processes, add their ``fetch batch N`` spans and metadata, and move the time
+    origin down should a worker have fetched before it; returns the notes."""
     meta = trace.meta
     origin = float(meta.get("time_origin_us", 0))
     processes: dict[int, dict[str, Any]] = {}

@@ -1,15 +1,8 @@
-"""The writer process: finishes windows outside the training process, so that work never competes
-with training for the GIL.
-
-Started outside any window (when, see ``controller/handoff.py``), so it inherits no hook, as
-``python -I -S -c <boot>`` (``writer_command``): a fresh interpreter that imports neither torch nor
-Lightning and never re-runs the user's script (as ``multiprocessing``'s spawn would). ``-I`` keeps
-the working directory, ``PYTHONPATH`` and user site-packages off its import path (a stray
-``orjson.py`` where training started never runs in it); the boot code puts there this package's
-root, orjson's and numpy's directories and the absolute ``PYTHONPATH`` entries (where clusters
-install packages). Jobs and results travel as length-prefixed pickles over its stdin/stdout; it
-exits when its stdin closes.
-"""
+"""The writer process: finishes windows outside the training process, never competing with it for the
+GIL. Started outside any window (``controller/handoff.py``), so it inherits no hook, as ``python -I
+-S -c <boot>`` (``writer_command``): imports neither torch nor Lightning, never re-runs the user's
+script, and ``-I`` keeps the working directory off its path (a stray ``orjson.py`` never runs in it).
+Jobs and results travel as length-prefixed pickles over its stdin/stdout; it exits when stdin closes."""
 
 from __future__ import annotations
 
@@ -52,11 +45,8 @@ class WriterError(RuntimeError):
     """A window failed in the writer process; the message carries the original error."""
 
 
-# Popen runs on the writer thread while the training thread may fork (DataLoader workers, VizTracer's
-# dump child). A child forked during Popen inherits its exec-status pipe, and Popen then waits for
-# that child to exit: the writer stalled for a whole epoch. Forks in this process wait for the few
-# milliseconds Popen holds this lock (``os.register_at_fork``); Popen's own fork runs no Python fork
-# handlers, and the lock is reentrant in case a future version does.
+# A child forked during Popen (on the writer thread) inherits its exec-status pipe, and Popen waits
+# for that child to exit: forks in this process wait for this lock (reentrant) instead.
 _SPAWNING = threading.RLock()
 _held = threading.local()  # the lock this thread took before its fork (released after it, the same one)
 
@@ -138,9 +128,8 @@ class WriterProcess:
         self._close_pipes()
 
     def _close_pipes(self) -> None:
-        """Close our ends of its pipes (else each one is a ResourceWarning when collected), unless
-        a call still has them: a thread stuck reading a killed writer sees EOF and lets go, and
-        closing under it would wait for that thread."""
+        """Close our ends of its pipes (else ResourceWarnings), unless a call still has them: a thread stuck
+        reading a killed writer sees EOF, and closing under it would wait for that thread."""
         if not self._lock.acquire(blocking=False):
             return
         try:
@@ -155,12 +144,8 @@ class WriterProcess:
 WRITER_NICE = 10
 AUTOGROUP_NICE = 19
 
-# The boot code yields the CPU to training before any import, so the writer's start-up, in the
-# background during steps, lands later on a busy machine rather than slowing them. ``nice`` alone is
-# not enough: in its own session (see ``WriterProcess``) the writer is its own scheduling group
-# where Linux groups tasks by session (``sched_autogroup``), an equal of training's group whatever
-# its nice (torch's threads ran 8x slower on 2 cores), so the group's nice is raised too (allowed
-# without privileges; no-op where there is no autogroup).
+# The boot code yields the CPU to training before any import. In its own session the writer is its
+# own ``sched_autogroup``, an equal of training's whatever its nice, so the group's nice is raised too.
 _BOOT = (
     "import os, sys\n"
     f"try: os.nice({WRITER_NICE})\nexcept (AttributeError, OSError): pass\n"
@@ -171,8 +156,7 @@ _BOOT = (
 
 
 def writer_import_path() -> list[str]:
-    """The writer's import path: vt_lightning's root, orjson's and numpy's (its dependencies outside
-    the standard library), then ``PYTHONPATH``'s absolute entries."""
+    """vt_lightning's root, orjson's and numpy's, then ``PYTHONPATH``'s absolute entries."""
     import numpy
     import orjson
 
@@ -186,17 +170,15 @@ def writer_import_path() -> list[str]:
 
 
 def writer_command() -> list[str]:
-    """The writer's command line: an isolated interpreter with an explicit import path (never the
-    cwd), without ``site``: the writer needs nothing it sets up, and an environment's ``.pth`` files
-    may run any code on training's cores (a CPU run starts the writer at its first window)."""
+    """An isolated interpreter with an explicit import path, without ``site``: an environment's ``.pth``
+    files may run any code on training's cores."""
     return [sys.executable, "-I", "-S", "-c", _BOOT, *writer_import_path()]
 
 
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     from vt_lightning.export.pipeline import finish_window  # imported before the first answer: no delay at window one
 
-    # A window's JSON is acyclic and freed by reference counting; a full collection that landed
-    # inside the first window traversed it all (245 of 476 ms). Collect after each answer instead.
+    # A window's JSON is acyclic: a full collection inside a window would traverse it all.
     gc.freeze()
     gc.disable()
     while True:
@@ -225,8 +207,7 @@ def main() -> None:
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     _serve(sys.stdin.buffer, out)
-    # Every answer is sent and every file written: skip the interpreter's teardown (up to 1 s at
-    # nice 10 on a loaded machine) while fit waits for this exit.
+    # Every answer is sent and every file written: skip the teardown while fit waits for this exit.
     out.flush()
     sys.stderr.flush()
     os._exit(0)

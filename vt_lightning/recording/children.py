@@ -31,8 +31,7 @@ class DumpTimeout(DumpChildFailed):
 
 
 def wait_for_dump(pid: int | None, timeout: float | None = None) -> None:
-    """Reap a dump child; raise if it did not write its file. One still running after ``timeout``
-    seconds (default ``DUMP_TIMEOUT_S``) is killed and reaped, and ``DumpTimeout`` raised."""
+    """Reap a dump child; raise if it did not write its file (``DumpTimeout`` once killed at ``timeout``)."""
     if pid is None:
         return
     limit = DUMP_TIMEOUT_S if timeout is None else timeout
@@ -49,8 +48,7 @@ def wait_for_dump(pid: int | None, timeout: float | None = None) -> None:
 
 
 def _reap_within(pid: int, timeout: float) -> int | None:
-    """The child's wait status, or None when it was killed (and reaped) at the bound; polled every
-    1 ms growing to 20 ms."""
+    """The child's wait status, or None when it was killed (and reaped) at the bound."""
     deadline = time.monotonic() + timeout
     delay = 0.001
     while True:
@@ -67,8 +65,7 @@ def _reap_within(pid: int, timeout: float) -> int | None:
 
 
 def reap_dump_children(timeout: float = 5.0) -> None:
-    """Reap every dump child no job took; one still writing after ``timeout`` seconds in all (a hung
-    spool filesystem) is killed first."""
+    """Reap every dump child no job took; one still writing after ``timeout`` in all is killed first."""
     deadline = time.monotonic() + timeout
     for pid in list(dump_children):
         try:

@@ -36,8 +36,7 @@ def sample_pair(
 def emit_markers(
     python_clock_us: Callable[[], float], make_range: Callable[[str], Any], edge: str, rounds: int = MARKER_ROUNDS
 ) -> list[tuple[str, float, float]]:
-    """Record ``rounds`` empty torch ranges, each bracketed by two Python-clock reads (the range is
-    built before the first, so the bracket holds only its enter and exit)."""
+    """Record ``rounds`` empty torch ranges, each bracketed by two Python-clock reads (built before them)."""
     samples = []
     for i in range(rounds):
         name = f"{CLOCK_MARKER_PREFIX}/{edge}#{i}"

@@ -1,12 +1,7 @@
-"""Clock offsets between ranks, measured at each window's start (a side recorder).
-
-When several ranks all trace (``ranks=None``), rank 0 exchanges ``ROUNDS`` ping-pongs with each
-other rank over a small gloo group, reading the clock torch's timeline follows
-(``clock_probes.wall_clock_ns``); its writer turns them into offsets (``analysis/offsets.py``) for
-the job file. The group is made at setup on every rank (``new_group`` is collective), never in a
-window. The exchange is bounded by ``TIMEOUT_S``; a failure costs one warning, and later windows go
-without it (the job file then relies on one host's shared clock).
-"""
+"""Clock offsets between ranks, measured at each window's start (a side recorder): rank 0 exchanges
+``ROUNDS`` ping-pongs with each other rank over a small gloo group (made at setup on every rank:
+``new_group`` is collective), which its writer turns into offsets (``analysis/offsets.py``). Bounded
+by ``TIMEOUT_S``; a failure costs one warning, and later windows go without it."""
 
 from __future__ import annotations
 
@@ -68,8 +63,7 @@ def group_for_this_run() -> Any:
 def exchange(
     group: Any, rank: int, world_size: int, rounds: int = ROUNDS
 ) -> tuple[dict[int, list[list[int]]], list[int]]:
-    """The ping-pong: on rank 0 ``({peer: [[t0, t1, t2, t3], ...]}, host id of each rank)``, empty
-    elsewhere."""
+    """The ping-pong: on rank 0 ``({peer: [[t0, t1, t2, t3], ...]}, host id of each rank)``, else empty."""
     import torch
     import torch.distributed as dist
 

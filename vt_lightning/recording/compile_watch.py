@@ -1,20 +1,8 @@
-"""torch.compile inside a window (a side recorder): compile spans, their phases, graph breaks and
-recompiles. Nothing of the user's logging or dynamo settings changes beyond the window.
-
-* **Compile spans**: dynamo's compile start/end callbacks (private: every name looked up with a
-  guard) time each compile on VizTracer's clock. Meanwhile the Python tracer skips torch's own
-  files (``PythonTracer.pause_files``): one compile is about 618,000 events otherwise.
-* **Phases and recompile reasons**: the ``CompilationMetrics`` new since ``start``
-  (``get_compilation_metrics()`` keeps the last 64).
-* **What the run compiled before and during the window**: torch's own counters (module globals,
-  read when the window opens and closes: no hook outside windows), and every kept metrics record's
-  frame, which names the compiled graphs the window runs.
-* **Graph breaks** with the user's file:line: for the window, a filter on the ``graph_breaks``
-  logger takes each record; a logger lowered to DEBUG for it lets none reach a handler. Never
-  ``torch._logging.set_logs``, which resets the user's settings.
-
-A part this torch lacks is skipped, with one note in the summary.
-"""
+"""torch.compile inside a window (a side recorder): compile spans on VizTracer's clock from dynamo's
+compile callbacks (private: every name looked up with a guard), the ``CompilationMetrics`` new since
+``start``, torch's compile counters at open and close, and graph breaks from a filter on the
+``graph_breaks`` logger (never ``torch._logging.set_logs``, which resets the user's settings).
+Nothing changes beyond the window (docs/compile.md); a part this torch lacks is skipped, with a note."""
 
 from __future__ import annotations
 
@@ -250,9 +238,8 @@ class CompileWatch:
         return self.python.clock_us() if self.python is not None else None
 
     def _skip_always(self) -> None:
-        """Skip, for the rest of the window, what is never the user's code: dynamo's frame callback
-        with all it calls, and the compile metrics' logging. Only once the run compiles: every
-        skipped file costs VizTracer a comparison per call."""
+        """Skip what is never the user's code (dynamo's frame callback, the metrics' logging), once the run
+        compiles: every skipped file costs VizTracer a comparison per call."""
         if self._always_skipped:
             return
         files = (getattr(sys.modules.get(name), "__file__", None) for name in ALWAYS_SKIPPED_MODULES)
@@ -261,8 +248,7 @@ class CompileWatch:
             self.python.pause_files(self._always_skipped)
 
     def _pause(self) -> None:
-        """Skip every call into torch's files until the compile ends (a backward compile, or one
-        that did not come through ``convert_frame``)."""
+        """Skip every call into torch's files until the compile ends."""
         self._skip_always()
         if self.python is not None and self._torch_dir:
             self._paused = self.python.pause_files((*self._always_skipped, self._torch_dir))
@@ -284,8 +270,7 @@ class CompileWatch:
 
 
 def compile_counts(records: list[Any]) -> dict[str, Any] | None:
-    """What the process compiled so far: FX graphs, compile wall time, recompiles (among the kept
-    metrics records) and graph breaks met while compiling. None: this torch keeps no counters."""
+    """What the process compiled so far (graphs, compile time, recompiles, graph breaks); None: no counters."""
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
     if counters is None:

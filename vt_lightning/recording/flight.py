@@ -1,16 +1,8 @@
-"""The flight recorder: the last seconds of the training thread's Python stack, sampled cheaply, so
-that a slow-step window can show the step that fired it (which it never traces itself).
-
-While the slow-step trigger is armed, a daemon thread wakes 100 times a second; once the step under
-way has run longer than half the median step (only such a step can turn out slow), it keeps the
-training thread's stack (``sys._current_frames``) in a ring of about 20 s. A quiet step is never
-walked. The step's bounds are the trigger's own clock reads: nothing more runs per batch on the
-training thread. A slow step's samples are set aside (``mark``), given to its window (``assign``)
-and handed over at its close (``FlightSide``); ``analysis/flight.py`` makes the track.
-
-The sampler never runs while a window traces (it would be noise in the trace), and stops for good
-when the triggers are disarmed, the training thread ends, the recorder is dropped, or in a fork.
-"""
+"""The flight recorder: the training thread's Python stack sampled (100 Hz, a ring of ~20 s) once a
+step has run half the median step, so a slow-step window shows the step that fired it
+(docs/triggers.md). Nothing more runs per batch on the training thread; the sampler never runs
+while a window traces. A slow step's samples are set aside (``mark``), given to its window
+(``assign``) and handed over at its close (``FlightSide``); ``analysis/flight.py`` makes the track."""
 
 from __future__ import annotations
 
@@ -42,8 +34,7 @@ _ARMED: weakref.WeakValueDictionary[int, FlightRecorder] = weakref.WeakValueDict
 
 
 class FlightRecorder:
-    """Samples one thread's Python stack into a ring while ``armed()`` says so, at the ticks where
-    ``due(now_ns)`` does (by default every tick)."""
+    """Samples one thread's Python stack into a ring while ``armed()``, at the ticks ``due(now_ns)`` says."""
 
     def __init__(
         self,
@@ -101,17 +92,15 @@ class FlightRecorder:
         self._assigned.clear()
 
     def mark(self, batch: int, end_ns: int, duration_ns: int) -> None:
-        """Step ``batch`` ran from ``end_ns - duration_ns`` to ``end_ns`` and was slow: set its samples
-        aside before the ring forgets them."""
+        """Step ``batch`` (ending at ``end_ns``) was slow: set its samples aside before the ring forgets them."""
         start_ns = end_ns - duration_ns
         ring = list(self.ring)
         cut = bool(ring) and len(ring) == self.ring.maxlen and ring[0][0] > start_ns
         self._marked = (batch, start_ns, end_ns, [s for s in ring if start_ns <= s[0] < end_ns], cut)
 
     def assign(self, window_start: int, batch: int) -> None:
-        """The slow-step window planned to warm up at ``window_start`` for the slow step at ``batch``
-        gets that step's samples, if this rank marked that very step (with DDP the agreed firing may
-        be another rank's, and a mark of a step whose window was refused must not stand in for it)."""
+        """The slow-step window for the step at ``batch`` gets its samples if this rank marked that very step
+        (with DDP the agreed firing may be another rank's)."""
         marked, self._marked = self._marked, None
         if marked is not None and marked[0] == batch:
             self._assigned = {window_start: marked}
@@ -173,8 +162,7 @@ def _sample(owner: weakref.ref[FlightRecorder], stop: threading.Event) -> None:
 
 
 class FlightSide:
-    """A window's side recorder while a flight recorder is armed: the sampler stops while the window
-    traces, and a slow-step window gets its step's samples."""
+    """A window's side recorder: the sampler stops while the window traces; a slow-step window gets samples."""
 
     name = "flight"
 
@@ -195,8 +183,8 @@ class FlightSide:
 
 
 def flight_for(slow: SlowStep | None, clock: Callable[[], int]) -> FlightRecorder | None:
-    """A started flight recorder for the slow-step trigger; None when it is off, or when its clock is
-    not ``perf_counter_ns`` (the sampler's: a test's virtual clock has no samples to match)."""
+    """A started flight recorder for the slow-step trigger; None when it is off, or its clock is not
+    ``perf_counter_ns`` (the sampler's)."""
     if slow is None or clock is not time.perf_counter_ns:
         return None
 

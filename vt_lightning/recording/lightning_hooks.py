@@ -1,17 +1,11 @@
-"""The "Lightning" view of torch-tb-profiler 0.4.3, recorded during a window's active steps.
+"""The "Lightning" view of torch-tb-profiler 0.4.3 during a window's active steps: ``[pl][module]``
+ranges around each submodule's forward, ``[pl][profile]`` around Lightning's step stages (through a
+recording profiler in ``trainer.profiler`` only where the user configured none); nothing stays after
+``remove()``. The writer's side: ``analysis/lightning_view.py``.
 
-``LightningViewHooks``, the window's ``step_hooks``: ``[pl][module]<module type>: <module path>``
-around each submodule's forward, and ``[pl][profile]<action>`` around Lightning's step stages
-(through a small recording profiler in ``trainer.profiler``, only where the user configured none).
-Nothing stays after ``remove()``. The writer's side: ``analysis/lightning_view.py``.
-
-Never a hook inside a compiled region (torch 2.13): there the hooks are not called, but a compile
-while they are installed graph-breaks on ``record_function``, and the broken graphs stay in use
-after the hooks are gone. So an ``OptimizedModule`` and a module whose instance ``forward`` is
-compiled are recorded from the outside, their descendants skipped; a module compiled in place
-(``module.compile()``) is skipped with its descendants; a LightningModule compiled for Lightning
-(``_compiler_ctx``, or ``forward`` / ``training_step`` compiled) gets no module hooks.
-"""
+Never a hook inside a compiled region: a compile while they are installed graph-breaks on
+``record_function``, and the broken graphs outlive the hooks. So compiled modules are recorded from
+the outside, their descendants skipped; a LightningModule compiled for Lightning gets no module hooks."""
 
 from __future__ import annotations
 
@@ -32,10 +26,8 @@ from vt_lightning.recording.torchtracer import profiler_range
 
 
 def user_hook_names(pl_module: Any) -> dict[str, str]:
-    """``{"Model.optimizer_step (/src/model.py:40)": "optimizer_step", ...}``: each Lightning hook
-    the module overrides (in its instance or class), named as VizTracer names its calls, for every
-    window's metadata: the summary finds the user's own hooks whatever the Trainer's profiler and
-    ``lightning_view``. Read once per run."""
+    """Each Lightning hook the module overrides, named as VizTracer names its calls -> the hook's name: the
+    summary finds the user's own hooks whatever the profiler. Read once per run."""
     if pl_module is None:
         return {}
     try:
@@ -124,8 +116,7 @@ class LightningViewProfiler(Profiler):
 
 
 class LightningViewHooks:
-    """``step_hooks`` for ``ProfilingWindow``: module ranges and Lightning stage ranges. ``install()``
-    is idempotent; ``remove()`` removes everything, any number of times."""
+    """``step_hooks`` for ``ProfilingWindow``; ``install()`` is idempotent, ``remove()`` repeatable."""
 
     def __init__(self, trainer: Any, pl_module: Any) -> None:
         self.trainer = trainer

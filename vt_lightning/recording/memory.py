@@ -39,12 +39,8 @@ def is_cuda_oom(exc: BaseException | None) -> bool:
 
 
 def dump_oom_snapshot(path: str | os.PathLike[str], recorder: CudaMemoryRecorder | None = None) -> Path:
-    """Write the allocator's state and history at an out-of-memory error to ``path``.
-
-    From Lightning's ``on_exception`` while history still records: the trace then ends with the
-    allocator's ``oom`` entry and the tensors the traceback's frames hold. Without ``recorder``:
-    ``torch.cuda.memory._snapshot()`` (the state only, unless history is on).
-    """
+    """Write the allocator's state and history at an out-of-memory error to ``path``, from Lightning's
+    ``on_exception`` while history still records (without ``recorder``: the state only)."""
     path = Path(path)
     try:
         write_snapshot(path, recorder.snapshot() if recorder is not None else _cuda_memory()._snapshot())
@@ -61,9 +57,8 @@ def _cuda_memory() -> Any:
 
 
 class CudaMemoryRecorder:
-    """The CUDA caching allocator's history (at most ``max_entries`` entries, with Python and C++
-    stacks) for one window at a time, cleared at each start where torch can, so that a snapshot holds
-    its window only. A failed ``start()`` leaves recording off; ``stop()`` without one does nothing."""
+    """The CUDA caching allocator's history for one window at a time, cleared at each start where torch
+    can. A failed ``start()`` leaves recording off; ``stop()`` without one does nothing."""
 
     def __init__(self, max_entries: int) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:

@@ -1,13 +1,7 @@
 """Before torch's profiler stops where collectives run on gloo: wait, briefly and bounded, until no
-native thread of the process is running.
-
-gloo completes a collective's future *before* its worker thread ends the collective's profiler
-range, so a window could close while that thread still recorded into the session being torn down:
-on torch 2.4 and 2.5 a corrupted heap (``free(): corrupted unsorted chunks``) or a SIGSEGV, then
-or later (5 of 36 two-rank CPU DDP runs; none of 30 with this wait). After the step no collective
-is queued: once every native thread (not a Python one) has been seen asleep, none is in a tail.
-Linux only (``/proc``). NCCL ends its ranges on the launching thread: nothing waits there.
-"""
+native thread of the process is running. gloo completes a collective's future before its thread
+ends the collective's profiler range; a window closed then corrupted the heap on torch 2.4 and 2.5.
+Linux only (``/proc``). NCCL ends its ranges on the launching thread: nothing waits there."""
 
 from __future__ import annotations
 
@@ -46,8 +40,8 @@ def running_threads(skip: set[int], task_dir: Path = TASK_DIR) -> list[int]:
 def wait_for_native_threads(
     timeout_s: float = SETTLE_TIMEOUT_S, skip: set[int] | None = None, task_dir: Path = TASK_DIR
 ) -> float | None:
-    """Wait until no thread outside ``skip`` (default: the Python threads, never in a gloo tail) is
-    running; the seconds waited, or None when one still ran after ``timeout_s``."""
+    """Wait until no thread outside ``skip`` (default: the Python threads) runs; the seconds waited, or
+    None when one still ran after ``timeout_s``."""
     if skip is None:
         skip = {t.native_id for t in threading.enumerate() if t.native_id is not None}
     start = time.perf_counter()

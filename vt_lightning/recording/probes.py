@@ -13,9 +13,8 @@ Problem = Callable[[str, str], Any]
 
 
 class TriggerFile:
-    """``<output_dir>/vt_lightning.trigger``: seen once, then deleted. One that cannot be deleted is
-    ignored until it changes (its identity), with one warning. On a URL root it is looked for there,
-    through fsspec: one metadata request per coarse check."""
+    """``<output_dir>/vt_lightning.trigger``: seen once, then deleted; one that cannot be deleted is ignored
+    until it changes, with one warning. On a URL root: one metadata request per coarse check."""
 
     def __init__(self, path: Path | str, on_problem: Problem) -> None:
         self.path = path
@@ -65,8 +64,8 @@ class TriggerFile:
 
 
 class SignalTrigger:
-    """Opt-in: a signal (e.g. SIGUSR1) requests a window; the handler only sets a flag. ``restore``
-    puts back the handler found at ``install``, unless someone replaced ours since."""
+    """Opt-in: a signal requests a window (the handler only sets a flag); ``restore`` puts back the
+    handler found at ``install``, unless someone replaced ours since."""
 
     def __init__(self, signum: int, name: str | None = None) -> None:
         self.signum = int(signum)

@@ -1,10 +1,6 @@
-"""VizTracer's C tracer per window: its hooks started and stopped, its buffer dumped.
-
-On Python <= 3.11 VizTracer installs its profile hook when it is constructed, and everything runs
-about 3x slower until its first ``stop()``: the tracer is built at the first window's start, and
-between windows it exists with no hook. Threads already running are hooked by ``thread_hooks``;
-the buffer leaves through VizTracer's C ``dump`` (``viztracer_dump``).
-"""
+"""VizTracer's C tracer per window. On Python <= 3.11 VizTracer installs its hook when constructed and
+everything runs ~3x slower until its first ``stop()``: it is built at the first window's start.
+Running threads are hooked by ``thread_hooks``; the buffer leaves through ``viztracer_dump``."""
 
 from __future__ import annotations
 
@@ -40,8 +36,7 @@ _active: weakref.WeakSet[PythonTracer] = weakref.WeakSet()
 
 
 def _stop_in_forked_child() -> None:
-    """A forked child (DataLoader worker) inherits a running tracer that would never be saved, and
-    a held window's calls (``HeldDump``) that are the parent's to write."""
+    """A forked child inherits a running tracer never saved, and held calls that are the parent's to write."""
     if in_dump_child():
         return  # the dump child needs the buffer as it is
     children.dump_children.clear()  # the parent's children: the parent reaps them
@@ -86,9 +81,8 @@ def foreign_profiler() -> str | None:
 
 
 def interpreter_warning(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> str | None:
-    """A known interpreter bug that can crash VizTracer on this Python, or None: CPython
-    3.12.0-3.12.4 can deliver a C function's return without its call (cpython #122029, viztracer
-    #486). Ubuntu 24.04 ships 3.12.3."""
+    """A known interpreter bug that can crash VizTracer on this Python, or None: CPython 3.12.0-3.12.4
+    (cpython #122029, viztracer #486)."""
     if (3, 12, 0) <= version[:3] < (3, 12, 5):
         shown = ".".join(str(part) for part in version[:3])
         return (
@@ -100,8 +94,7 @@ def interpreter_warning(version: tuple[int, ...] = tuple(sys.version_info[:3])) 
 
 
 def _profiler_in_place() -> Any:
-    """What holds this thread's profiling now: the profile hook (<= 3.11), or the name of the
-    sys.monitoring tool with the profiler id (3.12+, where VizTracer uses it)."""
+    """What holds this thread's profiling: the profile hook (<= 3.11), or sys.monitoring's tool (3.12+)."""
     if sys.version_info >= (3, 12):
         return sys.monitoring.get_tool(sys.monitoring.PROFILER_ID)
     return sys.getprofile()
@@ -147,9 +140,8 @@ _TRACERS: dict[tuple[int, float, bool], Any] = {}
 
 
 def _release_tracers_at_exit() -> None:
-    """Stop and drop every VizTracer before finalization, which would tear it down after the
-    modules it refers to (on 3.12+ sys.monitoring keeps its callbacks): a compiled CUDA job
-    exited with SIGSEGV there."""
+    """Stop and drop every VizTracer before finalization tears it down after the modules it refers to (a
+    compiled CUDA job exited with SIGSEGV there)."""
     for tracer in list(_TRACERS.values()):
         try:
             if getattr(tracer, "enable", False):
@@ -187,8 +179,7 @@ class PythonTracer:
         return self._running
 
     def installed_hooks(self) -> list[str]:
-        """Every hook of ours in place right now, described (empty: none): on 3.12+ VizTracer's
-        ``sys.monitoring`` tool, which ``sys.getprofile()`` never shows, is asked too."""
+        """Every hook of ours in place, described; on 3.12+ sys.monitoring's tool is asked too."""
         found = []
         tracer = self._tracer
         if tracer is not None and sys.getprofile() is tracer:
@@ -246,8 +237,7 @@ class PythonTracer:
         self._own_profiler = _profiler_in_place()
 
     def rival(self) -> str | None:
-        """While running: the tool that took the profile hook (or sys.monitoring's profiler id) from
-        VizTracer since ``start``, or None. One interpreter query."""
+        """While running: the tool that took the profile hook (or the profiler id) since ``start``, or None."""
         if not self._running:
             return None
         now = _profiler_in_place()
@@ -271,8 +261,7 @@ class PythonTracer:
         self._note_thread_name()
 
     def _thread_hook(self, frame: Any, event: str, arg: Any) -> Any:
-        """Python <= 3.11: first profile event of a thread started during the window, handed to
-        VizTracer's C hook (which replaces this one); the thread is noted for ``stop`` to unhook."""
+        """Python <= 3.11: a new thread's first event handed to VizTracer's C hook; ``stop`` unhooks it."""
         with self._lock:
             if not self._running or self._tracer is None:
                 sys.setprofile(None)  # the window closed before this thread ran any code
@@ -284,8 +273,7 @@ class PythonTracer:
             return self._tracer.threadtracefunc(frame, event, arg)
 
     def stop(self) -> None:
-        """Remove every hook; events stay in the buffer. A profile hook another tool installed over
-        VizTracer's (Python <= 3.11), which VizTracer's stop removes, is put back."""
+        """Remove every hook (events stay); another tool's profile hook over VizTracer's is put back."""
         foreign = None
         if sys.version_info < (3, 12) and self._tracer is not None:
             hook = sys.getprofile()
@@ -326,12 +314,8 @@ class PythonTracer:
         self._previous_thread_hook = None
 
     def pause_files(self, prefixes: tuple[str, ...]) -> bool:
-        """Record no call into files under ``prefixes``, nor below one, until ``resume_files``; a
-        later call replaces the prefixes. False (nothing paused) where ``include_files`` is set.
-
-        Not VizTracer's ``pause()``: resumed from another frame (dynamo's end-of-compile callback),
-        its stack no longer matches and it stops recording ("Unexpected function return").
-        """
+        """Record no call into files under ``prefixes``, nor below one, until ``resume_files``; False where
+        ``include_files`` is set. Not VizTracer's ``pause()``: resumed from another frame, it stops recording."""
         tracer = self.ensure_tracer()
         if tracer.include_files is not None:
             return False
@@ -349,9 +333,8 @@ class PythonTracer:
         self._files_before = None
 
     def dump(self, path: str, *, hold: bool = False) -> int | HeldDump | None:
-        """Write the buffer as JSON to ``path`` and empty it: by a forked child where that is safe
-        (its pid: ``wait_for_dump`` before reading ``path``), else here (None). ``hold``: the
-        returned ``HeldDump`` writes it later."""
+        """Write the buffer as JSON to ``path`` and empty it: by a forked child where safe (its pid: wait for it
+        before reading), else here (None); with ``hold`` the returned ``HeldDump`` writes it later."""
         if hold and self._tracer is not None:
             return HeldDump(self._tracer, self.config.tracer_entries, path)
         return write_dump(self._tracer, self.config.tracer_entries, path, fork=True)

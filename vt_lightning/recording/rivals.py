@@ -1,15 +1,8 @@
-"""Other profilers in this process: a window yields to them, whenever they start.
-
-Two torch profilers at once crash the process (a segfault at the window's stop), and on Python
-3.12+ a ``cProfile`` started mid-window raises ``Another profiling tool is already active``. So
-while a window is live (warmup to close) ``RivalGuard`` intercepts the entry points another
-profiler starts through, and the window stops cleanly *before* that tool starts: torch's
-``profile._prepare_trace`` / ``_start_trace`` (Lightning's ``PyTorchProfiler`` included),
-``cProfile.Profile.enable``, VizTracer's construction and ``start``, and ``sys.monitoring.use_tool_id``
-for the profiler id (3.12+). A tool that starts another way (``sys.setprofile``, a C extension) is
-caught at the next step boundary (``ProfilingWindow.check_rivals``). Our own calls into torch and
-VizTracer run inside ``own_calls()``.
-"""
+"""Other profilers in this process: a window yields to them, whenever they start (two torch profilers
+at once crash the process; a ``cProfile`` started mid-window raises on Python 3.12+). While a window
+is live, ``RivalGuard`` intercepts the entry points another profiler starts through and stops the
+window cleanly first; one started another way is caught at the next step boundary
+(``ProfilingWindow.check_rivals``). Our own calls into torch and VizTracer run in ``own_calls()``."""
 
 from __future__ import annotations
 
@@ -65,8 +58,7 @@ class RivalGuard:
         self._restore: list[Callable[[], None]] = []
 
     def _rival(self, name: str) -> None:
-        """Inside the other tool's call, which goes on: ``on_rival`` must raise nothing
-        (``ProfilingWindow.abort`` raises only an interruption)."""
+        """Inside the other tool's call, which goes on: ``on_rival`` must raise nothing."""
         if self.installed and not _owned():
             self.remove()  # first: the other tool's own calls must go straight through
             self.on_rival(name)

@@ -1,11 +1,7 @@
-"""Scratch space for a window's raw dumps, between the training process and the writer.
-
-On disk (``default_spool_base()``, or ``spool_dir``), never ``/dev/shm``: DataLoader workers pass
-batches through shared memory, and a big window there starved them. Each training process owns
-``vt_lightning-spool-<host>-<pid>-<random>`` and holds a lock in it for its life;
-``remove_dead_spools`` deletes only directories whose owner is gone by all three tests: same host
-and no such pid, lock free, untouched for a minute.
-"""
+"""Scratch space for a window's raw dumps, between the training process and the writer: on disk, never
+``/dev/shm`` (DataLoader workers pass batches there). Each training process owns
+``vt_lightning-spool-<host>-<pid>-<random>`` and holds a lock in it for life; ``remove_dead_spools``
+deletes only those whose owner is gone (same host and no such pid, lock free, untouched a minute)."""
 
 from __future__ import annotations
 
@@ -40,8 +36,7 @@ class SpoolError(OSError):
 
 
 def check_spool_dir(spool_dir: Any) -> str | None:
-    """Validate the ``spool_dir`` option at construction: an existing writable directory, or a path
-    whose nearest existing parent is one."""
+    """Validate ``spool_dir``: a writable directory, or a path whose nearest existing parent is one."""
     if spool_dir is None:
         return None
     if not isinstance(spool_dir, (str, os.PathLike)) or not os.fspath(spool_dir):

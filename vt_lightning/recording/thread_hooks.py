@@ -1,12 +1,8 @@
-"""The thread plumbing of ``pytracer``: profile hooks on threads that already run (Python <= 3.11,
-through CPython's C API), and VizTracer's leftover ``sys.monitoring`` callbacks (3.12+).
-
-VizTracer hooks only the thread that starts it and threads started later, so ``start`` puts a
-one-shot trampoline on every other thread state (``_PyEval_SetProfile(tstate)``, under the GIL, as
-3.12's ``threading.setprofile_all_threads()`` does), which hands over to VizTracer's C hook at that
-thread's next call. ``stop`` takes every hook off again: a hook left on a thread makes it 1.5x (3.10)
-to 3.4x (3.11) slower for the rest of its life, and VizTracer's stop unhooks only its own thread.
-"""
+"""The thread plumbing of ``pytracer``: VizTracer hooks only the thread that starts it and later ones,
+so ``start`` puts a one-shot trampoline on every other thread state (Python <= 3.11, through
+CPython's C API, as 3.12's ``threading.setprofile_all_threads()`` does); ``stop`` takes every hook
+off again (a hook left makes its thread several times slower for life), and VizTracer's leftover
+``sys.monitoring`` callbacks go (3.12+)."""
 
 from __future__ import annotations
 
@@ -69,8 +65,7 @@ def _live_thread_states(api: Any) -> list[int]:
 
 
 def remove_profile_hooks(thread_states: dict[int, int]) -> None:
-    """Remove the profile hook of the given threads (state pointer -> state id, which tells a state
-    freed since from a new one at its address), holding the GIL throughout."""
+    """Remove the profile hook of the given threads (state pointer -> state id), holding the GIL."""
     if not thread_states:
         return
     try:
@@ -83,12 +78,8 @@ def remove_profile_hooks(thread_states: dict[int, int]) -> None:
 
 
 def monitoring_callbacks_of(tracer: Any, release: bool) -> int:
-    """Count (and with ``release``, unregister) ``tracer``'s callbacks in ``sys.monitoring`` (3.12+).
-
-    ``free_tool_id`` (3.12, 3.13) leaves them registered: they keep the tracer alive into
-    finalization and go to the next tool that takes the id. Reading a slot swaps it, so a slot that
-    is not ours is put back.
-    """
+    """Count (and with ``release``, unregister) ``tracer``'s ``sys.monitoring`` callbacks: ``free_tool_id``
+    leaves them registered, keeping the tracer alive into finalization. A slot not ours is put back."""
     if sys.version_info < (3, 12):  # no sys.monitoring before 3.12 (and mypy checks for 3.10)
         return 0
     monitoring = sys.monitoring
@@ -109,8 +100,7 @@ def monitoring_callbacks_of(tracer: Any, release: bool) -> int:
 
 
 def _package_frames() -> list[Any]:
-    """The current frames of our own threads (named ``vt_lightning-...``), which idle in the
-    standard library between jobs."""
+    """The current frames of our own threads (``vt_lightning-...``)."""
     ours = {t.ident for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)}
     return [frame for ident, frame in sys._current_frames().items() if ident in ours]
 
@@ -143,8 +133,7 @@ def _make_trampoline() -> Any:
         prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
 
         def adopt(_obj: int, frame: int, what: int, arg: int) -> int:
-            """A pre-existing thread's first profile event: VizTracer's ``threadtracefunc`` hooks
-            the thread and records the event."""
+            """A pre-existing thread's first event: VizTracer's ``threadtracefunc`` hooks it and records it."""
             tracer = _adopting
             try:
                 if tracer is not None and what in _PROFILE_EVENTS and frame:

@@ -1,14 +1,8 @@
-"""VizTracer's per-thread pthread key, deleted before the interpreter finalizes.
-
-The key's destructor takes the GIL and the key is never deleted. torch's autograd device threads
-(which run a compiled backward's Python) exit after ``Py_Finalize``, and the destructor then
-crashed the process: a compiled CUDA job exited with SIGSEGV after writing every file. A deleted
-key's destructor never runs (POSIX).
-
-VizTracer does not expose the key, and its constructor creates exactly one: bracketed by two keys
-of our own (glibc and musl hand out the lowest free index), the one between them is VizTracer's
-when the brackets are exactly two apart. Anything else, and nothing is deleted.
-"""
+"""VizTracer's per-thread pthread key, deleted before the interpreter finalizes: its destructor takes
+the GIL, and torch's autograd device threads exit after ``Py_Finalize`` (a compiled CUDA job exited
+with SIGSEGV after writing every file). VizTracer does not expose the key; its constructor creates
+exactly one, so bracketed by two keys of our own (the lowest free index is handed out), the one
+between them is VizTracer's when the brackets are exactly two apart. Else nothing is deleted."""
 
 from __future__ import annotations
 

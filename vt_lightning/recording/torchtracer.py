@@ -1,12 +1,8 @@
-"""torch.profiler for a window: prepare (warmup), start, per-step ranges, stop, save.
-
-One long-lived ``torch.profiler.profile`` per process and configuration (``shared_profile``):
-``profile()``'s constructor leaks host memory each time (docs/architecture.md, "Long runs"). It is
-driven by hand, not by torch's schedule, so that window bounds are batch bounds and
-``ProfilerStep#<n>`` carries the global batch. Each window keeps its own session's results
-(taken at ``stop``), so the next window's ``prepare`` never touches one whose export is pending;
-torch's exporter runs later, on the writer thread (``ClosedWindow.collect``).
-"""
+"""torch.profiler for a window: prepare (warmup), start, per-step ranges, stop, save. One long-lived
+``torch.profiler.profile`` per process and configuration (``shared_profile``): its constructor leaks
+host memory each time. Driven by hand, not by torch's schedule, so window bounds are batch bounds.
+Each window keeps its own session's results (taken at ``stop``): the next ``prepare`` never touches
+one whose export, on the writer thread (``ClosedWindow.collect``), is pending."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ QUIET_KINETO_LEVEL = "6"
 
 
 def _disable_in_forked_child() -> None:
-    """A child forked while a window records (a DataLoader worker) would record its ops for its
-    whole life, never saved."""
+    """A child forked while a window records would record its ops for life, never saved."""
     _PROFILES.clear()  # the parent's sessions: a child never stops or exports them
     if _kineto_started:
         _skip_static_destructors_at_exit()
@@ -53,10 +48,8 @@ def _disable_in_forked_child() -> None:
 
 
 def _skip_static_destructors_at_exit() -> None:
-    """Kineto's ConfigLoader (torch 2.13) waits in its static destructor for a polling thread a
-    forked child does not have: a child of a process that ran torch.profiler hangs in ``exit()``.
-    There ``_exit`` with the same status runs once Python has finished (``on_exit`` handlers run
-    before that destructor), as multiprocessing's children do. glibc only."""
+    """Kineto's ConfigLoader (torch 2.13) hangs a forked child's ``exit()`` in its static destructor: there
+    ``_exit`` with the same status runs once Python has finished, as multiprocessing's children do."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -84,17 +77,13 @@ def torch_profiler_active() -> bool:
 
 
 def profiler_range(name: str) -> Any:
-    """A torch.profiler range named ``name``, not yet entered: torch's C ``_RecordFunctionFast``
-    (~0.7 µs, written as ``cpu_op``), not ``record_function`` (~6 µs)."""
+    """A torch.profiler range, not yet entered: ``_RecordFunctionFast`` (~0.7 µs, not ~6 µs)."""
     return _RecordFunctionFast(name)
 
 
 def experimental_config(all_threads: bool) -> Any:
-    """``trace_only`` (no Python event objects built at stop) where this torch has it.
-
-    ``all_threads`` records every thread's ops, but torch (2.13) then drops the ``[memory]``
-    events, so it is used only when ``profile_memory`` is off.
-    """
+    """``trace_only`` where this torch has it; ``all_threads`` only without ``profile_memory`` (torch
+    2.13 then drops the ``[memory]`` events)."""
     from torch._C._profiler import _ExperimentalConfig
 
     wanted: dict[str, Any] = {"trace_only": True, "profile_all_threads": all_threads}
@@ -108,8 +97,7 @@ def experimental_config(all_threads: bool) -> Any:
 
 
 def shared_profile(config: TorchTracerConfig, cuda_available: bool) -> Any:
-    """The process's one ``torch.profiler.profile`` for ``config``, made at its first window and
-    reused by every later one (its constructor leaks; its prepare/start/stop do not)."""
+    """The process's one ``torch.profiler.profile`` for ``config`` (its constructor leaks; reuse does not)."""
     key = (config, cuda_available)
     profile = _PROFILES.get(key)
     if profile is None:
@@ -125,8 +113,7 @@ def shared_profile(config: TorchTracerConfig, cuda_available: bool) -> Any:
 
 @contextlib.contextmanager
 def _quiet_kineto() -> Iterator[None]:
-    """Around kineto's first start in this process: its per-window lines stay off the console unless
-    the user chose a level. Removed after kineto's one read, so no child inherits it."""
+    """Kineto's per-window lines off the console unless the user chose a level; removed after its read."""
     ours = not _kineto_started and KINETO_LOG_LEVEL not in os.environ
     if ours:
         os.environ[KINETO_LOG_LEVEL] = QUIET_KINETO_LEVEL
@@ -178,8 +165,7 @@ class TorchTracer:
             raise RivalProfiler(f"a torch profiler that is already recording (found at {when})")
 
     def check(self) -> None:
-        """At a step boundary: ours must still be the one recording; another tool may have
-        stopped it (then stopping it again, or exporting it, is what crashed)."""
+        """At a step boundary: ours must still be recording (stopping one another tool stopped crashed)."""
         if self.started and not self.stopped and not torch_profiler_active():
             self.lost = True
             raise RivalProfiler("another tool stopped the window's torch profiler")
@@ -200,8 +186,7 @@ class TorchTracer:
     make_range = staticmethod(profiler_range)
 
     def stop(self) -> None:
-        """Stop recording, in any state, any number of times: each part runs whatever an earlier one
-        raised, and torch is left not recording."""
+        """Stop recording, in any state, any number of times; torch is left not recording."""
         if self.stopped:
             return
         try:

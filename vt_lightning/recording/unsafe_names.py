@@ -1,21 +1,9 @@
-"""Names VizTracer cannot take, found in plain Python before the tracer meets them.
-
-VizTracer converts every name it meets with an unchecked ``PyUnicode_AsUTF8``: a name that is not
-UTF-8 (a lone surrogate: ``caf\\udcff_module.py``) crashes the process (SIGSEGV), a file name at
-the first traced call of its code, a function's or thread's name in the dump (docs/upstream.md).
-
-- Loaded before a window (a module imported from a directory whose name holds such a byte):
-  ``unsafe_module_file`` names it and the window is skipped (``controller/windows.py``).
-- Imported during a window: ``ImportGuard``, first on ``sys.meta_path`` only while the window
-  records, sees the module's spec before its code exists, stops the Python tracer (its
-  ``collecting`` flag is process-wide), and the window is dropped (``UnsafeImport``).
-- In a DataLoader worker's traced fetch: the same two checks (``TracingGuard``).
-- A thread's name (``unsafe_thread_name``): ``viztracer_dump`` never dumps a buffer that met one
-  in a process that must live.
-
-Code compiled by hand under such a name (``compile()``, ``code.replace``) is left to VizTracer:
-only an audit hook or a patched ``compile`` sees it (docs/troubleshooting.md).
-"""
+"""Names VizTracer cannot take (not UTF-8: it crashes with SIGSEGV, docs/upstream.md), found in plain
+Python before the tracer meets them: a loaded module's file (``unsafe_module_file``: the window is
+skipped), one imported during a window (``ImportGuard``, first on ``sys.meta_path`` while the window
+records: the window is dropped), both in a DataLoader worker's fetch (``TracingGuard``), and a
+thread's name (``unsafe_thread_name``). Code compiled by hand under such a name is left to VizTracer
+(docs/troubleshooting.md)."""
 
 from __future__ import annotations
 
@@ -45,8 +33,8 @@ def unsafe_thread_name(names: Iterable[str]) -> str | None:
 
 
 def unsafe_module_file() -> str | None:
-    """``module (file)`` of a loaded module whose file name VizTracer cannot take, or None (read
-    again only when ``sys.modules`` changes size: a few thousand names, about a millisecond)."""
+    """``module (file)`` of a loaded module whose file name VizTracer cannot take, or None (read again
+    only when ``sys.modules`` changes size)."""
     global _checked
     size = len(sys.modules)
     if size != _checked[0]:
@@ -85,10 +73,8 @@ class UnsafeImport(RuntimeError):
 
 
 class ImportGuard:
-    """A ``sys.meta_path`` finder, first while a window records: it asks the finders after it for the
-    spec (nothing is searched twice) and hands ``on_unsafe`` the ``module (file)`` of one whose
-    file name VizTracer cannot take, before its code is loaded. It raises nothing into the import,
-    and leaves the search to the import system in a forked child or behind a legacy finder."""
+    """A ``sys.meta_path`` finder: it asks the finders after it for the spec and hands ``on_unsafe`` one
+    whose file name VizTracer cannot take, before its code is loaded; it raises nothing into the import."""
 
     def __init__(self, on_unsafe: Callable[[str], None]) -> None:
         self._on_unsafe = on_unsafe
@@ -125,12 +111,8 @@ class ImportGuard:
 
 
 class TracingGuard:
-    """The checks above around a DataLoader worker's traced fetch (``worker_side.py``).
-
-    ``start(tracer)``: False (nothing started) once such a name was met or while one is loaded;
-    else the import guard goes in and the tracer starts. ``stop(tracer)``: the tracer stops and the
-    guard goes; True once such a name was met (trace no more). One warning per process.
-    """
+    """The checks above around a DataLoader worker's traced fetch: ``start`` is False (nothing started)
+    once such a name was met; ``stop`` is True then (trace no more). One warning per process."""
 
     def __init__(self) -> None:
         self.met: str | None = None

@@ -1,11 +1,7 @@
-"""VizTracer's C dump of a window's calls: forked, held for later (``HeldDump``), or in process.
-
-Forked on Linux (the training thread pays the fork and ``clear()``), so that a crash of the dump on
-a name that is not UTF-8 ends only the child and its window. ``setpid()`` first: the dump writes
-the dumping process's pid. A dump in this process (Python 3.10, whose forked child can deadlock; a
-held window once training has stopped; a DataLoader worker's part) is forked all the same, or
-refused, once a thread whose name the dump cannot write has met the tracer (``note_threads``).
-"""
+"""VizTracer's C dump of a window's calls: forked, held for later (``HeldDump``), or in process. Forked
+on Linux, so that a crash of the dump on a name that is not UTF-8 ends only the child and its window;
+``setpid()`` first (the dump writes the dumping process's pid). A dump in this process is refused
+once a thread whose name the dump cannot write has met the tracer (``note_threads``)."""
 
 from __future__ import annotations
 
@@ -38,8 +34,7 @@ def in_dump_child() -> bool:
 
 
 def note_threads(viz: Any, names: Iterable[str]) -> None:
-    """Note the names (as ``threading`` knows them) of the threads ``viz`` may have met: those alive
-    while it records and those started then, more than it met rather than fewer."""
+    """Note the names of the threads ``viz`` may have met: alive while it records, or started then."""
     if id(viz) not in _unsafe_threads:
         name = unsafe_thread_name(names)
         if name is not None:
@@ -47,10 +42,9 @@ def note_threads(viz: Any, names: Iterable[str]) -> None:
 
 
 def write_dump(viz: Any, entries: int, path: str, *, fork: bool) -> int | None:
-    """Write ``viz``'s buffer (``entries`` long) as JSON to ``path`` and empty it: by a forked child
-    where ``fork`` allows (its pid, for ``wait_for_dump``), else here (None). Once a thread whose
-    name could crash the dump has met ``viz``: forked wherever that is safe, else refused
-    (``UnsafeDumpName``)."""
+    """Write ``viz``'s buffer as JSON to ``path`` and empty it: by a forked child where ``fork`` allows (its
+    pid), else here (None). Once a thread whose name could crash the dump has met ``viz``: forked where
+    that is safe, else refused (``UnsafeDumpName``)."""
     global _dump_child
     thread = _unsafe_threads.get(id(viz))
     if (fork or thread is not None) and sys.platform.startswith("linux") and not children.FORK_CAN_DEADLOCK:
@@ -99,10 +93,9 @@ _held_dumps: dict[int, HeldDump] = {}
 
 
 class HeldDump:
-    """A closed window's calls left in VizTracer's buffer, for a window held to the end of fit
-    (``handoff.finishes_at_end``): no fork runs while training steps. Written once, by whichever
-    comes first: the window's job (``write``), or the next recording into the buffer (``flush``: a
-    fork, which the job reaps). ``drop``: the window was abandoned."""
+    """A closed window's calls left in VizTracer's buffer until the end of fit (no fork while training
+    steps), written once by whichever comes first: the window's job (``write``) or the next recording
+    (``flush``). ``drop``: the window was abandoned."""
 
     def __init__(self, viz: Any, entries: int, path: str) -> None:
         self.path = path
@@ -115,10 +108,8 @@ class HeldDump:
         _held_dumps[id(self.viz)] = self
 
     def _empty(self, *, drop: bool = False, in_process: bool = False) -> None:
-        """Under the lock, once: write the calls (forked unless ``in_process``), or ``drop`` them.
-        Only once the buffer is emptied does this dump leave ``_held_dumps``: until then the next
-        recording's ``flush_held`` must find it and wait on its lock, or its first calls would go
-        into this window's file."""
+        """Under the lock, once: write the calls or ``drop`` them. This dump leaves ``_held_dumps`` only once
+        the buffer is empty, or the next recording's first calls would go into this window's file."""
         if self._written:
             return
         self._written = True
@@ -139,8 +130,7 @@ class HeldDump:
             self._empty()
 
     def write(self, *, in_process: bool) -> int | None:
-        """Complete the dump for the window's job (``in_process``: here, training has stopped); the
-        child to reap, or None."""
+        """Complete the dump for the window's job; the child to reap, or None."""
         with self._lock:
             self._empty(in_process=in_process)
             if self._refused is not None:
@@ -149,8 +139,7 @@ class HeldDump:
             return pid
 
     def drop(self) -> None:
-        """The window is given up: its calls leave the buffer unwritten (a child already forked for
-        them is reaped)."""
+        """The window is given up: its calls leave the buffer unwritten."""
         with self._lock:
             self._empty(drop=True)
             pid, self._pid = self._pid, None

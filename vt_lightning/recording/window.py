@@ -33,8 +33,8 @@ from vt_lightning.recording.unsafe_names import ImportGuard, UnsafeImport
 
 
 def thread_names_now(started: dict[int, str]) -> dict[int, str]:
-    """Native id -> name of the threads alive now and of ``started`` (started in the window, some
-    ended since), made ``readable``: one name that is not UTF-8 would make the writer refuse the window."""
+    """Native id -> ``readable`` name of the threads alive now and of ``started`` (one name that is not
+    UTF-8 would make the writer refuse the window)."""
     names = {**started, **{t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}}
     return {tid: readable(name) for tid, name in names.items()}
 
@@ -82,8 +82,7 @@ class ProfilingWindow:
             raise
 
     def activate(self) -> None:
-        """Start recording at the first active batch; yield to a profiler started since warmup
-        (the user's VizTracer started in another callback: ours would take its hook)."""
+        """Start recording at the first active batch; yield to a profiler started since warmup."""
         self.check_rivals()
         rival = foreign_profiler()
         if rival is not None:
@@ -110,9 +109,8 @@ class ProfilingWindow:
         self.active = True
 
     def check_rivals(self) -> None:
-        """At every step boundary and at close: raise ``RivalProfiler`` (after yielding) if another
-        profiler took over unseen by ``RivalGuard``, or ``UnsafeImport`` once a module VizTracer
-        cannot take was imported (the window is dropped)."""
+        """At every step boundary and at close: ``RivalProfiler`` (after yielding) if another profiler took
+        over unseen, or ``UnsafeImport`` once a module VizTracer cannot take was imported."""
         if self.unsafe_import is not None:
             raise self.unsafe_import
         if self.yielded is None:
@@ -128,8 +126,7 @@ class ProfilingWindow:
             raise RivalProfiler(self.yielded)
 
     def _unsafe_import(self, unsafe: str) -> None:
-        """From ``ImportGuard``, on the importing thread, before the module's code exists: Python
-        tracing stops for the rest of the window (the guard raises nothing into the import)."""
+        """From ``ImportGuard``, before the module's code exists: Python tracing stops for the window."""
         if self.unsafe_import is None:
             self.unsafe_import = UnsafeImport(unsafe, self.window.index)
         self.python.stop()
@@ -150,16 +147,14 @@ class ProfilingWindow:
         self.steps.append(step)
 
     def step_end(self, step: int) -> None:
-        """Close ``ProfilerStep#step`` and open the next active one at once: as with torch's own
-        ``profile.step()``, a step covers fetching its batch (the plugin's DataLoader time)."""
+        """Close ``ProfilerStep#step`` and open the next at once: a step covers fetching its batch, as torch's."""
         self.check_rivals()
         self.torch.step_end()
         if step + 1 < self.window.end:
             self.torch.step_begin(step + 1)
 
     def begin_range(self, kind: str) -> None:
-        """Open a ``[pl][profile]<kind>`` range (validation inside a training window), so that the
-        step it inflates explains itself; no-op outside active batches."""
+        """Open a ``[pl][profile]<kind>`` range (validation inside a training window); no-op outside steps."""
         if not self.active or self.closed or kind in self._open_ranges:
             return
         marker = self.torch.make_range(f"{PL_PROFILE_PREFIX}{kind}")
@@ -183,9 +178,8 @@ class ProfilingWindow:
     def close(
         self, spool: str | os.PathLike[str], destination: Destination, *, hold_dump: bool = False
     ) -> ClosedWindow | None:
-        """Stop everything, leaving nothing installed whatever fails; the job that writes the window
-        (None: nothing recorded). ``hold_dump``: VizTracer's buffer is written when the job is
-        collected (``viztracer_dump.HeldDump``)."""
+        """Stop everything, leaving nothing installed whatever fails; the job that writes the window (None:
+        nothing recorded). ``hold_dump``: VizTracer's buffer is written when the job is collected."""
         self.closed = True
         try:
             self.check_rivals()
@@ -241,8 +235,7 @@ class ProfilingWindow:
         return ClosedWindow(job, self.torch.save, python_dump)
 
     def abort(self) -> None:
-        """Stop every tracer and hook and drop what was recorded. Every step runs whatever an earlier
-        one raised; raises only an interruption (KeyboardInterrupt), at the end."""
+        """Stop every tracer and hook and drop what was recorded; raises only an interruption, at the end."""
         self.closed = True
         interrupted: BaseException | None = None
         for action in (
@@ -280,8 +273,7 @@ class ProfilingWindow:
                 self._side_started.append(recorder)
 
     def _collect_side_recorders(self) -> dict[str, Any]:
-        """Stop the side recorders (so that nothing they record is our collecting), then take the
-        data of those that started and stopped cleanly."""
+        """Stop the side recorders, then take the data of those that started and stopped cleanly."""
         stopped = self._stop_side_recorders()
         extras: dict[str, Any] = {}
         for recorder in self.side:
@@ -307,17 +299,15 @@ class ProfilingWindow:
 
 @dataclass(frozen=True)
 class ClosedWindow:
-    """A closed window on its way to the writer: the job, and what must still happen in this process
-    before its raw dumps are complete (``collect``)."""
+    """A closed window on its way to the writer: the job, and what ``collect`` must still do here."""
 
     job: WindowJob
     export_torch: Callable[[str], None] | None  # torch's exporter: its results live in this process
     python_dump: int | HeldDump | None  # VizTracer's dump: its child to reap, or still held
 
     def collect(self, *, in_process: bool = False) -> None:
-        """Run torch's exporter and complete VizTracer's dump (on the writer thread, once): reap its
-        child, or write a held one (``in_process``: here, training has stopped). A failure names the
-        spool directory, not the output directory."""
+        """Run torch's exporter and complete VizTracer's dump (on the writer thread, once; ``in_process``:
+        training has stopped). A failure names the spool directory, not the output directory."""
         job = self.job
         try:
             try:

@@ -1,12 +1,7 @@
-"""The plan DataLoader workers read per fetch (``SharedPlan``), and what a worker is sent to set
-itself up (``WorkerSetup``).
-
-Workers fetch ahead (``num_workers × prefetch_factor`` batches), so they cannot be armed when a
-window opens: each decides per fetch, from a plan the training process publishes in a small
-memory-mapped file in the spool (the epoch's first global batch, its length, the next windows'
-active ranges). A fetch's task number (``idx`` in torch's ``_worker_loop``, 0-based each epoch)
-plus the epoch's first batch is its global batch.
-"""
+"""The plan DataLoader workers read per fetch (``SharedPlan``), and what a worker is sent to set itself
+up (``WorkerSetup``). Workers fetch ahead, so they cannot be armed when a window opens: each decides
+per fetch from a small memory-mapped file in the spool (the epoch's first global batch, its length,
+the next windows' active ranges); a fetch's task number plus the epoch's first batch is its batch."""
 
 from __future__ import annotations
 
@@ -28,8 +23,7 @@ _PLAN_BYTES = 8 * (4 + 2 * PLAN_SLOTS)
 
 
 class SharedPlan:
-    """A seqlock over a memory-mapped file: one writer (the training thread), many readers. A
-    reader whose plan has not changed since its last read pays one aligned 8-byte load."""
+    """A seqlock over a memory-mapped file: one writer, many readers; an unchanged plan costs one load."""
 
     def __init__(self, path: str, create: bool) -> None:
         self.path = path
@@ -86,8 +80,7 @@ class SharedPlan:
 
 
 def clock_reading(python_clock_us: Callable[[], float]) -> tuple[float, int]:
-    """(Python tracer µs, CLOCK_MONOTONIC ns) at one instant: system-wide, so workers and the
-    training process place their calls by the same clock."""
+    """(Python tracer µs, CLOCK_MONOTONIC ns) at one instant: the clock workers and training share."""
     pair = sample_pair(python_clock_us, time.monotonic_ns, rounds=CLOCK_ROUNDS)
     return pair.python_us, pair.wall_ns
 

@@ -1,20 +1,11 @@
 """What runs in a DataLoader worker: trace the fetches that fall in a window (``worker_plan.py``'s
-plan) and write them to the spool as a "part".
+plan) and write them to the spool as a part, never right after a window batch: at the first fetch
+past the window, when the window closes (a helper thread), or at exit. VizTracer's dump first, then
+a ``.meta.json`` that marks the part complete (``export/worker_dumps.py``).
 
-A worker writes its part at its first fetch past the window, when the window closes (a helper
-thread that lives only while a part is open), or at exit; never right after a window batch, which
-the window is measuring. VizTracer's dump first, then a ``.meta.json`` that marks the part complete:
-a worker that died or hung loses only its own part (``export/worker_dumps.py``).
-
-``worker_calls="user"`` (the default) traces the user's code only: traced in full, an augmenting
-dataset's library calls (PIL, torchvision) cost many times the fetch. Every call into the standard
-library, installed packages, torch and vt_lightning is skipped with its subtree
-(``PythonTracer.pause_files``). A skipped frame drops everything under it, so the fetch is replayed
-in the frame that started the tracer, as torch's two fetchers do it (``_replay_map``,
-``_replay_iterable``), not through torch's fetcher; a library callable among them (a torchvision
-dataset's ``__getitem__``, ``default_collate``) becomes one span of its own, timed here on the
-tracer's clock (``_Fetch.span``). ``worker_calls="all"``: every call, through torch's own fetcher.
-"""
+``worker_calls="user"`` skips every library call with its subtree (``PythonTracer.pause_files``).
+A skipped frame drops everything under it, so the fetch is replayed in the frame that started the
+tracer (``_replay_map``, ``_replay_iterable``), each library callable one span (``_Fetch.span``)."""
 
 from __future__ import annotations
 
@@ -44,8 +35,7 @@ PAUSE_FOR_SPANS = sys.version_info < (3, 12)  # see ``_Fetch.span``
 
 
 class TracedWorkerInit:
-    """The train DataLoader's ``worker_init_fn``: the one it had (the user's, or Lightning's
-    seeding), then worker tracing. Picklable, for spawn and forkserver workers."""
+    """The train DataLoader's ``worker_init_fn``: the one it had, then worker tracing. Picklable (spawn)."""
 
     def __init__(self, inner: Callable[[int], Any] | None, setup: WorkerSetup) -> None:
         self.inner = inner
@@ -271,9 +261,8 @@ class _WorkerSide:
             self.broken = True
 
     def _write_events(self, viz: Any, entries: int, path: str) -> None:
-        """VizTracer's dump of the part, here (``viztracer_dump.write_dump``). One that failed (a
-        thread's name the dump cannot write, which VizTracer keeps) leaves an empty, complete part,
-        and this worker stops tracing, with one warning."""
+        """VizTracer's dump of the part, here; one that failed leaves an empty, complete part, and this worker
+        stops tracing, with one warning."""
         try:
             wait_for_dump(write_dump(viz, entries, path, fork=False))
         except DumpChildFailed as err:
@@ -296,8 +285,7 @@ class _WorkerSide:
 
 
 def _install_in_worker(setup: WorkerSetup, worker_id: int) -> None:
-    """Wrap the fetcher torch's worker loop builds next (and rebuilds at each epoch of a
-    persistent worker); write the open part at the worker's exit."""
+    """Wrap the fetcher torch's worker loop builds next (each epoch); write the open part at exit."""
     from multiprocessing import util
 
     from torch.utils.data import _DatasetKind
@@ -316,8 +304,7 @@ def _install_in_worker(setup: WorkerSetup, worker_id: int) -> None:
 
 
 def _watch_tasks(side: _WorkerSide) -> bool:
-    """Note each task's number as torch's worker loop takes it, ``(idx, index)``, from its index
-    queue: cheaper per fetch than reading the loop's frame's locals."""
+    """Note each task's number as the worker loop takes it from its index queue (cheaper than its frame)."""
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_name != "_worker_loop":
         frame = frame.f_back  # type: ignore[assignment]
@@ -344,9 +331,8 @@ def _replayed_fetcher(fetch: Callable[[Any], Any]) -> Any:
 
 
 def library_name(function: Any, skipped: tuple[str, ...]) -> str | None:
-    """VizTracer's name for ``function`` (``qualname (file:line)``) when its code is in a file the
-    tracer skips (library code); None for the user's code (traced in full) and for callables with
-    no Python code (C functions: the tracer records those itself)."""
+    """VizTracer's name for ``function`` when its code is in a file the tracer skips; None for the user's
+    code (traced in full) and for C functions (the tracer records those itself)."""
     code = getattr(function, "__code__", None) or getattr(function, "gi_code", None)
     if code is None and callable(function):  # an instance of a class with ``__call__``
         code = getattr(type(function).__call__, "__code__", None)
@@ -357,8 +343,7 @@ def library_name(function: Any, skipped: tuple[str, ...]) -> str | None:
 
 
 class _Fetch:
-    """One traced fetch: the tracer started on entry (``started``: its clock then, None when this
-    worker cannot trace), stopped and the fetch noted on exit. ``span``: a library call."""
+    """One traced fetch: the tracer started on entry (``started``: its clock, None when it cannot trace)."""
 
     __slots__ = ("batch", "side", "spans", "started", "tracer", "viz")
 
@@ -381,10 +366,8 @@ class _Fetch:
             self.side._fetched(self.tracer, self.batch, self.started)
 
     def span(self, name: str, function: Callable[[Any], Any], arg: Any) -> Any:
-        """``function(arg)``, a library call the tracer skips, noted in the part's spans as (name,
-        start, end) on the tracer's clock (the writer makes it one call). On Python <= 3.11 VizTracer
-        is paused for it (its hook off on this thread, not called for every skipped function); on
-        3.12+ its ``pause`` is process-wide, so the hook stays on."""
+        """``function(arg)``, a library call the tracer skips, noted as (name, start, end) on its clock. On
+        Python <= 3.11 VizTracer is paused for it; on 3.12+ its ``pause`` is process-wide, so it is not."""
         viz = self.viz
         start = viz.getts()
         if PAUSE_FOR_SPANS:

@@ -1,10 +1,7 @@
-"""DataLoader workers traced, only for the batches of a window: the training process's side.
-
+"""DataLoader workers traced, only for the batches of a window, the training process's side:
 ``WorkerTracing`` publishes the plan (``worker_plan.py``) and wraps each train DataLoader's
-``worker_init_fn`` with ``TracedWorkerInit`` (``worker_side.py``) right before Lightning creates its
-iterator, until the end of fit. ``WorkerRecorder``, a window's side recorder, pins the window's
-range in the plan while it is open and tells the writer where the workers' parts are.
-"""
+``worker_init_fn`` (``worker_side.py``) until the end of fit; ``WorkerRecorder``, a side recorder,
+pins the window's range in the plan while it is open and tells the writer where the parts are."""
 
 from __future__ import annotations
 
@@ -50,9 +47,8 @@ class WorkerTracing:
         self.patched: list[tuple[Any, str]] = []  # (loop object, method name) patched on the instance
 
     def install(self, fit_loop: Any) -> None:
-        """Wrap the DataLoaders each time Lightning (re)builds them, before their iterator exists
-        (``_load_combined_loader_states``: after Lightning's samplers and seeding, right before
-        ``iter()``), and publish each epoch's start (the epoch loop's ``on_run_start``)."""
+        """Wrap the DataLoaders each time Lightning (re)builds them, right before ``iter()``, and publish
+        each epoch's start."""
         self.fit_loop = fit_loop
         self._patch(fit_loop, "_load_combined_loader_states", self._wrap_loaders)
         self._patch(fit_loop.epoch_loop, "on_run_start", self.new_epoch)
@@ -121,8 +117,7 @@ def _epoch_limit(fit_loop: Any) -> int:
 
 
 class WorkerRecorder:
-    """A window's side recorder: pins its range in the plan while it is open (a triggered window is
-    not in the schedule) and reads this process's clocks at its edges."""
+    """A window's side recorder: pins its range in the plan while open and reads the clocks at its edges."""
 
     name = "workers"
 
@@ -161,13 +156,9 @@ _TORCH_SIGNALS = "torch.utils.data._utils.signal_handling"
 
 @contextmanager
 def worker_failures_deferred() -> Iterator[None]:
-    """Hold off torch's SIGCHLD handler while our own code runs in a batch hook or finishes its
-    window after an exception.
-
-    Once a DataLoader worker has died, torch's handler raises its error at *every* SIGCHLD (our dump
-    child's exit sends one), wherever the training thread is: it cut a window's close short (a
-    SIGSEGV at exit instead of exit status 1). Held off, the DataLoader reports the dead worker
-    itself at its next fetch, and the window is written."""
+    """Hold off torch's SIGCHLD handler while our code runs in a batch hook or finishes its window: once a
+    worker died, it raises at every SIGCHLD (our dump child's exit sends one) and cut a window's close
+    short. Held off, the DataLoader reports the dead worker at its next fetch."""
     handler: Any = None
     try:
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGCHLD"):
@@ -185,9 +176,8 @@ def worker_failures_deferred() -> Iterator[None]:
 
 
 def raised_by_signal_handler(err: BaseException) -> bool:
-    """Whether ``err`` came out of a Python signal handler of this process that ran while our code
-    did (torch's for a dead DataLoader worker, the user's, Lightning's): the run's exception, not a
-    fault of ours. Read from the frames ``err`` passed through."""
+    """Whether ``err`` came out of a Python signal handler that ran while our code did: the run's
+    exception, not a fault of ours (read from the frames ``err`` passed through)."""
     handlers = set()
     for signum in signal.valid_signals():
         try:

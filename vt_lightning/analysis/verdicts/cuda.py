@@ -36,8 +36,7 @@ def _kernels(w: WindowView, keep: Callable[[Mapping[str, Any]], bool] | None = N
 
 
 def host_sync(w: WindowView) -> Iterator[Finding]:
-    """The CPU blocked in a CUDA call that waited for the GPU (``.item()``, ``.cpu()``), and the GPU
-    then sat idle; where: the user function around each blocking call."""
+    """The CPU blocked in a CUDA call that waited for the GPU, which then sat idle; where: the user's call."""
     busy = union(_kernels(w))
     if not busy:
         return

@@ -72,8 +72,7 @@ def untraced_reading(waits_s: Sequence[float], busy_s: Sequence[float]) -> dict[
 
 
 def untraced_clears(reading: Mapping[str, Any] | None) -> bool:
-    """Whether the untraced steps' reading says the loader itself does not hold the step up; without
-    a reading nothing can say it does (True)."""
+    """Whether the untraced steps' reading says the loader does not hold the step up (True without one)."""
     if not isinstance(reading, Mapping):
         return True
     try:

@@ -25,9 +25,8 @@ FREE_CALLS = frozenset({"cudaFree", "cuMemFree_v2", "cudaFreeAsync"})
 
 
 def memory_pressure(w: WindowView) -> Iterator[Finding]:
-    """CUDA only: the allocator reserved nearly all device memory, freed memory inside the steps (a
-    failed malloc's retry, ``empty_cache``) or ran out; where: the user code that freed, else the
-    top allocation sites."""
+    """CUDA only: the allocator reserved nearly all device memory, freed memory inside the steps or ran
+    out; where: the user code that freed, else the top allocation sites."""
     memory: Mapping[str, Any] = w.summary.get("memory") or {}
     totals = {
         f"cuda:{d.get('id')}": float(d.get("totalGlobalMem") or 0)

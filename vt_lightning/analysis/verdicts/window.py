@@ -154,9 +154,8 @@ class WindowView:
         return [covered(slot, spans, starts) for slot in self.slots]
 
     def most_steps(self, per_step_us: Sequence[float], share: float, min_ms: float, group: int = 1) -> bool:
-        """Whether more than half the counted steps each show it (``share`` of that step, ``min_ms``):
-        one preempted call carries a window's sum or mean, never most of its steps. ``group``
-        consecutive steps count as one (DataLoader workers deliver their batches in bursts)."""
+        """Whether more than half the counted steps each show it (one preempted call carries a sum, never most
+        steps); ``group`` consecutive steps count as one (workers deliver batches in bursts)."""
         group, slots = max(group, 1), self.slots
         shown = parts = 0
         for i in range(0, len(slots), group):
