@@ -101,15 +101,19 @@ def test_only_the_commands_own_string_functions_are_the_users() -> None:
         _x("ProfilerStep#1", 0.0, 100.0, "user_annotation"),
         _x("ProfilerStep#2", 100.0, 100.0, "user_annotation"),
         *(e for t in (0.0, 100.0) for e in (_x(step, t + 10, 50.0, "FEE"), _x(generated, t + 70, 20.0, "FEE"))),
+        *(_x("gemm_kernel", t, 15.0, "kernel", thread=(0, 7)) for t in (0.0, 100.0)),  # idle while each step runs
     ]
 
-    def origins(meta: dict[str, Any]) -> dict[str, str]:
+    def origins(meta: dict[str, Any]) -> tuple[dict[str, str], set[str | None]]:
         summary = summarize({"vt_lightning": {"window": 0, **meta}, "traceEvents": events})
-        return {e["function"]: e["origin"] for e in summary["top_python"]["by_inclusive"]}
+        gaps = {gap["user_python"] for gap in summary["gpu"]["idle_gaps"]}
+        return {e["function"]: e["origin"] for e in summary["top_python"]["by_inclusive"]}, gaps
 
-    told = origins({"command_functions": [step]})
+    told, gaps = origins({"command_functions": [step]})
     assert told == {"Model.training_step": "user", "__create_fn__.<locals>.__init__": "stdlib"}
-    assert origins({})["Model.training_step"] == "stdlib"  # not a `python -c` run: nobody's
+    assert gaps == {step}  # the GPU waited in the user's function
+    untold, gaps = origins({})  # not a `python -c` run: nobody's
+    assert untold["Model.training_step"] == "stdlib" and gaps == {None}
 
 
 def _cuda_trace() -> dict[str, Any]:

@@ -340,7 +340,9 @@ def summarize(
             data.command,
         ),
         "top_ops": top_ops(rest, len(counted), region=region, launches=data.launches),
-        "gpu": gpu_summary(rest, span, (data.python_calls.get(thread) if thread else None) or Calls.of([]))
+        "gpu": gpu_summary(
+            rest, span, (data.python_calls.get(thread) if thread else None) or Calls.of([]), data.command
+        )
         if recorded
         else None,
         "memory": memory_summary(data.memory, memory_snapshot),
