@@ -38,6 +38,7 @@ USER_ANNOTATION_CATEGORY = "user_annotation"
 CLOCK_MARKER_PREFIX = "vt_lightning::clock"  # torch ranges bracketing clock reads, removed at merge
 TRACE_METADATA_KEY = "vt_lightning"  # our metadata block in a merged trace
 UNTRACED_WAIT_KEY = "untraced_data_wait"  # in it: the untraced steps' data wait (controller/data_wait.py)
+COMMAND_FUNCTIONS_KEY = "command_functions"  # in it: a `python -c` command's own functions (analysis/usercode.py)
 # Ranges written as ``cpu_op`` that are annotations, not ops: not nested like ops at merge, never in
 # the op tables or the verdicts' op time.
 ANNOTATION_PREFIXES = (PL_PREFIX, STEP_PREFIX, CLOCK_MARKER_PREFIX)

@@ -245,12 +245,19 @@ def test_hta_reads_a_cpu_window_directory_without_a_warning(two_runs: tuple[Path
     assert "does not have the rank" not in said and "has the same rank" not in said, said[-3000:]
 
 
-def test_a_script_read_from_stdin_names_its_busiest_function(tmp_path: Path) -> None:
-    """Code run by ``python - < train.py`` lives in ``<stdin>``: the user's, whatever the brackets."""
+@pytest.mark.parametrize("how", ["-", "-c"], ids=["python - < script", "python -c script"])
+def test_a_script_from_stdin_or_c_names_its_busiest_function(tmp_path: Path, how: str) -> None:
+    """Code run by ``python - < train.py`` lives in ``<stdin>``: the user's, whatever the brackets. By
+    ``python -c``, in ``<string>``, where dataclasses put their methods too: the command's own functions
+    are the user's."""
+    args, stdin = (
+        ([sys.executable, "-", "fast", "out"], SCRIPT)
+        if how == "-"
+        else ([sys.executable, "-c", SCRIPT, "fast", "out"], None)
+    )
     proc = subprocess.run(
-        [sys.executable, "-", "fast", "out"], cwd=tmp_path, env=bare_env(), input=SCRIPT, capture_output=True,
-        text=True, timeout=TIMEOUT,
-    )  # fmt: skip
+        args, cwd=tmp_path, env=bare_env(), input=stdin, capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
     busiest = f"busiest user function (incl.) of window 0: {recorded_name('Model.training_step')} ("

@@ -24,7 +24,7 @@ from vt_lightning.analysis.schedule import Phase, Schedule
 from vt_lightning.controller import handoff
 from vt_lightning.controller.handoff import PRESTART_LEAD_BATCHES, BackgroundWriter
 from vt_lightning.controller.inbox import Dropped, Inbox, Notice, Outcomes
-from vt_lightning.controller.run import Run, fit_end_batch, trains_on_cpu
+from vt_lightning.controller.run import Run, fit_end_batch, main_command_functions, trains_on_cpu
 from vt_lightning.export.job import WindowJob, WindowResult
 
 
@@ -224,3 +224,18 @@ def test_the_writer_starts_ahead_only_for_a_window_within_the_run_and_off_the_cp
 def test_only_a_run_on_the_cpu_counts_as_training_on_the_cpu(device, on_cpu):
     run = Run("fit", Path("."), {}, device == "cuda", device=device)
     assert trains_on_cpu(run) is on_cpu
+
+
+@pytest.mark.parametrize(
+    "argv, orig_argv, found",
+    [
+        (["-c", "fast"], ["python", "-c", "def f(): pass", "fast"], True),
+        (["-c"], ["python", "-X", "dev", "-Ic", "def f(): pass"], True),  # options before, combined flags
+        (["train.py", "-c", "x"], ["python", "train.py", "-c", "x"], False),  # the script's own -c
+        (["-"], ["python", "-"], False),  # stdin: <stdin> is the user's file already
+    ],
+)
+def test_the_command_of_python_c_is_found_after_its_flag(argv, orig_argv, found, monkeypatch):
+    monkeypatch.setattr("sys.argv", argv)
+    monkeypatch.setattr("sys.orig_argv", orig_argv)
+    assert main_command_functions() == (["f (<string>:1)"] if found else [])

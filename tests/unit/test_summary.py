@@ -4,6 +4,8 @@ tests/integration/test_summary.py)."""
 from __future__ import annotations
 
 import itertools
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from vt_lightning.analysis.summary import (
     memory_summary,
     summarize,
 )
-from vt_lightning.analysis.usercode import code_origin
+from vt_lightning.analysis.usercode import code_origin, command_functions
 
 
 def test_summary_must_be_a_bool() -> None:
@@ -55,6 +57,63 @@ def test_code_origin_folds_packages_and_knows_user_code(tmp_path: Path) -> None:
     import json
 
     assert code_origin(json.__file__) == ("stdlib", None)
+
+
+COMMAND = """import functools
+from dataclasses import dataclass
+
+@dataclass
+class Batch:
+    size: int = 1
+
+class Model:
+    @functools.lru_cache
+    def training_step(self, n):
+        def inner():
+            return [i for i in range(n)]
+        return (lambda: inner())()
+"""
+
+
+def _code_names(code: types.CodeType) -> list[str]:
+    """Every function ``code`` holds, named as VizTracer names its calls (tests/conftest.recorded_name)."""
+    found = []
+    for inner in code.co_consts:
+        if isinstance(inner, types.CodeType):
+            name = inner.co_qualname if sys.version_info >= (3, 11) else inner.co_name
+            found += [f"{name} (<string>:{inner.co_firstlineno})", *_code_names(inner)]
+    return found
+
+
+def test_a_python_c_commands_functions_are_named_as_its_code_objects() -> None:
+    """What `python -c` compiles: methods by qualified name, a decorated one from its decorator's line."""
+    names = command_functions(COMMAND)
+    assert set(_code_names(compile(COMMAND, "<string>", "exec"))) <= set(names)
+    step = "Model.training_step" if sys.version_info >= (3, 11) else "training_step"
+    assert f"{step} (<string>:9)" in names
+
+
+def test_only_the_commands_own_string_functions_are_the_users() -> None:
+    """``<string>`` is also where dataclasses put the methods they write: those stay library code."""
+    step = "Model.training_step (<string>:9)"
+    generated = "__create_fn__.<locals>.__init__ (<string>:2)"  # a dataclass's __init__
+    events = [
+        _x("ProfilerStep#1", 0.0, 100.0, "user_annotation"),
+        _x("ProfilerStep#2", 100.0, 100.0, "user_annotation"),
+        *(e for t in (0.0, 100.0) for e in (_x(step, t + 10, 50.0, "FEE"), _x(generated, t + 70, 20.0, "FEE"))),
+        *(_x("gemm_kernel", t, 15.0, "kernel", thread=(0, 7)) for t in (0.0, 100.0)),  # idle while each step runs
+    ]
+
+    def origins(meta: dict[str, Any]) -> tuple[dict[str, str], set[str | None]]:
+        summary = summarize({"vt_lightning": {"window": 0, **meta}, "traceEvents": events})
+        gaps = {gap["user_python"] for gap in summary["gpu"]["idle_gaps"]}
+        return {e["function"]: e["origin"] for e in summary["top_python"]["by_inclusive"]}, gaps
+
+    told, gaps = origins({"command_functions": [step]})
+    assert told == {"Model.training_step": "user", "__create_fn__.<locals>.__init__": "stdlib"}
+    assert gaps == {step}  # the GPU waited in the user's function
+    untold, gaps = origins({})  # not a `python -c` run: nobody's
+    assert untold["Model.training_step"] == "stdlib" and gaps == {None}
 
 
 def _cuda_trace() -> dict[str, Any]:

@@ -5,7 +5,7 @@ Pure."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -14,7 +14,7 @@ from vt_lightning.analysis.breakdown import OUTSIDE, PhaseSegments
 from vt_lightning.analysis.nest import Nest
 from vt_lightning.analysis.spans import Span
 from vt_lightning.analysis.trace import Calls, Thread
-from vt_lightning.analysis.usercode import GENERATED, code_origin, parse_function
+from vt_lightning.analysis.usercode import GENERATED, function_origin, parse_function
 from vt_lightning.constants import GC_SPAN_PREFIX
 
 FOLDED_ORIGINS = ("package", GENERATED)  # folded to one line per package and phase in the rankings
@@ -58,7 +58,8 @@ ThreadStats = tuple[dict[str, Stat], dict[FoldKey, Stat]]
 class PythonStats:
     """Every thread's tables and what each function is; ``merged`` adds up any threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, command: Container[str] = ()) -> None:
+        self.command = command  # the window's `python -c` functions (usercode.function_origin)
         self.threads: dict[Thread, ThreadStats] = {}
         self.info: dict[str, dict] = {}
         self.package_of: dict[str, str] = {}  # function name -> its package when folded, else ""
@@ -78,7 +79,7 @@ class PythonStats:
 
     def _describe(self, name: str) -> str:
         function, path, line = parse_function(name)
-        origin, package = code_origin(path)
+        origin, package = function_origin(name, self.command)
         if origin == GENERATED:  # a compiler's modules fold to one line, like a package's
             package = GENERATED_PACKAGE
         self.info[name] = {"function": function, "file": path, "line": line, "origin": origin, "package": package}
@@ -227,11 +228,14 @@ def _sums_in_first_order(keys: np.ndarray, values: np.ndarray) -> list[tuple[int
 
 
 def python_stats_of(
-    calls: Mapping[Thread, Calls], region: Span | None = None, phases: PhaseSegments | None = None
+    calls: Mapping[Thread, Calls],
+    region: Span | None = None,
+    phases: PhaseSegments | None = None,
+    command: Container[str] = (),
 ) -> PythonStats:
     """Each thread's tables of the calls within ``region`` (clipped), folded by the phase they began in."""
     lo, hi = region if region is not None else (float("-inf"), float("inf"))
-    out = PythonStats()
+    out = PythonStats(command)
     for thread, found in calls.items():
         kept, began = found.within(lo, hi)
         if len(kept):

@@ -17,6 +17,7 @@ from vt_lightning.analysis.spans import span_of as _span
 from vt_lightning.analysis.summary_devices import RUNTIME_CATEGORIES
 from vt_lightning.analysis.trace import Calls, Thread, WindowTrace
 from vt_lightning.constants import (
+    COMMAND_FUNCTIONS_KEY,
     CPU_OP_CATEGORY,
     GC_SPAN_PREFIX,
     PL_PROFILE_PREFIX,
@@ -71,9 +72,15 @@ class WindowData:
         return launches_by_correlation(self.rest, RUNTIME_CATEGORIES)
 
     @cached_property
+    def command(self) -> frozenset[str]:
+        """The ``python -c`` command's own functions, the user's (``usercode.function_origin``)."""
+        found = self.meta.get(COMMAND_FUNCTIONS_KEY)
+        return frozenset(n for n in found if isinstance(n, str)) if isinstance(found, list) else frozenset()
+
+    @cached_property
     def whole_threads(self) -> PythonStats:
         """The Python tables of the threads ``walk`` went through, each whole (unclipped, no phases)."""
-        return PythonStats()
+        return PythonStats(self.command)
 
     @cached_property
     def _walks(self) -> dict[Thread, EntryTimes]:

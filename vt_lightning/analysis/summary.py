@@ -9,7 +9,7 @@ from __future__ import annotations
 import zlib
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -132,9 +132,10 @@ def _top_python_of(
     steps: int,
     region: Span | None,
     phases: PhaseSegments | None,
+    command: Container[str],
 ) -> TopPython:
     """Top functions per step of ``region``: the user's first, a model library's, then the rest folded."""
-    stats = python_stats_of(calls, region, phases)
+    stats = python_stats_of(calls, region, phases, command)
     return rank_python(stats, stats.merged(), steps)
 
 
@@ -335,9 +336,12 @@ def summarize(
             len(counted),
             region,
             phase_segments([steps[n] for n in counted], ranges),
+            data.command,
         ),
         "top_ops": top_ops(rest, len(counted), region=region, launches=data.launches),
-        "gpu": gpu_summary(rest, span, (data.python_calls.get(thread) if thread else None) or Calls.of([]))
+        "gpu": gpu_summary(
+            rest, span, (data.python_calls.get(thread) if thread else None) or Calls.of([]), data.command
+        )
         if recorded
         else None,
         "memory": memory_summary(data.memory, memory_snapshot),

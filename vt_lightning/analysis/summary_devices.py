@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 from vt_lightning.analysis.schema import AllocationSite, DeviceMemory, Gpu, IdleGap, LiveSite, Memory
 from vt_lightning.analysis.spans import Span, clip, difference, ms, span_of, union
 from vt_lightning.analysis.trace import Calls
-from vt_lightning.analysis.usercode import is_user_file, parse_function
+from vt_lightning.analysis.usercode import function_origin, is_user_file
 
 KERNEL_CATEGORIES = frozenset({"kernel"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
@@ -19,8 +19,11 @@ TOP_GAPS = 5
 TOP_SITES = 10
 
 
-def gpu_summary(events: Sequence[Mapping[str, Any]], window: Span, calls: Calls, limit: int = TOP_GAPS) -> Gpu | None:
-    """Busy % over the window and the largest idle gaps, each with the training thread's call in it."""
+def gpu_summary(
+    events: Sequence[Mapping[str, Any]], window: Span, calls: Calls, command: Container[str] = (), limit: int = TOP_GAPS
+) -> Gpu | None:
+    """Busy % over the window and the largest idle gaps, each with the training thread's call in it
+    (``command``: the window's ``python -c`` functions, ``usercode.function_origin``)."""
     kernels = [span_of(e) for e in events if e.get("cat") in KERNEL_CATEGORIES]
     if not kernels:
         return None
@@ -36,11 +39,11 @@ def gpu_summary(events: Sequence[Mapping[str, Any]], window: Span, calls: Calls,
         "busy_percent": round(100.0 * busy_us / (hi - lo), 2) if hi > lo else 0.0,
         "kernel_ms": ms(busy_us),
         "wall_ms": ms(hi - lo),
-        "idle_gaps": [_gap(gap, ordered) for gap in gaps[:limit]],
+        "idle_gaps": [_gap(gap, ordered, command) for gap in gaps[:limit]],
     }
 
 
-def _gap(gap: Span, calls: Sequence[tuple[float, float, str]]) -> IdleGap:
+def _gap(gap: Span, calls: Sequence[tuple[float, float, str]], command: Container[str]) -> IdleGap:
     mid = (gap[0] + gap[1]) / 2
     innermost = None
     user = None
@@ -49,7 +52,7 @@ def _gap(gap: Span, calls: Sequence[tuple[float, float, str]]) -> IdleGap:
             break
         if end > mid:
             innermost = name
-            if is_user_file(parse_function(name)[1]):
+            if function_origin(name, command)[0] == "user":
                 user = name
     return {
         "start_us": round(gap[0], 3),

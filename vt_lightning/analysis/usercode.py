@@ -2,15 +2,19 @@
 
 A file is the user's unless it is the standard library's, an installed package's (or an imported
 framework's), vt_lightning's, or a compiler's output (inductor's and Triton's caches, FX / dynamo
-source in memory), whose ``forward`` would otherwise top the user's tables."""
+source in memory), whose ``forward`` would otherwise top the user's tables. A ``python -c``
+command's code is in ``<string>`` with generated code (dataclasses', torch's): only the functions
+the command defines are the user's (``command_functions``, carried in each window's metadata)."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import re
 import sys
 import sysconfig
+from collections.abc import Container
 from typing import Any
 
 # vt_lightning's own directory (the package, not this subpackage), wherever it is installed.
@@ -30,6 +34,16 @@ _GENERATED_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 _GENERATED_PSEUDO_FILES = ("<eval_with_key>", "<fx", "<torch_dynamo", "<dynamo")
 # The file name of the code `python - < train.py` runs: never a library's (<frozen ...>, <string>).
 USER_PSEUDO_FILE = "<stdin>"
+# The file name of a `python -c` command's code, and of code made with exec() (dataclass methods).
+COMMAND_FILE = "<string>"
+# Code objects an expression makes, as VizTracer names them (comprehensions have their own before 3.12).
+_EXPRESSION_SCOPES = {
+    ast.Lambda: "<lambda>",
+    ast.ListComp: "<listcomp>",
+    ast.SetComp: "<setcomp>",
+    ast.DictComp: "<dictcomp>",
+    ast.GeneratorExp: "<genexpr>",
+}
 # Frameworks whose directories are never the user's, even from a source checkout.
 FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "viztracer")
 # Libraries of the model the user built from: ranked below the user's code, above the frameworks'.
@@ -56,7 +70,7 @@ def code_origin(path: str | None) -> tuple[str, str | None]:
         return "builtin", None
     if is_generated(path):
         return GENERATED, None
-    if path.startswith("<"):  # <stdin>: the script of `python -`; <string>: dataclass methods, torch's too
+    if path.startswith("<"):  # <stdin>: `python -`'s script; <string>: see function_origin
         return ("user" if path == USER_PSEUDO_FILE else "stdlib"), None
     norm = path.replace("\\", "/")
     for site in _SITE_DIRS:
@@ -72,6 +86,35 @@ def code_origin(path: str | None) -> tuple[str, str | None]:
     if any(real.startswith(d + os.sep) for d in _STDLIB_DIRS):
         return "stdlib", None
     return "user", None
+
+
+def function_origin(name: str, command: Container[str] = ()) -> tuple[str, str | None]:
+    """``code_origin`` of a call VizTracer named ``name``; one of ``command`` (the window's
+    ``command_functions``) is the user's although its file, ``<string>``, is not."""
+    return ("user", None) if name in command else code_origin(parse_function(name)[1])
+
+
+def command_functions(source: str) -> list[str]:
+    """The functions ``python -c source`` defines, named as VizTracer names their calls: qualified
+    name (only the name on 3.10, which has no ``co_qualname``) and first line, a decorator's if any:
+    ``"Model.training_step (<string>:12)"``. Pure: the training process reads ``source``."""
+    found: list[str] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):  # a class body too
+                name, line = child.name, min([child.lineno, *(d.lineno for d in child.decorator_list)])
+            elif isinstance(child, ast.expr) and type(child) in _EXPRESSION_SCOPES:
+                name, line = _EXPRESSION_SCOPES[type(child)], child.lineno
+            else:
+                visit(child, prefix)
+                continue
+            qualname = prefix + name if sys.version_info >= (3, 11) else name
+            found.append(f"{qualname} ({COMMAND_FILE}:{line})")
+            visit(child, f"{prefix}{name}." if isinstance(child, ast.ClassDef) else f"{prefix}{name}.<locals>.")
+
+    visit(ast.parse(source), "")
+    return found
 
 
 def is_user_file(path: Any) -> bool:

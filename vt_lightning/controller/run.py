@@ -6,6 +6,7 @@ import dataclasses
 import math
 import os
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler
 
+from vt_lightning.analysis.usercode import command_functions
 from vt_lightning.constants import STAGES
 from vt_lightning.controller.messages import Warn
 from vt_lightning.controller.remote import output_root
@@ -42,6 +44,7 @@ class Run:
     user_hooks: dict[str, str] = dataclasses.field(default_factory=dict)  # window metadata: the module's own hooks
     remote: URL | None = None  # a remote output root (``root`` is then local staging): controller/remote.py
     device: str = "cpu"  # the root device's type: "cpu", "cuda", "mps", "xla", ...
+    command: list[str] = dataclasses.field(default_factory=list)  # window metadata: `python -c`'s functions
 
     @property
     def output(self) -> Path | URL:
@@ -66,7 +69,18 @@ def read_run(trainer: Any, stage: str, dirpath: str | None, spool_dir: str | Non
     }
     device = str(trainer.strategy.root_device.type)
     hooks = user_hook_names(getattr(trainer, "lightning_module", None))
-    return Run(stage, root, rank_info, device == "cuda", hooks, remote, device)
+    return Run(stage, root, rank_info, device == "cuda", hooks, remote, device, main_command_functions())
+
+
+def main_command_functions() -> list[str]:
+    """The functions of the ``python -c`` command this process runs (``usercode.command_functions``),
+    ``[]`` when ``__main__`` came from a file, a module or stdin. The command follows ``-c`` (or
+    ``-Ic``...) in ``sys.orig_argv``, before the arguments ``sys.argv`` holds after ``"-c"``."""
+    argv, orig = sys.argv, sys.orig_argv
+    at = len(orig) - len(argv)
+    if not argv or argv[0] != "-c" or at < 2 or not (orig[at - 1].startswith("-") and orig[at - 1].endswith("c")):
+        return []
+    return command_functions(orig[at])
 
 
 def trains_on_cpu(run: Run) -> bool:

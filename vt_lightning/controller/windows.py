@@ -8,7 +8,7 @@ from typing import Any
 from vt_lightning.analysis.filters import PythonFilter
 from vt_lightning.analysis.schedule import Window
 from vt_lightning.analysis.sources import Planned
-from vt_lightning.constants import VERSION
+from vt_lightning.constants import COMMAND_FUNCTIONS_KEY, VERSION
 from vt_lightning.controller import messages
 from vt_lightning.controller.handoff import BackgroundWriter
 from vt_lightning.controller.messages import Warn
@@ -126,6 +126,7 @@ def destination(
         "lightning_view": options.lightning_view,
         "validation": window.range_log("validation"),
         "user_hooks": run.user_hooks,
+        COMMAND_FUNCTIONS_KEY: run.command,
         "trigger": trigger.to_metadata() if trigger is not None else None,
         "worker": worker,
         "span": span,

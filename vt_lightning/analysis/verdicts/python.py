@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from vt_lightning.analysis.spans import Span, clip, covered, difference, span_of, union
-from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.usercode import function_origin
 from vt_lightning.analysis.verdicts.base import Finding, Rule, share_of, top_where
 from vt_lightning.analysis.verdicts.window import WindowView
 from vt_lightning.constants import GC_SPAN_PREFIX
@@ -24,7 +24,7 @@ def _python_upper_bound_ms(w: WindowView) -> float | None:
     totals = (w.summary.get("top_python") or {}).get("totals")
     if not totals:
         return None
-    own = sum(ms for key, ms in totals["ms"].items() if code_origin(parse_function(key)[1])[0] in PURE_ORIGINS)
+    own = sum(ms for key, ms in totals["ms"].items() if function_origin(key, w.data.command)[0] in PURE_ORIGINS)
     return own + totals["other_ms"]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from functools import cached_property
 from itertools import pairwise
 from typing import Any
@@ -17,7 +17,7 @@ from vt_lightning.analysis.spans import Span, clip, covered, span_of, union
 from vt_lightning.analysis.steps import WindowData
 from vt_lightning.analysis.summary_devices import KERNEL_CATEGORIES, RUNTIME_CATEGORIES
 from vt_lightning.analysis.trace import Calls, Thread
-from vt_lightning.analysis.usercode import code_origin, parse_function
+from vt_lightning.analysis.usercode import function_origin
 from vt_lightning.constants import ANNOTATION_PREFIXES, CPU_OP_CATEGORY, GC_SPAN_PREFIX, PYTHON_CATEGORY
 
 # Builtins that wait rather than compute: time in them is not "Python-bound".
@@ -31,18 +31,18 @@ BLOCKING_SUFFIXES = ("sleep", "acquire", "wait", "select", "poll", "recv", "recv
 Segment = tuple[float, float, str, str | None, str | None, str | None]
 
 
-def _kind(name: str) -> str:
+def _kind(name: str, command: Container[str]) -> str:
     """What a call is to the timeline: its code's origin, or ``"gc"`` for a gc pause."""
-    return "gc" if name.startswith(GC_SPAN_PREFIX) else code_origin(parse_function(name)[1])[0]
+    return "gc" if name.startswith(GC_SPAN_PREFIX) else function_origin(name, command)[0]
 
 
 class Timeline:
     """One thread's calls cut into ``Segment``s: its ``Nest``'s stretches and what each inherits."""
 
-    def __init__(self, calls: Calls) -> None:
+    def __init__(self, calls: Calls, command: Container[str] = ()) -> None:
         nest = calls.nest
         distinct, codes = name_codes(calls.ordered_names)
-        kinds = [_kind(name) for name in distinct]
+        kinds = [_kind(name, command) for name in distinct]
         user_names = np.array([kind == "user" for kind in kinds], dtype=bool)
         pure_names = np.array(
             [
@@ -168,7 +168,8 @@ class WindowView:
     def timeline(self, thread: Any) -> Timeline:
         found = self._timelines.get(thread)
         if found is None:
-            found = self._timelines[thread] = Timeline(self.data.python_calls.get(thread) or Calls.of([]))
+            calls = self.data.python_calls.get(thread) or Calls.of([])
+            found = self._timelines[thread] = Timeline(calls, self.data.command)
         return found
 
     def in_steps(self, span: Span) -> bool:
