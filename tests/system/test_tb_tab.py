@@ -360,8 +360,9 @@ def test_the_ddp_job_is_shown_above_the_ranks_side_by_side_with_its_straggler(br
 def test_the_compile_panel_of_an_inductor_run_names_the_users_function(
     browser: Any, served: Any, user_code: Any
 ) -> None:
-    """A real cold inductor compile of ``tab_run.scaled`` in the window's first step."""
-    tb, _ = served
+    """A real cold inductor compile of ``tab_run.scaled`` in the window's first step: the panel shows
+    the summary's counts before and during the window and the graphs the window ran, by name."""
+    tb, root = served
     with _opened(browser, tb) as (page, frame, _):
         frame.click(".vt-run[data-run^='zz_compiled']")
         panel = frame.wait_for_selector("#vt-compile", timeout=WAIT_S * 1000)
@@ -371,7 +372,58 @@ def test_the_compile_panel_of_an_inductor_run_names_the_users_function(
         row = [c.inner_text() for c in frame.query_selector_all(".vt-compile-functions tbody tr:first-child td")]
         where = f"{user_code.SOURCE}:{user_code.line_of('def scaled', user_code.SOURCE)}"
         assert row[:3] == [recorded_name("scaled"), where, "1"], row
+        compiled = _compile_block(root)
+        assert compiled["during"]["graphs"] >= 1, compiled  # the cold compile runs in the window's first step
+        counts = _tables(panel, "before the window")[0]
+        assert counts == [
+            [label, *(_count(compiled[stretch], key) for stretch in ("before", "during"))]
+            for key, label in COMPILE_COUNTS.items()
+        ], counts
+        graphs = _tables(panel, "graph run in the window")[0]
+        assert [g for g in compiled["graphs"] if g["function"] == recorded_name("scaled")], compiled["graphs"]
+        assert graphs == [
+            [
+                g["compile_id"] + (" (backward)" if g["backward"] else ""),
+                f"{g['function']} at {g['file']}:{g['line']}" if g["file"] else g["function"] or "",
+                str(g["calls"]),
+                g["hash"] or "–",
+            ]
+            for g in compiled["graphs"]
+        ], graphs
         _shot(page, "tb_compile.png", panel)
+
+
+COMPILE_COUNTS = {
+    "graphs": "graphs made",
+    "compile_s": "compile time",
+    "recompiles": "recompiles",
+    "graph_breaks": "graph breaks",
+}
+
+
+def _compile_block(root: Path) -> dict[str, Any]:
+    """The compiled run's summary's ``compile`` block, read from its file."""
+    (path,) = (root / "zz_compiled").rglob("*.summary.jsonc")
+    compiled = orjson.loads(path.read_bytes())["compile"]
+    assert compiled and compiled.get("before") and compiled.get("during") and compiled.get("graphs"), compiled
+    return dict(compiled)
+
+
+def _count(counts: dict[str, Any], key: str) -> str:
+    """A count as the panel shows it: seconds with 2 decimals, the others as they are."""
+    return f"{counts[key]:.2f} s" if key == "compile_s" else str(counts[key])
+
+
+def _tables(element: Any, header: str) -> list[list[list[str]]]:
+    """The body rows' cell texts of each table under ``element`` with a column headed ``header``."""
+    return [
+        [
+            [cell.inner_text().strip() for cell in row.query_selector_all("td")]
+            for row in table.query_selector_all("tbody tr")
+        ]
+        for table in element.query_selector_all("table")
+        if header in [th.inner_text().strip() for th in table.query_selector_all("thead th")]
+    ]
 
 
 def _diff(frame: Any, a: str, b: str) -> str:
