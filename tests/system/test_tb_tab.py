@@ -7,18 +7,22 @@ with a seeded slow ``Dataset.__getitem__``. One run, one server and one browser 
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 import pytest
@@ -255,6 +259,67 @@ def test_perfetto_opens_on_the_recorded_steps_from_the_tensorboard_host_under_a_
         assert tracks["all"] and not [name for name in tracks["all"] if ANONYMOUS.match(name)], tracks
         _shot(perfetto, "tb_perfetto_steps.png", x=0, y=0, width=1400, height=236)  # the steps' row
     assert [line for line in tb.log_text().splitlines() if VALIDATOR in line or "Content-Security-Policy" in line] == []
+
+
+@contextlib.contextmanager
+def _view(trace: Path) -> Iterator[str]:
+    """``vt-lightning view`` serving ``trace`` on 127.0.0.1; its printed URL, stopped by Ctrl-C after."""
+    command = [sys.executable, "-m", "vt_lightning", "view", str(trace), "--port", "0", "--no-browser"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)] if proc.stdout else []
+        url = next((word for line in lines for word in line.split() if word.startswith("http://127.0.0.1:")), None)
+        assert url, (lines, proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+
+
+def test_the_view_command_opens_perfetto_on_the_steps_the_tab_opens_under_the_tabs_policy(
+    browser: Any, served: Any
+) -> None:
+    """``vt-lightning view`` on a window's trace: the same visStart/visEnd as the tab's link (the
+    summary's recorded steps, in ns), set by a script from 'self', under the policy TensorBoard's
+    validator accepts for the tab's Perfetto pages (no inline script but the loader's hash, no blob:)."""
+    tb, root = served
+    with _opened(browser, tb) as (_, frame, session):
+        link = frame.query_selector(".vt-perfetto")
+        trace = root / link.get_attribute("data-path")
+        tab_args = dict(parse_qsl(urlsplit(link.get_attribute("href")).fragment.split("?", 1)[1]))
+        steps = orjson.loads(next(trace.parent.glob("*.summary.jsonc")).read_bytes())["steps"]
+        bounds = steps["bounds_us"].values()
+        lo, hi = steps.get("trace_us") or (float("-inf"), float("inf"))
+        expected = [round(max(lo, min(b[0] for b in bounds)) * 1000), round(min(hi, max(b[1] for b in bounds)) * 1000)]
+        assert [int(tab_args["visStart"]), int(tab_args["visEnd"])] == expected, tab_args
+        tab_policy = urllib.request.urlopen(f"{tb.base_url}/data/plugin/vt_lightning/perfetto/index.html").headers[
+            "Content-Security-Policy"
+        ]
+        with _view(trace) as url:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                policy, page = response.headers["Content-Security-Policy"], response.read()
+            assert policy == tab_policy, (policy, tab_policy)
+            scripts = dict(re.findall(r"(script-src|worker-src|connect-src) ([^;]*)", policy))
+            assert "'unsafe-inline'" not in scripts["script-src"] and "blob:" not in " ".join(scripts.values()), policy
+            inline = re.findall(rb"<script(?![^>]*\bsrc=)[^>]*>(.*?)</script>", page, re.S)
+            hashes = {"'sha256-" + base64.b64encode(hashlib.sha256(body).digest()).decode() + "'" for body in inline}
+            assert hashes <= set(scripts["script-src"].split()), (hashes, policy)  # the loader's, and nothing else
+            with urllib.request.urlopen(url + "vt_route.js", timeout=30) as response:  # the route, from 'self'
+                assert f"&visStart={expected[0]}&visEnd={expected[1]}" in response.read().decode()
+            perfetto = session.context.new_page()
+            violations: list[str] = []
+            perfetto.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
+            perfetto.goto(url)
+            deadline = time.monotonic() + WAIT_S
+            shown = None
+            while time.monotonic() < deadline and not (
+                shown and shown[0] > shown[2] and trace.name in perfetto.title()
+            ):
+                perfetto.wait_for_timeout(250)
+                shown = perfetto.evaluate(VISIBLE)
+            assert shown and expected[0] - 1 <= shown[0] < shown[1] <= expected[1] + 1, (shown, expected)
+            assert trace.name in perfetto.title(), perfetto.title()  # Perfetto loaded the served trace
+            assert not [v for v in violations if "vt_route" in v or "inline" in v], violations
 
 
 def test_the_memory_panel_draws_the_peak_the_steps_and_the_users_allocation(

@@ -353,13 +353,28 @@ def run_view(target: str, port: int, open_browser: bool) -> int:
     with tempfile.TemporaryDirectory(prefix="vt-lightning-view-") as scratch:  # a remote trace's copy, within its cap
         local = download(trace, Path(scratch)) if isinstance(trace, URL) else trace
         check_trace_stream(local)  # one line now rather than a blank Perfetto tab later
-        return _serve(local, found if isinstance(found, URL) else local, port, open_browser, refused)
+        visible = None if isinstance(found, URL) else _steps_shown(Path(found), job=trace != Path(found).resolve())
+        return _serve(local, found if isinstance(found, URL) else local, port, open_browser, refused, visible)
 
 
-def _serve(trace: Path, shown: Location, port: int, open_browser: bool, refused: Refusals) -> int:
+def _steps_shown(rank_trace: Path, job: bool) -> list[int] | None:
+    """Where Perfetto opens (``serve.perfetto_range``): the steps of the summary beside the rank's
+    trace; None (the whole trace) without a readable one."""
+    from vt_lightning.cli.serve import perfetto_range
+
+    summary = rank_trace.with_name(rank_trace.name.removesuffix(TRACE_SUFFIX) + SUMMARY_JSON_SUFFIX)
+    try:
+        return perfetto_range(read_summary(summary), job=job)
+    except SummaryNotFound:
+        return None
+
+
+def _serve(
+    trace: Path, shown: Location, port: int, open_browser: bool, refused: Refusals, visible: list[int] | None
+) -> int:
     from vt_lightning.cli.serve import TraceServer
 
-    server = TraceServer(trace, port)
+    server = TraceServer(trace, port, visible=visible)
     server.start()
     _out(f"vt-lightning: serving {shown}")
     _out(f"  open {server.url}  (Perfetto UI, works offline; only this URL works; Ctrl-C to stop)")
