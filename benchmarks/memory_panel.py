@@ -1,6 +1,6 @@
 """The memory panel on a window with 100,000 allocation events (issue 51). Usage:
 
-    python benchmarks/memory_panel.py             # 100,000 vs 1,000 events, 7 rounds; updates docs/performance.md
+    python benchmarks/memory_panel.py             # 100,000 vs 1,000 events, 15 rounds; updates docs/performance.md
     python benchmarks/memory_panel.py --quick     # 10,000 vs 1,000 events, 2 rounds
     python benchmarks/memory_panel.py --no-write  # print only
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet()
     big = args.events or (10_000 if args.quick else 100_000)
-    rounds = args.rounds or (2 if args.quick else 7)
+    rounds = args.rounds or (2 if args.quick else 15)
     tmp = Path(tempfile.mkdtemp(prefix="vt-bench-memory-"))
     try:
         (summary_path,) = one_window(tmp / "train").glob(f"*{SUMMARY}")
