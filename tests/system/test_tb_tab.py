@@ -320,6 +320,12 @@ def test_the_view_command_opens_perfetto_on_the_steps_the_tab_opens_under_the_ta
             assert shown and expected[0] - 1 <= shown[0] < shown[1] <= expected[1] + 1, (shown, expected)
             assert trace.name in perfetto.title(), perfetto.title()  # Perfetto loaded the served trace
             assert not [v for v in violations if "vt_route" in v or "inline" in v], violations
+    ddp = sorted(p for p in root.glob("zz_ddp/**/*.summary.jsonc") if orjson.loads(p.read_bytes()).get("job"))
+    assert ddp, "the DDP run wrote no job summary"
+    ddp_summary = ddp[0]
+    with _view(ddp_summary.parent) as url, urllib.request.urlopen(url + "vt_route.js", timeout=30) as response:
+        start, end = orjson.loads(ddp_summary.read_bytes())["job"]["steps_us"]  # a DDP window: its job file's steps
+        assert f"&visStart={round(start * 1000)}&visEnd={round(end * 1000)}" in response.read().decode()
 
 
 def test_the_memory_panel_draws_the_peak_the_steps_and_the_users_allocation(

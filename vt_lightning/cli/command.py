@@ -359,14 +359,19 @@ def run_view(target: str, port: int, open_browser: bool) -> int:
 
 def _steps_shown(rank_trace: Path, job: bool) -> list[int] | None:
     """Where Perfetto opens (``serve.perfetto_range``): the steps of the summary beside the rank's
-    trace; None (the whole trace) without a readable one."""
+    trace, or for the job file those of the window's summary that holds the job (on the job file's
+    timeline); None (the whole trace) without a readable one."""
     from vt_lightning.cli.serve import perfetto_range
 
-    summary = rank_trace.with_name(rank_trace.name.removesuffix(TRACE_SUFFIX) + SUMMARY_JSON_SUFFIX)
-    try:
-        return perfetto_range(read_summary(summary), job=job)
-    except SummaryNotFound:
-        return None
+    beside = rank_trace.with_name(rank_trace.name.removesuffix(TRACE_SUFFIX) + SUMMARY_JSON_SUFFIX)
+    for path in sorted(rank_trace.parent.glob(f"*{SUMMARY_JSON_SUFFIX}")) if job else [beside]:
+        try:
+            summary = read_summary(path)
+        except SummaryNotFound:
+            continue
+        if not job or summary.get("job"):
+            return perfetto_range(summary, job=job)
+    return None
 
 
 def _serve(
