@@ -115,3 +115,11 @@ def test_stage_end_wait_benchmark_completes() -> None:
     out = _quick("stage_end_wait.py")
     for text in ("| fit |", "| validate |", "| test |", "| predict |", "| short fit |", "writer process started"):
         assert text in out, text
+
+
+@pytest.mark.slow
+def test_memory_panel_benchmark_completes() -> None:
+    """The writer's memory view and the tab's chart in Chromium, big window against the baseline."""
+    out = _quick("memory_panel.py")
+    for text in ("| writer: memory view | 1,000 events | 10,000 |", "| tab: click to chart drawn |", "ratio"):
+        assert text in out, text

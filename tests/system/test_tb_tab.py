@@ -7,18 +7,22 @@ with a seeded slow ``Dataset.__getitem__``. One run, one server and one browser 
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 import pytest
@@ -257,6 +261,73 @@ def test_perfetto_opens_on_the_recorded_steps_from_the_tensorboard_host_under_a_
     assert [line for line in tb.log_text().splitlines() if VALIDATOR in line or "Content-Security-Policy" in line] == []
 
 
+@contextlib.contextmanager
+def _view(trace: Path) -> Iterator[str]:
+    """``vt-lightning view`` serving ``trace`` on 127.0.0.1; its printed URL, stopped by Ctrl-C after."""
+    command = [sys.executable, "-m", "vt_lightning", "view", str(trace), "--port", "0", "--no-browser"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)] if proc.stdout else []
+        url = next((word for line in lines for word in line.split() if word.startswith("http://127.0.0.1:")), None)
+        assert url, (lines, proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+
+
+def test_the_view_command_opens_perfetto_on_the_steps_the_tab_opens_under_the_tabs_policy(
+    browser: Any, served: Any
+) -> None:
+    """``vt-lightning view`` on a window's trace: the same visStart/visEnd as the tab's link (the
+    summary's recorded steps, in ns), set by a script from 'self', under the policy TensorBoard's
+    validator accepts for the tab's Perfetto pages (no inline script but the loader's hash, no blob:)."""
+    tb, root = served
+    with _opened(browser, tb) as (_, frame, session):
+        link = frame.query_selector(".vt-perfetto")
+        trace = root / link.get_attribute("data-path")
+        tab_args = dict(parse_qsl(urlsplit(link.get_attribute("href")).fragment.split("?", 1)[1]))
+        steps = orjson.loads(next(trace.parent.glob("*.summary.jsonc")).read_bytes())["steps"]
+        bounds = steps["bounds_us"].values()
+        lo, hi = steps.get("trace_us") or (float("-inf"), float("inf"))
+        expected = [round(max(lo, min(b[0] for b in bounds)) * 1000), round(min(hi, max(b[1] for b in bounds)) * 1000)]
+        assert [int(tab_args["visStart"]), int(tab_args["visEnd"])] == expected, tab_args
+        tab_policy = urllib.request.urlopen(f"{tb.base_url}/data/plugin/vt_lightning/perfetto/index.html").headers[
+            "Content-Security-Policy"
+        ]
+        with _view(trace) as url:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                policy, page = response.headers["Content-Security-Policy"], response.read()
+            assert policy == tab_policy, (policy, tab_policy)
+            scripts = dict(re.findall(r"(script-src|worker-src|connect-src) ([^;]*)", policy))
+            assert "'unsafe-inline'" not in scripts["script-src"] and "blob:" not in " ".join(scripts.values()), policy
+            inline = re.findall(rb"<script(?![^>]*\bsrc=)[^>]*>(.*?)</script>", page, re.S)
+            hashes = {"'sha256-" + base64.b64encode(hashlib.sha256(body).digest()).decode() + "'" for body in inline}
+            assert hashes <= set(scripts["script-src"].split()), (hashes, policy)  # the loader's, and nothing else
+            with urllib.request.urlopen(url + "vt_route.js", timeout=30) as response:  # the route, from 'self'
+                assert f"&visStart={expected[0]}&visEnd={expected[1]}" in response.read().decode()
+            perfetto = session.context.new_page()
+            violations: list[str] = []
+            perfetto.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
+            perfetto.goto(url)
+            deadline = time.monotonic() + WAIT_S
+            shown = None
+            while time.monotonic() < deadline and not (
+                shown and shown[0] > shown[2] and trace.name in perfetto.title()
+            ):
+                perfetto.wait_for_timeout(250)
+                shown = perfetto.evaluate(VISIBLE)
+            assert shown and expected[0] - 1 <= shown[0] < shown[1] <= expected[1] + 1, (shown, expected)
+            assert trace.name in perfetto.title(), perfetto.title()  # Perfetto loaded the served trace
+            assert not [v for v in violations if "vt_route" in v or "inline" in v], violations
+    ddp = sorted(p for p in root.glob("zz_ddp/**/*.summary.jsonc") if orjson.loads(p.read_bytes()).get("job"))
+    assert ddp, "the DDP run wrote no job summary"
+    ddp_summary = ddp[0]
+    with _view(ddp_summary.parent) as url, urllib.request.urlopen(url + "vt_route.js", timeout=30) as response:
+        start, end = orjson.loads(ddp_summary.read_bytes())["job"]["steps_us"]  # a DDP window: its job file's steps
+        assert f"&visStart={round(start * 1000)}&visEnd={round(end * 1000)}" in response.read().decode()
+
+
 def test_the_memory_panel_draws_the_peak_the_steps_and_the_users_allocation(
     browser: Any, served: Any, user_code: Any
 ) -> None:
@@ -360,8 +431,9 @@ def test_the_ddp_job_is_shown_above_the_ranks_side_by_side_with_its_straggler(br
 def test_the_compile_panel_of_an_inductor_run_names_the_users_function(
     browser: Any, served: Any, user_code: Any
 ) -> None:
-    """A real cold inductor compile of ``tab_run.scaled`` in the window's first step."""
-    tb, _ = served
+    """A real cold inductor compile of ``tab_run.scaled`` in the window's first step: the panel shows
+    the summary's counts before and during the window and the graphs the window ran, by name."""
+    tb, root = served
     with _opened(browser, tb) as (page, frame, _):
         frame.click(".vt-run[data-run^='zz_compiled']")
         panel = frame.wait_for_selector("#vt-compile", timeout=WAIT_S * 1000)
@@ -371,7 +443,58 @@ def test_the_compile_panel_of_an_inductor_run_names_the_users_function(
         row = [c.inner_text() for c in frame.query_selector_all(".vt-compile-functions tbody tr:first-child td")]
         where = f"{user_code.SOURCE}:{user_code.line_of('def scaled', user_code.SOURCE)}"
         assert row[:3] == [recorded_name("scaled"), where, "1"], row
+        compiled = _compile_block(root)
+        assert compiled["during"]["graphs"] >= 1, compiled  # the cold compile runs in the window's first step
+        counts = _tables(panel, "before the window")[0]
+        assert counts == [
+            [label, *(_count(compiled[stretch], key) for stretch in ("before", "during"))]
+            for key, label in COMPILE_COUNTS.items()
+        ], counts
+        graphs = _tables(panel, "graph run in the window")[0]
+        assert [g for g in compiled["graphs"] if g["function"] == recorded_name("scaled")], compiled["graphs"]
+        assert graphs == [
+            [
+                g["compile_id"] + (" (backward)" if g["backward"] else ""),
+                f"{g['function']} at {g['file']}:{g['line']}" if g["file"] else g["function"] or "",
+                str(g["calls"]),
+                g["hash"] or "–",
+            ]
+            for g in compiled["graphs"]
+        ], graphs
         _shot(page, "tb_compile.png", panel)
+
+
+COMPILE_COUNTS = {
+    "graphs": "graphs made",
+    "compile_s": "compile time",
+    "recompiles": "recompiles",
+    "graph_breaks": "graph breaks",
+}
+
+
+def _compile_block(root: Path) -> dict[str, Any]:
+    """The compiled run's summary's ``compile`` block, read from its file."""
+    (path,) = (root / "zz_compiled").rglob("*.summary.jsonc")
+    compiled = orjson.loads(path.read_bytes())["compile"]
+    assert compiled and compiled.get("before") and compiled.get("during") and compiled.get("graphs"), compiled
+    return dict(compiled)
+
+
+def _count(counts: dict[str, Any], key: str) -> str:
+    """A count as the panel shows it: seconds with 2 decimals, the others as they are."""
+    return f"{counts[key]:.2f} s" if key == "compile_s" else str(counts[key])
+
+
+def _tables(element: Any, header: str) -> list[list[list[str]]]:
+    """The body rows' cell texts of each table under ``element`` with a column headed ``header``."""
+    return [
+        [
+            [cell.inner_text().strip() for cell in row.query_selector_all("td")]
+            for row in table.query_selector_all("tbody tr")
+        ]
+        for table in element.query_selector_all("table")
+        if header in [th.inner_text().strip() for th in table.query_selector_all("thead th")]
+    ]
 
 
 def _diff(frame: Any, a: str, b: str) -> str:

@@ -353,13 +353,33 @@ def run_view(target: str, port: int, open_browser: bool) -> int:
     with tempfile.TemporaryDirectory(prefix="vt-lightning-view-") as scratch:  # a remote trace's copy, within its cap
         local = download(trace, Path(scratch)) if isinstance(trace, URL) else trace
         check_trace_stream(local)  # one line now rather than a blank Perfetto tab later
-        return _serve(local, found if isinstance(found, URL) else local, port, open_browser, refused)
+        visible = None if isinstance(found, URL) else _steps_shown(Path(found), job=trace != Path(found).resolve())
+        return _serve(local, found if isinstance(found, URL) else local, port, open_browser, refused, visible)
 
 
-def _serve(trace: Path, shown: Location, port: int, open_browser: bool, refused: Refusals) -> int:
+def _steps_shown(rank_trace: Path, job: bool) -> list[int] | None:
+    """Where Perfetto opens (``serve.perfetto_range``): the steps of the summary beside the rank's
+    trace, or for the job file those of the window's summary that holds the job (on the job file's
+    timeline); None (the whole trace) without a readable one."""
+    from vt_lightning.cli.serve import perfetto_range
+
+    beside = rank_trace.with_name(rank_trace.name.removesuffix(TRACE_SUFFIX) + SUMMARY_JSON_SUFFIX)
+    for path in sorted(rank_trace.parent.glob(f"*{SUMMARY_JSON_SUFFIX}")) if job else [beside]:
+        try:
+            summary = read_summary(path)
+        except SummaryNotFound:
+            continue
+        if not job or summary.get("job"):
+            return perfetto_range(summary, job=job)
+    return None
+
+
+def _serve(
+    trace: Path, shown: Location, port: int, open_browser: bool, refused: Refusals, visible: list[int] | None
+) -> int:
     from vt_lightning.cli.serve import TraceServer
 
-    server = TraceServer(trace, port)
+    server = TraceServer(trace, port, visible=visible)
     server.start()
     _out(f"vt-lightning: serving {shown}")
     _out(f"  open {server.url}  (Perfetto UI, works offline; only this URL works; Ctrl-C to stop)")

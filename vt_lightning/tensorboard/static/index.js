@@ -54,8 +54,9 @@ const basename = (p) => String(p || '').split('/').pop();
 const fileUrl = (path) => new URL('file/' + path.split('/').map(encodeURIComponent).join('/'), BASE).href;
 const WORKSPACE = 'vt_lightning';
 const MAX_WORKSPACE_RANKS = 64;
-// Perfetto (vizviewer's v52) opens on `range` (µs on the trace's timeline: the recorded steps) through
-// its visStart/visEnd arguments, in trace-processor ns (µs × 1000). Its allowlisted startup commands
+// Perfetto (vizviewer's v52) opens on `range` (the window's answer's `perfetto_range` / `job_range`:
+// the recorded steps, in trace-processor ns, as `vt-lightning view` opens them) through its
+// visStart/visEnd arguments. Its allowlisted startup commands
 // then build a workspace with `ranks` in order, each rank's processes together (v52 orders processes
 // by their slice counts, ignoring process_sort_index), kineto's own rows left in the default
 // workspace, and expand each main process. The writer that
@@ -63,8 +64,8 @@ const MAX_WORKSPACE_RANKS = 64;
 function perfettoUrl(path, range, ranks) {
   const args = new URLSearchParams({ url: fileUrl(path) });
   if (range) {
-    args.set('visStart', String(Math.round(range[0] * 1000)));
-    args.set('visEnd', String(Math.round(range[1] * 1000)));
+    args.set('visStart', String(range[0]));
+    args.set('visEnd', String(range[1]));
     if (ranks.length && ranks.length <= MAX_WORKSPACE_RANKS) {
       const copy = ranks.map((r) => ({ id: 'dev.perfetto.CopyTracksToWorkspaceByRegex', args: [`^rank ${r} · (main process|DataLoader worker|GPU)`, WORKSPACE] }));
       args.set('startupCommands', JSON.stringify([...copy, { id: 'dev.perfetto.SwitchWorkspace', args: [WORKSPACE] },
@@ -72,13 +73,6 @@ function perfettoUrl(path, range, ranks) {
     }
   }
   return new URL('perfetto/index.html', BASE).href + '#!/?' + args.toString().replace(/\+/g, '%20');
-}
-// [first step's start, last step's end] of a summary's recorded steps, inside the trace's bounds.
-function stepsRange(steps) {
-  const bounds = Object.values((steps || {}).bounds_us || {});
-  if (!bounds.length) return null;
-  const [lo, hi] = steps.trace_us || [-Infinity, Infinity];
-  return [Math.max(lo, Math.min(...bounds.map((b) => b[0]))), Math.min(hi, Math.max(...bounds.map((b) => b[1])))];
 }
 const loading = (what) => el('div', { class: 'vt-loading' }, `Loading ${what}…`);
 const problem = (text) => el('div', { class: 'vt-error' }, text);
@@ -212,7 +206,7 @@ async function openWindow(name) {
 function rankPanel(detail, rank) {
   const s = rank.summary;
   const body = [el('h3', { class: 'vt-rank' }, `${rank.worker} (rank ${rank.rank})`)];
-  body.push(traceButtons(rank.trace, 'this rank’s trace', rank.job, stepsRange((s || {}).steps), [rank.rank]));
+  body.push(traceButtons(rank.trace, 'this rank’s trace', rank.job, rank.perfetto_range, [rank.rank]));
   if (rank.error) body.push(problem(`Summary not readable: ${rank.error}`));
   if (!s) { if (!rank.error) body.push(el('div', { class: 'vt-note' }, 'No summary for this rank (still being written, or summary=False).')); return el('div', { class: 'vt-rank-panel' }, body); }
   body.push(el('p', {}, `Step time: ${stepText(s)} (counted batches ${((s.steps || {}).counted || []).join(', ') || '–'}).`));
@@ -361,7 +355,7 @@ function jobPanel(ranks, lead) {
     row('clock offset', (r) => `${us((clock[r.rank] || {}).offset_us)} ± ${us((clock[r.rank] || {}).uncertainty_us)}`),
   ], { id: 'vt-job-ranks', class: 'vt-table vt-job-ranks' }));
   if ((job.reduced_ranks || []).length) out.push(el('div', { class: 'vt-note' }, `Over the job file's size budget: ranks ${job.reduced_ranks.join(', ')} kept steps, collectives and top functions.`));
-  out.push(lead.job ? traceButtons(lead.job, 'the job file', null, job.steps_us || stepsRange(lead.summary.steps), (job.ranks || []).map((r) => r.rank))
+  out.push(lead.job ? traceButtons(lead.job, 'the job file', null, lead.job_range, (job.ranks || []).map((r) => r.rank))
     : el('div', { class: 'vt-muted' }, 'The job file is not there (yet).'));
   return el('div', { id: 'vt-job' }, out);
 }
