@@ -139,6 +139,9 @@ def ddp_run(tmp_path_factory) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------- 1. same windows, all ranks
+MEMORY_FILES = ("memory_snapshot.pickle", "memory_view.jsonc")  # the snapshot, and the curve the tab draws
+
+
 @pytest.mark.slow
 def test_every_rank_traces_the_same_windows(ddp_run):
     out = log_dir(ddp_run)
@@ -151,7 +154,7 @@ def test_every_rank_traces_the_same_windows(ddp_run):
         assert job_files == [f"job.{span}.json.gz", f"job.{span}.ranks.json"]
         assert names == sorted(
             [f"{host}_{rank}.{span}.pt.trace.json.gz" for rank in (0, 1)]
-            + [f"{host}_{rank}.{span}.memory_snapshot.pickle" for rank in (0, 1)]
+            + [f"{host}_{rank}.{span}.{kind}" for rank in (0, 1) for kind in MEMORY_FILES]
             + [f"{host}_{rank}.{span}.summary.{ext}" for rank in (0, 1) for ext in ("jsonc", "md")]
         ), names  # also: no leftover *.tmp, nothing else
         workers = {tbcheck.split_name(p) for p in tbcheck.trace_files(directory)}
@@ -241,7 +244,7 @@ def test_forked_dataloader_workers_write_nothing_and_are_not_traced(ddp_run):
     files = {p.relative_to(ddp_run["root"]).as_posix() for p in ddp_run["root"].rglob("*") if p.is_file()}
     expected = re.compile(
         r"lightning_logs/version_0/(events\.out\.tfevents\..*|hparams\.yaml|vt_lightning\.windows\.txt|"
-        r"window_00[01]-batches_\d-\d/[^/]+_[01]\.\d{10}\.(pt\.trace\.json\.gz|memory_snapshot\.pickle|summary\.jsonc|summary\.md)|"
+        r"window_00[01]-batches_\d-\d/[^/]+_[01]\.\d{10}\.(pt\.trace\.json\.gz|memory_snapshot\.pickle|memory_view\.jsonc|summary\.jsonc|summary\.md)|"
         r"window_00[01]-batches_\d-\d/job/job\.\d{10}\.(json\.gz|ranks\.json))"
     )
     assert [f for f in files if not expected.fullmatch(f)] == []
@@ -353,7 +356,7 @@ def test_a_slow_step_on_rank_1_only_opens_the_same_window_on_both_ranks(tmp_path
     span = "0000000036"
     assert sorted(p.name for p in (out / name).iterdir() if p.name != "job") == sorted(
         [f"{host}_{rank}.{span}.pt.trace.json.gz" for rank in (0, 1)]
-        + [f"{host}_{rank}.{span}.memory_snapshot.pickle" for rank in (0, 1)]
+        + [f"{host}_{rank}.{span}.{kind}" for rank in (0, 1) for kind in MEMORY_FILES]
         + [f"{host}_{rank}.{span}.summary.{ext}" for rank in (0, 1) for ext in ("jsonc", "md")]
     )
     expected = {"reason": "slow_step", "batch": 30, "value": 0.4, "baseline": 0.01, "unit": "s", "rank": 1}

@@ -151,7 +151,7 @@ def test_on_s3_one_job_timeline_names_both_hosts_with_aligned_clocks(tmp_path, s
     job = read_trace(local / "job" / f"job.{SPAN}.json.gz", MemoryBudget())
     assert job_ranks(job) == sorted(HOSTS.items())
     processes = {e["args"]["name"] for e in job["traceEvents"] if e.get("name") == "process_name"}
-    assert {f"rank {r}" for r in HOSTS} <= processes
+    assert {f"rank {r} · main process" for r in HOSTS} <= processes
     for rank in job["vt_lightning_job"]["ranks"]:  # one physical clock: the true offset is 0
         if rank["host"] == "node0":
             assert rank["offset_us"] == 0.0
@@ -205,7 +205,7 @@ def test_node_local_dirs_each_hold_their_nodes_ranks_and_the_command_builds_the_
         if rank["host"] == "node1":
             assert rank["same_host"] is False and abs(rank["offset_us"]) <= rank["uncertainty_us"]
     processes = {e["args"]["name"] for e in job["traceEvents"] if e.get("name") == "process_name"}
-    assert {f"rank {r}" for r in HOSTS} <= processes
+    assert {f"rank {r} · main process" for r in HOSTS} <= processes
     # Rank 0's window directory itself, and a node's log dir where that window is found by its name;
     # never over the job file already there.
     command = [*command[:4], str(nodes / "node0" / WINDOW), str(nodes / "node1")]

@@ -391,7 +391,7 @@ def add_job(
     info, notes = build_job(job.extras[JOB_EXTRA], span_of(job.trace_name), [staged, fetched], staged, job.gzip_level)
     markdown = None
     if info is not None and summary is not None:
-        markdown = _optional("summary", notes, partial(_write_summary, job, staged, summary, info))
+        markdown = _optional("summary", notes, partial(_write_summary, job, staged, summary, info, None))
     return info, notes, summary, markdown[1] if markdown else None
 
 

@@ -75,7 +75,10 @@ class Pause(Callback):
 
 if with_callback:
     if phase in ("writer", "teardown", "none"):
-        handoff.HAND_OFF_START_ON_CPU = False  # the last window is not held: it goes to a writer process
+        # The writer process starts ahead of the window, so the last window, closed by fit's end, goes
+        # to it (a window the stage's end closes is held only when no writer process runs).
+        handoff.HAND_OFF_START_ON_CPU = False
+        handoff.PRESTART_LEAD_BATCHES = 0
     if phase == "hand_off":
         WindowController._hand_off = pausing(WindowController._hand_off)
     elif phase == "held":
