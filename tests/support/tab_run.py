@@ -110,7 +110,7 @@ def input_bound_run(root: Path, repeat: int = 2) -> Path:
     return root
 
 
-if __name__ == "__main__":  # python tab_run.py ROOT (tests/ on PYTHONPATH): the compiled run, in its own process
+if __name__ == "__main__":  # python tab_run.py ROOT RUN (tests/ on PYTHONPATH): one run in a process of its own
     import sys
 
-    compiled_run(Path(sys.argv[1]))
+    {"compiled": compiled_run, "input_bound": input_bound_run}[sys.argv[2]](Path(sys.argv[1]))

@@ -29,7 +29,6 @@ import pytest
 from conftest import recorded_name
 from support import tab_run, tbcheck
 from support.paths import REPO, TESTS
-from support.tab_contract import add_contracted_fields
 
 from system import test_job_timeline
 
@@ -84,23 +83,22 @@ def served(
     tmp_path_factory: pytest.TempPathFactory, browser: Any, user_code: Any
 ) -> Iterator[tuple[tbcheck.TensorBoardServer, Path]]:
     root = tmp_path_factory.mktemp("tb_tab")
-    user_code.input_bound_run(root)
-    add_contracted_fields(root / "lightning_logs", user_code.SOURCE)
     compiled = root / "zz_compiled"  # listed after the eager run, as the job
     env = {
         **os.environ,
         "TORCHINDUCTOR_CACHE_DIR": str(compiled / "inductor"),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
     }
-    subprocess.run(
-        [sys.executable, user_code.SOURCE, str(compiled)], env=env, check=True, timeout=600, capture_output=True
-    )
+    # Each run in a process of its own: the window's allocations are the run's alone (the memory panel's
+    # peak), whatever this test process ran before.
+    for run_root, run in ((root, "input_bound"), (compiled, "compiled")):
+        command = [sys.executable, user_code.SOURCE, str(run_root), run]
+        subprocess.run(command, env=env, check=True, timeout=600, capture_output=True)
     (root / "zz_ddp").mkdir()
     script = Path(shutil.copy(test_job_timeline.SCRIPT, root / "zz_ddp" / "train_job.py"))
     with pytest.MonkeyPatch.context() as patch:  # a copy, so the pages name no repository path
         patch.setattr(test_job_timeline, "SCRIPT", script)
-        ddp = test_job_timeline.run_job(root / "zz_ddp", "--late-rank", "1", "--num-workers", "2")
-    add_contracted_fields(ddp["root"], str(script))
+        test_job_timeline.run_job(root / "zz_ddp", "--late-rank", "1", "--num-workers", "2")
     with tbcheck.TensorBoardServer(root) as tb:
         yield tb, root
 
