@@ -385,7 +385,9 @@ def test_a_trainer_writes_to_s3_and_the_command_reads_it_back(tmp_path, monkeypa
         assert serving.strip() == f"vt-lightning: serving {cb.results[1].trace_path}", viewer.stderr
         url = viewer.stdout.readline().decode().split()[1]
         with urllib.request.urlopen(url, timeout=30) as page:
-            route = re.search(rb"location\.origin\+'(/[^']+)'", page.read())
+            assert b'<script src="vt_route.js">' in page.read()  # the route, from a script of the same origin
+        with urllib.request.urlopen(url + "vt_route.js", timeout=30) as script:
+            route = re.search(rb"location\.origin\+'(/[^']+)'", script.read())
         assert route is not None
         with urllib.request.urlopen(url.split("/", 3)[0] + "//" + url.split("/", 3)[2] + route[1].decode()) as got:
             served = got.read()
