@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vt_lightning.analysis.straggler import FAMILIES
-from vt_lightning.analysis.track_names import KINETO_PROCESS, main_process_name
+from vt_lightning.analysis.track_names import KINETO_PROCESS, main_process_name, rank_track
 from vt_lightning.constants import PYTHON_CATEGORY, STEP_PREFIX, TRACE_METADATA_KEY
 
 PID_STRIDE = 1_000_000
@@ -119,8 +119,8 @@ def _process_label(rank: int, pid: Any, own: Any, name: str | None) -> str:
     if pid == own:
         return main_process_name(rank)
     if pid == KINETO_PROCESS or not name:
-        return f"rank {rank} · torch.profiler" if pid == KINETO_PROCESS else f"rank {rank} · process {pid}"
-    return name if name.startswith(f"rank {rank} ·") else f"rank {rank} · {name}"
+        return rank_track(rank, "torch.profiler" if pid == KINETO_PROCESS else f"process {pid}")
+    return rank_track(rank, name)
 
 
 def merge_job(

@@ -23,8 +23,14 @@ KINETO_PROCESS = "Spans"  # kineto's process of the profiler's own span: HTA fin
 KINETO_THREAD = "PyTorch Profiler"
 
 
+def rank_track(rank: int, role: str) -> str:
+    """``rank N · <role>``: how every process of a trace or job file is named (once, if already so)."""
+    prefix = f"rank {rank} · "
+    return role if role.startswith(prefix) else prefix + role
+
+
 def main_process_name(rank: int) -> str:
-    return f"rank {rank} · main process"
+    return rank_track(rank, "main process")
 
 
 def thread_role(name: str) -> str:
@@ -50,8 +56,8 @@ def name_tracks(trace: WindowTrace, rank: int) -> None:
             name = str(args.get("name", ""))
             if pid == own:
                 name = main_process_name(rank)
-            elif isinstance(pid, int) and not name.startswith(f"rank {rank} ·"):
-                name = f"rank {rank} · {name}"  # a device's process (kineto's "GPU 0")
+            elif isinstance(pid, int):
+                name = rank_track(rank, name)  # a device's process (kineto's "GPU 0")
             event["args"] = {"name": name}
             named_processes.add(pid)
         elif kind == "process_labels":  # Perfetto appends them to the name ("CPU"): the rank's order instead

@@ -19,6 +19,7 @@ from vt_lightning.analysis.schema import WorkerEntry, Workers
 from vt_lightning.analysis.spans import ms as _ms
 from vt_lightning.analysis.steps import WindowData
 from vt_lightning.analysis.trace import WindowTrace
+from vt_lightning.analysis.track_names import rank_track
 from vt_lightning.constants import PYTHON_CATEGORY, TRACE_METADATA_KEY
 
 PLAN_SLOTS = 4  # window ranges a plan holds: back-to-back windows closer than the prefetch depth
@@ -214,7 +215,7 @@ def _place_calls(
 
 
 def process_name(rank: int, worker_id: int) -> str:
-    return f"rank {rank} · DataLoader worker {worker_id}"
+    return rank_track(rank, f"DataLoader worker {worker_id}")
 
 
 def worker_process_events(
